@@ -1,0 +1,536 @@
+//! The operation record and its parts (SPEC §2–§3).
+
+use serde::{Deserialize, Serialize};
+
+use crate::refusal::RefusalCode;
+use crate::types::{
+    Binding, Digest, Fence, InvalidInput, Key, LeaseMs, Principal, ResultJson, RetentionS, Scopes,
+    TaskId, Text, Timestamp, WarningClass,
+};
+
+/// Newest attempts kept per record; older ones are counted in `attempts_total`.
+pub const MAX_ATTEMPTS: usize = 32;
+/// Newest observations kept per attempt; older ones are counted in `observations_total`.
+pub const MAX_OBSERVATIONS: usize = 32;
+/// Newest quarantine entries kept per record; all are counted in `quarantine_total`.
+pub const MAX_QUARANTINE: usize = 32;
+/// At most this many warning classes per task.
+pub const MAX_WARNING_CLASSES: usize = 64;
+
+/// The status lattice: `pending = running < unknown < conflict < failed < completed`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    Pending,
+    Unknown,
+    Conflict,
+    Failed,
+    Completed,
+}
+
+impl Status {
+    /// The rank in the lattice (SPEC §3).
+    pub fn rank(self) -> u8 {
+        match self {
+            Status::Pending => 0,
+            Status::Unknown => 1,
+            Status::Conflict => 2,
+            Status::Failed => 3,
+            Status::Completed => 4,
+        }
+    }
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Status::Completed | Status::Failed)
+    }
+    /// The lattice join: the higher-ranked of the two. Never lowers `self`.
+    pub fn merge(self, other: Status) -> Status {
+        if other.rank() > self.rank() {
+            other
+        } else {
+            self
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Unknown => "unknown",
+            Status::Conflict => "conflict",
+            Status::Failed => "failed",
+            Status::Completed => "completed",
+        }
+    }
+}
+
+/// What a worker may report in `settle`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeStatus {
+    Completed,
+    Failed,
+    Unknown,
+}
+
+impl OutcomeStatus {
+    pub fn status(self) -> Status {
+        match self {
+            OutcomeStatus::Completed => Status::Completed,
+            OutcomeStatus::Failed => Status::Failed,
+            OutcomeStatus::Unknown => Status::Unknown,
+        }
+    }
+    pub fn is_terminal(self) -> bool {
+        self.status().is_terminal()
+    }
+}
+
+/// A reported outcome: `{status, result?, response_sha256?, error?}`.
+///
+/// `completed` and `failed` require `result` and `response_sha256`; the
+/// constructor and the deserializer both enforce it.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(try_from = "OutcomeWire")]
+pub struct Outcome {
+    pub status: OutcomeStatus,
+    pub result: Option<ResultJson>,
+    pub response_sha256: Option<Digest>,
+    pub error: Option<Text>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutcomeWire {
+    status: OutcomeStatus,
+    #[serde(default)]
+    result: Option<ResultJson>,
+    #[serde(default)]
+    response_sha256: Option<Digest>,
+    #[serde(default)]
+    error: Option<Text>,
+}
+
+impl TryFrom<OutcomeWire> for Outcome {
+    type Error = InvalidInput;
+    fn try_from(w: OutcomeWire) -> Result<Outcome, InvalidInput> {
+        Outcome::new(w.status, w.result, w.response_sha256, w.error)
+    }
+}
+
+impl Outcome {
+    pub fn new(
+        status: OutcomeStatus,
+        result: Option<ResultJson>,
+        response_sha256: Option<Digest>,
+        error: Option<Text>,
+    ) -> Result<Outcome, InvalidInput> {
+        if status.is_terminal() {
+            if response_sha256.is_none() {
+                return Err(InvalidInput::new(
+                    "outcome.response_sha256",
+                    format!("is required when status is {}", status.status().as_str()),
+                ));
+            }
+            if result.is_none() {
+                return Err(InvalidInput::new(
+                    "outcome.result",
+                    format!("is required when status is {}", status.status().as_str()),
+                ));
+            }
+        }
+        Ok(Outcome {
+            status,
+            result,
+            response_sha256,
+            error,
+        })
+    }
+    /// A terminal `completed` outcome.
+    pub fn completed(result: ResultJson, response_sha256: Digest) -> Outcome {
+        Outcome {
+            status: OutcomeStatus::Completed,
+            result: Some(result),
+            response_sha256: Some(response_sha256),
+            error: None,
+        }
+    }
+    /// A terminal `failed` outcome.
+    pub fn failed(result: ResultJson, response_sha256: Digest, error: Option<Text>) -> Outcome {
+        Outcome {
+            status: OutcomeStatus::Failed,
+            result: Some(result),
+            response_sha256: Some(response_sha256),
+            error,
+        }
+    }
+    /// An `unknown` outcome: the worker may have sent and does not know.
+    pub fn unknown(error: Option<Text>) -> Outcome {
+        Outcome {
+            status: OutcomeStatus::Unknown,
+            result: None,
+            response_sha256: None,
+            error,
+        }
+    }
+}
+
+/// The immutable reservation recorded by the first claim. Only `generation` moves, and only up.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Reservation {
+    pub fingerprint: Digest,
+    pub principal: Principal,
+    pub scopes: Scopes,
+    pub generation: u64,
+}
+
+impl Reservation {
+    /// Whether `fingerprint`, principal and scopes match (the generation is checked separately).
+    pub fn mismatch(&self, fingerprint: &Digest, binding: &Binding) -> Option<RefusalCode> {
+        if &self.fingerprint != fingerprint {
+            Some(RefusalCode::FingerprintMismatch)
+        } else if self.principal != binding.principal || self.scopes != binding.scopes {
+            Some(RefusalCode::BindingMismatch)
+        } else {
+            None
+        }
+    }
+}
+
+/// What a lease was granted for.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    Execute,
+    Reconcile,
+}
+
+/// Why a lease ended.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeaseEnd {
+    /// Ran past `expires_at` unsettled.
+    Expired,
+    /// Its generation fell below the principal's current generation.
+    Revoked,
+    /// Ended by a settlement that wrote a receipt.
+    Settled,
+    /// Ended by the holder's own mismatched evidence (settle rule 2).
+    Refused,
+    /// Ended by `release(not_dispatched)`.
+    Released,
+    /// Ended by `reconcile(unavailable)`.
+    Unavailable,
+}
+
+impl LeaseEnd {
+    /// Ended by the passage of time or a generation move: later calls get `lease_expired`
+    /// rather than `stale_fence`.
+    pub fn lapsed(self) -> bool {
+        matches!(self, LeaseEnd::Expired | LeaseEnd::Revoked)
+    }
+}
+
+/// How and when a lease ended.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Ended {
+    pub reason: LeaseEnd,
+    pub at: Timestamp,
+}
+
+/// The right to act on an operation, held by one worker at a time.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Lease {
+    pub fence: Fence,
+    pub purpose: Purpose,
+    /// The binding generation it was granted under.
+    pub generation: u64,
+    pub granted_at: Timestamp,
+    pub expires_at: Timestamp,
+    pub lease_ms: LeaseMs,
+    pub marks_dispatch: bool,
+    pub dispatched: bool,
+    pub worker: Option<Text>,
+    /// `None` while the lease is live.
+    pub ended: Option<Ended>,
+}
+
+impl Lease {
+    /// Not yet ended (it may still be past `expires_at` until lazy expiry runs).
+    pub fn is_open(&self) -> bool {
+        self.ended.is_none()
+    }
+    /// Whether a remote write may have started under this lease.
+    pub fn may_have_dispatched(&self) -> bool {
+        !self.marks_dispatch || self.dispatched
+    }
+}
+
+/// The durable proof of a settlement.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Receipt {
+    pub key: Key,
+    pub fingerprint: Digest,
+    pub response_sha256: Option<Digest>,
+    pub status: Status,
+    pub fence: Fence,
+    pub committed_at: Timestamp,
+    /// Always true: a receipt is only ever handed out after a durable commit.
+    pub durable: bool,
+}
+
+/// Which call reported an observation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Call {
+    Settle,
+    Reconcile,
+}
+
+/// A reconcile finding, as observed.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    Committed,
+    NotCommitted,
+    Unavailable,
+}
+
+/// What one attempt (one fence) reported in one call, accepted or not.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Observation {
+    pub at: Timestamp,
+    pub call: Call,
+    pub status: Option<OutcomeStatus>,
+    pub finding: Option<FindingKind>,
+    pub response_sha256: Option<Digest>,
+    pub accepted: bool,
+    /// The refusal, when not accepted.
+    pub code: Option<RefusalCode>,
+}
+
+/// One granted lease and what its holder reported.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Attempt {
+    /// 1-based attempt number on this record.
+    pub number: u32,
+    pub lease: Lease,
+    /// The receipt this attempt obtained (terminal or `unknown`).
+    pub receipt: Option<Receipt>,
+    pub observations: Vec<Observation>,
+    pub observations_total: u32,
+}
+
+impl Attempt {
+    pub(crate) fn observe(&mut self, o: Observation) {
+        self.observations.push(o);
+        self.observations_total = self.observations_total.saturating_add(1);
+        if self.observations.len() > MAX_OBSERVATIONS {
+            self.observations.remove(0);
+        }
+    }
+}
+
+/// Evidence that was received and refused, kept for audit.
+///
+/// The `result` body is not kept (only its digest) so a record stays small.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct QuarantineEntry {
+    pub at: Timestamp,
+    pub fence: Fence,
+    pub reason: RefusalCode,
+    pub call: Call,
+    pub status: Option<OutcomeStatus>,
+    pub finding: Option<FindingKind>,
+    pub fingerprint: Option<Digest>,
+    pub binding: Option<Binding>,
+    pub response_sha256: Option<Digest>,
+}
+
+/// The durable operation record.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Record {
+    pub key: Key,
+    pub reservation: Reservation,
+    /// The canonical status; only ever moves up the lattice.
+    pub status: Status,
+    /// The canonical terminal outcome.
+    pub outcome: Option<Outcome>,
+    /// The canonical terminal receipt.
+    pub receipt: Option<Receipt>,
+    pub reconcile_required: bool,
+    pub disputed: bool,
+    /// Newest attempts, oldest first; the last one holds the current lease.
+    pub attempts: Vec<Attempt>,
+    pub attempts_total: u32,
+    pub quarantine: Vec<QuarantineEntry>,
+    pub quarantine_total: u64,
+    pub retention_s: RetentionS,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub settled_at: Option<Timestamp>,
+}
+
+impl Record {
+    /// The current (latest) lease, open or ended.
+    pub fn lease(&self) -> Option<&Lease> {
+        self.attempts.last().map(|a| &a.lease)
+    }
+    /// The current lease if it has not ended.
+    pub fn open_lease(&self) -> Option<&Lease> {
+        self.lease().filter(|l| l.is_open())
+    }
+    pub(crate) fn current_attempt_mut(&mut self) -> Option<&mut Attempt> {
+        self.attempts.last_mut()
+    }
+    pub fn attempt_for(&self, fence: Fence) -> Option<&Attempt> {
+        self.attempts.iter().rev().find(|a| a.lease.fence == fence)
+    }
+    pub(crate) fn attempt_for_mut(&mut self, fence: Fence) -> Option<&mut Attempt> {
+        self.attempts
+            .iter_mut()
+            .rev()
+            .find(|a| a.lease.fence == fence)
+    }
+    /// When a terminal record may be collected.
+    pub fn expires_at(&self) -> Option<Timestamp> {
+        self.settled_at
+            .map(|t| t.plus_ms(self.retention_s.get().saturating_mul(1000)))
+    }
+    /// Terminal and past its retention at `now`.
+    pub fn is_collectable(&self, now: Timestamp) -> bool {
+        self.status.is_terminal() && self.expires_at().is_some_and(|e| now >= e)
+    }
+    /// The latest `committed_at` of any receipt on the record (canonical or per attempt).
+    pub fn latest_receipt_at(&self) -> Option<Timestamp> {
+        self.receipt
+            .iter()
+            .chain(self.attempts.iter().filter_map(|a| a.receipt.as_ref()))
+            .map(|r| r.committed_at)
+            .max()
+    }
+    /// SPEC §6.9: a receipt dated after the store's clock means the record cannot be trusted.
+    pub fn is_from_the_future(&self, now: Timestamp) -> bool {
+        self.latest_receipt_at().is_some_and(|t| t > now)
+    }
+    /// The highest fence ever granted on this record.
+    pub fn last_fence(&self) -> Option<Fence> {
+        self.lease().map(|l| l.fence)
+    }
+    /// Non-terminal, no open lease, untouched for `stuck_after_ms` at `now`.
+    pub fn is_stuck(&self, now: Timestamp, stuck_after_ms: u64) -> bool {
+        !self.status.is_terminal()
+            && self.open_lease().is_none()
+            && now.ms_since(self.updated_at) >= stuck_after_ms
+    }
+    pub(crate) fn quarantine(&mut self, q: QuarantineEntry) {
+        self.quarantine.push(q);
+        self.quarantine_total = self.quarantine_total.saturating_add(1);
+        if self.quarantine.len() > MAX_QUARANTINE {
+            self.quarantine.remove(0);
+        }
+    }
+}
+
+/// A principal's current generation and when it last moved (revocation counts from then).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct PrincipalState {
+    pub generation: u64,
+    pub moved_at: Timestamp,
+}
+
+/// One bounded durable warning per `(tenant, task, class)`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct Warning {
+    pub task: TaskId,
+    pub class: WarningClass,
+    pub count: u64,
+    pub detail: Option<Text>,
+    pub first_at: Timestamp,
+    pub last_at: Timestamp,
+    pub saturated: bool,
+}
+
+/// The `get` view: the record plus derived fields, as the wire shows it.
+#[derive(Serialize)]
+pub struct RecordView<'a> {
+    pub key: &'a Key,
+    /// `running` when pending with an open lease, else the canonical status.
+    pub status: &'static str,
+    pub rank: u8,
+    pub reservation: &'a Reservation,
+    pub lease: Option<&'a Lease>,
+    pub outcome: Option<&'a Outcome>,
+    pub receipt: Option<&'a Receipt>,
+    pub reconcile_required: bool,
+    pub disputed: bool,
+    pub attempts: &'a [Attempt],
+    pub attempts_total: u32,
+    pub quarantine: &'a [QuarantineEntry],
+    pub quarantine_total: u64,
+    pub retention_s: RetentionS,
+    pub created_at: Timestamp,
+    pub updated_at: Timestamp,
+    pub settled_at: Option<Timestamp>,
+    pub expires_at: Option<Timestamp>,
+}
+
+impl Record {
+    /// The inspection view of SPEC §4 `get`.
+    pub fn view(&self) -> RecordView<'_> {
+        let status = if self.status == Status::Pending && self.open_lease().is_some() {
+            "running"
+        } else {
+            self.status.as_str()
+        };
+        RecordView {
+            key: &self.key,
+            status,
+            rank: self.status.rank(),
+            reservation: &self.reservation,
+            lease: self.lease(),
+            outcome: self.outcome.as_ref(),
+            receipt: self.receipt.as_ref(),
+            reconcile_required: self.reconcile_required,
+            disputed: self.disputed,
+            attempts: &self.attempts,
+            attempts_total: self.attempts_total,
+            quarantine: &self.quarantine,
+            quarantine_total: self.quarantine_total,
+            retention_s: self.retention_s,
+            created_at: self.created_at,
+            updated_at: self.updated_at,
+            settled_at: self.settled_at,
+            expires_at: self.expires_at(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lattice_ranks_follow_the_spec() {
+        use Status::*;
+        let order = [Pending, Unknown, Conflict, Failed, Completed];
+        for w in order.windows(2) {
+            assert!(w[0].rank() < w[1].rank());
+        }
+        assert_eq!(Completed.merge(Unknown), Completed);
+        assert_eq!(Unknown.merge(Completed), Completed);
+        assert_eq!(Conflict.merge(Pending), Conflict);
+    }
+
+    #[test]
+    fn terminal_outcome_needs_result_and_digest() {
+        let e = Outcome::new(OutcomeStatus::Completed, None, None, None).unwrap_err();
+        assert_eq!(e.field, "outcome.response_sha256");
+        let d = Digest([1; 32]);
+        let e = Outcome::new(OutcomeStatus::Failed, None, Some(d), None).unwrap_err();
+        assert_eq!(e.field, "outcome.result");
+        assert!(Outcome::new(OutcomeStatus::Unknown, None, None, None).is_ok());
+        let bad: Result<Outcome, _> = serde_json::from_str(r#"{"status":"completed"}"#);
+        assert!(bad.is_err());
+        let unknown_field: Result<Outcome, _> =
+            serde_json::from_str(r#"{"status":"unknown","extra":1}"#);
+        assert!(unknown_field.is_err());
+    }
+}

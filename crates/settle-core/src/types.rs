@@ -1,0 +1,660 @@
+//! Validated input types.
+//!
+//! Construction (including deserialization) is the only way to obtain these
+//! values and it validates, so an invalid key, digest, principal or lease can
+//! never reach the rules. Every error names the field and the reason.
+
+use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// An input that violates SPEC §2/§4 syntax or ranges.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct InvalidInput {
+    /// The offending field, in the wire's naming (`binding.scopes`, `lease_ms`, ...).
+    pub field: String,
+    /// Why it was refused.
+    pub reason: String,
+}
+
+impl InvalidInput {
+    pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        InvalidInput {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Checks the key syntax shared by keys, principals, scopes, tasks, classes
+/// and tenant names: 1–255 bytes of visible ASCII (0x21–0x7E).
+pub fn check_token(field: &str, s: &str) -> Result<(), InvalidInput> {
+    if s.is_empty() {
+        return Err(InvalidInput::new(field, "must not be empty"));
+    }
+    if s.len() > 255 {
+        return Err(InvalidInput::new(
+            field,
+            format!("is {} bytes long; at most 255 are allowed", s.len()),
+        ));
+    }
+    if let Some(b) = s.bytes().find(|b| !(0x21..=0x7e).contains(b)) {
+        return Err(InvalidInput::new(
+            field,
+            format!("contains byte 0x{b:02x}; only visible ASCII (0x21-0x7E) is allowed"),
+        ));
+    }
+    Ok(())
+}
+
+macro_rules! token_type {
+    ($(#[$doc:meta])* $name:ident, $field:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(try_from = "String", into = "String")]
+        pub struct $name(Box<str>);
+
+        impl $name {
+            /// Validates and wraps `s`.
+            pub fn new(s: impl Into<String>) -> Result<Self, InvalidInput> {
+                let s = s.into();
+                check_token($field, &s)?;
+                Ok($name(s.into_boxed_str()))
+            }
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+        impl TryFrom<String> for $name {
+            type Error = InvalidInput;
+            fn try_from(s: String) -> Result<Self, InvalidInput> {
+                $name::new(s)
+            }
+        }
+        impl TryFrom<&str> for $name {
+            type Error = InvalidInput;
+            fn try_from(s: &str) -> Result<Self, InvalidInput> {
+                $name::new(s)
+            }
+        }
+        impl From<$name> for String {
+            fn from(v: $name) -> String {
+                v.0.into()
+            }
+        }
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                fmt::Debug::fmt(&*self.0, f)
+            }
+        }
+    };
+}
+
+token_type!(
+    /// The idempotency key of an operation: 1–255 bytes of visible ASCII.
+    Key,
+    "key"
+);
+token_type!(
+    /// The principal of a binding: 1–255 bytes of visible ASCII.
+    Principal,
+    "principal"
+);
+token_type!(
+    /// One authorization scope (key syntax).
+    Scope,
+    "scope"
+);
+token_type!(
+    /// A task identifier for warnings (key syntax).
+    TaskId,
+    "task"
+);
+token_type!(
+    /// A warning class (key syntax).
+    WarningClass,
+    "class"
+);
+token_type!(
+    /// A tenant name (key syntax). Derived from the API token, never from a request.
+    TenantId,
+    "tenant"
+);
+
+impl TenantId {
+    /// The tenant used when authentication is off.
+    pub fn default_tenant() -> TenantId {
+        TenantId("default".into())
+    }
+}
+
+/// A lowercase-hex SHA-256 digest (64 characters on the wire, 32 bytes in store).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub [u8; 32]);
+
+impl Digest {
+    /// Parses 64 lowercase hex characters.
+    pub fn parse(field: &str, s: &str) -> Result<Digest, InvalidInput> {
+        if s.len() != 64 {
+            return Err(InvalidInput::new(
+                field,
+                format!(
+                    "must be 64 lowercase hex characters (a SHA-256), got {} characters",
+                    s.len()
+                ),
+            ));
+        }
+        if !s
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return Err(InvalidInput::new(
+                field,
+                "must be lowercase hex (0-9, a-f) of a SHA-256",
+            ));
+        }
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(s, &mut out).map_err(|e| InvalidInput::new(field, e.to_string()))?;
+        Ok(Digest(out))
+    }
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", self.to_hex())
+    }
+}
+
+impl Serialize for Digest {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.serialize_str(&self.to_hex())
+        } else {
+            s.serialize_bytes(&self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Digest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Digest, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Digest;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a SHA-256 digest as 64 lowercase hex characters")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Digest, E> {
+                Digest::parse("digest", v).map_err(|e| E::custom(e.reason))
+            }
+            fn visit_bytes<E: serde::de::Error>(self, v: &[u8]) -> Result<Digest, E> {
+                let arr: [u8; 32] = v
+                    .try_into()
+                    .map_err(|_| E::custom("a digest must be 32 bytes"))?;
+                Ok(Digest(arr))
+            }
+        }
+        if d.is_human_readable() {
+            d.deserialize_str(V)
+        } else {
+            d.deserialize_bytes(V)
+        }
+    }
+}
+
+/// The set of scopes of a binding: sorted, de-duplicated, at most 64.
+#[derive(Clone, PartialEq, Eq, Hash, Default, Serialize)]
+pub struct Scopes(Vec<Scope>);
+
+/// At most this many scopes in a binding.
+pub const MAX_SCOPES: usize = 64;
+
+impl Scopes {
+    /// Normalises (sorts, de-duplicates) and validates.
+    pub fn new(mut scopes: Vec<Scope>) -> Result<Scopes, InvalidInput> {
+        scopes.sort();
+        scopes.dedup();
+        if scopes.len() > MAX_SCOPES {
+            return Err(InvalidInput::new(
+                "binding.scopes",
+                format!(
+                    "has {} distinct scopes; at most {MAX_SCOPES} are allowed",
+                    scopes.len()
+                ),
+            ));
+        }
+        Ok(Scopes(scopes))
+    }
+    /// Validates each string and normalises.
+    pub fn from_strs<I, S>(items: I) -> Result<Scopes, InvalidInput>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut v = Vec::new();
+        for (i, s) in items.into_iter().enumerate() {
+            let s = s.into();
+            check_token(&format!("binding.scopes[{i}]"), &s)?;
+            v.push(Scope(s.into_boxed_str()));
+        }
+        Scopes::new(v)
+    }
+    pub fn as_slice(&self) -> &[Scope] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Scopes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.0.iter()).finish()
+    }
+}
+
+impl<'de> Deserialize<'de> for Scopes {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Scopes, D::Error> {
+        let raw = Vec::<String>::deserialize(d)?;
+        Scopes::from_strs(raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The authorization an operation runs under.
+#[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Binding {
+    pub principal: Principal,
+    #[serde(default)]
+    pub scopes: Scopes,
+    pub generation: u64,
+}
+
+/// A lease duration in milliseconds, within [100, 3 600 000].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(try_from = "u64", into = "u64")]
+pub struct LeaseMs(u32);
+
+impl LeaseMs {
+    pub const MIN: u64 = 100;
+    pub const MAX: u64 = 3_600_000;
+    pub const DEFAULT: LeaseMs = LeaseMs(30_000);
+    pub fn new(ms: u64) -> Result<LeaseMs, InvalidInput> {
+        if !(Self::MIN..=Self::MAX).contains(&ms) {
+            return Err(InvalidInput::new(
+                "lease_ms",
+                format!("{ms} is outside [{}, {}]", Self::MIN, Self::MAX),
+            ));
+        }
+        Ok(LeaseMs(ms as u32))
+    }
+    pub fn get(self) -> u64 {
+        self.0 as u64
+    }
+}
+impl TryFrom<u64> for LeaseMs {
+    type Error = InvalidInput;
+    fn try_from(v: u64) -> Result<Self, InvalidInput> {
+        LeaseMs::new(v)
+    }
+}
+impl From<LeaseMs> for u64 {
+    fn from(v: LeaseMs) -> u64 {
+        v.get()
+    }
+}
+impl Default for LeaseMs {
+    fn default() -> Self {
+        LeaseMs::DEFAULT
+    }
+}
+
+/// How long a terminal record is kept after settlement, in seconds, within [1, 31 536 000].
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
+#[serde(try_from = "u64", into = "u64")]
+pub struct RetentionS(u32);
+
+impl RetentionS {
+    pub const MIN: u64 = 1;
+    pub const MAX: u64 = 31_536_000;
+    pub const DEFAULT: RetentionS = RetentionS(86_400);
+    pub fn new(s: u64) -> Result<RetentionS, InvalidInput> {
+        if !(Self::MIN..=Self::MAX).contains(&s) {
+            return Err(InvalidInput::new(
+                "retention_s",
+                format!("{s} is outside [{}, {}]", Self::MIN, Self::MAX),
+            ));
+        }
+        Ok(RetentionS(s as u32))
+    }
+    pub fn get(self) -> u64 {
+        self.0 as u64
+    }
+}
+impl TryFrom<u64> for RetentionS {
+    type Error = InvalidInput;
+    fn try_from(v: u64) -> Result<Self, InvalidInput> {
+        RetentionS::new(v)
+    }
+}
+impl From<RetentionS> for u64 {
+    fn from(v: RetentionS) -> u64 {
+        v.get()
+    }
+}
+impl Default for RetentionS {
+    fn default() -> Self {
+        RetentionS::DEFAULT
+    }
+}
+
+/// Free text (worker names, error messages, warning details): 1–4096 bytes of
+/// UTF-8 without control characters.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Text(Box<str>);
+
+impl Text {
+    pub const MAX_BYTES: usize = 4096;
+    pub fn new(field: &str, s: impl Into<String>) -> Result<Text, InvalidInput> {
+        let s = s.into();
+        if s.is_empty() {
+            return Err(InvalidInput::new(field, "must not be empty"));
+        }
+        if s.len() > Self::MAX_BYTES {
+            return Err(InvalidInput::new(
+                field,
+                format!(
+                    "is {} bytes; at most {} are allowed",
+                    s.len(),
+                    Self::MAX_BYTES
+                ),
+            ));
+        }
+        if s.chars().any(|c| c.is_control()) {
+            return Err(InvalidInput::new(
+                field,
+                "must not contain control characters",
+            ));
+        }
+        Ok(Text(s.into_boxed_str()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+impl TryFrom<String> for Text {
+    type Error = InvalidInput;
+    fn try_from(s: String) -> Result<Self, InvalidInput> {
+        Text::new("text", s)
+    }
+}
+impl From<Text> for String {
+    fn from(v: Text) -> String {
+        v.0.into()
+    }
+}
+impl fmt::Debug for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+impl fmt::Display for Text {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The default result size limit (SPEC: configurable, 64 KiB by default).
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// A settled result: a JSON document kept as its compact text.
+///
+/// Kept as text rather than a parsed value so it can be stored by any
+/// serializer (binary log, SQL) and returned byte for byte.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ResultJson(Box<str>);
+
+impl ResultJson {
+    /// Wraps a JSON value, refusing it when its compact text exceeds `max_bytes`.
+    pub fn from_value(v: &serde_json::Value, max_bytes: usize) -> Result<ResultJson, InvalidInput> {
+        let text = serde_json::to_string(v)
+            .map_err(|e| InvalidInput::new("outcome.result", e.to_string()))?;
+        let r = ResultJson(text.into_boxed_str());
+        r.check_size(max_bytes)?;
+        Ok(r)
+    }
+    /// Parses JSON text, refusing invalid JSON and oversized results.
+    pub fn from_text(text: &str, max_bytes: usize) -> Result<ResultJson, InvalidInput> {
+        let v: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| InvalidInput::new("outcome.result", format!("is not valid JSON: {e}")))?;
+        Self::from_value(&v, max_bytes)
+    }
+    /// Refuses a result larger than `max_bytes` (the configured `max_result_bytes`).
+    pub fn check_size(&self, max_bytes: usize) -> Result<(), InvalidInput> {
+        if self.0.len() > max_bytes {
+            return Err(InvalidInput::new(
+                "outcome.result",
+                format!("is {} bytes; at most {max_bytes} are allowed", self.0.len()),
+            ));
+        }
+        Ok(())
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0).expect("ResultJson always holds valid JSON")
+    }
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for ResultJson {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ResultJson({})", self.0)
+    }
+}
+
+impl Serialize for ResultJson {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            let raw: &serde_json::value::RawValue =
+                serde_json::from_str(&self.0).map_err(serde::ser::Error::custom)?;
+            raw.serialize(s)
+        } else {
+            s.serialize_str(&self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ResultJson {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ResultJson, D::Error> {
+        if d.is_human_readable() {
+            // Re-serialize compactly so equal documents have equal text.
+            let v = serde_json::Value::deserialize(d)?;
+            let text = serde_json::to_string(&v).map_err(serde::de::Error::custom)?;
+            Ok(ResultJson(text.into_boxed_str()))
+        } else {
+            let text = String::deserialize(d)?;
+            Ok(ResultJson(text.into_boxed_str()))
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch, from the store's clock.
+///
+/// Human-readable formats (JSON) carry RFC 3339 with milliseconds; binary
+/// formats carry the integer.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    pub fn from_millis(ms: u64) -> Timestamp {
+        Timestamp(ms)
+    }
+    pub fn millis(self) -> u64 {
+        self.0
+    }
+    pub fn plus_ms(self, ms: u64) -> Timestamp {
+        Timestamp(self.0.saturating_add(ms))
+    }
+    /// Milliseconds from `earlier` to `self`, zero if `earlier` is later.
+    pub fn ms_since(self, earlier: Timestamp) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+    pub fn to_system_time(self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.0)
+    }
+    pub fn from_system_time(t: SystemTime) -> Timestamp {
+        Timestamp(
+            t.duration_since(UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        )
+    }
+    pub fn to_rfc3339(self) -> String {
+        humantime::format_rfc3339_millis(self.to_system_time()).to_string()
+    }
+}
+
+impl fmt::Debug for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.to_rfc3339())
+    }
+}
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_rfc3339())
+    }
+}
+
+impl Serialize for Timestamp {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.serialize_str(&self.to_rfc3339())
+        } else {
+            s.serialize_u64(self.0)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Timestamp {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
+        if d.is_human_readable() {
+            let s = String::deserialize(d)?;
+            let t = humantime::parse_rfc3339(&s).map_err(serde::de::Error::custom)?;
+            Ok(Timestamp::from_system_time(t))
+        } else {
+            Ok(Timestamp(u64::deserialize(d)?))
+        }
+    }
+}
+
+/// A fencing token: strictly increasing across the whole store, never reused.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Fence(pub u64);
+
+impl fmt::Display for Fence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_syntax() {
+        assert!(Key::new("order-1").is_ok());
+        assert!(Key::new("~!\"#$%&'()*+,-./").is_ok());
+        let e = Key::new("").unwrap_err();
+        assert_eq!(e.field, "key");
+        assert!(Key::new("a b").unwrap_err().reason.contains("0x20"));
+        assert!(Key::new("é").is_err());
+        assert!(Key::new("x".repeat(255)).is_ok());
+        assert!(
+            Key::new("x".repeat(256))
+                .unwrap_err()
+                .reason
+                .contains("256")
+        );
+    }
+
+    #[test]
+    fn digest_syntax() {
+        let good = "a".repeat(64);
+        assert!(Digest::parse("fingerprint", &good).is_ok());
+        assert!(Digest::parse("fingerprint", &"A".repeat(64)).is_err());
+        assert!(Digest::parse("fingerprint", &"a".repeat(63)).is_err());
+        assert!(Digest::parse("fingerprint", &"g".repeat(64)).is_err());
+        let d = Digest::parse("fingerprint", &good).unwrap();
+        assert_eq!(d.to_hex(), good);
+        let json = serde_json::to_string(&d).unwrap();
+        assert_eq!(json, format!("\"{good}\""));
+        assert!(serde_json::from_str::<Digest>("\"ABC\"").is_err());
+    }
+
+    #[test]
+    fn scopes_are_sorted_and_deduplicated() {
+        let s = Scopes::from_strs(["b", "a", "b"]).unwrap();
+        let names: Vec<&str> = s.as_slice().iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        let many: Vec<String> = (0..65).map(|i| format!("s{i}")).collect();
+        assert!(Scopes::from_strs(many).unwrap_err().reason.contains("65"));
+        let e = Scopes::from_strs(["ok", "not ok"]).unwrap_err();
+        assert_eq!(e.field, "binding.scopes[1]");
+    }
+
+    #[test]
+    fn ranges() {
+        assert!(LeaseMs::new(99).is_err());
+        assert!(LeaseMs::new(100).is_ok());
+        assert!(LeaseMs::new(3_600_000).is_ok());
+        assert!(LeaseMs::new(3_600_001).is_err());
+        assert!(RetentionS::new(0).is_err());
+        assert!(RetentionS::new(31_536_000).is_ok());
+        assert!(RetentionS::new(31_536_001).is_err());
+        assert!(serde_json::from_str::<LeaseMs>("50").is_err());
+    }
+
+    #[test]
+    fn result_size_is_enforced() {
+        let v = serde_json::json!({"a": "x".repeat(100)});
+        assert!(ResultJson::from_value(&v, 50).is_err());
+        let r = ResultJson::from_value(&v, 1000).unwrap();
+        assert_eq!(r.to_value(), v);
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&json).unwrap(), v);
+    }
+
+    #[test]
+    fn timestamps_render_rfc3339() {
+        let t = Timestamp(1_700_000_000_123);
+        let s = serde_json::to_string(&t).unwrap();
+        assert_eq!(s, "\"2023-11-14T22:13:20.123Z\"");
+        assert_eq!(serde_json::from_str::<Timestamp>(&s).unwrap(), t);
+    }
+}
