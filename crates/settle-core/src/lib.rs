@@ -23,6 +23,7 @@ pub mod invariants;
 pub mod record;
 pub mod refusal;
 pub mod rules;
+pub mod testkit;
 pub mod types;
 pub mod world;
 

@@ -163,6 +163,8 @@ struct Tx {
     /// count as a touch, so stuck records stay visible as stuck).
     touched: bool,
     fence_used: bool,
+    /// A lapsed lease was ended (lazy expiry or revocation).
+    lapsed: bool,
     /// The record was replaced by a fresh one (claim after retention), so
     /// rank monotonicity restarts.
     recreated: bool,
@@ -262,6 +264,7 @@ fn prelude(state: &mut OpState, now: Timestamp, tx: &mut Tx) -> Option<Reply> {
         && end_lapsed_lease(r, &state.principals, now)
     {
         tx.changed = true;
+        tx.lapsed = true;
     }
     None
 }
@@ -282,7 +285,7 @@ fn run_record(
 
 /// The background sweep's command: ends a lapsed lease (the same rule runs lazily on every access).
 pub fn expire(state: &mut OpState, ctx: &Ctx) -> Applied {
-    run_record(state, ctx, |_, tx| Reply::Expired { ended: tx.changed })
+    run_record(state, ctx, |_, tx| Reply::Expired { ended: tx.lapsed })
 }
 
 /// Collects a terminal record past its retention (the key can then be reserved afresh).

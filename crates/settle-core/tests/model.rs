@@ -484,7 +484,9 @@ impl Model {
                 LeaseEnd::Unavailable => prop_assert!(matches!(cmd, Command::Reconcile(_))),
                 LeaseEnd::Expired | LeaseEnd::Revoked => {
                     // Only a claim rule 4 revokes inside a step; time ended the rest earlier.
-                    prop_assert!(matches!(cmd, Command::Claim(_)) && end.reason == LeaseEnd::Revoked);
+                    prop_assert!(
+                        matches!(cmd, Command::Claim(_)) && end.reason == LeaseEnd::Revoked
+                    );
                 }
             }
         }
@@ -493,7 +495,11 @@ impl Model {
         if let (Command::Claim(c), Some(b)) = (cmd, b_live.as_ref())
             && b.reservation.mismatch(&c.fingerprint, &c.binding).is_some()
         {
-            prop_assert!(matches!(applied.reply, Reply::Refused(_)), "{:?}", applied.reply);
+            prop_assert!(
+                matches!(applied.reply, Reply::Refused(_)),
+                "{:?}",
+                applied.reply
+            );
         }
 
         // §6.10: an execute grant only without reconcile_required.
@@ -520,7 +526,11 @@ impl Model {
         {
             match &applied.reply {
                 Reply::Claim(ClaimDecision::Replay { receipt, .. }) => prop_assert_eq!(receipt, rc),
-                other => return Err(TestCaseError::fail(format!("expected replay, got {other:?}"))),
+                other => {
+                    return Err(TestCaseError::fail(format!(
+                        "expected replay, got {other:?}"
+                    )));
+                }
             }
         }
         Ok(())

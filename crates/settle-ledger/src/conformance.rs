@@ -1,0 +1,481 @@
+//! The backend conformance suite: the same test bodies for every [`Store`].
+//!
+//! The rules themselves are tested in `settle-core`; this suite checks that
+//! an engine loads, applies and persists them faithfully, under concurrency,
+//! with time moved through the store's [`Clock`].
+//!
+//! Plug a store in with
+//! ```ignore
+//! settle_ledger::conformance_tests!(async { my_fixture().await });
+//! ```
+//! which generates one `#[tokio::test]` per case.
+
+use std::any::Any;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use settle_core::testkit::*;
+use settle_core::*;
+
+use crate::store::{Clock, Store};
+
+/// A fresh store for one test, its clock, and whatever must live as long as it.
+pub struct Fixture {
+    pub store: Arc<dyn Store>,
+    pub clock: Clock,
+    /// Dropped after the test (e.g. a temporary directory or database).
+    pub guard: Option<Box<dyn Any + Send + Sync>>,
+}
+
+impl Fixture {
+    pub fn new(store: Arc<dyn Store>, clock: Clock) -> Fixture {
+        Fixture {
+            store,
+            clock,
+            guard: None,
+        }
+    }
+    fn tenant(&self) -> TenantId {
+        TenantId::new("acme").unwrap()
+    }
+    async fn run(&self, cmd: Command) -> Reply {
+        self.run_as(&self.tenant(), cmd).await
+    }
+    async fn run_as(&self, t: &TenantId, cmd: Command) -> Reply {
+        self.store.execute(t, cmd).await.expect("store works")
+    }
+    async fn exec(&self, cmd: Command) -> Fence {
+        match self.run(cmd).await {
+            Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+            other => panic!("expected execute, got {other:?}"),
+        }
+    }
+    async fn get(&self, k: &str) -> Option<Record> {
+        self.store
+            .get(&self.tenant(), &key(k))
+            .await
+            .expect("store works")
+            .expect("not refused")
+    }
+}
+
+/// Generates one `#[tokio::test]` per conformance case for the fixture expression.
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:expr) => {
+        $crate::conformance_tests!(@cases $make;
+            claim_settle_replay_roundtrip,
+            racing_first_claims_execute_exactly_once,
+            fences_strictly_increase_across_keys,
+            concurrent_pairs_on_many_keys_all_settle,
+            mismatched_claim_changes_nothing,
+            refused_evidence_is_quarantined_durably,
+            disputed_is_persisted,
+            lease_expiry_moves_to_unknown_and_reconcile,
+            sweep_expires_leases_and_collects_records,
+            heartbeat_dispatch_release_are_persisted,
+            reconcile_findings_are_persisted,
+            revoke_is_persisted_and_lapses_leases,
+            warnings_are_bounded_per_task,
+            tenants_never_meet,
+            unknown_keys_are_not_found,
+            stats_count_open_records
+        );
+    };
+    (@cases $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let fx: $crate::conformance::Fixture = $make.await;
+                $crate::conformance::$name(&fx).await;
+            }
+        )*
+    };
+}
+
+pub async fn claim_settle_replay_roundtrip(fx: &Fixture) {
+    let f = fx.exec(claim("order-1", 1, binding("alice", 0))).await;
+    let r = fx.get("order-1").await.expect("record exists");
+    assert_eq!(r.status, Status::Pending);
+    assert_eq!(r.open_lease().unwrap().fence, f);
+    let rc = receipt(
+        fx.run(settle("order-1", f, 1, binding("alice", 0), completed(1)))
+            .await,
+    );
+    assert!(rc.durable);
+    assert_eq!(rc.status, Status::Completed);
+    let r = fx.get("order-1").await.unwrap();
+    assert_eq!(r.status, Status::Completed);
+    assert_eq!(r.receipt.as_ref(), Some(&rc));
+    assert_eq!(r.outcome.as_ref(), Some(&completed(1)));
+    match fx.run(claim("order-1", 1, binding("alice", 0))).await {
+        Reply::Claim(ClaimDecision::Replay { outcome, receipt }) => {
+            assert_eq!(receipt, rc);
+            assert_eq!(outcome, completed(1));
+        }
+        other => panic!("{other:?}"),
+    }
+    // A lost acknowledgement: the retry returns the same receipt.
+    assert_eq!(
+        receipt(
+            fx.run(settle("order-1", f, 1, binding("alice", 0), completed(1)))
+                .await
+        ),
+        rc
+    );
+}
+
+pub async fn racing_first_claims_execute_exactly_once(fx: &Fixture) {
+    let tasks: Vec<_> = (0..24)
+        .map(|_| {
+            let store = fx.store.clone();
+            let t = fx.tenant();
+            tokio::spawn(async move {
+                store
+                    .execute(&t, claim("race", 1, binding("alice", 0)))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut executes = 0;
+    let mut in_flight = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Reply::Claim(ClaimDecision::Execute(_)) => executes += 1,
+            Reply::Claim(ClaimDecision::InFlight { .. }) => in_flight += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((executes, in_flight), (1, 23));
+}
+
+pub async fn fences_strictly_increase_across_keys(fx: &Fixture) {
+    let mut last = Fence(0);
+    for i in 0..50 {
+        let f = fx
+            .exec(claim(&format!("f-{i}"), 1, binding("alice", 0)))
+            .await;
+        assert!(f > last, "{f:?} after {last:?}");
+        last = f;
+    }
+}
+
+pub async fn concurrent_pairs_on_many_keys_all_settle(fx: &Fixture) {
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let store = fx.store.clone();
+            let t = fx.tenant();
+            tokio::spawn(async move {
+                let k = format!("pair-{i}");
+                let f = match store
+                    .execute(&t, claim(&k, 1, binding("alice", 0)))
+                    .await
+                    .unwrap()
+                {
+                    Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+                    other => panic!("{other:?}"),
+                };
+                let rc = receipt(
+                    store
+                        .execute(&t, settle(&k, f, 1, binding("alice", 0), completed(1)))
+                        .await
+                        .unwrap(),
+                );
+                (k, rc)
+            })
+        })
+        .collect();
+    let mut fences = HashSet::new();
+    for t in tasks {
+        let (k, rc) = t.await.unwrap();
+        assert!(fences.insert(rc.fence), "fence reused");
+        let r = fx.get(&k).await.unwrap();
+        assert_eq!(r.receipt, Some(rc));
+    }
+}
+
+pub async fn mismatched_claim_changes_nothing(fx: &Fixture) {
+    fx.exec(claim("m", 1, binding("alice", 0))).await;
+    let before = fx.get("m").await.unwrap();
+    for cmd in [
+        claim("m", 2, binding("alice", 0)),
+        claim("m", 1, binding("bob", 0)),
+        claim("m", 1, binding_scopes("alice", &["other"], 0)),
+    ] {
+        assert!(matches!(fx.run(cmd).await, Reply::Refused(_)));
+    }
+    assert_eq!(fx.get("m").await.unwrap(), before);
+}
+
+pub async fn refused_evidence_is_quarantined_durably(fx: &Fixture) {
+    let f = fx.exec(claim("q", 1, binding("alice", 0))).await;
+    let r = fx
+        .run(settle(
+            "q",
+            Fence(f.0 + 1000),
+            1,
+            binding("alice", 0),
+            completed(1),
+        ))
+        .await;
+    assert_eq!(r, Reply::Refused(RefusalCode::StaleFence));
+    let rec = fx.get("q").await.unwrap();
+    assert_eq!(rec.quarantine.len(), 1);
+    assert_eq!(rec.quarantine[0].reason, RefusalCode::StaleFence);
+    assert_eq!(rec.quarantine[0].fence, Fence(f.0 + 1000));
+    assert_eq!(rec.status, Status::Pending);
+}
+
+pub async fn disputed_is_persisted(fx: &Fixture) {
+    let f = fx.exec(claim("d", 1, binding("alice", 0))).await;
+    let rc = receipt(
+        fx.run(settle("d", f, 1, binding("alice", 0), completed(1)))
+            .await,
+    );
+    let r = fx
+        .run(settle("d", f, 1, binding("alice", 0), completed(2)))
+        .await;
+    assert_eq!(r, Reply::Refused(RefusalCode::ResultMismatch));
+    let rec = fx.get("d").await.unwrap();
+    assert!(rec.disputed);
+    assert_eq!(rec.receipt, Some(rc));
+}
+
+pub async fn lease_expiry_moves_to_unknown_and_reconcile(fx: &Fixture) {
+    fx.exec(claim_with("e", 1, binding("alice", 0), 1000, false))
+        .await;
+    fx.clock.advance(1500);
+    let rec = fx.get("e").await.unwrap();
+    assert_eq!(rec.status, Status::Unknown, "get applies expiry lazily");
+    assert!(rec.reconcile_required);
+    assert!(matches!(
+        fx.run(claim("e", 1, binding("alice", 0))).await,
+        Reply::Claim(ClaimDecision::Reconcile(_))
+    ));
+}
+
+pub async fn sweep_expires_leases_and_collects_records(fx: &Fixture) {
+    fx.exec(claim_with("s1", 1, binding("alice", 0), 1000, false))
+        .await;
+    let mut c = Claim::new(key("s2"), fp(1), binding("alice", 0));
+    c.retention_s = RetentionS::new(1).unwrap();
+    let f = fx.exec(Command::Claim(c)).await;
+    receipt(
+        fx.run(settle("s2", f, 1, binding("alice", 0), completed(1)))
+            .await,
+    );
+    fx.clock.advance(1500);
+    let report = fx.store.sweep().await.unwrap();
+    assert!(report.expired >= 1, "{report:?}");
+    assert!(report.collected >= 1, "{report:?}");
+    let s1 = fx.get("s1").await.unwrap();
+    assert_eq!(s1.status, Status::Unknown);
+    assert!(s1.open_lease().is_none());
+    assert!(fx.get("s2").await.is_none());
+    // The key can be reserved afresh, for a new intent.
+    fx.exec(claim("s2", 2, binding("alice", 0))).await;
+    assert_eq!(fx.get("s2").await.unwrap().reservation.fingerprint, fp(2));
+}
+
+pub async fn heartbeat_dispatch_release_are_persisted(fx: &Fixture) {
+    let f = fx
+        .exec(claim_with("h", 1, binding("alice", 0), 1000, true))
+        .await;
+    fx.clock.advance(600);
+    let Reply::Heartbeat(l) = fx.run(heartbeat("h", f, Some(5000))).await else {
+        panic!()
+    };
+    assert_eq!(
+        fx.get("h").await.unwrap().lease().unwrap().expires_at,
+        l.lease_expires_at
+    );
+    fx.clock.advance(1000);
+    // Still live thanks to the heartbeat.
+    assert!(matches!(
+        fx.run(claim("h", 1, binding("alice", 0))).await,
+        Reply::Claim(ClaimDecision::InFlight { .. })
+    ));
+    assert_eq!(fx.run(release("h", f)).await, Reply::Released { fence: f });
+    let rec = fx.get("h").await.unwrap();
+    assert_eq!(
+        rec.lease().unwrap().ended.unwrap().reason,
+        LeaseEnd::Released
+    );
+
+    let f = fx
+        .exec(claim_with("h2", 1, binding("alice", 0), 1000, true))
+        .await;
+    assert!(matches!(
+        fx.run(dispatch("h2", f)).await,
+        Reply::Dispatched(_)
+    ));
+    assert!(fx.get("h2").await.unwrap().lease().unwrap().dispatched);
+    assert_eq!(
+        fx.run(release("h2", f)).await,
+        Reply::Refused(RefusalCode::ReceiptRequired)
+    );
+}
+
+pub async fn reconcile_findings_are_persisted(fx: &Fixture) {
+    let f = fx.exec(claim("r", 1, binding("alice", 0))).await;
+    let u = receipt(
+        fx.run(settle("r", f, 1, binding("alice", 0), unknown()))
+            .await,
+    );
+    assert_eq!(u.status, Status::Unknown);
+    let g = match fx.run(claim("r", 1, binding("alice", 0))).await {
+        Reply::Claim(ClaimDecision::Reconcile(g)) => g,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        fx.run(reconcile("r", g.fence, Finding::Unavailable)).await,
+        Reply::Released { fence: g.fence }
+    );
+    assert!(fx.get("r").await.unwrap().reconcile_required);
+    let g = match fx.run(claim("r", 1, binding("alice", 0))).await {
+        Reply::Claim(ClaimDecision::Reconcile(g)) => g,
+        other => panic!("{other:?}"),
+    };
+    assert!(matches!(
+        fx.run(reconcile("r", g.fence, Finding::NotCommitted)).await,
+        Reply::Claim(ClaimDecision::Execute(_))
+    ));
+    let rec = fx.get("r").await.unwrap();
+    assert!(!rec.reconcile_required);
+    assert_eq!(rec.open_lease().unwrap().purpose, Purpose::Execute);
+    let rc = receipt(
+        fx.run(settle("r", g.fence, 1, binding("alice", 0), failed(1)))
+            .await,
+    );
+    assert_eq!(rc.status, Status::Failed);
+    assert_eq!(fx.get("r").await.unwrap().status, Status::Failed);
+}
+
+pub async fn revoke_is_persisted_and_lapses_leases(fx: &Fixture) {
+    let f = fx.exec(claim("v", 1, binding("alice", 3))).await;
+    assert_eq!(
+        fx.run(revoke("alice")).await,
+        Reply::Revoked {
+            principal: Principal::new("alice").unwrap(),
+            generation: 4
+        }
+    );
+    assert_eq!(
+        fx.run(settle("v", f, 1, binding("alice", 3), completed(1)))
+            .await,
+        Reply::Refused(RefusalCode::LeaseExpired)
+    );
+    assert_eq!(
+        fx.run(claim("other", 1, binding("alice", 3))).await,
+        Reply::Refused(RefusalCode::StaleBinding)
+    );
+    assert!(matches!(
+        fx.run(claim("v", 1, binding("alice", 4))).await,
+        Reply::Claim(ClaimDecision::Reconcile(_))
+    ));
+    assert_eq!(fx.get("v").await.unwrap().reservation.generation, 4);
+}
+
+pub async fn warnings_are_bounded_per_task(fx: &Fixture) {
+    let warn = |class: &str, detail: Option<&str>| {
+        Command::Warn(Warn {
+            task: TaskId::new("export-7").unwrap(),
+            class: WarningClass::new(class).unwrap(),
+            detail: detail.map(|d| Text::new("detail", d).unwrap()),
+        })
+    };
+    fx.run(warn("share_deferred", Some("slack down"))).await;
+    fx.run(warn("share_deferred", None)).await;
+    let Reply::Warning(w) = fx.run(warn("share_deferred", None)).await else {
+        panic!()
+    };
+    assert_eq!(w.count, 3);
+    assert_eq!(w.detail.as_ref().map(|d| d.as_str()), Some("slack down"));
+    let ws = fx
+        .store
+        .warnings(&fx.tenant(), &TaskId::new("export-7").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(ws, vec![w]);
+    for i in 1..64 {
+        assert!(matches!(
+            fx.run(warn(&format!("c{i}"), None)).await,
+            Reply::Warning(_)
+        ));
+    }
+    assert_eq!(
+        fx.run(warn("c64", None)).await,
+        Reply::Refused(RefusalCode::TooManyClasses)
+    );
+    let ws = fx
+        .store
+        .warnings(&fx.tenant(), &TaskId::new("export-7").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(ws.len(), 64);
+}
+
+pub async fn tenants_never_meet(fx: &Fixture) {
+    let other = TenantId::new("globex").unwrap();
+    let f = fx.exec(claim("shared", 1, binding("alice", 0))).await;
+    receipt(
+        fx.run(settle("shared", f, 1, binding("alice", 0), completed(1)))
+            .await,
+    );
+    // Same key, same principal name, other tenant: a different operation.
+    assert!(
+        fx.store
+            .get(&other, &key("shared"))
+            .await
+            .unwrap()
+            .unwrap()
+            .is_none()
+    );
+    assert!(matches!(
+        fx.run_as(&other, claim("shared", 2, binding("alice", 0)))
+            .await,
+        Reply::Claim(ClaimDecision::Execute(_))
+    ));
+    fx.run_as(&other, revoke("alice")).await;
+    // The revoke in the other tenant did not touch ours.
+    assert!(matches!(
+        fx.run(claim("fresh", 1, binding("alice", 0))).await,
+        Reply::Claim(ClaimDecision::Execute(_))
+    ));
+    assert_eq!(
+        fx.get("shared").await.unwrap().reservation.fingerprint,
+        fp(1)
+    );
+}
+
+pub async fn unknown_keys_are_not_found(fx: &Fixture) {
+    assert!(fx.get("nope").await.is_none());
+    for cmd in [
+        settle("nope", Fence(1), 1, binding("alice", 0), completed(1)),
+        heartbeat("nope", Fence(1), None),
+        dispatch("nope", Fence(1)),
+        release("nope", Fence(1)),
+        reconcile("nope", Fence(1), Finding::Unavailable),
+    ] {
+        assert_eq!(fx.run(cmd).await, Reply::Refused(RefusalCode::NotFound));
+    }
+    assert!(fx.get("nope").await.is_none(), "refusals create nothing");
+}
+
+pub async fn stats_count_open_records(fx: &Fixture) {
+    fx.exec(claim_with("st1", 1, binding("alice", 0), 1000, false))
+        .await;
+    let f = fx.exec(claim("st2", 1, binding("alice", 0))).await;
+    receipt(
+        fx.run(settle("st2", f, 1, binding("alice", 0), completed(1)))
+            .await,
+    );
+    fx.clock.advance(2000);
+    fx.store.sweep().await.unwrap();
+    let s = fx.store.stats(1000).await.unwrap();
+    assert_eq!(s.open, 1);
+    assert_eq!(s.unknown, 1);
+    assert_eq!(s.reconcile_required, 1);
+    assert_eq!(s.stuck, 1);
+}

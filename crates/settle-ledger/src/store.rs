@@ -1,0 +1,181 @@
+//! The boundary every engine implements.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+
+use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
+
+/// A boxed, sendable future (keeps [`Store`] object-safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A failure of the engine, not a protocol answer. Callers get an error,
+/// never a receipt, and nothing was acknowledged.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    /// A write or fsync failed; the engine now refuses writes until reopened.
+    #[error("storage failure: {0}")]
+    Io(String),
+    /// An earlier write failed; the store fails closed until it is reopened.
+    #[error("the store refuses writes after an earlier storage failure; reopen it")]
+    Poisoned,
+    /// The store is shutting down.
+    #[error("the store is closed")]
+    Closed,
+    /// The database reported an error (PostgreSQL).
+    #[error("database error: {0}")]
+    Database(String),
+    /// Stored data failed its checksum or format check.
+    #[error("corrupt data: {0}")]
+    Corrupt(String),
+}
+
+/// Result of a background sweep.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Leases ended by expiry or revocation.
+    pub expired: u64,
+    /// Terminal records collected after their retention.
+    pub collected: u64,
+}
+
+/// Gauges over the records that are not settled (the ones an operator must watch).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StoreStats {
+    /// Non-terminal records.
+    pub open: u64,
+    pub pending: u64,
+    pub unknown: u64,
+    pub conflict: u64,
+    pub reconcile_required: u64,
+    /// Non-terminal, no live lease, untouched for `stuck_after_s`.
+    pub stuck: u64,
+    /// Records refused under SPEC §6.9 that the engine knows of.
+    pub refused: u64,
+}
+
+impl StoreStats {
+    /// Adds one open record to the gauges.
+    pub fn count(&mut self, r: &Record, now: Timestamp, stuck_after_ms: u64) {
+        use settle_core::Status;
+        if r.status.is_terminal() {
+            return;
+        }
+        self.open += 1;
+        match r.status {
+            Status::Pending => self.pending += 1,
+            Status::Unknown => self.unknown += 1,
+            Status::Conflict => self.conflict += 1,
+            _ => {}
+        }
+        if r.reconcile_required {
+            self.reconcile_required += 1;
+        }
+        if r.is_stuck(now, stuck_after_ms) {
+            self.stuck += 1;
+        }
+    }
+}
+
+/// "Run this command against the core, atomically and durably."
+///
+/// An engine decides nothing: it loads the state named by
+/// [`Command::target`], calls [`settle_core::apply`] with its clock and its
+/// next fence, and makes the new state durable before the future resolves.
+/// A reply is never returned for a write that is not durable.
+pub trait Store: Send + Sync + 'static {
+    /// Applies one command; resolves after the new state is durable.
+    fn execute<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        cmd: Command,
+    ) -> BoxFuture<'a, Result<Reply, StoreError>>;
+
+    /// The `get` view at the store's `now`: `Ok(None)` for an unknown or
+    /// collected key, `Err(RecordRefused)` for a record from the future.
+    fn get<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Result<Option<Record>, RefusalCode>, StoreError>>;
+
+    /// The warnings of a task.
+    fn warnings<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        task: &'a TaskId,
+    ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>>;
+
+    /// Ends lapsed leases and collects expired terminal records (the same
+    /// rules also run lazily on every access).
+    fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>>;
+
+    /// Gauges over open records.
+    fn stats(&self, stuck_after_ms: u64) -> BoxFuture<'_, Result<StoreStats, StoreError>>;
+
+    /// The store's clock.
+    fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>>;
+}
+
+impl<S: Store + ?Sized> Store for Arc<S> {
+    fn execute<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        cmd: Command,
+    ) -> BoxFuture<'a, Result<Reply, StoreError>> {
+        (**self).execute(tenant, cmd)
+    }
+    fn get<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Result<Option<Record>, RefusalCode>, StoreError>> {
+        (**self).get(tenant, key)
+    }
+    fn warnings<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        task: &'a TaskId,
+    ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>> {
+        (**self).warnings(tenant, task)
+    }
+    fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
+        (**self).sweep()
+    }
+    fn stats(&self, stuck_after_ms: u64) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
+        (**self).stats(stuck_after_ms)
+    }
+    fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
+        (**self).now()
+    }
+}
+
+/// A store's clock: a source (the wall clock, or the database's clock) plus
+/// a skew that tests move to make time pass without sleeping.
+#[derive(Clone, Debug, Default)]
+pub struct Clock {
+    skew_ms: Arc<AtomicI64>,
+}
+
+impl Clock {
+    /// The wall clock, unskewed.
+    pub fn system() -> Clock {
+        Clock::default()
+    }
+    /// Moves this clock (and every store sharing it) by `ms`; negative goes back.
+    pub fn advance(&self, ms: i64) {
+        self.skew_ms.fetch_add(ms, Ordering::SeqCst);
+    }
+    pub fn skew_ms(&self) -> i64 {
+        self.skew_ms.load(Ordering::SeqCst)
+    }
+    /// `source` plus the skew.
+    pub fn from_source(&self, source: Timestamp) -> Timestamp {
+        Timestamp((source.0 as i64).saturating_add(self.skew_ms()).max(0) as u64)
+    }
+    /// The wall clock plus the skew.
+    pub fn now(&self) -> Timestamp {
+        self.from_source(Timestamp::from_system_time(std::time::SystemTime::now()))
+    }
+}
