@@ -314,6 +314,14 @@ pub enum Reply {
 }
 
 impl Reply {
+    /// Whether answering `cmd` with this reply quarantined evidence on the
+    /// record: every refusal of `settle` and `reconcile` except `not_found`
+    /// and `record_refused` does (settle rules 0–3).
+    pub fn quarantined(&self, cmd: &Command) -> bool {
+        matches!(cmd, Command::Settle(_) | Command::Reconcile(_))
+            && matches!(self, Reply::Refused(c) if !matches!(c, RefusalCode::NotFound | RefusalCode::RecordRefused))
+    }
+
     /// A short label for metrics: the decision or refusal code.
     pub fn label(&self) -> &'static str {
         match self {
