@@ -491,6 +491,18 @@ impl Model {
             }
         }
 
+        // Reply::quarantined says exactly when evidence was quarantined.
+        if let (Some(b), Some(a), false) = (b_live.as_ref(), a, recreated) {
+            let added = a.quarantine_total - b.quarantine_total;
+            prop_assert_eq!(
+                added == 1,
+                applied.reply.quarantined(cmd),
+                "{:?}",
+                applied.reply
+            );
+            prop_assert!(added <= 1);
+        }
+
         // §6.7: a mismatched claim gets no lease and no result.
         if let (Command::Claim(c), Some(b)) = (cmd, b_live.as_ref())
             && b.reservation.mismatch(&c.fingerprint, &c.binding).is_some()
