@@ -41,6 +41,7 @@
 //! # });
 //! ```
 
+pub mod bench;
 pub mod conformance;
 mod ledger;
 mod memory;
