@@ -1,0 +1,25 @@
+//! The embedded store passes the backend conformance suite (a fresh
+//! directory per test; small segments so checkpoints run during the tests).
+
+use settle_embedded::{EmbeddedOptions, EmbeddedStore};
+use settle_ledger::Clock;
+use settle_ledger::conformance::Fixture;
+
+async fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let store = EmbeddedStore::open(
+        dir.path(),
+        EmbeddedOptions {
+            clock: clock.clone(),
+            segment_bytes: 16 * 1024,
+            ..EmbeddedOptions::default()
+        },
+    )
+    .unwrap();
+    let mut fx = Fixture::new(store, clock);
+    fx.guard = Some(Box::new(dir));
+    fx
+}
+
+settle_ledger::conformance_tests!(fixture());
