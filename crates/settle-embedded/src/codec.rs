@@ -58,6 +58,8 @@ impl EntityKey {
 }
 
 /// The state of one entity; `Gone` deletes it (a collected record).
+// Records are by far the common variant; boxing them would add an allocation per entity.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Value {
     Record(Record),
