@@ -405,18 +405,29 @@ fn checkpoint(
     faults: &Option<Arc<Faults>>,
 ) -> Result<(), StoreError> {
     let started = Instant::now();
-    let mut taken: Vec<(Box<[u8]>, Arc<Value>, bool, u64)> = Vec::new();
+    struct Taken {
+        key: Box<[u8]>,
+        value: Arc<Value>,
+        open_indexed: bool,
+        lsn: u64,
+    }
+    let mut taken = Vec::new();
     for s in shared.map.iter() {
         if s.lsn > from_lsn && s.lsn <= to_lsn {
-            taken.push((s.key().clone(), s.value.clone(), s.open_indexed, s.lsn));
+            taken.push(Taken {
+                key: s.key().clone(),
+                value: s.value.clone(),
+                open_indexed: s.open_indexed,
+                lsn: s.lsn,
+            });
         }
     }
     let items: Vec<CheckpointItem<'_>> = taken
         .iter()
-        .map(|(k, v, open_indexed, _)| CheckpointItem {
-            key: k,
-            value: v,
-            open_indexed: *open_indexed,
+        .map(|t| CheckpointItem {
+            key: &t.key,
+            value: &t.value,
+            open_indexed: t.open_indexed,
         })
         .collect();
     if Faults::take_checkpoint(faults) {
@@ -437,14 +448,14 @@ fn checkpoint(
         }
     }
     wal::sync_dir(wal_dir).map_err(io_err)?;
-    for (k, v, _, lsn) in &taken {
-        let now_open = matches!(&**v, Value::Record(r) if !r.status.is_terminal());
-        if let Some(mut s) = shared.map.get_mut(k) {
+    for t in &taken {
+        let now_open = matches!(&*t.value, Value::Record(r) if !r.status.is_terminal());
+        if let Some(mut s) = shared.map.get_mut(&t.key) {
             s.open_indexed = now_open;
         }
         shared
             .map
-            .remove_if(k, |_, s| s.lsn == *lsn && s.evictable());
+            .remove_if(&t.key, |_, s| s.lsn == t.lsn && s.evictable());
     }
     tracing::debug!(
         entities = taken.len(),
