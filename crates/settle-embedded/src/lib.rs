@@ -270,23 +270,40 @@ fn sweep_candidates(
     now: Timestamp,
 ) -> Result<Vec<(TenantId, Command)>, StoreError> {
     let mut out = Vec::new();
+    // Clone what we need first: looking into the map while iterating it could deadlock.
+    let mut leased = Vec::new();
     for s in shared.map.iter() {
         let Value::Record(r) = &*s.value else {
-            continue;
-        };
-        let EntityKey::Record(t, key) = EntityKey::from_bytes(s.key())? else {
             continue;
         };
         if r.is_from_the_future(now) {
             continue;
         }
         if r.is_collectable(now) {
-            out.push((t, Command::Collect { key }));
+            out.push(s.key().clone());
         } else if let Some(l) = r.open_lease() {
-            let generation = shared.principal(&t, &r.reservation.principal)?.generation;
-            if now >= l.expires_at || l.generation < generation {
-                out.push((t, Command::Expire { key }));
-            }
+            leased.push((
+                s.key().clone(),
+                r.reservation.principal.clone(),
+                l.expires_at,
+                l.generation,
+            ));
+        }
+    }
+    let mut out: Vec<(TenantId, Command)> = out
+        .into_iter()
+        .filter_map(|k| match EntityKey::from_bytes(&k) {
+            Ok(EntityKey::Record(t, key)) => Some((t, Command::Collect { key })),
+            _ => None,
+        })
+        .collect();
+    for (k, principal, expires_at, lease_generation) in leased {
+        let Ok(EntityKey::Record(t, key)) = EntityKey::from_bytes(&k) else {
+            continue;
+        };
+        let generation = shared.principal(&t, &principal)?.generation;
+        if now >= expires_at || lease_generation < generation {
+            out.push((t, Command::Expire { key }));
         }
     }
     for (t, k) in shared.index.due(now.millis(), 10_000)? {

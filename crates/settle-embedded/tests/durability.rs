@@ -1,0 +1,351 @@
+//! Durability of the embedded store: reopen, checkpoints and eviction,
+//! fail-closed storage errors, torn writes, records from the future.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use settle_core::invariants::check_record;
+use settle_core::testkit::*;
+use settle_core::*;
+use settle_embedded::{EmbeddedOptions, EmbeddedStore, Faults};
+use settle_ledger::{Clock, Store, StoreError};
+
+fn tenant() -> TenantId {
+    TenantId::new("acme").unwrap()
+}
+
+fn opts(clock: &Clock, segment_bytes: u64, faults: Option<Arc<Faults>>) -> EmbeddedOptions {
+    EmbeddedOptions {
+        clock: clock.clone(),
+        segment_bytes,
+        faults,
+        ..EmbeddedOptions::default()
+    }
+}
+
+async fn pair(store: &EmbeddedStore, k: &str) -> Result<Receipt, StoreError> {
+    let f = match store
+        .execute(&tenant(), claim(k, 1, binding("alice", 0)))
+        .await?
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("{other:?}"),
+    };
+    match store
+        .execute(
+            &tenant(),
+            settle(k, f, 1, binding("alice", 0), completed(1)),
+        )
+        .await?
+    {
+        Reply::Receipt(rc) => Ok(rc),
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn get(store: &EmbeddedStore, k: &str) -> Option<Record> {
+    store.get(&tenant(), &key(k)).await.unwrap().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receipts_survive_reopen_across_checkpoints_and_leave_ram() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let mut receipts = Vec::new();
+    let max_fence;
+    {
+        // Tiny segments: many checkpoints and evictions during the run.
+        let store = EmbeddedStore::open(dir.path(), opts(&clock, 8 * 1024, None)).unwrap();
+        for i in 0..600 {
+            receipts.push((
+                format!("k{i}"),
+                pair(&store, &format!("k{i}")).await.unwrap(),
+            ));
+        }
+        // An open record and a principal generation must survive too.
+        store
+            .execute(&tenant(), claim("open-1", 1, binding("bob", 5)))
+            .await
+            .unwrap();
+        max_fence = receipts.iter().map(|(_, r)| r.fence).max().unwrap();
+        assert!(
+            store.resident() < 300,
+            "settled records leave memory after checkpoints: {} resident",
+            store.resident()
+        );
+        for (k, rc) in &receipts {
+            assert_eq!(get(&store, k).await.unwrap().receipt.as_ref(), Some(rc));
+        }
+        store.close();
+    }
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 8 * 1024, None)).unwrap();
+    for (k, rc) in &receipts {
+        let r = get(&store, k).await.expect("record survives");
+        assert_eq!(r.receipt.as_ref(), Some(rc), "{k}");
+        assert_eq!(check_record(&r), Ok(()));
+        match store
+            .execute(&tenant(), claim(k, 1, binding("alice", 0)))
+            .await
+            .unwrap()
+        {
+            Reply::Claim(ClaimDecision::Replay { receipt, .. }) => assert_eq!(&receipt, rc),
+            other => panic!("{other:?}"),
+        }
+    }
+    let open = get(&store, "open-1").await.unwrap();
+    assert!(open.open_lease().is_some());
+    assert_eq!(
+        store
+            .execute(&tenant(), claim("x", 1, binding("bob", 4)))
+            .await
+            .unwrap(),
+        Reply::Refused(RefusalCode::StaleBinding),
+        "bob's generation 5 survived"
+    );
+    // Fences keep increasing across the restart.
+    let rc = pair(&store, "after-restart").await.unwrap();
+    assert!(rc.fence > max_fence);
+    assert!(rc.fence > open.lease().unwrap().fence);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_open_of_the_same_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let _a = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+    let b = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None));
+    assert!(matches!(b, Err(StoreError::Io(m)) if m.contains("in use")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_fsync_fails_closed_and_never_answers_with_a_receipt() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let faults = Arc::new(Faults::default());
+    let store =
+        EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, Some(faults.clone()))).unwrap();
+    let before = pair(&store, "before").await.unwrap();
+    let f = match store
+        .execute(&tenant(), claim("k", 1, binding("alice", 0)))
+        .await
+        .unwrap()
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("{other:?}"),
+    };
+    faults.fail_sync.store(true, Ordering::SeqCst);
+    let r = store
+        .execute(
+            &tenant(),
+            settle("k", f, 1, binding("alice", 0), completed(1)),
+        )
+        .await;
+    assert!(matches!(r, Err(StoreError::Io(_))), "{r:?}");
+    assert!(store.is_poisoned());
+    // Every later write is refused until the store is reopened; nothing is retried.
+    let syncs = faults.syncs.load(Ordering::SeqCst);
+    for cmd in [
+        claim("other", 1, binding("alice", 0)),
+        settle("k", f, 1, binding("alice", 0), completed(1)),
+    ] {
+        assert!(matches!(
+            store.execute(&tenant(), cmd).await,
+            Err(StoreError::Poisoned)
+        ));
+    }
+    assert_eq!(
+        faults.syncs.load(Ordering::SeqCst),
+        syncs,
+        "no fsync was retried"
+    );
+    store.close();
+    drop(store);
+
+    // After reopening, the in-doubt settle is resolved by reading: it is
+    // either settled (the bytes reached the disk) or still open; a retry
+    // with the same fence gets the one true answer.
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+    assert_eq!(get(&store, "before").await.unwrap().receipt, Some(before));
+    let r = store
+        .execute(
+            &tenant(),
+            settle("k", f, 1, binding("alice", 0), completed(1)),
+        )
+        .await
+        .unwrap();
+    let Reply::Receipt(rc) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(get(&store, "k").await.unwrap().receipt, Some(rc));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_write_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let faults = Arc::new(Faults::default());
+    let store =
+        EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, Some(faults.clone()))).unwrap();
+    faults.fail_write.store(true, Ordering::SeqCst);
+    let r = store
+        .execute(&tenant(), claim("k", 1, binding("alice", 0)))
+        .await;
+    assert!(matches!(r, Err(StoreError::Io(_))));
+    assert!(
+        get(&store, "k").await.is_none(),
+        "unacknowledged state is not visible"
+    );
+    store.close();
+    drop(store);
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+    assert!(get(&store, "k").await.is_none());
+    pair(&store, "k").await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torn_write_is_cut_on_recovery_and_later_writes_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let faults = Arc::new(Faults::default());
+    let store =
+        EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, Some(faults.clone()))).unwrap();
+    let a = pair(&store, "a").await.unwrap();
+    faults.torn_write.store(true, Ordering::SeqCst);
+    assert!(
+        store
+            .execute(&tenant(), claim("torn", 1, binding("alice", 0)))
+            .await
+            .is_err()
+    );
+    store.close();
+    drop(store);
+
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+    assert_eq!(get(&store, "a").await.unwrap().receipt, Some(a.clone()));
+    assert!(get(&store, "torn").await.is_none());
+    let b = pair(&store, "b").await.unwrap();
+    assert!(b.fence > a.fence);
+    store.close();
+    drop(store);
+
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+    assert_eq!(get(&store, "a").await.unwrap().receipt, Some(a));
+    assert_eq!(get(&store, "b").await.unwrap().receipt, Some(b));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_checkpoint_fails_closed_and_the_log_recovers_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let faults = Arc::new(Faults::default());
+    faults.fail_checkpoint.store(true, Ordering::SeqCst);
+    let store =
+        EmbeddedStore::open(dir.path(), opts(&clock, 4 * 1024, Some(faults.clone()))).unwrap();
+    let mut acked = Vec::new();
+    for i in 0..200 {
+        match pair(&store, &format!("c{i}")).await {
+            Ok(rc) => acked.push((format!("c{i}"), rc)),
+            Err(StoreError::Poisoned) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        store.is_poisoned(),
+        "the failed checkpoint poisoned the store"
+    );
+    store.close();
+    drop(store);
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 4 * 1024, None)).unwrap();
+    for (k, rc) in &acked {
+        assert_eq!(get(&store, k).await.unwrap().receipt.as_ref(), Some(rc));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_from_the_future_is_refused_after_reopen_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let ahead = Clock::system();
+    ahead.advance(3_600_000);
+    {
+        let store = EmbeddedStore::open(dir.path(), opts(&ahead, 1 << 20, None)).unwrap();
+        pair(&store, "future").await.unwrap();
+        store.close();
+    }
+    let clock = Clock::system();
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+    assert_eq!(
+        store.get(&tenant(), &key("future")).await.unwrap(),
+        Err(RefusalCode::RecordRefused)
+    );
+    assert_eq!(
+        store
+            .execute(&tenant(), claim("future", 1, binding("alice", 0)))
+            .await
+            .unwrap(),
+        Reply::Refused(RefusalCode::RecordRefused)
+    );
+    store.sweep().await.unwrap();
+    store.close();
+    drop(store);
+    // Offline inspection reports it.
+    let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    let mut refused = Vec::new();
+    settle_embedded::scan(dir.path(), |_, r| {
+        if r.is_from_the_future(now) {
+            refused.push(r.key.clone());
+        }
+    })
+    .unwrap();
+    assert_eq!(refused, vec![key("future")]);
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+    clock.advance(3_700_000);
+    // Once the store's clock passes the receipt, the record is served again, intact.
+    let r = store
+        .get(&tenant(), &key("future"))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(r.status, Status::Completed);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_collects_checkpointed_records_from_the_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 4 * 1024, None)).unwrap();
+    for i in 0..100 {
+        let k = format!("r{i}");
+        let mut c = Claim::new(key(&k), fp(1), binding("alice", 0));
+        c.retention_s = RetentionS::new(5).unwrap();
+        let f = match store.execute(&tenant(), Command::Claim(c)).await.unwrap() {
+            Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+            other => panic!("{other:?}"),
+        };
+        store
+            .execute(
+                &tenant(),
+                settle(&k, f, 1, binding("alice", 0), completed(1)),
+            )
+            .await
+            .unwrap();
+    }
+    store.close();
+    drop(store);
+    // Reopened: most records live only in the index now.
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 4 * 1024, None)).unwrap();
+    assert!(get(&store, "r0").await.is_some());
+    clock.advance(6_000);
+    assert!(get(&store, "r0").await.is_none(), "expired reads as absent");
+    let report = store.sweep().await.unwrap();
+    assert_eq!(report.collected, 100);
+    assert_eq!(store.sweep().await.unwrap().collected, 0);
+    // Fresh intent on an old key.
+    assert!(matches!(
+        store
+            .execute(&tenant(), claim("r0", 2, binding("alice", 0)))
+            .await
+            .unwrap(),
+        Reply::Claim(ClaimDecision::Execute(_))
+    ));
+}
