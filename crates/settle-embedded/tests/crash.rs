@@ -85,7 +85,7 @@ async fn sigkill_under_load_loses_no_acknowledged_receipt() {
         let this_run = format!("i{it}-");
         for ((k, fence), rc) in acked
             .iter()
-            .filter(|((k, _), _)| last || k.starts_with(&this_run) || rng.next() % 64 == 0)
+            .filter(|((k, _), _)| last || k.starts_with(&this_run) || rng.next().is_multiple_of(64))
         {
             let r = store
                 .get(&tenant, &key(k))
