@@ -1,0 +1,105 @@
+//! Bearer token → tenant (SPEC §7). Tokens are configured as SHA-256
+//! digests; the presented token is hashed and compared in constant time.
+
+use axum::http::{HeaderMap, header};
+use sha2::{Digest as _, Sha256};
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+
+use settle_core::TenantId;
+
+use crate::config::AuthConfig;
+use crate::problem::Problem;
+
+/// Who may call.
+pub enum Auth {
+    /// Loopback-only mode without tenants: everything is tenant `default`.
+    Off(TenantId),
+    /// Configured tenants: (SHA-256 of token, tenant).
+    Tenants(Vec<([u8; 32], TenantId)>),
+}
+
+impl Auth {
+    pub fn from_config(c: &AuthConfig) -> Auth {
+        match c {
+            AuthConfig::Off => Auth::Off(TenantId::default_tenant()),
+            AuthConfig::Tenants(t) => Auth::Tenants(t.iter().map(|(n, d)| (d.0, n.clone())).collect()),
+        }
+    }
+
+    pub fn is_off(&self) -> bool {
+        matches!(self, Auth::Off(_))
+    }
+
+    /// The tenant the request's `Authorization: Bearer` token belongs to.
+    pub fn tenant(&self, headers: &HeaderMap) -> Result<&TenantId, Problem> {
+        let tenants = match self {
+            Auth::Off(t) => return Ok(t),
+            Auth::Tenants(t) => t,
+        };
+        let value = headers
+            .get(header::AUTHORIZATION)
+            .ok_or_else(|| Problem::unauthorized("missing Authorization: Bearer <token>"))?;
+        let token = value
+            .as_bytes()
+            .strip_prefix(b"Bearer ")
+            .or_else(|| value.as_bytes().strip_prefix(b"bearer "))
+            .ok_or_else(|| Problem::unauthorized("the Authorization header is not Bearer <token>"))?;
+        let presented: [u8; 32] = Sha256::digest(token).into();
+        // Every configured digest is compared (no early exit), so the time
+        // taken does not depend on which tenant, if any, matched.
+        let mut found = subtle::Choice::from(0u8);
+        let mut index = 0u32;
+        for (i, (digest, _)) in tenants.iter().enumerate() {
+            let eq = digest.ct_eq(&presented);
+            index.conditional_assign(&(i as u32), eq);
+            found |= eq;
+        }
+        if bool::from(found) {
+            Ok(&tenants[index as usize].1)
+        } else {
+            Err(Problem::unauthorized("unknown token"))
+        }
+    }
+}
+
+/// The hex SHA-256 of a token, as written in `token_sha256`.
+pub fn token_sha256(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+    use settle_core::Digest;
+
+    fn auth() -> Auth {
+        let d = |t: &str| Digest::parse("t", &token_sha256(t)).unwrap();
+        Auth::from_config(&AuthConfig::Tenants(vec![
+            (TenantId::new("acme").unwrap(), d("tok-acme")),
+            (TenantId::new("beta").unwrap(), d("tok-beta")),
+        ]))
+    }
+
+    fn headers(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(header::AUTHORIZATION, HeaderValue::from_str(v).unwrap());
+        h
+    }
+
+    #[test]
+    fn tokens_map_to_their_tenant() {
+        let a = auth();
+        assert_eq!(a.tenant(&headers("Bearer tok-acme")).unwrap().as_str(), "acme");
+        assert_eq!(a.tenant(&headers("Bearer tok-beta")).unwrap().as_str(), "beta");
+        assert_eq!(a.tenant(&headers("Bearer nope")).unwrap_err().code, "unauthorized");
+        assert_eq!(a.tenant(&headers("Basic tok-acme")).unwrap_err().code, "unauthorized");
+        assert_eq!(a.tenant(&HeaderMap::new()).unwrap_err().code, "unauthorized");
+    }
+
+    #[test]
+    fn auth_off_is_tenant_default() {
+        let a = Auth::from_config(&AuthConfig::Off);
+        assert_eq!(a.tenant(&HeaderMap::new()).unwrap().as_str(), "default");
+    }
+}

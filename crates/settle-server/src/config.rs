@@ -1,0 +1,394 @@
+//! Server settings (SPEC §7): defaults, then the TOML file, then `SETTLE_*`
+//! environment variables and flags (a flag beats its variable).
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use settle_core::{Digest, RetentionS, TenantId};
+
+/// Why the server will not start with these settings.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {source}")]
+    Parse {
+        path: PathBuf,
+        source: Box<toml::de::Error>,
+    },
+    #[error("invalid setting {setting}: {reason}")]
+    Invalid {
+        setting: &'static str,
+        reason: String,
+    },
+    #[error(
+        "refusing to start: listen address {0} is not loopback and no tenants are configured, so \
+         anyone who can reach it could read and write every record. Add [[tenants]] with \
+         name and token_sha256 to the config file (or --tenant NAME=SHA256), or listen on \
+         127.0.0.1 / [::1]"
+    )]
+    OpenWithoutTenants(SocketAddr),
+}
+
+fn invalid(setting: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        setting,
+        reason: reason.into(),
+    }
+}
+
+/// One `[[tenants]]` table: the tenant's name and the SHA-256 of its bearer token.
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub name: String,
+    pub token_sha256: String,
+}
+
+/// The config file as written (every key optional).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub data: Option<PathBuf>,
+    pub store: Option<String>,
+    pub lease_margin_ms: Option<u64>,
+    pub max_body_bytes: Option<usize>,
+    pub max_result_bytes: Option<usize>,
+    pub warning_cap: Option<u64>,
+    pub stuck_after_s: Option<u64>,
+    pub sweep_interval_ms: Option<u64>,
+    pub default_retention_s: Option<u64>,
+    pub request_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
+            path: path.to_path_buf(),
+            source: Box::new(source),
+        })
+    }
+}
+
+/// `settle serve` flags; each also reads its `SETTLE_*` variable.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// Directory of the embedded store.
+    #[arg(long, env = "SETTLE_DATA", value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Address to listen on; port 0 picks a free port (the bound address is printed).
+    #[arg(long, env = "SETTLE_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// TOML config file.
+    #[arg(long, env = "SETTLE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Store URL instead of --data (postgres://...; not wired in this build).
+    #[arg(long, env = "SETTLE_STORE", value_name = "URL")]
+    pub store: Option<String>,
+    /// A tenant as NAME=SHA256-OF-TOKEN (repeatable; added to the file's [[tenants]]).
+    #[arg(long = "tenant", env = "SETTLE_TENANTS", value_delimiter = ',', value_name = "NAME=SHA256")]
+    pub tenants: Vec<String>,
+    #[arg(long, env = "SETTLE_LEASE_MARGIN_MS")]
+    pub lease_margin_ms: Option<u64>,
+    #[arg(long, env = "SETTLE_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    #[arg(long, env = "SETTLE_MAX_RESULT_BYTES")]
+    pub max_result_bytes: Option<usize>,
+    #[arg(long, env = "SETTLE_WARNING_CAP")]
+    pub warning_cap: Option<u64>,
+    #[arg(long, env = "SETTLE_STUCK_AFTER_S")]
+    pub stuck_after_s: Option<u64>,
+    #[arg(long, env = "SETTLE_SWEEP_INTERVAL_MS")]
+    pub sweep_interval_ms: Option<u64>,
+    /// `retention_s` of a claim that does not give one.
+    #[arg(long, env = "SETTLE_DEFAULT_RETENTION_S")]
+    pub default_retention_s: Option<u64>,
+    /// Slow-client limit: time to send the request head, and then the body.
+    #[arg(long, env = "SETTLE_REQUEST_TIMEOUT_MS")]
+    pub request_timeout_ms: Option<u64>,
+}
+
+/// Where the records live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreConfig {
+    /// The embedded store in this directory (the default).
+    Embedded(PathBuf),
+    /// A store URL (`postgres://...`).
+    Url(String),
+}
+
+/// Who may call: a list of tenants, or nobody checks (loopback only).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AuthConfig {
+    /// No tenants and a loopback listen address: every call is tenant `default`.
+    Off,
+    /// Token digest → tenant.
+    Tenants(Vec<(TenantId, Digest)>),
+}
+
+/// The validated settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub store: StoreConfig,
+    pub auth: AuthConfig,
+    pub lease_margin_ms: u64,
+    pub max_body_bytes: usize,
+    pub max_result_bytes: usize,
+    pub warning_cap: u64,
+    pub stuck_after_s: u64,
+    pub sweep_interval_ms: u64,
+    pub default_retention: RetentionS,
+    pub request_timeout_ms: u64,
+}
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
+pub const DEFAULT_DATA: &str = "./settle-data";
+
+impl Config {
+    /// Defaults for a loopback test server on `dir` (auth off).
+    pub fn local(listen: SocketAddr, dir: PathBuf) -> Config {
+        Config {
+            listen,
+            store: StoreConfig::Embedded(dir),
+            auth: AuthConfig::Off,
+            lease_margin_ms: 100,
+            max_body_bytes: 1024 * 1024,
+            max_result_bytes: settle_core::DEFAULT_MAX_RESULT_BYTES,
+            warning_cap: 1000,
+            stuck_after_s: 3600,
+            sweep_interval_ms: 1000,
+            default_retention: RetentionS::DEFAULT,
+            request_timeout_ms: 10_000,
+        }
+    }
+
+    /// Reads the file named by `--config` (if any) and applies flags and variables over it.
+    pub fn from_args(args: &ServeArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(p) => FileConfig::load(p)?,
+            None => FileConfig::default(),
+        };
+        Config::merge(file, args)
+    }
+
+    /// Flags and variables win over the file; the file wins over defaults.
+    pub fn merge(file: FileConfig, args: &ServeArgs) -> Result<Config, ConfigError> {
+        let listen_s = args
+            .listen
+            .clone()
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen = listen_s
+            .to_socket_addrs()
+            .map_err(|e| invalid("listen", format!("{listen_s:?}: {e}")))?
+            .next()
+            .ok_or_else(|| invalid("listen", format!("{listen_s:?} resolves to no address")))?;
+
+        let store = match args.store.clone().or(file.store) {
+            Some(url) => StoreConfig::Url(url),
+            None => StoreConfig::Embedded(
+                args.data
+                    .clone()
+                    .or(file.data)
+                    .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA)),
+            ),
+        };
+
+        let mut tenants = file.tenants;
+        for t in &args.tenants {
+            let (name, digest) = t.split_once('=').ok_or_else(|| {
+                invalid("tenant", format!("{t:?} is not NAME=SHA256-OF-TOKEN"))
+            })?;
+            tenants.push(TenantConfig {
+                name: name.to_string(),
+                token_sha256: digest.to_string(),
+            });
+        }
+        let mut parsed: Vec<(TenantId, Digest)> = Vec::with_capacity(tenants.len());
+        for t in &tenants {
+            let name = TenantId::new(t.name.clone())
+                .map_err(|e| invalid("tenants.name", format!("{:?}: {}", t.name, e.reason)))?;
+            let digest = Digest::parse("tenants.token_sha256", &t.token_sha256).map_err(|e| {
+                invalid(
+                    "tenants.token_sha256",
+                    format!("tenant {}: {}", t.name, e.reason),
+                )
+            })?;
+            if parsed.iter().any(|(n, _)| n == &name) {
+                return Err(invalid("tenants.name", format!("{name} appears twice")));
+            }
+            if parsed.iter().any(|(_, d)| d == &digest) {
+                return Err(invalid(
+                    "tenants.token_sha256",
+                    format!("tenant {name} shares its token with another tenant"),
+                ));
+            }
+            parsed.push((name, digest));
+        }
+        let auth = if parsed.is_empty() {
+            if !listen.ip().is_loopback() {
+                return Err(ConfigError::OpenWithoutTenants(listen));
+            }
+            AuthConfig::Off
+        } else {
+            AuthConfig::Tenants(parsed)
+        };
+
+        let defaults = Config::local(listen, PathBuf::new());
+        let lease_margin_ms = args
+            .lease_margin_ms
+            .or(file.lease_margin_ms)
+            .unwrap_or(defaults.lease_margin_ms);
+        if lease_margin_ms >= settle_core::LeaseMs::MAX {
+            return Err(invalid(
+                "lease_margin_ms",
+                "must be below the longest lease (3600000)",
+            ));
+        }
+        let max_body_bytes = args
+            .max_body_bytes
+            .or(file.max_body_bytes)
+            .unwrap_or(defaults.max_body_bytes);
+        if max_body_bytes < 1024 {
+            return Err(invalid("max_body_bytes", "must be at least 1024"));
+        }
+        let max_result_bytes = args
+            .max_result_bytes
+            .or(file.max_result_bytes)
+            .unwrap_or(defaults.max_result_bytes);
+        if max_result_bytes == 0 {
+            return Err(invalid("max_result_bytes", "must be at least 1"));
+        }
+        let warning_cap = args
+            .warning_cap
+            .or(file.warning_cap)
+            .unwrap_or(defaults.warning_cap);
+        if warning_cap == 0 {
+            return Err(invalid("warning_cap", "must be at least 1"));
+        }
+        let stuck_after_s = args
+            .stuck_after_s
+            .or(file.stuck_after_s)
+            .unwrap_or(defaults.stuck_after_s);
+        let sweep_interval_ms = args
+            .sweep_interval_ms
+            .or(file.sweep_interval_ms)
+            .unwrap_or(defaults.sweep_interval_ms);
+        if sweep_interval_ms < 10 {
+            return Err(invalid("sweep_interval_ms", "must be at least 10"));
+        }
+        let retention = args.default_retention_s.or(file.default_retention_s);
+        let default_retention = match retention {
+            Some(s) => RetentionS::new(s).map_err(|e| invalid("default_retention_s", e.reason))?,
+            None => RetentionS::DEFAULT,
+        };
+        let request_timeout_ms = args
+            .request_timeout_ms
+            .or(file.request_timeout_ms)
+            .unwrap_or(defaults.request_timeout_ms);
+        if request_timeout_ms < 100 {
+            return Err(invalid("request_timeout_ms", "must be at least 100"));
+        }
+        Ok(Config {
+            listen,
+            store,
+            auth,
+            lease_margin_ms,
+            max_body_bytes,
+            max_result_bytes,
+            warning_cap,
+            stuck_after_s,
+            sweep_interval_ms,
+            default_retention,
+            request_timeout_ms,
+        })
+    }
+
+    /// The core's limits from these settings.
+    pub fn limits(&self) -> settle_core::Limits {
+        settle_core::Limits {
+            lease_margin_ms: self.lease_margin_ms,
+            warning_cap: self.warning_cap,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args() -> ServeArgs {
+        ServeArgs::default()
+    }
+
+    #[test]
+    fn defaults_are_the_specs() {
+        let c = Config::merge(FileConfig::default(), &args()).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:7411".parse().unwrap());
+        assert_eq!(c.store, StoreConfig::Embedded(PathBuf::from("./settle-data")));
+        assert_eq!(c.auth, AuthConfig::Off);
+        assert_eq!(c.lease_margin_ms, 100);
+        assert_eq!(c.max_body_bytes, 1 << 20);
+        assert_eq!(c.max_result_bytes, 64 << 10);
+        assert_eq!(c.warning_cap, 1000);
+        assert_eq!(c.stuck_after_s, 3600);
+    }
+
+    #[test]
+    fn open_listen_without_tenants_is_refused() {
+        let mut a = args();
+        a.listen = Some("0.0.0.0:7411".into());
+        let e = Config::merge(FileConfig::default(), &a).unwrap_err();
+        assert!(matches!(e, ConfigError::OpenWithoutTenants(_)));
+        assert!(e.to_string().contains("no tenants"));
+    }
+
+    #[test]
+    fn file_is_parsed_and_flags_win() {
+        let file: FileConfig = toml::from_str(
+            r#"
+            listen = "0.0.0.0:9000"
+            lease_margin_ms = 250
+            warning_cap = 5
+            [[tenants]]
+            name = "acme"
+            token_sha256 = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"
+            "#,
+        )
+        .unwrap();
+        let mut a = args();
+        a.warning_cap = Some(7);
+        let c = Config::merge(file, &a).unwrap();
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.lease_margin_ms, 250);
+        assert_eq!(c.warning_cap, 7);
+        let AuthConfig::Tenants(t) = &c.auth else {
+            panic!("auth should be on")
+        };
+        assert_eq!(t[0].0.as_str(), "acme");
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_digests_are_refused() {
+        assert!(toml::from_str::<FileConfig>("lease_margin = 1").is_err());
+        let mut a = args();
+        a.tenants = vec!["acme=ABC".into()];
+        let e = Config::merge(FileConfig::default(), &a).unwrap_err();
+        assert!(e.to_string().contains("token_sha256"), "{e}");
+        let d = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
+        a.tenants = vec![format!("a={d}"), format!("b={d}")];
+        assert!(Config::merge(FileConfig::default(), &a).is_err());
+    }
+}

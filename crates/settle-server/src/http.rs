@@ -1,0 +1,644 @@
+//! The routes of SPEC §7. Handlers only translate between the wire and the
+//! core's `Command`/`Reply`; every decision is the rules'.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::response::Response;
+use axum::routing::{get, post};
+use metrics_exporter_prometheus::PrometheusHandle;
+use serde::Serialize;
+use settle_core::{
+    Claim, ClaimDecision, Command, Dispatch, Finding, FindingKind, Heartbeat, Key, Principal,
+    Reconcile, RefusalCode, Release, Reply, RetentionS, Revoke, Settle, TaskId, TenantId, Warn,
+    WarningClass,
+};
+use settle_ledger::Store;
+use tracing::{debug, error, warn};
+
+use crate::auth::Auth;
+use crate::metrics as m;
+use crate::problem::Problem;
+use crate::wire::{self, parse_body, segment};
+
+/// Everything a handler needs; built once, shared by reference.
+pub struct AppState {
+    pub store: Arc<dyn Store>,
+    pub auth: Auth,
+    pub max_body_bytes: usize,
+    pub max_result_bytes: usize,
+    pub default_retention: RetentionS,
+    pub stuck_after_ms: u64,
+    pub body_timeout: Duration,
+    pub metrics: Option<PrometheusHandle>,
+    pub openapi: Bytes,
+    /// False once shutdown began (`/readyz` answers 503).
+    pub ready: AtomicBool,
+}
+
+impl AppState {
+    pub fn new(store: Arc<dyn Store>, config: &crate::config::Config) -> AppState {
+        AppState {
+            store,
+            auth: Auth::from_config(&config.auth),
+            max_body_bytes: config.max_body_bytes,
+            max_result_bytes: config.max_result_bytes,
+            default_retention: config.default_retention,
+            stuck_after_ms: config.stuck_after_s.saturating_mul(1000),
+            body_timeout: Duration::from_millis(config.request_timeout_ms),
+            metrics: m::install(),
+            openapi: Bytes::from(crate::openapi::document()),
+            ready: AtomicBool::new(true),
+        }
+    }
+}
+
+type St = State<Arc<AppState>>;
+
+/// The router over a shared state.
+pub fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/operations/{key}/claim", post(claim))
+        .route("/v1/operations/{key}/heartbeat", post(heartbeat))
+        .route("/v1/operations/{key}/dispatch", post(dispatch))
+        .route("/v1/operations/{key}/settle", post(settle))
+        .route("/v1/operations/{key}/release", post(release))
+        .route("/v1/operations/{key}/reconcile", post(reconcile))
+        .route("/v1/operations/{key}", get(get_record))
+        .route("/v1/principals/{principal}/revoke", post(revoke))
+        .route("/v1/tasks/{task}/warnings/{class}", post(warn))
+        .route("/v1/tasks/{task}/warnings", get(warnings))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_route)
+        .with_state(state)
+}
+
+// ---- plumbing ----
+
+fn json<T: Serialize + ?Sized>(value: &T) -> Response {
+    let body = serde_json::to_vec(value).expect("responses always serialize");
+    let mut resp = Response::new(Body::from(body));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// Counts the request and turns an error into problem+json.
+fn finish(route: &'static str, result: Result<Response, Problem>) -> Response {
+    let resp = match result {
+        Ok(r) => r,
+        Err(p) => p.into_response(),
+    };
+    metrics::counter!(m::REQUESTS, "route" => route, "status" => m::status_label(resp.status().as_u16()))
+        .increment(1);
+    resp
+}
+
+/// The reply does not fit the command: a bug, answered 503 (never 500).
+fn unexpected(call: &str, reply: &Reply) -> Problem {
+    error!(call, ?reply, "the rules answered with an unexpected reply");
+    Problem::unavailable("internal error: unexpected reply from the ledger")
+}
+
+/// The raw (still percent-encoded) path segment number `n` (0 = `v1`).
+fn raw_segment(parts: &Parts, n: usize) -> &str {
+    parts.uri.path().split('/').nth(n + 1).unwrap_or("")
+}
+
+impl AppState {
+    async fn body(&self, parts: &Parts, body: Body) -> Result<Bytes, Problem> {
+        let declared = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
+            return Err(Problem::payload_too_large(self.max_body_bytes));
+        }
+        match tokio::time::timeout(
+            self.body_timeout,
+            axum::body::to_bytes(body, self.max_body_bytes),
+        )
+        .await
+        {
+            Ok(Ok(b)) => Ok(b),
+            Ok(Err(e)) => {
+                let too_large = {
+                    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+                    let mut hit = false;
+                    while let Some(s) = src {
+                        if s.is::<http_body_util::LengthLimitError>() {
+                            hit = true;
+                            break;
+                        }
+                        src = s.source();
+                    }
+                    hit || e.to_string().contains("length limit")
+                };
+                if too_large {
+                    Err(Problem::payload_too_large(self.max_body_bytes))
+                } else {
+                    Err(Problem::bad_request(format!(
+                        "could not read the request body: {e}"
+                    )))
+                }
+            }
+            Err(_) => Err(Problem::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                "the request body did not arrive within request_timeout_ms",
+            )),
+        }
+    }
+
+    /// Runs one command and keeps the counters. Refusals become problems.
+    async fn execute(&self, tenant: &TenantId, cmd: Command) -> Result<Reply, Problem> {
+        cmd.check_limits(self.max_result_bytes)?;
+        let call = cmd.name();
+        let fence = cmd.fence();
+        let key: Option<Key> = match cmd.target() {
+            settle_core::Target::Record(k) => Some(k.clone()),
+            _ => None,
+        };
+        // Settle and reconcile carry evidence that may be quarantined; the
+        // rule that says so needs the command, which the store consumes.
+        let evidence = matches!(cmd, Command::Settle(_) | Command::Reconcile(_)).then(|| cmd.clone());
+        let reply = match self.store.execute(tenant, cmd).await {
+            Ok(r) => r,
+            Err(e) => {
+                metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
+                error!(call, key = ?key, fence = ?fence, error = %e, "store failure");
+                return Err(Problem::unavailable(format!("storage failure: {e}")));
+            }
+        };
+        let decision = reply.label();
+        metrics::counter!(m::DECISIONS, "call" => call, "decision" => decision).increment(1);
+        if let Some(ev) = &evidence
+            && reply.quarantined(ev)
+        {
+            metrics::counter!(m::QUARANTINED, "call" => call).increment(1);
+            warn!(call, key = ?key, fence = ?fence, code = decision, "evidence quarantined");
+        }
+        if matches!(reply, Reply::Refused(RefusalCode::ResultMismatch)) {
+            metrics::counter!(m::DISPUTED).increment(1);
+            warn!(call, key = ?key, fence = ?fence, "disputed: terminal results disagree");
+        }
+        debug!(call, key = ?key, fence = ?fence, decision, "ledger call");
+        match reply {
+            Reply::Refused(code) => Err(Problem::refusal(code)),
+            r => Ok(r),
+        }
+    }
+}
+
+/// Authenticates, decodes the key segment and parses the body of an operation call.
+async fn operation_call<T: serde::de::DeserializeOwned>(
+    st: &AppState,
+    req: Request,
+) -> Result<(&TenantId, Key, T), Problem> {
+    let (parts, body) = req.into_parts();
+    let tenant = st.auth.tenant(&parts.headers)?;
+    let key: Key = segment("key", raw_segment(&parts, 2))?;
+    let bytes = st.body(&parts, body).await?;
+    let dto = parse_body(&bytes)?;
+    Ok((tenant, key, dto))
+}
+
+// ---- operations ----
+
+const PROBLEM: &str = "application/problem+json";
+
+/// Reserve the key and get permission to execute (SPEC §4 claim).
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/claim", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key, one percent-encoded segment")),
+    request_body = wire::ClaimRequest,
+    responses(
+        (status = 200, description = "execute, reconcile, in_flight or replay", body = crate::openapi::ClaimDecisionSchema),
+        (status = 400, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 401, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "fingerprint_mismatch, binding_mismatch, stale_binding", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 413, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 503, description = "record_refused, unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn claim(State(st): St, req: Request) -> Response {
+    finish("claim", claim_inner(&st, req).await)
+}
+
+async fn claim_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (tenant, key, b) = operation_call::<wire::ClaimRequest>(st, req).await?;
+    let cmd = Command::Claim(Claim {
+        key,
+        fingerprint: b.fingerprint,
+        binding: b.binding,
+        lease_ms: b.lease_ms.unwrap_or_default(),
+        worker: b.worker,
+        marks_dispatch: b.marks_dispatch,
+        retention_s: b.retention_s.unwrap_or(st.default_retention),
+    });
+    match st.execute(tenant, cmd).await? {
+        Reply::Claim(d) => Ok(json(&d)),
+        r => Err(unexpected("claim", &r)),
+    }
+}
+
+/// Extend the lease held by `fence`.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/heartbeat", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    request_body = wire::HeartbeatRequest,
+    responses(
+        (status = 200, body = crate::openapi::LeaseInfoSchema),
+        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "stale_fence, lease_expired", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn heartbeat(State(st): St, req: Request) -> Response {
+    finish("heartbeat", heartbeat_inner(&st, req).await)
+}
+
+async fn heartbeat_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (tenant, key, b) = operation_call::<wire::HeartbeatRequest>(st, req).await?;
+    let cmd = Command::Heartbeat(Heartbeat {
+        key,
+        fence: b.fence,
+        lease_ms: b.lease_ms,
+    });
+    match st.execute(tenant, cmd).await? {
+        Reply::Heartbeat(l) => Ok(json(&l)),
+        r => Err(unexpected("heartbeat", &r)),
+    }
+}
+
+/// Record durably that the remote write is about to start.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/dispatch", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    request_body = wire::DispatchRequest,
+    responses(
+        (status = 200, body = crate::openapi::DispatchedSchema),
+        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn dispatch(State(st): St, req: Request) -> Response {
+    finish("dispatch", dispatch_inner(&st, req).await)
+}
+
+async fn dispatch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (tenant, key, b) = operation_call::<wire::DispatchRequest>(st, req).await?;
+    match st
+        .execute(tenant, Command::Dispatch(Dispatch { key, fence: b.fence }))
+        .await?
+    {
+        Reply::Dispatched(l) => Ok(json(&wire::DispatchedBody {
+            fence: l.fence,
+            lease_expires_at: l.lease_expires_at,
+            dispatched: true,
+        })),
+        r => Err(unexpected("dispatch", &r)),
+    }
+}
+
+/// Record the outcome and release the lease in one durable commit.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/settle", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    request_body = wire::SettleRequest,
+    responses(
+        (status = 200, body = crate::openapi::ReceiptResponseSchema),
+        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "stale_fence, lease_expired, wrong_purpose, fingerprint_mismatch, binding_mismatch, stale_binding, result_mismatch", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 503, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn settle(State(st): St, req: Request) -> Response {
+    finish("settle", settle_inner(&st, req).await)
+}
+
+async fn settle_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (tenant, key, b) = operation_call::<wire::SettleRequest>(st, req).await?;
+    let cmd = Command::Settle(Settle {
+        key,
+        fence: b.fence,
+        fingerprint: b.fingerprint,
+        binding: b.binding,
+        outcome: b.outcome,
+    });
+    match st.execute(tenant, cmd).await? {
+        Reply::Receipt(receipt) => Ok(json(&wire::ReceiptBody { receipt: &receipt })),
+        r => Err(unexpected("settle", &r)),
+    }
+}
+
+/// Release an execute lease that never dispatched.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/release", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    request_body = wire::ReleaseRequest,
+    responses(
+        (status = 200, body = crate::openapi::ReleasedSchema),
+        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "receipt_required, stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn release(State(st): St, req: Request) -> Response {
+    finish("release", release_inner(&st, req).await)
+}
+
+async fn release_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (tenant, key, b) = operation_call::<wire::ReleaseRequest>(st, req).await?;
+    let cmd = Command::Release(Release {
+        key,
+        fence: b.fence,
+        reason: b.reason.unwrap_or_default(),
+    });
+    match st.execute(tenant, cmd).await? {
+        Reply::Released { fence } => Ok(json(&wire::ReleasedBody {
+            fence,
+            released: true,
+        })),
+        r => Err(unexpected("release", &r)),
+    }
+}
+
+/// Report what a reconciling worker found out about the remote effect.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/reconcile", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    request_body = wire::ReconcileRequest,
+    responses(
+        (status = 200, description = "not_committed: execute; committed: receipt; unavailable: released", body = crate::openapi::ReconcileResponseSchema),
+        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn reconcile(State(st): St, req: Request) -> Response {
+    finish("reconcile", reconcile_inner(&st, req).await)
+}
+
+async fn reconcile_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (tenant, key, b) = operation_call::<wire::ReconcileRequest>(st, req).await?;
+    let finding = match b.finding {
+        FindingKind::Committed => {
+            let fingerprint = b
+                .fingerprint
+                .ok_or_else(|| Problem::invalid("fingerprint", "is required with finding committed"))?;
+            let binding = b
+                .binding
+                .ok_or_else(|| Problem::invalid("binding", "is required with finding committed"))?;
+            let outcome = b
+                .outcome
+                .ok_or_else(|| Problem::invalid("outcome", "is required with finding committed"))?;
+            Finding::committed(fingerprint, binding, outcome)?
+        }
+        kind => {
+            let extra = [
+                ("fingerprint", b.fingerprint.is_some()),
+                ("binding", b.binding.is_some()),
+                ("outcome", b.outcome.is_some()),
+            ];
+            if let Some((field, _)) = extra.iter().find(|(_, present)| *present) {
+                return Err(Problem::invalid(
+                    *field,
+                    "is only allowed with finding committed",
+                ));
+            }
+            match kind {
+                FindingKind::NotCommitted => Finding::NotCommitted,
+                _ => Finding::Unavailable,
+            }
+        }
+    };
+    let cmd = Command::Reconcile(Reconcile {
+        key,
+        fence: b.fence,
+        finding,
+    });
+    match st.execute(tenant, cmd).await? {
+        Reply::Claim(d @ ClaimDecision::Execute(_)) => Ok(json(&d)),
+        Reply::Receipt(receipt) => Ok(json(&wire::ReceiptBody { receipt: &receipt })),
+        Reply::Released { fence } => Ok(json(&wire::ReleasedBody {
+            fence,
+            released: true,
+        })),
+        r => Err(unexpected("reconcile", &r)),
+    }
+}
+
+/// The tenant's inspection view of one operation.
+#[utoipa::path(
+    get, path = "/v1/operations/{key}", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    responses(
+        (status = 200, body = crate::openapi::RecordSchema),
+        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 503, description = "record_refused", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn get_record(State(st): St, req: Request) -> Response {
+    finish("get", get_inner(&st, req).await)
+}
+
+async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (parts, _body) = req.into_parts();
+    let tenant = st.auth.tenant(&parts.headers)?;
+    let key: Key = segment("key", raw_segment(&parts, 2))?;
+    match st.store.get(tenant, &key).await {
+        Ok(Ok(Some(record))) => Ok(json(&record.view())),
+        Ok(Ok(None)) => Err(Problem::refusal(RefusalCode::NotFound)),
+        Ok(Err(code)) => Err(Problem::refusal(code)),
+        Err(e) => {
+            metrics::counter!(m::STORE_ERRORS, "call" => "get").increment(1);
+            error!(key = ?key, error = %e, "store failure");
+            Err(Problem::unavailable(format!("storage failure: {e}")))
+        }
+    }
+}
+
+/// Raise the principal's generation: every older lease and settlement is refused.
+#[utoipa::path(
+    post, path = "/v1/principals/{principal}/revoke", tag = "principals",
+    params(("principal" = String, Path, description = "The principal, one percent-encoded segment")),
+    request_body(content = wire::EmptyRequest, description = "Empty, or {}"),
+    responses(
+        (status = 200, body = crate::openapi::RevokedSchema),
+        (status = 422, description = "invalid principal, or generation exhausted", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn revoke(State(st): St, req: Request) -> Response {
+    finish("revoke", revoke_inner(&st, req).await)
+}
+
+async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (parts, body) = req.into_parts();
+    let tenant = st.auth.tenant(&parts.headers)?;
+    let principal: Principal = segment("principal", raw_segment(&parts, 2))?;
+    let bytes = st.body(&parts, body).await?;
+    let _: wire::EmptyRequest = parse_body(&bytes)?;
+    match st.execute(tenant, Command::Revoke(Revoke { principal })).await? {
+        Reply::Revoked {
+            principal,
+            generation,
+        } => Ok(json(&wire::RevokedBody {
+            principal: &principal,
+            generation,
+        })),
+        r => Err(unexpected("revoke", &r)),
+    }
+}
+
+/// Record (or count again) a bounded warning.
+#[utoipa::path(
+    post, path = "/v1/tasks/{task}/warnings/{class}", tag = "warnings",
+    params(
+        ("task" = String, Path, description = "The task, one percent-encoded segment"),
+        ("class" = String, Path, description = "The warning class, one percent-encoded segment"),
+    ),
+    request_body = wire::WarnRequest,
+    responses(
+        (status = 200, body = crate::openapi::WarningSchema),
+        (status = 409, description = "too_many_classes", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn warn(State(st): St, req: Request) -> Response {
+    finish("warn", warn_inner(&st, req).await)
+}
+
+async fn warn_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (parts, body) = req.into_parts();
+    let tenant = st.auth.tenant(&parts.headers)?;
+    let task: TaskId = segment("task", raw_segment(&parts, 2))?;
+    let class: WarningClass = segment("class", raw_segment(&parts, 4))?;
+    let bytes = st.body(&parts, body).await?;
+    let b: wire::WarnRequest = parse_body(&bytes)?;
+    let cmd = Command::Warn(Warn {
+        task,
+        class,
+        detail: b.detail,
+    });
+    match st.execute(tenant, cmd).await? {
+        Reply::Warning(w) => Ok(json(&w)),
+        r => Err(unexpected("warn", &r)),
+    }
+}
+
+/// The warnings of a task.
+#[utoipa::path(
+    get, path = "/v1/tasks/{task}/warnings", tag = "warnings",
+    params(("task" = String, Path, description = "The task, one percent-encoded segment")),
+    responses(
+        (status = 200, description = "Empty list for a task without warnings", body = crate::openapi::WarningsSchema),
+        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn warnings(State(st): St, req: Request) -> Response {
+    finish("warnings", warnings_inner(&st, req).await)
+}
+
+async fn warnings_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (parts, _body) = req.into_parts();
+    let tenant = st.auth.tenant(&parts.headers)?;
+    let task: TaskId = segment("task", raw_segment(&parts, 2))?;
+    match st.store.warnings(tenant, &task).await {
+        Ok(w) => Ok(json(&wire::WarningsBody { warnings: &w })),
+        Err(e) => {
+            metrics::counter!(m::STORE_ERRORS, "call" => "warnings").increment(1);
+            error!(task = %task, error = %e, "store failure");
+            Err(Problem::unavailable(format!("storage failure: {e}")))
+        }
+    }
+}
+
+// ---- operational endpoints (no token) ----
+
+/// Liveness: the process answers.
+#[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
+    responses((status = 200, body = crate::openapi::HealthSchema)))]
+pub async fn healthz() -> Response {
+    finish("healthz", Ok(json(&serde_json::json!({"status": "ok"}))))
+}
+
+/// Readiness: the store answers and the server is not shutting down.
+#[utoipa::path(get, path = "/readyz", tag = "operations", security(()),
+    responses(
+        (status = 200, body = crate::openapi::HealthSchema),
+        (status = 503, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    ))]
+pub async fn readyz(State(st): St) -> Response {
+    let result = if !st.ready.load(Ordering::Relaxed) {
+        Err(Problem::unavailable("shutting down"))
+    } else {
+        match st.store.now().await {
+            Ok(_) => Ok(json(&serde_json::json!({"status": "ready"}))),
+            Err(e) => Err(Problem::unavailable(format!("store not ready: {e}"))),
+        }
+    };
+    finish("readyz", result)
+}
+
+/// Prometheus text exposition.
+#[utoipa::path(get, path = "/metrics", tag = "operations", security(()),
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+pub async fn metrics(State(st): St) -> Response {
+    // Gauges are read at scrape time so they are never stale.
+    match st.store.stats(st.stuck_after_ms).await {
+        Ok(s) => m::set_stats(&s),
+        Err(e) => warn!(error = %e, "store stats unavailable for /metrics"),
+    }
+    let result = match &st.metrics {
+        Some(h) => {
+            h.run_upkeep();
+            let mut resp = Response::new(Body::from(h.render()));
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            Ok(resp)
+        }
+        None => Err(Problem::unavailable(
+            "another metrics recorder was installed in this process",
+        )),
+    };
+    finish("metrics", result)
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations", security(()),
+    responses((status = 200, description = "OpenAPI 3.1 document", body = Object)))]
+pub async fn openapi_json(State(st): St) -> Response {
+    let mut resp = Response::new(Body::from(st.openapi.clone()));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    finish("openapi", Ok(resp))
+}
+
+async fn no_route(method: Method, uri: axum::http::Uri) -> Response {
+    finish(
+        "unmatched",
+        Err(Problem::not_found(format!(
+            "no route for {method} {}",
+            uri.path()
+        ))),
+    )
+}

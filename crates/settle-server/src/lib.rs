@@ -1,0 +1,22 @@
+//! # settle-server: the HTTP binding of SPEC §7
+//!
+//! An axum router over any [`settle_ledger::Store`]: bearer-token tenants,
+//! problem+json errors, Prometheus metrics, a generated OpenAPI document,
+//! a background sweep and graceful shutdown. The handlers only translate
+//! between the wire and the core's commands; the rules decide everything.
+//!
+//! `settle serve` is [`serve_main`]. Decisions the spec leaves open are
+//! written down in `docs/http-api.md`.
+
+pub mod auth;
+pub mod config;
+pub mod http;
+pub mod metrics;
+pub mod openapi;
+pub mod problem;
+pub mod serve;
+pub mod wire;
+
+pub use config::{Config, ConfigError, ServeArgs};
+pub use http::{AppState, router};
+pub use serve::{OpenedStore, ServeError, open_store, run, serve_main, shutdown_signal};

@@ -1,0 +1,102 @@
+//! The Prometheus recorder behind the `metrics` facade. The embedded store
+//! records `settle_commit_batch_size` and `settle_commit_duration_seconds`
+//! through the same facade, so they appear on `/metrics` too.
+//!
+//! No metric carries a tenant or key label (SPEC §7).
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use settle_ledger::StoreStats;
+
+pub const REQUESTS: &str = "settle_http_requests_total";
+pub const DECISIONS: &str = "settle_decisions_total";
+pub const QUARANTINED: &str = "settle_quarantined_total";
+pub const DISPUTED: &str = "settle_disputed_total";
+pub const STORE_ERRORS: &str = "settle_store_errors_total";
+pub const SWEEP_EXPIRED: &str = "settle_sweep_expired_total";
+pub const SWEEP_COLLECTED: &str = "settle_sweep_collected_total";
+pub const COMMIT_BATCH_SIZE: &str = "settle_commit_batch_size";
+pub const COMMIT_DURATION: &str = "settle_commit_duration_seconds";
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the global recorder once per process; `None` if another
+/// recorder was installed first (then `/metrics` says so).
+pub fn install() -> Option<PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(COMMIT_BATCH_SIZE.into()),
+                    &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0],
+                )
+                .and_then(|b| {
+                    b.set_buckets_for_metric(
+                        Matcher::Full(COMMIT_DURATION.into()),
+                        &[
+                            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                            0.1, 0.25, 1.0,
+                        ],
+                    )
+                })
+                .expect("bucket lists are non-empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            match metrics::set_global_recorder(recorder) {
+                Ok(()) => {
+                    describe();
+                    Some(handle)
+                }
+                Err(_) => None,
+            }
+        })
+        .clone()
+}
+
+fn describe() {
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(REQUESTS, "HTTP requests by route and status.");
+    describe_counter!(DECISIONS, "Ledger answers by call and decision or refusal code.");
+    describe_counter!(QUARANTINED, "Settle/reconcile evidence refused and quarantined.");
+    describe_counter!(DISPUTED, "Terminal evidence that disagreed with the canonical outcome (result_mismatch).");
+    describe_counter!(STORE_ERRORS, "Calls answered 503 because the store failed.");
+    describe_counter!(SWEEP_EXPIRED, "Leases ended by the background sweep.");
+    describe_counter!(SWEEP_COLLECTED, "Terminal records collected after their retention.");
+    describe_histogram!(COMMIT_BATCH_SIZE, "Commands per durable group commit.");
+    describe_histogram!(COMMIT_DURATION, Unit::Seconds, "Time of one durable group commit.");
+    describe_gauge!("settle_records_open", "Records not yet terminal.");
+    describe_gauge!("settle_records_pending", "Records pending or running.");
+    describe_gauge!("settle_records_unknown", "Records whose effect may have happened, no terminal evidence.");
+    describe_gauge!("settle_records_conflict", "Records in conflict.");
+    describe_gauge!("settle_records_reconcile_required", "Records that must be reconciled before any new execution.");
+    describe_gauge!("settle_records_stuck", "Non-terminal records without a live lease, untouched for stuck_after_s.");
+    describe_gauge!("settle_records_refused", "Records refused under SPEC §6.9 (receipt dated in the future).");
+}
+
+/// Publishes the store's gauges.
+pub fn set_stats(s: &StoreStats) {
+    metrics::gauge!("settle_records_open").set(s.open as f64);
+    metrics::gauge!("settle_records_pending").set(s.pending as f64);
+    metrics::gauge!("settle_records_unknown").set(s.unknown as f64);
+    metrics::gauge!("settle_records_conflict").set(s.conflict as f64);
+    metrics::gauge!("settle_records_reconcile_required").set(s.reconcile_required as f64);
+    metrics::gauge!("settle_records_stuck").set(s.stuck as f64);
+    metrics::gauge!("settle_records_refused").set(s.refused as f64);
+}
+
+/// Status codes as static label values (no allocation per request).
+pub fn status_label(status: u16) -> &'static str {
+    match status {
+        200 => "200",
+        400 => "400",
+        401 => "401",
+        404 => "404",
+        408 => "408",
+        409 => "409",
+        413 => "413",
+        422 => "422",
+        503 => "503",
+        _ => "other",
+    }
+}

@@ -1,0 +1,322 @@
+//! The wire: path segments, request bodies and response bodies of SPEC §7.
+
+use serde::de::{DeserializeOwned, IgnoredAny};
+use serde::{Deserialize, Serialize};
+use settle_core::{
+    Binding, Digest, Fence, FindingKind, LeaseMs, Outcome, Principal, Receipt, ReleaseReason,
+    RetentionS, Text, Timestamp, Warning,
+};
+use utoipa::ToSchema;
+
+use crate::openapi::{BindingSchema, OutcomeSchema};
+use crate::problem::Problem;
+
+/// Decodes one raw path segment (SPEC §7): `%XX` is decoded once; a
+/// malformed escape, a raw `#` or a raw byte outside 0x21–0x7E is a bad
+/// request (400). The decoded bytes are returned unchecked: the caller's
+/// type decides whether they fit the key syntax (422 otherwise).
+pub fn decode_segment(what: &str, raw: &str) -> Result<Vec<u8>, Problem> {
+    let b = raw.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = b.get(i + 1..i + 3).and_then(|h| {
+                    let h = std::str::from_utf8(h).ok()?;
+                    u8::from_str_radix(h, 16).ok().filter(|_| h.len() == 2)
+                });
+                match hex {
+                    // `u8::from_str_radix` accepts a leading `+`; only hex digits are an escape.
+                    Some(v) if b[i + 1].is_ascii_hexdigit() && b[i + 2].is_ascii_hexdigit() => {
+                        out.push(v);
+                        i += 3;
+                    }
+                    _ => {
+                        return Err(Problem::bad_request(format!(
+                            "the {what} path segment has a malformed percent escape at byte {i}"
+                        )));
+                    }
+                }
+            }
+            b'#' => {
+                return Err(Problem::bad_request(format!(
+                    "the {what} path segment contains a raw '#'; encode it as %23"
+                )));
+            }
+            c if !(0x21..=0x7e).contains(&c) => {
+                return Err(Problem::bad_request(format!(
+                    "the {what} path segment contains the raw byte 0x{c:02x}; percent-encode it"
+                )));
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Decodes a segment and validates it with the key syntax of `T` (422 when it does not fit).
+pub fn segment<T>(what: &'static str, raw: &str) -> Result<T, Problem>
+where
+    T: TryFrom<String, Error = settle_core::InvalidInput>,
+{
+    let bytes = decode_segment(what, raw)?;
+    // A non-ASCII decoded byte is outside the key syntax: 422, like any other bad key.
+    if let Some(c) = bytes.iter().find(|c| !(0x21..=0x7e).contains(*c)) {
+        return Err(Problem::invalid(
+            what,
+            format!("contains byte 0x{c:02x}; only visible ASCII (0x21-0x7E) is allowed"),
+        ));
+    }
+    let s = String::from_utf8(bytes).expect("visible ASCII is UTF-8");
+    T::try_from(s).map_err(|e| Problem::invalid(what, e.reason))
+}
+
+/// Parses a request body: empty is `{}`; not JSON or not an object is 400;
+/// JSON that does not fit the schema is 422 naming the field.
+pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
+    let start = body
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(body.len());
+    let body = if start == body.len() {
+        &b"{}"[..]
+    } else {
+        &body[start..]
+    };
+    if body[0] != b'{' {
+        return Err(
+            match serde_json::from_slice::<IgnoredAny>(body) {
+                Ok(_) => Problem::bad_request("the request body must be a JSON object"),
+                Err(e) => Problem::bad_request(format!("the request body is not valid JSON: {e}")),
+            },
+        );
+    }
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let result = serde_path_to_error::deserialize::<_, T>(&mut de);
+    if result.is_ok()
+        && let Err(e) = de.end()
+    {
+        // Trailing characters after the object.
+        return Err(Problem::bad_request(format!(
+            "the request body is not valid JSON: {e}"
+        )));
+    }
+    match result {
+        Ok(v) => Ok(v),
+        Err(e) => {
+            let inner = e.inner();
+            if inner.classify() != serde_json::error::Category::Data {
+                return Err(Problem::bad_request(format!(
+                    "the request body is not valid JSON: {inner}"
+                )));
+            }
+            // A schema error stops reading early; the rest may still be broken JSON (400).
+            if let Err(syntax) = serde_json::from_slice::<IgnoredAny>(body) {
+                return Err(Problem::bad_request(format!(
+                    "the request body is not valid JSON: {syntax}"
+                )));
+            }
+            let path = e.path().to_string();
+            let path = if path == "." { String::new() } else { path };
+            let mut msg = inner.to_string();
+            if let Some(at) = msg.rfind(" at line ") {
+                msg.truncate(at);
+            }
+            Err(Problem::invalid(path, msg))
+        }
+    }
+}
+
+
+/// `POST /v1/operations/{key}/claim`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// Lowercase hex SHA-256 of the effect-defining fields of the request.
+    #[schema(value_type = String, pattern = "^[0-9a-f]{64}$")]
+    pub fingerprint: Digest,
+    #[schema(value_type = BindingSchema)]
+    pub binding: Binding,
+    /// Lease duration; default 30000.
+    #[schema(value_type = Option<u64>, minimum = 100, maximum = 3600000)]
+    pub lease_ms: Option<LeaseMs>,
+    /// Free text naming the worker (1–4096 bytes, no control characters).
+    #[schema(value_type = Option<String>)]
+    pub worker: Option<Text>,
+    /// The worker will call `dispatch` before the remote write; default false.
+    #[serde(default)]
+    pub marks_dispatch: bool,
+    /// Kept this long after settlement; default from the server's `default_retention_s` (86400).
+    #[schema(value_type = Option<u64>, minimum = 1, maximum = 31536000)]
+    pub retention_s: Option<RetentionS>,
+}
+
+/// `POST /v1/operations/{key}/heartbeat`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    #[schema(value_type = u64)]
+    pub fence: Fence,
+    /// New lease duration from now; default the lease's original `lease_ms`.
+    #[schema(value_type = Option<u64>, minimum = 100, maximum = 3600000)]
+    pub lease_ms: Option<LeaseMs>,
+}
+
+/// `POST /v1/operations/{key}/dispatch`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchRequest {
+    #[schema(value_type = u64)]
+    pub fence: Fence,
+}
+
+/// `POST /v1/operations/{key}/settle`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SettleRequest {
+    #[schema(value_type = u64)]
+    pub fence: Fence,
+    #[schema(value_type = String, pattern = "^[0-9a-f]{64}$")]
+    pub fingerprint: Digest,
+    #[schema(value_type = BindingSchema)]
+    pub binding: Binding,
+    #[schema(value_type = OutcomeSchema)]
+    pub outcome: Outcome,
+}
+
+/// `POST /v1/operations/{key}/release`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    #[schema(value_type = u64)]
+    pub fence: Fence,
+    /// The only accepted reason; default `not_dispatched`.
+    #[schema(value_type = Option<String>, example = "not_dispatched")]
+    pub reason: Option<ReleaseReason>,
+}
+
+/// `POST /v1/operations/{key}/reconcile`. `fingerprint`, `binding` and a
+/// terminal `outcome` are required with `committed` and refused otherwise.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileRequest {
+    #[schema(value_type = u64)]
+    pub fence: Fence,
+    #[schema(value_type = crate::openapi::FindingSchema)]
+    pub finding: FindingKind,
+    #[schema(value_type = Option<String>, pattern = "^[0-9a-f]{64}$")]
+    pub fingerprint: Option<Digest>,
+    #[schema(value_type = Option<BindingSchema>)]
+    pub binding: Option<Binding>,
+    #[schema(value_type = Option<OutcomeSchema>)]
+    pub outcome: Option<Outcome>,
+}
+
+/// `POST /v1/tasks/{task}/warnings/{class}`.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WarnRequest {
+    /// Replaces the stored detail; omitted keeps it.
+    #[schema(value_type = Option<String>)]
+    pub detail: Option<Text>,
+}
+
+/// A body with no fields (`revoke`); anything but `{}` or an empty body is refused.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyRequest {}
+
+// ---- responses (serialized from the core's types) ----
+
+#[derive(Serialize)]
+pub struct ReceiptBody<'a> {
+    pub receipt: &'a Receipt,
+}
+
+#[derive(Serialize)]
+pub struct DispatchedBody {
+    pub fence: Fence,
+    pub lease_expires_at: Timestamp,
+    pub dispatched: bool,
+}
+
+#[derive(Serialize)]
+pub struct ReleasedBody {
+    pub fence: Fence,
+    pub released: bool,
+}
+
+#[derive(Serialize)]
+pub struct RevokedBody<'a> {
+    pub principal: &'a Principal,
+    pub generation: u64,
+}
+
+#[derive(Serialize)]
+pub struct WarningsBody<'a> {
+    pub warnings: &'a [Warning],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use settle_core::Key;
+
+    #[test]
+    fn segments_decode_once() {
+        assert_eq!(decode_segment("key", "a%2Fb").unwrap(), b"a/b");
+        assert_eq!(decode_segment("key", "a%252F").unwrap(), b"a%2F");
+        assert_eq!(decode_segment("key", "%7e").unwrap(), b"~");
+        for bad in ["a%2", "a%zz", "%+1x", "a#b", "a\u{7f}", "é"] {
+            let p = decode_segment("key", bad).unwrap_err();
+            assert_eq!(p.status.as_u16(), 400, "{bad}");
+        }
+        let p = segment::<Key>("key", "a%20b").unwrap_err();
+        assert_eq!((p.status.as_u16(), p.code), (422, "invalid_request"));
+        let p = segment::<Key>("key", "%FF").unwrap_err();
+        assert_eq!(p.status.as_u16(), 422);
+        let long = "x".repeat(256);
+        assert_eq!(segment::<Key>("key", &long).unwrap_err().status.as_u16(), 422);
+        assert_eq!(segment::<Key>("key", "a%23b").unwrap().as_str(), "a#b");
+    }
+
+    #[test]
+    fn bodies_separate_syntax_from_schema() {
+        let e = parse_body::<DispatchRequest>(b"{").unwrap_err();
+        assert_eq!(e.status.as_u16(), 400);
+        let e = parse_body::<DispatchRequest>(b"[1]").unwrap_err();
+        assert_eq!(e.status.as_u16(), 400);
+        let e = parse_body::<DispatchRequest>(b"{\"fence\": \"x\", ").unwrap_err();
+        assert_eq!(e.status.as_u16(), 400, "broken JSON after a schema error is still 400");
+        let e = parse_body::<DispatchRequest>(b"{\"fence\": \"x\"}").unwrap_err();
+        assert_eq!((e.status.as_u16(), e.field.as_deref()), (422, Some("fence")));
+        let e = parse_body::<DispatchRequest>(b"{\"fence\": 1, \"x\": 2}").unwrap_err();
+        assert_eq!(e.status.as_u16(), 422);
+        assert!(e.detail.contains("unknown field"), "{}", e.detail);
+        let e = parse_body::<DispatchRequest>(b"{}").unwrap_err();
+        assert!(e.detail.contains("missing field"), "{}", e.detail);
+        let e = parse_body::<DispatchRequest>(b"{\"fence\": 1} x").unwrap_err();
+        assert_eq!(e.status.as_u16(), 400);
+        assert!(parse_body::<EmptyRequest>(b"").is_ok());
+        assert!(parse_body::<EmptyRequest>(b"  \n").is_ok());
+        let ok: DispatchRequest = parse_body(b" {\"fence\": 3} ").unwrap();
+        assert_eq!(ok.fence, Fence(3));
+    }
+
+    #[test]
+    fn nested_schema_errors_name_the_field() {
+        let body = format!(
+            r#"{{"fingerprint":"{}","binding":{{"principal":"p","generation":-1}}}}"#,
+            "a".repeat(64)
+        );
+        let e = parse_body::<ClaimRequest>(body.as_bytes()).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("binding.generation"));
+        let body = r#"{"fingerprint":"ABC","binding":{"principal":"p","generation":0}}"#;
+        let e = parse_body::<ClaimRequest>(body.as_bytes()).unwrap_err();
+        assert_eq!(e.field.as_deref(), Some("fingerprint"));
+    }
+}
