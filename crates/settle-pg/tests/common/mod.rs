@@ -1,0 +1,127 @@
+//! Test databases: one uniquely named schema per test, dropped afterwards
+//! (also when the test panics), on the PostgreSQL of DEVELOPERS.md.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use settle_ledger::Clock;
+use settle_ledger::conformance::Fixture;
+use settle_pg::{PgOptions, PgStore};
+use tokio_postgres::NoTls;
+
+/// `SETTLE_TEST_PG_URL`, or the local test database.
+pub fn url() -> String {
+    std::env::var("SETTLE_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// A fresh schema name: process, counter and time make it unique across
+/// parallel tests and test binaries.
+pub fn unique_schema(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .subsec_nanos();
+    format!(
+        "t_{prefix}_{}_{}_{nanos}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Drops its schema (and ends its connections) when dropped.
+pub struct SchemaGuard {
+    pub url: String,
+    pub schema: String,
+}
+
+impl SchemaGuard {
+    pub fn new(url: &str, schema: &str) -> SchemaGuard {
+        SchemaGuard {
+            url: url.to_string(),
+            schema: schema.to_string(),
+        }
+    }
+}
+
+impl Drop for SchemaGuard {
+    fn drop(&mut self) {
+        let url = self.url.clone();
+        let schema = self.schema.clone();
+        // Drop runs inside the test's runtime, which cannot be blocked on:
+        // clean up from a thread with its own runtime.
+        let r = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let (client, conn) = tokio_postgres::connect(&url, NoTls).await?;
+                tokio::spawn(conn);
+                // The store's connections carry the schema as application_name;
+                // ending them releases any lock a panicking test left behind.
+                client
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                         WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                        &[&schema],
+                    )
+                    .await?;
+                client
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                    .await?;
+                Ok::<_, tokio_postgres::Error>(())
+            })
+        })
+        .join();
+        if let Ok(Err(e)) = r {
+            eprintln!("could not drop test schema {}: {e}", self.schema);
+        }
+    }
+}
+
+/// Options for a test store on `schema`.
+pub fn options(schema: &str, clock: Clock) -> PgOptions {
+    PgOptions {
+        clock,
+        pool_size: 8,
+        schema: schema.to_string(),
+        application_name: schema.to_string(),
+        in_doubt_timeout: Duration::from_secs(10),
+        ..PgOptions::default()
+    }
+}
+
+/// A store on a fresh schema, with the guard that drops it.
+pub async fn store(prefix: &str) -> (PgStore, Clock, SchemaGuard) {
+    store_at(&url(), prefix).await
+}
+
+pub async fn store_at(url: &str, prefix: &str) -> (PgStore, Clock, SchemaGuard) {
+    let schema = unique_schema(prefix);
+    // The guard exists before the schema does: a failed connect still cleans up.
+    let guard = SchemaGuard::new(&self::url(), &schema);
+    let clock = Clock::system();
+    let store = PgStore::connect(url, options(&schema, clock.clone()))
+        .await
+        .expect("PostgreSQL is reachable (see DEVELOPERS.md)");
+    (store, clock, guard)
+}
+
+/// The conformance fixture: a fresh store, its clock, and the schema guard.
+pub async fn fixture() -> Fixture {
+    let (store, clock, guard) = store("conf").await;
+    let mut fx = Fixture::new(Arc::new(store), clock);
+    fx.guard = Some(Box::new(guard));
+    fx
+}
+
+/// A plain connection for inspecting or sabotaging from the side.
+pub async fn side_client() -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(&url(), NoTls).await.unwrap();
+    tokio::spawn(conn);
+    client
+}
