@@ -5,6 +5,7 @@
 //! never reach the rules. Every error names the field and the reason.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -54,14 +55,14 @@ macro_rules! token_type {
         $(#[$doc])*
         #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
         #[serde(try_from = "String", into = "String")]
-        pub struct $name(Box<str>);
+        pub struct $name(Arc<str>);
 
         impl $name {
             /// Validates and wraps `s`.
             pub fn new(s: impl Into<String>) -> Result<Self, InvalidInput> {
                 let s = s.into();
                 check_token($field, &s)?;
-                Ok($name(s.into_boxed_str()))
+                Ok($name(s.into()))
             }
             pub fn as_str(&self) -> &str {
                 &self.0
@@ -81,7 +82,7 @@ macro_rules! token_type {
         }
         impl From<$name> for String {
             fn from(v: $name) -> String {
-                v.0.into()
+                v.0.to_string()
             }
         }
         impl AsRef<str> for $name {
@@ -136,7 +137,7 @@ token_type!(
 impl TenantId {
     /// The tenant used when authentication is off.
     pub fn default_tenant() -> TenantId {
-        TenantId("default".into())
+        TenantId(Arc::from("default"))
     }
 }
 
@@ -222,8 +223,14 @@ impl<'de> Deserialize<'de> for Digest {
 }
 
 /// The set of scopes of a binding: sorted, de-duplicated, at most 64.
-#[derive(Clone, PartialEq, Eq, Hash, Default, Serialize)]
-pub struct Scopes(Vec<Scope>);
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct Scopes(Arc<[Scope]>);
+
+impl Serialize for Scopes {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0[..].serialize(s)
+    }
+}
 
 /// At most this many scopes in a binding.
 pub const MAX_SCOPES: usize = 64;
@@ -242,7 +249,7 @@ impl Scopes {
                 ),
             ));
         }
-        Ok(Scopes(scopes))
+        Ok(Scopes(scopes.into()))
     }
     /// Validates each string and normalises.
     pub fn from_strs<I, S>(items: I) -> Result<Scopes, InvalidInput>
@@ -254,7 +261,7 @@ impl Scopes {
         for (i, s) in items.into_iter().enumerate() {
             let s = s.into();
             check_token(&format!("binding.scopes[{i}]"), &s)?;
-            v.push(Scope(s.into_boxed_str()));
+            v.push(Scope(s.into()));
         }
         Scopes::new(v)
     }
@@ -368,7 +375,7 @@ impl Default for RetentionS {
 /// UTF-8 without control characters.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct Text(Box<str>);
+pub struct Text(Arc<str>);
 
 impl Text {
     pub const MAX_BYTES: usize = 4096;
@@ -393,7 +400,7 @@ impl Text {
                 "must not contain control characters",
             ));
         }
-        Ok(Text(s.into_boxed_str()))
+        Ok(Text(s.into()))
     }
     pub fn as_str(&self) -> &str {
         &self.0
@@ -407,7 +414,7 @@ impl TryFrom<String> for Text {
 }
 impl From<Text> for String {
     fn from(v: Text) -> String {
-        v.0.into()
+        v.0.to_string()
     }
 }
 impl fmt::Debug for Text {
@@ -429,14 +436,14 @@ pub const DEFAULT_MAX_RESULT_BYTES: usize = 64 * 1024;
 /// Kept as text rather than a parsed value so it can be stored by any
 /// serializer (binary log, SQL) and returned byte for byte.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct ResultJson(Box<str>);
+pub struct ResultJson(Arc<str>);
 
 impl ResultJson {
     /// Wraps a JSON value, refusing it when its compact text exceeds `max_bytes`.
     pub fn from_value(v: &serde_json::Value, max_bytes: usize) -> Result<ResultJson, InvalidInput> {
         let text = serde_json::to_string(v)
             .map_err(|e| InvalidInput::new("outcome.result", e.to_string()))?;
-        let r = ResultJson(text.into_boxed_str());
+        let r = ResultJson(text.into());
         r.check_size(max_bytes)?;
         Ok(r)
     }
@@ -494,10 +501,10 @@ impl<'de> Deserialize<'de> for ResultJson {
             // Re-serialize compactly so equal documents have equal text.
             let v = serde_json::Value::deserialize(d)?;
             let text = serde_json::to_string(&v).map_err(serde::de::Error::custom)?;
-            Ok(ResultJson(text.into_boxed_str()))
+            Ok(ResultJson(text.into()))
         } else {
             let text = String::deserialize(d)?;
-            Ok(ResultJson(text.into_boxed_str()))
+            Ok(ResultJson(text.into()))
         }
     }
 }

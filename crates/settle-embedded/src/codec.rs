@@ -70,8 +70,9 @@ pub enum Value {
 
 /// `[version][postcard(value)]`.
 pub fn encode_value(v: &Value) -> Vec<u8> {
-    let mut out = vec![FORMAT_VERSION];
-    postcard::to_io(v, &mut out).expect("encoding to a Vec cannot fail");
+    let out = Vec::with_capacity(512);
+    let mut out = postcard::to_extend(&FORMAT_VERSION, out).expect("encoding to a Vec cannot fail");
+    out = postcard::to_extend(v, out).expect("encoding to a Vec cannot fail");
     out
 }
 
@@ -113,7 +114,8 @@ pub struct BatchRef<'a> {
 pub fn encode_frame(batch: &BatchRef<'_>, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_HEADER]);
-    postcard::to_io(batch, &mut *out).expect("encoding to a Vec cannot fail");
+    let taken = std::mem::take(out);
+    *out = postcard::to_extend(batch, taken).expect("encoding to a Vec cannot fail");
     let len = (out.len() - start - FRAME_HEADER) as u32;
     let crc = crc32fast::hash(&out[start + FRAME_HEADER..]);
     out[start..start + 4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());

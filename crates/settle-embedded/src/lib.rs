@@ -12,7 +12,7 @@ mod engine;
 mod index;
 mod wal;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -90,10 +90,13 @@ impl EmbeddedStore {
 
         let map: DashMap<Box<[u8]>, Slot> = DashMap::new();
         for (k, v) in index.open_records()? {
+            // A stale `open` id (its record settled or gone) is rewritten by
+            // the next checkpoint, which drops the id.
+            let stale = !matches!(&v, Value::Record(r) if !r.status.is_terminal());
             map.insert(
                 k.into_boxed_slice(),
                 Slot {
-                    lsn: meta.checkpoint_lsn,
+                    lsn: meta.checkpoint_lsn + u64::from(stale),
                     value: Arc::new(v),
                     open_indexed: true,
                 },
@@ -200,6 +203,7 @@ impl EmbeddedStore {
                 segment_bytes: opts.segment_bytes,
             },
             segment_last_lsn: lsn,
+            principals: HashMap::new(),
         };
         let wr = std::thread::Builder::new()
             .name("settle-writer".into())
