@@ -22,7 +22,9 @@ impl Auth {
     pub fn from_config(c: &AuthConfig) -> Auth {
         match c {
             AuthConfig::Off => Auth::Off(TenantId::default_tenant()),
-            AuthConfig::Tenants(t) => Auth::Tenants(t.iter().map(|(n, d)| (d.0, n.clone())).collect()),
+            AuthConfig::Tenants(t) => {
+                Auth::Tenants(t.iter().map(|(n, d)| (d.0, n.clone())).collect())
+            }
         }
     }
 
@@ -43,7 +45,9 @@ impl Auth {
             .as_bytes()
             .strip_prefix(b"Bearer ")
             .or_else(|| value.as_bytes().strip_prefix(b"bearer "))
-            .ok_or_else(|| Problem::unauthorized("the Authorization header is not Bearer <token>"))?;
+            .ok_or_else(|| {
+                Problem::unauthorized("the Authorization header is not Bearer <token>")
+            })?;
         let presented: [u8; 32] = Sha256::digest(token).into();
         // Every configured digest is compared (no early exit), so the time
         // taken does not depend on which tenant, if any, matched.
@@ -90,11 +94,26 @@ mod tests {
     #[test]
     fn tokens_map_to_their_tenant() {
         let a = auth();
-        assert_eq!(a.tenant(&headers("Bearer tok-acme")).unwrap().as_str(), "acme");
-        assert_eq!(a.tenant(&headers("Bearer tok-beta")).unwrap().as_str(), "beta");
-        assert_eq!(a.tenant(&headers("Bearer nope")).unwrap_err().code, "unauthorized");
-        assert_eq!(a.tenant(&headers("Basic tok-acme")).unwrap_err().code, "unauthorized");
-        assert_eq!(a.tenant(&HeaderMap::new()).unwrap_err().code, "unauthorized");
+        assert_eq!(
+            a.tenant(&headers("Bearer tok-acme")).unwrap().as_str(),
+            "acme"
+        );
+        assert_eq!(
+            a.tenant(&headers("Bearer tok-beta")).unwrap().as_str(),
+            "beta"
+        );
+        assert_eq!(
+            a.tenant(&headers("Bearer nope")).unwrap_err().code,
+            "unauthorized"
+        );
+        assert_eq!(
+            a.tenant(&headers("Basic tok-acme")).unwrap_err().code,
+            "unauthorized"
+        );
+        assert_eq!(
+            a.tenant(&HeaderMap::new()).unwrap_err().code,
+            "unauthorized"
+        );
     }
 
     #[test]

@@ -97,7 +97,12 @@ pub struct ServeArgs {
     #[arg(long, env = "SETTLE_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// A tenant as NAME=SHA256-OF-TOKEN (repeatable; added to the file's [[tenants]]).
-    #[arg(long = "tenant", env = "SETTLE_TENANTS", value_delimiter = ',', value_name = "NAME=SHA256")]
+    #[arg(
+        long = "tenant",
+        env = "SETTLE_TENANTS",
+        value_delimiter = ',',
+        value_name = "NAME=SHA256"
+    )]
     pub tenants: Vec<String>,
     #[arg(long, env = "SETTLE_LEASE_MARGIN_MS")]
     pub lease_margin_ms: Option<u64>,
@@ -117,6 +122,14 @@ pub struct ServeArgs {
     /// Slow-client limit: time to send the request head, and then the body.
     #[arg(long, env = "SETTLE_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
+    /// Testing only: moves the store's clock by this many milliseconds.
+    #[arg(
+        long,
+        env = "SETTLE_CLOCK_SKEW_MS",
+        hide = true,
+        allow_hyphen_values = true
+    )]
+    pub clock_skew_ms: Option<i64>,
 }
 
 /// Where the records live.
@@ -151,6 +164,8 @@ pub struct Config {
     pub sweep_interval_ms: u64,
     pub default_retention: RetentionS,
     pub request_timeout_ms: u64,
+    /// Testing only (hidden flag): skew of the store's clock.
+    pub clock_skew_ms: i64,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
@@ -171,6 +186,7 @@ impl Config {
             sweep_interval_ms: 1000,
             default_retention: RetentionS::DEFAULT,
             request_timeout_ms: 10_000,
+            clock_skew_ms: 0,
         }
     }
 
@@ -208,9 +224,9 @@ impl Config {
 
         let mut tenants = file.tenants;
         for t in &args.tenants {
-            let (name, digest) = t.split_once('=').ok_or_else(|| {
-                invalid("tenant", format!("{t:?} is not NAME=SHA256-OF-TOKEN"))
-            })?;
+            let (name, digest) = t
+                .split_once('=')
+                .ok_or_else(|| invalid("tenant", format!("{t:?} is not NAME=SHA256-OF-TOKEN")))?;
             tenants.push(TenantConfig {
                 name: name.to_string(),
                 token_sha256: digest.to_string(),
@@ -313,6 +329,7 @@ impl Config {
             sweep_interval_ms,
             default_retention,
             request_timeout_ms,
+            clock_skew_ms: args.clock_skew_ms.unwrap_or(0),
         })
     }
 
@@ -337,7 +354,10 @@ mod tests {
     fn defaults_are_the_specs() {
         let c = Config::merge(FileConfig::default(), &args()).unwrap();
         assert_eq!(c.listen, "127.0.0.1:7411".parse().unwrap());
-        assert_eq!(c.store, StoreConfig::Embedded(PathBuf::from("./settle-data")));
+        assert_eq!(
+            c.store,
+            StoreConfig::Embedded(PathBuf::from("./settle-data"))
+        );
         assert_eq!(c.auth, AuthConfig::Off);
         assert_eq!(c.lease_margin_ms, 100);
         assert_eq!(c.max_body_bytes, 1 << 20);

@@ -174,7 +174,8 @@ impl AppState {
         };
         // Settle and reconcile carry evidence that may be quarantined; the
         // rule that says so needs the command, which the store consumes.
-        let evidence = matches!(cmd, Command::Settle(_) | Command::Reconcile(_)).then(|| cmd.clone());
+        let evidence =
+            matches!(cmd, Command::Settle(_) | Command::Reconcile(_)).then(|| cmd.clone());
         let reply = match self.store.execute(tenant, cmd).await {
             Ok(r) => r,
             Err(e) => {
@@ -303,7 +304,13 @@ pub async fn dispatch(State(st): St, req: Request) -> Response {
 async fn dispatch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (tenant, key, b) = operation_call::<wire::DispatchRequest>(st, req).await?;
     match st
-        .execute(tenant, Command::Dispatch(Dispatch { key, fence: b.fence }))
+        .execute(
+            tenant,
+            Command::Dispatch(Dispatch {
+                key,
+                fence: b.fence,
+            }),
+        )
         .await?
     {
         Reply::Dispatched(l) => Ok(json(&wire::DispatchedBody {
@@ -398,9 +405,9 @@ async fn reconcile_inner(st: &AppState, req: Request) -> Result<Response, Proble
     let (tenant, key, b) = operation_call::<wire::ReconcileRequest>(st, req).await?;
     let finding = match b.finding {
         FindingKind::Committed => {
-            let fingerprint = b
-                .fingerprint
-                .ok_or_else(|| Problem::invalid("fingerprint", "is required with finding committed"))?;
+            let fingerprint = b.fingerprint.ok_or_else(|| {
+                Problem::invalid("fingerprint", "is required with finding committed")
+            })?;
             let binding = b
                 .binding
                 .ok_or_else(|| Problem::invalid("binding", "is required with finding committed"))?;
@@ -493,7 +500,10 @@ async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
     let principal: Principal = segment("principal", raw_segment(&parts, 2))?;
     let bytes = st.body(&parts, body).await?;
     let _: wire::EmptyRequest = parse_body(&bytes)?;
-    match st.execute(tenant, Command::Revoke(Revoke { principal })).await? {
+    match st
+        .execute(tenant, Command::Revoke(Revoke { principal }))
+        .await?
+    {
         Reply::Revoked {
             principal,
             generation,

@@ -29,14 +29,16 @@ pub fn install() -> Option<PrometheusHandle> {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Full(COMMIT_BATCH_SIZE.into()),
-                    &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0],
+                    &[
+                        1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+                    ],
                 )
                 .and_then(|b| {
                     b.set_buckets_for_metric(
                         Matcher::Full(COMMIT_DURATION.into()),
                         &[
-                            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
-                            0.1, 0.25, 1.0,
+                            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                            0.25, 1.0,
                         ],
                     )
                 })
@@ -57,21 +59,49 @@ pub fn install() -> Option<PrometheusHandle> {
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(REQUESTS, "HTTP requests by route and status.");
-    describe_counter!(DECISIONS, "Ledger answers by call and decision or refusal code.");
-    describe_counter!(QUARANTINED, "Settle/reconcile evidence refused and quarantined.");
-    describe_counter!(DISPUTED, "Terminal evidence that disagreed with the canonical outcome (result_mismatch).");
+    describe_counter!(
+        DECISIONS,
+        "Ledger answers by call and decision or refusal code."
+    );
+    describe_counter!(
+        QUARANTINED,
+        "Settle/reconcile evidence refused and quarantined."
+    );
+    describe_counter!(
+        DISPUTED,
+        "Terminal evidence that disagreed with the canonical outcome (result_mismatch)."
+    );
     describe_counter!(STORE_ERRORS, "Calls answered 503 because the store failed.");
     describe_counter!(SWEEP_EXPIRED, "Leases ended by the background sweep.");
-    describe_counter!(SWEEP_COLLECTED, "Terminal records collected after their retention.");
+    describe_counter!(
+        SWEEP_COLLECTED,
+        "Terminal records collected after their retention."
+    );
     describe_histogram!(COMMIT_BATCH_SIZE, "Commands per durable group commit.");
-    describe_histogram!(COMMIT_DURATION, Unit::Seconds, "Time of one durable group commit.");
+    describe_histogram!(
+        COMMIT_DURATION,
+        Unit::Seconds,
+        "Time of one durable group commit."
+    );
     describe_gauge!("settle_records_open", "Records not yet terminal.");
     describe_gauge!("settle_records_pending", "Records pending or running.");
-    describe_gauge!("settle_records_unknown", "Records whose effect may have happened, no terminal evidence.");
+    describe_gauge!(
+        "settle_records_unknown",
+        "Records whose effect may have happened, no terminal evidence."
+    );
     describe_gauge!("settle_records_conflict", "Records in conflict.");
-    describe_gauge!("settle_records_reconcile_required", "Records that must be reconciled before any new execution.");
-    describe_gauge!("settle_records_stuck", "Non-terminal records without a live lease, untouched for stuck_after_s.");
-    describe_gauge!("settle_records_refused", "Records refused under SPEC §6.9 (receipt dated in the future).");
+    describe_gauge!(
+        "settle_records_reconcile_required",
+        "Records that must be reconciled before any new execution."
+    );
+    describe_gauge!(
+        "settle_records_stuck",
+        "Non-terminal records without a live lease, untouched for stuck_after_s."
+    );
+    describe_gauge!(
+        "settle_records_refused",
+        "Records refused under SPEC §6.9 (receipt dated in the future)."
+    );
 }
 
 /// Publishes the store's gauges.

@@ -406,14 +406,23 @@ mod tests {
     fn conforms(doc: &Value, name: &str, value: &Value, path: &str) {
         let schema = &doc["components"]["schemas"][name];
         assert!(schema.is_object(), "no schema {name}");
-        let props = schema["properties"].as_object().unwrap_or_else(|| panic!("{name} has no properties"));
-        let obj = value.as_object().unwrap_or_else(|| panic!("{path} is not an object"));
+        let props = schema["properties"]
+            .as_object()
+            .unwrap_or_else(|| panic!("{name} has no properties"));
+        let obj = value
+            .as_object()
+            .unwrap_or_else(|| panic!("{path} is not an object"));
         for (k, v) in obj {
-            let p = props.get(k).unwrap_or_else(|| panic!("{path}.{k} is not in schema {name}"));
+            let p = props
+                .get(k)
+                .unwrap_or_else(|| panic!("{path}.{k} is not in schema {name}"));
             check_nested(doc, p, v, &format!("{path}.{k}"));
         }
         for r in schema["required"].as_array().into_iter().flatten() {
-            assert!(obj.contains_key(r.as_str().unwrap()), "{path}: required {r} missing");
+            assert!(
+                obj.contains_key(r.as_str().unwrap()),
+                "{path}: required {r} missing"
+            );
         }
     }
 
@@ -422,7 +431,9 @@ mod tests {
             return;
         }
         let reference = prop["$ref"].as_str().or_else(|| {
-            prop["oneOf"].as_array().and_then(|alts| alts.iter().find_map(|a| a["$ref"].as_str()))
+            prop["oneOf"]
+                .as_array()
+                .and_then(|alts| alts.iter().find_map(|a| a["$ref"].as_str()))
         });
         if let Some(r) = reference {
             let name = r.rsplit('/').next().unwrap();
@@ -444,7 +455,9 @@ mod tests {
         let mut w = World::default();
         let now = Timestamp(1_700_000_000_000);
         let b = binding("p", 0);
-        let Reply::Claim(d @ ClaimDecision::Execute(g)) = w.execute(&t, &claim("k", 1, b.clone()), now).reply else {
+        let Reply::Claim(d @ ClaimDecision::Execute(g)) =
+            w.execute(&t, &claim("k", 1, b.clone()), now).reply
+        else {
             panic!()
         };
         let dj = serde_json::to_value(&d).unwrap();
@@ -452,32 +465,70 @@ mod tests {
         execute.as_object_mut().unwrap().remove("decision");
         assert_eq!(dj["decision"], "execute");
         for k in ["fence", "lease_expires_at", "attempt"] {
-            assert!(doc["components"]["schemas"]["ClaimDecision"].to_string().contains(k));
+            assert!(
+                doc["components"]["schemas"]["ClaimDecision"]
+                    .to_string()
+                    .contains(k)
+            );
         }
         // Foreign evidence is quarantined, then the holder settles.
         w.execute(&t, &settle("k", g.fence, 2, b.clone(), completed(1)), now);
-        let Reply::Claim(d2) = w.execute(&t, &claim("k2", 1, b.clone()), now).reply else { panic!() };
-        let Reply::Claim(ClaimDecision::Execute(g2)) = Reply::Claim(d2) else { panic!() };
-        let rc = receipt(w.execute(&t, &settle("k2", g2.fence, 1, b.clone(), completed(1)), now).reply);
-        conforms(&doc, "Receipt", &serde_json::to_value(&rc).unwrap(), "receipt");
-        let Reply::Claim(replay) = w.execute(&t, &claim("k2", 1, b.clone()), now).reply else { panic!() };
+        let Reply::Claim(d2) = w.execute(&t, &claim("k2", 1, b.clone()), now).reply else {
+            panic!()
+        };
+        let Reply::Claim(ClaimDecision::Execute(g2)) = Reply::Claim(d2) else {
+            panic!()
+        };
+        let rc = receipt(
+            w.execute(&t, &settle("k2", g2.fence, 1, b.clone(), completed(1)), now)
+                .reply,
+        );
+        conforms(
+            &doc,
+            "Receipt",
+            &serde_json::to_value(&rc).unwrap(),
+            "receipt",
+        );
+        let Reply::Claim(replay) = w.execute(&t, &claim("k2", 1, b.clone()), now).reply else {
+            panic!()
+        };
         let rj = serde_json::to_value(&replay).unwrap();
         assert_eq!(rj["decision"], "replay");
         conforms(&doc, "Outcome", &rj["outcome"], "replay.outcome");
         conforms(&doc, "Receipt", &rj["receipt"], "replay.receipt");
         for key in ["k", "k2"] {
-            let r = w.get(&t, &settle_core::Key::new(key).unwrap(), now).unwrap().unwrap();
+            let r = w
+                .get(&t, &settle_core::Key::new(key).unwrap(), now)
+                .unwrap()
+                .unwrap();
             let v = serde_json::to_value(r.view()).unwrap();
             conforms(&doc, "Record", &v, key);
         }
-        let rec = w.get(&t, &settle_core::Key::new("k").unwrap(), now).unwrap().unwrap();
+        let rec = w
+            .get(&t, &settle_core::Key::new("k").unwrap(), now)
+            .unwrap()
+            .unwrap();
         assert!(!rec.quarantine.is_empty() || rec.status.rank() > 0);
-        let Reply::Warning(wa) = w.execute(&t, &settle_core::Command::Warn(settle_core::Warn {
-            task: settle_core::TaskId::new("t").unwrap(),
-            class: settle_core::WarningClass::new("c").unwrap(),
-            detail: None,
-        }), now).reply else { panic!() };
-        conforms(&doc, "Warning", &serde_json::to_value(&wa).unwrap(), "warning");
+        let Reply::Warning(wa) = w
+            .execute(
+                &t,
+                &settle_core::Command::Warn(settle_core::Warn {
+                    task: settle_core::TaskId::new("t").unwrap(),
+                    class: settle_core::WarningClass::new("c").unwrap(),
+                    detail: None,
+                }),
+                now,
+            )
+            .reply
+        else {
+            panic!()
+        };
+        conforms(
+            &doc,
+            "Warning",
+            &serde_json::to_value(&wa).unwrap(),
+            "warning",
+        );
     }
 
     #[test]

@@ -122,10 +122,8 @@ impl Problem {
         .expect("a problem always serializes");
         let mut resp = Response::new(Body::from(body));
         *resp.status_mut() = self.status;
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static(PROBLEM_JSON),
-        );
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -63,7 +63,11 @@ pub async fn open_store(config: &Config) -> Result<OpenedStore, ServeError> {
                 dir,
                 EmbeddedOptions {
                     limits: config.limits(),
-                    clock: Clock::system(),
+                    clock: {
+                        let clock = Clock::system();
+                        clock.advance(config.clock_skew_ms);
+                        clock
+                    },
                     ..EmbeddedOptions::default()
                 },
             )?;
@@ -178,6 +182,7 @@ pub fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
 }
 

@@ -88,12 +88,10 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
         &body[start..]
     };
     if body[0] != b'{' {
-        return Err(
-            match serde_json::from_slice::<IgnoredAny>(body) {
-                Ok(_) => Problem::bad_request("the request body must be a JSON object"),
-                Err(e) => Problem::bad_request(format!("the request body is not valid JSON: {e}")),
-            },
-        );
+        return Err(match serde_json::from_slice::<IgnoredAny>(body) {
+            Ok(_) => Problem::bad_request("the request body must be a JSON object"),
+            Err(e) => Problem::bad_request(format!("the request body is not valid JSON: {e}")),
+        });
     }
     let mut de = serde_json::Deserializer::from_slice(body);
     let result = serde_path_to_error::deserialize::<_, T>(&mut de);
@@ -130,7 +128,6 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
         }
     }
 }
-
 
 /// `POST /v1/operations/{key}/claim`.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -280,7 +277,10 @@ mod tests {
         let p = segment::<Key>("key", "%FF").unwrap_err();
         assert_eq!(p.status.as_u16(), 422);
         let long = "x".repeat(256);
-        assert_eq!(segment::<Key>("key", &long).unwrap_err().status.as_u16(), 422);
+        assert_eq!(
+            segment::<Key>("key", &long).unwrap_err().status.as_u16(),
+            422
+        );
         assert_eq!(segment::<Key>("key", "a%23b").unwrap().as_str(), "a#b");
     }
 
@@ -291,9 +291,16 @@ mod tests {
         let e = parse_body::<DispatchRequest>(b"[1]").unwrap_err();
         assert_eq!(e.status.as_u16(), 400);
         let e = parse_body::<DispatchRequest>(b"{\"fence\": \"x\", ").unwrap_err();
-        assert_eq!(e.status.as_u16(), 400, "broken JSON after a schema error is still 400");
+        assert_eq!(
+            e.status.as_u16(),
+            400,
+            "broken JSON after a schema error is still 400"
+        );
         let e = parse_body::<DispatchRequest>(b"{\"fence\": \"x\"}").unwrap_err();
-        assert_eq!((e.status.as_u16(), e.field.as_deref()), (422, Some("fence")));
+        assert_eq!(
+            (e.status.as_u16(), e.field.as_deref()),
+            (422, Some("fence"))
+        );
         let e = parse_body::<DispatchRequest>(b"{\"fence\": 1, \"x\": 2}").unwrap_err();
         assert_eq!(e.status.as_u16(), 422);
         assert!(e.detail.contains("unknown field"), "{}", e.detail);

@@ -1,0 +1,891 @@
+//! `settle`: the server, a client for it, an offline inspector and a benchmark.
+//!
+//! Exit codes (also in README.md):
+//! 0 success · 1 local failure (cannot open the store, bad config, ...) ·
+//! 2 usage error · 3 the server cannot be reached · 4 the request was refused
+//! as invalid (400, 401, 404, 408, 413, 422) · 5 protocol refusal (409) ·
+//! 6 the server is unavailable (503 and other 5xx).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{ArgGroup, Args, Parser, Subcommand};
+use hyper::Method;
+use serde_json::{Value, json};
+use settle::client::{ClientError, Endpoint, HttpReply, encode_segment, operation_path};
+use settle_server::ServeArgs;
+
+const EXIT_LOCAL: u8 = 1;
+const EXIT_UNREACHABLE: u8 = 3;
+const EXIT_INVALID: u8 = 4;
+const EXIT_REFUSED: u8 = 5;
+const EXIT_UNAVAILABLE: u8 = 6;
+
+#[derive(Parser)]
+#[command(
+    name = "settle",
+    version,
+    about = "A durable ledger that makes retried side effects happen at most once.",
+    after_help = "Exit codes: 0 success, 1 local failure, 2 usage error, 3 server unreachable, \
+                  4 invalid request (400/401/404/408/413/422), 5 protocol refusal (409), \
+                  6 server unavailable (5xx)."
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the HTTP server (SPEC §7).
+    Serve(ServeArgs),
+    /// Reserve a key and ask for permission to execute.
+    Claim(ClaimArgs),
+    /// Extend a lease.
+    Heartbeat(HeartbeatArgs),
+    /// Record that the remote write is about to start.
+    Dispatch(FenceArgs),
+    /// Record the outcome and release the lease (one durable commit).
+    Settle(SettleArgs),
+    /// Release an execute lease that never dispatched.
+    Release(FenceArgs),
+    /// Report what reconciliation found out.
+    Reconcile(ReconcileArgs),
+    /// Show an operation record.
+    Get(KeyArgs),
+    /// Raise a principal's generation (revokes its older leases).
+    Revoke(RevokeArgs),
+    /// Record a bounded warning.
+    Warn(WarnArgs),
+    /// List a task's warnings.
+    Warnings(WarningsArgs),
+    /// Read a stopped embedded store offline.
+    Inspect(InspectArgs),
+    /// Measure claim+settle pairs per second.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct Remote {
+    /// Server URL.
+    #[arg(long, env = "SETTLE_URL", default_value = "http://127.0.0.1:7411")]
+    url: String,
+    /// Bearer token (not needed when the server runs without tenants on loopback).
+    #[arg(long, env = "SETTLE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print the server's JSON answer instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct BindingArgs {
+    /// Principal of the binding.
+    #[arg(long)]
+    principal: String,
+    /// A scope of the binding (repeatable).
+    #[arg(long = "scope")]
+    scopes: Vec<String>,
+    /// Binding generation.
+    #[arg(long, default_value_t = 0)]
+    generation: u64,
+}
+
+impl BindingArgs {
+    fn json(&self) -> Value {
+        json!({"principal": self.principal, "scopes": self.scopes, "generation": self.generation})
+    }
+}
+
+#[derive(Args)]
+struct OutcomeArgs {
+    /// completed, failed or unknown.
+    #[arg(long)]
+    status: String,
+    /// The result as a JSON document (completed/failed).
+    #[arg(long)]
+    result: Option<String>,
+    /// SHA-256 of the upstream's raw response (completed/failed).
+    #[arg(long)]
+    response_sha256: Option<String>,
+    /// Error text.
+    #[arg(long)]
+    error: Option<String>,
+}
+
+impl OutcomeArgs {
+    fn json(&self) -> Result<Value, String> {
+        let mut o = json!({"status": self.status});
+        if let Some(r) = &self.result {
+            let v: Value =
+                serde_json::from_str(r).map_err(|e| format!("--result is not JSON: {e}"))?;
+            o["result"] = v;
+        }
+        if let Some(d) = &self.response_sha256 {
+            o["response_sha256"] = json!(d);
+        }
+        if let Some(e) = &self.error {
+            o["error"] = json!(e);
+        }
+        Ok(o)
+    }
+}
+
+#[derive(Args)]
+struct ClaimArgs {
+    key: String,
+    /// Lowercase hex SHA-256 of the request's effect-defining fields.
+    #[arg(long)]
+    fingerprint: String,
+    #[command(flatten)]
+    binding: BindingArgs,
+    #[arg(long)]
+    lease_ms: Option<u64>,
+    #[arg(long)]
+    worker: Option<String>,
+    /// The worker will call `dispatch` before the remote write.
+    #[arg(long)]
+    marks_dispatch: bool,
+    #[arg(long)]
+    retention_s: Option<u64>,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+struct HeartbeatArgs {
+    key: String,
+    #[arg(long)]
+    fence: u64,
+    #[arg(long)]
+    lease_ms: Option<u64>,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+struct FenceArgs {
+    key: String,
+    #[arg(long)]
+    fence: u64,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+struct SettleArgs {
+    key: String,
+    #[arg(long)]
+    fence: u64,
+    #[arg(long)]
+    fingerprint: String,
+    #[command(flatten)]
+    binding: BindingArgs,
+    #[command(flatten)]
+    outcome: OutcomeArgs,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+struct ReconcileArgs {
+    key: String,
+    #[arg(long)]
+    fence: u64,
+    /// committed, not_committed or unavailable.
+    #[arg(long)]
+    finding: String,
+    /// committed: the fingerprint.
+    #[arg(long)]
+    fingerprint: Option<String>,
+    /// committed: principal of the binding.
+    #[arg(long)]
+    principal: Option<String>,
+    #[arg(long = "scope")]
+    scopes: Vec<String>,
+    #[arg(long, default_value_t = 0)]
+    generation: u64,
+    /// committed: completed or failed.
+    #[arg(long)]
+    status: Option<String>,
+    #[arg(long)]
+    result: Option<String>,
+    #[arg(long)]
+    response_sha256: Option<String>,
+    #[arg(long)]
+    error: Option<String>,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+struct KeyArgs {
+    key: String,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+struct RevokeArgs {
+    principal: String,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+struct WarnArgs {
+    task: String,
+    class: String,
+    #[arg(long)]
+    detail: Option<String>,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+struct WarningsArgs {
+    task: String,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+struct InspectArgs {
+    /// Directory of a stopped embedded store.
+    #[arg(long, default_value = settle_server::config::DEFAULT_DATA)]
+    data: PathBuf,
+    /// A non-terminal record without a live lease, untouched this long, is stuck.
+    #[arg(long, default_value_t = 3600)]
+    stuck_after_s: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+#[command(group(ArgGroup::new("target").required(true).args(["url", "data"])))]
+struct BenchArgs {
+    /// Benchmark a running server over HTTP.
+    #[arg(long)]
+    url: Option<String>,
+    /// Benchmark the embedded store in this process (no HTTP).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    #[arg(long, env = "SETTLE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// HTTP connections (or in-process workers with --data).
+    #[arg(long, visible_alias = "concurrency", default_value_t = 64)]
+    connections: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    #[arg(long)]
+    json: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli.cmd).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(code) => ExitCode::from(code),
+    }
+}
+
+async fn run(cmd: Cmd) -> Result<(), u8> {
+    match cmd {
+        Cmd::Serve(args) => settle_server::serve_main(args).await.map_err(|e| {
+            eprintln!("error: {e}");
+            EXIT_LOCAL
+        }),
+        Cmd::Claim(a) => {
+            let mut body = json!({"fingerprint": a.fingerprint, "binding": a.binding.json()});
+            if let Some(v) = a.lease_ms {
+                body["lease_ms"] = json!(v);
+            }
+            if let Some(v) = &a.worker {
+                body["worker"] = json!(v);
+            }
+            if a.marks_dispatch {
+                body["marks_dispatch"] = json!(true);
+            }
+            if let Some(v) = a.retention_s {
+                body["retention_s"] = json!(v);
+            }
+            call(
+                &a.remote,
+                Method::POST,
+                &operation_path(&a.key, "claim"),
+                Some(body),
+            )
+            .await
+        }
+        Cmd::Heartbeat(a) => {
+            let mut body = json!({"fence": a.fence});
+            if let Some(v) = a.lease_ms {
+                body["lease_ms"] = json!(v);
+            }
+            call(
+                &a.remote,
+                Method::POST,
+                &operation_path(&a.key, "heartbeat"),
+                Some(body),
+            )
+            .await
+        }
+        Cmd::Dispatch(a) => {
+            let body = json!({"fence": a.fence});
+            call(
+                &a.remote,
+                Method::POST,
+                &operation_path(&a.key, "dispatch"),
+                Some(body),
+            )
+            .await
+        }
+        Cmd::Release(a) => {
+            let body = json!({"fence": a.fence});
+            call(
+                &a.remote,
+                Method::POST,
+                &operation_path(&a.key, "release"),
+                Some(body),
+            )
+            .await
+        }
+        Cmd::Settle(a) => {
+            let outcome = a.outcome.json().map_err(usage)?;
+            let body = json!({
+                "fence": a.fence,
+                "fingerprint": a.fingerprint,
+                "binding": a.binding.json(),
+                "outcome": outcome,
+            });
+            call(
+                &a.remote,
+                Method::POST,
+                &operation_path(&a.key, "settle"),
+                Some(body),
+            )
+            .await
+        }
+        Cmd::Reconcile(a) => {
+            let mut body = json!({"fence": a.fence, "finding": a.finding});
+            if let Some(f) = &a.fingerprint {
+                body["fingerprint"] = json!(f);
+            }
+            if let Some(p) = &a.principal {
+                body["binding"] =
+                    json!({"principal": p, "scopes": a.scopes, "generation": a.generation});
+            }
+            if let Some(s) = &a.status {
+                let o = OutcomeArgs {
+                    status: s.clone(),
+                    result: a.result.clone(),
+                    response_sha256: a.response_sha256.clone(),
+                    error: a.error.clone(),
+                };
+                body["outcome"] = o.json().map_err(usage)?;
+            }
+            call(
+                &a.remote,
+                Method::POST,
+                &operation_path(&a.key, "reconcile"),
+                Some(body),
+            )
+            .await
+        }
+        Cmd::Get(a) => call(&a.remote, Method::GET, &operation_path(&a.key, ""), None).await,
+        Cmd::Revoke(a) => {
+            let path = format!("/v1/principals/{}/revoke", encode_segment(&a.principal));
+            call(&a.remote, Method::POST, &path, Some(json!({}))).await
+        }
+        Cmd::Warn(a) => {
+            let path = format!(
+                "/v1/tasks/{}/warnings/{}",
+                encode_segment(&a.task),
+                encode_segment(&a.class)
+            );
+            let body = match &a.detail {
+                Some(d) => json!({"detail": d}),
+                None => json!({}),
+            };
+            call(&a.remote, Method::POST, &path, Some(body)).await
+        }
+        Cmd::Warnings(a) => {
+            let path = format!("/v1/tasks/{}/warnings", encode_segment(&a.task));
+            call(&a.remote, Method::GET, &path, None).await
+        }
+        Cmd::Inspect(a) => inspect(a),
+        Cmd::Bench(a) => bench(a).await,
+    }
+}
+
+fn usage(msg: String) -> u8 {
+    eprintln!("error: {msg}");
+    2
+}
+
+/// Sends one request and prints the answer; maps the status to an exit code.
+async fn call(remote: &Remote, method: Method, path: &str, body: Option<Value>) -> Result<(), u8> {
+    let ep = Endpoint::new(&remote.url, remote.token.as_deref()).map_err(|e| {
+        eprintln!("error: {e}");
+        2
+    })?;
+    let body = body.map(|b| serde_json::to_vec(&b).expect("JSON serializes"));
+    let reply = ep
+        .send(method, path, body)
+        .await
+        .map_err(|e: ClientError| {
+            eprintln!("error: {e}");
+            EXIT_UNREACHABLE
+        })?;
+    if reply.is_success() {
+        if remote.json {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&reply.json()).unwrap_or_default()
+            );
+        } else {
+            print_summary(&reply.json());
+        }
+        return Ok(());
+    }
+    report_error(&reply, remote.json);
+    Err(match reply.status {
+        409 => EXIT_REFUSED,
+        s if s >= 500 => EXIT_UNAVAILABLE,
+        _ => EXIT_INVALID,
+    })
+}
+
+fn report_error(reply: &HttpReply, as_json: bool) {
+    let v = reply.json();
+    if as_json && !v.is_null() {
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    }
+    let code = v["code"].as_str().unwrap_or("error");
+    let detail = v["detail"].as_str().unwrap_or("");
+    eprintln!("error: HTTP {} {code}: {detail}", reply.status);
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn receipt_line(r: &Value) -> String {
+    format!(
+        "receipt  status={} fence={} committed_at={} response_sha256={} durable={}",
+        s(&r["status"]),
+        s(&r["fence"]),
+        s(&r["committed_at"]),
+        s(&r["response_sha256"]),
+        s(&r["durable"])
+    )
+}
+
+/// A short human-readable rendering of each answer shape.
+fn print_summary(v: &Value) {
+    if let Some(d) = v["decision"].as_str() {
+        match d {
+            "execute" | "reconcile" => println!(
+                "{d}  fence={} attempt={} lease_expires_at={}",
+                s(&v["fence"]),
+                s(&v["attempt"]),
+                s(&v["lease_expires_at"])
+            ),
+            "in_flight" => println!("in_flight  retry_after_ms={}", s(&v["retry_after_ms"])),
+            "replay" => {
+                println!("replay  status={}", s(&v["outcome"]["status"]));
+                println!("{}", receipt_line(&v["receipt"]));
+                println!("result: {}", s(&v["outcome"]["result"]));
+            }
+            _ => println!("{v}"),
+        }
+    } else if v.get("receipt").is_some() && v.get("reservation").is_none() {
+        println!("{}", receipt_line(&v["receipt"]));
+    } else if v.get("released").is_some() {
+        println!("released  fence={}", s(&v["fence"]));
+    } else if v.get("reservation").is_some() {
+        println!("key:                {}", s(&v["key"]));
+        println!("status:             {}", s(&v["status"]));
+        let r = &v["reservation"];
+        println!(
+            "reservation:        fingerprint={} principal={} scopes={} generation={}",
+            s(&r["fingerprint"]),
+            s(&r["principal"]),
+            r["scopes"],
+            s(&r["generation"])
+        );
+        let l = &v["lease"];
+        if l.is_object() {
+            let state = if l["ended"].is_null() {
+                "live".to_string()
+            } else {
+                format!("ended ({})", s(&l["ended"]["reason"]))
+            };
+            println!(
+                "lease:              fence={} purpose={} expires_at={} dispatched={} {state}",
+                s(&l["fence"]),
+                s(&l["purpose"]),
+                s(&l["expires_at"]),
+                s(&l["dispatched"])
+            );
+        }
+        println!("reconcile_required: {}", s(&v["reconcile_required"]));
+        println!("disputed:           {}", s(&v["disputed"]));
+        println!("attempts:           {}", s(&v["attempts_total"]));
+        println!("quarantined:        {}", s(&v["quarantine_total"]));
+        if v["receipt"].is_object() {
+            println!("{}", receipt_line(&v["receipt"]));
+        }
+        if v["outcome"].is_object() {
+            println!("result: {}", s(&v["outcome"]["result"]));
+        }
+        println!("expires_at:         {}", s(&v["expires_at"]));
+    } else if let Some(ws) = v["warnings"].as_array() {
+        if ws.is_empty() {
+            println!("no warnings");
+        }
+        for w in ws {
+            println!(
+                "{}/{}  count={}{} last_at={} detail={}",
+                s(&w["task"]),
+                s(&w["class"]),
+                s(&w["count"]),
+                if w["saturated"] == json!(true) {
+                    " (saturated)"
+                } else {
+                    ""
+                },
+                s(&w["last_at"]),
+                s(&w["detail"])
+            );
+        }
+    } else if v.get("class").is_some() {
+        println!(
+            "{}/{}  count={} saturated={} detail={}",
+            s(&v["task"]),
+            s(&v["class"]),
+            s(&v["count"]),
+            s(&v["saturated"]),
+            s(&v["detail"])
+        );
+    } else if v.get("generation").is_some() {
+        println!("{}  generation={}", s(&v["principal"]), s(&v["generation"]));
+    } else if v.get("lease_expires_at").is_some() {
+        println!(
+            "fence={} lease_expires_at={}{}",
+            s(&v["fence"]),
+            s(&v["lease_expires_at"]),
+            if v["dispatched"] == json!(true) {
+                " dispatched"
+            } else {
+                ""
+            }
+        );
+    } else {
+        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    }
+}
+
+// ---- inspect ----
+
+fn inspect(a: InspectArgs) -> Result<(), u8> {
+    use settle_core::{Status, Timestamp};
+    use std::collections::BTreeMap;
+
+    if !a.data.is_dir() {
+        eprintln!("error: {} is not a directory", a.data.display());
+        return Err(EXIT_LOCAL);
+    }
+    let now = Timestamp::from_system_time(std::time::SystemTime::now());
+    let stuck_ms = a.stuck_after_s.saturating_mul(1000);
+    let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+    let (mut stuck, mut unknown, mut disputed, mut quarantined, mut refused, mut reconcile) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    settle_embedded::scan(&a.data, |tenant, r| {
+        let id = format!("{tenant}/{}", r.key);
+        if r.is_from_the_future(now) {
+            refused.push(id.clone());
+        }
+        let status = if r.status == Status::Pending && r.open_lease().is_some() {
+            "running"
+        } else {
+            r.status.as_str()
+        };
+        *counts.entry(status).or_default() += 1;
+        if r.is_stuck(now, stuck_ms) {
+            stuck.push(id.clone());
+        }
+        if r.status == Status::Unknown {
+            unknown.push(id.clone());
+        }
+        if r.disputed {
+            disputed.push(id.clone());
+        }
+        if r.quarantine_total > 0 {
+            quarantined.push(format!("{id} ({})", r.quarantine_total));
+        }
+        if r.reconcile_required {
+            reconcile.push(id);
+        }
+    })
+    .map_err(|e| {
+        eprintln!("error: cannot read {}: {e}", a.data.display());
+        EXIT_LOCAL
+    })?;
+    let total: u64 = counts.values().sum();
+    if a.json {
+        let v = json!({
+            "records": total,
+            "by_status": counts,
+            "stuck": stuck,
+            "unknown": unknown,
+            "disputed": disputed,
+            "quarantined": quarantined,
+            "refused": refused,
+            "reconcile_required": reconcile,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(());
+    }
+    println!("{total} records in {}", a.data.display());
+    for (status, n) in &counts {
+        println!("  {status:<10} {n}");
+    }
+    for (title, list) in [
+        ("stuck", &stuck),
+        ("unknown", &unknown),
+        ("reconcile_required", &reconcile),
+        ("disputed", &disputed),
+        ("quarantined", &quarantined),
+        ("refused (receipt dated in the future)", &refused),
+    ] {
+        println!("{title}: {}", list.len());
+        for id in list.iter() {
+            println!("  {id}");
+        }
+    }
+    Ok(())
+}
+
+// ---- bench ----
+
+#[derive(serde::Deserialize)]
+struct ClaimAnswer {
+    decision: String,
+    fence: Option<u64>,
+}
+
+fn progress_bar(duration: Duration) -> Option<indicatif::ProgressBar> {
+    if duration < Duration::from_secs(2) {
+        return None;
+    }
+    let pb = indicatif::ProgressBar::new(duration.as_secs());
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} s  {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(pb)
+}
+
+async fn bench(a: BenchArgs) -> Result<(), u8> {
+    let duration = Duration::from_secs_f64(a.duration.max(0.1));
+    let progress = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let pb = progress_bar(duration);
+    let ticker = pb.clone().map(|pb| {
+        let progress = progress.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let secs = start.elapsed().as_secs_f64();
+                let n = progress.load(Ordering::Relaxed);
+                pb.set_position(secs as u64);
+                pb.set_message(format!("{n} pairs, {:.0}/s", n as f64 / secs.max(1e-3)));
+            }
+        })
+    });
+    let (mode, stats, errors) = if let Some(url) = &a.url {
+        let (stats, errors) = http_bench(
+            url,
+            a.token.as_deref(),
+            a.connections,
+            duration,
+            progress,
+            stop.clone(),
+        )
+        .await?;
+        ("http", stats, errors)
+    } else {
+        let dir = a.data.clone().expect("clap requires --url or --data");
+        let store =
+            settle_embedded::EmbeddedStore::open(&dir, Default::default()).map_err(|e| {
+                eprintln!("error: cannot open {}: {e}", dir.display());
+                EXIT_LOCAL
+            })?;
+        let prefix = format!("bench-{}", run_id());
+        let result = settle_ledger::bench::run_pairs(
+            store.clone(),
+            settle_core::TenantId::default_tenant(),
+            &prefix,
+            a.connections,
+            duration,
+            progress,
+        )
+        .await;
+        store.close();
+        let stats = result.map_err(|e| {
+            eprintln!("error: {e}");
+            EXIT_LOCAL
+        })?;
+        ("in_process", stats, 0)
+    };
+    stop.store(true, Ordering::Relaxed);
+    if let Some(t) = ticker {
+        let _ = t.await;
+    }
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    if a.json {
+        let v = json!({
+            "mode": mode,
+            "connections": stats.concurrency,
+            "duration_s": stats.duration_s,
+            "pairs": stats.pairs,
+            "pairs_per_s": stats.pairs_per_s,
+            "p50_ms": stats.p50_ms,
+            "p99_ms": stats.p99_ms,
+            "p999_ms": stats.p999_ms,
+            "max_ms": stats.max_ms,
+            "errors": errors,
+        });
+        println!("{v}");
+    } else {
+        println!(
+            "{mode}: {} pairs in {:.1} s with {} connections: {:.0} pairs/s; latency p50 {:.2} ms, \
+             p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms; {errors} errors",
+            stats.pairs,
+            stats.duration_s,
+            stats.concurrency,
+            stats.pairs_per_s,
+            stats.p50_ms,
+            stats.p99_ms,
+            stats.p999_ms,
+            stats.max_ms
+        );
+    }
+    if errors > 0 {
+        Err(EXIT_UNAVAILABLE)
+    } else {
+        Ok(())
+    }
+}
+
+fn run_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{:x}", nanos ^ ((std::process::id() as u128) << 64))
+}
+
+/// `connections` keep-alive connections, each looping claim (fresh key) +
+/// settle `completed`, until `duration` has passed.
+async fn http_bench(
+    url: &str,
+    token: Option<&str>,
+    connections: usize,
+    duration: Duration,
+    progress: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> Result<(settle_ledger::bench::PairStats, u64), u8> {
+    let ep = Endpoint::new(url, token).map_err(|e| {
+        eprintln!("error: {e}");
+        2
+    })?;
+    let run = run_id();
+    let fingerprint = "07".repeat(32);
+    let response_sha256 = "65".repeat(32);
+    let binding = r#"{"principal":"bench","scopes":["pay"],"generation":0}"#;
+    let claim_body: Arc<Vec<u8>> =
+        Arc::new(format!(r#"{{"fingerprint":"{fingerprint}","binding":{binding}}}"#).into_bytes());
+    let mut conns = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        conns.push(ep.connect().await.map_err(|e| {
+            eprintln!("error: {e}");
+            EXIT_UNREACHABLE
+        })?);
+    }
+    let errors = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(connections);
+    for (c, mut conn) in conns.into_iter().enumerate() {
+        let (stop, progress, errors) = (stop.clone(), progress.clone(), errors.clone());
+        let claim_body = claim_body.clone();
+        let run = run.clone();
+        let fingerprint = fingerprint.clone();
+        let response_sha256 = response_sha256.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut lat: Vec<u32> = Vec::with_capacity(1 << 16);
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("bench-{run}-{c}-{n}");
+                n += 1;
+                let t0 = Instant::now();
+                let Ok(r) = conn
+                    .send(Method::POST, &operation_path(&key, "claim"), Some(claim_body.to_vec()))
+                    .await
+                else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    break;
+                };
+                let fence = match serde_json::from_slice::<ClaimAnswer>(&r.body) {
+                    Ok(ClaimAnswer { decision, fence: Some(f) }) if decision == "execute" => f,
+                    _ => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                };
+                let body = format!(
+                    r#"{{"fence":{fence},"fingerprint":"{fingerprint}","binding":{binding},"outcome":{{"status":"completed","result":{{"ok":true}},"response_sha256":"{response_sha256}"}}}}"#
+                );
+                match conn
+                    .send(Method::POST, &operation_path(&key, "settle"), Some(body.into_bytes()))
+                    .await
+                {
+                    Ok(r) if r.status == 200 => {
+                        lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
+                        progress.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(_) => {
+                        errors.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
+                }
+            }
+            lat
+        }));
+    }
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap_or_default());
+    }
+    let stats = settle_ledger::bench::summarize(connections, start.elapsed(), all);
+    Ok((stats, errors.load(Ordering::Relaxed)))
+}

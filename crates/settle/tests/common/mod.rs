@@ -1,0 +1,198 @@
+//! A real `settle serve` process on an ephemeral port.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use hyper::Method;
+use serde_json::{Value, json};
+use settle::client::{Endpoint, HttpReply, operation_path};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_settle");
+
+static N: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let p = std::env::temp_dir().join(format!(
+            "settle-it-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl Server {
+    /// Starts `settle serve --listen 127.0.0.1:0 --data DIR ARGS...` and
+    /// waits for the `listening on ADDR` line.
+    pub fn start(data: &Path, args: &[&str]) -> Server {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(data)
+            .args(args)
+            .env_remove("SETTLE_TENANTS")
+            .env_remove("SETTLE_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(if std::env::var_os("SETTLE_TEST_LOG").is_some() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            });
+        let mut child = cmd.spawn().expect("spawn settle serve");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| {
+                let _ = child.kill();
+                panic!("settle serve did not start: {line:?}")
+            })
+            .to_string();
+        Server { child, addr }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn ep(&self) -> Endpoint {
+        Endpoint::new(&self.url(), None).unwrap()
+    }
+
+    pub fn ep_token(&self, token: &str) -> Endpoint {
+        Endpoint::new(&self.url(), Some(token)).unwrap()
+    }
+
+    /// SIGKILL, no chance to flush anything.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM and wait for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let st = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn fp(n: u8) -> String {
+    hex::encode([n; 32])
+}
+
+pub fn binding(p: &str, generation: u64) -> Value {
+    json!({"principal": p, "scopes": ["pay"], "generation": generation})
+}
+
+pub fn claim_body(f: u8, b: &Value) -> Value {
+    json!({"fingerprint": fp(f), "binding": b})
+}
+
+pub fn completed(n: u8) -> Value {
+    json!({"status": "completed", "result": {"charge": n}, "response_sha256": fp(100 + n)})
+}
+
+pub fn settle_body(fence: u64, f: u8, b: &Value, outcome: Value) -> Value {
+    json!({"fence": fence, "fingerprint": fp(f), "binding": b, "outcome": outcome})
+}
+
+pub async fn post(ep: &Endpoint, path: &str, body: Value) -> HttpReply {
+    ep.send(Method::POST, path, Some(serde_json::to_vec(&body).unwrap()))
+        .await
+        .unwrap()
+}
+
+pub async fn post_raw(ep: &Endpoint, path: &str, body: &[u8]) -> HttpReply {
+    ep.send(Method::POST, path, Some(body.to_vec()))
+        .await
+        .unwrap()
+}
+
+pub async fn get(ep: &Endpoint, path: &str) -> HttpReply {
+    ep.send(Method::GET, path, None).await.unwrap()
+}
+
+pub async fn op(ep: &Endpoint, key: &str, call: &str, body: Value) -> HttpReply {
+    post(ep, &operation_path(key, call), body).await
+}
+
+/// Claims `key` and expects `execute`; returns the fence.
+pub async fn execute(ep: &Endpoint, key: &str, f: u8, b: &Value) -> u64 {
+    let r = op(ep, key, "claim", claim_body(f, b)).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let v = r.json();
+    assert_eq!(v["decision"], "execute", "{v}");
+    v["fence"].as_u64().unwrap()
+}
+
+/// Asserts a problem+json answer with this status and code.
+#[track_caller]
+pub fn assert_problem(r: &HttpReply, status: u16, code: &str) {
+    assert_eq!(
+        (r.status, r.code().as_deref()),
+        (status, Some(code)),
+        "body: {}",
+        String::from_utf8_lossy(&r.body)
+    );
+    assert_eq!(r.content_type, "application/problem+json");
+    let v = r.json();
+    assert_eq!(v["status"], status);
+    assert!(v["title"].is_string() && v["type"].is_string() && v["detail"].is_string());
+}
+
+/// Sends raw bytes on a fresh connection and returns the status code.
+pub async fn raw_status(addr: &str, request: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut buf = Vec::new();
+    let _ = s.read_to_end(&mut buf).await;
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+pub fn token_sha256(token: &str) -> String {
+    settle_server::auth::token_sha256(token)
+}

@@ -1,0 +1,913 @@
+//! SPEC §7 against a real `settle serve` process.
+
+mod common;
+
+use common::*;
+use hyper::Method;
+use serde_json::{Value, json};
+use settle::client::operation_path;
+
+#[tokio::test]
+async fn claim_settle_replay_and_the_record() {
+    let dir = TempDir::new("walk");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+
+    let r = op(&ep, "order-1", "claim", claim_body(1, &b)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.content_type, "application/json");
+    let v = r.json();
+    assert_eq!(v["decision"], "execute");
+    assert_eq!(v["attempt"], 1);
+    assert!(v["lease_expires_at"].as_str().unwrap().ends_with('Z'));
+    let fence = v["fence"].as_u64().unwrap();
+
+    let r = op(
+        &ep,
+        "order-1",
+        "settle",
+        settle_body(fence, 1, &b, completed(1)),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    let receipt = r.json()["receipt"].clone();
+    assert_eq!(receipt["status"], "completed");
+    assert_eq!(receipt["fence"], fence);
+    assert_eq!(receipt["durable"], true);
+    assert_eq!(receipt["key"], "order-1");
+    assert_eq!(receipt["response_sha256"], fp(101));
+
+    // The retry learns the one true outcome.
+    let r = op(&ep, "order-1", "claim", claim_body(1, &b)).await;
+    let v = r.json();
+    assert_eq!(v["decision"], "replay");
+    assert_eq!(v["outcome"]["result"], json!({"charge": 1}));
+    assert_eq!(v["receipt"], receipt);
+
+    // A lost acknowledgement: the same settle again returns the same receipt.
+    let r = op(
+        &ep,
+        "order-1",
+        "settle",
+        settle_body(fence, 1, &b, completed(1)),
+    )
+    .await;
+    assert_eq!(r.json()["receipt"], receipt);
+
+    let r = get(&ep, &operation_path("order-1", "")).await;
+    assert_eq!(r.status, 200);
+    let rec = r.json();
+    for f in [
+        "key",
+        "status",
+        "reservation",
+        "lease",
+        "outcome",
+        "receipt",
+        "reconcile_required",
+        "disputed",
+        "attempts",
+        "quarantine",
+        "created_at",
+        "updated_at",
+        "expires_at",
+    ] {
+        assert!(rec.get(f).is_some(), "record lacks {f}: {rec}");
+    }
+    assert_eq!(rec["status"], "completed");
+    assert_eq!(rec["reservation"]["fingerprint"], fp(1));
+    assert_eq!(rec["reservation"]["principal"], "svc");
+    assert_eq!(rec["receipt"], receipt);
+    assert_eq!(rec["disputed"], false);
+}
+
+#[tokio::test]
+async fn heartbeat_dispatch_release_and_reconcile() {
+    let dir = TempDir::new("calls");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+
+    // marks_dispatch: release is allowed before dispatch.
+    let mut c = claim_body(1, &b);
+    c["marks_dispatch"] = json!(true);
+    c["worker"] = json!("w-1");
+    c["lease_ms"] = json!(60_000);
+    let r = op(&ep, "k-rel", "claim", c.clone()).await;
+    let fence = r.json()["fence"].as_u64().unwrap();
+    let r = op(
+        &ep,
+        "k-rel",
+        "heartbeat",
+        json!({"fence": fence, "lease_ms": 120_000}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["fence"], fence);
+    assert!(r.json()["lease_expires_at"].is_string());
+    let r = op(
+        &ep,
+        "k-rel",
+        "release",
+        json!({"fence": fence, "reason": "not_dispatched"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json(), json!({"fence": fence, "released": true}));
+    // Nothing could have been sent: the next claim may execute again.
+    let fence2 = execute(&ep, "k-rel", 1, &b).await;
+    assert!(fence2 > fence);
+
+    // After dispatch, release needs a receipt.
+    let r = op(&ep, "k-disp", "claim", c.clone()).await;
+    let fence = r.json()["fence"].as_u64().unwrap();
+    let r = op(&ep, "k-disp", "dispatch", json!({"fence": fence})).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["fence"], fence);
+    assert_eq!(r.json()["dispatched"], true);
+    let r = op(&ep, "k-disp", "release", json!({"fence": fence})).await;
+    assert_problem(&r, 409, "receipt_required");
+
+    // unknown → reconcile → not_committed → execute under the same fence → settle.
+    let fence = execute(&ep, "k-rec", 1, &b).await;
+    let unknown = json!({"status": "unknown", "error": "timeout"});
+    let r = op(&ep, "k-rec", "settle", settle_body(fence, 1, &b, unknown)).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["receipt"]["status"], "unknown");
+    let r = op(&ep, "k-rec", "claim", claim_body(1, &b)).await;
+    let v = r.json();
+    assert_eq!(v["decision"], "reconcile", "{v}");
+    let rfence = v["fence"].as_u64().unwrap();
+    // A reconcile lease cannot dispatch or settle.
+    let r = op(&ep, "k-rec", "dispatch", json!({"fence": rfence})).await;
+    assert_problem(&r, 409, "wrong_purpose");
+    let r = op(
+        &ep,
+        "k-rec",
+        "reconcile",
+        json!({"fence": rfence, "finding": "not_committed"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json()["decision"], "execute");
+    assert_eq!(r.json()["fence"], rfence);
+    let r = op(
+        &ep,
+        "k-rec",
+        "settle",
+        settle_body(rfence, 1, &b, completed(2)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["receipt"]["status"], "completed");
+
+    // reconcile(unavailable) releases; reconcile(committed) settles.
+    let fence = execute(&ep, "k-rec2", 1, &b).await;
+    let unknown = json!({"status": "unknown"});
+    op(&ep, "k-rec2", "settle", settle_body(fence, 1, &b, unknown)).await;
+    let rfence = op(&ep, "k-rec2", "claim", claim_body(1, &b)).await.json()["fence"]
+        .as_u64()
+        .unwrap();
+    let r = op(
+        &ep,
+        "k-rec2",
+        "reconcile",
+        json!({"fence": rfence, "finding": "unavailable"}),
+    )
+    .await;
+    assert_eq!(r.json(), json!({"fence": rfence, "released": true}));
+    let v = op(&ep, "k-rec2", "claim", claim_body(1, &b)).await.json();
+    assert_eq!(
+        v["decision"], "reconcile",
+        "still needs reconciliation: {v}"
+    );
+    let rfence = v["fence"].as_u64().unwrap();
+    // committed without its evidence is a schema error.
+    let r = op(
+        &ep,
+        "k-rec2",
+        "reconcile",
+        json!({"fence": rfence, "finding": "committed"}),
+    )
+    .await;
+    assert_problem(&r, 422, "invalid_request");
+    let r = op(
+        &ep,
+        "k-rec2",
+        "reconcile",
+        json!({"fence": rfence, "finding": "committed", "fingerprint": fp(1), "binding": b, "outcome": completed(3)}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json()["receipt"]["status"], "completed");
+    assert_eq!(r.json()["receipt"]["fence"], rfence);
+}
+
+#[tokio::test]
+async fn revoke_and_warnings() {
+    let dir = TempDir::new("rw");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let r = post(&ep, "/v1/principals/svc%2Fa/revoke", json!({})).await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json(), json!({"principal": "svc/a", "generation": 1}));
+    // An empty body reads as {}.
+    let r = ep
+        .send(Method::POST, "/v1/principals/svc%2Fa/revoke", None)
+        .await
+        .unwrap();
+    assert_eq!(r.json()["generation"], 2);
+    // The old generation is refused on claim (rule 1), the current one executes.
+    let r = op(&ep, "k", "claim", claim_body(1, &binding("svc/a", 1))).await;
+    assert_problem(&r, 409, "stale_binding");
+    execute(&ep, "k", 1, &binding("svc/a", 2)).await;
+
+    let r = post(
+        &ep,
+        "/v1/tasks/nightly/warnings/slow",
+        json!({"detail": "took 3 s"}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let w = r.json();
+    assert_eq!(
+        (w["task"].clone(), w["class"].clone(), w["count"].clone()),
+        (json!("nightly"), json!("slow"), json!(1))
+    );
+    assert_eq!(w["saturated"], false);
+    // Without detail the stored one stays.
+    let w = post(&ep, "/v1/tasks/nightly/warnings/slow", json!({}))
+        .await
+        .json();
+    assert_eq!(
+        (w["count"].clone(), w["detail"].clone()),
+        (json!(2), json!("took 3 s"))
+    );
+    let r = get(&ep, "/v1/tasks/nightly/warnings").await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["warnings"].as_array().unwrap().len(), 1);
+    let r = get(&ep, "/v1/tasks/other/warnings").await;
+    assert_eq!(r.json(), json!({"warnings": []}));
+    for i in 1..64 {
+        let r = post(&ep, &format!("/v1/tasks/nightly/warnings/c{i}"), json!({})).await;
+        assert_eq!(r.status, 200);
+    }
+    let r = post(&ep, "/v1/tasks/nightly/warnings/one-too-many", json!({})).await;
+    assert_problem(&r, 409, "too_many_classes");
+}
+
+#[tokio::test]
+async fn warning_counts_saturate_at_the_configured_cap() {
+    let dir = TempDir::new("cap");
+    let s = Server::start(dir.path(), &["--warning-cap", "2"]);
+    let ep = s.ep();
+    for _ in 0..3 {
+        post(&ep, "/v1/tasks/t/warnings/c", json!({})).await;
+    }
+    let w = post(&ep, "/v1/tasks/t/warnings/c", json!({})).await.json();
+    assert_eq!(
+        (w["count"].clone(), w["saturated"].clone()),
+        (json!(2), json!(true))
+    );
+}
+
+#[tokio::test]
+async fn protocol_refusals_are_409_with_their_code() {
+    let dir = TempDir::new("409");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+
+    let fence = execute(&ep, "k1", 1, &b).await;
+    let r = op(&ep, "k1", "claim", claim_body(2, &b)).await;
+    assert_problem(&r, 409, "fingerprint_mismatch");
+    let r = op(&ep, "k1", "claim", claim_body(1, &binding("other", 0))).await;
+    assert_problem(&r, 409, "binding_mismatch");
+    let r = op(&ep, "k1", "claim", claim_body(1, &b)).await;
+    assert_eq!(r.json()["decision"], "in_flight");
+    assert!(r.json()["retry_after_ms"].as_u64().unwrap() <= 1000);
+    let r = op(
+        &ep,
+        "k1",
+        "settle",
+        settle_body(fence + 1000, 1, &b, completed(1)),
+    )
+    .await;
+    assert_problem(&r, 409, "stale_fence");
+    let r = op(&ep, "k1", "settle", settle_body(fence, 1, &b, completed(1))).await;
+    assert_eq!(r.status, 200);
+    // Same fence, disagreeing terminal result: disputed, canonical unchanged.
+    let r = op(&ep, "k1", "settle", settle_body(fence, 1, &b, completed(9))).await;
+    assert_problem(&r, 409, "result_mismatch");
+    let rec = get(&ep, &operation_path("k1", "")).await.json();
+    assert_eq!(rec["disputed"], true);
+    assert_eq!(rec["outcome"]["result"], json!({"charge": 1}));
+    // The stale fence and the disagreeing result were both quarantined.
+    let reasons: Vec<&str> = rec["quarantine"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasons, ["stale_fence", "result_mismatch"]);
+
+    // A lease shorter than the margin has expired for settlement at once.
+    let mut c = claim_body(1, &b);
+    c["lease_ms"] = json!(100);
+    let fence = op(&ep, "k2", "claim", c).await.json()["fence"]
+        .as_u64()
+        .unwrap();
+    let r = op(&ep, "k2", "settle", settle_body(fence, 1, &b, completed(1))).await;
+    assert_problem(&r, 409, "lease_expired");
+
+    // The holder settling the wrong intent: mismatch, record becomes conflict.
+    let fence = execute(&ep, "k3", 1, &b).await;
+    let r = op(&ep, "k3", "settle", settle_body(fence, 2, &b, completed(1))).await;
+    assert_problem(&r, 409, "fingerprint_mismatch");
+    assert_eq!(
+        get(&ep, &operation_path("k3", "")).await.json()["status"],
+        "conflict"
+    );
+
+    // Revocation: the old lease is refused.
+    let fence = execute(&ep, "k4", 1, &b).await;
+    post(&ep, "/v1/principals/svc/revoke", json!({})).await;
+    let r = op(&ep, "k4", "settle", settle_body(fence, 1, &b, completed(1))).await;
+    assert_problem(&r, 409, "lease_expired");
+    let r = op(&ep, "k5", "claim", claim_body(1, &b)).await;
+    assert_problem(&r, 409, "stale_binding");
+}
+
+#[tokio::test]
+async fn not_found_for_unknown_keys_and_routes() {
+    let dir = TempDir::new("404");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    assert_problem(&get(&ep, "/v1/operations/nope").await, 404, "not_found");
+    for call in ["heartbeat", "dispatch", "release"] {
+        let r = op(&ep, "nope", call, json!({"fence": 1})).await;
+        assert_problem(&r, 404, "not_found");
+    }
+    let r = op(
+        &ep,
+        "nope",
+        "settle",
+        settle_body(1, 1, &binding("p", 0), completed(1)),
+    )
+    .await;
+    assert_problem(&r, 404, "not_found");
+    let r = op(
+        &ep,
+        "nope",
+        "reconcile",
+        json!({"fence": 1, "finding": "unavailable"}),
+    )
+    .await;
+    assert_problem(&r, 404, "not_found");
+    assert_problem(&get(&ep, "/v2/nothing").await, 404, "not_found");
+    assert_problem(
+        &post(&ep, "/v1/operations/k", json!({})).await,
+        404,
+        "not_found",
+    );
+    let r = ep
+        .send(Method::DELETE, "/v1/operations/k", None)
+        .await
+        .unwrap();
+    assert_problem(&r, 404, "not_found");
+    assert_problem(&get(&ep, "/v1/operations/k/claim").await, 404, "not_found");
+}
+
+#[tokio::test]
+async fn bad_input_gets_4xx_and_writes_nothing() {
+    let dir = TempDir::new("bad");
+    let s = Server::start(
+        dir.path(),
+        &["--max-body-bytes", "4096", "--max-result-bytes", "100"],
+    );
+    let ep = s.ep();
+    let b = binding("svc", 0);
+    let good = claim_body(1, &b);
+    let path = operation_path("fresh", "claim");
+
+    // 400: syntax, not an object, trailing garbage.
+    for body in [
+        &b"{"[..],
+        b"[1,2]",
+        b"\"x\"",
+        b"{\"fingerprint\": 1,",
+        b"{} {}",
+    ] {
+        let r = post_raw(&ep, &path, body).await;
+        assert_problem(&r, 400, "bad_request");
+    }
+    // 422: schema violations name the field.
+    let mut cases: Vec<(Value, &str)> = vec![];
+    let mut v = good.clone();
+    v["extra"] = json!(1);
+    cases.push((v, ""));
+    let mut v = good.clone();
+    v["lease_ms"] = json!("long");
+    cases.push((v, "lease_ms"));
+    let mut v = good.clone();
+    v["lease_ms"] = json!(99);
+    cases.push((v, "lease_ms"));
+    let mut v = good.clone();
+    v["retention_s"] = json!(0);
+    cases.push((v, "retention_s"));
+    let mut v = good.clone();
+    v["fingerprint"] = json!("ABC");
+    cases.push((v, "fingerprint"));
+    let mut v = good.clone();
+    v["fingerprint"] = json!("A".repeat(64));
+    cases.push((v, "fingerprint"));
+    let mut v = good.clone();
+    v["binding"]["principal"] = json!("has space");
+    cases.push((v, "binding.principal"));
+    let mut v = good.clone();
+    v["binding"]["generation"] = json!(-1);
+    cases.push((v, "binding.generation"));
+    let mut v = good.clone();
+    v["binding"]["unknown"] = json!(true);
+    cases.push((v, "binding.unknown"));
+    cases.push((json!({}), ""));
+    for (body, field) in cases {
+        let r = post(&ep, &path, body.clone()).await;
+        assert_problem(&r, 422, "invalid_request");
+        if !field.is_empty() {
+            assert_eq!(r.json()["field"], field, "{body}");
+        }
+    }
+    // Bad keys: decoded value outside the key syntax → 422; bad segment → 400.
+    let r = post(&ep, "/v1/operations/a%20b/claim", good.clone()).await;
+    assert_problem(&r, 422, "invalid_request");
+    let long = format!("/v1/operations/{}/claim", "k".repeat(256));
+    assert_problem(
+        &post(&ep, &long, good.clone()).await,
+        422,
+        "invalid_request",
+    );
+    assert_problem(
+        &post(&ep, "/v1/operations/a%ZZ/claim", good.clone()).await,
+        400,
+        "bad_request",
+    );
+    assert_problem(
+        &post(&ep, "/v1/operations/a%2/claim", good.clone()).await,
+        400,
+        "bad_request",
+    );
+    // A raw byte outside 0x21–0x7E never reaches a handler; the HTTP parser answers 400.
+    let (st, _) = raw_status(
+        &s.addr,
+        b"POST /v1/operations/a\xffb/claim HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    )
+    .await;
+    assert_eq!(st, 400);
+    // 413: over max_body_bytes, with and without a declared length.
+    let mut big = good.clone();
+    big["worker"] = json!("w".repeat(5000));
+    assert_problem(
+        &post(&ep, &path, big.clone()).await,
+        413,
+        "payload_too_large",
+    );
+    let chunked = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{}\r\n0\r\n\r\n",
+        5000,
+        "x".repeat(5000)
+    );
+    let (st, text) = raw_status(&s.addr, chunked.as_bytes()).await;
+    assert_eq!(st, 413, "{text}");
+    assert!(text.contains("payload_too_large"));
+
+    // Nothing was written: the key is still fresh, the server healthy.
+    assert_problem(
+        &get(&ep, &operation_path("fresh", "")).await,
+        404,
+        "not_found",
+    );
+    assert_problem(
+        &get(&ep, "/v1/operations/a%20b").await,
+        422,
+        "invalid_request",
+    );
+    assert_eq!(get(&ep, "/healthz").await.status, 200);
+    let fence = execute(&ep, "fresh", 1, &b).await;
+    let rec = get(&ep, &operation_path("fresh", "")).await.json();
+    assert_eq!(rec["attempts_total"], 1);
+
+    // 422 for a result over max_result_bytes and a bad digest in the outcome; nothing settled.
+    let big_result = json!({"status": "completed", "result": {"blob": "x".repeat(200)}, "response_sha256": fp(1)});
+    let r = op(
+        &ep,
+        "fresh",
+        "settle",
+        settle_body(fence, 1, &b, big_result),
+    )
+    .await;
+    assert_problem(&r, 422, "invalid_request");
+    let bad_digest = json!({"status": "completed", "result": {}, "response_sha256": "xyz"});
+    let r = op(
+        &ep,
+        "fresh",
+        "settle",
+        settle_body(fence, 1, &b, bad_digest),
+    )
+    .await;
+    assert_problem(&r, 422, "invalid_request");
+    let no_digest = json!({"status": "completed", "result": {}});
+    let r = op(&ep, "fresh", "settle", settle_body(fence, 1, &b, no_digest)).await;
+    assert_problem(&r, 422, "invalid_request");
+    let r = op(&ep, "fresh", "heartbeat", json!({"fence": "1"})).await;
+    assert_problem(&r, 422, "invalid_request");
+    let rec = get(&ep, &operation_path("fresh", "")).await.json();
+    assert_eq!(rec["status"], "running");
+    assert_eq!(rec["quarantine_total"], 0);
+    assert!(
+        rec["attempts"][0]["observations"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let r = op(
+        &ep,
+        "fresh",
+        "settle",
+        settle_body(fence, 1, &b, completed(1)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test]
+async fn percent_encoded_keys_are_decoded_once() {
+    let dir = TempDir::new("enc");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+    let key = "tenant/order#7?x=%41";
+    execute(&ep, key, 1, &b).await;
+    let rec = get(&ep, &operation_path(key, "")).await.json();
+    assert_eq!(rec["key"], key);
+    // %2541 decodes to "%41", not "A": a different key from "A".
+    let r = get(&ep, "/v1/operations/A").await;
+    assert_problem(&r, 404, "not_found");
+    let r = post(&ep, "/v1/operations/%41/claim", claim_body(1, &b)).await;
+    assert_eq!(r.json()["decision"], "execute");
+    assert_eq!(get(&ep, "/v1/operations/A").await.status, 200);
+}
+
+#[tokio::test]
+async fn racing_claims_on_a_fresh_key_execute_once() {
+    let dir = TempDir::new("race");
+    let s = Server::start(dir.path(), &[]);
+    let b = binding("svc", 0);
+    // Connect first so the claims go out together.
+    let mut conns = Vec::new();
+    for _ in 0..24 {
+        conns.push(s.ep().connect().await.unwrap());
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(24));
+    let mut tasks = Vec::new();
+    for mut c in conns {
+        let body = serde_json::to_vec(&claim_body(1, &b)).unwrap();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            let r = c
+                .send(Method::POST, "/v1/operations/race/claim", Some(body))
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200);
+            r.json()["decision"].as_str().unwrap().to_string()
+        }));
+    }
+    let mut decisions = Vec::new();
+    for t in tasks {
+        decisions.push(t.await.unwrap());
+    }
+    let execute = decisions.iter().filter(|d| *d == "execute").count();
+    let in_flight = decisions.iter().filter(|d| *d == "in_flight").count();
+    assert_eq!((execute, in_flight), (1, 23), "{decisions:?}");
+}
+
+#[tokio::test]
+async fn auth_maps_tokens_to_tenants_and_isolates_them() {
+    let dir = TempDir::new("auth");
+    let config = dir.path().join("settle.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[tenants]]\nname = \"acme\"\ntoken_sha256 = \"{}\"\n",
+            token_sha256("tok-acme")
+        ),
+    )
+    .unwrap();
+    let beta = format!("beta={}", token_sha256("tok-beta"));
+    let s = Server::start(
+        &dir.path().join("data"),
+        &["--config", config.to_str().unwrap(), "--tenant", &beta],
+    );
+    let b = binding("svc", 0);
+
+    let r = op(&s.ep(), "k", "claim", claim_body(1, &b)).await;
+    assert_problem(&r, 401, "unauthorized");
+    let r = op(&s.ep_token("wrong"), "k", "claim", claim_body(1, &b)).await;
+    assert_problem(&r, 401, "unauthorized");
+    assert_problem(
+        &get(&s.ep_token("wrong"), "/v1/operations/k").await,
+        401,
+        "unauthorized",
+    );
+    assert_problem(
+        &get(&s.ep(), "/v1/tasks/t/warnings").await,
+        401,
+        "unauthorized",
+    );
+    // Unauthenticated attempts wrote nothing.
+    let acme = s.ep_token("tok-acme");
+    assert_problem(&get(&acme, "/v1/operations/k").await, 404, "not_found");
+
+    let fence = execute(&acme, "k", 1, &b).await;
+    op(
+        &acme,
+        "k",
+        "settle",
+        settle_body(fence, 1, &b, completed(1)),
+    )
+    .await;
+    post(&acme, "/v1/tasks/t/warnings/c", json!({})).await;
+    post(&acme, "/v1/principals/svc/revoke", json!({})).await;
+
+    // Another tenant sees none of it: not the record, not the warning, not the generation.
+    let beta = s.ep_token("tok-beta");
+    assert_problem(&get(&beta, "/v1/operations/k").await, 404, "not_found");
+    assert_eq!(
+        get(&beta, "/v1/tasks/t/warnings").await.json(),
+        json!({"warnings": []})
+    );
+    let fence = execute(&beta, "k", 2, &b).await;
+    let r = op(
+        &beta,
+        "k",
+        "settle",
+        settle_body(fence, 2, &b, completed(2)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // acme's revocation moved only acme's principal; acme's own record is intact.
+    let r = op(&acme, "k", "claim", claim_body(1, &binding("svc", 1))).await;
+    assert_eq!(
+        r.json()["outcome"]["result"],
+        json!({"charge": 1}),
+        "{}",
+        r.json()
+    );
+    assert_problem(
+        &op(&acme, "k9", "claim", claim_body(1, &b)).await,
+        409,
+        "stale_binding",
+    );
+
+    // Operational endpoints need no token.
+    for p in ["/healthz", "/readyz", "/metrics", "/openapi.json"] {
+        assert_eq!(get(&s.ep(), p).await.status, 200, "{p}");
+    }
+}
+
+#[tokio::test]
+async fn auth_off_needs_loopback() {
+    let dir = TempDir::new("open");
+    let out = std::process::Command::new(BIN)
+        .args(["serve", "--listen", "0.0.0.0:0", "--data"])
+        .arg(dir.path())
+        .env_remove("SETTLE_TENANTS")
+        .env_remove("SETTLE_CONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "it must not listen");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("no tenants"), "{err}");
+
+    // On loopback without tenants everything is tenant `default`, no token needed,
+    // and a token is ignored rather than refused.
+    let s = Server::start(dir.path(), &[]);
+    let b = binding("svc", 0);
+    execute(&s.ep(), "k", 1, &b).await;
+    let r = get(&s.ep_token("anything"), "/v1/operations/k").await;
+    assert_eq!(r.status, 200);
+}
+
+#[tokio::test]
+async fn metrics_count_requests_decisions_and_evidence() {
+    let dir = TempDir::new("metrics");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+    let fence = execute(&ep, "m1", 1, &b).await;
+    op(
+        &ep,
+        "m1",
+        "settle",
+        settle_body(fence + 99, 1, &b, completed(1)),
+    )
+    .await; // stale_fence, quarantined
+    op(&ep, "m1", "settle", settle_body(fence, 1, &b, completed(1))).await;
+    op(&ep, "m1", "settle", settle_body(fence, 1, &b, completed(2))).await; // result_mismatch
+    let fence = execute(&ep, "m2", 1, &b).await;
+    op(
+        &ep,
+        "m2",
+        "settle",
+        settle_body(fence, 1, &b, json!({"status": "unknown"})),
+    )
+    .await;
+    get(&ep, "/nowhere").await;
+
+    let r = get(&ep, "/metrics").await;
+    assert_eq!(r.status, 200);
+    assert!(r.content_type.starts_with("text/plain"));
+    let text = String::from_utf8(r.body.to_vec()).unwrap();
+    let value = |prefix: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(text.contains("settle_http_requests_total{"));
+    assert!(text.contains(r#"route="claim""#) && text.contains(r#"status="200""#));
+    assert!(text.contains(r#"route="unmatched""#) && text.contains(r#"status="404""#));
+    assert!(text.contains(r#"decision="execute""#));
+    assert!(text.contains(r#"decision="stale_fence""#));
+    assert_eq!(value("settle_quarantined_total{call=\"settle\"}"), 2.0);
+    assert_eq!(value("settle_disputed_total"), 1.0);
+    assert_eq!(value("settle_records_unknown"), 1.0);
+    assert_eq!(value("settle_records_reconcile_required"), 1.0);
+    assert!(text.contains("settle_records_stuck"));
+    assert!(
+        text.contains("settle_commit_batch_size_bucket"),
+        "commit histogram from the store"
+    );
+    assert!(text.contains("settle_commit_duration_seconds_bucket"));
+    // No tenant or key labels.
+    assert!(!text.contains("tenant=") && !text.contains("key="));
+    assert!(!text.contains("m1") && !text.contains("m2"));
+}
+
+#[tokio::test]
+async fn health_readiness_and_openapi() {
+    let dir = TempDir::new("ops");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    assert_eq!(get(&ep, "/healthz").await.json(), json!({"status": "ok"}));
+    assert_eq!(get(&ep, "/readyz").await.json(), json!({"status": "ready"}));
+    let r = get(&ep, "/openapi.json").await;
+    assert_eq!(r.status, 200);
+    let doc = r.json();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3.1"));
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.contains_key("/v1/operations/{key}/claim"));
+    assert!(paths.contains_key("/v1/tasks/{task}/warnings/{class}"));
+    let schemas = doc["components"]["schemas"].as_object().unwrap();
+    for n in [
+        "ClaimRequest",
+        "ClaimDecision",
+        "Receipt",
+        "Record",
+        "Problem",
+        "Warning",
+    ] {
+        assert!(schemas.contains_key(n), "{n}");
+    }
+}
+
+#[tokio::test]
+async fn sigterm_stops_gracefully_and_the_data_survives() {
+    let dir = TempDir::new("term");
+    let mut s = Server::start(dir.path(), &[]);
+    let b = binding("svc", 0);
+    let fence = execute(&s.ep(), "k", 1, &b).await;
+    let receipt = op(
+        &s.ep(),
+        "k",
+        "settle",
+        settle_body(fence, 1, &b, completed(1)),
+    )
+    .await
+    .json();
+    // An idle keep-alive connection must not hold shutdown up.
+    let mut idle = s.ep().connect().await.unwrap();
+    assert_eq!(
+        idle.send(Method::GET, "/healthz", None)
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    let status = s.terminate();
+    assert!(status.success(), "{status:?}");
+
+    let out = std::process::Command::new(BIN)
+        .args(["inspect", "--json", "--data"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["records"], 1);
+    assert_eq!(v["by_status"]["completed"], 1);
+
+    let s = Server::start(dir.path(), &[]);
+    let r = op(&s.ep(), "k", "claim", claim_body(1, &b)).await.json();
+    assert_eq!(r["decision"], "replay");
+    assert_eq!(r["receipt"], receipt["receipt"]);
+}
+
+#[tokio::test]
+async fn a_record_from_the_future_is_refused_with_503() {
+    let dir = TempDir::new("future");
+    let b = binding("svc", 0);
+    {
+        // Write a receipt with the store's clock one hour ahead, then stop.
+        let mut s = Server::start(dir.path(), &["--clock-skew-ms", "3600000"]);
+        let fence = execute(&s.ep(), "k", 1, &b).await;
+        let r = op(
+            &s.ep(),
+            "k",
+            "settle",
+            settle_body(fence, 1, &b, completed(1)),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert!(s.terminate().success());
+    }
+    let s = Server::start(dir.path(), &[]);
+    assert_problem(
+        &op(&s.ep(), "k", "claim", claim_body(1, &b)).await,
+        503,
+        "record_refused",
+    );
+    assert_problem(
+        &get(&s.ep(), "/v1/operations/k").await,
+        503,
+        "record_refused",
+    );
+}
+
+#[tokio::test]
+async fn cli_prints_summaries_and_documented_exit_codes() {
+    let dir = TempDir::new("cli");
+    let s = Server::start(dir.path(), &[]);
+    let run = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .args(args)
+            .env("SETTLE_URL", s.url())
+            .env_remove("SETTLE_TOKEN")
+            .output()
+            .unwrap()
+    };
+    let f = fp(1);
+    let claim = [
+        "claim",
+        "cli-1",
+        "--fingerprint",
+        &f,
+        "--principal",
+        "svc",
+        "--scope",
+        "pay",
+    ];
+    let out = run(&claim);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.starts_with("execute  fence="), "{text}");
+    let out = run(&[&claim[..], &["--json"]].concat());
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["decision"], "in_flight");
+    let out = run(&["get", "missing"]);
+    assert_eq!(out.status.code(), Some(4));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not_found"));
+    let other = fp(2);
+    let out = run(&[
+        "claim",
+        "cli-1",
+        "--fingerprint",
+        &other,
+        "--principal",
+        "svc",
+        "--scope",
+        "pay",
+    ]);
+    assert_eq!(out.status.code(), Some(5));
+    let out = run(&["warn", "t", "c", "--detail", "d"]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = run(&["get", "x", "--url", "http://127.0.0.1:1"]);
+    assert_eq!(out.status.code(), Some(3));
+}
