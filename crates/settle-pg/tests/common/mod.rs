@@ -2,6 +2,8 @@
 //! (also when the test panics), on the PostgreSQL of DEVELOPERS.md.
 #![allow(dead_code)]
 
+pub mod proxy;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -83,6 +85,32 @@ impl Drop for SchemaGuard {
     }
 }
 
+/// Ends every connection of the store on `schema`; returns how many.
+pub async fn terminate_store_backends(side: &tokio_postgres::Client, schema: &str) -> Vec<i32> {
+    side.query(
+        "SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+        &[&schema],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get::<_, i32>(0))
+    .collect()
+}
+
+/// The pids of the store's connections.
+pub async fn store_backends(side: &tokio_postgres::Client, schema: &str) -> Vec<i32> {
+    side.query(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = $1",
+        &[&schema],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get::<_, i32>(0))
+    .collect()
+}
+
 /// Options for a test store on `schema`.
 pub fn options(schema: &str, clock: Clock) -> PgOptions {
     PgOptions {
@@ -101,11 +129,22 @@ pub async fn store(prefix: &str) -> (PgStore, Clock, SchemaGuard) {
 }
 
 pub async fn store_at(url: &str, prefix: &str) -> (PgStore, Clock, SchemaGuard) {
+    store_with(url, prefix, |_| {}).await
+}
+
+/// A store on a fresh schema through `url`, with adjusted options.
+pub async fn store_with(
+    url: &str,
+    prefix: &str,
+    adjust: impl FnOnce(&mut PgOptions),
+) -> (PgStore, Clock, SchemaGuard) {
     let schema = unique_schema(prefix);
     // The guard exists before the schema does: a failed connect still cleans up.
     let guard = SchemaGuard::new(&self::url(), &schema);
     let clock = Clock::system();
-    let store = PgStore::connect(url, options(&schema, clock.clone()))
+    let mut opts = options(&schema, clock.clone());
+    adjust(&mut opts);
+    let store = PgStore::connect(url, opts)
         .await
         .expect("PostgreSQL is reachable (see DEVELOPERS.md)");
     (store, clock, guard)

@@ -1,0 +1,428 @@
+//! Faults: connections lost mid-transaction and during COMMIT, terminated
+//! backends, several stores (servers) on one database, fail-closed loads.
+//!
+//! The invariant under every fault: the caller gets an error or a correct
+//! answer, never a receipt for a write that did not commit.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::proxy::{Cut, Proxy};
+use settle_core::testkit::*;
+use settle_core::*;
+use settle_ledger::{Store, StoreError};
+use settle_pg::PgStore;
+
+fn acme() -> TenantId {
+    TenantId::new("acme").unwrap()
+}
+
+async fn exec_fence(store: &PgStore, k: &str) -> Fence {
+    match store
+        .execute(&acme(), claim(k, 1, binding("alice", 0)))
+        .await
+        .unwrap()
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("expected execute, got {other:?}"),
+    }
+}
+
+async fn record(store: &PgStore, k: &str) -> Record {
+    store
+        .get(&acme(), &key(k))
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("record exists")
+}
+
+fn settle_k(k: &str, f: Fence) -> Command {
+    settle(k, f, 1, binding("alice", 0), completed(1))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_commit_answer_is_resolved_as_committed() {
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let (store, _clock, _g) = common::store_at(&proxy.url(&common::url()), "incommit").await;
+
+    // A claim whose COMMIT answer is lost: the grant is only returned
+    // because the store learned that the transaction committed. (Running
+    // the claim again instead would answer in_flight.)
+    proxy.arm(Cut::AfterCommit);
+    let reply = store
+        .execute(&acme(), claim("k", 1, binding("alice", 0)))
+        .await
+        .expect("in-doubt commit resolved");
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let Reply::Claim(ClaimDecision::Execute(g)) = reply else {
+        panic!("{reply:?}")
+    };
+    let rec = record(&store, "k").await;
+    assert_eq!(rec.open_lease().unwrap().fence, g.fence);
+    assert_eq!(rec.attempts.len(), 1);
+
+    // The same for a settlement: the receipt is the committed one.
+    proxy.arm(Cut::AfterCommit);
+    let rc = receipt(
+        store
+            .execute(&acme(), settle_k("k", g.fence))
+            .await
+            .unwrap(),
+    );
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 2);
+    let rec = record(&store, "k").await;
+    assert_eq!(rec.receipt, Some(rc));
+    assert_eq!(rec.attempts[0].observations.len(), 1, "settled once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_that_never_arrives_is_an_error_and_changes_nothing() {
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let (store, _clock, _g) = common::store_with(&proxy.url(&common::url()), "nocommit", |o| {
+        o.max_retries = 0;
+    })
+    .await;
+    let f = exec_fence(&store, "k").await;
+    proxy.arm(Cut::BeforeCommit);
+    let err = store
+        .execute(&acme(), settle_k("k", f))
+        .await
+        .expect_err("no receipt without a commit");
+    assert!(matches!(err, StoreError::Database(_)), "{err:?}");
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let rec = record(&store, "k").await;
+    assert_eq!(rec.status, Status::Pending);
+    assert!(rec.receipt.is_none());
+    assert_eq!(
+        rec.open_lease().unwrap().fence,
+        f,
+        "the lease is still held"
+    );
+    // The worker retries and settles.
+    let rc = receipt(store.execute(&acme(), settle_k("k", f)).await.unwrap());
+    assert_eq!(record(&store, "k").await.receipt, Some(rc));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_that_never_arrives_is_retried_when_known_aborted() {
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let (store, _clock, _g) = common::store_at(&proxy.url(&common::url()), "retrycommit").await;
+    let f = exec_fence(&store, "k").await;
+    proxy.arm(Cut::BeforeCommit);
+    // pg_xact_status says aborted, so the command runs again from scratch.
+    let rc = receipt(store.execute(&acme(), settle_k("k", f)).await.unwrap());
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let rec = record(&store, "k").await;
+    assert_eq!(rec.receipt, Some(rc));
+    assert_eq!(rec.attempts[0].observations.len(), 1, "settled once");
+}
+
+/// Waits until one of the store's backends waits for a lock; returns its pid.
+async fn lock_waiter(side: &tokio_postgres::Client, schema: &str) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let rows = side
+            .query(
+                "SELECT pid FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                &[&schema],
+            )
+            .await
+            .unwrap();
+        if let Some(r) = rows.first() {
+            return r.get(0);
+        }
+        assert!(Instant::now() < deadline, "the command never blocked");
+        tokio::task::yield_now().await;
+    }
+}
+
+async fn block_row<'a>(
+    side: &'a mut tokio_postgres::Client,
+    schema: &str,
+    k: &str,
+) -> tokio_postgres::Transaction<'a> {
+    let tx = side.transaction().await.unwrap();
+    let n = tx
+        .execute(
+            &format!(
+                "SELECT 1 FROM \"{schema}\".settle_records WHERE tenant = 'acme' AND key = $1 FOR UPDATE"
+            ),
+            &[&k],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    tx
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_killed_mid_transaction_gives_error_or_correct_answer() {
+    // Without retries: the caller gets an error and nothing changed.
+    let (store, _clock, g) =
+        common::store_with(&common::url(), "midtx", |o| o.max_retries = 0).await;
+    let f = exec_fence(&store, "k").await;
+    let mut side = common::side_client().await;
+    let killer = common::side_client().await;
+    let tx = block_row(&mut side, &g.schema, "k").await;
+    let s2 = store.clone();
+    let pending = tokio::spawn(async move { s2.execute(&acme(), settle_k("k", f)).await });
+    let pid = lock_waiter(&killer, &g.schema).await;
+    killer
+        .execute("SELECT pg_terminate_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let err = pending
+        .await
+        .unwrap()
+        .expect_err("its connection died before COMMIT");
+    assert!(matches!(err, StoreError::Database(_)), "{err:?}");
+    tx.rollback().await.unwrap();
+    let rec = record(&store, "k").await;
+    assert!(rec.receipt.is_none());
+    assert_eq!(rec.open_lease().unwrap().fence, f);
+
+    // With retries: the command runs again on a new connection and answers correctly.
+    let (store, _clock, g) = common::store_at(&common::url(), "midtx_retry").await;
+    let f = exec_fence(&store, "k").await;
+    let tx = block_row(&mut side, &g.schema, "k").await;
+    let s2 = store.clone();
+    let pending = tokio::spawn(async move { s2.execute(&acme(), settle_k("k", f)).await });
+    let first = lock_waiter(&killer, &g.schema).await;
+    killer
+        .execute("SELECT pg_terminate_backend($1)", &[&first])
+        .await
+        .unwrap();
+    // The retry blocks again on the same row, from another backend.
+    let second = loop {
+        let pid = lock_waiter(&killer, &g.schema).await;
+        if pid != first {
+            break pid;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert_ne!(first, second);
+    tx.rollback().await.unwrap();
+    let rc = receipt(pending.await.unwrap().unwrap());
+    assert_eq!(record(&store, "k").await.receipt, Some(rc));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_recovers_after_its_backends_are_terminated() {
+    let (store, _clock, g) = common::store_at(&common::url(), "terminate").await;
+    // Open several connections at once.
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let s = store.clone();
+            tokio::spawn(async move { exec_fence(&s, &format!("pre-{i}")).await })
+        })
+        .collect();
+    let mut fences = Vec::new();
+    for t in tasks {
+        fences.push(t.await.unwrap());
+    }
+    let side = common::side_client().await;
+    let killed = common::terminate_store_backends(&side, &g.schema).await;
+    assert!(!killed.is_empty());
+
+    // Bounded wait for the first success (retries usually make it immediate).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut failures = 0;
+    loop {
+        match store
+            .execute(&acme(), claim("after-0", 1, binding("alice", 0)))
+            .await
+        {
+            Ok(Reply::Claim(ClaimDecision::Execute(_))) => break,
+            Ok(other) => panic!("{other:?}"),
+            Err(_) => failures += 1,
+        }
+        assert!(Instant::now() < deadline, "the pool never recovered");
+    }
+    // From then on everything works, on new backends, with the old data.
+    for i in 1..20 {
+        exec_fence(&store, &format!("after-{i}")).await;
+    }
+    for (i, f) in fences.iter().enumerate() {
+        receipt(
+            store
+                .execute(&acme(), settle_k(&format!("pre-{i}"), *f))
+                .await
+                .unwrap(),
+        );
+    }
+    let now_pids = common::store_backends(&side, &g.schema).await;
+    assert!(
+        now_pids.iter().all(|p| !killed.contains(p)),
+        "dead backends reused"
+    );
+    eprintln!("failures before recovery: {failures}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_stores_on_one_database_agree() {
+    // Two "servers" start at once on a fresh schema: migrations run once.
+    let schema = common::unique_schema("multi");
+    let _g = common::SchemaGuard::new(&common::url(), &schema);
+    let clock = settle_ledger::Clock::system();
+    let url = common::url();
+    let (a, b) = tokio::join!(
+        PgStore::connect(&url, common::options(&schema, clock.clone())),
+        PgStore::connect(&url, common::options(&schema, clock.clone())),
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    let side = common::side_client().await;
+    let versions: i64 = side
+        .query_one(
+            &format!("SELECT count(*) FROM \"{schema}\".settle_schema_version"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(versions, settle_pg::SCHEMA_VERSION as i64);
+
+    // Racing first claims through both: exactly one execute.
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let s = if i % 2 == 0 { a.clone() } else { b.clone() };
+            tokio::spawn(async move {
+                s.execute(&acme(), claim("race", 1, binding("alice", 0)))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut executes = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Reply::Claim(ClaimDecision::Execute(_)) => executes += 1,
+            Reply::Claim(ClaimDecision::InFlight { .. }) => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(executes, 1);
+
+    // Fences keep increasing whichever store grants them.
+    let mut last = Fence(0);
+    for i in 0..20 {
+        let s = if i % 2 == 0 { &a } else { &b };
+        let f = exec_fence(s, &format!("f-{i}")).await;
+        assert!(f > last);
+        last = f;
+    }
+    // A revoke through one is seen by the other at once.
+    let f = exec_fence(&a, "v").await;
+    assert!(matches!(
+        b.execute(&acme(), revoke("alice")).await.unwrap(),
+        Reply::Revoked { generation: 1, .. }
+    ));
+    assert_eq!(
+        a.execute(&acme(), settle_k("v", f)).await.unwrap(),
+        Reply::Refused(RefusalCode::LeaseExpired)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoke_racing_settlements_never_settles_a_revoked_lease() {
+    // Settlements race a revoke of their principal. Whatever the
+    // interleaving, a `get` taken after the revoke returned shows every lease
+    // it did not see settled as revoked, and no receipt from such a lease
+    // appears later (the settlement would have been ordered after the revoke).
+    let (store, _clock, _g) = common::store_at(&common::url(), "revokerace").await;
+    let n = 40;
+    let mut fences = Vec::new();
+    for i in 0..n {
+        fences.push(exec_fence(&store, &format!("r-{i}")).await);
+    }
+    let settles: Vec<_> = fences
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let s = store.clone();
+            let f = *f;
+            tokio::spawn(async move {
+                s.execute(&acme(), settle_k(&format!("r-{i}"), f))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let rv = store.execute(&acme(), revoke("alice")).await.unwrap();
+    assert!(matches!(rv, Reply::Revoked { generation: 1, .. }));
+    let mut revoked_seen = Vec::new();
+    for i in 0..n {
+        let r = record(&store, &format!("r-{i}")).await;
+        if r.receipt.is_none() {
+            assert_eq!(r.lease().unwrap().ended.unwrap().reason, LeaseEnd::Revoked);
+            revoked_seen.push(i);
+        }
+    }
+    for (i, t) in settles.into_iter().enumerate() {
+        let reply = t.await.unwrap();
+        if revoked_seen.contains(&i) {
+            assert_eq!(reply, Reply::Refused(RefusalCode::LeaseExpired), "key {i}");
+        } else {
+            assert!(matches!(reply, Reply::Receipt(_)), "key {i}: {reply:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_from_the_future_is_refused_and_counted() {
+    let (store, clock, _g) = common::store_at(&common::url(), "future").await;
+    clock.advance(3_600_000);
+    let f = exec_fence(&store, "k").await;
+    receipt(store.execute(&acme(), settle_k("k", f)).await.unwrap());
+    // The store's clock falls back an hour: the receipt is dated in its future.
+    clock.advance(-3_600_000);
+    assert_eq!(
+        store.get(&acme(), &key("k")).await.unwrap(),
+        Err(RefusalCode::RecordRefused)
+    );
+    assert_eq!(
+        store
+            .execute(&acme(), claim("k", 1, binding("alice", 0)))
+            .await
+            .unwrap(),
+        Reply::Refused(RefusalCode::RecordRefused)
+    );
+    assert_eq!(store.stats(1000).await.unwrap().refused, 1);
+    // It stays stored: the sweep does not collect it either.
+    store.sweep().await.unwrap();
+    clock.advance(3_600_000);
+    assert!(record(&store, "k").await.receipt.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_record_fails_closed() {
+    let (store, _clock, g) = common::store_at(&common::url(), "corrupt").await;
+    let f = exec_fence(&store, "k").await;
+    let side = common::side_client().await;
+    side.execute(
+        &format!("UPDATE \"{}\".settle_records SET format = 99", g.schema),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        store.get(&acme(), &key("k")).await,
+        Err(StoreError::Corrupt(_))
+    ));
+    assert!(matches!(
+        store.execute(&acme(), settle_k("k", f)).await,
+        Err(StoreError::Corrupt(_))
+    ));
+    // Nothing was written over it.
+    let format: i16 = side
+        .query_one(
+            &format!("SELECT format FROM \"{}\".settle_records", g.schema),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(format, 99);
+}
