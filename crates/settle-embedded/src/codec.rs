@@ -88,6 +88,58 @@ pub fn decode_value(b: &[u8]) -> Result<Value, StoreError> {
     }
 }
 
+/// One changed entity in a log frame. The value is kept encoded
+/// ([`encode_value`]) so the checkpointer can ingest it without decoding;
+/// `open` and `expires_at` are what it needs for the `open` and `expiry` indexes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// [`EntityKey::to_bytes`].
+    pub key: Vec<u8>,
+    /// A record that is not terminal.
+    pub open: bool,
+    /// A terminal record's collection time (ms).
+    pub expires_at: Option<u64>,
+    /// The encoded value; empty for [`Value::Gone`].
+    pub value: Vec<u8>,
+}
+
+impl Entry {
+    /// The entity's state.
+    pub fn decode(&self) -> Result<Value, StoreError> {
+        if self.value.is_empty() {
+            Ok(Value::Gone)
+        } else {
+            decode_value(&self.value)
+        }
+    }
+}
+
+/// The borrowed twin of [`Entry`], for encoding without copies (postcard
+/// encodes `&[u8]` and `Vec<u8>` identically: length, then the bytes).
+#[derive(Serialize)]
+pub struct EntryRef<'a> {
+    pub key: &'a [u8],
+    pub open: bool,
+    pub expires_at: Option<u64>,
+    pub value: &'a [u8],
+}
+
+impl<'a> EntryRef<'a> {
+    /// Describes `value` (already encoded as `encoded`) for the log.
+    pub fn new(key: &'a [u8], value: &Value, encoded: &'a [u8]) -> EntryRef<'a> {
+        let (open, expires_at) = match value {
+            Value::Record(r) => (!r.status.is_terminal(), r.expires_at().map(|t| t.millis())),
+            _ => (false, None),
+        };
+        EntryRef {
+            key,
+            open,
+            expires_at,
+            value: encoded,
+        }
+    }
+}
+
 /// One group commit: everything that changed in one batch, at its final state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch {
@@ -96,18 +148,24 @@ pub struct Batch {
     pub lsn: u64,
     /// The fence counter after this batch: fences below it were granted.
     pub next_fence: u64,
-    /// Entity key bytes ([`EntityKey::to_bytes`]) and their new state.
-    pub entries: Vec<(Vec<u8>, Value)>,
+    pub entries: Vec<Entry>,
 }
 
-/// The borrowed twin of [`Batch`], for encoding without copies. Postcard
-/// encodes `&[u8]` and `Vec<u8>` identically (length, then the bytes).
+/// The borrowed twin of [`Batch`].
 #[derive(Serialize)]
 pub struct BatchRef<'a> {
     pub version: u8,
     pub lsn: u64,
     pub next_fence: u64,
-    pub entries: Vec<(&'a [u8], &'a Value)>,
+    pub entries: Vec<EntryRef<'a>>,
+}
+
+/// Encodes a value for the log and the index; `Gone` is the empty blob.
+pub fn encode_for_log(v: &Value) -> Vec<u8> {
+    match v {
+        Value::Gone => Vec::new(),
+        v => encode_value(v),
+    }
 }
 
 /// Appends one frame (header + postcard payload) to `out`.
@@ -210,11 +268,20 @@ mod tests {
     fn frames_detect_torn_and_corrupt_tails() {
         let k = EntityKey::Record(TenantId::default_tenant(), key("k")).to_bytes();
         let v = Value::Record(sample_record());
+        let blob = encode_for_log(&v);
+        let entry = EntryRef::new(&k, &v, &blob);
+        assert!(!entry.open);
+        assert!(entry.expires_at.is_some());
         let batch = Batch {
             version: FORMAT_VERSION,
             lsn: 7,
             next_fence: 3,
-            entries: vec![(k.clone(), v.clone())],
+            entries: vec![Entry {
+                key: k.clone(),
+                open: entry.open,
+                expires_at: entry.expires_at,
+                value: blob.clone(),
+            }],
         };
         let mut buf = Vec::new();
         encode_frame(
@@ -222,7 +289,7 @@ mod tests {
                 version: FORMAT_VERSION,
                 lsn: 7,
                 next_fence: 3,
-                entries: vec![(&k, &v)],
+                entries: vec![entry],
             },
             &mut buf,
         );
@@ -230,6 +297,7 @@ mod tests {
         match decode_frame(&buf).unwrap() {
             Frame::Ok(b, len) => {
                 assert_eq!(*b, batch);
+                assert_eq!(b.entries[0].decode().unwrap(), v);
                 assert_eq!(len, n);
             }
             Frame::End => panic!("whole frame"),

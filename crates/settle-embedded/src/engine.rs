@@ -27,7 +27,9 @@ use settle_core::{
 use settle_ledger::{Clock, StoreError};
 use tokio::sync::oneshot;
 
-use crate::codec::{BatchRef, EntityKey, FORMAT_VERSION, Value, encode_frame};
+use crate::codec::{
+    BatchRef, EntityKey, EntryRef, FORMAT_VERSION, Value, encode_for_log, encode_frame,
+};
 use crate::index::{CheckpointItem, Index, Meta};
 use crate::wal::{self, Faults, Wal};
 
@@ -36,8 +38,6 @@ pub struct Slot {
     /// The batch that wrote this state.
     pub lsn: u64,
     pub value: Arc<Value>,
-    /// Whether the index's `open` keyspace lists this id.
-    pub open_indexed: bool,
 }
 
 impl Slot {
@@ -129,6 +129,8 @@ pub struct Writer {
     /// mutator, so this cache is exact; it saves an index lookup (usually a
     /// miss: most principals stay at generation 0) on every claim and settle.
     pub principals: HashMap<Box<[u8]>, PrincipalState>,
+    /// The batch's changes, reused across batches to keep its capacity.
+    pub overlay: HashMap<Box<[u8]>, Value>,
 }
 
 /// Bound on the writer's principal cache; it is simply cleared when full.
@@ -182,7 +184,7 @@ impl Writer {
             return;
         }
         let now = self.shared.now();
-        let mut overlay: HashMap<Box<[u8]>, Value> = HashMap::new();
+        let mut overlay = std::mem::take(&mut self.overlay);
         let mut replies = Vec::with_capacity(batch.len());
         for (tenant, cmd, reply) in batch.drain(..) {
             let r = self.apply_one(&tenant, &cmd, now, &mut overlay);
@@ -191,15 +193,26 @@ impl Writer {
         if !overlay.is_empty() {
             let started = Instant::now();
             self.lsn += 1;
+            // Each value is encoded once: into the log here, and the
+            // checkpointer ingests the same bytes into the index.
+            let encoded: Vec<(Box<[u8]>, Value, Vec<u8>)> = overlay
+                .drain()
+                .map(|(k, v)| {
+                    let blob = encode_for_log(&v);
+                    (k, v, blob)
+                })
+                .collect();
             let frame = BatchRef {
                 version: FORMAT_VERSION,
                 lsn: self.lsn,
                 next_fence: self.next_fence,
-                entries: overlay.iter().map(|(k, v)| (&**k, v)).collect(),
+                entries: encoded
+                    .iter()
+                    .map(|(k, v, b)| EntryRef::new(k, v, b))
+                    .collect(),
             };
             buf.clear();
             encode_frame(&frame, buf);
-            let entries = frame.entries.len();
             drop(frame);
             if let Err(e) = self.wal.append_sync(buf) {
                 // Fail closed: never retry an fsync, never answer with a receipt.
@@ -211,11 +224,11 @@ impl Writer {
                 }
                 return;
             }
-            metrics::histogram!("settle_commit_batch_size").record(entries as f64);
+            metrics::histogram!("settle_commit_batch_size").record(replies.len() as f64);
             metrics::histogram!("settle_commit_duration_seconds")
                 .record(started.elapsed().as_secs_f64());
             let lsn = self.lsn;
-            for (k, v) in overlay {
+            for (k, v, _) in encoded {
                 if let Value::Principal(p) = &v {
                     self.principals.insert(k.clone(), *p);
                 }
@@ -227,16 +240,13 @@ impl Writer {
                         s.value = value;
                     }
                     dashmap::Entry::Vacant(e) => {
-                        e.insert(Slot {
-                            lsn,
-                            value,
-                            open_indexed: false,
-                        });
+                        e.insert(Slot { lsn, value });
                     }
                 }
             }
             self.segment_last_lsn = lsn;
         }
+        self.overlay = overlay;
         for (reply, r) in replies {
             let _ = reply.send(r);
         }
@@ -377,7 +387,7 @@ pub fn checkpointer(
     shared: Arc<Shared>,
     wal_dir: PathBuf,
     rx: Receiver<CkptMsg>,
-    mut checkpoint_lsn: u64,
+    mut checkpoint_seq: u64,
     faults: Option<Arc<Faults>>,
 ) {
     for msg in rx {
@@ -393,13 +403,13 @@ pub fn checkpointer(
                 match checkpoint(
                     &shared,
                     &wal_dir,
+                    checkpoint_seq,
                     seq,
-                    checkpoint_lsn,
                     lsn,
                     next_fence,
                     &faults,
                 ) {
-                    Ok(()) => checkpoint_lsn = lsn,
+                    Ok(()) => checkpoint_seq = seq,
                     Err(e) => {
                         tracing::error!(error = %e, "checkpoint failed; failing closed");
                         shared.poisoned.store(true, Ordering::SeqCst);
@@ -414,42 +424,49 @@ pub fn checkpointer(
     }
 }
 
-/// Writes every entity changed in `(from_lsn, to_lsn]` to the index, makes
-/// it durable, deletes the covered segments, evicts what may leave RAM.
+/// Ingests the newest state of every entity in the sealed segments
+/// `(from_seq, to_seq]` into the index, makes it durable, deletes those
+/// segments, then evicts from memory what may leave it.
 fn checkpoint(
     shared: &Shared,
     wal_dir: &std::path::Path,
-    seq: u64,
-    from_lsn: u64,
+    from_seq: u64,
+    to_seq: u64,
     to_lsn: u64,
     next_fence: u64,
     faults: &Option<Arc<Faults>>,
 ) -> Result<(), StoreError> {
     let started = Instant::now();
-    struct Taken {
-        key: Box<[u8]>,
-        value: Arc<Value>,
-        open_indexed: bool,
-        lsn: u64,
-    }
-    let mut taken = Vec::new();
-    for s in shared.map.iter() {
-        if s.lsn > from_lsn && s.lsn <= to_lsn {
-            taken.push(Taken {
-                key: s.key().clone(),
-                value: s.value.clone(),
-                open_indexed: s.open_indexed,
-                lsn: s.lsn,
-            });
+    let segments: Vec<(u64, PathBuf)> = wal::segments(wal_dir)
+        .map_err(io_err)?
+        .into_iter()
+        .filter(|(s, _)| *s > from_seq && *s <= to_seq)
+        .collect();
+    // The newest entry per key (later batches win).
+    let mut newest: HashMap<Vec<u8>, (u64, crate::codec::Entry)> = HashMap::new();
+    for (_, path) in &segments {
+        let (batches, valid, len) = wal::read_segment(path)?;
+        if valid != len {
+            return Err(StoreError::Corrupt(format!(
+                "sealed segment {} is damaged",
+                path.display()
+            )));
+        }
+        for b in batches {
+            for e in b.entries {
+                newest.insert(e.key.clone(), (b.lsn, e));
+            }
         }
     }
-    taken.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    let mut taken: Vec<(u64, crate::codec::Entry)> = newest.into_values().collect();
+    taken.sort_unstable_by(|a, b| a.1.key.cmp(&b.1.key));
     let items: Vec<CheckpointItem<'_>> = taken
         .iter()
-        .map(|t| CheckpointItem {
-            key: &t.key,
-            value: &t.value,
-            open_indexed: t.open_indexed,
+        .map(|(_, e)| CheckpointItem {
+            key: &e.key,
+            open: e.open,
+            expires_at: e.expires_at,
+            value: &e.value,
         })
         .collect();
     if Faults::take_checkpoint(faults) {
@@ -458,30 +475,25 @@ fn checkpoint(
     shared.index.checkpoint(
         &items,
         Meta {
-            checkpoint_seq: seq,
+            checkpoint_seq: to_seq,
             checkpoint_lsn: to_lsn,
             next_fence,
         },
     )?;
     // The index now holds everything those segments hold: drop them.
-    for (s, path) in wal::segments(wal_dir).map_err(io_err)? {
-        if s <= seq {
-            std::fs::remove_file(&path).map_err(io_err)?;
-        }
+    for (_, path) in &segments {
+        std::fs::remove_file(path).map_err(io_err)?;
     }
     wal::sync_dir(wal_dir).map_err(io_err)?;
-    for t in &taken {
-        let now_open = matches!(&*t.value, Value::Record(r) if !r.status.is_terminal());
-        if let Some(mut s) = shared.map.get_mut(&t.key) {
-            s.open_indexed = now_open;
-        }
+    // Evict what was checkpointed unless a later batch changed it since.
+    for (lsn, e) in &taken {
         shared
             .map
-            .remove_if(&t.key, |_, s| s.lsn == t.lsn && s.evictable());
+            .remove_if(&e.key[..], |_, s| s.lsn == *lsn && s.evictable());
     }
     tracing::debug!(
         entities = taken.len(),
-        seq,
+        to_seq,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "checkpoint"
     );

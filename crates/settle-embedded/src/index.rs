@@ -9,7 +9,7 @@ use std::path::Path;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use settle_ledger::StoreError;
 
-use crate::codec::{Value, decode_value, encode_value};
+use crate::codec::{Value, decode_value};
 
 pub struct Index {
     db: Database,
@@ -34,12 +34,15 @@ pub struct Meta {
     pub next_fence: u64,
 }
 
-/// One entity written by a checkpoint.
+/// One entity written by a checkpoint (its newest state in the covered log).
 pub struct CheckpointItem<'a> {
     pub key: &'a [u8],
-    pub value: &'a Value,
-    /// Whether `open` holds this id before the checkpoint.
-    pub open_indexed: bool,
+    /// A record that is not terminal.
+    pub open: bool,
+    /// A terminal record's collection time.
+    pub expires_at: Option<u64>,
+    /// The encoded value; empty for a deleted entity.
+    pub value: &'a [u8],
 }
 
 pub fn expiry_key(expires_at_ms: u64, key: &[u8]) -> Vec<u8> {
@@ -100,11 +103,12 @@ impl Index {
         let mut out = Vec::new();
         for g in self.open.iter() {
             let k = g.key().map_err(err)?;
-            // A crash between ingesting `data` and `open` can leave an id for
-            // a record that is gone or settled; the log replay fixes both.
-            match self.get(&k)? {
-                Some(v @ Value::Record(_)) => out.push((k.to_vec(), v)),
-                _ => out.push((k.to_vec(), Value::Gone)),
+            // A crash between ingesting `data` and `open` can leave an id
+            // whose record settled or went; the log replay covers it.
+            if let Some(v @ Value::Record(_)) = self.get(&k)?
+                && matches!(&v, Value::Record(r) if !r.status.is_terminal())
+            {
+                out.push((k.to_vec(), v));
             }
         }
         Ok(out)
@@ -122,33 +126,31 @@ impl Index {
         debug_assert!(items.windows(2).all(|w| w[0].key < w[1].key));
         let mut data = self.data.start_ingestion().map_err(err)?;
         for it in items {
-            match it.value {
-                Value::Gone => data.write_tombstone(it.key).map_err(err)?,
-                v => data.write(it.key, encode_value(v)).map_err(err)?,
+            if it.value.is_empty() {
+                data.write_tombstone(it.key).map_err(err)?;
+            } else {
+                data.write(it.key, it.value).map_err(err)?;
             }
         }
         data.finish().map_err(err)?;
 
+        // Open records are listed; every other record id gets a tombstone
+        // (cheap in a sorted ingestion, and it needs no knowledge of the past).
         let mut open = self.open.start_ingestion().map_err(err)?;
         let mut expiring = Vec::new();
-        for it in items {
-            let (is_open, expires) = match it.value {
-                Value::Record(r) => (!r.status.is_terminal(), r.expires_at()),
-                _ => (false, None),
-            };
-            if is_open && !it.open_indexed {
+        for it in items.iter().filter(|it| it.key.first() == Some(&b'r')) {
+            if it.open {
                 open.write(it.key, []).map_err(err)?;
-            } else if !is_open && it.open_indexed {
+            } else {
                 open.write_tombstone(it.key).map_err(err)?;
             }
-            if let Some(e) = expires {
-                expiring.push(expiry_key(e.millis(), it.key));
+            if let Some(e) = it.expires_at {
+                expiring.push(expiry_key(e, it.key));
             }
         }
         open.finish().map_err(err)?;
 
         expiring.sort_unstable();
-        expiring.dedup();
         let mut expiry = self.expiry.start_ingestion().map_err(err)?;
         for k in expiring {
             expiry.write(k, []).map_err(err)?;

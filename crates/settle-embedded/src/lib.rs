@@ -90,15 +90,11 @@ impl EmbeddedStore {
 
         let map: DashMap<Box<[u8]>, Slot> = DashMap::new();
         for (k, v) in index.open_records()? {
-            // A stale `open` id (its record settled or gone) is rewritten by
-            // the next checkpoint, which drops the id.
-            let stale = !matches!(&v, Value::Record(r) if !r.status.is_terminal());
             map.insert(
                 k.into_boxed_slice(),
                 Slot {
-                    lsn: meta.checkpoint_lsn + u64::from(stale),
+                    lsn: meta.checkpoint_lsn,
                     value: Arc::new(v),
-                    open_indexed: true,
                 },
             );
         }
@@ -137,21 +133,9 @@ impl EmbeddedStore {
                 }
                 lsn = b.lsn;
                 next_fence = next_fence.max(b.next_fence);
-                for (k, v) in b.entries {
-                    let value = Arc::new(v);
-                    match map.entry(k.into_boxed_slice()) {
-                        dashmap::Entry::Occupied(mut e) => {
-                            e.get_mut().lsn = lsn;
-                            e.get_mut().value = value;
-                        }
-                        dashmap::Entry::Vacant(e) => {
-                            e.insert(Slot {
-                                lsn,
-                                value,
-                                open_indexed: false,
-                            });
-                        }
-                    }
+                for e in b.entries {
+                    let value = Arc::new(e.decode()?);
+                    map.insert(e.key.into_boxed_slice(), Slot { lsn, value });
                 }
             }
         }
@@ -187,7 +171,7 @@ impl EmbeddedStore {
             std::thread::Builder::new()
                 .name("settle-checkpoint".into())
                 .spawn(move || {
-                    engine::checkpointer(shared, wal_dir, crx, meta.checkpoint_lsn, faults)
+                    engine::checkpointer(shared, wal_dir, crx, meta.checkpoint_seq, faults)
                 })
                 .map_err(io)?
         };
@@ -204,6 +188,7 @@ impl EmbeddedStore {
             },
             segment_last_lsn: lsn,
             principals: HashMap::new(),
+            overlay: HashMap::new(),
         };
         let wr = std::thread::Builder::new()
             .name("settle-writer".into())

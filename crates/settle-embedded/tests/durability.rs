@@ -349,3 +349,26 @@ async fn retention_collects_checkpointed_records_from_the_index() {
         Reply::Claim(ClaimDecision::Execute(_))
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_reopen_cycles_with_checkpoints_keep_everything() {
+    // Checkpoints after a reopen must pick up where the last one stopped.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let mut receipts: Vec<(String, Receipt)> = Vec::new();
+    for cycle in 0..6 {
+        let store = EmbeddedStore::open(dir.path(), opts(&clock, 4 * 1024, None)).unwrap();
+        for (k, rc) in &receipts {
+            assert_eq!(
+                get(&store, k).await.unwrap().receipt.as_ref(),
+                Some(rc),
+                "cycle {cycle}: {k}"
+            );
+        }
+        for i in 0..80 {
+            let k = format!("c{cycle}-{i}");
+            receipts.push((k.clone(), pair(&store, &k).await.unwrap()));
+        }
+        store.close();
+    }
+}
