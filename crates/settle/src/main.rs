@@ -281,6 +281,9 @@ struct BenchArgs {
     /// Seconds to run.
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
+    /// Threads of the HTTP load generator (it shares the machine with the server).
+    #[arg(long, default_value_t = 1)]
+    client_threads: usize,
     #[arg(long)]
     json: bool,
 }
