@@ -911,3 +911,47 @@ async fn cli_prints_summaries_and_documented_exit_codes() {
     let out = run(&["get", "x", "--url", "http://127.0.0.1:1"]);
     assert_eq!(out.status.code(), Some(3));
 }
+
+#[tokio::test]
+async fn slow_clients_are_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = TempDir::new("slow");
+    let s = Server::start(dir.path(), &["--request-timeout-ms", "200"]);
+    // A body that never finishes: 408 request_timeout.
+    let mut c = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+    c.write_all(
+        b"POST /v1/operations/k/claim HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"fi",
+    )
+    .await
+    .unwrap();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = c.read(&mut chunk).await.unwrap_or(0);
+            buf.extend_from_slice(&chunk[..n]);
+            if n == 0 || String::from_utf8_lossy(&buf).contains("request_timeout") {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(read.is_ok(), "the server never gave up on the slow body");
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("request_timeout"));
+    // Headers that never finish: the connection is closed.
+    let mut c = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+    c.write_all(b"POST /v1/operations/k/claim HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let closed =
+        tokio::time::timeout(std::time::Duration::from_secs(30), c.read_to_end(&mut rest)).await;
+    assert!(
+        closed.is_ok(),
+        "the server never closed a connection with a slow head"
+    );
+    // Nothing was written and the server is fine.
+    assert_problem(&get(&s.ep(), "/v1/operations/k").await, 404, "not_found");
+}
