@@ -275,7 +275,8 @@ async fn warning_counts_saturate_at_the_configured_cap() {
 #[tokio::test]
 async fn protocol_refusals_are_409_with_their_code() {
     let dir = TempDir::new("409");
-    let s = Server::start(dir.path(), &[]);
+    // A margin longer than a short lease makes that lease too short to settle, whatever the timing.
+    let s = Server::start(dir.path(), &["--lease-margin-ms", "1000"]);
     let ep = s.ep();
     let b = binding("svc", 0);
 
@@ -312,9 +313,9 @@ async fn protocol_refusals_are_409_with_their_code() {
         .collect();
     assert_eq!(reasons, ["stale_fence", "result_mismatch"]);
 
-    // A lease shorter than the margin has expired for settlement at once.
+    // A lease shorter than the margin is expired for settlement at once.
     let mut c = claim_body(1, &b);
-    c["lease_ms"] = json!(100);
+    c["lease_ms"] = json!(500);
     let fence = op(&ep, "k2", "claim", c).await.json()["fence"]
         .as_u64()
         .unwrap();
@@ -802,6 +803,23 @@ async fn sigterm_stops_gracefully_and_the_data_survives() {
     )
     .await
     .json();
+    // One record of each kind `inspect` lists.
+    op(
+        &s.ep(),
+        "k",
+        "settle",
+        settle_body(fence, 1, &b, completed(2)),
+    )
+    .await; // disputed, quarantined
+    let f2 = execute(&s.ep(), "u", 1, &b).await;
+    op(
+        &s.ep(),
+        "u",
+        "settle",
+        settle_body(f2, 1, &b, json!({"status": "unknown"})),
+    )
+    .await;
+    execute(&s.ep(), "r", 1, &b).await;
     // An idle keep-alive connection must not hold shutdown up.
     let mut idle = s.ep().connect().await.unwrap();
     assert_eq!(
@@ -821,8 +839,23 @@ async fn sigterm_stops_gracefully_and_the_data_survives() {
         .unwrap();
     assert!(out.status.success());
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["records"], 1);
+    assert_eq!(v["records"], 3, "{v}");
     assert_eq!(v["by_status"]["completed"], 1);
+    assert_eq!(v["by_status"]["unknown"], 1);
+    assert_eq!(v["by_status"]["running"], 1);
+    assert_eq!(v["unknown"], json!(["default/u"]));
+    assert_eq!(v["reconcile_required"], json!(["default/u"]));
+    assert_eq!(v["disputed"], json!(["default/k"]));
+    assert_eq!(v["quarantined"], json!(["default/k (1)"]));
+    assert_eq!(v["refused"], json!([]));
+    // With no grace, the unknown record without a lease counts as stuck.
+    let out = std::process::Command::new(BIN)
+        .args(["inspect", "--json", "--stuck-after-s", "0", "--data"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stuck"], json!(["default/u"]));
 
     let s = Server::start(dir.path(), &[]);
     let r = op(&s.ep(), "k", "claim", claim_body(1, &b)).await.json();
@@ -954,4 +987,71 @@ async fn slow_clients_are_cut_off() {
     );
     // Nothing was written and the server is fine.
     assert_problem(&get(&s.ep(), "/v1/operations/k").await, 404, "not_found");
+}
+
+#[tokio::test]
+async fn bench_runs_over_http_and_in_process() {
+    let dir = TempDir::new("bench");
+    let s = Server::start(dir.path(), &[]);
+    let out = std::process::Command::new(BIN)
+        .args([
+            "bench",
+            "--url",
+            &s.url(),
+            "--connections",
+            "4",
+            "--duration",
+            "0.3",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mode"], "http");
+    assert_eq!(v["errors"], 0);
+    assert!(v["pairs"].as_u64().unwrap() > 0);
+    for f in ["pairs_per_s", "p50_ms", "p99_ms", "p999_ms"] {
+        assert!(v[f].as_f64().unwrap() > 0.0, "{f}: {v}");
+    }
+    // Every counted pair was settled on the server.
+    let m = String::from_utf8(get(&s.ep(), "/metrics").await.body.to_vec()).unwrap();
+    let receipts: f64 = m
+        .lines()
+        .find(|l| {
+            l.starts_with("settle_decisions_total")
+                && l.contains("call=\"settle\"")
+                && l.contains("decision=\"receipt\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(receipts >= v["pairs"].as_f64().unwrap());
+
+    let data = TempDir::new("bench-data");
+    let out = std::process::Command::new(BIN)
+        .args([
+            "bench",
+            "--concurrency",
+            "4",
+            "--duration",
+            "0.3",
+            "--json",
+            "--data",
+        ])
+        .arg(data.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mode"], "in_process");
+    assert!(v["pairs"].as_u64().unwrap() > 0);
 }

@@ -49,7 +49,13 @@ impl Server {
     /// Starts `settle serve --listen 127.0.0.1:0 --data DIR ARGS...` and
     /// waits for the `listening on ADDR` line.
     pub fn start(data: &Path, args: &[&str]) -> Server {
+        Server::start_env(data, args, &[])
+    }
+
+    /// Like [`Server::start`], with extra environment variables.
+    pub fn start_env(data: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
         let mut cmd = Command::new(BIN);
+        cmd.envs(env.iter().copied());
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(data)
             .args(args)
