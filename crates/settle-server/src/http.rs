@@ -96,14 +96,33 @@ fn json<T: Serialize + ?Sized>(value: &T) -> Response {
 }
 
 /// Counts the request and turns an error into problem+json.
-fn finish(route: &'static str, result: Result<Response, Problem>) -> Response {
+fn finish(route: Route, result: Result<Response, Problem>) -> Response {
     let resp = match result {
         Ok(r) => r,
         Err(p) => p.into_response(),
     };
-    metrics::counter!(m::REQUESTS, "route" => route, "status" => m::status_label(resp.status().as_u16()))
-        .increment(1);
+    m::count_request(route as usize, resp.status().as_u16());
     resp
+}
+
+/// Index into [`m::ROUTES`] (the `route` label).
+#[derive(Clone, Copy)]
+enum Route {
+    Claim,
+    Heartbeat,
+    Dispatch,
+    Settle,
+    Release,
+    Reconcile,
+    Get,
+    Revoke,
+    Warn,
+    Warnings,
+    Healthz,
+    Readyz,
+    Metrics,
+    Openapi,
+    Unmatched,
 }
 
 /// The reply does not fit the command: a bug, answered 503 (never 500).
@@ -185,7 +204,7 @@ impl AppState {
             }
         };
         let decision = reply.label();
-        metrics::counter!(m::DECISIONS, "call" => call, "decision" => decision).increment(1);
+        m::count_decision(call, decision);
         if let Some(ev) = &evidence
             && reply.quarantined(ev)
         {
@@ -237,7 +256,7 @@ const PROBLEM: &str = "application/problem+json";
     )
 )]
 pub async fn claim(State(st): St, req: Request) -> Response {
-    finish("claim", claim_inner(&st, req).await)
+    finish(Route::Claim, claim_inner(&st, req).await)
 }
 
 async fn claim_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
@@ -270,7 +289,7 @@ async fn claim_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     )
 )]
 pub async fn heartbeat(State(st): St, req: Request) -> Response {
-    finish("heartbeat", heartbeat_inner(&st, req).await)
+    finish(Route::Heartbeat, heartbeat_inner(&st, req).await)
 }
 
 async fn heartbeat_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
@@ -298,7 +317,7 @@ async fn heartbeat_inner(st: &AppState, req: Request) -> Result<Response, Proble
     )
 )]
 pub async fn dispatch(State(st): St, req: Request) -> Response {
-    finish("dispatch", dispatch_inner(&st, req).await)
+    finish(Route::Dispatch, dispatch_inner(&st, req).await)
 }
 
 async fn dispatch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
@@ -336,7 +355,7 @@ async fn dispatch_inner(st: &AppState, req: Request) -> Result<Response, Problem
     )
 )]
 pub async fn settle(State(st): St, req: Request) -> Response {
-    finish("settle", settle_inner(&st, req).await)
+    finish(Route::Settle, settle_inner(&st, req).await)
 }
 
 async fn settle_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
@@ -366,7 +385,7 @@ async fn settle_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
     )
 )]
 pub async fn release(State(st): St, req: Request) -> Response {
-    finish("release", release_inner(&st, req).await)
+    finish(Route::Release, release_inner(&st, req).await)
 }
 
 async fn release_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
@@ -398,7 +417,7 @@ async fn release_inner(st: &AppState, req: Request) -> Result<Response, Problem>
     )
 )]
 pub async fn reconcile(State(st): St, req: Request) -> Response {
-    finish("reconcile", reconcile_inner(&st, req).await)
+    finish(Route::Reconcile, reconcile_inner(&st, req).await)
 }
 
 async fn reconcile_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
@@ -461,7 +480,7 @@ async fn reconcile_inner(st: &AppState, req: Request) -> Result<Response, Proble
     )
 )]
 pub async fn get_record(State(st): St, req: Request) -> Response {
-    finish("get", get_inner(&st, req).await)
+    finish(Route::Get, get_inner(&st, req).await)
 }
 
 async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
@@ -491,7 +510,7 @@ async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     )
 )]
 pub async fn revoke(State(st): St, req: Request) -> Response {
-    finish("revoke", revoke_inner(&st, req).await)
+    finish(Route::Revoke, revoke_inner(&st, req).await)
 }
 
 async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
@@ -530,7 +549,7 @@ async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
     )
 )]
 pub async fn warn(State(st): St, req: Request) -> Response {
-    finish("warn", warn_inner(&st, req).await)
+    finish(Route::Warn, warn_inner(&st, req).await)
 }
 
 async fn warn_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
@@ -561,7 +580,7 @@ async fn warn_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     )
 )]
 pub async fn warnings(State(st): St, req: Request) -> Response {
-    finish("warnings", warnings_inner(&st, req).await)
+    finish(Route::Warnings, warnings_inner(&st, req).await)
 }
 
 async fn warnings_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
@@ -584,7 +603,10 @@ async fn warnings_inner(st: &AppState, req: Request) -> Result<Response, Problem
 #[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
     responses((status = 200, body = crate::openapi::HealthSchema)))]
 pub async fn healthz() -> Response {
-    finish("healthz", Ok(json(&serde_json::json!({"status": "ok"}))))
+    finish(
+        Route::Healthz,
+        Ok(json(&serde_json::json!({"status": "ok"}))),
+    )
 }
 
 /// Readiness: the store answers and the server is not shutting down.
@@ -602,7 +624,7 @@ pub async fn readyz(State(st): St) -> Response {
             Err(e) => Err(Problem::unavailable(format!("store not ready: {e}"))),
         }
     };
-    finish("readyz", result)
+    finish(Route::Readyz, result)
 }
 
 /// Prometheus text exposition.
@@ -628,7 +650,7 @@ pub async fn metrics(State(st): St) -> Response {
             "another metrics recorder was installed in this process",
         )),
     };
-    finish("metrics", result)
+    finish(Route::Metrics, result)
 }
 
 /// This document.
@@ -640,15 +662,44 @@ pub async fn openapi_json(State(st): St) -> Response {
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    finish("openapi", Ok(resp))
+    finish(Route::Openapi, Ok(resp))
 }
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> Response {
     finish(
-        "unmatched",
+        Route::Unmatched,
         Err(Problem::not_found(format!(
             "no route for {method} {}",
             uri.path()
         ))),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn route_indices_match_their_labels() {
+        let pairs = [
+            (Route::Claim, "claim"),
+            (Route::Heartbeat, "heartbeat"),
+            (Route::Dispatch, "dispatch"),
+            (Route::Settle, "settle"),
+            (Route::Release, "release"),
+            (Route::Reconcile, "reconcile"),
+            (Route::Get, "get"),
+            (Route::Revoke, "revoke"),
+            (Route::Warn, "warn"),
+            (Route::Warnings, "warnings"),
+            (Route::Healthz, "healthz"),
+            (Route::Readyz, "readyz"),
+            (Route::Metrics, "metrics"),
+            (Route::Openapi, "openapi"),
+            (Route::Unmatched, "unmatched"),
+        ];
+        for (r, label) in pairs {
+            assert_eq!(m::ROUTES[r as usize], label);
+        }
+    }
 }

@@ -115,18 +115,122 @@ pub fn set_stats(s: &StoreStats) {
     metrics::gauge!("settle_records_refused").set(s.refused as f64);
 }
 
-/// Status codes as static label values (no allocation per request).
-pub fn status_label(status: u16) -> &'static str {
+/// The `route` label values of [`REQUESTS`].
+pub const ROUTES: [&str; 15] = [
+    "claim",
+    "heartbeat",
+    "dispatch",
+    "settle",
+    "release",
+    "reconcile",
+    "get",
+    "revoke",
+    "warn",
+    "warnings",
+    "healthz",
+    "readyz",
+    "metrics",
+    "openapi",
+    "unmatched",
+];
+
+const STATUSES: [&str; 10] = [
+    "200", "400", "401", "404", "408", "409", "413", "422", "503", "other",
+];
+
+fn status_index(status: u16) -> usize {
     match status {
-        200 => "200",
-        400 => "400",
-        401 => "401",
-        404 => "404",
-        408 => "408",
-        409 => "409",
-        413 => "413",
-        422 => "422",
-        503 => "503",
-        _ => "other",
+        200 => 0,
+        400 => 1,
+        401 => 2,
+        404 => 3,
+        408 => 4,
+        409 => 5,
+        413 => 6,
+        422 => 7,
+        503 => 8,
+        _ => 9,
+    }
+}
+
+/// Counter handles are registered once per label set and then reused, so a
+/// request costs one atomic add instead of a registry lookup.
+static REQUEST_COUNTERS: [[OnceLock<metrics::Counter>; STATUSES.len()]; ROUTES.len()] =
+    [const { [const { OnceLock::new() }; STATUSES.len()] }; ROUTES.len()];
+
+/// Counts one answered request.
+pub fn count_request(route: usize, status: u16) {
+    let s = status_index(status);
+    REQUEST_COUNTERS[route][s]
+        .get_or_init(
+            || metrics::counter!(REQUESTS, "route" => ROUTES[route], "status" => STATUSES[s]),
+        )
+        .increment(1);
+}
+
+/// The `decision` label values of [`DECISIONS`] (`Reply::label`).
+const DECISION_LABELS: [&str; 24] = [
+    "execute",
+    "reconcile",
+    "in_flight",
+    "replay",
+    "heartbeat",
+    "dispatched",
+    "receipt",
+    "released",
+    "revoked",
+    "warning",
+    "expired",
+    "collected",
+    "fingerprint_mismatch",
+    "binding_mismatch",
+    "stale_binding",
+    "stale_fence",
+    "lease_expired",
+    "wrong_purpose",
+    "result_mismatch",
+    "receipt_required",
+    "too_many_classes",
+    "not_found",
+    "record_refused",
+    "generation_exhausted",
+];
+
+const CALLS: [&str; 8] = [
+    "claim",
+    "heartbeat",
+    "dispatch",
+    "settle",
+    "release",
+    "reconcile",
+    "revoke",
+    "warn",
+];
+
+static DECISION_COUNTERS: [[OnceLock<metrics::Counter>; DECISION_LABELS.len()]; CALLS.len()] =
+    [const { [const { OnceLock::new() }; DECISION_LABELS.len()] }; CALLS.len()];
+
+/// Counts one ledger answer (`call` is `Command::name`, `decision` is `Reply::label`).
+pub fn count_decision(call: &'static str, decision: &'static str) {
+    let c = CALLS.iter().position(|x| *x == call);
+    let d = DECISION_LABELS.iter().position(|x| *x == decision);
+    match (c, d) {
+        (Some(c), Some(d)) => DECISION_COUNTERS[c][d]
+            .get_or_init(|| metrics::counter!(DECISIONS, "call" => call, "decision" => decision))
+            .increment(1),
+        // A label added to the core later still gets counted, just without the cache.
+        _ => metrics::counter!(DECISIONS, "call" => call, "decision" => decision).increment(1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_refusal_code_has_a_cached_decision_counter() {
+        for c in settle_core::RefusalCode::ALL {
+            assert!(DECISION_LABELS.contains(&c.code()), "{}", c.code());
+        }
     }
 }
