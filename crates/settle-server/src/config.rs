@@ -104,22 +104,28 @@ pub struct ServeArgs {
         value_name = "NAME=SHA256"
     )]
     pub tenants: Vec<String>,
+    /// A settlement needs at least this much lease left [default: 100].
     #[arg(long, env = "SETTLE_LEASE_MARGIN_MS")]
     pub lease_margin_ms: Option<u64>,
+    /// Larger request bodies get 413 [default: 1048576].
     #[arg(long, env = "SETTLE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Larger outcome results get 422 [default: 65536].
     #[arg(long, env = "SETTLE_MAX_RESULT_BYTES")]
     pub max_result_bytes: Option<usize>,
+    /// Warning counts saturate here [default: 1000].
     #[arg(long, env = "SETTLE_WARNING_CAP")]
     pub warning_cap: Option<u64>,
+    /// An open record without a live lease, untouched this long, is stuck [default: 3600].
     #[arg(long, env = "SETTLE_STUCK_AFTER_S")]
     pub stuck_after_s: Option<u64>,
+    /// How often lapsed leases are ended and expired records collected [default: 1000].
     #[arg(long, env = "SETTLE_SWEEP_INTERVAL_MS")]
     pub sweep_interval_ms: Option<u64>,
-    /// `retention_s` of a claim that does not give one.
+    /// `retention_s` of a claim that does not give one [default: 86400].
     #[arg(long, env = "SETTLE_DEFAULT_RETENTION_S")]
     pub default_retention_s: Option<u64>,
-    /// Slow-client limit: time to send the request head, and then the body.
+    /// Slow-client limit: time to send the request head, and then the body [default: 10000].
     #[arg(long, env = "SETTLE_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
     /// Testing only: moves the store's clock by this many milliseconds.
