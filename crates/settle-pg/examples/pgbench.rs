@@ -33,12 +33,15 @@ struct Args {
     warmup: Duration,
     json: bool,
     only: Option<String>,
+    group_commit: bool,
+    workers: usize,
+    max_batch: usize,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: pgbench [--url URL] [--clients 8,16,32,64] [--duration SECS] [--warmup SECS] \
-         [--only baseline|settle] [--json]"
+         [--only baseline|settle] [--group-commit on|off] [--workers N] [--max-batch N] [--json]"
     );
     std::process::exit(2)
 }
@@ -51,6 +54,9 @@ fn args() -> Args {
         warmup: Duration::from_secs(1),
         json: false,
         only: None,
+        group_commit: PgOptions::default().group_commit,
+        workers: PgOptions::default().group_commit_workers,
+        max_batch: PgOptions::default().max_batch,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -71,6 +77,9 @@ fn args() -> Args {
             }
             "--only" => a.only = Some(val()),
             "--json" => a.json = true,
+            "--group-commit" => a.group_commit = val() != "off",
+            "--workers" => a.workers = val().parse().unwrap_or_else(|_| usage()),
+            "--max-batch" => a.max_batch = val().parse().unwrap_or_else(|_| usage()),
             _ => usage(),
         }
     }
@@ -178,7 +187,8 @@ async fn baseline(url: &str, clients: usize, duration: Duration) -> PairStats {
     stats
 }
 
-async fn settle(url: &str, clients: usize, duration: Duration) -> PairStats {
+async fn settle(a: &Args, clients: usize, duration: Duration) -> PairStats {
+    let url = a.url.as_str();
     let schema = format!("bench_settle_{}", std::process::id());
     {
         let admin = pool(url, 1);
@@ -193,6 +203,9 @@ async fn settle(url: &str, clients: usize, duration: Duration) -> PairStats {
             pool_size: clients,
             schema: schema.clone(),
             application_name: "settle-bench".into(),
+            group_commit: a.group_commit,
+            group_commit_workers: a.workers,
+            max_batch: a.max_batch,
             ..PgOptions::default()
         },
     )
@@ -238,7 +251,7 @@ async fn main() {
                 baseline(&a.url, c, a.warmup).await;
             }
             if run_settle {
-                settle(&a.url, c, a.warmup).await;
+                settle(&a, c, a.warmup).await;
             }
         }
         let b = if run_base {
@@ -247,7 +260,7 @@ async fn main() {
             None
         };
         let s = if run_settle {
-            Some(settle(&a.url, c, a.duration).await)
+            Some(settle(&a, c, a.duration).await)
         } else {
             None
         };

@@ -56,13 +56,13 @@ impl Inner {
 /// A pooled connection that is handed back only when it is known to be
 /// idle outside a transaction; otherwise it is closed (the server then
 /// rolls back whatever was open).
-struct Conn {
+pub(crate) struct Conn {
     obj: Option<Object>,
     clean: bool,
 }
 
 impl Conn {
-    async fn get(pool: &Pool) -> Result<Conn, PgError> {
+    pub(crate) async fn get(pool: &Pool) -> Result<Conn, PgError> {
         let obj = pool.get().await.map_err(|e| PgError::Pool(e.to_string()))?;
         Ok(Conn {
             obj: Some(obj),
@@ -72,18 +72,18 @@ impl Conn {
     fn obj(&self) -> &Object {
         self.obj.as_ref().expect("present until drop")
     }
-    fn client(&self) -> &Client {
+    pub(crate) fn client(&self) -> &Client {
         self.obj()
     }
-    async fn prepare(&self, sql: &str) -> Result<tokio_postgres::Statement, PgError> {
+    pub(crate) async fn prepare(&self, sql: &str) -> Result<tokio_postgres::Statement, PgError> {
         Ok(self.obj().prepare_cached(sql).await?)
     }
     /// Marks the connection reusable (no transaction open).
-    fn done(mut self) {
+    pub(crate) fn done(mut self) {
         self.clean = true;
     }
     /// Rolls back; the connection is reused only if that worked.
-    async fn rollback(self, sql: &Sql) {
+    pub(crate) async fn rollback(self, sql: &Sql) {
         if self.client().batch_execute(sql.rollback).await.is_ok() {
             self.done();
         }
@@ -102,7 +102,7 @@ impl Drop for Conn {
 }
 
 /// Whether an error means "nothing was done, the same command may simply run again".
-fn transient(e: &PgError) -> bool {
+pub(crate) fn transient(e: &PgError) -> bool {
     match e {
         PgError::Db(e) => match e.as_db_error() {
             None => true, // connection closed or I/O: the transaction did not commit
@@ -117,6 +117,7 @@ fn transient(e: &PgError) -> bool {
                     || c.code().starts_with("08")
             }
         },
+        PgError::Raced(_) => true,
         _ => false,
     }
 }
@@ -221,9 +222,10 @@ pub async fn execute(inner: &Inner, tenant: &TenantId, cmd: &Command) -> Result<
     }
 }
 
-type Pending<'a, T> = Pin<Box<dyn Future<Output = Result<T, tokio_postgres::Error>> + Send + 'a>>;
+pub(crate) type Pending<'a, T> =
+    Pin<Box<dyn Future<Output = Result<T, tokio_postgres::Error>> + Send + 'a>>;
 
-fn principal_state(
+pub(crate) fn principal_state(
     gen_text: Option<String>,
     moved_at: Option<i64>,
 ) -> Result<PrincipalState, PgError> {
@@ -238,7 +240,7 @@ fn principal_state(
     }
 }
 
-fn now_from(inner: &Inner, db_ms: i64) -> Timestamp {
+pub(crate) fn now_from(inner: &Inner, db_ms: i64) -> Timestamp {
     inner.clock.from_source(Timestamp(db_ms.max(0) as u64))
 }
 
@@ -571,7 +573,7 @@ async fn attempt(
 /// `Ok(true)` only when PostgreSQL says `committed` — then the commit is
 /// durable, since with `synchronous_commit=on` a transaction becomes
 /// visible as committed only after its commit record is flushed.
-async fn resolve_in_doubt(inner: &Inner, xid: i64) -> Result<bool, String> {
+pub(crate) async fn resolve_in_doubt(inner: &Inner, xid: i64) -> Result<bool, String> {
     let deadline = Instant::now() + inner.in_doubt_timeout;
     let mut last: String;
     loop {

@@ -27,6 +27,7 @@
 //! # let _ = ledger; Ok(()) }
 //! ```
 
+mod batch;
 mod codec;
 mod engine;
 mod lock;
@@ -66,6 +67,14 @@ pub struct PgOptions {
     /// Retries of a command that failed before its commit was sent
     /// (lost connection, deadlock, serialization failure).
     pub max_retries: u32,
+    /// Group commit: concurrent claims and settlements share one
+    /// transaction (and one WAL flush). Each command stays atomic and is
+    /// answered only after the shared COMMIT. Off: one transaction each.
+    pub group_commit: bool,
+    /// Transactions of grouped commands in flight at once.
+    pub group_commit_workers: usize,
+    /// At most this many commands per grouped transaction.
+    pub max_batch: usize,
 }
 
 impl Default for PgOptions {
@@ -79,6 +88,9 @@ impl Default for PgOptions {
             connect_timeout: Duration::from_secs(5),
             in_doubt_timeout: Duration::from_secs(10),
             max_retries: 5,
+            group_commit: true,
+            group_commit_workers: 2,
+            max_batch: 64,
         }
     }
 }
@@ -106,6 +118,9 @@ pub enum PgError {
     /// retrying it is safe (the rules make every call idempotent or refuse it).
     #[error("commit outcome unknown (transaction {xid}): {reason}")]
     InDoubt { xid: i64, reason: String },
+    /// A concurrent transaction created a row this one needed; run again.
+    #[error("raced with a concurrent insert of {0}")]
+    Raced(String),
     #[error("gave up after {0} attempts: {1}")]
     Exhausted(u32, String),
 }
@@ -123,6 +138,7 @@ impl From<PgError> for StoreError {
 #[derive(Clone)]
 pub struct PgStore {
     inner: Arc<engine::Inner>,
+    batcher: Option<Arc<batch::Batcher>>,
 }
 
 fn valid_schema(s: &str) -> bool {
@@ -193,9 +209,12 @@ impl PgStore {
             .wait_timeout(Some(opts.connect_timeout * 6))
             .build()
             .map_err(|e| PgError::Pool(e.to_string()))?;
-        Ok(PgStore {
-            inner: Arc::new(engine::Inner::new(pool, opts)),
-        })
+        let group = opts
+            .group_commit
+            .then_some((opts.group_commit_workers, opts.max_batch));
+        let inner = Arc::new(engine::Inner::new(pool, opts));
+        let batcher = group.map(|(w, m)| Arc::new(batch::Batcher::start(inner.clone(), w, m)));
+        Ok(PgStore { inner, batcher })
     }
 
     /// The connection pool (for operators and tests).
@@ -222,6 +241,12 @@ impl Store for PgStore {
     ) -> BoxFuture<'a, Result<Reply, StoreError>> {
         let inner = self.inner.clone();
         let tenant = tenant.clone();
+        if let Some(b) = &self.batcher
+            && batch::batchable(&cmd)
+        {
+            let b = b.clone();
+            return Box::pin(async move { b.submit(tenant, cmd).await });
+        }
         Box::pin(async move {
             // Run to completion even if the caller goes away: a transaction
             // is never abandoned halfway on a pooled connection.

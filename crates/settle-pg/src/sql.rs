@@ -31,6 +31,10 @@ pub struct Sql {
     pub revoked_leases: String,
     pub due_collections: String,
     pub stats: String,
+    // Group commit: the same steps for many commands at once.
+    pub batch_load: String,
+    pub batch_update_records: String,
+    pub batch_delete_records: String,
 }
 
 impl Sql {
@@ -123,6 +127,54 @@ impl Sql {
                    (SELECT count(*) FROM {rec}, c WHERE status < 3 \
                       AND lease_expires_at IS NULL AND greatest(c.now_ms - updated_at, 0) >= $2), \
                    (SELECT count(*) FROM {rec}, c WHERE receipt_at > c.now_ms)"
+            ),
+            // One statement after the principal locks: insert placeholders
+            // for keys a claim may create (in key order), lock the rows in
+            // key order, then — only after both, by data dependency — read
+            // the clock, draw the fences and read the principal rows.
+            // Placeholders inserted here are invisible to `locked` (same
+            // snapshot); they are reported through `ins` instead.
+            batch_load: format!(
+                "WITH ins AS ( \
+                   INSERT INTO {rec} (tenant, key) \
+                   SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k) ORDER BY t, k \
+                   ON CONFLICT DO NOTHING RETURNING tenant, key), \
+                 locked AS MATERIALIZED ( \
+                   SELECT tenant, key, format, value FROM {rec} \
+                   WHERE (tenant, key) IN (SELECT t, k FROM unnest($3::text[], $4::text[]) AS u(t, k)) \
+                     AND (SELECT count(*) FROM ins) >= 0 \
+                   ORDER BY tenant, key FOR UPDATE), \
+                 l AS MATERIALIZED ( \
+                   SELECT array_agg(tenant) AS lt, array_agg(key) AS lk, array_agg(format) AS lf, \
+                          array_agg(value) AS lv, count(*) AS n FROM locked) \
+                 SELECT l.lt, l.lk, l.lf, l.lv, \
+                        (SELECT array_agg(tenant) FROM ins), (SELECT array_agg(key) FROM ins), \
+                        c.now_ms, c.xid, c.fences, c.pt, c.pn, c.pg, c.pm \
+                 FROM l CROSS JOIN LATERAL ( \
+                   SELECT {NOW_MS} AS now_ms, pg_current_xact_id()::text::int8 AS xid, \
+                          ARRAY(SELECT nextval('{s}.settle_fence') \
+                                FROM generate_series(1, $5::int4)) AS fences, \
+                          p.pt, p.pn, p.pg, p.pm \
+                   FROM (SELECT array_agg(tenant) AS pt, array_agg(principal) AS pn, \
+                                array_agg(generation::text) AS pg, array_agg(moved_at) AS pm \
+                         FROM {pri} WHERE (tenant, principal) IN \
+                           (SELECT t, n FROM unnest($6::text[], $7::text[]) AS u(t, n))) p \
+                   WHERE l.n >= 0) c"
+            ),
+            batch_update_records: format!(
+                "UPDATE {rec} AS r SET format = u.format, value = u.value, owner = u.owner, \
+                 status = u.status, reconcile = u.reconcile, lease_expires_at = u.lease_expires_at, \
+                 lease_generation = u.lease_generation::numeric, updated_at = u.updated_at, \
+                 collect_at = u.collect_at, receipt_at = u.receipt_at \
+                 FROM unnest($1::text[], $2::text[], $3::int2[], $4::bytea[], $5::text[], $6::int2[], \
+                             $7::bool[], $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[]) \
+                   AS u(tenant, key, format, value, owner, status, reconcile, lease_expires_at, \
+                        lease_generation, updated_at, collect_at, receipt_at) \
+                 WHERE r.tenant = u.tenant AND r.key = u.key"
+            ),
+            batch_delete_records: format!(
+                "DELETE FROM {rec} WHERE (tenant, key) IN \
+                 (SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k))"
             ),
         }
     }

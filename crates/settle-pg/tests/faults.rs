@@ -44,8 +44,20 @@ fn settle_k(k: &str, f: Fence) -> Command {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_commit_answer_is_resolved_as_committed() {
+    lost_commit_answer(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_commit_answer_is_resolved_as_committed_without_group_commit() {
+    lost_commit_answer(false).await;
+}
+
+async fn lost_commit_answer(group: bool) {
     let proxy = Proxy::start("127.0.0.1:5432").await;
-    let (store, _clock, _g) = common::store_at(&proxy.url(&common::url()), "incommit").await;
+    let (store, _clock, _g) = common::store_with(&proxy.url(&common::url()), "incommit", |o| {
+        o.group_commit = group;
+    })
+    .await;
 
     // A claim whose COMMIT answer is lost: the grant is only returned
     // because the store learned that the transaction committed. (Running
@@ -79,9 +91,19 @@ async fn lost_commit_answer_is_resolved_as_committed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commit_that_never_arrives_is_an_error_and_changes_nothing() {
+    commit_never_arrives(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_that_never_arrives_is_an_error_without_group_commit() {
+    commit_never_arrives(false).await;
+}
+
+async fn commit_never_arrives(group: bool) {
     let proxy = Proxy::start("127.0.0.1:5432").await;
     let (store, _clock, _g) = common::store_with(&proxy.url(&common::url()), "nocommit", |o| {
         o.max_retries = 0;
+        o.group_commit = group;
     })
     .await;
     let f = exec_fence(&store, "k").await;
@@ -160,9 +182,21 @@ async fn block_row<'a>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backend_killed_mid_transaction_gives_error_or_correct_answer() {
+    killed_mid_transaction(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_killed_mid_transaction_without_group_commit() {
+    killed_mid_transaction(false).await;
+}
+
+async fn killed_mid_transaction(group: bool) {
     // Without retries: the caller gets an error and nothing changed.
-    let (store, _clock, g) =
-        common::store_with(&common::url(), "midtx", |o| o.max_retries = 0).await;
+    let (store, _clock, g) = common::store_with(&common::url(), "midtx", |o| {
+        o.max_retries = 0;
+        o.group_commit = group;
+    })
+    .await;
     let f = exec_fence(&store, "k").await;
     let mut side = common::side_client().await;
     let killer = common::side_client().await;
@@ -185,7 +219,8 @@ async fn backend_killed_mid_transaction_gives_error_or_correct_answer() {
     assert_eq!(rec.open_lease().unwrap().fence, f);
 
     // With retries: the command runs again on a new connection and answers correctly.
-    let (store, _clock, g) = common::store_at(&common::url(), "midtx_retry").await;
+    let (store, _clock, g) =
+        common::store_with(&common::url(), "midtx_retry", |o| o.group_commit = group).await;
     let f = exec_fence(&store, "k").await;
     let tx = block_row(&mut side, &g.schema, "k").await;
     let s2 = store.clone();

@@ -151,8 +151,8 @@ pub async fn store_with(
 }
 
 /// The conformance fixture: a fresh store, its clock, and the schema guard.
-pub async fn fixture() -> Fixture {
-    let (store, clock, guard) = store("conf").await;
+pub async fn fixture(group_commit: bool) -> Fixture {
+    let (store, clock, guard) = store_with(&url(), "conf", |o| o.group_commit = group_commit).await;
     let mut fx = Fixture::new(Arc::new(store), clock);
     fx.guard = Some(Box::new(guard));
     fx
