@@ -32,7 +32,13 @@ async fn main() {
     let cpu_us_per_pair = ticks / 100.0 * 1e6 / s.pairs as f64;
     println!(
         "c={} pairs/s={:.0} p50={:.2}ms p99={:.2}ms p999={:.2}ms cpu/pair={:.1}us resident={}",
-        s.concurrency, s.pairs_per_s, s.p50_ms, s.p99_ms, s.p999_ms, cpu_us_per_pair, store.resident()
+        s.concurrency,
+        s.pairs_per_s,
+        s.p50_ms,
+        s.p99_ms,
+        s.p999_ms,
+        cpu_us_per_pair,
+        store.resident()
     );
     store.close();
 }
