@@ -223,6 +223,20 @@ async fn revoke_and_warnings() {
     assert_problem(&r, 409, "stale_binding");
     execute(&ep, "k", 1, &binding("svc/a", 2)).await;
 
+    // At generation 2^64-1 revoke cannot raise it further: 422, nothing changes.
+    execute(&ep, "max", 1, &binding("maxed", u64::MAX)).await;
+    let r = post(&ep, "/v1/principals/maxed/revoke", json!({})).await;
+    assert_problem(&r, 422, "invalid_request");
+    assert!(r.json()["detail"].as_str().unwrap().contains("generation"));
+    let r = op(
+        &ep,
+        "max2",
+        "claim",
+        claim_body(1, &binding("maxed", u64::MAX)),
+    )
+    .await;
+    assert_eq!(r.json()["decision"], "execute");
+
     let r = post(
         &ep,
         "/v1/tasks/nightly/warnings/slow",
