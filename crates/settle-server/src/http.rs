@@ -154,18 +154,12 @@ impl AppState {
         {
             Ok(Ok(b)) => Ok(b),
             Ok(Err(e)) => {
-                let too_large = {
-                    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-                    let mut hit = false;
-                    while let Some(s) = src {
-                        if s.is::<http_body_util::LengthLimitError>() {
-                            hit = true;
-                            break;
-                        }
-                        src = s.source();
-                    }
-                    hit || e.to_string().contains("length limit")
-                };
+                // The limit error is wrapped by axum; look for it down the source chain.
+                let too_large =
+                    std::iter::successors(Some(&e as &(dyn std::error::Error + 'static)), |s| {
+                        s.source()
+                    })
+                    .any(|s| s.is::<http_body_util::LengthLimitError>());
                 if too_large {
                     Err(Problem::payload_too_large(self.max_body_bytes))
                 } else {
