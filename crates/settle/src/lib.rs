@@ -30,6 +30,7 @@ pub mod client {
     #[derive(Debug, Clone)]
     pub struct Endpoint {
         authority: String,
+        host: HeaderValue,
         base_path: String,
         auth: Option<HeaderValue>,
     }
@@ -63,8 +64,11 @@ pub mod client {
                 }
                 _ => None,
             };
+            let host =
+                HeaderValue::from_str(&authority).map_err(|_| ClientError::Url(url.to_string()))?;
             Ok(Endpoint {
                 authority,
+                host,
                 base_path: path.to_string(),
                 auth,
             })
@@ -142,12 +146,12 @@ pub mod client {
             let mut req = Request::builder()
                 .method(method)
                 .uri(uri)
-                .header(HOST, self.endpoint.authority.as_str());
+                .header(HOST, self.endpoint.host.clone());
             if let Some(a) = &self.endpoint.auth {
                 req = req.header(AUTHORIZATION, a.clone());
             }
             if body.is_some() {
-                req = req.header(CONTENT_TYPE, "application/json");
+                req = req.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             }
             let req = req
                 .body(Full::new(Bytes::from(body.unwrap_or_default())))
