@@ -36,12 +36,13 @@ struct Args {
     group_commit: bool,
     workers: usize,
     max_batch: usize,
+    rounds: u32,
 }
 
 fn usage() -> ! {
     eprintln!(
         "usage: pgbench [--url URL] [--clients 8,16,32,64] [--duration SECS] [--warmup SECS] \
-         [--only baseline|settle] [--group-commit on|off] [--workers N] [--max-batch N] [--json]"
+         [--only baseline|settle] [--group-commit on|off] [--workers N] [--max-batch N] [--rounds N] [--json]"
     );
     std::process::exit(2)
 }
@@ -57,6 +58,7 @@ fn args() -> Args {
         group_commit: PgOptions::default().group_commit,
         workers: PgOptions::default().group_commit_workers,
         max_batch: PgOptions::default().max_batch,
+        rounds: 3,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -80,6 +82,7 @@ fn args() -> Args {
             "--group-commit" => a.group_commit = val() != "off",
             "--workers" => a.workers = val().parse().unwrap_or_else(|_| usage()),
             "--max-batch" => a.max_batch = val().parse().unwrap_or_else(|_| usage()),
+            "--rounds" => a.rounds = val().parse().unwrap_or_else(|_| usage()),
             _ => usage(),
         }
     }
@@ -231,6 +234,28 @@ async fn settle(a: &Args, clients: usize, duration: Duration) -> PairStats {
     stats
 }
 
+/// Merges slices: pairs and time add up; latency percentiles are the
+/// pair-weighted means of the slices' percentiles (an approximation,
+/// stated in the output).
+fn merge(v: &[PairStats]) -> Option<PairStats> {
+    let first = *v.first()?;
+    let pairs: u64 = v.iter().map(|s| s.pairs).sum();
+    let secs: f64 = v.iter().map(|s| s.duration_s).sum();
+    let w = |f: fn(&PairStats) -> f64| {
+        v.iter().map(|s| f(s) * s.pairs as f64).sum::<f64>() / pairs.max(1) as f64
+    };
+    Some(PairStats {
+        concurrency: first.concurrency,
+        duration_s: secs,
+        pairs,
+        pairs_per_s: pairs as f64 / secs.max(1e-9),
+        p50_ms: w(|s| s.p50_ms),
+        p99_ms: w(|s| s.p99_ms),
+        p999_ms: w(|s| s.p999_ms),
+        max_ms: v.iter().map(|s| s.max_ms).fold(0.0, f64::max),
+    })
+}
+
 fn obj(s: &PairStats) -> String {
     format!(
         "{{\"pairs\": {}, \"pairs_per_s\": {:.1}, \"p50_ms\": {:.3}, \"p99_ms\": {:.3}, \"p999_ms\": {:.3}, \"max_ms\": {:.3}}}",
@@ -254,16 +279,27 @@ async fn main() {
                 settle(&a, c, a.warmup).await;
             }
         }
-        let b = if run_base {
-            Some(baseline(&a.url, c, a.duration).await)
-        } else {
-            None
-        };
-        let s = if run_settle {
-            Some(settle(&a, c, a.duration).await)
-        } else {
-            None
-        };
+        // The machine is shared: alternate the two in `rounds` slices of
+        // `duration / rounds` each, so both see the same background load,
+        // and merge the slices.
+        let slice = a.duration / a.rounds.max(1);
+        let mut bs = Vec::new();
+        let mut ss = Vec::new();
+        for r in 0..a.rounds.max(1) {
+            // Alternate who goes first, too.
+            let base_first = r % 2 == 0;
+            if base_first && run_base {
+                bs.push(baseline(&a.url, c, slice).await);
+            }
+            if run_settle {
+                ss.push(settle(&a, c, slice).await);
+            }
+            if !base_first && run_base {
+                bs.push(baseline(&a.url, c, slice).await);
+            }
+        }
+        let b = merge(&bs);
+        let s = merge(&ss);
         if !a.json {
             if let Some(b) = &b {
                 eprintln!(
@@ -304,8 +340,12 @@ async fn main() {
             })
             .collect();
         println!(
-            "{{\"benchmark\": \"claim+settle pairs on PostgreSQL\", \"duration_s\": {}, \"runs\": [\n  {}\n]}}",
+            "{{\"benchmark\": \"claim+settle pairs on PostgreSQL\", \"duration_s\": {}, \"rounds\": {}, \"group_commit\": {}, \"workers\": {}, \"max_batch\": {}, \"note\": \"p50/p99 are pair-weighted means of the rounds' percentiles\", \"runs\": [\n  {}\n]}}",
             a.duration.as_secs_f64(),
+            a.rounds,
+            a.group_commit,
+            a.workers,
+            a.max_batch,
             items.join(",\n  ")
         );
     }

@@ -1,16 +1,26 @@
 //! Group commit for claims and settlements.
 //!
 //! Concurrent claims and settlements are gathered by a few workers; each
-//! worker runs what it gathered as ONE transaction with the same steps as a
-//! single command (principal locks, row locks in key order, clock and
-//! fences read after the locks, the core applied to each command in arrival
-//! order, the writes, COMMIT) and answers every command only after that
-//! COMMIT. Each command is still atomic and durable; what is shared is the
-//! cost of the round trips and of the WAL flush.
+//! worker runs what it gathered as ONE transaction and answers every
+//! command only after that transaction's COMMIT. Each command is still
+//! atomic and durable; what is shared is the cost of the round trips and of
+//! the WAL flush. Two round trips per batch:
 //!
-//! Commands that need more than the batch's locks (a principal other than
-//! their binding's, or a generation to raise) are taken out of the batch
-//! unapplied and run afterwards on their own (`engine::execute`). They
+//! 1. `BEGIN` and the binding principals' advisory locks (shared, in key
+//!    order), then one statement that reads the records, the principal
+//!    rows, the database clock and the fences — after the locks, so its
+//!    snapshot holds every committed generation.
+//! 2. One statement writing every changed record — updates and deletes only
+//!    if the row's `xmin` is still the one read (compare-and-set), inserts
+//!    only if the key is still free and within 500 ms of the read — then
+//!    `COMMIT`. If any row fails its check the statement fails, the COMMIT
+//!    is a rollback, and the batch's commands run again one by one on the
+//!    locking path (`engine::execute`), which always makes progress.
+//!
+//! The core is applied to the commands in arrival order, each seeing the
+//! state the previous ones left. Commands that need more than the batch's
+//! locks (a principal other than their binding's, or a generation to raise)
+//! are taken out unapplied and run afterwards on the locking path. They
 //! were concurrent with the batch, so either order is linearizable.
 
 use std::collections::HashMap;
@@ -27,10 +37,20 @@ use tokio_postgres::types::ToSql;
 
 use crate::PgError;
 use crate::codec::{self, FORMAT_POSTCARD_V1, RecordColumns};
-use crate::engine::{
-    self, Conn, Inner, Pending, now_from, principal_state, resolve_in_doubt, transient,
-};
+use crate::engine::{self, Conn, Inner, now_from, principal_state, resolve_in_doubt, transient};
 use crate::lock::principal_key;
+use crate::sql::STALE;
+
+/// New records are written only this soon after the batch read the clock
+/// (less than the shortest retention, 1 s; see `sql::batch_write`).
+const INSERT_WINDOW_MS: i64 = 500;
+
+/// The batch write found a row changed since it was read (or a new key
+/// taken): nothing was written.
+fn stale(e: &tokio_postgres::Error) -> bool {
+    e.as_db_error()
+        .is_some_and(|db| db.message().contains(STALE))
+}
 
 pub struct Item {
     pub tenant: TenantId,
@@ -107,6 +127,9 @@ async fn run(inner: &Arc<Inner>, items: Vec<Item>) {
     let fates = loop {
         match attempt(inner, &items).await {
             Ok(f) => break f,
+            // A row changed under the batch (contention on a key with another
+            // batch or server): the locking path serialises such commands.
+            Err(PgError::Raced(_)) => break items.iter().map(|_| Fate::Alone).collect(),
             Err(e) if transient(&e) && retries < inner.max_retries => {
                 retries += 1;
                 tokio::time::sleep(Duration::from_millis(5 << retries.min(6))).await;
@@ -156,7 +179,6 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
     // The locks: binding principals (shared), then the records in key order.
     let mut principals: Vec<(TenantId, Principal)> = Vec::new();
     let mut ids: Vec<Id> = Vec::new();
-    let mut new_ids: Vec<Id> = Vec::new();
     let mut claims = 0i32;
     for it in items {
         let p = it
@@ -170,14 +192,11 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
         let id = (it.tenant.clone(), record_key(&it.cmd).clone());
         if matches!(it.cmd, Command::Claim(_)) {
             claims += 1;
-            new_ids.push(id.clone());
         }
         ids.push(id);
     }
     ids.sort();
     ids.dedup();
-    new_ids.sort();
-    new_ids.dedup();
     let mut lock_keys: Vec<i64> = principals
         .iter()
         .map(|(t, p)| principal_key(&inner.schema, t.as_str(), p.as_str()))
@@ -190,29 +209,27 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
             .unzip()
     };
     let (id_t, id_k) = split(&ids);
-    let (new_t, new_k) = split(&new_ids);
     let (pr_t, pr_n): (Vec<String>, Vec<String>) = principals
         .iter()
         .map(|(t, p)| (t.as_str().to_string(), p.as_str().to_string()))
         .unzip();
 
     let load_st = conn.prepare(&sql.batch_load).await?;
-    let upd_st = conn.prepare(&sql.batch_update_records).await?;
-    let del_st = conn.prepare(&sql.batch_delete_records).await?;
+    let write_st = conn.prepare(&sql.batch_write).await?;
 
     // Round trip 1: BEGIN and the principal locks (one simple-query
     // message; the statements run in order, so the locks are taken in key
-    // order), then one statement for everything else.
+    // order), then one statement reading everything else. It starts after
+    // the locks are held, so its snapshot has every committed generation.
     let mut begin = String::from(sql.begin);
     for k in &lock_keys {
         begin.push_str(&format!("; SELECT pg_advisory_xact_lock_shared({k})"));
     }
-    let load_params: [&(dyn ToSql + Sync); 7] =
-        [&new_t, &new_k, &id_t, &id_k, &claims, &pr_t, &pr_n];
+    let load_params: [&(dyn ToSql + Sync); 5] = [&id_t, &id_k, &claims, &pr_t, &pr_n];
     let (r_begin, r_load) =
-        futures::join!(c.batch_execute(&begin), c.query_one(&load_st, &load_params));
-    let row = match r_begin.and(r_load) {
-        Ok(row) => row,
+        futures::join!(c.batch_execute(&begin), c.query(&load_st, &load_params));
+    let rows = match r_begin.and(r_load) {
+        Ok(rows) => rows,
         Err(e) => {
             if e.as_db_error().is_some() {
                 conn.rollback(sql).await;
@@ -220,53 +237,43 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
             return Err(e.into());
         }
     };
-
-    let now = now_from(inner, row.get(6));
-    let xid: i64 = row.get(7);
-    let mut fences: Vec<i64> = row.get(8);
+    let first = rows
+        .first()
+        .ok_or_else(|| PgError::Corrupt("the load returned no row".into()))?;
+    let db_now: i64 = first.get(0);
+    let now = now_from(inner, db_now);
+    let xid: i64 = first.get(1);
+    let mut fences: Vec<i64> = first.get(2);
     fences.sort_unstable();
     let mut fences = fences.into_iter().map(|f| Fence(f as u64));
     let mut gens: HashMap<(String, String), PrincipalState> = HashMap::new();
-    let pt: Vec<String> = row.get::<_, Option<Vec<String>>>(9).unwrap_or_default();
-    let pn: Vec<String> = row.get::<_, Option<Vec<String>>>(10).unwrap_or_default();
-    let pg: Vec<Option<String>> = row.get::<_, Option<_>>(11).unwrap_or_default();
-    let pm: Vec<Option<i64>> = row.get::<_, Option<_>>(12).unwrap_or_default();
+    let pt: Vec<String> = first.get::<_, Option<Vec<String>>>(3).unwrap_or_default();
+    let pn: Vec<String> = first.get::<_, Option<Vec<String>>>(4).unwrap_or_default();
+    let pg: Vec<Option<String>> = first.get::<_, Option<_>>(5).unwrap_or_default();
+    let pm: Vec<Option<i64>> = first.get::<_, Option<_>>(6).unwrap_or_default();
     for (((t, p), g), m) in pt.into_iter().zip(pn).zip(pg).zip(pm) {
         gens.insert((t, p), principal_state(g, m)?);
     }
 
-    // Current state of each record; a record that does not decode fails
-    // its own commands only.
-    let parse_id = |t: String, k: String| -> Result<Id, PgError> {
-        Ok((
+    // Current state of each record, with the xmin it was read at; a record
+    // that does not decode fails its own commands only.
+    let mut state: HashMap<Id, Result<Option<Record>, StoreError>> = HashMap::new();
+    let mut read_at: HashMap<Id, String> = HashMap::new();
+    for r in &rows {
+        let (Some(t), Some(k)) = (r.get::<_, Option<String>>(7), r.get::<_, Option<String>>(8))
+        else {
+            continue;
+        };
+        let id = (
             TenantId::new(t).map_err(|e| PgError::Corrupt(format!("stored tenant: {e}")))?,
             Key::new(k).map_err(|e| PgError::Corrupt(format!("stored key: {e}")))?,
-        ))
-    };
-    let mut state: HashMap<Id, Result<Option<Record>, StoreError>> = HashMap::new();
-    let lt: Vec<String> = row.get::<_, Option<Vec<String>>>(0).unwrap_or_default();
-    let lk: Vec<String> = row.get::<_, Option<Vec<String>>>(1).unwrap_or_default();
-    let lf: Vec<Option<i16>> = row.get::<_, Option<_>>(2).unwrap_or_default();
-    let lv: Vec<Option<Vec<u8>>> = row.get::<_, Option<_>>(3).unwrap_or_default();
-    for (((t, k), f), v) in lt.into_iter().zip(lk).zip(lf).zip(lv) {
-        let rec = codec::decode_record(f, v.as_deref()).map_err(StoreError::from);
-        state.insert(parse_id(t, k)?, rec);
-    }
-    let it: Vec<String> = row.get::<_, Option<Vec<String>>>(4).unwrap_or_default();
-    let ik: Vec<String> = row.get::<_, Option<Vec<String>>>(5).unwrap_or_default();
-    for (t, k) in it.into_iter().zip(ik) {
-        state.insert(parse_id(t, k)?, Ok(None));
-    }
-    for id in &new_ids {
-        if !state.contains_key(id) {
-            // Created by a transaction that committed after this statement
-            // began: neither inserted nor visible. Run the batch again.
-            conn.rollback(sql).await;
-            return Err(PgError::Raced(format!("{}/{}", id.0, id.1)));
-        }
+        );
+        let rec =
+            codec::decode_record(r.get(9), r.get::<_, Option<&[u8]>>(10)).map_err(StoreError::from);
+        read_at.insert(id.clone(), r.get(11));
+        state.insert(id, rec);
     }
     for id in &ids {
-        // A settlement on a key without a record.
         state.entry(id.clone()).or_insert(Ok(None));
     }
 
@@ -349,82 +356,107 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
         return Ok(fates);
     }
 
-    // Round trip 2: every changed record in one UPDATE (or DELETE), then COMMIT.
-    let mut u_t = Vec::new();
-    let mut u_k = Vec::new();
-    let mut u_fmt = Vec::new();
-    let mut u_val = Vec::new();
-    let mut u_owner = Vec::new();
-    let mut u_status = Vec::new();
-    let mut u_rec = Vec::new();
-    let mut u_lease = Vec::new();
-    let mut u_lgen = Vec::new();
-    let mut u_upd = Vec::new();
-    let mut u_coll = Vec::new();
-    let mut u_rcpt = Vec::new();
-    let mut d_t = Vec::new();
-    let mut d_k = Vec::new();
+    // Round trip 2: every changed record in one statement, then COMMIT.
+    let mut w_t = Vec::new();
+    let mut w_k = Vec::new();
+    let mut w_op: Vec<&str> = Vec::new();
+    let mut w_v: Vec<Option<String>> = Vec::new();
+    let mut w_fmt: Vec<Option<i16>> = Vec::new();
+    let mut w_val: Vec<Option<Vec<u8>>> = Vec::new();
+    let mut w_owner: Vec<Option<String>> = Vec::new();
+    let mut w_status: Vec<Option<i16>> = Vec::new();
+    let mut w_rec: Vec<Option<bool>> = Vec::new();
+    let mut w_lease: Vec<Option<i64>> = Vec::new();
+    let mut w_lgen: Vec<Option<String>> = Vec::new();
+    let mut w_upd: Vec<Option<i64>> = Vec::new();
+    let mut w_coll: Vec<Option<i64>> = Vec::new();
+    let mut w_rcpt: Vec<Option<i64>> = Vec::new();
     for id in &changed {
-        match state.get(id).expect("changed") {
-            Ok(Some(r)) => {
-                let cols = RecordColumns::of(r);
-                u_t.push(id.0.as_str().to_string());
-                u_k.push(id.1.as_str().to_string());
-                u_fmt.push(FORMAT_POSTCARD_V1);
-                u_val.push(codec::encode(r)?);
-                u_owner.push(cols.owner);
-                u_status.push(cols.status);
-                u_rec.push(cols.reconcile);
-                u_lease.push(cols.lease_expires_at);
-                u_lgen.push(cols.lease_generation);
-                u_upd.push(cols.updated_at);
-                u_coll.push(cols.collect_at);
-                u_rcpt.push(cols.receipt_at);
-            }
-            Ok(None) => {
-                d_t.push(id.0.as_str().to_string());
-                d_k.push(id.1.as_str().to_string());
-            }
+        let v = read_at.get(id).cloned();
+        let after = match state.get(id).expect("changed") {
+            Ok(r) => r.as_ref(),
             Err(_) => unreachable!("a record that failed to load is never changed"),
+        };
+        let op = match (&v, after) {
+            (Some(_), Some(_)) => "u",
+            (None, Some(_)) => "i",
+            (Some(_), None) => "d",
+            // Created and removed within the batch: nothing to write.
+            (None, None) => continue,
+        };
+        w_t.push(id.0.as_str().to_string());
+        w_k.push(id.1.as_str().to_string());
+        w_op.push(op);
+        w_v.push(v);
+        match after {
+            Some(r) => {
+                let cols = RecordColumns::of(r);
+                w_fmt.push(Some(FORMAT_POSTCARD_V1));
+                w_val.push(Some(codec::encode(r)?));
+                w_owner.push(Some(cols.owner));
+                w_status.push(Some(cols.status));
+                w_rec.push(Some(cols.reconcile));
+                w_lease.push(cols.lease_expires_at);
+                w_lgen.push(cols.lease_generation);
+                w_upd.push(Some(cols.updated_at));
+                w_coll.push(cols.collect_at);
+                w_rcpt.push(cols.receipt_at);
+            }
+            None => {
+                w_fmt.push(None);
+                w_val.push(None);
+                w_owner.push(None);
+                w_status.push(None);
+                w_rec.push(None);
+                w_lease.push(None);
+                w_lgen.push(None);
+                w_upd.push(None);
+                w_coll.push(None);
+                w_rcpt.push(None);
+            }
         }
     }
-    let upd_params: [&(dyn ToSql + Sync); 12] = [
-        &u_t, &u_k, &u_fmt, &u_val, &u_owner, &u_status, &u_rec, &u_lease, &u_lgen, &u_upd,
-        &u_coll, &u_rcpt,
+    if w_t.is_empty() {
+        conn.rollback(sql).await;
+        return Ok(fates);
+    }
+    let expected = w_t.len() as i64;
+    let insert_deadline = db_now + INSERT_WINDOW_MS;
+    let write_params: [&(dyn ToSql + Sync); 16] = [
+        &w_t,
+        &w_k,
+        &w_op,
+        &w_v,
+        &w_fmt,
+        &w_val,
+        &w_owner,
+        &w_status,
+        &w_rec,
+        &w_lease,
+        &w_lgen,
+        &w_upd,
+        &w_coll,
+        &w_rcpt,
+        &insert_deadline,
+        &expected,
     ];
-    let del_params: [&(dyn ToSql + Sync); 2] = [&d_t, &d_k];
-    let mut futs: Vec<Pending<'_, u64>> = Vec::new();
-    let mut expect = Vec::new();
-    if !u_t.is_empty() {
-        futs.push(Box::pin(c.execute(&upd_st, &upd_params)));
-        expect.push(u_t.len() as u64);
-    }
-    if !d_t.is_empty() {
-        futs.push(Box::pin(c.execute(&del_st, &del_params)));
-        expect.push(d_t.len() as u64);
-    }
-    let (write_results, commit_result) =
-        futures::join!(futures::future::join_all(futs), c.batch_execute(sql.commit));
+    let (write_result, commit_result) = futures::join!(
+        c.query_one(&write_st, &write_params),
+        c.batch_execute(sql.commit)
+    );
     match commit_result {
         Ok(()) => {
-            for (r, want) in write_results.into_iter().zip(expect) {
-                match r {
-                    Ok(n) if n == want => {}
-                    Ok(n) => {
-                        conn.done();
-                        return Err(PgError::Corrupt(format!(
-                            "a batch write touched {n} rows, expected {want}"
-                        )));
-                    }
-                    // The COMMIT was a rollback: nothing happened.
-                    Err(e) => {
-                        conn.done();
-                        return Err(e.into());
-                    }
-                }
-            }
             conn.done();
-            Ok(fates)
+            match write_result {
+                Ok(row) if row.get::<_, i64>(0) == expected => Ok(fates),
+                Ok(row) => Err(PgError::Corrupt(format!(
+                    "a batch write reported {} rows, expected {expected}",
+                    row.get::<_, i64>(0)
+                ))),
+                // The COMMIT was a rollback: nothing happened.
+                Err(e) if stale(&e) => Err(PgError::Raced(e.to_string())),
+                Err(e) => Err(e.into()),
+            }
         }
         Err(e) => {
             if let Some(db) = e.as_db_error()

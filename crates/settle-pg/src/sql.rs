@@ -3,6 +3,9 @@
 
 use crate::schema::quoted;
 
+/// How the batch write statement says that a row changed under it.
+pub const STALE: &str = "settle: stale batch write:";
+
 /// The database clock in Unix milliseconds.
 const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
@@ -33,8 +36,7 @@ pub struct Sql {
     pub stats: String,
     // Group commit: the same steps for many commands at once.
     pub batch_load: String,
-    pub batch_update_records: String,
-    pub batch_delete_records: String,
+    pub batch_write: String,
 }
 
 impl Sql {
@@ -128,53 +130,54 @@ impl Sql {
                       AND lease_expires_at IS NULL AND greatest(c.now_ms - updated_at, 0) >= $2), \
                    (SELECT count(*) FROM {rec}, c WHERE receipt_at > c.now_ms)"
             ),
-            // One statement after the principal locks: insert placeholders
-            // for keys a claim may create (in key order), lock the rows in
-            // key order, then — only after both, by data dependency — read
-            // the clock, draw the fences and read the principal rows.
-            // Placeholders inserted here are invisible to `locked` (same
-            // snapshot); they are reported through `ins` instead.
+            // Group commit reads without row locks (one snapshot, taken
+            // after the principal locks) and validates at write time: each
+            // row is written only if its xmin is still the one read.
             batch_load: format!(
-                "WITH ins AS ( \
-                   INSERT INTO {rec} (tenant, key) \
-                   SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k) ORDER BY t, k \
-                   ON CONFLICT DO NOTHING RETURNING tenant, key), \
-                 locked AS MATERIALIZED ( \
-                   SELECT tenant, key, format, value FROM {rec} \
-                   WHERE (tenant, key) IN (SELECT t, k FROM unnest($3::text[], $4::text[]) AS u(t, k)) \
-                     AND (SELECT count(*) FROM ins) >= 0 \
-                   ORDER BY tenant, key FOR UPDATE), \
-                 l AS MATERIALIZED ( \
-                   SELECT array_agg(tenant) AS lt, array_agg(key) AS lk, array_agg(format) AS lf, \
-                          array_agg(value) AS lv, count(*) AS n FROM locked) \
-                 SELECT l.lt, l.lk, l.lf, l.lv, \
-                        (SELECT array_agg(tenant) FROM ins), (SELECT array_agg(key) FROM ins), \
-                        c.now_ms, c.xid, c.fences, c.pt, c.pn, c.pg, c.pm \
-                 FROM l CROSS JOIN LATERAL ( \
-                   SELECT {NOW_MS} AS now_ms, pg_current_xact_id()::text::int8 AS xid, \
-                          ARRAY(SELECT nextval('{s}.settle_fence') \
-                                FROM generate_series(1, $5::int4)) AS fences, \
-                          p.pt, p.pn, p.pg, p.pm \
-                   FROM (SELECT array_agg(tenant) AS pt, array_agg(principal) AS pn, \
-                                array_agg(generation::text) AS pg, array_agg(moved_at) AS pm \
-                         FROM {pri} WHERE (tenant, principal) IN \
-                           (SELECT t, n FROM unnest($6::text[], $7::text[]) AS u(t, n))) p \
-                   WHERE l.n >= 0) c"
+                "SELECT c.now_ms, c.xid, c.fences, p.pt, p.pn, p.pg, p.pm, \
+                        r.tenant, r.key, r.format, r.value, r.xmin::text \
+                 FROM (SELECT {NOW_MS} AS now_ms, pg_current_xact_id()::text::int8 AS xid, \
+                       ARRAY(SELECT nextval('{s}.settle_fence') \
+                             FROM generate_series(1, $3::int4)) AS fences OFFSET 0) c \
+                 CROSS JOIN (SELECT array_agg(tenant) AS pt, array_agg(principal) AS pn, \
+                                    array_agg(generation::text) AS pg, array_agg(moved_at) AS pm \
+                             FROM {pri} WHERE (tenant, principal) IN \
+                               (SELECT t, n FROM unnest($4::text[], $5::text[]) AS u(t, n))) p \
+                 LEFT JOIN {rec} r ON (r.tenant, r.key) IN \
+                     (SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k))"
             ),
-            batch_update_records: format!(
-                "UPDATE {rec} AS r SET format = u.format, value = u.value, owner = u.owner, \
-                 status = u.status, reconcile = u.reconcile, lease_expires_at = u.lease_expires_at, \
-                 lease_generation = u.lease_generation::numeric, updated_at = u.updated_at, \
-                 collect_at = u.collect_at, receipt_at = u.receipt_at \
-                 FROM unnest($1::text[], $2::text[], $3::int2[], $4::bytea[], $5::text[], $6::int2[], \
-                             $7::bool[], $8::int8[], $9::text[], $10::int8[], $11::int8[], $12::int8[]) \
-                   AS u(tenant, key, format, value, owner, status, reconcile, lease_expires_at, \
-                        lease_generation, updated_at, collect_at, receipt_at) \
-                 WHERE r.tenant = u.tenant AND r.key = u.key"
-            ),
-            batch_delete_records: format!(
-                "DELETE FROM {rec} WHERE (tenant, key) IN \
-                 (SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k))"
+            // All of a batch's writes in one statement: updates and deletes
+            // compare-and-set on xmin; inserts of new records must not
+            // conflict, and must happen within 500 ms of the load (shorter
+            // than any retention, so no record of the same key can have been
+            // created, settled and collected in between with a higher fence).
+            // Anything less than every row fails the statement, so the
+            // COMMIT after it is a rollback.
+            batch_write: format!(
+                "WITH w AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], \
+                       $4::text[], $5::int2[], $6::bytea[], $7::text[], $8::int2[], $9::bool[], \
+                       $10::int8[], $11::text[], $12::int8[], $13::int8[], $14::int8[]) \
+                     AS w(tenant, key, op, v, format, value, owner, status, reconcile, \
+                          lease_expires_at, lease_generation, updated_at, collect_at, receipt_at)), \
+                 upd AS (UPDATE {rec} AS r SET format = w.format, value = w.value, \
+                       owner = w.owner, status = w.status, reconcile = w.reconcile, \
+                       lease_expires_at = w.lease_expires_at, \
+                       lease_generation = w.lease_generation::numeric, updated_at = w.updated_at, \
+                       collect_at = w.collect_at, receipt_at = w.receipt_at \
+                     FROM w WHERE w.op = 'u' AND r.tenant = w.tenant AND r.key = w.key \
+                       AND r.xmin::text = w.v RETURNING 1), \
+                 ins AS (INSERT INTO {rec} (tenant, key, format, value, owner, status, reconcile, \
+                       lease_expires_at, lease_generation, updated_at, collect_at, receipt_at) \
+                     SELECT tenant, key, format, value, owner, status, reconcile, lease_expires_at, \
+                       lease_generation::numeric, updated_at, collect_at, receipt_at FROM w \
+                     WHERE op = 'i' AND {NOW_MS} < $15 \
+                     ON CONFLICT DO NOTHING RETURNING 1), \
+                 del AS (DELETE FROM {rec} AS r USING w WHERE w.op = 'd' AND r.tenant = w.tenant \
+                       AND r.key = w.key AND r.xmin::text = w.v RETURNING 1) \
+                 SELECT CASE WHEN n = $16 THEN n \
+                        ELSE ('{STALE} ' || n || ' of ' || $16 || ' rows')::int8 END \
+                 FROM (SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins) \
+                            + (SELECT count(*) FROM del) AS n) x"
             ),
         }
     }

@@ -461,3 +461,45 @@ async fn an_unreadable_record_fails_closed() {
         .get(0);
     assert_eq!(format, 99);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_changed_under_a_batch_is_never_overwritten() {
+    // Group commit reads without row locks and writes compare-and-set on
+    // xmin. Change the row between the batch's read and its write: the
+    // batch must notice, write nothing, and rerun the command on the
+    // locking path, which then sees the change (here: an unreadable row,
+    // so the caller gets an error instead of a receipt over it).
+    let (store, _clock, g) = common::store_at(&common::url(), "cas").await;
+    let f = exec_fence(&store, "k").await;
+    let mut side = common::side_client().await;
+    let watcher = common::side_client().await;
+    let tx = side.transaction().await.unwrap();
+    let n = tx
+        .execute(
+            &format!(
+                "UPDATE \"{}\".settle_records SET format = 99 WHERE tenant = 'acme' AND key = 'k'",
+                g.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let s2 = store.clone();
+    let pending = tokio::spawn(async move { s2.execute(&acme(), settle_k("k", f)).await });
+    // The batch read the old row (a plain read does not wait) and now waits
+    // to write it.
+    lock_waiter(&watcher, &g.schema).await;
+    tx.commit().await.unwrap();
+    let r = pending.await.unwrap();
+    assert!(matches!(r, Err(StoreError::Corrupt(_))), "{r:?}");
+    let format: i16 = watcher
+        .query_one(
+            &format!("SELECT format FROM \"{}\".settle_records", g.schema),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(format, 99, "the batch wrote over a row that changed");
+}
