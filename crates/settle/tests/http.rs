@@ -1069,3 +1069,59 @@ async fn bench_runs_over_http_and_in_process() {
     assert_eq!(v["mode"], "in_process");
     assert!(v["pairs"].as_u64().unwrap() > 0);
 }
+
+#[tokio::test]
+async fn sigterm_lets_an_in_flight_request_finish() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = TempDir::new("inflight");
+    let mut s = Server::start(dir.path(), &[]);
+    let body = serde_json::to_vec(&claim_body(1, &binding("svc", 0))).unwrap();
+    let (first, rest) = body.split_at(10);
+    let mut c = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+    let head = format!(
+        "POST /v1/operations/late/claim HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.write_all(head.as_bytes()).await.unwrap();
+    c.write_all(first).await.unwrap();
+    // Make sure the server is reading this request before shutdown starts.
+    c.flush().await.unwrap();
+    let (st, _) = raw_status(
+        &s.addr,
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(st, 200);
+
+    let pid = s.child.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    // Shutdown has begun once the listener stops accepting.
+    let mut refused = false;
+    for _ in 0..500 {
+        if tokio::net::TcpStream::connect(&s.addr).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(refused, "the server kept accepting after SIGTERM");
+    // The in-flight request still completes.
+    c.write_all(rest).await.unwrap();
+    let mut buf = Vec::new();
+    c.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert!(text.contains("\"decision\":\"execute\""), "{text}");
+    assert!(s.child.wait().unwrap().success());
+
+    // And it was committed before the store closed.
+    let s = Server::start(dir.path(), &[]);
+    let r = get(&s.ep(), "/v1/operations/late").await;
+    assert_eq!(r.status, 200);
+}
