@@ -91,7 +91,8 @@ fn args() -> Args {
 
 fn pool(url: &str, size: usize) -> Pool {
     let mut cfg: tokio_postgres::Config = url.parse().expect("valid URL");
-    cfg.options("-c synchronous_commit=on")
+    // The same session settings as the store (see PgStore::connect).
+    cfg.options("-c synchronous_commit=on -c enable_seqscan=off")
         .application_name("settle-bench-baseline");
     let mgr = Manager::from_config(
         cfg,
