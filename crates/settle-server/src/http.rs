@@ -241,11 +241,11 @@ const PROBLEM: &str = "application/problem+json";
     request_body = wire::ClaimRequest,
     responses(
         (status = 200, description = "execute, reconcile, in_flight or replay", body = crate::openapi::ClaimDecisionSchema),
-        (status = 400, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 401, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 400, description = "bad_request: unparsable JSON, not an object, bad path segment", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 401, description = "unauthorized: missing or unknown token", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
         (status = 409, description = "fingerprint_mismatch, binding_mismatch, stale_binding", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 413, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 413, description = "payload_too_large", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
         (status = 503, description = "record_refused, unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     )
 )]
@@ -276,10 +276,10 @@ async fn claim_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     params(("key" = String, Path, description = "The idempotency key")),
     request_body = wire::HeartbeatRequest,
     responses(
-        (status = 200, body = crate::openapi::LeaseInfoSchema),
-        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = crate::openapi::LeaseInfoSchema),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
         (status = 409, description = "stale_fence, lease_expired", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     )
 )]
 pub async fn heartbeat(State(st): St, req: Request) -> Response {
@@ -305,8 +305,8 @@ async fn heartbeat_inner(st: &AppState, req: Request) -> Result<Response, Proble
     params(("key" = String, Path, description = "The idempotency key")),
     request_body = wire::DispatchRequest,
     responses(
-        (status = 200, body = crate::openapi::DispatchedSchema),
-        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = crate::openapi::DispatchedSchema),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
         (status = 409, description = "stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     )
 )]
@@ -341,11 +341,11 @@ async fn dispatch_inner(st: &AppState, req: Request) -> Result<Response, Problem
     params(("key" = String, Path, description = "The idempotency key")),
     request_body = wire::SettleRequest,
     responses(
-        (status = 200, body = crate::openapi::ReceiptResponseSchema),
-        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = crate::openapi::ReceiptResponseSchema),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
         (status = 409, description = "stale_fence, lease_expired, wrong_purpose, fingerprint_mismatch, binding_mismatch, stale_binding, result_mismatch", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 503, description = "record_refused or unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     )
 )]
 pub async fn settle(State(st): St, req: Request) -> Response {
@@ -373,8 +373,8 @@ async fn settle_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
     params(("key" = String, Path, description = "The idempotency key")),
     request_body = wire::ReleaseRequest,
     responses(
-        (status = 200, body = crate::openapi::ReleasedSchema),
-        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = crate::openapi::ReleasedSchema),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
         (status = 409, description = "receipt_required, stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     )
 )]
@@ -405,9 +405,9 @@ async fn release_inner(st: &AppState, req: Request) -> Result<Response, Problem>
     request_body = wire::ReconcileRequest,
     responses(
         (status = 200, description = "not_committed: execute; committed: receipt; unavailable: released", body = crate::openapi::ReconcileResponseSchema),
-        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "protocol refusal", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     )
 )]
 pub async fn reconcile(State(st): St, req: Request) -> Response {
@@ -468,8 +468,8 @@ async fn reconcile_inner(st: &AppState, req: Request) -> Result<Response, Proble
     get, path = "/v1/operations/{key}", tag = "operations",
     params(("key" = String, Path, description = "The idempotency key")),
     responses(
-        (status = 200, body = crate::openapi::RecordSchema),
-        (status = 404, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = crate::openapi::RecordSchema),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
         (status = 503, description = "record_refused", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     )
 )]
@@ -499,7 +499,7 @@ async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     params(("principal" = String, Path, description = "The principal, one percent-encoded segment")),
     request_body(content = wire::EmptyRequest, description = "Empty, or {}"),
     responses(
-        (status = 200, body = crate::openapi::RevokedSchema),
+        (status = 200, description = "success", body = crate::openapi::RevokedSchema),
         (status = 422, description = "invalid principal, or generation exhausted", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     )
 )]
@@ -537,9 +537,9 @@ async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
     ),
     request_body = wire::WarnRequest,
     responses(
-        (status = 200, body = crate::openapi::WarningSchema),
+        (status = 200, description = "success", body = crate::openapi::WarningSchema),
         (status = 409, description = "too_many_classes", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     )
 )]
 pub async fn warn(State(st): St, req: Request) -> Response {
@@ -570,7 +570,7 @@ async fn warn_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     params(("task" = String, Path, description = "The task, one percent-encoded segment")),
     responses(
         (status = 200, description = "Empty list for a task without warnings", body = crate::openapi::WarningsSchema),
-        (status = 422, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     )
 )]
 pub async fn warnings(State(st): St, req: Request) -> Response {
@@ -595,7 +595,7 @@ async fn warnings_inner(st: &AppState, req: Request) -> Result<Response, Problem
 
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
-    responses((status = 200, body = crate::openapi::HealthSchema)))]
+    responses((status = 200, description = "success", body = crate::openapi::HealthSchema)))]
 pub async fn healthz() -> Response {
     finish(
         Route::Healthz,
@@ -606,8 +606,8 @@ pub async fn healthz() -> Response {
 /// Readiness: the store answers and the server is not shutting down.
 #[utoipa::path(get, path = "/readyz", tag = "operations", security(()),
     responses(
-        (status = 200, body = crate::openapi::HealthSchema),
-        (status = 503, body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = crate::openapi::HealthSchema),
+        (status = 503, description = "record_refused or unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
     ))]
 pub async fn readyz(State(st): St) -> Response {
     let result = if !st.ready.load(Ordering::Relaxed) {
