@@ -41,6 +41,9 @@ use crate::engine::{self, Conn, Inner, now_from, principal_state, resolve_in_dou
 use crate::lock::principal_key;
 use crate::sql::STALE;
 
+/// Scheduler turns a worker waits at most for a batch to fill up.
+const GATHER_TURNS: usize = 8;
+
 /// New records are written only this soon after the batch read the clock
 /// (less than the shortest retention, 1 s; see `sql::batch_write`).
 const INSERT_WINDOW_MS: i64 = 500;
@@ -101,8 +104,19 @@ async fn worker(inner: Arc<Inner>, rx: Arc<Mutex<mpsc::UnboundedReceiver<Item>>>
                 None => return,
             }
             // Commands answered together come back together: let the tasks
-            // that are ready run and queue theirs before taking the batch.
-            tokio::task::yield_now().await;
+            // that are ready run and queue theirs before taking the batch,
+            // for as long as the queue keeps growing (a few scheduler turns
+            // at most; under light load the first turn adds nothing and we
+            // go at once).
+            let mut queued = rx.len();
+            for _ in 0..GATHER_TURNS {
+                tokio::task::yield_now().await;
+                let now = rx.len();
+                if now == queued {
+                    break;
+                }
+                queued = now;
+            }
             while items.len() < max {
                 match rx.try_recv() {
                     Ok(i) => items.push(i),
