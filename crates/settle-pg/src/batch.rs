@@ -190,7 +190,7 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
     let conn = Conn::get(&inner.pool).await?;
     let c = conn.client();
 
-    // The locks: binding principals (shared), then the records in key order.
+    // What to lock (the binding principals, shared) and what to read.
     let mut principals: Vec<(TenantId, Principal)> = Vec::new();
     let mut ids: Vec<Id> = Vec::new();
     let mut claims = 0i32;
