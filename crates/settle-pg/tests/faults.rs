@@ -503,3 +503,72 @@ async fn a_row_changed_under_a_batch_is_never_overwritten() {
         .get(0);
     assert_eq!(format, 99, "the batch wrote over a row that changed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stores_racing_on_shared_keys_keep_every_invariant() {
+    // Two stores (as two servers) with group commit race claims and
+    // settlements on the same keys: batches of both write the same rows,
+    // so compare-and-set conflicts and the locking fallback are exercised.
+    let schema = common::unique_schema("race2");
+    let _g = common::SchemaGuard::new(&common::url(), &schema);
+    let clock = settle_ledger::Clock::system();
+    let url = common::url();
+    let a = PgStore::connect(&url, common::options(&schema, clock.clone()))
+        .await
+        .unwrap();
+    let b = PgStore::connect(&url, common::options(&schema, clock.clone()))
+        .await
+        .unwrap();
+    let keys = 12;
+    let per_key = 6;
+    let mut tasks = Vec::new();
+    for k in 0..keys {
+        for w in 0..per_key {
+            let s = if w % 2 == 0 { a.clone() } else { b.clone() };
+            tasks.push(tokio::spawn(async move {
+                let key = format!("shared-{k}");
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    assert!(Instant::now() < deadline, "{key} never settled");
+                    match s
+                        .execute(&acme(), claim(&key, 1, binding("alice", 0)))
+                        .await
+                        .unwrap()
+                    {
+                        Reply::Claim(ClaimDecision::Execute(g)) => {
+                            let rc =
+                                receipt(s.execute(&acme(), settle_k(&key, g.fence)).await.unwrap());
+                            return (key, Some(g.fence), rc);
+                        }
+                        Reply::Claim(ClaimDecision::Replay { receipt, .. }) => {
+                            return (key, None, receipt);
+                        }
+                        Reply::Claim(ClaimDecision::InFlight { .. }) => {
+                            tokio::task::yield_now().await;
+                        }
+                        other => panic!("{key}: {other:?}"),
+                    }
+                }
+            }));
+        }
+    }
+    let mut by_key: std::collections::HashMap<String, Vec<(Option<Fence>, Receipt)>> =
+        std::collections::HashMap::new();
+    for t in tasks {
+        let (k, f, rc) = t.await.unwrap();
+        by_key.entry(k).or_default().push((f, rc));
+    }
+    let mut fences = std::collections::HashSet::new();
+    for (k, results) in by_key {
+        let executes: Vec<Fence> = results.iter().filter_map(|(f, _)| *f).collect();
+        assert_eq!(executes.len(), 1, "{k}: exactly one execute");
+        assert!(fences.insert(executes[0]), "fence {:?} reused", executes[0]);
+        let canonical = &results.iter().find(|(f, _)| f.is_some()).unwrap().1;
+        for (_, rc) in &results {
+            assert_eq!(rc, canonical, "{k}: every caller learns the one outcome");
+        }
+        let rec = record(&a, &k).await;
+        assert_eq!(rec.receipt.as_ref(), Some(canonical));
+        assert_eq!(rec.attempts.len(), 1);
+    }
+}
