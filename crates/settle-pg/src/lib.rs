@@ -2,7 +2,7 @@
 //!
 //! Several `settle` servers share one PostgreSQL database. Every decision
 //! is made by [`settle_core::apply`]; this crate only loads, locks and
-//! persists, one transaction per command:
+//! persists. The locking path runs one transaction per command:
 //!
 //! 1. Lock the principals the command needs (transaction-scoped advisory
 //!    locks, shared to read a generation, exclusive to move it), then the
@@ -17,7 +17,13 @@
 //!    commit is resolved with `pg_xact_status` on a fresh connection: the
 //!    reply is returned only if the transaction is known to have committed.
 //!
-//! See `docs/postgres.md` for the locking argument and the schema.
+//! With group commit (the default, [`PgOptions::group_commit`]), concurrent
+//! claims and settlements share one transaction: the same principal locks,
+//! records read from one snapshot and written compare-and-set on `xmin`,
+//! one COMMIT, and every command answered after it (see `batch.rs`).
+//!
+//! See `docs/postgres.md` for the locking argument, the in-doubt commit
+//! handling, the schema and the benchmark.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), settle_ledger::StoreError> {
