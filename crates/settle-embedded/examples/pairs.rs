@@ -15,7 +15,18 @@ async fn main() {
     let dir = &args[1];
     let concurrency: usize = args[2].parse().unwrap();
     let secs: u64 = args[3].parse().unwrap();
-    let store = EmbeddedStore::open(dir, EmbeddedOptions::default()).unwrap();
+    let seg: u64 = std::env::var("SEG_MB")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(64);
+    let store = EmbeddedStore::open(
+        dir,
+        EmbeddedOptions {
+            segment_bytes: seg << 20,
+            ..EmbeddedOptions::default()
+        },
+    )
+    .unwrap();
     let s = run_pairs(
         store.clone(),
         TenantId::default_tenant(),

@@ -90,74 +90,57 @@ pub fn decode_value(b: &[u8]) -> Result<Value, StoreError> {
 
 /// One changed entity in a log frame. The value is kept encoded
 /// ([`encode_value`]) so the checkpointer can ingest it without decoding;
-/// `open` and `expires_at` are what it needs for the `open` and `expiry` indexes.
+/// `open` and `expires_at` are what it needs for the `open` and `expiry`
+/// indexes. Decoding borrows the bytes from the segment buffer.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Entry {
+pub struct Entry<'a> {
     /// [`EntityKey::to_bytes`].
-    pub key: Vec<u8>,
+    #[serde(borrow)]
+    pub key: &'a [u8],
     /// A record that is not terminal.
     pub open: bool,
     /// A terminal record's collection time (ms).
     pub expires_at: Option<u64>,
     /// The encoded value; empty for [`Value::Gone`].
-    pub value: Vec<u8>,
-}
-
-impl Entry {
-    /// The entity's state.
-    pub fn decode(&self) -> Result<Value, StoreError> {
-        if self.value.is_empty() {
-            Ok(Value::Gone)
-        } else {
-            decode_value(&self.value)
-        }
-    }
-}
-
-/// The borrowed twin of [`Entry`], for encoding without copies (postcard
-/// encodes `&[u8]` and `Vec<u8>` identically: length, then the bytes).
-#[derive(Serialize)]
-pub struct EntryRef<'a> {
-    pub key: &'a [u8],
-    pub open: bool,
-    pub expires_at: Option<u64>,
+    #[serde(borrow)]
     pub value: &'a [u8],
 }
 
-impl<'a> EntryRef<'a> {
+impl<'a> Entry<'a> {
     /// Describes `value` (already encoded as `encoded`) for the log.
-    pub fn new(key: &'a [u8], value: &Value, encoded: &'a [u8]) -> EntryRef<'a> {
+    pub fn new(key: &'a [u8], value: &Value, encoded: &'a [u8]) -> Entry<'a> {
         let (open, expires_at) = match value {
             Value::Record(r) => (!r.status.is_terminal(), r.expires_at().map(|t| t.millis())),
             _ => (false, None),
         };
-        EntryRef {
+        Entry {
             key,
             open,
             expires_at,
             value: encoded,
         }
     }
+
+    /// The entity's state.
+    pub fn decode(&self) -> Result<Value, StoreError> {
+        if self.value.is_empty() {
+            Ok(Value::Gone)
+        } else {
+            decode_value(self.value)
+        }
+    }
 }
 
 /// One group commit: everything that changed in one batch, at its final state.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Batch {
+pub struct Batch<'a> {
     pub version: u8,
     /// Log sequence number of this batch (strictly increasing, across restarts too).
     pub lsn: u64,
     /// The fence counter after this batch: fences below it were granted.
     pub next_fence: u64,
-    pub entries: Vec<Entry>,
-}
-
-/// The borrowed twin of [`Batch`].
-#[derive(Serialize)]
-pub struct BatchRef<'a> {
-    pub version: u8,
-    pub lsn: u64,
-    pub next_fence: u64,
-    pub entries: Vec<EntryRef<'a>>,
+    #[serde(borrow)]
+    pub entries: Vec<Entry<'a>>,
 }
 
 /// Encodes a value for the log and the index; `Gone` is the empty blob.
@@ -169,7 +152,7 @@ pub fn encode_for_log(v: &Value) -> Vec<u8> {
 }
 
 /// Appends one frame (header + postcard payload) to `out`.
-pub fn encode_frame(batch: &BatchRef<'_>, out: &mut Vec<u8>) {
+pub fn encode_frame(batch: &Batch<'_>, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_HEADER]);
     let taken = std::mem::take(out);
@@ -182,16 +165,16 @@ pub fn encode_frame(batch: &BatchRef<'_>, out: &mut Vec<u8>) {
 }
 
 /// Result of reading one frame at the start of `buf`.
-pub enum Frame {
+pub enum Frame<'a> {
     /// A whole, checksummed frame and its length in bytes.
-    Ok(Box<Batch>, usize),
+    Ok(Batch<'a>, usize),
     /// Nothing more: end of data, or a torn/garbage tail.
     End,
 }
 
 /// Decodes the frame at the start of `buf`. A short, torn or checksum-failing
 /// frame reads as [`Frame::End`]: the caller decides whether that may be a torn tail.
-pub fn decode_frame(buf: &[u8]) -> Result<Frame, StoreError> {
+pub fn decode_frame(buf: &[u8]) -> Result<Frame<'_>, StoreError> {
     if buf.len() < FRAME_HEADER {
         return Ok(Frame::End);
     }
@@ -205,7 +188,7 @@ pub fn decode_frame(buf: &[u8]) -> Result<Frame, StoreError> {
     if crc32fast::hash(payload) != crc {
         return Ok(Frame::End);
     }
-    let batch: Batch = postcard::from_bytes(payload)
+    let batch: Batch<'_> = postcard::from_bytes(payload)
         .map_err(|e| StoreError::Corrupt(format!("log frame: {e}")))?;
     if batch.version != FORMAT_VERSION {
         return Err(StoreError::Corrupt(format!(
@@ -213,7 +196,18 @@ pub fn decode_frame(buf: &[u8]) -> Result<Frame, StoreError> {
             batch.version
         )));
     }
-    Ok(Frame::Ok(Box::new(batch), FRAME_HEADER + len))
+    Ok(Frame::Ok(batch, FRAME_HEADER + len))
+}
+
+/// Every whole frame at the start of `buf`, and the byte length they cover.
+pub fn decode_frames(buf: &[u8]) -> Result<(Vec<Batch<'_>>, usize), StoreError> {
+    let mut pos = 0usize;
+    let mut batches = Vec::new();
+    while let Frame::Ok(b, len) = decode_frame(&buf[pos..])? {
+        batches.push(b);
+        pos += len;
+    }
+    Ok((batches, pos))
 }
 
 #[cfg(test)]
@@ -269,34 +263,21 @@ mod tests {
         let k = EntityKey::Record(TenantId::default_tenant(), key("k")).to_bytes();
         let v = Value::Record(sample_record());
         let blob = encode_for_log(&v);
-        let entry = EntryRef::new(&k, &v, &blob);
+        let entry = Entry::new(&k, &v, &blob);
         assert!(!entry.open);
         assert!(entry.expires_at.is_some());
         let batch = Batch {
             version: FORMAT_VERSION,
             lsn: 7,
             next_fence: 3,
-            entries: vec![Entry {
-                key: k.clone(),
-                open: entry.open,
-                expires_at: entry.expires_at,
-                value: blob.clone(),
-            }],
+            entries: vec![entry],
         };
         let mut buf = Vec::new();
-        encode_frame(
-            &BatchRef {
-                version: FORMAT_VERSION,
-                lsn: 7,
-                next_fence: 3,
-                entries: vec![entry],
-            },
-            &mut buf,
-        );
+        encode_frame(&batch, &mut buf);
         let n = buf.len();
         match decode_frame(&buf).unwrap() {
             Frame::Ok(b, len) => {
-                assert_eq!(*b, batch);
+                assert_eq!(b, batch);
                 assert_eq!(b.entries[0].decode().unwrap(), v);
                 assert_eq!(len, n);
             }

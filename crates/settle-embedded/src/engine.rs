@@ -28,10 +28,14 @@ use settle_ledger::{Clock, StoreError};
 use tokio::sync::oneshot;
 
 use crate::codec::{
-    BatchRef, EntityKey, EntryRef, FORMAT_VERSION, Value, encode_for_log, encode_frame,
+    Batch, EntityKey, Entry, FORMAT_VERSION, Value, decode_frames, encode_for_log, encode_frame,
 };
 use crate::index::{CheckpointItem, Index, Meta};
 use crate::wal::{self, Faults, Wal};
+
+/// Hashing for in-memory maps: keys come from the tenants' trusted
+/// services, and foldhash is randomly seeded; SipHash showed in profiles.
+pub type Hasher = foldhash::fast::RandomState;
 
 /// One entity's durable state in memory.
 pub struct Slot {
@@ -54,7 +58,7 @@ impl Slot {
 /// State shared by the writer, the checkpointer and readers.
 pub struct Shared {
     /// Durable state changed since the last checkpoint, plus every open record.
-    pub map: DashMap<Box<[u8]>, Slot>,
+    pub map: DashMap<Box<[u8]>, Slot, Hasher>,
     pub index: Index,
     /// Set on any write, fsync or checkpoint failure: the store fails closed.
     pub poisoned: AtomicBool,
@@ -128,9 +132,9 @@ pub struct Writer {
     /// Principal generations the writer has seen. The writer is their only
     /// mutator, so this cache is exact; it saves an index lookup (usually a
     /// miss: most principals stay at generation 0) on every claim and settle.
-    pub principals: HashMap<Box<[u8]>, PrincipalState>,
+    pub principals: HashMap<Box<[u8]>, PrincipalState, Hasher>,
     /// The batch's changes, reused across batches to keep its capacity.
-    pub overlay: HashMap<Box<[u8]>, Value>,
+    pub overlay: HashMap<Box<[u8]>, Value, Hasher>,
 }
 
 /// Bound on the writer's principal cache; it is simply cleared when full.
@@ -202,13 +206,13 @@ impl Writer {
                     (k, v, blob)
                 })
                 .collect();
-            let frame = BatchRef {
+            let frame = Batch {
                 version: FORMAT_VERSION,
                 lsn: self.lsn,
                 next_fence: self.next_fence,
                 entries: encoded
                     .iter()
-                    .map(|(k, v, b)| EntryRef::new(k, v, b))
+                    .map(|(k, v, b)| Entry::new(k, v, b))
                     .collect(),
             };
             buf.clear();
@@ -261,15 +265,16 @@ impl Writer {
         tenant: &TenantId,
         cmd: &Command,
         now: Timestamp,
-        overlay: &mut HashMap<Box<[u8]>, Value>,
+        overlay: &mut HashMap<Box<[u8]>, Value, Hasher>,
     ) -> Result<Reply, StoreError> {
-        let load =
-            |overlay: &HashMap<Box<[u8]>, Value>, k: &[u8]| -> Result<Option<Value>, StoreError> {
-                if let Some(v) = overlay.get(k) {
-                    return Ok(Some(v.clone()));
-                }
-                Ok(self.shared.load(k)?.map(|v| (*v).clone()))
-            };
+        let load = |overlay: &HashMap<Box<[u8]>, Value, Hasher>,
+                    k: &[u8]|
+         -> Result<Option<Value>, StoreError> {
+            if let Some(v) = overlay.get(k) {
+                return Ok(Some(v.clone()));
+            }
+            Ok(self.shared.load(k)?.map(|v| (*v).clone()))
+        };
         let mut state = OpState::default();
         let target_key: Box<[u8]> = match cmd.target() {
             Target::Record(key) => {
@@ -442,11 +447,15 @@ fn checkpoint(
         .into_iter()
         .filter(|(s, _)| *s > from_seq && *s <= to_seq)
         .collect();
-    // The newest entry per key (later batches win).
-    let mut newest: HashMap<Vec<u8>, (u64, crate::codec::Entry)> = HashMap::new();
-    for (_, path) in &segments {
-        let (batches, valid, len) = wal::read_segment(path)?;
-        if valid != len {
+    // The newest entry per key (later batches win), borrowed from the segment bytes.
+    let buffers = segments
+        .iter()
+        .map(|(_, path)| wal::read_segment(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut newest: HashMap<&[u8], (u64, Entry<'_>), Hasher> = HashMap::default();
+    for (buf, (_, path)) in buffers.iter().zip(&segments) {
+        let (batches, valid) = decode_frames(buf)?;
+        if valid != buf.len() {
             return Err(StoreError::Corrupt(format!(
                 "sealed segment {} is damaged",
                 path.display()
@@ -454,19 +463,19 @@ fn checkpoint(
         }
         for b in batches {
             for e in b.entries {
-                newest.insert(e.key.clone(), (b.lsn, e));
+                newest.insert(e.key, (b.lsn, e));
             }
         }
     }
-    let mut taken: Vec<(u64, crate::codec::Entry)> = newest.into_values().collect();
-    taken.sort_unstable_by(|a, b| a.1.key.cmp(&b.1.key));
+    let mut taken: Vec<(u64, Entry<'_>)> = newest.into_values().collect();
+    taken.sort_unstable_by(|a, b| a.1.key.cmp(b.1.key));
     let items: Vec<CheckpointItem<'_>> = taken
         .iter()
         .map(|(_, e)| CheckpointItem {
-            key: &e.key,
+            key: e.key,
             open: e.open,
             expires_at: e.expires_at,
-            value: &e.value,
+            value: e.value,
         })
         .collect();
     if Faults::take_checkpoint(faults) {
@@ -489,7 +498,7 @@ fn checkpoint(
     for (lsn, e) in &taken {
         shared
             .map
-            .remove_if(&e.key[..], |_, s| s.lsn == *lsn && s.evictable());
+            .remove_if(e.key, |_, s| s.lsn == *lsn && s.evictable());
     }
     tracing::debug!(
         entities = taken.len(),

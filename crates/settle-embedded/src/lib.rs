@@ -88,7 +88,7 @@ impl EmbeddedStore {
         let index = Index::open(&dir.join("index"))?;
         let meta = index.meta()?;
 
-        let map: DashMap<Box<[u8]>, Slot> = DashMap::new();
+        let map: DashMap<Box<[u8]>, Slot, engine::Hasher> = DashMap::default();
         for (k, v) in index.open_records()? {
             map.insert(
                 k.into_boxed_slice(),
@@ -111,7 +111,9 @@ impl EmbeddedStore {
                 std::fs::remove_file(path).map_err(io)?;
                 continue;
             }
-            let (batches, valid, len) = wal::read_segment(path)?;
+            let buf = wal::read_segment(path)?;
+            let (batches, valid) = codec::decode_frames(&buf)?;
+            let (valid, len) = (valid as u64, buf.len() as u64);
             if valid < len {
                 if i + 1 == segments.len() {
                     // A torn tail of the last write: never acknowledged.
@@ -135,7 +137,7 @@ impl EmbeddedStore {
                 next_fence = next_fence.max(b.next_fence);
                 for e in b.entries {
                     let value = Arc::new(e.decode()?);
-                    map.insert(e.key.into_boxed_slice(), Slot { lsn, value });
+                    map.insert(e.key.into(), Slot { lsn, value });
                 }
             }
         }
@@ -187,8 +189,8 @@ impl EmbeddedStore {
                 segment_bytes: opts.segment_bytes,
             },
             segment_last_lsn: lsn,
-            principals: HashMap::new(),
-            overlay: HashMap::new(),
+            principals: HashMap::default(),
+            overlay: HashMap::default(),
         };
         let wr = std::thread::Builder::new()
             .name("settle-writer".into())

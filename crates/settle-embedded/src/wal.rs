@@ -9,8 +9,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use settle_ledger::StoreError;
 
-use crate::codec::{Batch, Frame, decode_frame};
-
 /// Fault injection for tests: each flag fails the next matching call once.
 #[derive(Debug, Default)]
 pub struct Faults {
@@ -131,19 +129,13 @@ impl Wal {
     }
 }
 
-/// The whole frames of one segment, and the byte length they cover.
-pub fn read_segment(path: &Path) -> Result<(Vec<Batch>, u64, u64), StoreError> {
+/// The bytes of one segment (decode them with [`crate::codec::decode_frames`]).
+pub fn read_segment(path: &Path) -> Result<Vec<u8>, StoreError> {
     let mut buf = Vec::new();
     File::open(path)
         .and_then(|mut f| f.read_to_end(&mut buf))
         .map_err(|e| StoreError::Io(format!("reading {}: {e}", path.display())))?;
-    let mut pos = 0usize;
-    let mut batches = Vec::new();
-    while let Frame::Ok(b, len) = decode_frame(&buf[pos..])? {
-        batches.push(*b);
-        pos += len;
-    }
-    Ok((batches, pos as u64, buf.len() as u64))
+    Ok(buf)
 }
 
 /// Cuts a torn tail off the last segment so later appends follow whole frames.
