@@ -93,7 +93,7 @@ pub struct ServeArgs {
     /// TOML config file.
     #[arg(long, env = "SETTLE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Store URL instead of --data (postgres://...; not wired in this build).
+    /// PostgreSQL URL instead of --data (postgres://USER@HOST:PORT/DB).
     #[arg(long, env = "SETTLE_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// A tenant as NAME=SHA256-OF-TOKEN (repeatable; added to the file's [[tenants]]).

@@ -30,7 +30,9 @@ pub enum ServeError {
     },
     #[error("cannot open the store: {0}")]
     Store(#[from] StoreError),
-    #[error("store {0:?} is not supported by this build (use --data DIR for the embedded store)")]
+    #[error(
+        "store {0:?} is not supported: use --data DIR for the embedded store or --store postgres://... for PostgreSQL"
+    )]
     UnsupportedStore(String),
 }
 
@@ -53,9 +55,8 @@ impl OpenedStore {
     }
 }
 
-/// The one place that turns configuration into a store. `--data DIR` is
-/// the embedded store; a `postgres://` URL is where the PostgreSQL store
-/// gets wired in.
+/// The one place that turns configuration into a store: `--data DIR` is
+/// the embedded store, `--store postgres://…` the PostgreSQL store.
 pub async fn open_store(config: &Config) -> Result<OpenedStore, ServeError> {
     match &config.store {
         StoreConfig::Embedded(dir) => {
@@ -74,8 +75,24 @@ pub async fn open_store(config: &Config) -> Result<OpenedStore, ServeError> {
             let closer = store.clone();
             Ok(OpenedStore::new(store, move || closer.close()))
         }
-        // The PostgreSQL store plugs in here: connect, then
-        // `Ok(OpenedStore::new(store, move || ...))`.
+        StoreConfig::Url(url)
+            if url.starts_with("postgres://") || url.starts_with("postgresql://") =>
+        {
+            let clock = Clock::system();
+            clock.advance(config.clock_skew_ms);
+            let store = settle_pg::PgStore::connect(
+                url,
+                settle_pg::PgOptions {
+                    limits: config.limits(),
+                    clock,
+                    application_name: format!("settle serve {}", config.listen),
+                    ..settle_pg::PgOptions::default()
+                },
+            )
+            .await?;
+            let closer = store.clone();
+            Ok(OpenedStore::new(Arc::new(store), move || closer.close()))
+        }
         StoreConfig::Url(url) => Err(ServeError::UnsupportedStore(url.clone())),
     }
 }
