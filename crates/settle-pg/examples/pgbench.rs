@@ -16,15 +16,11 @@
 //! Both use the same driver (tokio-postgres + deadpool, prepared
 //! statements, `synchronous_commit=on`), one connection per client.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use settle_core::TenantId;
-use settle_ledger::bench::{PairStats, run_pairs, summarize};
-use settle_pg::{PgOptions, PgStore};
-use tokio_postgres::NoTls;
+use settle_ledger::bench::PairStats;
+use settle_pg::PgOptions;
+use settle_pg::bench::{baseline, merge, settle};
 
 struct Args {
     url: String,
@@ -37,6 +33,17 @@ struct Args {
     workers: usize,
     max_batch: usize,
     rounds: u32,
+}
+
+impl Args {
+    fn opts(&self) -> PgOptions {
+        PgOptions {
+            group_commit: self.group_commit,
+            group_commit_workers: self.workers,
+            max_batch: self.max_batch,
+            ..PgOptions::default()
+        }
+    }
 }
 
 fn usage() -> ! {
@@ -89,174 +96,6 @@ fn args() -> Args {
     a
 }
 
-fn pool(url: &str, size: usize) -> Pool {
-    let mut cfg: tokio_postgres::Config = url.parse().expect("valid URL");
-    // The same session settings as the store (see PgStore::connect).
-    cfg.options("-c synchronous_commit=on -c enable_seqscan=off")
-        .application_name("settle-bench-baseline");
-    let mgr = Manager::from_config(
-        cfg,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(mgr)
-        .max_size(size)
-        .runtime(Runtime::Tokio1)
-        .build()
-        .unwrap()
-}
-
-const BASELINE_TABLES: &str = "
-    CREATE SEQUENCE {s}.fence CACHE 1;
-    CREATE TABLE {s}.ops (
-        tenant text NOT NULL,
-        key text NOT NULL,
-        fence bigint NOT NULL,
-        status smallint NOT NULL DEFAULT 0,
-        result text,
-        response_sha256 bytea,
-        PRIMARY KEY (tenant, key)
-    );";
-
-async fn baseline(url: &str, clients: usize, duration: Duration) -> PairStats {
-    let schema = format!("bench_base_{}", std::process::id());
-    let admin = pool(url, 1);
-    {
-        let c = admin.get().await.unwrap();
-        c.batch_execute(&format!(
-            "DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}; {}",
-            BASELINE_TABLES.replace("{s}", &schema)
-        ))
-        .await
-        .unwrap();
-    }
-    let pool = pool(url, clients);
-    let claim = format!(
-        "INSERT INTO {schema}.ops (tenant, key, fence) VALUES ($1, $2, nextval('{schema}.fence')) \
-         ON CONFLICT DO NOTHING RETURNING fence"
-    );
-    let settle = format!(
-        "UPDATE {schema}.ops SET status = 4, result = $4, response_sha256 = $5 \
-         WHERE tenant = $1 AND key = $2 AND fence = $3 AND status = 0"
-    );
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for w in 0..clients {
-        let pool = pool.clone();
-        let stop = stop.clone();
-        let (claim, settle) = (claim.clone(), settle.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let mut n = 0u64;
-            let sha = vec![7u8; 32];
-            let result = r#"{"charge":1}"#;
-            while !stop.load(Ordering::Relaxed) {
-                let key = format!("bench-{w}-{n}");
-                n += 1;
-                let t0 = Instant::now();
-                // One pooled connection per statement, as settle takes one per command.
-                let c = pool.get().await.unwrap();
-                let st = c.prepare_cached(&claim).await.unwrap();
-                let row = c.query_one(&st, &[&"bench", &key]).await.unwrap();
-                let fence: i64 = row.get(0);
-                drop(c);
-                let c = pool.get().await.unwrap();
-                let st = c.prepare_cached(&settle).await.unwrap();
-                let n_rows = c
-                    .execute(&st, &[&"bench", &key, &fence, &result, &sha])
-                    .await
-                    .unwrap();
-                assert_eq!(n_rows, 1, "the fence check let the settle through");
-                drop(c);
-                lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
-            }
-            lat
-        }));
-    }
-    tokio::time::sleep(duration).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    let stats = summarize(clients, start.elapsed(), all);
-    pool.close();
-    let c = admin.get().await.unwrap();
-    c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-        .await
-        .unwrap();
-    stats
-}
-
-async fn settle(a: &Args, clients: usize, duration: Duration) -> PairStats {
-    let url = a.url.as_str();
-    let schema = format!("bench_settle_{}", std::process::id());
-    {
-        let admin = pool(url, 1);
-        let c = admin.get().await.unwrap();
-        c.batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
-            .await
-            .unwrap();
-    }
-    let store = PgStore::connect(
-        url,
-        PgOptions {
-            pool_size: clients,
-            schema: schema.clone(),
-            application_name: "settle-bench".into(),
-            group_commit: a.group_commit,
-            group_commit_workers: a.workers,
-            max_batch: a.max_batch,
-            ..PgOptions::default()
-        },
-    )
-    .await
-    .expect("connect");
-    let store = Arc::new(store);
-    let stats = run_pairs(
-        store.clone(),
-        TenantId::new("bench").unwrap(),
-        "bench",
-        clients,
-        duration,
-        Arc::new(AtomicU64::new(0)),
-    )
-    .await
-    .expect("settle pairs");
-    store.close();
-    let admin = pool(url, 1);
-    let c = admin.get().await.unwrap();
-    c.batch_execute(&format!("DROP SCHEMA {schema} CASCADE"))
-        .await
-        .unwrap();
-    stats
-}
-
-/// Merges slices: pairs and time add up; latency percentiles are the
-/// pair-weighted means of the slices' percentiles (an approximation,
-/// stated in the output).
-fn merge(v: &[PairStats]) -> Option<PairStats> {
-    let first = *v.first()?;
-    let pairs: u64 = v.iter().map(|s| s.pairs).sum();
-    let secs: f64 = v.iter().map(|s| s.duration_s).sum();
-    let w = |f: fn(&PairStats) -> f64| {
-        v.iter().map(|s| f(s) * s.pairs as f64).sum::<f64>() / pairs.max(1) as f64
-    };
-    Some(PairStats {
-        concurrency: first.concurrency,
-        duration_s: secs,
-        pairs,
-        pairs_per_s: pairs as f64 / secs.max(1e-9),
-        p50_ms: w(|s| s.p50_ms),
-        p99_ms: w(|s| s.p99_ms),
-        p999_ms: w(|s| s.p999_ms),
-        max_ms: v.iter().map(|s| s.max_ms).fold(0.0, f64::max),
-    })
-}
-
 fn obj(s: &PairStats) -> String {
     format!(
         "{{\"pairs\": {}, \"pairs_per_s\": {:.1}, \"p50_ms\": {:.3}, \"p99_ms\": {:.3}, \"p999_ms\": {:.3}, \"max_ms\": {:.3}}}",
@@ -277,7 +116,7 @@ async fn main() {
                 baseline(&a.url, c, a.warmup).await;
             }
             if run_settle {
-                settle(&a, c, a.warmup).await;
+                settle(&a.url, &a.opts(), c, a.warmup).await;
             }
         }
         // The machine is shared: alternate the two in `rounds` slices of
@@ -293,7 +132,7 @@ async fn main() {
                 bs.push(baseline(&a.url, c, slice).await);
             }
             if run_settle {
-                ss.push(settle(&a, c, slice).await);
+                ss.push(settle(&a.url, &a.opts(), c, slice).await);
             }
             if !base_first && run_base {
                 bs.push(baseline(&a.url, c, slice).await);

@@ -34,6 +34,7 @@
 //! ```
 
 mod batch;
+pub mod bench;
 mod codec;
 mod engine;
 mod lock;

@@ -265,7 +265,7 @@ struct InspectArgs {
 }
 
 #[derive(Args)]
-#[command(group(ArgGroup::new("target").required(true).args(["url", "data"])))]
+#[command(group(ArgGroup::new("target").required(true).args(["url", "data", "store"])))]
 struct BenchArgs {
     /// Benchmark a running server over HTTP.
     #[arg(long)]
@@ -273,17 +273,40 @@ struct BenchArgs {
     /// Benchmark the embedded store in this process (no HTTP).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Benchmark settle on PostgreSQL (postgres://…) against the raw SQL
+    /// protocol (bench/pg-baseline.sql), in the same run.
+    #[arg(long)]
+    store: Option<String>,
     #[arg(long, env = "SETTLE_TOKEN", hide_env_values = true)]
     token: Option<String>,
-    /// HTTP connections (or in-process workers with --data).
-    #[arg(long, visible_alias = "concurrency", default_value_t = 64)]
-    connections: usize,
-    /// Seconds to run.
+    /// HTTP connections, in-process workers (--data) or PostgreSQL clients
+    /// (--store). A comma-separated list (1,64,1024) runs each in turn.
+    #[arg(
+        long,
+        visible_alias = "concurrency",
+        default_value = "64",
+        value_delimiter = ','
+    )]
+    connections: Vec<usize>,
+    /// Seconds to run (each concurrency).
     #[arg(long, default_value_t = 10.0)]
     duration: f64,
     /// Threads of the HTTP load generator (it shares the machine with the server).
     #[arg(long, default_value_t = 1)]
     client_threads: usize,
+    /// With --data: after each run, the PostgreSQL raw-protocol baseline
+    /// (postgres://…) at the same concurrency, capped at 64 clients.
+    #[arg(long, requires = "data")]
+    postgres_baseline: Option<String>,
+    /// With --data: fill the store with this many settled records, reporting
+    /// the resident memory at 1M, 10M, … and at the end, then close it and
+    /// time the reopen.
+    #[arg(long, requires = "data")]
+    records: Option<u64>,
+    /// With --store: alternating rounds of baseline and settle per client count.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// One JSON object per run, one per line.
     #[arg(long)]
     json: bool,
 }
@@ -701,6 +724,42 @@ fn progress_bar(duration: Duration) -> Option<indicatif::ProgressBar> {
 
 async fn bench(a: BenchArgs) -> Result<(), u8> {
     let duration = Duration::from_secs_f64(a.duration.max(0.1));
+    if let Some(url) = &a.store {
+        return postgres_bench(url, &a, duration).await;
+    }
+    if let (Some(dir), Some(n)) = (&a.data, a.records) {
+        return fill_bench(
+            dir,
+            n,
+            a.connections.first().copied().unwrap_or(1024),
+            a.json,
+        )
+        .await;
+    }
+    let mut errors_total = 0;
+    for &c in &a.connections {
+        let (mode, stats, errors) = bench_once(&a, c.max(1), duration).await?;
+        errors_total += errors;
+        report(mode, &stats, errors, a.json);
+        if let Some(pg) = &a.postgres_baseline {
+            let clients = c.clamp(1, 64);
+            let b = settle_pg::bench::baseline(pg, clients, duration).await;
+            report("postgres_baseline", &b, 0, a.json);
+        }
+    }
+    if errors_total > 0 {
+        Err(EXIT_UNAVAILABLE)
+    } else {
+        Ok(())
+    }
+}
+
+/// One run at one concurrency, with a progress bar on long runs.
+async fn bench_once(
+    a: &BenchArgs,
+    concurrency: usize,
+    duration: Duration,
+) -> Result<(&'static str, settle_ledger::bench::PairStats, u64), u8> {
     let progress = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let pb = progress_bar(duration);
@@ -718,40 +777,38 @@ async fn bench(a: BenchArgs) -> Result<(), u8> {
             }
         })
     });
-    let (mode, stats, errors) = if let Some(url) = &a.url {
-        let (stats, errors) = http_bench(
+    let result = if let Some(url) = &a.url {
+        http_bench(
             url,
             a.token.as_deref(),
-            a.connections,
+            concurrency,
             duration,
             progress,
             stop.clone(),
         )
-        .await?;
-        ("http", stats, errors)
+        .await
+        .map(|(stats, errors)| ("http", stats, errors))
     } else {
-        let dir = a.data.clone().expect("clap requires --url or --data");
-        let store =
-            settle_embedded::EmbeddedStore::open(&dir, Default::default()).map_err(|e| {
-                eprintln!("error: cannot open {}: {e}", dir.display());
-                EXIT_LOCAL
-            })?;
+        let dir = a
+            .data
+            .clone()
+            .expect("clap requires --url, --data or --store");
+        let store = open_embedded(&dir)?;
         let prefix = format!("bench-{}", run_id());
         let result = settle_ledger::bench::run_pairs(
             store.clone(),
             settle_core::TenantId::default_tenant(),
             &prefix,
-            a.connections,
+            concurrency,
             duration,
             progress,
         )
         .await;
         store.close();
-        let stats = result.map_err(|e| {
+        result.map(|stats| ("in_process", stats, 0)).map_err(|e| {
             eprintln!("error: {e}");
             EXIT_LOCAL
-        })?;
-        ("in_process", stats, 0)
+        })
     };
     stop.store(true, Ordering::Relaxed);
     if let Some(t) = ticker {
@@ -760,39 +817,235 @@ async fn bench(a: BenchArgs) -> Result<(), u8> {
     if let Some(pb) = pb {
         pb.finish_and_clear();
     }
-    if a.json {
-        let v = json!({
-            "mode": mode,
-            "connections": stats.concurrency,
-            "duration_s": stats.duration_s,
-            "pairs": stats.pairs,
-            "pairs_per_s": stats.pairs_per_s,
-            "p50_ms": stats.p50_ms,
-            "p99_ms": stats.p99_ms,
-            "p999_ms": stats.p999_ms,
-            "max_ms": stats.max_ms,
-            "errors": errors,
-        });
-        println!("{v}");
+    result
+}
+
+fn open_embedded(dir: &std::path::Path) -> Result<Arc<settle_embedded::EmbeddedStore>, u8> {
+    settle_embedded::EmbeddedStore::open(dir, Default::default()).map_err(|e| {
+        eprintln!("error: cannot open {}: {e}", dir.display());
+        EXIT_LOCAL
+    })
+}
+
+fn stats_json(mode: &str, s: &settle_ledger::bench::PairStats, errors: u64) -> Value {
+    json!({
+        "mode": mode,
+        "concurrency": s.concurrency,
+        "connections": s.concurrency,
+        "duration_s": s.duration_s,
+        "pairs": s.pairs,
+        "pairs_per_s": s.pairs_per_s,
+        "p50_ms": s.p50_ms,
+        "p99_ms": s.p99_ms,
+        "p999_ms": s.p999_ms,
+        "max_ms": s.max_ms,
+        "errors": errors,
+    })
+}
+
+fn report(mode: &str, s: &settle_ledger::bench::PairStats, errors: u64, as_json: bool) {
+    if as_json {
+        println!("{}", stats_json(mode, s, errors));
     } else {
         println!(
-            "{mode}: {} pairs in {:.1} s with {} connections: {:.0} pairs/s; latency p50 {:.2} ms, \
+            "{mode}: {} pairs in {:.1} s at concurrency {}: {:.0} pairs/s; latency p50 {:.2} ms, \
              p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms; {errors} errors",
-            stats.pairs,
-            stats.duration_s,
-            stats.concurrency,
-            stats.pairs_per_s,
-            stats.p50_ms,
-            stats.p99_ms,
-            stats.p999_ms,
-            stats.max_ms
+            s.pairs,
+            s.duration_s,
+            s.concurrency,
+            s.pairs_per_s,
+            s.p50_ms,
+            s.p99_ms,
+            s.p999_ms,
+            s.max_ms
         );
     }
-    if errors > 0 {
-        Err(EXIT_UNAVAILABLE)
-    } else {
-        Ok(())
+}
+
+/// settle on PostgreSQL against the raw protocol, alternating rounds.
+async fn postgres_bench(url: &str, a: &BenchArgs, duration: Duration) -> Result<(), u8> {
+    let rows = settle_pg::bench::compare(
+        url,
+        &settle_pg::PgOptions::default(),
+        &a.connections,
+        duration,
+        Duration::from_secs(1),
+        a.rounds,
+    )
+    .await;
+    for r in rows {
+        if a.json {
+            let mut v = stats_json("postgres", &r.settle, 0);
+            v["baseline"] = stats_json("postgres_baseline", &r.baseline, 0);
+            v["ratio"] = json!(r.ratio);
+            println!("{v}");
+        } else {
+            report("postgres_baseline", &r.baseline, 0, false);
+            report("postgres_settle", &r.settle, 0, false);
+            println!(
+                "ratio settle/baseline at {} clients: {:.1} %",
+                r.clients,
+                100.0 * r.ratio
+            );
+        }
     }
+    Ok(())
+}
+
+/// This process's resident set size in MiB.
+fn rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(f64::NAN)
+}
+
+/// Fills the store with `n` settled records (claim+settle pairs at
+/// `concurrency`), reporting RSS at each power of ten from one million and
+/// at the end; then closes it and times the reopen.
+async fn fill_bench(
+    dir: &std::path::Path,
+    n: u64,
+    concurrency: usize,
+    as_json: bool,
+) -> Result<(), u8> {
+    let store = open_embedded(dir)?;
+    let tenant = settle_core::TenantId::default_tenant();
+    let prefix = format!("fill-{}", run_id());
+    let next = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let pb = (n >= 100_000).then(|| {
+        let pb = indicatif::ProgressBar::new(n);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} records  {per_sec}  eta {eta}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    });
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let (store, tenant, prefix, next, done) = (
+            store.clone(),
+            tenant.clone(),
+            prefix.clone(),
+            next.clone(),
+            done.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            use settle_core::testkit::{binding, completed, key};
+            use settle_core::{Claim, ClaimDecision, Command, Digest, Reply, Settle};
+            use settle_ledger::Store;
+            let fp = Digest([9; 32]);
+            let b = binding("fill", 0);
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= n {
+                    return Ok::<(), settle_ledger::StoreError>(());
+                }
+                let k = key(&format!("{prefix}-{i}"));
+                let fence = match store
+                    .execute(
+                        &tenant,
+                        Command::Claim(Claim::new(k.clone(), fp, b.clone())),
+                    )
+                    .await?
+                {
+                    Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+                    other => panic!("fill key was not fresh: {other:?}"),
+                };
+                let r = store
+                    .execute(
+                        &tenant,
+                        Command::Settle(Settle {
+                            key: k,
+                            fence,
+                            fingerprint: fp,
+                            binding: b.clone(),
+                            outcome: completed(1),
+                        }),
+                    )
+                    .await?;
+                assert!(matches!(r, Reply::Receipt(_)), "{r:?}");
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    // Sample RSS at each milestone while the fill runs.
+    let mut milestone = 1_000_000u64;
+    loop {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let d = done.load(Ordering::Relaxed);
+        if let Some(pb) = &pb {
+            pb.set_position(d);
+        }
+        while milestone <= n && d >= milestone {
+            let v = json!({"mode": "fill", "records": milestone, "rss_mib": rss_mib(),
+                           "resident_entities": store.resident(), "elapsed_s": start.elapsed().as_secs_f64()});
+            println!(
+                "{}",
+                if as_json {
+                    v.to_string()
+                } else {
+                    format!("{v:#}")
+                }
+            );
+            milestone *= 10;
+        }
+        if d >= n || tasks.iter().all(|t| t.is_finished()) {
+            break;
+        }
+    }
+    for t in tasks {
+        t.await.expect("fill task").map_err(|e| {
+            eprintln!("error: {e}");
+            EXIT_LOCAL
+        })?;
+    }
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let v = json!({"mode": "fill", "records": n, "rss_mib": rss_mib(), "resident_entities": store.resident(),
+                   "elapsed_s": elapsed, "pairs_per_s": n as f64 / elapsed});
+    println!(
+        "{}",
+        if as_json {
+            v.to_string()
+        } else {
+            format!("{v:#}")
+        }
+    );
+    store.close();
+    drop(store);
+
+    let t0 = Instant::now();
+    let store = open_embedded(dir)?;
+    let opened = t0.elapsed().as_secs_f64() * 1000.0;
+    use settle_ledger::Store;
+    let probe = settle_core::Key::new(format!("{prefix}-0")).expect("key");
+    let found = matches!(store.get(&tenant, &probe).await, Ok(Ok(Some(_))));
+    let first_get = t0.elapsed().as_secs_f64() * 1000.0;
+    let v = json!({"mode": "reopen", "records": n, "reopen_ms": opened, "first_get_ms": first_get,
+                   "found": found, "rss_mib": rss_mib()});
+    println!(
+        "{}",
+        if as_json {
+            v.to_string()
+        } else {
+            format!("{v:#}")
+        }
+    );
+    store.close();
+    if found { Ok(()) } else { Err(EXIT_LOCAL) }
 }
 
 fn run_id() -> String {

@@ -1125,3 +1125,73 @@ async fn sigterm_lets_an_in_flight_request_finish() {
     let r = get(&s.ep(), "/v1/operations/late").await;
     assert_eq!(r.status, 200);
 }
+
+#[tokio::test]
+async fn bench_lists_of_concurrency_and_the_fill_mode_report_each_run() {
+    let data = TempDir::new("bench-list");
+    let out = std::process::Command::new(BIN)
+        .args([
+            "bench",
+            "--concurrency",
+            "1,4",
+            "--duration",
+            "0.2",
+            "--json",
+            "--data",
+        ])
+        .arg(data.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let runs: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[0]["concurrency"], 1);
+    assert_eq!(runs[1]["concurrency"], 4);
+
+    let fill = TempDir::new("bench-fill");
+    let out = std::process::Command::new(BIN)
+        .args([
+            "bench",
+            "--records",
+            "500",
+            "--concurrency",
+            "16",
+            "--json",
+            "--data",
+        ])
+        .arg(fill.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let last_fill = lines.iter().rev().find(|v| v["mode"] == "fill").unwrap();
+    assert_eq!(last_fill["records"], 500);
+    assert!(last_fill["rss_mib"].as_f64().unwrap() > 0.0);
+    let reopen = lines.iter().find(|v| v["mode"] == "reopen").unwrap();
+    assert_eq!(reopen["found"], true);
+    // The records really are in the store.
+    let mut settled = 0;
+    settle_embedded::scan(fill.path(), |_, r| {
+        if r.status == settle_core::Status::Completed {
+            settled += 1;
+        }
+    })
+    .unwrap();
+    assert_eq!(settled, 500);
+}
