@@ -116,7 +116,6 @@ pub enum CkptMsg {
 
 pub struct WriterConfig {
     pub max_batch: usize,
-    pub segment_bytes: u64,
 }
 
 pub struct Writer {
@@ -218,6 +217,11 @@ impl Writer {
             buf.clear();
             encode_frame(&frame, buf);
             drop(frame);
+            // A frame goes whole into one segment: start the next one if the
+            // preallocated space is short (an oversized frame extends the file).
+            if self.wal.bytes() > 0 && !self.wal.fits(buf.len()) {
+                self.seal();
+            }
             if let Err(e) = self.wal.append_sync(buf) {
                 // Fail closed: never retry an fsync, never answer with a receipt.
                 tracing::error!(error = %e, "log write failed; the store refuses writes until reopened");
@@ -254,7 +258,7 @@ impl Writer {
         for (reply, r) in replies {
             let _ = reply.send(r);
         }
-        if self.wal.bytes() >= self.config.segment_bytes {
+        if !self.wal.fits(4096) {
             self.seal();
         }
     }
@@ -455,7 +459,7 @@ fn checkpoint(
     let mut newest: HashMap<&[u8], (u64, Entry<'_>), Hasher> = HashMap::default();
     for (buf, (_, path)) in buffers.iter().zip(&segments) {
         let (batches, valid) = decode_frames(buf)?;
-        if valid != buf.len() {
+        if !wal::clean_tail(buf, valid) {
             return Err(StoreError::Corrupt(format!(
                 "sealed segment {} is damaged",
                 path.display()

@@ -102,8 +102,11 @@ impl EmbeddedStore {
         // Replay the log after the checkpoint.
         let mut lsn = meta.checkpoint_lsn;
         let mut next_fence = meta.next_fence;
+        wal::remove_prepared(&wal_dir).map_err(io)?;
         let segments = wal::segments(&wal_dir).map_err(io)?;
         let mut last_seq = meta.checkpoint_seq;
+        // Where the last segment's whole frames end, to keep appending there.
+        let mut resume_at: Option<(u64, u64)> = None;
         for (i, (seq, path)) in segments.iter().enumerate() {
             last_seq = last_seq.max(*seq);
             if *seq <= meta.checkpoint_seq {
@@ -114,17 +117,20 @@ impl EmbeddedStore {
             let buf = wal::read_segment(path)?;
             let (batches, valid) = codec::decode_frames(&buf)?;
             let (valid, len) = (valid as u64, buf.len() as u64);
-            if valid < len {
+            if !wal::clean_tail(&buf, valid as usize) {
                 if i + 1 == segments.len() {
                     // A torn tail of the last write: never acknowledged.
-                    tracing::warn!(segment = seq, valid, len, "cutting a torn log tail");
-                    wal::truncate(path, valid)?;
+                    tracing::warn!(segment = seq, valid, len, "zeroing a torn log tail");
+                    wal::zero_tail(path, valid, len)?;
                 } else {
                     return Err(StoreError::Corrupt(format!(
                         "log segment {} is damaged at byte {valid} and later segments exist",
                         path.display()
                     )));
                 }
+            }
+            if i + 1 == segments.len() {
+                resume_at = Some((*seq, valid));
             }
             for b in batches {
                 if b.lsn <= lsn {
@@ -155,7 +161,15 @@ impl EmbeddedStore {
             }
         }
 
-        let wal = wal::Wal::create(&wal_dir, last_seq + 1, opts.faults.clone()).map_err(io)?;
+        let size = opts.segment_bytes.max(4096);
+        let wal = match resume_at {
+            // Keep filling the last segment's preallocated space.
+            Some((seq, valid)) if valid + 4096 <= size => {
+                wal::Wal::resume(&wal_dir, seq, size, valid, opts.faults.clone())
+            }
+            _ => wal::Wal::create(&wal_dir, last_seq + 1, size, opts.faults.clone()),
+        }
+        .map_err(io)?;
         let shared = Arc::new(Shared {
             map,
             index,
@@ -186,7 +200,6 @@ impl EmbeddedStore {
             ckpt: ctx,
             config: WriterConfig {
                 max_batch: opts.max_batch.max(1),
-                segment_bytes: opts.segment_bytes,
             },
             segment_last_lsn: lsn,
             principals: HashMap::default(),
