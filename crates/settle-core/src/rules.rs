@@ -669,22 +669,8 @@ fn settle_rules(state: &mut OpState, c: &Settle, ctx: &Ctx, tx: &mut Tx) -> Repl
     }
 
     // Rule 0: matching terminal evidence on a terminal record.
-    if r.status.is_terminal() && c.outcome.status.is_terminal() && matches {
-        let canon = r.receipt.clone().expect("terminal records have a receipt");
-        let same_result = canon.status == c.outcome.status.status()
-            && canon.response_sha256 == c.outcome.response_sha256;
-        if same_result && canon.fence == c.fence {
-            return Reply::Receipt(canon);
-        }
-        let code = if same_result {
-            RefusalCode::StaleFence
-        } else {
-            r.disputed = true;
-            RefusalCode::ResultMismatch
-        };
-        quarantine_evidence(r, &e, code, now);
-        tx.touch();
-        return Reply::Refused(code);
+    if let Some(reply) = settled_evidence(r, &e, now, tx) {
+        return reply;
     }
 
     // Rule 1: the current, unexpired execute lease with margin to spare.
@@ -701,6 +687,40 @@ fn settle_rules(state: &mut OpState, c: &Settle, ctx: &Ctx, tx: &mut Tx) -> Repl
     }
 
     settle_as_holder(r, &e, owner_generation, now, tx)
+}
+
+/// Settle rule 0, shared by `settle` and `reconcile(committed)`: terminal
+/// evidence matching the reservation on a record that is already terminal.
+/// The same fence with the same result is a retry that lost its
+/// acknowledgement (the original receipt, nothing changes); a different
+/// result disputes the record; the same result from another fence is stale.
+fn settled_evidence(
+    r: &mut Record,
+    e: &Evidence<'_>,
+    now: Timestamp,
+    tx: &mut Tx,
+) -> Option<Reply> {
+    if !(r.status.is_terminal()
+        && e.outcome.status.is_terminal()
+        && r.reservation.mismatch(e.fingerprint, e.binding).is_none())
+    {
+        return None;
+    }
+    let canon = r.receipt.clone().expect("terminal records have a receipt");
+    let same_result = canon.status == e.outcome.status.status()
+        && canon.response_sha256 == e.outcome.response_sha256;
+    if same_result && canon.fence == e.fence {
+        return Some(Reply::Receipt(canon));
+    }
+    let code = if same_result {
+        RefusalCode::StaleFence
+    } else {
+        r.disputed = true;
+        RefusalCode::ResultMismatch
+    };
+    quarantine_evidence(r, e, code, now);
+    tx.touch();
+    Some(Reply::Refused(code))
 }
 
 /// Settle rules 2–4, shared by `settle` and `reconcile(committed)`; the
@@ -802,6 +822,25 @@ fn reconcile_rules(state: &mut OpState, c: &Reconcile, ctx: &Ctx, tx: &mut Tx) -
         Finding::NotCommitted => FindingKind::NotCommitted,
         Finding::Unavailable => FindingKind::Unavailable,
     };
+    // Rule 0 for a committed finding: a retry after a lost acknowledgement
+    // gets its receipt, like a settle retry.
+    if let Finding::Committed {
+        fingerprint,
+        binding,
+        outcome,
+    } = &c.finding
+    {
+        let e = Evidence {
+            call: Call::Reconcile,
+            fence: c.fence,
+            fingerprint,
+            binding,
+            outcome,
+        };
+        if let Some(reply) = settled_evidence(r, &e, now, tx) {
+            return reply;
+        }
+    }
     if let Err(code) = check_holder(
         r,
         c.fence,

@@ -589,6 +589,34 @@ fn reconcile_committed_settles_like_settle() {
 }
 
 #[test]
+fn reconcile_committed_retry_returns_the_original_receipt() {
+    let mut h = H::new();
+    let f = to_reconcile(&mut h, "a");
+    let rc = receipt(h.run(reconcile(
+        "a",
+        f,
+        committed(1, binding("alice", 0), completed(1)),
+    )));
+    let before = h.rec("a");
+    // The worker lost the acknowledgement and retries: same answer, nothing changes.
+    let again = receipt(h.run(reconcile(
+        "a",
+        f,
+        committed(1, binding("alice", 0), completed(1)),
+    )));
+    assert_eq!(again, rc);
+    assert_eq!(h.rec("a"), before);
+    // A different result for the same reservation disputes the record.
+    let r = h.run(reconcile(
+        "a",
+        f,
+        committed(1, binding("alice", 0), completed(2)),
+    ));
+    assert_eq!(refused(&r), Some(RefusalCode::ResultMismatch));
+    assert!(h.rec("a").disputed);
+}
+
+#[test]
 fn reconcile_committed_with_mismatch_sets_conflict() {
     let mut h = H::new();
     let f = to_reconcile(&mut h, "a");
