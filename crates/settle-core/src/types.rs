@@ -658,6 +658,13 @@ mod tests {
     }
 
     #[test]
+    fn results_keep_their_key_order() {
+        let r: ResultJson =
+            serde_json::from_str(r#"{"z": 1, "a": [2, {"y": 3, "b": 4}]}"#).unwrap();
+        assert_eq!(r.as_str(), r#"{"z":1,"a":[2,{"y":3,"b":4}]}"#);
+    }
+
+    #[test]
     fn timestamps_render_rfc3339() {
         let t = Timestamp(1_700_000_000_123);
         let s = serde_json::to_string(&t).unwrap();

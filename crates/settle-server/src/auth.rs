@@ -41,10 +41,12 @@ impl Auth {
         let value = headers
             .get(header::AUTHORIZATION)
             .ok_or_else(|| Problem::unauthorized("missing Authorization: Bearer <token>"))?;
-        let token = value
-            .as_bytes()
-            .strip_prefix(b"Bearer ")
-            .or_else(|| value.as_bytes().strip_prefix(b"bearer "))
+        // The scheme name is case-insensitive (RFC 9110 §11.1).
+        let raw = value.as_bytes();
+        let token = raw
+            .get(..7)
+            .filter(|scheme| scheme.eq_ignore_ascii_case(b"Bearer "))
+            .map(|_| &raw[7..])
             .ok_or_else(|| {
                 Problem::unauthorized("the Authorization header is not Bearer <token>")
             })?;
@@ -99,7 +101,7 @@ mod tests {
             "acme"
         );
         assert_eq!(
-            a.tenant(&headers("Bearer tok-beta")).unwrap().as_str(),
+            a.tenant(&headers("BEARER tok-beta")).unwrap().as_str(),
             "beta"
         );
         assert_eq!(

@@ -283,8 +283,8 @@ impl Config {
             .max_body_bytes
             .or(file.max_body_bytes)
             .unwrap_or(defaults.max_body_bytes);
-        if max_body_bytes < 1024 {
-            return Err(invalid("max_body_bytes", "must be at least 1024"));
+        if max_body_bytes < 1 {
+            return Err(invalid("max_body_bytes", "must be at least 1"));
         }
         let max_result_bytes = args
             .max_result_bytes

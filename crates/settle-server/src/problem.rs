@@ -60,10 +60,15 @@ impl Problem {
         Problem {
             status: StatusCode::UNPROCESSABLE_ENTITY,
             code: "invalid_request",
-            detail: if field.is_empty() {
-                reason.to_string()
-            } else {
-                format!("{field}: {reason}")
+            detail: {
+                // Validation errors already start with a field name; don't repeat it.
+                let reason = reason.to_string();
+                if field.is_empty() || reason.split(':').next().is_some_and(|f| field.ends_with(f))
+                {
+                    reason
+                } else {
+                    format!("{field}: {reason}")
+                }
             },
             field: (!field.is_empty()).then_some(field),
         }
@@ -106,6 +111,7 @@ impl Problem {
             "result_mismatch" => "Result mismatch",
             "receipt_required" => "Receipt required",
             "too_many_classes" => "Too many warning classes",
+            "request_timeout" => "Request timeout",
             _ => "Error",
         }
     }
