@@ -124,7 +124,13 @@ async fn worker(inner: Arc<Inner>, rx: Arc<Mutex<mpsc::UnboundedReceiver<Item>>>
                 }
             }
         }
-        run(&inner, items).await;
+        // A panic (a broken invariant in the rules, an undecodable row that
+        // slipped through) must fail only this batch's callers, whose reply
+        // channels drop, and not stop the worker every later claim needs.
+        let batch_inner = inner.clone();
+        if let Err(e) = tokio::spawn(async move { run(&batch_inner, items).await }).await {
+            tracing::error!(error = %e, "a group-commit batch panicked; its callers get an error");
+        }
     }
 }
 

@@ -572,3 +572,44 @@ async fn two_stores_racing_on_shared_keys_keep_every_invariant() {
         assert_eq!(rec.attempts.len(), 1);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_batch_fails_its_callers_and_group_commit_goes_on() {
+    let (store, _clock, g) = common::store_at(&common::url(), "panicky").await;
+    let f = exec_fence(&store, "k").await;
+    assert!(matches!(
+        store.execute(&acme(), settle_k("k", f)).await.unwrap(),
+        Reply::Receipt(_)
+    ));
+    // A record that decodes but breaks an invariant (settled without a
+    // receipt): the rules' production assertions panic on it.
+    let mut broken = record(&store, "k").await;
+    broken.receipt = None;
+    let bytes = postcard::to_allocvec(&broken).unwrap();
+    let side = common::side_client().await;
+    side.execute(
+        &format!("UPDATE \"{}\".settle_records SET value = $1", g.schema),
+        &[&bytes],
+    )
+    .await
+    .unwrap();
+    let r = store
+        .execute(&acme(), claim("k", 1, binding("alice", 0)))
+        .await;
+    assert!(r.is_err(), "{r:?}");
+    // The worker survived: other claims and settlements still go through
+    // (a dead worker would leave them waiting forever, hence the deadline).
+    let after = async {
+        for i in 0..3 {
+            let k = format!("after-{i}");
+            let f = exec_fence(&store, &k).await;
+            assert!(matches!(
+                store.execute(&acme(), settle_k(&k, f)).await.unwrap(),
+                Reply::Receipt(_)
+            ));
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(20), after)
+        .await
+        .expect("group commit stopped after a panic");
+}
