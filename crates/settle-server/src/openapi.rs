@@ -386,10 +386,65 @@ pub struct ApiDoc;
 
 /// The document as JSON bytes (built once at start).
 pub fn document() -> Vec<u8> {
-    ApiDoc::openapi()
-        .to_json()
-        .expect("the OpenAPI document serializes")
-        .into_bytes()
+    let mut doc: serde_json::Value = serde_json::from_str(
+        &ApiDoc::openapi()
+            .to_json()
+            .expect("the OpenAPI document serializes"),
+    )
+    .expect("utoipa emits JSON");
+    add_common_errors(&mut doc);
+    serde_json::to_vec(&doc).expect("the OpenAPI document serializes")
+}
+
+/// Every `/v1` operation can also answer the errors that come before its
+/// own rules (SPEC §7): a bad path segment or body (400), a missing or
+/// unknown token (401), an oversized body (413), a schema violation (422),
+/// a storage failure or a refused record (503). Added once here rather than
+/// repeated on every route.
+fn add_common_errors(doc: &mut serde_json::Value) {
+    let common = [
+        (
+            "400",
+            "bad_request: unparsable JSON, not an object, bad path segment",
+        ),
+        ("401", "unauthorized: missing or unknown token"),
+        ("413", "payload_too_large: body over max_body_bytes"),
+        (
+            "422",
+            "invalid_request: the body or a path segment violates the schema",
+        ),
+        ("503", "record_refused or unavailable"),
+    ];
+    let Some(paths) = doc["paths"].as_object_mut() else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        if !path.starts_with("/v1/") {
+            continue;
+        }
+        let Some(ops) = item.as_object_mut() else {
+            continue;
+        };
+        for op in ops.values_mut() {
+            // An empty body reads as `{}` (SPEC §7): no body is strictly required.
+            if let Some(body) = op.get_mut("requestBody").and_then(|b| b.as_object_mut()) {
+                body.insert("required".into(), serde_json::Value::Bool(false));
+            }
+            let Some(responses) = op.get_mut("responses").and_then(|r| r.as_object_mut()) else {
+                continue;
+            };
+            for (status, description) in common {
+                responses.entry(status).or_insert_with(|| {
+                    serde_json::json!({
+                        "description": description,
+                        "content": {"application/problem+json": {
+                            "schema": {"$ref": "#/components/schemas/Problem"}
+                        }}
+                    })
+                });
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -556,5 +611,30 @@ mod tests {
             assert!(paths.contains_key(p), "{p} missing");
         }
         assert_eq!(paths.len(), 14);
+    }
+}
+
+#[cfg(test)]
+mod common_error_tests {
+    #[test]
+    fn every_v1_operation_lists_the_common_errors() {
+        let doc: serde_json::Value = serde_json::from_slice(&super::document()).unwrap();
+        assert!(doc["components"]["schemas"]["Problem"].is_object());
+        let mut ops = 0;
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            if !path.starts_with("/v1/") {
+                continue;
+            }
+            for (method, op) in item.as_object().unwrap() {
+                ops += 1;
+                for status in ["200", "400", "401", "413", "422", "503"] {
+                    assert!(
+                        op["responses"][status].is_object(),
+                        "{method} {path} lacks {status}"
+                    );
+                }
+            }
+        }
+        assert_eq!(ops, 10, "all ten /v1 operations");
     }
 }
