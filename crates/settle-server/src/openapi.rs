@@ -393,7 +393,90 @@ pub fn document() -> Vec<u8> {
     )
     .expect("utoipa emits JSON");
     add_common_errors(&mut doc);
+    add_syntax(&mut doc);
     serde_json::to_vec(&doc).expect("the OpenAPI document serializes")
+}
+
+/// The key syntax of SPEC §2 (1–255 bytes of visible ASCII) on every path
+/// segment, principal and scope, and the free-text rule on `worker`,
+/// `error` and `detail`, so generated clients and fuzzers send what the
+/// server accepts.
+fn add_syntax(doc: &mut serde_json::Value) {
+    use serde_json::json;
+    let token =
+        json!({"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[!-~]{1,255}$"});
+    let text = |nullable: bool| {
+        json!({
+            "type": if nullable { json!(["string", "null"]) } else { json!("string") },
+            "minLength": 1, "maxLength": 4096,
+            "pattern": "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
+        })
+    };
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for item in paths.values_mut() {
+            for op in item
+                .as_object_mut()
+                .into_iter()
+                .flat_map(|o| o.values_mut())
+            {
+                let params = op.get_mut("parameters").and_then(|p| p.as_array_mut());
+                for p in params.into_iter().flatten() {
+                    if p["in"] == "path" {
+                        p["schema"] = token.clone();
+                    }
+                }
+            }
+        }
+    }
+    let schemas = &mut doc["components"]["schemas"];
+    if schemas["Binding"].is_object() {
+        schemas["Binding"]["properties"]["principal"] = token.clone();
+        schemas["Binding"]["properties"]["scopes"]["items"] = token.clone();
+        schemas["Binding"]["additionalProperties"] = json!(false);
+    }
+    for (schema, field) in [
+        ("ClaimRequest", "worker"),
+        ("Outcome", "error"),
+        ("WarnRequest", "detail"),
+    ] {
+        if schemas[schema]["properties"][field].is_object() {
+            schemas[schema]["properties"][field] = text(true);
+        }
+    }
+    if schemas["Outcome"].is_object() {
+        schemas["Outcome"]["additionalProperties"] = json!(false);
+    }
+    // completed and failed need a result and the response digest (SPEC §4).
+    if schemas["Outcome"].is_object() {
+        schemas["Outcome"]["if"] = json!({"properties": {"status": {"enum": ["completed", "failed"]}}, "required": ["status"]});
+        schemas["Outcome"]["then"] = json!({
+            "required": ["result", "response_sha256"],
+            "properties": {"result": {"not": {"type": "null"}}, "response_sha256": {"type": "string"}}
+        });
+    }
+    // A committed finding carries the evidence; the others carry none.
+    if schemas["ReconcileRequest"].is_object() {
+        schemas["ReconcileRequest"]["if"] =
+            json!({"properties": {"finding": {"const": "committed"}}, "required": ["finding"]});
+        schemas["ReconcileRequest"]["then"] = json!({
+            "required": ["fingerprint", "binding", "outcome"],
+            "properties": {
+                "fingerprint": {"type": "string"},
+                "binding": {"$ref": "#/components/schemas/Binding"},
+                "outcome": {"allOf": [
+                    {"$ref": "#/components/schemas/Outcome"},
+                    {"properties": {"status": {"enum": ["completed", "failed"]}}}
+                ]}
+            }
+        });
+        schemas["ReconcileRequest"]["else"] = json!({
+            "properties": {"fingerprint": {"type": "null"}, "binding": {"type": "null"}, "outcome": {"type": "null"}}
+        });
+    }
+    if schemas["ReleaseRequest"]["properties"]["reason"].is_object() {
+        schemas["ReleaseRequest"]["properties"]["reason"] =
+            json!({"type": ["string", "null"], "enum": ["not_dispatched", null]});
+    }
 }
 
 /// Every `/v1` operation can also answer the errors that come before its
@@ -426,9 +509,11 @@ fn add_common_errors(doc: &mut serde_json::Value) {
             continue;
         };
         for op in ops.values_mut() {
-            // An empty body reads as `{}` (SPEC §7): no body is strictly required.
-            if let Some(body) = op.get_mut("requestBody").and_then(|b| b.as_object_mut()) {
-                body.insert("required".into(), serde_json::Value::Bool(false));
+            // An empty body reads as `{}` (SPEC §7): revoke and warn need none.
+            if path.ends_with("/revoke") || path.contains("/warnings/") {
+                if let Some(body) = op.get_mut("requestBody").and_then(|b| b.as_object_mut()) {
+                    body.insert("required".into(), serde_json::Value::Bool(false));
+                }
             }
             let Some(responses) = op.get_mut("responses").and_then(|r| r.as_object_mut()) else {
                 continue;
