@@ -510,10 +510,10 @@ fn add_common_errors(doc: &mut serde_json::Value) {
         };
         for op in ops.values_mut() {
             // An empty body reads as `{}` (SPEC §7): revoke and warn need none.
-            if path.ends_with("/revoke") || path.contains("/warnings/") {
-                if let Some(body) = op.get_mut("requestBody").and_then(|b| b.as_object_mut()) {
-                    body.insert("required".into(), serde_json::Value::Bool(false));
-                }
+            if (path.ends_with("/revoke") || path.contains("/warnings/"))
+                && let Some(body) = op.get_mut("requestBody").and_then(|b| b.as_object_mut())
+            {
+                body.insert("required".into(), serde_json::Value::Bool(false));
             }
             let Some(responses) = op.get_mut("responses").and_then(|r| r.as_object_mut()) else {
                 continue;
