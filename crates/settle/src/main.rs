@@ -64,6 +64,9 @@ enum Cmd {
     Warnings(WarningsArgs),
     /// Read a stopped embedded store offline.
     Inspect(InspectArgs),
+    /// Check every record of a stopped embedded store against SPEC §6;
+    /// exits 1 if any record violates an invariant or is refused.
+    Check(InspectArgs),
     /// Measure claim+settle pairs per second.
     Bench(BenchArgs),
 }
@@ -444,7 +447,8 @@ async fn run(cmd: Cmd) -> Result<(), u8> {
             let path = format!("/v1/tasks/{}/warnings", encode_segment(&a.task));
             call(&a.remote, Method::GET, &path, None).await
         }
-        Cmd::Inspect(a) => inspect(a),
+        Cmd::Inspect(a) => inspect(a, false),
+        Cmd::Check(a) => inspect(a, true),
         Cmd::Bench(a) => bench(a).await,
     }
 }
@@ -623,7 +627,8 @@ fn print_summary(v: &Value) {
 
 // ---- inspect ----
 
-fn inspect(a: InspectArgs) -> Result<(), u8> {
+/// `inspect` lists; `check` also fails on any violation or refused record.
+fn inspect(a: InspectArgs, check: bool) -> Result<(), u8> {
     use settle_core::{Status, Timestamp};
     use std::collections::BTreeMap;
 
@@ -636,8 +641,12 @@ fn inspect(a: InspectArgs) -> Result<(), u8> {
     let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
     let (mut stuck, mut unknown, mut disputed, mut quarantined, mut refused, mut reconcile) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let mut violations = vec![];
     settle_embedded::scan(&a.data, |tenant, r| {
         let id = format!("{tenant}/{}", r.key);
+        if let Err(v) = settle_core::invariants::check_record(r) {
+            violations.push(format!("{id}: {v}"));
+        }
         if r.is_from_the_future(now) {
             refused.push(id.clone());
         }
@@ -678,9 +687,14 @@ fn inspect(a: InspectArgs) -> Result<(), u8> {
             "quarantined": quarantined,
             "refused": refused,
             "reconcile_required": reconcile,
+            "violations": violations,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-        return Ok(());
+        return if check && !(violations.is_empty() && refused.is_empty()) {
+            Err(EXIT_LOCAL)
+        } else {
+            Ok(())
+        };
     }
     println!("{total} records in {}", a.data.display());
     for (status, n) in &counts {
@@ -693,13 +707,18 @@ fn inspect(a: InspectArgs) -> Result<(), u8> {
         ("disputed", &disputed),
         ("quarantined", &quarantined),
         ("refused (receipt dated in the future)", &refused),
+        ("violations of SPEC §6", &violations),
     ] {
         println!("{title}: {}", list.len());
         for id in list.iter() {
             println!("  {id}");
         }
     }
-    Ok(())
+    if check && !(violations.is_empty() && refused.is_empty()) {
+        Err(EXIT_LOCAL)
+    } else {
+        Ok(())
+    }
 }
 
 // ---- bench ----

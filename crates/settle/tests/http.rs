@@ -862,6 +862,18 @@ async fn sigterm_stops_gracefully_and_the_data_survives() {
     assert_eq!(v["disputed"], json!(["default/k"]));
     assert_eq!(v["quarantined"], json!(["default/k (1)"]));
     assert_eq!(v["refused"], json!([]));
+    assert_eq!(v["violations"], json!([]));
+    // `check` passes on this store.
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--data"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     // With no grace, the unknown record without a lease counts as stuck.
     let out = std::process::Command::new(BIN)
         .args(["inspect", "--json", "--stuck-after-s", "0", "--data"])
@@ -895,7 +907,7 @@ async fn a_record_from_the_future_is_refused_with_503() {
         assert_eq!(r.status, 200);
         assert!(s.terminate().success());
     }
-    let s = Server::start(dir.path(), &[]);
+    let mut s = Server::start(dir.path(), &[]);
     assert_problem(
         &op(&s.ep(), "k", "claim", claim_body(1, &b)).await,
         503,
@@ -906,6 +918,16 @@ async fn a_record_from_the_future_is_refused_with_503() {
         503,
         "record_refused",
     );
+    assert!(s.terminate().success());
+    // `check` reports it and fails (SPEC §6.9).
+    let out = std::process::Command::new(BIN)
+        .args(["check", "--json", "--data"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["refused"], json!(["default/k"]));
 }
 
 #[tokio::test]
