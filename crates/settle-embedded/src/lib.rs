@@ -429,6 +429,15 @@ impl Store for EmbeddedStore {
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         Box::pin(async move { Ok(self.shared.now()) })
     }
+
+    fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move {
+            if self.shared.poisoned.load(Ordering::SeqCst) {
+                return Err(StoreError::Poisoned);
+            }
+            Ok(())
+        })
+    }
 }
 
 /// Reads a stopped store offline (recovering it first), calling `f` for

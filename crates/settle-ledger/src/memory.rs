@@ -91,6 +91,9 @@ impl Store for MemStore {
                 if r.is_from_the_future(now) {
                     s.refused += 1;
                 }
+                if r.disputed {
+                    s.disputed += 1;
+                }
                 s.count(r, now, stuck_after_ms);
             }
             Ok(s)
@@ -99,5 +102,9 @@ impl Store for MemStore {
 
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         Box::pin(async move { Ok(self.clock.now()) })
+    }
+
+    fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
     }
 }

@@ -29,6 +29,25 @@ pub enum StoreError {
     /// Stored data failed its checksum or format check.
     #[error("corrupt data: {0}")]
     Corrupt(String),
+    /// A commit was interrupted and its fate cannot be established (the
+    /// database may or may not have committed it). Never a receipt: the
+    /// caller retries, and the retry learns the truth from the record.
+    #[error("commit outcome in doubt: {0}")]
+    InDoubt(String),
+    /// The engine is over its queue or backlog bound; nothing was written.
+    /// The caller should retry after the hint.
+    #[error("overloaded: retry after {retry_after_ms} ms")]
+    Overloaded { retry_after_ms: u64 },
+}
+
+impl StoreError {
+    /// The retry hint for an overload, if this is one.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        match self {
+            StoreError::Overloaded { retry_after_ms } => Some(*retry_after_ms),
+            _ => None,
+        }
+    }
 }
 
 /// Result of a background sweep.
@@ -53,6 +72,12 @@ pub struct StoreStats {
     pub stuck: u64,
     /// Records refused under SPEC §6.9 that the engine knows of.
     pub refused: u64,
+    /// Records marked `disputed` (any status), counted from the store so
+    /// the gauge survives restarts.
+    pub disputed: u64,
+    /// Stored records that cannot be decoded: skipped by the sweep, and
+    /// every call on their key answers `record_refused`.
+    pub undecodable: u64,
 }
 
 impl StoreStats {
@@ -116,6 +141,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// The store's clock.
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>>;
+
+    /// Readiness: `Ok` only if the store can accept writes right now (not
+    /// poisoned by a failed fsync, its writer alive, its database reachable
+    /// with durable settings). `/readyz` answers 503 on `Err`.
+    fn health(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -148,6 +178,9 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         (**self).now()
+    }
+    fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        (**self).health()
     }
 }
 

@@ -757,6 +757,9 @@ pub async fn stats(inner: &Inner, stuck_after_ms: u64) -> Result<StoreStats, PgE
             reconcile_required: n(4),
             stuck: n(5),
             refused: n(6),
+            // Counted by the trust work (issue 8): a disputed gauge and the
+            // undecodable records skipped by the sweep.
+            ..StoreStats::default()
         })
     })
     .await

@@ -297,6 +297,10 @@ impl Store for PgStore {
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         Box::pin(async move { Ok(engine::now(&self.inner).await?) })
     }
+
+    fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move { engine::now(&self.inner).await.map(|_| ()).map_err(Into::into) })
+    }
 }
 
 #[cfg(test)]

@@ -613,7 +613,7 @@ pub async fn readyz(State(st): St) -> Response {
     let result = if !st.ready.load(Ordering::Relaxed) {
         Err(Problem::unavailable("shutting down"))
     } else {
-        match st.store.now().await {
+        match st.store.health().await {
             Ok(_) => Ok(json(&serde_json::json!({"status": "ready"}))),
             Err(e) => Err(Problem::unavailable(format!("store not ready: {e}"))),
         }

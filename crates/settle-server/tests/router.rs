@@ -46,6 +46,9 @@ impl Store for FailingStore {
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         Box::pin(async { Err(StoreError::Closed) })
     }
+    fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Err(StoreError::Poisoned) })
+    }
 }
 
 fn app(store: Arc<dyn Store>) -> axum::Router {
