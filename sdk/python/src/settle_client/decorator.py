@@ -79,6 +79,9 @@ class _Options:
 class IdempotentFunction(Generic[P, R]):
     """A synchronous function made idempotent by ``@idempotent``."""
 
+    __name__: str
+    __qualname__: str
+
     def __init__(self, fn: Callable[P, R], client: Client, opts: _Options) -> None:
         self._fn = fn
         self._client = client
@@ -112,6 +115,9 @@ class IdempotentFunction(Generic[P, R]):
 
 class AsyncIdempotentFunction(Generic[P, R]):
     """A coroutine function made idempotent by ``@idempotent``."""
+
+    __name__: str
+    __qualname__: str
 
     def __init__(self, fn: Callable[P, Awaitable[R]], client: AsyncClient, opts: _Options) -> None:
         self._fn = fn
