@@ -296,6 +296,9 @@ export function idempotency(options) {
                 sink.write = () => true;
                 sink.end = () => res;
                 sink.writeHead = () => res;
+                sink.setHeader = () => res;
+                sink.appendHeader = () => res;
+                sink.removeHeader = () => { };
             }
             return;
         }

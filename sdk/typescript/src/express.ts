@@ -364,6 +364,9 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
         sink.write = () => true;
         sink.end = () => res;
         sink.writeHead = () => res;
+        sink.setHeader = () => res;
+        sink.appendHeader = () => res;
+        sink.removeHeader = () => {};
       }
       return;
     }
