@@ -458,3 +458,23 @@ def test_async_cancellation_settles_unknown(server: Server) -> None:
             assert rec.status == "unknown" and rec.reconcile_required
 
     asyncio.run(main())
+
+
+def test_client_run_once_methods(server: Server) -> None:
+    with Client(server.url) as c:
+        key = new_key()
+        r = c.run_once(key, REQ, lambda ctx: Done({"m": 1}), principal="p")
+        assert c.run_once(key, REQ, lambda ctx: Done({"m": 2}), principal="p").replayed
+        assert r.outcome.result == {"m": 1}
+
+    async def main() -> None:
+        async with AsyncClient(server.url) as ac:
+            async def eff(ctx: AsyncEffectContext) -> Done:
+                return Done({"a": ctx.fence})
+
+            k = new_key()
+            r1 = await ac.run_once(k, REQ, eff, principal="p")
+            r2 = await ac.run_once(k, REQ, eff, principal="p")
+            assert not r1.replayed and r2.replayed and r2.outcome.result == {"a": r1.fence}
+
+    asyncio.run(main())

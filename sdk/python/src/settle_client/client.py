@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar, Union
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
 from urllib.parse import quote
 
 import httpx
@@ -31,6 +32,9 @@ from .types import (
     Warning,
     claim_decision,
 )
+
+if TYPE_CHECKING:  # the worker imports this module
+    from .worker import AsyncEffectContext, Done, EffectContext, RunResult
 
 __all__ = ["Client", "AsyncClient", "ReconcileAnswer", "DEFAULT_TIMEOUT"]
 
@@ -330,6 +334,12 @@ class Client:
     def openapi(self) -> dict[str, Any]:
         return self._send(_Req("GET", "/openapi.json", None, dict))
 
+    def run_once(self, key: str, request: Any, effect: Callable[[EffectContext], Done], **options: Any) -> RunResult:
+        """SPEC §11: ``settle_client.run_once(self, key, request, effect, **options)``."""
+        from .worker import run_once
+
+        return run_once(self, key, request, effect, **options)
+
 
 class AsyncClient:
     """The asyncio twin of ``Client`` (same methods, awaitable)."""
@@ -424,6 +434,14 @@ class AsyncClient:
 
     async def openapi(self) -> dict[str, Any]:
         return await self._send(_Req("GET", "/openapi.json", None, dict))
+
+    async def run_once(
+        self, key: str, request: Any, effect: Callable[[AsyncEffectContext], Awaitable[Done]], **options: Any
+    ) -> RunResult:
+        """SPEC §11, the async twin: ``settle_client.run_once_async(self, ...)``."""
+        from .worker import run_once_async
+
+        return await run_once_async(self, key, request, effect, **options)
 
 
 # Re-exported for callers that want to catch everything the client raises.
