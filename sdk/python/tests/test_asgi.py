@@ -436,3 +436,14 @@ def test_counts_replays_and_refusals(server: Server) -> None:
         assert mw_instance.counts["idempotency_key_missing"] == 1 and mw_instance.counts["executed"] == 1
 
     run(main)
+
+
+def test_request_body_over_the_limit_is_413(server: Server) -> None:
+    async def main() -> None:
+        a = App(server.url, max_request_body=100)
+        async with a.http() as h:
+            problem(await h.post("/items", json={"pad": "x" * 200}, headers=H), 413, "payload_too_large")
+            assert a.count == 0
+            assert (await h.post("/items", json={"pad": "x" * 10}, headers=H)).status_code == 201
+
+    run(main)

@@ -376,3 +376,10 @@ test('plain node:http through wrap()', async () => {
     await new Promise((r) => srv.close(r));
   }
 });
+
+test('a request body over the limit → 413, nothing claimed', async () => {
+  const a = await makeApp({ maxRequestBody: 100 });
+  await problem(await post(a, '/items', { pad: 'x'.repeat(200) }), 413, 'payload_too_large');
+  assert.equal(a.state.count, 0);
+  assert.equal((await post(a, '/items', { pad: 'x' })).status, 201);
+});

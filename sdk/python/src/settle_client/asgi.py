@@ -166,15 +166,18 @@ class IdempotencyMiddleware:
                 return
             await self._refuse(send, 400, "idempotency_key_missing", "this route requires an Idempotency-Key header", None)
             return
-        body = await self._read_body(receive)
-        if body is None:
+        read = await self._read_body(receive)
+        if read is None:
             return  # the client went away before its request arrived
-        if len(body) > self.max_request_body:
+        body, too_large = read
+        if too_large:
             await self._refuse(send, 413, "payload_too_large", "the request body is over the idempotency limit", key)
             return
         await self._handle(scope, receive, send, policy, key, body)
 
-    async def _read_body(self, receive: Receive) -> bytes | None:
+    async def _read_body(self, receive: Receive) -> tuple[bytes, bool] | None:
+        """The whole request body and whether it was over the limit (then
+        only the size is kept); None when the client went away first."""
         parts: list[bytes] = []
         size = 0
         while True:
@@ -188,7 +191,8 @@ class IdempotencyMiddleware:
                     parts.append(chunk)
                 if not m.get("more_body", False):
                     break
-        return b"".join(parts) if size <= self.max_request_body else b"\0" * (self.max_request_body + 1)
+        too_large = size > self.max_request_body
+        return (b"" if too_large else b"".join(parts)), too_large
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, policy: RoutePolicy, key: str, body: bytes) -> None:
         ct = _header_values(scope, b"content-type")
