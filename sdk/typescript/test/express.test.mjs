@@ -35,7 +35,6 @@ async function makeApp(options = {}, { settleUrl, errorHandler = true } = {}) {
     if (b.block) await state.gate;
     if (b.sleep) await new Promise((r) => setTimeout(r, b.sleep));
     if (b.raise) throw new Error('handler failed');
-    if (b.nextErr) return res.req.next ? res.req.next(new Error('passed to next')) : undefined;
     if (b.retryable) markRetryable(res);
     res.status(b.status ?? 201).set({ Location: `/items/${n}`, 'X-Custom': 'c', 'X-Trace': `t${n}` });
     if (b.chunks) {
@@ -179,13 +178,11 @@ test('the ledger key, worker label and fingerprint are those of MIDDLEWARE-KEYS.
   const a = await makeApp();
   await post(a, '/items', '{}', { 'Idempotency-Key': 'order-7', Authorization: 'Bearer alice', 'content-type': 'application/json' });
   const principal = createHash('sha256').update('Bearer alice').digest('hex');
-  const f = (s) => Buffer.concat([Buffer.from([0, 0, 0, Buffer.byteLength(s)].slice(0, 4)), Buffer.from(s)]);
   const len = (s) => {
     const b = Buffer.alloc(4);
     b.writeUInt32BE(Buffer.byteLength(s));
     return Buffer.concat([b, Buffer.from(s)]);
   };
-  void f;
   const lkey = 'mw-' + createHash('sha256').update(Buffer.concat([len(a.namespace), len(principal), len('order-7')])).digest('hex');
   const rec = await ledger.get(lkey);
   assert.equal(rec.status, 'completed');
