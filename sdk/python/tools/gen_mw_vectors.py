@@ -22,6 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from settle_client import _mw  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[2] / "middleware-vectors.json"
+# Stored header names of the response vectors: the defaults, one extra, and
+# the framing headers that are never stored even when configured.
+STORED = (*_mw.DEFAULT_STORED_HEADERS, "x-kept", "content-length", "transfer-encoding")
 
 
 def build() -> dict[str, Any]:
@@ -92,13 +95,15 @@ def build() -> dict[str, Any]:
         (400, [("content-type", "application/json")], b'{"error":"amount must not be zero"}', 32768),
         (500, [], b"", 32768),
         (201, [("content-type", "text/plain")], b"x" * 11, 10),
+        (200, [("Content-Length", "2"), ("X-Kept", "k"), ("Transfer-Encoding", "chunked")], b"ok", 32768),
     ]:
-        result, digest = _mw.encode_response(status, hs, body, _mw.DEFAULT_STORED_HEADERS, limit)
+        result, digest = _mw.encode_response(status, hs, body, STORED, limit)
         responses.append(
             {
                 "status": status,
                 "headers": [list(h) for h in hs],
                 "body_b64": base64.b64encode(body).decode(),
+                "stored_headers": list(STORED),
                 "max_stored_body": limit,
                 "result": result,
                 "response_sha256": digest,

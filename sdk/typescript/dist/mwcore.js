@@ -123,7 +123,8 @@ export function responseSha256(status, body) {
 }
 /** The settled `result` for a response, and its response_sha256. */
 export function encodeResponse(status, headers, body, storedNames, maxBody) {
-    const names = new Set([...storedNames].map((n) => n.toLowerCase()));
+    // The replay sets its own content-length; framing headers are never stored.
+    const names = new Set([...storedNames].map((n) => n.toLowerCase()).filter((n) => n !== 'content-length' && n !== 'transfer-encoding'));
     const kept = headers.filter(([n]) => names.has(n.toLowerCase())).map(([n, v]) => [n.toLowerCase(), v]);
     const result = { v: RESULT_VERSION, status, headers: kept };
     if (body.length <= maxBody) {

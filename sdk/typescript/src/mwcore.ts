@@ -150,7 +150,8 @@ export function encodeResponse(
   storedNames: Iterable<string>,
   maxBody: number,
 ): { result: Record<string, unknown>; responseSha256: string } {
-  const names = new Set([...storedNames].map((n) => n.toLowerCase()));
+  // The replay sets its own content-length; framing headers are never stored.
+  const names = new Set([...storedNames].map((n) => n.toLowerCase()).filter((n) => n !== 'content-length' && n !== 'transfer-encoding'));
   const kept = headers.filter(([n]) => names.has(n.toLowerCase())).map(([n, v]) => [n.toLowerCase(), v]);
   const result: Record<string, unknown> = { v: RESULT_VERSION, status, headers: kept };
   if (body.length <= maxBody) {

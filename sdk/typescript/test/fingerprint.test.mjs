@@ -104,7 +104,7 @@ test('middleware vectors: principals, worker label, responses, Retry-After', () 
   for (const c of mwv.binding_principal) assert.equal(mw.bindingPrincipal(c.principal), c.binding_principal);
   for (const c of mwv.worker_label) assert.equal(mw.workerLabel(c.key, c.principal), c.worker);
   for (const c of mwv.responses) {
-    const got = mw.encodeResponse(c.status, c.headers, Buffer.from(c.body_b64, 'base64'), mw.DEFAULT_STORED_HEADERS, c.max_stored_body);
+    const got = mw.encodeResponse(c.status, c.headers, Buffer.from(c.body_b64, 'base64'), c.stored_headers, c.max_stored_body);
     assert.deepEqual(got.result, c.result);
     assert.equal(got.responseSha256, c.response_sha256);
     const back = mw.decodeResponse(c.result);

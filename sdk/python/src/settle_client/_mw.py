@@ -168,7 +168,8 @@ def encode_response(
     status: int, headers: Iterable[tuple[str, str]], body: bytes, stored_names: Iterable[str], max_body: int
 ) -> tuple[dict[str, Any], str]:
     """The settled ``result`` for a response and its ``response_sha256``."""
-    names = {n.lower() for n in stored_names}
+    # The replay sets its own content-length; framing headers are never stored.
+    names = {n.lower() for n in stored_names} - {"content-length", "transfer-encoding"}
     kept = [[n.lower(), v] for n, v in headers if n.lower() in names]
     result: dict[str, Any] = {"v": _RESULT_VERSION, "status": status, "headers": kept}
     if len(body) <= max_body:
