@@ -363,7 +363,9 @@ class IdempotencyMiddleware:
                 # The response goes out anyway (the effect happened); the
                 # record becomes unknown when its lease lapses.
                 log.error("idempotency: the response of key %s could not be settled", key, exc_info=True)
-        await send(cap.start)
+        start = dict(cap.start)
+        start.pop("trailers", None)  # the body goes out whole, without trailers
+        await send(start)
         await send({"type": "http.response.body", "body": out, "more_body": False})
 
     async def _release_not_committed(self, lkey: str, fence: int, fp: str, binding: Binding, key: str) -> None:
