@@ -34,8 +34,8 @@ class Server:
     proc: subprocess.Popen[str]
 
 
-def start_server(data: Path, config: Path | None = None) -> Server:
-    args = [settle_bin(), "serve", "--data", str(data), "--listen", "127.0.0.1:0"]
+def start_server(data: Path, config: Path | None = None, extra: list[str] | None = None) -> Server:
+    args = [settle_bin(), "serve", "--data", str(data), "--listen", "127.0.0.1:0", *(extra or [])]
     if config is not None:
         args += ["--config", str(config)]
     env = dict(os.environ, SETTLE_LOG=os.environ.get("SETTLE_LOG", "warn"))

@@ -7,10 +7,11 @@ import asyncio
 import hashlib
 import socket
 import time
+from pathlib import Path
 
 import httpx
 import pytest
-from conftest import TOKENS, Server, new_key
+from conftest import TOKENS, Server, new_key, start_server, stop
 
 from settle_client import (
     AsyncClient,
@@ -220,10 +221,16 @@ def test_not_found(client: Client) -> None:
     assert e.value.status == 404
 
 
-def test_payload_too_large(client: Client) -> None:
-    with pytest.raises(PayloadTooLarge) as e:
-        client.claim(new_key(), FP, Binding("p"), worker="w" * (1024 * 1024 + 10))
-    assert e.value.status == 413
+def test_payload_too_large(tmp_path: Path) -> None:
+    # A server with a small body limit: a small body is written whole before
+    # the server answers 413 and closes (a 1 MiB upload races that close).
+    small = start_server(tmp_path / "data", extra=["--max-body-bytes", "300"])
+    try:
+        with Client(small.url) as c, pytest.raises(PayloadTooLarge) as e:
+            c.claim(new_key(), FP, Binding("p"), worker="w" * 400)
+        assert e.value.status == 413
+    finally:
+        stop(small.proc)
 
 
 def test_bad_request_maps_from_a_real_answer(server: Server) -> None:

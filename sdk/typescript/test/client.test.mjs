@@ -144,7 +144,14 @@ test('invalid_request, not_found, payload_too_large, bad_request', async () => {
   assert.ok(e instanceof S.InvalidRequest && e.status === 422 && e.field === 'lease_ms');
   await assert.rejects(client.claim('bad key', FP, { principal: 'p' }), S.InvalidRequest);
   await assert.rejects(client.get(newKey()), (x) => x instanceof S.NotFound && x.status === 404);
-  await assert.rejects(client.claim(newKey(), FP, { principal: 'p' }, { worker: 'w'.repeat(1024 * 1024 + 10) }), S.PayloadTooLarge);
+  // A server with a small body limit: a small body is written whole before
+  // the server answers 413 and closes (a 1 MiB upload races that close).
+  const small = await startSettle({ args: ['--max-body-bytes', '300'] });
+  try {
+    await assert.rejects(new Client({ url: small.url }).claim(newKey(), FP, { principal: 'p' }, { worker: 'w'.repeat(400) }), S.PayloadTooLarge);
+  } finally {
+    await small.close();
+  }
   const resp = await fetch(server.url + '/v1/operations/%zz/claim', { method: 'POST', body: '{}' });
   assert.ok(problemError(resp.status, await resp.json()) instanceof S.BadRequest);
 });

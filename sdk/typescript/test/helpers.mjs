@@ -45,9 +45,9 @@ export async function stop(proc) {
   clearTimeout(t);
 }
 
-export async function startSettle({ auth = false } = {}) {
+export async function startSettle({ auth = false, args: extra = [] } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'settle-ts-'));
-  const args = ['serve', '--data', join(dir, 'data'), '--listen', '127.0.0.1:0'];
+  const args = ['serve', '--data', join(dir, 'data'), '--listen', '127.0.0.1:0', ...extra];
   if (auth) {
     const cfg = join(dir, 'settle.toml');
     writeFileSync(
