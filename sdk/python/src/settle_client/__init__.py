@@ -1,0 +1,117 @@
+"""settle_client: the Python SDK of settle (SPEC §7, §8, §11).
+
+- ``Client`` / ``AsyncClient``: every SPEC §7 call, typed;
+- ``run_once`` / ``run_once_async``: the worker contract of SPEC §11;
+- ``fingerprint``: RFC 8785 canonical JSON → SHA-256 (SPEC §11.1);
+- ``idempotent``: a Powertools-style decorator;
+- ``settle_client.asgi.IdempotencyMiddleware``: SPEC §8 for Starlette/FastAPI.
+"""
+
+from ._jcs import FingerprintError, canonicalize, fingerprint, select_fields
+from .client import AsyncClient, Client
+from .decorator import AsyncIdempotentFunction, IdempotentFunction, Invocation, idempotent
+from .errors import (
+    BadRequest,
+    BindingMismatch,
+    DeadlineExceeded,
+    EffectNotSent,
+    EffectRefused,
+    FingerprintMismatch,
+    InvalidRequest,
+    LeaseExpired,
+    NotFound,
+    OutcomeUnknown,
+    PayloadTooLarge,
+    ProblemError,
+    ReceiptRequired,
+    ReconcileRequired,
+    RecordRefused,
+    Refusal,
+    RequestTimeout,
+    ResultMismatch,
+    SettleError,
+    StaleBinding,
+    StaleFence,
+    TooManyClasses,
+    TransportError,
+    Unauthorized,
+    Unavailable,
+    WrongPurpose,
+)
+from .types import (
+    Binding,
+    ClaimDecision,
+    Dispatched,
+    Grant,
+    InFlight,
+    LeaseInfo,
+    Outcome,
+    Receipt,
+    Record,
+    Released,
+    Replay,
+    Revoked,
+    Warning,
+)
+from .worker import AsyncEffectContext, Done, EffectContext, Finding, RunResult, run_once, run_once_async
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AsyncClient",
+    "AsyncEffectContext",
+    "AsyncIdempotentFunction",
+    "BadRequest",
+    "Binding",
+    "BindingMismatch",
+    "ClaimDecision",
+    "Client",
+    "DeadlineExceeded",
+    "Dispatched",
+    "Done",
+    "EffectContext",
+    "EffectNotSent",
+    "EffectRefused",
+    "Finding",
+    "FingerprintError",
+    "FingerprintMismatch",
+    "Grant",
+    "IdempotentFunction",
+    "InFlight",
+    "InvalidRequest",
+    "Invocation",
+    "LeaseExpired",
+    "LeaseInfo",
+    "NotFound",
+    "Outcome",
+    "OutcomeUnknown",
+    "PayloadTooLarge",
+    "ProblemError",
+    "Receipt",
+    "ReceiptRequired",
+    "ReconcileRequired",
+    "Record",
+    "RecordRefused",
+    "Refusal",
+    "Released",
+    "Replay",
+    "RequestTimeout",
+    "ResultMismatch",
+    "Revoked",
+    "RunResult",
+    "SettleError",
+    "StaleBinding",
+    "StaleFence",
+    "TooManyClasses",
+    "TransportError",
+    "Unauthorized",
+    "Unavailable",
+    "Warning",
+    "WrongPurpose",
+    "canonicalize",
+    "fingerprint",
+    "idempotent",
+    "run_once",
+    "run_once_async",
+    "select_fields",
+]

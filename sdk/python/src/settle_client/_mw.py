@@ -1,0 +1,234 @@
+"""The framework-independent half of the SPEC §8 middleware: header parsing,
+the ledger key, the request fingerprint, the stored-response format and the
+problem answers. The byte layouts are in sdk/MIDDLEWARE-KEYS.md; the
+TypeScript middleware implements the same ones (src/mwcore.ts), and both are
+tested against the same expected digests.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._jcs import FingerprintError, canonicalize
+
+__all__ = [
+    "KeyError_",
+    "parse_idempotency_key",
+    "frame",
+    "ledger_key",
+    "request_fingerprint",
+    "default_principal",
+    "binding_principal",
+    "worker_label",
+    "StoredResponse",
+    "encode_response",
+    "decode_response",
+    "response_sha256",
+    "problem_body",
+    "retry_after_header",
+    "NOT_COMMITTED_STATUSES",
+    "DEFAULT_STORED_HEADERS",
+    "DEFAULT_MAX_STORED_BODY",
+]
+
+NOT_COMMITTED_STATUSES = frozenset({408, 409, 425, 429})
+DEFAULT_STORED_HEADERS = ("content-type", "location")
+DEFAULT_MAX_STORED_BODY = 32 * 1024
+_RESULT_VERSION = 1
+
+
+class KeyError_(Exception):
+    """The Idempotency-Key header is missing or malformed (``code`` is
+    ``idempotency_key_missing`` or ``idempotency_key_invalid``)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+def _visible(s: str) -> bool:
+    return 1 <= len(s) <= 255 and all(0x21 <= ord(c) <= 0x7E for c in s)
+
+
+def parse_idempotency_key(values: Sequence[str]) -> str | None:
+    """The key of the Idempotency-Key header field lines ``values``: None
+    when absent; an RFC 8941 sf-string (``"abc"``) or a bare token
+    (``abc``), 1–255 visible ASCII after unquoting. Sent twice →
+    ``idempotency_key_invalid``."""
+    if not values:
+        return None
+    if len(values) > 1:
+        raise KeyError_("idempotency_key_invalid", "the Idempotency-Key header was sent more than once")
+    v = values[0].strip(" \t")
+    if v.startswith('"'):
+        if len(v) < 2 or not v.endswith('"'):
+            raise KeyError_("idempotency_key_invalid", "unterminated sf-string in Idempotency-Key")
+        out = []
+        i = 1
+        while i < len(v) - 1:
+            c = v[i]
+            if c == "\\":
+                if i + 1 >= len(v) - 1 or v[i + 1] not in '"\\':
+                    raise KeyError_("idempotency_key_invalid", "bad escape in the Idempotency-Key sf-string")
+                out.append(v[i + 1])
+                i += 2
+                continue
+            if c == '"' or not 0x20 <= ord(c) <= 0x7E:
+                raise KeyError_("idempotency_key_invalid", "bad character in the Idempotency-Key sf-string")
+            out.append(c)
+            i += 1
+        key = "".join(out)
+    else:
+        key = v
+    if not _visible(key):
+        raise KeyError_("idempotency_key_invalid", "the Idempotency-Key must be 1-255 visible ASCII characters")
+    return key
+
+
+def frame(*fields: bytes) -> bytes:
+    """Each field as a 4-byte big-endian length followed by its bytes."""
+    return b"".join(len(f).to_bytes(4, "big") + f for f in fields)
+
+
+def ledger_key(namespace: str, principal: str, key: str) -> str:
+    """SPEC §8 scope: ``mw-`` + hex SHA-256 of the framed namespace,
+    principal and (unquoted) header value, all UTF-8."""
+    digest = hashlib.sha256(frame(namespace.encode(), principal.encode(), key.encode())).hexdigest()
+    return "mw-" + digest
+
+
+def _is_json_media(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or media.endswith("+json")
+
+
+def request_fingerprint(
+    method: str,
+    target: str,
+    content_type: str,
+    body: bytes,
+    headers: Iterable[tuple[str, str]] = (),
+    canonical_json: bool = False,
+) -> str:
+    """SPEC §8 fingerprint: SHA-256 over the framed method (upper case), the
+    request target (path with its query, as sent), the content-type (as
+    sent, "" when absent), the body bytes, then each configured header as
+    name (lower case) and value, sorted by name. With ``canonical_json`` a
+    body of a JSON media type that parses is replaced by its RFC 8785 form."""
+    if canonical_json and body and _is_json_media(content_type):
+        try:
+            body = canonicalize(json.loads(body.decode("utf-8"))).encode("utf-8")
+        except (ValueError, UnicodeDecodeError, FingerprintError, RecursionError):
+            pass  # not JSON after all: the raw bytes count
+    parts = [method.upper().encode(), target.encode(), content_type.encode(), body]
+    for name, value in sorted((n.lower(), v) for n, v in headers):
+        parts += [name.encode(), value.encode()]
+    return hashlib.sha256(frame(*parts)).hexdigest()
+
+
+def default_principal(authorization: str | None) -> str:
+    """SHA-256 hex of the Authorization header value, or ``anonymous``."""
+    if authorization is None:
+        return "anonymous"
+    return hashlib.sha256(authorization.encode()).hexdigest()
+
+
+def binding_principal(principal: str) -> str:
+    """The claim's ``binding.principal``: the principal itself when it fits
+    the key syntax, else ``sha256:`` + its hex digest."""
+    if _visible(principal):
+        return principal
+    return "sha256:" + hashlib.sha256(principal.encode()).hexdigest()
+
+
+def worker_label(key: str, principal: str) -> str:
+    """The claim's ``worker`` field, for operators (SPEC §8)."""
+    return f"idempotency-key={key} principal={binding_principal(principal)}"
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes | None  # None: too large, only its digest was stored
+
+
+def response_sha256(status: int, body: bytes) -> str:
+    return hashlib.sha256(frame(str(status).encode(), body)).hexdigest()
+
+
+def encode_response(
+    status: int, headers: Iterable[tuple[str, str]], body: bytes, stored_names: Iterable[str], max_body: int
+) -> tuple[dict[str, Any], str]:
+    """The settled ``result`` for a response and its ``response_sha256``."""
+    # The replay sets its own content-length; framing headers are never stored.
+    names = {n.lower() for n in stored_names} - {"content-length", "transfer-encoding"}
+    kept = [[n.lower(), v] for n, v in headers if n.lower() in names]
+    result: dict[str, Any] = {"v": _RESULT_VERSION, "status": status, "headers": kept}
+    if len(body) <= max_body:
+        result["body"] = base64.b64encode(body).decode("ascii")
+    else:
+        result["body"] = None
+        result["body_bytes"] = len(body)
+        result["body_sha256"] = hashlib.sha256(body).hexdigest()
+    return result, response_sha256(status, body)
+
+
+def decode_response(result: Any) -> StoredResponse | None:
+    """A stored response, or None when ``result`` is not one."""
+    if not isinstance(result, dict) or result.get("v") != _RESULT_VERSION:
+        return None
+    status = result.get("status")
+    headers = result.get("headers")
+    if not isinstance(status, int) or not isinstance(headers, list):
+        return None
+    hs: list[tuple[str, str]] = []
+    for h in headers:
+        if not (isinstance(h, list) and len(h) == 2 and all(isinstance(x, str) for x in h)):
+            return None
+        hs.append((h[0], h[1]))
+    b = result.get("body")
+    if b is None:
+        return StoredResponse(status, hs, None)
+    if not isinstance(b, str):
+        return None
+    try:
+        return StoredResponse(status, hs, base64.b64decode(b, validate=True))
+    except ValueError:
+        return None
+
+
+_TITLES = {
+    "idempotency_key_missing": "Idempotency-Key missing",
+    "idempotency_key_invalid": "Idempotency-Key invalid",
+    "idempotency_key_reused": "Idempotency-Key reused",
+    "request_in_progress": "Request in progress",
+    "outcome_unknown": "Outcome unknown",
+    "idempotency_unavailable": "Idempotency unavailable",
+    "response_not_stored": "Response not stored",
+    "payload_too_large": "Payload too large",
+}
+
+
+def problem_body(status: int, code: str, detail: str) -> bytes:
+    """An RFC 9457 problem+json body with the extra ``code`` member."""
+    body = {
+        "type": f"urn:settle:problem:{code}",
+        "title": _TITLES.get(code, code),
+        "status": status,
+        "detail": detail,
+        "code": code,
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def retry_after_header(retry_after_ms: int) -> str:
+    """Whole seconds, at least 1 (SPEC §8)."""
+    return str(max(1, math.ceil(retry_after_ms / 1000)))

@@ -1,0 +1,462 @@
+"""``IdempotencyMiddleware``: SPEC §8 for ASGI applications (Starlette,
+FastAPI, any ASGI 3 app), on a remote ``settle serve``.
+
+    app.add_middleware(IdempotencyMiddleware, client=AsyncClient(url, token))
+
+The request body is read whole (to fingerprint it) and the response is
+buffered whole (to settle it before the client sees it, so that a client
+that loses the answer gets the replay), so streaming responses arrive in one
+piece. Decisions where SPEC §8 is silent are in sdk/python/README.md and
+sdk/MIDDLEWARE-KEYS.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from . import _mw
+from .client import AsyncClient
+from .errors import (
+    BindingMismatch,
+    FingerprintMismatch,
+    InvalidRequest,
+    ProblemError,
+    SettleError,
+    TransportError,
+)
+from .types import Binding, Grant, InFlight, Outcome, Replay
+from .worker import _aheartbeat, _aretry, _Deadline
+
+__all__ = ["IdempotencyMiddleware", "RoutePolicy", "mark_retryable", "Scope", "Message"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+ReconcileHook = Callable[[str, int, Scope], Awaitable[Literal["not_committed", "unavailable"]]]
+
+log = logging.getLogger("settle_client.asgi")
+_RETRYABLE = "settle_retryable"
+
+
+@dataclass(frozen=True)
+class RoutePolicy:
+    """How one route is wrapped. ``required``: a request without a key gets
+    400 (else it runs unwrapped). ``fail_open``: when the ledger is
+    unreachable, run the handler without idempotency (logged) instead of
+    503. ``timeout``: seconds before the handler counts as failed (unknown)."""
+
+    required: bool = True
+    fail_open: bool = False
+    timeout: float | None = None
+
+
+def mark_retryable(target: Any) -> None:
+    """Mark the current response as saying nothing happened: it is not
+    stored, the lease is released with ``not_committed`` and a retry runs
+    the handler again. ``target``: a Starlette ``Request`` or the ASGI
+    scope."""
+    scope = getattr(target, "scope", target)
+    scope.setdefault("state", {})[_RETRYABLE] = True
+
+
+class _Captured:
+    def __init__(self) -> None:
+        self.start: Message | None = None
+        self.chunks: list[bytes] = []
+        self.complete = False
+
+    async def send(self, message: Message) -> None:
+        t = message["type"]
+        if t == "http.response.start":
+            self.start = message
+        elif t == "http.response.body":
+            if self.complete:
+                return
+            self.chunks.append(bytes(message.get("body", b"")))
+            if not message.get("more_body", False):
+                self.complete = True
+
+
+def _header_values(scope: Scope, name: bytes) -> list[str]:
+    return [v.decode("latin-1") for n, v in scope.get("headers", []) if n.lower() == name]
+
+
+def _target(scope: Scope) -> str:
+    raw = scope.get("raw_path")
+    path = raw.decode("latin-1") if isinstance(raw, (bytes, bytearray)) else str(scope.get("path", ""))
+    qs = scope.get("query_string", b"")
+    return path + ("?" + qs.decode("latin-1") if qs else "")
+
+
+class IdempotencyMiddleware:
+    """SPEC §8's table for an ASGI app. Every option has the default SPEC §8
+    names; see sdk/python/README.md for the table of answers."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        client: AsyncClient,
+        namespace: str = "default",
+        methods: tuple[str, ...] = ("POST", "PATCH"),
+        routes: Callable[[str, str], RoutePolicy | None] | None = None,
+        principal: Callable[[Scope], str] | None = None,
+        stored_headers: tuple[str, ...] = (),
+        fingerprint_headers: tuple[str, ...] = (),
+        canonical_json: bool = False,
+        max_stored_body: int = _mw.DEFAULT_MAX_STORED_BODY,
+        max_request_body: int = 1024 * 1024,
+        lease_ms: int = 30000,
+        retention_s: int | None = None,
+        timeout: float | None = None,
+        fail_open: bool = False,
+        unavailable_retry_after_s: int = 1,
+        reconcile: ReconcileHook | None = None,
+    ) -> None:
+        self.app = app
+        self.client = client
+        self.namespace = namespace
+        self.methods = tuple(m.upper() for m in methods)
+        self.routes = routes
+        self.principal = principal
+        self.stored_headers = tuple(dict.fromkeys(list(_mw.DEFAULT_STORED_HEADERS) + [h.lower() for h in stored_headers]))
+        self.fingerprint_headers = tuple(h.lower() for h in fingerprint_headers)
+        self.canonical_json = canonical_json
+        self.max_stored_body = max_stored_body
+        self.max_request_body = max_request_body
+        self.lease_ms = lease_ms
+        self.retention_s = retention_s
+        self.default_policy = RoutePolicy(required=True, fail_open=fail_open, timeout=timeout)
+        self.unavailable_retry_after_s = unavailable_retry_after_s
+        self.reconcile = reconcile
+        # Replays and refusals, by kind (SPEC §8: counted and logged).
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def _policy(self, method: str, path: str) -> RoutePolicy | None:
+        if self.routes is not None:
+            p = self.routes(method, path)
+            if p is not None and p.timeout is None and self.default_policy.timeout is not None:
+                p = replace(p, timeout=self.default_policy.timeout)
+            return p
+        return self.default_policy if method.upper() in self.methods else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        policy = self._policy(str(scope["method"]), str(scope["path"]))
+        if policy is None:
+            await self.app(scope, receive, send)
+            return
+        try:
+            key = _mw.parse_idempotency_key(_header_values(scope, b"idempotency-key"))
+        except _mw.KeyError_ as e:
+            await self._refuse(send, 400, e.code, e.detail, None)
+            return
+        if key is None:
+            if not policy.required:
+                await self.app(scope, receive, send)
+                return
+            await self._refuse(send, 400, "idempotency_key_missing", "this route requires an Idempotency-Key header", None)
+            return
+        read = await self._read_body(receive)
+        if read is None:
+            return  # the client went away before its request arrived
+        body, too_large = read
+        if too_large:
+            await self._refuse(send, 413, "payload_too_large", "the request body is over the idempotency limit", key)
+            return
+        await self._handle(scope, receive, send, policy, key, body)
+
+    async def _read_body(self, receive: Receive) -> tuple[bytes, bool] | None:
+        """The whole request body and whether it was over the limit (then
+        only the size is kept); None when the client went away first."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            m = await receive()
+            if m["type"] == "http.disconnect":
+                return None
+            if m["type"] == "http.request":
+                chunk = bytes(m.get("body", b""))
+                size += len(chunk)
+                if size <= self.max_request_body:
+                    parts.append(chunk)
+                if not m.get("more_body", False):
+                    break
+        too_large = size > self.max_request_body
+        return (b"" if too_large else b"".join(parts)), too_large
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, policy: RoutePolicy, key: str, body: bytes) -> None:
+        ct = _header_values(scope, b"content-type")
+        content_type = ct[0] if ct else ""
+        fp_headers = [(h, ", ".join(_header_values(scope, h.encode("latin-1")))) for h in self.fingerprint_headers]
+        fp = _mw.request_fingerprint(
+            str(scope["method"]), _target(scope), content_type, body, fp_headers, self.canonical_json
+        )
+        if self.principal is not None:
+            principal = self.principal(scope)
+        else:
+            auth = _header_values(scope, b"authorization")
+            principal = _mw.default_principal(auth[0] if auth else None)
+        lkey = _mw.ledger_key(self.namespace, principal, key)
+        binding = Binding(_mw.binding_principal(principal))
+
+        try:
+            dec = await self.client.claim(
+                lkey,
+                fp,
+                binding,
+                lease_ms=self.lease_ms,
+                worker=_mw.worker_label(key, principal),
+                marks_dispatch=True,
+                retention_s=self.retention_s,
+            )
+        except (FingerprintMismatch, BindingMismatch):
+            await self._refuse(send, 422, "idempotency_key_reused", "this Idempotency-Key was used for another request", key)
+            return
+        except SettleError as e:
+            await self._unavailable(scope, receive, send, policy, key, body, e)
+            return
+
+        if isinstance(dec, Replay):
+            await self._replay(send, key, dec)
+            return
+        if isinstance(dec, InFlight):
+            self.counts["request_in_progress"] += 1
+            log.info("idempotency: key %s in progress", key)
+            await self._problem(
+                send,
+                409,
+                "request_in_progress",
+                "a request with this Idempotency-Key is still being processed",
+                [(b"retry-after", _mw.retry_after_header(dec.retry_after_ms).encode())],
+            )
+            return
+        assert isinstance(dec, Grant)
+        grant = dec
+        if grant.decision == "reconcile":
+            g = await self._reconcile(scope, lkey, grant, key)
+            if g is None:
+                await self._refuse(
+                    send, 409, "outcome_unknown", "an earlier request with this Idempotency-Key failed with an unknown outcome", key
+                )
+                return
+            grant = g
+        try:
+            await self.client.dispatch(lkey, grant.fence)
+        except SettleError as e:
+            try:
+                await self.client.release(lkey, grant.fence, "not_dispatched")
+            except SettleError:
+                pass  # the lease expires; with marks_dispatch and no dispatch nothing is flagged
+            await self._unavailable(scope, receive, send, policy, key, body, e)
+            return
+        await self._execute(scope, receive, send, policy, key, body, lkey, fp, binding, grant.fence)
+
+    async def _reconcile(self, scope: Scope, lkey: str, grant: Grant, key: str) -> Grant | None:
+        finding: str = "unavailable"
+        if self.reconcile is not None:
+            try:
+                finding = await self.reconcile(lkey, grant.fence, scope)
+            except Exception:
+                log.exception("idempotency: reconcile hook failed for key %s", key)
+        try:
+            if finding == "not_committed":
+                ans = await self.client.reconcile(lkey, grant.fence, "not_committed")
+                if isinstance(ans, Grant):
+                    return ans
+            else:
+                await self.client.reconcile(lkey, grant.fence, "unavailable")
+        except SettleError:
+            log.warning("idempotency: reconcile of key %s got no answer", key)
+        return None
+
+    async def _execute(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        policy: RoutePolicy,
+        key: str,
+        body: bytes,
+        lkey: str,
+        fp: str,
+        binding: Binding,
+        fence: int,
+    ) -> None:
+        # The app sees the body it would have received, and a scope without
+        # the zero-copy extensions (their bytes could not be captured).
+        inner = dict(scope)
+        ext = dict(scope.get("extensions") or {})
+        ext.pop("http.response.pathsend", None)
+        ext.pop("http.response.zerocopy", None)
+        inner["extensions"] = ext
+        delivered = False
+
+        async def app_receive() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        cap = _Captured()
+        self.counts["executed"] += 1
+        lost = asyncio.Event()
+        hb = asyncio.get_running_loop().create_task(_aheartbeat(self.client, lkey, fence, self.lease_ms, lost))
+        escaped: BaseException | None = None
+        try:
+            if policy.timeout is not None:
+                await asyncio.wait_for(self.app(inner, app_receive, cap.send), policy.timeout)
+            else:
+                await self.app(inner, app_receive, cap.send)
+        except asyncio.CancelledError as e:
+            # The framework cancelled the handler (client disconnect,
+            # shutdown): the effect may have happened.
+            hb.cancel()
+            await asyncio.shield(self._settle_unknown(lkey, fence, fp, binding, key, "cancelled"))
+            raise e
+        except BaseException as e:  # noqa: BLE001 - every escape is an unknown outcome
+            escaped = e
+        finally:
+            hb.cancel()
+        reraise = escaped is not None and not isinstance(escaped, (asyncio.TimeoutError, TimeoutError))
+        if escaped is None and (cap.start is None or not cap.complete):
+            escaped = RuntimeError("the handler returned without a complete response")
+        if escaped is not None:
+            what = "timeout" if not reraise and not isinstance(escaped, RuntimeError) else type(escaped).__name__
+            await self._settle_unknown(lkey, fence, fp, binding, key, what)
+            await self._problem(
+                send, 500, "outcome_unknown", "the request failed; its outcome is unknown and must be reconciled", None
+            )
+            if reraise:
+                # The server (or an outer middleware) logs it, as without us.
+                raise escaped
+            return
+
+        assert cap.start is not None
+        status = int(cap.start["status"])
+        headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in cap.start.get("headers", [])]
+        out = b"".join(cap.chunks)
+        state = inner.get("state")
+        retryable = status in _mw.NOT_COMMITTED_STATUSES or (isinstance(state, dict) and bool(state.get(_RETRYABLE)))
+        if retryable:
+            await self._release_not_committed(lkey, fence, fp, binding, key)
+        else:
+            result, digest = _mw.encode_response(status, headers, out, self.stored_headers, self.max_stored_body)
+            outcome = Outcome(status="failed" if status >= 500 else "completed", result=result, response_sha256=digest)
+            try:
+                await _aretry(
+                    lambda: self.client.settle(lkey, fence, fp, binding, outcome),
+                    _Deadline(self.lease_ms / 1000.0 + 1.0),
+                    "settle",
+                )
+            except SettleError:
+                # The response goes out anyway (the effect happened); the
+                # record becomes unknown when its lease lapses.
+                log.error("idempotency: the response of key %s could not be settled", key, exc_info=True)
+        start = dict(cap.start)
+        start.pop("trailers", None)  # the body goes out whole, without trailers
+        await send(start)
+        await send({"type": "http.response.body", "body": out, "more_body": False})
+
+    async def _release_not_committed(self, lkey: str, fence: int, fp: str, binding: Binding, key: str) -> None:
+        self.counts["not_committed"] += 1
+        try:
+            await _aretry(
+                lambda: self.client.release(lkey, fence, "not_committed"), _Deadline(self.lease_ms / 1000.0), "release"
+            )
+        except InvalidRequest:
+            # A server without release(not_committed) (SPEC §4): the safe
+            # record is unknown.
+            log.warning("idempotency: the ledger refused release(not_committed) for key %s; settling unknown", key)
+            await self._settle_unknown(lkey, fence, fp, binding, key, "not_committed unsupported")
+        except SettleError:
+            log.error("idempotency: release of key %s failed", key, exc_info=True)
+
+    async def _settle_unknown(self, lkey: str, fence: int, fp: str, binding: Binding, key: str, why: str) -> None:
+        self.counts["outcome_unknown"] += 1
+        log.warning("idempotency: key %s failed (%s); outcome unknown", key, why)
+        try:
+            await _aretry(
+                lambda: self.client.settle(
+                    lkey, fence, fp, binding, Outcome(status="unknown", error=f"handler failed: {why}"[:4096])
+                ),
+                _Deadline(self.lease_ms / 1000.0 + 1.0),
+                "settle",
+            )
+        except SettleError:
+            # The lease lapses after dispatch: the ledger marks it unknown anyway.
+            log.error("idempotency: settle unknown of key %s failed", key, exc_info=True)
+
+    async def _replay(self, send: Send, key: str, dec: Replay) -> None:
+        stored = _mw.decode_response(dec.outcome.result)
+        if stored is None or stored.body is None:
+            self.counts["response_not_stored"] += 1
+            log.info("idempotency: key %s completed but its response was not stored", key)
+            await self._problem(
+                send,
+                409,
+                "response_not_stored",
+                "this request completed but its response was too large to store; it will not run again",
+                None,
+            )
+            return
+        self.counts["replayed"] += 1
+        log.info("idempotency: replay of key %s", key)
+        headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in stored.headers]
+        headers.append((b"content-length", str(len(stored.body)).encode()))
+        headers.append((b"idempotent-replayed", b"true"))
+        await send({"type": "http.response.start", "status": stored.status, "headers": headers})
+        await send({"type": "http.response.body", "body": stored.body, "more_body": False})
+
+    async def _unavailable(
+        self, scope: Scope, receive: Receive, send: Send, policy: RoutePolicy, key: str, body: bytes, err: BaseException
+    ) -> None:
+        if policy.fail_open:
+            self.counts["fail_open"] += 1
+            log.warning("idempotency: ledger unreachable (%s); key %s runs WITHOUT idempotency (fail_open)", err, key)
+            delivered = False
+
+            async def again() -> Message:
+                nonlocal delivered
+                if not delivered:
+                    delivered = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            await self.app(scope, again, send)
+            return
+        self.counts["idempotency_unavailable"] += 1
+        log.warning("idempotency: ledger unreachable for key %s: %s", key, err)
+        await self._problem(
+            send,
+            503,
+            "idempotency_unavailable",
+            "the idempotency ledger is unreachable; the request was not run",
+            [(b"retry-after", str(max(1, self.unavailable_retry_after_s)).encode())],
+        )
+
+    async def _refuse(self, send: Send, status: int, code: str, detail: str, key: str | None) -> None:
+        self.counts[code] += 1
+        log.info("idempotency: %s for key %s", code, key)
+        await self._problem(send, status, code, detail, None)
+
+    @staticmethod
+    async def _problem(send: Send, status: int, code: str, detail: str, extra: list[tuple[bytes, bytes]] | None) -> None:
+        body = _mw.problem_body(status, code, detail)
+        headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
+        headers += extra or []
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+_ = (ProblemError, TransportError)

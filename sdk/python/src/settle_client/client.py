@@ -1,0 +1,448 @@
+"""The typed HTTP client of SPEC §7: ``Client`` (sync) and ``AsyncClient``.
+
+Both build the same requests (``_Req``) and parse the same answers; only the
+transport differs (httpx.Client / httpx.AsyncClient). Path segments are
+percent-encoded (every byte but the unreserved ones), as SPEC §7 asks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
+from urllib.parse import quote
+
+import httpx
+
+from .errors import ProblemError, TransportError, problem_error
+from .types import (
+    MAX_SAFE_INTEGER,
+    Binding,
+    ClaimDecision,
+    Dispatched,
+    Grant,
+    LeaseInfo,
+    Outcome,
+    Receipt,
+    Record,
+    Released,
+    Revoked,
+    Warning,
+    claim_decision,
+)
+
+if TYPE_CHECKING:  # the worker imports this module
+    from .worker import AsyncEffectContext, Done, EffectContext, RunResult
+
+__all__ = ["Client", "AsyncClient", "ReconcileAnswer", "DEFAULT_TIMEOUT"]
+
+DEFAULT_TIMEOUT = 10.0
+T = TypeVar("T")
+ReconcileAnswer = Union[Grant, Receipt, Released]
+
+
+def _seg(s: str) -> str:
+    if not isinstance(s, str):
+        raise TypeError(f"path segment must be a str, not {type(s).__name__}")
+    return quote(s, safe="")
+
+
+def _uint(name: str, v: int, lo: int = 0) -> int:
+    # SPEC §2: fences and generations are integers in [0, 2^53 − 1]; bool is
+    # an int in Python and is refused here on purpose.
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= MAX_SAFE_INTEGER:
+        raise ValueError(f"{name} must be an integer in [{lo}, 2^53 - 1], got {v!r}")
+    return v
+
+
+def _binding(b: Binding) -> dict[str, Any]:
+    if not isinstance(b, Binding):
+        raise TypeError("binding must be a settle_client.Binding")
+    _uint("binding.generation", b.generation)
+    return b.to_json()
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    v = resp.headers.get("retry-after")
+    if v is None:
+        return None
+    try:
+        return max(0.0, float(v))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class _Req(Generic[T]):
+    method: str
+    path: str
+    body: dict[str, Any] | None
+    parse: Callable[[Any], T]
+    raw: bool = False
+
+
+def _grant_or_receipt(d: Any) -> ReconcileAnswer:
+    if "receipt" in d:
+        return Receipt.from_json(d["receipt"])
+    if "decision" in d:
+        dec = claim_decision(d)
+        assert isinstance(dec, Grant), "reconcile(not_committed) answers a grant"
+        return dec
+    return Released(int(d["fence"]), bool(d["released"]))
+
+
+class _Calls:
+    """Request builders shared by Client and AsyncClient."""
+
+    @staticmethod
+    def claim(
+        key: str,
+        fingerprint: str,
+        binding: Binding,
+        lease_ms: int | None,
+        worker: str | None,
+        marks_dispatch: bool,
+        retention_s: int | None,
+    ) -> _Req[ClaimDecision]:
+        body: dict[str, Any] = {"fingerprint": fingerprint, "binding": _binding(binding)}
+        if lease_ms is not None:
+            body["lease_ms"] = lease_ms
+        if worker is not None:
+            body["worker"] = worker
+        if marks_dispatch:
+            body["marks_dispatch"] = True
+        if retention_s is not None:
+            body["retention_s"] = retention_s
+        return _Req("POST", f"/v1/operations/{_seg(key)}/claim", body, claim_decision)
+
+    @staticmethod
+    def heartbeat(key: str, fence: int, lease_ms: int | None) -> _Req[LeaseInfo]:
+        body: dict[str, Any] = {"fence": _uint("fence", fence)}
+        if lease_ms is not None:
+            body["lease_ms"] = lease_ms
+        return _Req(
+            "POST",
+            f"/v1/operations/{_seg(key)}/heartbeat",
+            body,
+            lambda d: LeaseInfo(int(d["fence"]), str(d["lease_expires_at"])),
+        )
+
+    @staticmethod
+    def dispatch(key: str, fence: int) -> _Req[Dispatched]:
+        return _Req(
+            "POST",
+            f"/v1/operations/{_seg(key)}/dispatch",
+            {"fence": _uint("fence", fence)},
+            lambda d: Dispatched(int(d["fence"]), str(d["lease_expires_at"]), bool(d["dispatched"])),
+        )
+
+    @staticmethod
+    def settle(key: str, fence: int, fingerprint: str, binding: Binding, outcome: Outcome) -> _Req[Receipt]:
+        body = {
+            "fence": _uint("fence", fence),
+            "fingerprint": fingerprint,
+            "binding": _binding(binding),
+            "outcome": outcome.to_json(),
+        }
+        return _Req("POST", f"/v1/operations/{_seg(key)}/settle", body, lambda d: Receipt.from_json(d["receipt"]))
+
+    @staticmethod
+    def release(key: str, fence: int, reason: str | None) -> _Req[Released]:
+        body: dict[str, Any] = {"fence": _uint("fence", fence)}
+        if reason is not None:
+            body["reason"] = reason
+        return _Req(
+            "POST",
+            f"/v1/operations/{_seg(key)}/release",
+            body,
+            lambda d: Released(int(d["fence"]), bool(d["released"])),
+        )
+
+    @staticmethod
+    def reconcile(
+        key: str,
+        fence: int,
+        finding: str,
+        fingerprint: str | None,
+        binding: Binding | None,
+        outcome: Outcome | None,
+    ) -> _Req[ReconcileAnswer]:
+        body: dict[str, Any] = {"fence": _uint("fence", fence), "finding": finding}
+        if fingerprint is not None:
+            body["fingerprint"] = fingerprint
+        if binding is not None:
+            body["binding"] = _binding(binding)
+        if outcome is not None:
+            body["outcome"] = outcome.to_json()
+        return _Req("POST", f"/v1/operations/{_seg(key)}/reconcile", body, _grant_or_receipt)
+
+    @staticmethod
+    def get(key: str) -> _Req[Record]:
+        return _Req("GET", f"/v1/operations/{_seg(key)}", None, Record.from_json)
+
+    @staticmethod
+    def revoke(principal: str) -> _Req[Revoked]:
+        return _Req(
+            "POST",
+            f"/v1/principals/{_seg(principal)}/revoke",
+            {},
+            lambda d: Revoked(str(d["principal"]), int(d["generation"])),
+        )
+
+    @staticmethod
+    def warn(task: str, class_: str, detail: str | None) -> _Req[Warning]:
+        body: dict[str, Any] = {}
+        if detail is not None:
+            body["detail"] = detail
+        return _Req("POST", f"/v1/tasks/{_seg(task)}/warnings/{_seg(class_)}", body, Warning.from_json)
+
+    @staticmethod
+    def warnings(task: str) -> _Req[list[Warning]]:
+        return _Req(
+            "GET",
+            f"/v1/tasks/{_seg(task)}/warnings",
+            None,
+            lambda d: [Warning.from_json(w) for w in d["warnings"]],
+        )
+
+
+def _encode(body: dict[str, Any] | None) -> bytes | None:
+    if body is None:
+        return None
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+
+
+def _answer(req: _Req[T], resp: httpx.Response) -> T:
+    if resp.status_code == 200:
+        if req.raw:
+            return req.parse(resp.text)
+        return req.parse(resp.json())
+    try:
+        body: Any = resp.json()
+    except ValueError:
+        body = resp.text
+    raise problem_error(resp.status_code, body, _retry_after(resp))
+
+
+def _headers(token: str | None, extra: dict[str, str] | None) -> dict[str, str]:
+    h = {"accept": "application/json", "content-type": "application/json", "user-agent": "settle-client-python/0.1"}
+    if token:
+        h["authorization"] = f"Bearer {token}"
+    if extra:
+        h.update(extra)
+    return h
+
+
+class Client:
+    """Synchronous client of a ``settle serve`` (SPEC §7).
+
+    ``transport`` lets tests and proxies plug an ``httpx.BaseTransport`` in.
+    Errors: ``ProblemError`` subclasses for every problem answer,
+    ``TransportError`` when no answer arrived. Thread-safe (httpx.Client is).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url, headers=_headers(token, headers), timeout=timeout, transport=transport
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _send(self, req: _Req[T]) -> T:
+        try:
+            resp = self._http.request(req.method, req.path, content=_encode(req.body))
+        except httpx.TransportError as e:
+            raise TransportError(f"{req.method} {req.path}: {e!r}") from e
+        return _answer(req, resp)
+
+    def claim(
+        self,
+        key: str,
+        fingerprint: str,
+        binding: Binding,
+        *,
+        lease_ms: int | None = None,
+        worker: str | None = None,
+        marks_dispatch: bool = False,
+        retention_s: int | None = None,
+    ) -> ClaimDecision:
+        return self._send(_Calls.claim(key, fingerprint, binding, lease_ms, worker, marks_dispatch, retention_s))
+
+    def heartbeat(self, key: str, fence: int, lease_ms: int | None = None) -> LeaseInfo:
+        return self._send(_Calls.heartbeat(key, fence, lease_ms))
+
+    def dispatch(self, key: str, fence: int) -> Dispatched:
+        return self._send(_Calls.dispatch(key, fence))
+
+    def settle(self, key: str, fence: int, fingerprint: str, binding: Binding, outcome: Outcome) -> Receipt:
+        return self._send(_Calls.settle(key, fence, fingerprint, binding, outcome))
+
+    def release(self, key: str, fence: int, reason: str | None = "not_dispatched") -> Released:
+        return self._send(_Calls.release(key, fence, reason))
+
+    def reconcile(
+        self,
+        key: str,
+        fence: int,
+        finding: str,
+        *,
+        fingerprint: str | None = None,
+        binding: Binding | None = None,
+        outcome: Outcome | None = None,
+    ) -> ReconcileAnswer:
+        return self._send(_Calls.reconcile(key, fence, finding, fingerprint, binding, outcome))
+
+    def get(self, key: str) -> Record:
+        return self._send(_Calls.get(key))
+
+    def revoke(self, principal: str) -> Revoked:
+        return self._send(_Calls.revoke(principal))
+
+    def warn(self, task: str, class_: str, detail: str | None = None) -> Warning:
+        return self._send(_Calls.warn(task, class_, detail))
+
+    def warnings(self, task: str) -> list[Warning]:
+        return self._send(_Calls.warnings(task))
+
+    def health(self) -> dict[str, Any]:
+        return self._send(_Req("GET", "/healthz", None, dict))
+
+    def ready(self) -> dict[str, Any]:
+        return self._send(_Req("GET", "/readyz", None, dict))
+
+    def metrics(self) -> str:
+        return self._send(_Req("GET", "/metrics", None, str, raw=True))
+
+    def openapi(self) -> dict[str, Any]:
+        return self._send(_Req("GET", "/openapi.json", None, dict))
+
+    def run_once(self, key: str, request: Any, effect: Callable[[EffectContext], Done], **options: Any) -> RunResult:
+        """SPEC §11: ``settle_client.run_once(self, key, request, effect, **options)``."""
+        from .worker import run_once
+
+        return run_once(self, key, request, effect, **options)
+
+
+class AsyncClient:
+    """The asyncio twin of ``Client`` (same methods, awaitable)."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        *,
+        transport: httpx.AsyncBaseTransport | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=_headers(token, headers), timeout=timeout, transport=transport
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _send(self, req: _Req[T]) -> T:
+        try:
+            resp = await self._http.request(req.method, req.path, content=_encode(req.body))
+        except httpx.TransportError as e:
+            raise TransportError(f"{req.method} {req.path}: {e!r}") from e
+        return _answer(req, resp)
+
+    async def claim(
+        self,
+        key: str,
+        fingerprint: str,
+        binding: Binding,
+        *,
+        lease_ms: int | None = None,
+        worker: str | None = None,
+        marks_dispatch: bool = False,
+        retention_s: int | None = None,
+    ) -> ClaimDecision:
+        return await self._send(_Calls.claim(key, fingerprint, binding, lease_ms, worker, marks_dispatch, retention_s))
+
+    async def heartbeat(self, key: str, fence: int, lease_ms: int | None = None) -> LeaseInfo:
+        return await self._send(_Calls.heartbeat(key, fence, lease_ms))
+
+    async def dispatch(self, key: str, fence: int) -> Dispatched:
+        return await self._send(_Calls.dispatch(key, fence))
+
+    async def settle(self, key: str, fence: int, fingerprint: str, binding: Binding, outcome: Outcome) -> Receipt:
+        return await self._send(_Calls.settle(key, fence, fingerprint, binding, outcome))
+
+    async def release(self, key: str, fence: int, reason: str | None = "not_dispatched") -> Released:
+        return await self._send(_Calls.release(key, fence, reason))
+
+    async def reconcile(
+        self,
+        key: str,
+        fence: int,
+        finding: str,
+        *,
+        fingerprint: str | None = None,
+        binding: Binding | None = None,
+        outcome: Outcome | None = None,
+    ) -> ReconcileAnswer:
+        return await self._send(_Calls.reconcile(key, fence, finding, fingerprint, binding, outcome))
+
+    async def get(self, key: str) -> Record:
+        return await self._send(_Calls.get(key))
+
+    async def revoke(self, principal: str) -> Revoked:
+        return await self._send(_Calls.revoke(principal))
+
+    async def warn(self, task: str, class_: str, detail: str | None = None) -> Warning:
+        return await self._send(_Calls.warn(task, class_, detail))
+
+    async def warnings(self, task: str) -> list[Warning]:
+        return await self._send(_Calls.warnings(task))
+
+    async def health(self) -> dict[str, Any]:
+        return await self._send(_Req("GET", "/healthz", None, dict))
+
+    async def ready(self) -> dict[str, Any]:
+        return await self._send(_Req("GET", "/readyz", None, dict))
+
+    async def metrics(self) -> str:
+        return await self._send(_Req("GET", "/metrics", None, str, raw=True))
+
+    async def openapi(self) -> dict[str, Any]:
+        return await self._send(_Req("GET", "/openapi.json", None, dict))
+
+    async def run_once(
+        self, key: str, request: Any, effect: Callable[[AsyncEffectContext], Awaitable[Done]], **options: Any
+    ) -> RunResult:
+        """SPEC §11, the async twin: ``settle_client.run_once_async(self, ...)``."""
+        from .worker import run_once_async
+
+        return await run_once_async(self, key, request, effect, **options)
+
+
+# Re-exported for callers that want to catch everything the client raises.
+ClientError = (ProblemError, TransportError)

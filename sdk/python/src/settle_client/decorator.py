@@ -1,0 +1,233 @@
+"""``@idempotent``: the Powertools-style decorator over ``run_once``.
+
+It answers the complaints of AWS Lambda Powertools' idempotency users:
+
+- the ledger key is exactly what ``key(...)`` returns (plus an optional
+  ``namespace`` prefix): renaming or moving the function does not change it;
+- every call tells whether it was a replay: ``fn.invoke(...)`` returns an
+  ``Invocation`` with ``value``, ``replayed`` and ``receipt``;
+- "in progress" is the ledger's lease: it is heartbeated while the function
+  runs and expires ``lease_ms`` after a crash, and callers that find it in
+  flight wait only until their ``deadline``;
+- the payload is validated before anything is cached or replayed: the
+  fingerprint of the payload is checked by every claim (another payload under
+  the same key raises ``FingerprintMismatch``, never returns another
+  request's result), and the return value must be JSON (``validate`` can add
+  checks) before it is settled.
+
+The function's return value is stored as the operation's result, so it must
+be a JSON value; a replay returns the stored JSON (dicts, lists...).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from .client import AsyncClient, Client
+from .types import Receipt
+from .worker import AsyncEffectContext, Done, EffectContext, run_once, run_once_async
+
+__all__ = ["idempotent", "Invocation", "IdempotentFunction", "AsyncIdempotentFunction"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Invocation(Generic[R]):
+    value: R
+    replayed: bool
+    receipt: Receipt
+
+
+def _payload_default(*args: Any, **kwargs: Any) -> Any:
+    if args:
+        return args[0]
+    if len(kwargs) == 1:
+        return next(iter(kwargs.values()))
+    raise TypeError("@idempotent: pass payload= to say which argument is the request")
+
+
+@dataclass(frozen=True)
+class _Options:
+    key: Callable[..., str]
+    principal: str | Callable[..., str]
+    scopes: Sequence[str]
+    generation: int
+    namespace: str
+    payload: Callable[..., Any]
+    fields: Sequence[str] | None
+    lease_ms: int
+    deadline: float | None
+    validate: Callable[[Any], None] | None
+
+    def key_of(self, args: Any, kwargs: Any) -> str:
+        return self.namespace + self.key(*args, **kwargs)
+
+    def principal_of(self, args: Any, kwargs: Any) -> str:
+        return self.principal(*args, **kwargs) if callable(self.principal) else self.principal
+
+    def done(self, value: Any) -> Done:
+        if self.validate is not None:
+            self.validate(value)  # raises before anything is stored
+        return Done(value)
+
+
+class IdempotentFunction(Generic[P, R]):
+    """A synchronous function made idempotent by ``@idempotent``."""
+
+    __name__: str
+    __qualname__: str
+
+    def __init__(self, fn: Callable[P, R], client: Client, opts: _Options) -> None:
+        self._fn = fn
+        self._client = client
+        self._opts = opts
+        functools.update_wrapper(self, fn)
+
+    def invoke(self, *args: P.args, **kwargs: P.kwargs) -> Invocation[R]:
+        o = self._opts
+
+        def effect(ctx: EffectContext) -> Done:
+            return o.done(self._fn(*args, **kwargs))
+
+        r = run_once(
+            self._client,
+            o.key_of(args, kwargs),
+            o.payload(*args, **kwargs),
+            effect,
+            principal=o.principal_of(args, kwargs),
+            scopes=o.scopes,
+            generation=o.generation,
+            fields=o.fields,
+            lease_ms=o.lease_ms,
+            deadline=o.deadline,
+        )
+        value: R = r.outcome.result
+        return Invocation(value, r.replayed, r.receipt)
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self.invoke(*args, **kwargs).value
+
+
+class AsyncIdempotentFunction(Generic[P, R]):
+    """A coroutine function made idempotent by ``@idempotent``."""
+
+    __name__: str
+    __qualname__: str
+
+    def __init__(self, fn: Callable[P, Awaitable[R]], client: AsyncClient, opts: _Options) -> None:
+        self._fn = fn
+        self._client = client
+        self._opts = opts
+        functools.update_wrapper(self, fn)
+
+    async def invoke(self, *args: P.args, **kwargs: P.kwargs) -> Invocation[R]:
+        o = self._opts
+
+        async def effect(ctx: AsyncEffectContext) -> Done:
+            return o.done(await self._fn(*args, **kwargs))
+
+        r = await run_once_async(
+            self._client,
+            o.key_of(args, kwargs),
+            o.payload(*args, **kwargs),
+            effect,
+            principal=o.principal_of(args, kwargs),
+            scopes=o.scopes,
+            generation=o.generation,
+            fields=o.fields,
+            lease_ms=o.lease_ms,
+            deadline=o.deadline,
+        )
+        value: R = r.outcome.result
+        return Invocation(value, r.replayed, r.receipt)
+
+    async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return (await self.invoke(*args, **kwargs)).value
+
+
+@overload
+def idempotent(
+    client: Client,
+    *,
+    key: Callable[..., str],
+    principal: str | Callable[..., str],
+    scopes: Sequence[str] = (),
+    generation: int = 0,
+    namespace: str = "",
+    payload: Callable[..., Any] | None = None,
+    fields: Sequence[str] | None = None,
+    lease_ms: int = 30000,
+    deadline: float | None = 30.0,
+    validate: Callable[[Any], None] | None = None,
+) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]: ...
+
+
+@overload
+def idempotent(
+    client: AsyncClient,
+    *,
+    key: Callable[..., str],
+    principal: str | Callable[..., str],
+    scopes: Sequence[str] = (),
+    generation: int = 0,
+    namespace: str = "",
+    payload: Callable[..., Any] | None = None,
+    fields: Sequence[str] | None = None,
+    lease_ms: int = 30000,
+    deadline: float | None = 30.0,
+    validate: Callable[[Any], None] | None = None,
+) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], AsyncIdempotentFunction[P, R]]: ...
+
+
+def idempotent(
+    client: Client | AsyncClient,
+    *,
+    key: Callable[..., str],
+    principal: str | Callable[..., str],
+    scopes: Sequence[str] = (),
+    generation: int = 0,
+    namespace: str = "",
+    payload: Callable[..., Any] | None = None,
+    fields: Sequence[str] | None = None,
+    lease_ms: int = 30000,
+    deadline: float | None = 30.0,
+    validate: Callable[[Any], None] | None = None,
+) -> Any:
+    """Make a function idempotent under the key ``namespace + key(*args)``.
+
+    ``key``, ``principal`` (when callable) and ``payload`` receive the
+    function's own arguments. The fingerprint is that of ``payload(*args)``
+    (default: the first argument), or of its ``fields`` (JSON pointers).
+    With a ``Client`` the function must be synchronous; with an
+    ``AsyncClient``, a coroutine function.
+    """
+    opts = _Options(
+        key=key,
+        principal=principal,
+        scopes=tuple(scopes),
+        generation=generation,
+        namespace=namespace,
+        payload=payload or _payload_default,
+        fields=fields,
+        lease_ms=lease_ms,
+        deadline=deadline,
+        validate=validate,
+    )
+
+    def wrap(fn: Callable[..., Any]) -> Any:
+        import inspect
+
+        if isinstance(client, AsyncClient):
+            if not inspect.iscoroutinefunction(fn):
+                raise TypeError("@idempotent with an AsyncClient needs an async def function")
+            return AsyncIdempotentFunction(fn, client, opts)
+        if inspect.iscoroutinefunction(fn):
+            raise TypeError("@idempotent on an async def function needs an AsyncClient")
+        return IdempotentFunction(fn, client, opts)
+
+    return wrap

@@ -1,0 +1,237 @@
+"""Typed errors: one class per SPEC §7 problem code, plus the SDK's own.
+
+Every answer of the server that is not a success is a ``ProblemError`` (or a
+subclass named after its ``code``); a request that never got an answer is a
+``TransportError``. ``problem_error`` maps a problem+json body to its class.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "SettleError",
+    "TransportError",
+    "ProblemError",
+    "BadRequest",
+    "Unauthorized",
+    "NotFound",
+    "RequestTimeout",
+    "PayloadTooLarge",
+    "InvalidRequest",
+    "Refusal",
+    "FingerprintMismatch",
+    "BindingMismatch",
+    "StaleBinding",
+    "StaleFence",
+    "LeaseExpired",
+    "WrongPurpose",
+    "ResultMismatch",
+    "ReceiptRequired",
+    "TooManyClasses",
+    "Unavailable",
+    "RecordRefused",
+    "ReconcileRequired",
+    "DeadlineExceeded",
+    "OutcomeUnknown",
+    "EffectNotSent",
+    "EffectRefused",
+    "problem_error",
+    "PROBLEM_CLASSES",
+]
+
+
+class SettleError(Exception):
+    """Base of every error raised by settle_client."""
+
+
+class TransportError(SettleError):
+    """The request got no answer (connection refused, reset, timeout). The
+    call may or may not have reached the server."""
+
+
+class ProblemError(SettleError):
+    """An RFC 9457 problem answer of the server."""
+
+    code: str = "problem"
+
+    def __init__(self, status: int, code: str, title: str = "", detail: str = "", body: Any = None) -> None:
+        super().__init__(f"{status} {code}: {detail or title}")
+        self.status = status
+        self.code = code
+        self.title = title
+        self.detail = detail
+        self.body: Any = body
+        self.field: str | None = body.get("field") if isinstance(body, dict) else None
+        self.correlation_id: str | None = body.get("correlation_id") if isinstance(body, dict) else None
+
+
+class BadRequest(ProblemError):
+    code = "bad_request"
+
+
+class Unauthorized(ProblemError):
+    code = "unauthorized"
+
+
+class NotFound(ProblemError):
+    code = "not_found"
+
+
+class RequestTimeout(ProblemError):
+    code = "request_timeout"
+
+
+class PayloadTooLarge(ProblemError):
+    code = "payload_too_large"
+
+
+class InvalidRequest(ProblemError):
+    code = "invalid_request"
+
+
+class Refusal(ProblemError):
+    """A 409 protocol refusal (SPEC §7). Never retried with another key or
+    fingerprint (SPEC §11.7)."""
+
+
+class FingerprintMismatch(Refusal):
+    code = "fingerprint_mismatch"
+
+
+class BindingMismatch(Refusal):
+    code = "binding_mismatch"
+
+
+class StaleBinding(Refusal):
+    code = "stale_binding"
+
+
+class StaleFence(Refusal):
+    code = "stale_fence"
+
+
+class LeaseExpired(Refusal):
+    code = "lease_expired"
+
+
+class WrongPurpose(Refusal):
+    code = "wrong_purpose"
+
+
+class ResultMismatch(Refusal):
+    code = "result_mismatch"
+
+
+class ReceiptRequired(Refusal):
+    code = "receipt_required"
+
+
+class TooManyClasses(Refusal):
+    code = "too_many_classes"
+
+
+class Unavailable(ProblemError):
+    """503 ``unavailable``: storage failure, overload or shutdown; retryable."""
+
+    code = "unavailable"
+
+    def __init__(self, *args: Any, retry_after_s: float | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.retry_after_s = retry_after_s
+
+
+class RecordRefused(ProblemError):
+    """503 ``record_refused`` (SPEC §6.9): the stored record is refused on
+    load; an operator must look at it. Not retried."""
+
+    code = "record_refused"
+
+
+PROBLEM_CLASSES: dict[str, type[ProblemError]] = {
+    c.code: c
+    for c in (
+        BadRequest,
+        Unauthorized,
+        NotFound,
+        RequestTimeout,
+        PayloadTooLarge,
+        InvalidRequest,
+        FingerprintMismatch,
+        BindingMismatch,
+        StaleBinding,
+        StaleFence,
+        LeaseExpired,
+        WrongPurpose,
+        ResultMismatch,
+        ReceiptRequired,
+        TooManyClasses,
+        Unavailable,
+        RecordRefused,
+    )
+}
+
+
+def problem_error(status: int, body: Any, retry_after_s: float | None = None) -> ProblemError:
+    """The typed error for a problem answer (unknown codes: ProblemError,
+    or Refusal for an unknown 409)."""
+    if isinstance(body, dict):
+        code = str(body.get("code") or "")
+        title = str(body.get("title") or "")
+        detail = str(body.get("detail") or "")
+    else:
+        code, title, detail = "", "", str(body)[:500] if body is not None else ""
+    if not code:
+        code = {401: "unauthorized", 404: "not_found", 413: "payload_too_large", 503: "unavailable"}.get(status, f"http_{status}")
+    cls = PROBLEM_CLASSES.get(code)
+    if cls is Unavailable:
+        return Unavailable(status, code, title, detail, body, retry_after_s=retry_after_s)
+    if cls is None:
+        cls = Refusal if status == 409 else ProblemError
+    return cls(status, code, title, detail, body)
+
+
+# --- errors of the worker contract (SPEC §11) ---------------------------------
+
+
+class ReconcileRequired(SettleError):
+    """SPEC §11.4: the ledger granted a ``reconcile`` lease (an earlier attempt
+    may have reached the remote) and no reconcile hook was given. The lease
+    was handed back with ``reconcile(unavailable)``."""
+
+    def __init__(self, key: str, fence: int) -> None:
+        super().__init__(f"operation {key!r} needs reconciliation (fence {fence}); no reconcile hook was given")
+        self.key = key
+        self.fence = fence
+
+
+class DeadlineExceeded(SettleError):
+    """The caller's deadline passed while waiting (in_flight) or retrying
+    (503, transport errors). ``last`` is the last error seen, if any."""
+
+    def __init__(self, message: str, last: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.last = last
+
+
+class OutcomeUnknown(SettleError):
+    """The effect raised after it may have reached the remote: the operation
+    was settled ``unknown`` (reconcile required). The effect's exception is
+    ``__cause__``; ``receipt`` is the unknown receipt when the settle was
+    answered."""
+
+    def __init__(self, key: str, receipt: Any = None) -> None:
+        super().__init__(f"the outcome of operation {key!r} is unknown; it must be reconciled")
+        self.key = key
+        self.receipt: Any = receipt
+
+
+class EffectNotSent(SettleError):
+    """Raise from an effect when nothing reached the remote (SPEC §11.3: the
+    lease is released and the next claim executes). The run re-raises it."""
+
+
+class EffectRefused(SettleError):
+    """Raise from an effect when the remote definitively refused it (a
+    validation error, 409, 425, 429: nothing was applied). The lease is
+    released with ``not_committed`` and the run re-raises it."""

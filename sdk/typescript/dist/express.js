@@ -1,0 +1,413 @@
+import { BindingMismatch, FingerprintMismatch, InvalidRequest, SettleError } from './errors.js';
+import * as mw from './mwcore.js';
+import { Deadline, retrying, startHeartbeat } from './worker.js';
+const STATE = Symbol.for('settle.idempotency');
+const RETRYABLE = Symbol.for('settle.idempotency.retryable');
+/** Mark the response as saying nothing happened: not stored, the lease is
+ * released with not_committed, and a retry runs the handler again. */
+export function markRetryable(res) {
+    res[RETRYABLE] = true;
+}
+function headerValues(req, name) {
+    const out = [];
+    const raw = req.rawHeaders;
+    for (let i = 0; i + 1 < raw.length; i += 2)
+        if (raw[i].toLowerCase() === name)
+            out.push(raw[i + 1]);
+    return out;
+}
+function pathOf(req) {
+    const u = req.originalUrl ?? req.url ?? '/';
+    const q = u.indexOf('?');
+    return q === -1 ? u : u.slice(0, q);
+}
+function targetOf(req) {
+    const u = req.originalUrl ?? req.url ?? '/';
+    return u.endsWith('?') ? u.slice(0, -1) : u; // "/p?" and "/p" are one target, as in ASGI
+}
+const silent = { info: () => { }, warn: (m) => console.warn(m), error: (m, e) => console.error(m, e ?? '') };
+export function idempotency(options) {
+    const client = options.client;
+    if (!client)
+        throw new TypeError('idempotency({ client }) needs a settle Client');
+    const namespace = options.namespace ?? 'default';
+    const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
+    const stored = [...new Set([...mw.DEFAULT_STORED_HEADERS, ...(options.storedHeaders ?? []).map((h) => h.toLowerCase())])];
+    const fpHeaders = (options.fingerprintHeaders ?? []).map((h) => h.toLowerCase());
+    const maxStoredBody = options.maxStoredBody ?? mw.DEFAULT_MAX_STORED_BODY;
+    const maxRequestBody = options.maxRequestBody ?? 1024 * 1024;
+    const leaseMs = options.leaseMs ?? 30_000;
+    const log = options.logger ?? silent;
+    const onError = options.onError ?? ((err) => console.error('idempotency: handler failed', err));
+    const defaultPolicy = { required: true, failOpen: options.failOpen ?? false, timeoutMs: options.timeoutMs ?? null };
+    const stats = {};
+    const count = (k) => {
+        stats[k] = (stats[k] ?? 0) + 1;
+    };
+    function policyOf(method, path) {
+        if (options.routes) {
+            const p = options.routes(method, path);
+            if (!p)
+                return null;
+            return { required: p.required ?? true, failOpen: p.failOpen ?? false, timeoutMs: p.timeoutMs ?? defaultPolicy.timeoutMs ?? null };
+        }
+        return methods.has(method.toUpperCase()) ? defaultPolicy : null;
+    }
+    function send(res, status, headers, body) {
+        for (const n of res.getHeaderNames())
+            res.removeHeader(n);
+        res.statusCode = status;
+        for (const [n, v] of headers)
+            res.setHeader(n, v);
+        res.setHeader('content-length', String(body.length));
+        res.end(body);
+    }
+    function problem(res, status, code, detail, extra = []) {
+        send(res, status, [['content-type', 'application/problem+json'], ...extra], mw.problemBody(status, code, detail));
+    }
+    function refuse(res, status, code, detail, key) {
+        count(code);
+        log.info(`idempotency: ${code} for key ${key}`);
+        problem(res, status, code, detail);
+    }
+    async function readBody(req) {
+        if (req.readableEnded || req._body) {
+            // A body parser ran first: use the raw bytes it kept, else its result.
+            if (Buffer.isBuffer(req.rawBody))
+                return req.rawBody;
+            return Buffer.from(req.body === undefined ? '' : typeof req.body === 'string' ? req.body : JSON.stringify(req.body));
+        }
+        const parts = [];
+        let size = 0;
+        for await (const chunk of req) {
+            const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk);
+            size += b.length;
+            if (size <= maxRequestBody)
+                parts.push(b);
+        }
+        if (size > maxRequestBody)
+            return 'too_large';
+        const body = Buffer.concat(parts);
+        // Downstream handlers get the bytes and, for JSON, the parsed body
+        // (body parsers skip a request whose stream was read).
+        req.rawBody = body;
+        if (req.body === undefined && body.length > 0 && /^application\/(.+\+)?json\b/i.test(req.headers['content-type'] ?? '')) {
+            try {
+                req.body = JSON.parse(body.toString('utf8'));
+            }
+            catch {
+                // left undefined: the handler decides what a bad body means
+            }
+        }
+        req._body = true;
+        return body;
+    }
+    async function handle(req, res, next) {
+        const method = (req.method ?? 'GET').toUpperCase();
+        const policy = policyOf(method, pathOf(req));
+        if (!policy)
+            return next();
+        let key;
+        try {
+            key = mw.parseIdempotencyKey(headerValues(req, 'idempotency-key'));
+        }
+        catch (e) {
+            const k = e;
+            return refuse(res, 400, k.code, k.message, null);
+        }
+        if (key === null) {
+            if (!policy.required)
+                return next();
+            return refuse(res, 400, 'idempotency_key_missing', 'this route requires an Idempotency-Key header', null);
+        }
+        const body = await readBody(req);
+        if (body === 'too_large')
+            return refuse(res, 413, 'payload_too_large', 'the request body is over the idempotency limit', key);
+        const fp = mw.requestFingerprint(method, targetOf(req), req.headers['content-type'] ?? '', body, fpHeaders.map((h) => [h, headerValues(req, h).join(', ')]), options.canonicalJson ?? false);
+        const principal = options.principal ? options.principal(req) : mw.defaultPrincipal(headerValues(req, 'authorization')[0]);
+        const lkey = mw.ledgerKey(namespace, principal, key);
+        const binding = { principal: mw.bindingPrincipal(principal), scopes: [], generation: 0 };
+        let dec;
+        try {
+            dec = await client.claim(lkey, fp, binding, {
+                leaseMs,
+                worker: mw.workerLabel(key, principal),
+                marksDispatch: true,
+                ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
+            });
+        }
+        catch (e) {
+            if (e instanceof FingerprintMismatch || e instanceof BindingMismatch) {
+                return refuse(res, 422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
+            }
+            return unavailable(req, res, next, policy, key, e);
+        }
+        if (dec.decision === 'replay')
+            return replay(res, key, dec.outcome.result);
+        if (dec.decision === 'in_flight') {
+            count('request_in_progress');
+            log.info(`idempotency: key ${key} in progress`);
+            return problem(res, 409, 'request_in_progress', 'a request with this Idempotency-Key is still being processed', [
+                ['retry-after', mw.retryAfterHeader(dec.retryAfterMs)],
+            ]);
+        }
+        let grant = dec;
+        if (grant.decision === 'reconcile') {
+            const g = await reconcile(req, lkey, grant, key);
+            if (!g)
+                return refuse(res, 409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
+            grant = g;
+        }
+        try {
+            await client.dispatch(lkey, grant.fence);
+        }
+        catch (e) {
+            await client.release(lkey, grant.fence, 'not_dispatched').catch(() => { }); // else the lease lapses, unflagged
+            return unavailable(req, res, next, policy, key, e);
+        }
+        await execute(req, res, next, policy, key, lkey, fp, binding, grant.fence);
+    }
+    async function reconcile(req, lkey, grant, key) {
+        let finding = 'unavailable';
+        if (options.reconcile) {
+            try {
+                finding = await options.reconcile(lkey, grant.fence, req);
+            }
+            catch (e) {
+                log.error(`idempotency: reconcile hook failed for key ${key}`, e);
+            }
+        }
+        try {
+            if (finding === 'not_committed') {
+                const ans = await client.reconcile(lkey, grant.fence, 'not_committed');
+                if ('decision' in ans)
+                    return ans;
+            }
+            else {
+                await client.reconcile(lkey, grant.fence, 'unavailable');
+            }
+        }
+        catch {
+            log.warn(`idempotency: reconcile of key ${key} got no answer`);
+        }
+        return null;
+    }
+    async function execute(req, res, next, policy, key, lkey, fp, binding, fence) {
+        count('executed');
+        const chunks = [];
+        const orig = { writeHead: res.writeHead, write: res.write, end: res.end, flushHeaders: res.flushHeaders };
+        let settleResult;
+        const done = new Promise((resolve) => (settleResult = resolve));
+        let over = false;
+        const finish = (r) => {
+            if (over)
+                return;
+            over = true;
+            state.active = false;
+            settleResult(r);
+        };
+        const state = { active: true, fail: (err) => finish({ kind: 'escaped', err, timeout: false }) };
+        req[STATE] = state;
+        const toBuf = (chunk, encoding) => {
+            if (chunk === undefined || chunk === null || typeof chunk === 'function')
+                return null;
+            if (Buffer.isBuffer(chunk))
+                return chunk;
+            if (chunk instanceof Uint8Array)
+                return Buffer.from(chunk);
+            return Buffer.from(String(chunk), typeof encoding === 'string' ? encoding : 'utf8');
+        };
+        const r = res;
+        // Capture: nothing reaches the client until the outcome is settled.
+        r.writeHead = function (status, a, b) {
+            if (over)
+                return res;
+            res.statusCode = status;
+            if (typeof a === 'string')
+                res.statusMessage = a;
+            const h = typeof a === 'object' && a !== null ? a : b;
+            if (Array.isArray(h)) {
+                for (let i = 0; i + 1 < h.length; i += 2)
+                    res.setHeader(String(h[i]), h[i + 1]);
+            }
+            else if (h && typeof h === 'object') {
+                for (const [n, v] of Object.entries(h))
+                    res.setHeader(n, v);
+            }
+            return res;
+        };
+        r.write = function (chunk, encoding, cb) {
+            if (!over) {
+                const buf = toBuf(chunk, encoding);
+                if (buf)
+                    chunks.push(buf);
+            }
+            const callback = typeof encoding === 'function' ? encoding : cb;
+            if (typeof callback === 'function')
+                process.nextTick(callback);
+            return true;
+        };
+        r.end = function (chunk, encoding, cb) {
+            if (!over) {
+                const buf = toBuf(chunk, encoding);
+                if (buf)
+                    chunks.push(buf);
+                finish({ kind: 'response' });
+            }
+            const callback = [chunk, encoding, cb].find((x) => typeof x === 'function');
+            if (typeof callback === 'function')
+                process.nextTick(callback);
+            return res;
+        };
+        r.flushHeaders = function () { };
+        const ac = new AbortController();
+        const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, ac);
+        let timer;
+        if (policy.timeoutMs != null) {
+            timer = setTimeout(() => finish({ kind: 'escaped', err: new Error(`handler timed out after ${policy.timeoutMs} ms`), timeout: true }), policy.timeoutMs);
+        }
+        try {
+            next();
+        }
+        catch (e) {
+            finish({ kind: 'escaped', err: e, timeout: false });
+        }
+        const result = await done;
+        if (timer)
+            clearTimeout(timer);
+        stopHeartbeat();
+        const restore = () => {
+            // Later writes of an abandoned handler go nowhere; ours use the originals.
+            res.writeHead = orig.writeHead;
+            res.write = orig.write;
+            res.end = orig.end;
+            res.flushHeaders = orig.flushHeaders;
+        };
+        if (result.kind === 'escaped') {
+            await settleUnknown(lkey, fence, fp, binding, key, result.timeout ? 'timeout' : 'error');
+            if (!result.timeout)
+                onError(result.err, req);
+            restore();
+            if (!res.headersSent)
+                problem(res, 500, 'outcome_unknown', 'the request failed; its outcome is unknown and must be reconciled');
+            if (result.timeout) {
+                // Swallow whatever the abandoned handler writes later.
+                const sink = res;
+                sink.write = () => true;
+                sink.end = () => res;
+                sink.writeHead = () => res;
+                sink.setHeader = () => res;
+                sink.appendHeader = () => res;
+                sink.removeHeader = () => { };
+            }
+            return;
+        }
+        const status = res.statusCode;
+        const body = Buffer.concat(chunks);
+        const headers = [];
+        for (const [n, v] of Object.entries(res.getHeaders())) {
+            if (v === undefined)
+                continue;
+            headers.push([n, Array.isArray(v) ? v.join(', ') : String(v)]);
+        }
+        const retryable = mw.NOT_COMMITTED_STATUSES.has(status) || res[RETRYABLE] === true;
+        if (retryable) {
+            await releaseNotCommitted(lkey, fence, fp, binding, key);
+        }
+        else {
+            const { result: stored, responseSha256 } = mw.encodeResponse(status, headers, body, stored_(), maxStoredBody);
+            try {
+                await retrying(() => client.settle(lkey, fence, fp, binding, { status: status >= 500 ? 'failed' : 'completed', result: stored, responseSha256 }), new Deadline(leaseMs + 1000), 'settle');
+            }
+            catch (e) {
+                // The response goes out anyway (the effect happened); the record
+                // becomes unknown when its lease lapses.
+                log.error(`idempotency: the response of key ${key} could not be settled`, e);
+            }
+        }
+        restore();
+        res.end(body);
+    }
+    const stored_ = () => stored;
+    async function releaseNotCommitted(lkey, fence, fp, binding, key) {
+        count('not_committed');
+        try {
+            await retrying(() => client.release(lkey, fence, 'not_committed'), new Deadline(leaseMs), 'release');
+        }
+        catch (e) {
+            if (e instanceof InvalidRequest) {
+                // A server without release(not_committed) (SPEC §4): the safe record is unknown.
+                log.warn(`idempotency: the ledger refused release(not_committed) for key ${key}; settling unknown`);
+                await settleUnknown(lkey, fence, fp, binding, key, 'not_committed unsupported');
+            }
+            else {
+                log.error(`idempotency: release of key ${key} failed`, e);
+            }
+        }
+    }
+    async function settleUnknown(lkey, fence, fp, binding, key, why) {
+        count('outcome_unknown');
+        log.warn(`idempotency: key ${key} failed (${why}); outcome unknown`);
+        try {
+            await retrying(() => client.settle(lkey, fence, fp, binding, { status: 'unknown', error: `handler failed: ${why}` }), new Deadline(leaseMs + 1000), 'settle');
+        }
+        catch (e) {
+            log.error(`idempotency: settle unknown of key ${key} failed`, e); // the lease lapses after dispatch: unknown anyway
+        }
+    }
+    function replay(res, key, result) {
+        const s = mw.decodeResponse(result);
+        if (!s || s.body === null) {
+            return refuse(res, 409, 'response_not_stored', 'this request completed but its response was too large to store; it will not run again', key);
+        }
+        count('replayed');
+        log.info(`idempotency: replay of key ${key}`);
+        send(res, s.status, [...s.headers, ['idempotent-replayed', 'true']], s.body);
+    }
+    function unavailable(req, res, next, policy, key, err) {
+        if (policy.failOpen) {
+            count('fail_open');
+            log.warn(`idempotency: ledger unreachable (${String(err)}); key ${key} runs WITHOUT idempotency (failOpen)`);
+            return next();
+        }
+        if (!(err instanceof SettleError))
+            log.error(`idempotency: unexpected error for key ${key}`, err);
+        count('idempotency_unavailable');
+        log.warn(`idempotency: ledger unreachable for key ${key}: ${String(err)}`);
+        problem(res, 503, 'idempotency_unavailable', 'the idempotency ledger is unreachable; the request was not run', [
+            ['retry-after', String(Math.max(1, options.unavailableRetryAfterS ?? 1))],
+        ]);
+    }
+    const middleware = ((req, res, next) => {
+        handle(req, res, next).catch((e) => next(e));
+    });
+    middleware.errorHandler = (err, req, res, next) => {
+        const st = req[STATE];
+        if (st && st.active) {
+            st.fail(err);
+            return;
+        }
+        next(err);
+    };
+    Object.defineProperty(middleware, 'stats', { value: stats, enumerable: true });
+    middleware.wrap = (handler) => (req, res) => {
+        const fallback = (err) => {
+            if (err !== undefined)
+                return middleware.errorHandler(err, req, res, () => {
+                    if (!res.headersSent) {
+                        res.statusCode = 500;
+                        res.end();
+                    }
+                });
+            // next(): run the handler; a throw or rejection is an escaped failure.
+            try {
+                Promise.resolve(handler(req, res)).catch((e) => fallback(e ?? new Error('rejected')));
+            }
+            catch (e) {
+                fallback(e ?? new Error('thrown undefined'));
+            }
+        };
+        middleware(req, res, fallback);
+    };
+    return middleware;
+}

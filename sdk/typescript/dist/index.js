@@ -1,0 +1,8 @@
+// @settle/client: the TypeScript SDK of settle (SPEC §7, §8, §11).
+export * from './errors.js';
+export * from './types.js';
+export { Client } from './client.js';
+export { runOnce, } from './worker.js';
+export { canonicalize, fingerprint, selectFields, sha256Hex, FingerprintError } from './jcs.js';
+export { idempotency, markRetryable } from './express.js';
+export * as middlewareCore from './mwcore.js';

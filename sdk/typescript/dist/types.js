@@ -1,0 +1,70 @@
+// Typed views of the SPEC §7 answers. Field names are camelCase; the wire
+// is snake_case. Fences and generations are JavaScript numbers: exact over
+// the whole SPEC §2 range [0, 2^53 − 1] (Number.MAX_SAFE_INTEGER).
+export function outcomeFromWire(d) {
+    return { status: d.status, result: d.result ?? null, responseSha256: d.response_sha256 ?? null, error: d.error ?? null };
+}
+export function outcomeToWire(o) {
+    const w = { status: o.status };
+    if (o.status === 'completed' || o.status === 'failed' || o.result !== undefined)
+        w.result = o.result ?? null;
+    if (o.responseSha256 != null)
+        w.response_sha256 = o.responseSha256;
+    if (o.error != null)
+        w.error = o.error;
+    return w;
+}
+export function receiptFromWire(d) {
+    return {
+        key: d.key,
+        fingerprint: d.fingerprint,
+        responseSha256: d.response_sha256 ?? null,
+        status: d.status,
+        fence: d.fence,
+        committedAt: d.committed_at,
+        durable: d.durable,
+    };
+}
+export function claimFromWire(d) {
+    switch (d.decision) {
+        case 'execute':
+        case 'reconcile':
+            return { decision: d.decision, fence: d.fence, leaseExpiresAt: d.lease_expires_at, attempt: d.attempt };
+        case 'in_flight':
+            return { decision: 'in_flight', retryAfterMs: d.retry_after_ms };
+        case 'replay':
+            return { decision: 'replay', outcome: outcomeFromWire(d.outcome), receipt: receiptFromWire(d.receipt) };
+        default:
+            throw new TypeError(`unknown claim decision ${JSON.stringify(d.decision)}`);
+    }
+}
+export function warningFromWire(d) {
+    return {
+        task: d.task,
+        class: d.class,
+        count: d.count,
+        detail: d.detail ?? null,
+        firstAt: d.first_at,
+        lastAt: d.last_at,
+        saturated: d.saturated,
+    };
+}
+export function recordFromWire(d) {
+    return {
+        key: d.key,
+        status: d.status,
+        rank: d.rank,
+        reservation: d.reservation,
+        lease: d.lease ?? null,
+        outcome: d.outcome ? outcomeFromWire(d.outcome) : null,
+        receipt: d.receipt ? receiptFromWire(d.receipt) : null,
+        reconcileRequired: d.reconcile_required,
+        disputed: d.disputed,
+        attempts: d.attempts ?? [],
+        quarantine: d.quarantine ?? [],
+        createdAt: d.created_at,
+        updatedAt: d.updated_at,
+        expiresAt: d.expires_at ?? null,
+        raw: d,
+    };
+}

@@ -1,0 +1,78 @@
+// The payments example of issue 10 item 4, on Express 5 (a devDependency of
+// this package) with the idempotency middleware of @settle/client:
+//
+//   cd sdk/typescript && npm install
+//   node sdk/typescript/examples/payments.mjs --listen 127.0.0.1:PORT --settle-url URL [--settle-token T]
+//
+// POST /payments (requires Idempotency-Key), body
+// {"amount": <int>, "currency": "<str>", "delay_ms": <int, optional>}: the
+// handler first counts the execution (every run counts), then sleeps
+// delay_ms, and answers 201 {"id": "pay_<n>", "amount", "currency"} with
+// Location: /payments/pay_<n>. Amount 0 → 400 from the handler (stored and
+// replayed); a negative amount → the handler throws (500 outcome_unknown,
+// then 409 outcome_unknown on retries). GET /executions → {"count": n}, not
+// wrapped. --listen accepts port 0; "listening on HOST:PORT" is printed once
+// the server accepts connections.
+import express from 'express';
+import { parseArgs } from 'node:util';
+import { Client, idempotency } from '@settle/client';
+
+const { values } = parseArgs({
+  options: {
+    listen: { type: 'string', default: '127.0.0.1:8080' },
+    'settle-url': { type: 'string' },
+    'settle-token': { type: 'string' },
+    namespace: { type: 'string', default: 'payments-example' },
+  },
+});
+if (!values['settle-url']) {
+  console.error('usage: node examples/payments.mjs --listen HOST:PORT --settle-url URL [--settle-token T]');
+  process.exit(2);
+}
+const sep = values.listen.lastIndexOf(':');
+const host = values.listen.slice(0, sep).replace(/^\[|\]$/g, '');
+const port = Number(values.listen.slice(sep + 1));
+
+const client = new Client({ url: values['settle-url'], token: values['settle-token'] });
+const idem = idempotency({
+  client,
+  namespace: values.namespace,
+  routes: (method, path) => (method === 'POST' && path === '/payments' ? { required: true } : null),
+  onError: (err) => console.error('payments: handler failed:', err.message),
+});
+
+let executions = 0;
+const app = express();
+app.use(idem); // reads and parses the JSON body itself (req.body), then runs the route once
+
+app.post('/payments', async (req, res) => {
+  executions += 1; // first, on every run, whatever happens next
+  const n = executions;
+  const body = req.body;
+  if (!body || typeof body !== 'object' || Array.isArray(body)) return res.status(400).json({ error: 'the body must be a JSON object' });
+  const { amount, currency, delay_ms: delayMs = 0 } = body;
+  if (!Number.isInteger(amount)) return res.status(400).json({ error: 'amount must be an integer' });
+  if (typeof currency !== 'string') return res.status(400).json({ error: 'currency must be a string' });
+  if (!Number.isInteger(delayMs) || delayMs < 0) return res.status(400).json({ error: 'delay_ms must be a non-negative integer' });
+  if (delayMs) await new Promise((r) => setTimeout(r, delayMs));
+  if (amount === 0) return res.status(400).json({ error: 'amount must not be zero' });
+  if (amount < 0) throw new Error(`negative amount ${amount}`); // an escaped failure
+  const id = `pay_${n}`;
+  res.status(201).location(`/payments/${id}`).json({ id, amount, currency });
+});
+
+app.get('/executions', (req, res) => res.json({ count: executions }));
+
+app.use(idem.errorHandler); // an escaped error of a wrapped request → unknown
+
+const server = app.listen(port, host, () => {
+  const a = server.address();
+  console.log(`listening on ${a.family === 'IPv6' ? `[${a.address}]` : a.address}:${a.port}`);
+});
+server.on('error', (e) => {
+  console.error(`payments: ${e.message}`);
+  process.exit(1);
+});
+const shutdown = () => server.close(() => process.exit(0));
+process.on('SIGTERM', shutdown);
+process.on('SIGINT', shutdown);

@@ -1,0 +1,208 @@
+// The typed HTTP client of SPEC §7, on the built-in fetch.
+import { problemError, TransportError } from './errors.js';
+import {
+  type Binding,
+  type ClaimDecision,
+  type Dispatched,
+  type Grant,
+  type LeaseInfo,
+  type OperationRecord,
+  type Outcome,
+  type Receipt,
+  type Released,
+  type Revoked,
+  type WarningRecord,
+  claimFromWire,
+  outcomeToWire,
+  receiptFromWire,
+  recordFromWire,
+  warningFromWire,
+} from './types.js';
+import { runOnce, type Effect, type RunOptions, type RunResult } from './worker.js';
+
+export interface ClientOptions {
+  /** Base URL of a `settle serve`, e.g. http://127.0.0.1:7411 */
+  url: string;
+  /** Bearer token of the tenant (omit when authentication is off). */
+  token?: string;
+  /** Per-request timeout (default 10 000 ms). */
+  timeoutMs?: number;
+  /** A fetch implementation (default: the global fetch). Tests and proxies plug in here. */
+  fetch?: typeof fetch;
+  headers?: Record<string, string>;
+}
+
+export interface ClaimOptions {
+  leaseMs?: number;
+  worker?: string;
+  marksDispatch?: boolean;
+  retentionS?: number;
+}
+
+export type ReconcileAnswer = Grant | Receipt | Released;
+
+/** Every byte but the unreserved ones percent-encoded (SPEC §7 path segments). */
+function seg(s: string): string {
+  if (typeof s !== 'string') throw new TypeError('a path segment must be a string');
+  return encodeURIComponent(s).replace(/[!'()*]/g, (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase());
+}
+
+/** SPEC §2: fences and generations are integers in [0, 2^53 − 1]. */
+function uint(name: string, v: number): number {
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < 0) {
+    throw new RangeError(`${name} must be an integer in [0, 2^53 - 1], got ${String(v)}`);
+  }
+  return v;
+}
+
+function bindingToWire(b: Binding): Record<string, unknown> {
+  if (!b || typeof b.principal !== 'string') throw new TypeError('binding.principal must be a string');
+  return { principal: b.principal, scopes: [...(b.scopes ?? [])], generation: uint('binding.generation', b.generation ?? 0) };
+}
+
+type W = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+
+export class Client {
+  readonly url: string;
+  private readonly token: string | undefined;
+  private readonly timeoutMs: number;
+  private readonly fetchImpl: typeof fetch;
+  private readonly extraHeaders: Record<string, string>;
+
+  constructor(options: ClientOptions) {
+    if (!options || typeof options.url !== 'string') throw new TypeError('new Client({ url, token? })');
+    this.url = options.url.replace(/\/+$/, '');
+    this.token = options.token;
+    this.timeoutMs = options.timeoutMs ?? 10_000;
+    this.fetchImpl = options.fetch ?? fetch;
+    this.extraHeaders = options.headers ?? {};
+  }
+
+  private async send(method: string, path: string, body?: unknown, raw = false): Promise<any> {
+    const headers: Record<string, string> = {
+      accept: 'application/json',
+      'user-agent': 'settle-client-typescript/0.1',
+      ...this.extraHeaders,
+    };
+    if (body !== undefined) headers['content-type'] = 'application/json';
+    if (this.token) headers.authorization = `Bearer ${this.token}`;
+    let resp: Response;
+    let text: string;
+    try {
+      resp = await this.fetchImpl(this.url + path, {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        signal: AbortSignal.timeout(this.timeoutMs),
+      });
+      text = await resp.text();
+    } catch (e) {
+      throw new TransportError(`${method} ${path}: ${(e as Error)?.message ?? String(e)}`, { cause: e });
+    }
+    if (resp.status === 200) return raw ? text : JSON.parse(text);
+    let parsed: unknown = text;
+    try {
+      parsed = JSON.parse(text);
+    } catch {
+      // a non-JSON error (a proxy's HTML page): kept as text
+    }
+    const ra = resp.headers.get('retry-after');
+    throw problemError(resp.status, parsed, ra !== null && !Number.isNaN(Number(ra)) ? Number(ra) : null);
+  }
+
+  async claim(key: string, fingerprint: string, binding: Binding, options: ClaimOptions = {}): Promise<ClaimDecision> {
+    const body: W = { fingerprint, binding: bindingToWire(binding) };
+    if (options.leaseMs !== undefined) body.lease_ms = options.leaseMs;
+    if (options.worker !== undefined) body.worker = options.worker;
+    if (options.marksDispatch) body.marks_dispatch = true;
+    if (options.retentionS !== undefined) body.retention_s = options.retentionS;
+    return claimFromWire(await this.send('POST', `/v1/operations/${seg(key)}/claim`, body));
+  }
+
+  async heartbeat(key: string, fence: number, leaseMs?: number): Promise<LeaseInfo> {
+    const body: W = { fence: uint('fence', fence) };
+    if (leaseMs !== undefined) body.lease_ms = leaseMs;
+    const d = await this.send('POST', `/v1/operations/${seg(key)}/heartbeat`, body);
+    return { fence: d.fence, leaseExpiresAt: d.lease_expires_at };
+  }
+
+  async dispatch(key: string, fence: number): Promise<Dispatched> {
+    const d = await this.send('POST', `/v1/operations/${seg(key)}/dispatch`, { fence: uint('fence', fence) });
+    return { fence: d.fence, leaseExpiresAt: d.lease_expires_at, dispatched: d.dispatched };
+  }
+
+  async settle(key: string, fence: number, fingerprint: string, binding: Binding, outcome: Outcome): Promise<Receipt> {
+    const d = await this.send('POST', `/v1/operations/${seg(key)}/settle`, {
+      fence: uint('fence', fence),
+      fingerprint,
+      binding: bindingToWire(binding),
+      outcome: outcomeToWire(outcome),
+    });
+    return receiptFromWire(d.receipt);
+  }
+
+  async release(key: string, fence: number, reason: 'not_dispatched' | 'not_committed' | null = 'not_dispatched'): Promise<Released> {
+    const body: W = { fence: uint('fence', fence) };
+    if (reason !== null) body.reason = reason;
+    const d = await this.send('POST', `/v1/operations/${seg(key)}/release`, body);
+    return { fence: d.fence, released: d.released };
+  }
+
+  async reconcile(
+    key: string,
+    fence: number,
+    finding: 'committed' | 'not_committed' | 'unavailable',
+    options: { fingerprint?: string; binding?: Binding; outcome?: Outcome } = {},
+  ): Promise<ReconcileAnswer> {
+    const body: W = { fence: uint('fence', fence), finding };
+    if (options.fingerprint !== undefined) body.fingerprint = options.fingerprint;
+    if (options.binding !== undefined) body.binding = bindingToWire(options.binding);
+    if (options.outcome !== undefined) body.outcome = outcomeToWire(options.outcome);
+    const d = await this.send('POST', `/v1/operations/${seg(key)}/reconcile`, body);
+    if (d.receipt) return receiptFromWire(d.receipt);
+    if (d.decision) return claimFromWire(d) as Grant;
+    return { fence: d.fence, released: d.released };
+  }
+
+  async get(key: string): Promise<OperationRecord> {
+    return recordFromWire(await this.send('GET', `/v1/operations/${seg(key)}`));
+  }
+
+  async revoke(principal: string): Promise<Revoked> {
+    const d = await this.send('POST', `/v1/principals/${seg(principal)}/revoke`, {});
+    return { principal: d.principal, generation: d.generation };
+  }
+
+  async warn(task: string, cls: string, detail?: string): Promise<WarningRecord> {
+    const body: W = detail === undefined ? {} : { detail };
+    return warningFromWire(await this.send('POST', `/v1/tasks/${seg(task)}/warnings/${seg(cls)}`, body));
+  }
+
+  async warnings(task: string): Promise<WarningRecord[]> {
+    const d = await this.send('GET', `/v1/tasks/${seg(task)}/warnings`);
+    return (d.warnings as W[]).map(warningFromWire);
+  }
+
+  async health(): Promise<{ status: string }> {
+    return this.send('GET', '/healthz');
+  }
+
+  async ready(): Promise<{ status: string }> {
+    return this.send('GET', '/readyz');
+  }
+
+  async metrics(): Promise<string> {
+    return this.send('GET', '/metrics', undefined, true);
+  }
+
+  async openapi(): Promise<Record<string, unknown>> {
+    return this.send('GET', '/openapi.json');
+  }
+
+  /** SPEC §11: run `effect` at most once for `key` (see runOnce). */
+  runOnce<R = unknown>(key: string, request: unknown, effect: Effect<R>, options: RunOptions): Promise<RunResult> {
+    return runOnce(this, key, request, effect, options);
+  }
+}
+
+export { seg as encodeSegment };

@@ -1,0 +1,137 @@
+// Typed errors: one class per SPEC §7 problem code, plus the SDK's own.
+
+/** Base of every error thrown by @settle/client. */
+export class SettleError extends Error {
+  constructor(message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = new.target.name;
+  }
+}
+
+/** The request got no answer (connection refused, reset, timeout). */
+export class TransportError extends SettleError {}
+
+export interface ProblemBody {
+  type?: string;
+  title?: string;
+  status?: number;
+  detail?: string;
+  code?: string;
+  field?: string | null;
+  correlation_id?: string;
+  [k: string]: unknown;
+}
+
+/** An RFC 9457 problem answer of the server. */
+export class ProblemError extends SettleError {
+  readonly status: number;
+  readonly code: string;
+  readonly title: string;
+  readonly detail: string;
+  readonly field: string | null;
+  readonly correlationId: string | null;
+  readonly body: unknown;
+  constructor(status: number, code: string, body: unknown) {
+    const b = (body && typeof body === 'object' ? body : {}) as ProblemBody;
+    super(`${status} ${code}: ${b.detail ?? b.title ?? String(body ?? '')}`);
+    this.status = status;
+    this.code = code;
+    this.title = b.title ?? '';
+    this.detail = b.detail ?? '';
+    this.field = typeof b.field === 'string' ? b.field : null;
+    this.correlationId = typeof b.correlation_id === 'string' ? b.correlation_id : null;
+    this.body = body;
+  }
+}
+
+export class BadRequest extends ProblemError {}
+export class Unauthorized extends ProblemError {}
+export class NotFound extends ProblemError {}
+export class RequestTimeout extends ProblemError {}
+export class PayloadTooLarge extends ProblemError {}
+export class InvalidRequest extends ProblemError {}
+/** A 409 protocol refusal: never retried with another key or fingerprint (SPEC §11.7). */
+export class Refusal extends ProblemError {}
+export class FingerprintMismatch extends Refusal {}
+export class BindingMismatch extends Refusal {}
+export class StaleBinding extends Refusal {}
+export class StaleFence extends Refusal {}
+export class LeaseExpired extends Refusal {}
+export class WrongPurpose extends Refusal {}
+export class ResultMismatch extends Refusal {}
+export class ReceiptRequired extends Refusal {}
+export class TooManyClasses extends Refusal {}
+/** 503 `unavailable`: retryable; `retryAfterS` from Retry-After. */
+export class Unavailable extends ProblemError {
+  retryAfterS: number | null = null;
+}
+/** 503 `record_refused` (SPEC §6.9): an operator must look; not retried. */
+export class RecordRefused extends ProblemError {}
+
+type ProblemClass = new (status: number, code: string, body: unknown) => ProblemError;
+
+export const PROBLEM_CLASSES: Readonly<Record<string, ProblemClass>> = {
+  bad_request: BadRequest,
+  unauthorized: Unauthorized,
+  not_found: NotFound,
+  request_timeout: RequestTimeout,
+  payload_too_large: PayloadTooLarge,
+  invalid_request: InvalidRequest,
+  fingerprint_mismatch: FingerprintMismatch,
+  binding_mismatch: BindingMismatch,
+  stale_binding: StaleBinding,
+  stale_fence: StaleFence,
+  lease_expired: LeaseExpired,
+  wrong_purpose: WrongPurpose,
+  result_mismatch: ResultMismatch,
+  receipt_required: ReceiptRequired,
+  too_many_classes: TooManyClasses,
+  unavailable: Unavailable,
+  record_refused: RecordRefused,
+};
+
+const DEFAULT_CODES: Record<number, string> = { 401: 'unauthorized', 404: 'not_found', 413: 'payload_too_large', 503: 'unavailable' };
+
+/** The typed error of a problem answer. */
+export function problemError(status: number, body: unknown, retryAfterS: number | null = null): ProblemError {
+  const b = body && typeof body === 'object' ? (body as ProblemBody) : null;
+  const code = (b && typeof b.code === 'string' && b.code) || DEFAULT_CODES[status] || `http_${status}`;
+  const cls = PROBLEM_CLASSES[code] ?? (status === 409 ? Refusal : ProblemError);
+  const e = new cls(status, code, body);
+  if (e instanceof Unavailable) e.retryAfterS = retryAfterS;
+  return e;
+}
+
+/** SPEC §11.4: a `reconcile` lease was granted and no hook was given (the
+ * lease was handed back with reconcile(unavailable)). */
+export class ReconcileRequired extends SettleError {
+  readonly key: string;
+  readonly fence: number;
+  constructor(key: string, fence: number) {
+    super(`operation ${JSON.stringify(key)} needs reconciliation (fence ${fence}); no reconcile hook was given`);
+    this.key = key;
+    this.fence = fence;
+  }
+}
+
+/** The caller's deadline passed while waiting or retrying; `cause` is the last error. */
+export class DeadlineExceeded extends SettleError {}
+
+/** The effect threw after it may have reached the remote: settled `unknown`.
+ * `cause` is the effect's error; `receipt` the unknown receipt. */
+export class OutcomeUnknown extends SettleError {
+  readonly key: string;
+  readonly receipt: unknown;
+  constructor(key: string, receipt: unknown, cause: unknown) {
+    super(`the outcome of operation ${JSON.stringify(key)} is unknown; it must be reconciled`, { cause });
+    this.key = key;
+    this.receipt = receipt;
+  }
+}
+
+/** Throw from an effect when nothing reached the remote: the lease is released. */
+export class EffectNotSent extends SettleError {}
+
+/** Throw from an effect when the remote definitively refused it (nothing
+ * applied): the lease is released with `not_committed`. */
+export class EffectRefused extends SettleError {}

@@ -1,0 +1,166 @@
+// RFC 8785 (JCS) canonical JSON and the SPEC §11.1 fingerprint.
+//
+// Members are sorted by UTF-16 code units (Array.prototype.sort's default),
+// strings and numbers are written as ECMAScript's JSON.stringify writes them
+// (RFC 8785 is defined that way), lone surrogates are refused. Field
+// selection by JSON pointers is the SDKs' convention (sdk/MIDDLEWARE-KEYS.md):
+// the object {pointer: value} of the pointers that resolve.
+import { createHash } from 'node:crypto';
+
+/** A value that cannot be canonicalised, or a malformed field list.
+ * `code` is `invalid_value` or `invalid_fields` (the shared vectors' `error`). */
+export class FingerprintError extends Error {
+  readonly code: 'invalid_value' | 'invalid_fields';
+  constructor(code: 'invalid_value' | 'invalid_fields', message: string) {
+    super(message);
+    this.name = 'FingerprintError';
+    this.code = code;
+  }
+}
+
+function hasLoneSurrogate(s: string): boolean {
+  for (let i = 0; i < s.length; i++) {
+    const c = s.charCodeAt(i);
+    if (c >= 0xd800 && c <= 0xdbff) {
+      const n = i + 1 < s.length ? s.charCodeAt(i + 1) : 0;
+      if (n >= 0xdc00 && n <= 0xdfff) {
+        i++;
+        continue;
+      }
+      return true;
+    }
+    if (c >= 0xdc00 && c <= 0xdfff) return true;
+  }
+  return false;
+}
+
+function str(s: string): string {
+  if (hasLoneSurrogate(s)) throw new FingerprintError('invalid_value', 'lone surrogate in a string');
+  return JSON.stringify(s);
+}
+
+function num(n: number): string {
+  if (!Number.isFinite(n)) throw new FingerprintError('invalid_value', 'NaN and Infinity are not JSON');
+  return JSON.stringify(n); // ECMAScript Number::toString; -0 → "0"
+}
+
+function write(v: unknown, out: string[], depth: number): void {
+  if (depth > 1000) throw new FingerprintError('invalid_value', 'nesting deeper than 1000');
+  if (v === null) {
+    out.push('null');
+    return;
+  }
+  switch (typeof v) {
+    case 'boolean':
+      out.push(v ? 'true' : 'false');
+      return;
+    case 'number':
+      out.push(num(v));
+      return;
+    case 'string':
+      out.push(str(v));
+      return;
+    case 'object':
+      break;
+    default:
+      throw new FingerprintError('invalid_value', `${typeof v} is not a JSON value`);
+  }
+  const obj = v as Record<string, unknown> & { toJSON?: () => unknown };
+  if (typeof obj.toJSON === 'function') {
+    write(obj.toJSON(), out, depth + 1); // Date and friends, as JSON.stringify does
+    return;
+  }
+  if (Array.isArray(v)) {
+    out.push('[');
+    v.forEach((item, i) => {
+      if (i) out.push(',');
+      write(item, out, depth + 1);
+    });
+    out.push(']');
+    return;
+  }
+  const proto = Object.getPrototypeOf(v) as unknown;
+  if (proto !== Object.prototype && proto !== null) {
+    // Map, Set, class instances...: JSON.stringify would silently write {}.
+    throw new FingerprintError('invalid_value', `${(v as object).constructor?.name ?? 'object'} is not a plain JSON object`);
+  }
+  const keys = Object.keys(obj)
+    .filter((k) => obj[k] !== undefined) // an undefined member is absent, as in JSON.stringify
+    .sort();
+  out.push('{');
+  keys.forEach((k, i) => {
+    if (i) out.push(',');
+    out.push(str(k), ':');
+    write(obj[k], out, depth + 1);
+  });
+  out.push('}');
+}
+
+/** The RFC 8785 canonical text of a JSON value. */
+export function canonicalize(value: unknown): string {
+  const out: string[] = [];
+  write(value, out, 0);
+  return out.join('');
+}
+
+function parsePointer(p: string): string[] {
+  if (typeof p !== 'string') throw new FingerprintError('invalid_fields', 'a field must be a JSON pointer string');
+  if (p === '') return [];
+  if (!p.startsWith('/')) throw new FingerprintError('invalid_fields', `JSON pointer ${JSON.stringify(p)} must start with "/"`);
+  return p
+    .slice(1)
+    .split('/')
+    .map((t) => {
+      if (/~[^01]|~$/.test(t)) {
+        throw new FingerprintError('invalid_fields', `JSON pointer ${JSON.stringify(p)}: "~" must be followed by 0 or 1`);
+      }
+      return t.replace(/~1/g, '/').replace(/~0/g, '~');
+    });
+}
+
+const MISSING = Symbol('missing');
+
+function resolve(doc: unknown, tokens: string[]): unknown {
+  let cur: unknown = doc;
+  for (const t of tokens) {
+    if (Array.isArray(cur)) {
+      if (!/^(0|[1-9][0-9]*)$/.test(t)) return MISSING;
+      const i = Number(t);
+      if (i >= cur.length) return MISSING;
+      cur = cur[i];
+    } else if (cur !== null && typeof cur === 'object') {
+      if (!Object.prototype.hasOwnProperty.call(cur, t)) return MISSING;
+      cur = (cur as Record<string, unknown>)[t];
+      if (cur === undefined) return MISSING;
+    } else {
+      return MISSING;
+    }
+  }
+  return cur;
+}
+
+/** The object {pointer: value} of the pointers (RFC 6901) that resolve in
+ * `value`. A pointer that does not resolve is left out (absent ≠ null); a
+ * malformed pointer or an empty list throws FingerprintError('invalid_fields'). */
+export function selectFields(value: unknown, fields: readonly string[]): Record<string, unknown> {
+  if (!Array.isArray(fields)) throw new FingerprintError('invalid_fields', 'fields must be an array of JSON pointers');
+  if (fields.length === 0) throw new FingerprintError('invalid_fields', 'fields must name at least one JSON pointer');
+  const parsed = fields.map((p) => [p, parsePointer(p)] as const);
+  const out: Record<string, unknown> = {};
+  for (const [p, tokens] of parsed) {
+    const v = resolve(value, tokens);
+    if (v !== MISSING) out[p] = v;
+  }
+  return out;
+}
+
+/** Lowercase hex SHA-256 of the UTF-8 bytes of a string or buffer. */
+export function sha256Hex(data: string | Uint8Array): string {
+  return createHash('sha256').update(data).digest('hex');
+}
+
+/** SPEC §11.1: hex SHA-256 of the RFC 8785 form of `value`, or of its `fields`. */
+export function fingerprint(value: unknown, fields?: readonly string[]): string {
+  const target = fields === undefined ? value : selectFields(value, fields);
+  return sha256Hex(canonicalize(target));
+}

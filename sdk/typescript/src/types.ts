@@ -1,0 +1,170 @@
+// Typed views of the SPEC §7 answers. Field names are camelCase; the wire
+// is snake_case. Fences and generations are JavaScript numbers: exact over
+// the whole SPEC §2 range [0, 2^53 − 1] (Number.MAX_SAFE_INTEGER).
+
+export type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
+
+export interface Binding {
+  principal: string;
+  scopes?: readonly string[];
+  generation?: number;
+}
+
+export type OutcomeStatus = 'completed' | 'failed' | 'unknown';
+
+export interface Outcome {
+  status: OutcomeStatus;
+  result?: unknown;
+  responseSha256?: string | null;
+  error?: string | null;
+}
+
+export interface Receipt {
+  key: string;
+  fingerprint: string;
+  responseSha256: string | null;
+  status: string;
+  fence: number;
+  committedAt: string;
+  durable: boolean;
+}
+
+export interface Grant {
+  decision: 'execute' | 'reconcile';
+  fence: number;
+  leaseExpiresAt: string;
+  attempt: number;
+}
+
+export interface InFlight {
+  decision: 'in_flight';
+  retryAfterMs: number;
+}
+
+export interface Replay {
+  decision: 'replay';
+  outcome: Outcome;
+  receipt: Receipt;
+}
+
+export type ClaimDecision = Grant | InFlight | Replay;
+
+export interface LeaseInfo {
+  fence: number;
+  leaseExpiresAt: string;
+}
+
+export interface Dispatched extends LeaseInfo {
+  dispatched: boolean;
+}
+
+export interface Released {
+  fence: number;
+  released: boolean;
+}
+
+export interface Revoked {
+  principal: string;
+  generation: number;
+}
+
+export interface WarningRecord {
+  task: string;
+  class: string;
+  count: number;
+  detail: string | null;
+  firstAt: string;
+  lastAt: string;
+  saturated: boolean;
+}
+
+/** The record of `get` (SPEC §7): the main fields typed, the whole answer in `raw`. */
+export interface OperationRecord {
+  key: string;
+  status: string;
+  rank: number;
+  reservation: { fingerprint: string; principal: string; scopes: string[]; generation: number };
+  lease: Record<string, unknown> | null;
+  outcome: Outcome | null;
+  receipt: Receipt | null;
+  reconcileRequired: boolean;
+  disputed: boolean;
+  attempts: Record<string, unknown>[];
+  quarantine: Record<string, unknown>[];
+  createdAt: string;
+  updatedAt: string;
+  expiresAt: string | null;
+  raw: Record<string, unknown>;
+}
+
+type W = Record<string, any>; // eslint-disable-line @typescript-eslint/no-explicit-any
+
+export function outcomeFromWire(d: W): Outcome {
+  return { status: d.status, result: d.result ?? null, responseSha256: d.response_sha256 ?? null, error: d.error ?? null };
+}
+
+export function outcomeToWire(o: Outcome): W {
+  const w: W = { status: o.status };
+  if (o.status === 'completed' || o.status === 'failed' || o.result !== undefined) w.result = o.result ?? null;
+  if (o.responseSha256 != null) w.response_sha256 = o.responseSha256;
+  if (o.error != null) w.error = o.error;
+  return w;
+}
+
+export function receiptFromWire(d: W): Receipt {
+  return {
+    key: d.key,
+    fingerprint: d.fingerprint,
+    responseSha256: d.response_sha256 ?? null,
+    status: d.status,
+    fence: d.fence,
+    committedAt: d.committed_at,
+    durable: d.durable,
+  };
+}
+
+export function claimFromWire(d: W): ClaimDecision {
+  switch (d.decision) {
+    case 'execute':
+    case 'reconcile':
+      return { decision: d.decision, fence: d.fence, leaseExpiresAt: d.lease_expires_at, attempt: d.attempt };
+    case 'in_flight':
+      return { decision: 'in_flight', retryAfterMs: d.retry_after_ms };
+    case 'replay':
+      return { decision: 'replay', outcome: outcomeFromWire(d.outcome), receipt: receiptFromWire(d.receipt) };
+    default:
+      throw new TypeError(`unknown claim decision ${JSON.stringify(d.decision)}`);
+  }
+}
+
+export function warningFromWire(d: W): WarningRecord {
+  return {
+    task: d.task,
+    class: d.class,
+    count: d.count,
+    detail: d.detail ?? null,
+    firstAt: d.first_at,
+    lastAt: d.last_at,
+    saturated: d.saturated,
+  };
+}
+
+export function recordFromWire(d: W): OperationRecord {
+  return {
+    key: d.key,
+    status: d.status,
+    rank: d.rank,
+    reservation: d.reservation,
+    lease: d.lease ?? null,
+    outcome: d.outcome ? outcomeFromWire(d.outcome) : null,
+    receipt: d.receipt ? receiptFromWire(d.receipt) : null,
+    reconcileRequired: d.reconcile_required,
+    disputed: d.disputed,
+    attempts: d.attempts ?? [],
+    quarantine: d.quarantine ?? [],
+    createdAt: d.created_at,
+    updatedAt: d.updated_at,
+    expiresAt: d.expires_at ?? null,
+    raw: d,
+  };
+}

@@ -1,0 +1,382 @@
+// SPEC §8, row by row, for the Express middleware: an Express app in this
+// process whose middleware talks to a real settle server.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import http from 'node:http';
+import express from 'express';
+import { Client, idempotency, markRetryable, middlewareCore as mw } from '@settle/client';
+import { startSettle, newKey, deadUrl, notCommittedSupported, NOT_COMMITTED_MISSING } from './helpers.mjs';
+
+let server, ledger, ncSupported;
+const apps = [];
+before(async () => {
+  server = await startSettle();
+  ledger = new Client({ url: server.url });
+  ncSupported = await notCommittedSupported(ledger);
+});
+after(async () => {
+  for (const a of apps) await new Promise((r) => a.srv.close(r));
+  await server?.close();
+});
+
+/** A test app: POST /items answers what its body asks for. */
+async function makeApp(options = {}, { settleUrl, errorHandler = true } = {}) {
+  const state = { count: 0, gate: null, entered: null };
+  const namespace = newKey('ns');
+  const idem = idempotency({ client: new Client({ url: settleUrl ?? server.url }), namespace, onError: () => {}, ...options });
+  const app = express();
+  app.use(idem);
+  const items = async (req, res) => {
+    state.count++;
+    const n = state.count;
+    const b = req.body ?? {};
+    state.entered?.();
+    if (b.block) await state.gate;
+    if (b.sleep) await new Promise((r) => setTimeout(r, b.sleep));
+    if (b.raise) throw new Error('handler failed');
+    if (b.retryable) markRetryable(res);
+    res.status(b.status ?? 201).set({ Location: `/items/${n}`, 'X-Custom': 'c', 'X-Trace': `t${n}` });
+    if (b.chunks) {
+      res.type('text/plain');
+      res.write('part1-');
+      res.write(Buffer.from('part2-'));
+      res.end('end');
+      return;
+    }
+    res.type('application/json').send(JSON.stringify({ n, pad: 'x'.repeat(b.size ?? 0) }));
+  };
+  app.post('/items', items);
+  app.patch('/items', items);
+  app.put('/items', items);
+  app.post('/next-error', (req, res, next) => {
+    state.count++;
+    next(new Error('passed to next'));
+  });
+  app.post('/free', (req, res) => {
+    state.count++;
+    res.json({ n: state.count });
+  });
+  if (errorHandler) app.use(idem.errorHandler);
+  const srv = http.createServer(app);
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  const a = { url: `http://127.0.0.1:${srv.address().port}`, srv, state, idem, namespace };
+  apps.push(a);
+  return a;
+}
+
+const H = { 'Idempotency-Key': 'k-1', 'content-type': 'application/json' };
+const post = (a, path, body, headers = H, method = 'POST') =>
+  fetch(a.url + path, { method, headers, body: typeof body === 'string' ? body : JSON.stringify(body) });
+
+async function problem(r, status, code) {
+  assert.equal(r.status, status);
+  assert.equal(r.headers.get('content-type'), 'application/problem+json');
+  const b = await r.json();
+  assert.equal(b.code, code);
+  assert.equal(b.status, status);
+  assert.ok(b.type.endsWith(code));
+  return b;
+}
+
+test('row: key missing → 400, handler not run', async () => {
+  const a = await makeApp();
+  await problem(await post(a, '/items', {}, { 'content-type': 'application/json' }), 400, 'idempotency_key_missing');
+  assert.equal(a.state.count, 0);
+});
+
+test('row: malformed key or sent twice → 400 idempotency_key_invalid', async () => {
+  const a = await makeApp();
+  for (const raw of ['"unterminated', '"bad\\escape"', 'has space', '', '""', 'x'.repeat(256)]) {
+    await problem(await post(a, '/items', {}, { 'Idempotency-Key': raw }), 400, 'idempotency_key_invalid');
+  }
+  const h = new Headers([['Idempotency-Key', 'a'], ['Idempotency-Key', 'a']]);
+  await problem(await fetch(a.url + '/items', { method: 'POST', headers: h, body: '{}' }), 400, 'idempotency_key_invalid');
+  assert.equal(a.state.count, 0);
+});
+
+test('rows: first request unchanged; replay byte for byte with Idempotent-Replayed', async () => {
+  const a = await makeApp();
+  const first = await post(a, '/items', '{"status": 201}');
+  const fb = Buffer.from(await first.arrayBuffer());
+  assert.equal(first.status, 201);
+  assert.equal(first.headers.get('idempotent-replayed'), null);
+  assert.equal(first.headers.get('x-trace'), 't1');
+  for (let i = 0; i < 3; i++) {
+    const again = await post(a, '/items', '{"status": 201}');
+    assert.equal(again.status, 201);
+    assert.deepEqual(Buffer.from(await again.arrayBuffer()), fb);
+    assert.equal(again.headers.get('idempotent-replayed'), 'true');
+    assert.equal(again.headers.get('location'), '/items/1');
+    assert.equal(again.headers.get('content-type'), first.headers.get('content-type'));
+    assert.equal(again.headers.get('x-custom'), null);
+  }
+  const quoted = await post(a, '/items', '{"status": 201}', { ...H, 'Idempotency-Key': '"k-1"' });
+  assert.equal(quoted.headers.get('idempotent-replayed'), 'true');
+  assert.equal(a.state.count, 1);
+});
+
+test('streamed writes are captured whole and replayed', async () => {
+  const a = await makeApp();
+  const first = await post(a, '/items', { chunks: true });
+  assert.equal(await first.text(), 'part1-part2-end');
+  const again = await post(a, '/items', { chunks: true });
+  assert.equal(await again.text(), 'part1-part2-end');
+  assert.equal(again.headers.get('idempotent-replayed'), 'true');
+});
+
+test('stored headers are configurable', async () => {
+  const a = await makeApp({ storedHeaders: ['X-Custom'] });
+  await post(a, '/items', {});
+  const again = await post(a, '/items', {});
+  assert.equal(again.headers.get('x-custom'), 'c');
+  assert.equal(again.headers.get('x-trace'), null);
+});
+
+test('rows: 4xx stored as completed, returned 5xx stored as failed, both replayed', async () => {
+  const a = await makeApp();
+  for (const status of [400, 404, 422, 500, 503]) {
+    const h = { ...H, 'Idempotency-Key': newKey() };
+    const first = await post(a, '/items', { status }, h);
+    const again = await post(a, '/items', { status }, h);
+    assert.equal(first.status, status);
+    assert.equal(again.status, status);
+    assert.equal(await again.text(), await first.text());
+    assert.equal(again.headers.get('idempotent-replayed'), 'true');
+  }
+  assert.equal(a.state.count, 5);
+});
+
+test('row: key reused with another request → 422', async () => {
+  const a = await makeApp();
+  assert.equal((await post(a, '/items', { a: 1 })).status, 201);
+  await problem(await post(a, '/items', { a: 2 }), 422, 'idempotency_key_reused');
+  await problem(await post(a, '/items?x=1', { a: 1 }), 422, 'idempotency_key_reused');
+  await problem(await post(a, '/items', { a: 1 }, H, 'PATCH'), 422, 'idempotency_key_reused');
+  await problem(await post(a, '/free', { a: 1 }), 422, 'idempotency_key_reused');
+  await problem(await post(a, '/items', '{"a":1}', { ...H, 'content-type': 'text/plain' }), 422, 'idempotency_key_reused');
+  assert.equal(a.state.count, 1);
+});
+
+test('canonicalJson makes key order and whitespace irrelevant', async () => {
+  const a = await makeApp({ canonicalJson: true });
+  const first = await post(a, '/items', '{"a":1,"b":[1,2]}');
+  const again = await post(a, '/items', '{ "b": [1, 2.0], "a": 1 }');
+  assert.equal(again.headers.get('idempotent-replayed'), 'true');
+  assert.equal(await again.text(), await first.text());
+});
+
+test('principals do not collide', async () => {
+  const a = await makeApp();
+  const r1 = await post(a, '/items', {}, { ...H, Authorization: 'Bearer alice' });
+  const r2 = await post(a, '/items', {}, { ...H, Authorization: 'Bearer bob' });
+  const r3 = await post(a, '/items', {});
+  assert.deepEqual([(await r1.json()).n, (await r2.json()).n, (await r3.json()).n], [1, 2, 3]);
+});
+
+test('the ledger key, worker label and fingerprint are those of MIDDLEWARE-KEYS.md', async () => {
+  const a = await makeApp();
+  await post(a, '/items', '{}', { 'Idempotency-Key': 'order-7', Authorization: 'Bearer alice', 'content-type': 'application/json' });
+  const principal = createHash('sha256').update('Bearer alice').digest('hex');
+  const len = (s) => {
+    const b = Buffer.alloc(4);
+    b.writeUInt32BE(Buffer.byteLength(s));
+    return Buffer.concat([b, Buffer.from(s)]);
+  };
+  const lkey = 'mw-' + createHash('sha256').update(Buffer.concat([len(a.namespace), len(principal), len('order-7')])).digest('hex');
+  const rec = await ledger.get(lkey);
+  assert.equal(rec.status, 'completed');
+  assert.equal(rec.attempts[0].lease.worker, `idempotency-key=order-7 principal=${principal}`);
+  assert.ok(rec.attempts[0].lease.marks_dispatch && rec.attempts[0].lease.dispatched);
+  assert.equal(rec.reservation.fingerprint, mw.requestFingerprint('POST', '/items', 'application/json', Buffer.from('{}')));
+});
+
+test('row: same key while running → 409 request_in_progress with Retry-After', async () => {
+  const a = await makeApp();
+  let open;
+  a.state.gate = new Promise((r) => (open = r));
+  const entered = new Promise((r) => (a.state.entered = r));
+  const first = post(a, '/items', { block: true });
+  await entered;
+  const busy = await post(a, '/items', { block: true });
+  await problem(busy, 409, 'request_in_progress');
+  assert.ok(Number(busy.headers.get('retry-after')) >= 1);
+  open();
+  assert.equal((await first).status, 201);
+  assert.equal(a.state.count, 1);
+});
+
+test('row: 50 concurrent duplicates → exactly one execution', async () => {
+  const a = await makeApp();
+  const rs = await Promise.all(Array.from({ length: 50 }, () => post(a, '/items', { sleep: 200 })));
+  assert.equal(a.state.count, 1);
+  const bodies = await Promise.all(rs.map((r) => r.text()));
+  const created = rs.map((r, i) => [r, bodies[i]]).filter(([r]) => r.status === 201);
+  const others = rs.map((r, i) => [r, bodies[i]]).filter(([r]) => r.status !== 201);
+  assert.ok(created.length >= 1);
+  assert.equal(new Set(created.map(([, b]) => b)).size, 1);
+  assert.equal(created.filter(([r]) => r.headers.get('idempotent-replayed') === null).length, 1);
+  for (const [r, b] of others) {
+    assert.equal(r.status, 409);
+    assert.equal(JSON.parse(b).code, 'request_in_progress');
+  }
+});
+
+test('row: a thrown error → 500 outcome_unknown, then 409 outcome_unknown', async () => {
+  const a = await makeApp();
+  await problem(await post(a, '/items', { raise: true }), 500, 'outcome_unknown');
+  for (let i = 0; i < 2; i++) await problem(await post(a, '/items', { raise: true }), 409, 'outcome_unknown');
+  assert.equal(a.state.count, 1);
+});
+
+test('row: an error passed to next(err) → unknown', async () => {
+  const a = await makeApp();
+  await problem(await post(a, '/next-error', {}), 500, 'outcome_unknown');
+  await problem(await post(a, '/next-error', {}), 409, 'outcome_unknown');
+  assert.equal(a.state.count, 1);
+});
+
+test('row: the handler timeout → unknown', async () => {
+  const a = await makeApp({ timeoutMs: 200 });
+  await problem(await post(a, '/items', { sleep: 1500 }), 500, 'outcome_unknown');
+  await problem(await post(a, '/items', { sleep: 1500 }), 409, 'outcome_unknown');
+  assert.equal(a.state.count, 1);
+});
+
+test('a reconcile hook resolves unknown', async () => {
+  const found = [];
+  const a = await makeApp({ reconcile: (lkey) => (found.push(lkey), 'not_committed') });
+  await problem(await post(a, '/items', { raise: true }), 500, 'outcome_unknown');
+  await problem(await post(a, '/items', { raise: true }), 500, 'outcome_unknown'); // the retry ran the handler again
+  assert.equal(found.length, 1);
+  assert.equal(a.state.count, 2);
+});
+
+for (const status of [408, 409, 425, 429]) {
+  test(`row: a ${status} says nothing happened → not stored, the retry runs the handler`, async (t) => {
+    const a = await makeApp();
+    const first = await post(a, '/items', { status });
+    assert.equal(first.status, status);
+    const again = await post(a, '/items', { status });
+    if (!ncSupported) {
+      await problem(again, 409, 'outcome_unknown'); // the SDK's safe fallback on such a server
+      t.skip(NOT_COMMITTED_MISSING);
+      return;
+    }
+    assert.equal(again.status, status);
+    assert.equal(again.headers.get('idempotent-replayed'), null);
+    assert.equal(a.state.count, 2);
+  });
+}
+
+test('a response marked retryable is not stored', async (t) => {
+  const a = await makeApp();
+  await post(a, '/items', { retryable: true, status: 503 });
+  const again = await post(a, '/items', { retryable: true, status: 503 });
+  if (!ncSupported) {
+    await problem(again, 409, 'outcome_unknown');
+    t.skip(NOT_COMMITTED_MISSING);
+    return;
+  }
+  assert.equal(again.headers.get('idempotent-replayed'), null);
+  assert.equal(a.state.count, 2);
+});
+
+test('row: a large body is settled with its digest; a replay is 409 response_not_stored', async () => {
+  const a = await makeApp({ maxStoredBody: 1000 });
+  const first = await post(a, '/items', { size: 5000 });
+  assert.equal(first.status, 201);
+  assert.ok((await first.text()).length > 5000);
+  await problem(await post(a, '/items', { size: 5000 }), 409, 'response_not_stored');
+  assert.equal(a.state.count, 1);
+  const h = { ...H, 'Idempotency-Key': 'small' };
+  const small = await (await post(a, '/items', { size: 900 }, h)).text();
+  assert.equal(await (await post(a, '/items', { size: 900 }, h)).text(), small);
+});
+
+test('the default body limit is 32 KiB and fits the server', async () => {
+  const a = await makeApp();
+  const first = await post(a, '/items', { size: 32 * 1024 - 30 });
+  const fb = await first.text();
+  assert.ok(fb.length <= 32 * 1024);
+  const again = await post(a, '/items', { size: 32 * 1024 - 30 });
+  assert.equal(again.headers.get('idempotent-replayed'), 'true');
+  assert.equal(await again.text(), fb);
+});
+
+test('row: ledger unreachable → 503 idempotency_unavailable, handler not run; failOpen runs it', async () => {
+  const a = await makeApp({}, { settleUrl: await deadUrl() });
+  const r = await post(a, '/items', {});
+  await problem(r, 503, 'idempotency_unavailable');
+  assert.ok(Number(r.headers.get('retry-after')) >= 1);
+  assert.equal(a.state.count, 0);
+  const b = await makeApp({ routes: (m) => (m === 'POST' ? { failOpen: true } : null) }, { settleUrl: await deadUrl() });
+  assert.equal((await post(b, '/items', {})).status, 201);
+  assert.equal(b.state.count, 1);
+});
+
+test('route selection', async () => {
+  const a = await makeApp({ routes: (m, p) => (m === 'POST' && p === '/items' ? { required: false } : null) });
+  assert.equal((await post(a, '/items', {}, { 'content-type': 'application/json' })).status, 201); // optional key
+  assert.equal((await post(a, '/free', {})).status, 200);
+  await post(a, '/items', {});
+  assert.equal((await post(a, '/items', {})).headers.get('idempotent-replayed'), 'true');
+  const put = await post(a, '/items', {}, H, 'PUT');
+  assert.equal(put.headers.get('idempotent-replayed'), null);
+  assert.equal(a.state.count, 4);
+});
+
+test('the lease is heartbeated while a slow handler runs', async () => {
+  const a = await makeApp({ leaseMs: 400 });
+  assert.equal((await post(a, '/items', { sleep: 1000 })).status, 201);
+  assert.equal((await post(a, '/items', { sleep: 1000 })).headers.get('idempotent-replayed'), 'true');
+  assert.equal(a.state.count, 1);
+});
+
+test('replays and refusals are counted', async () => {
+  const a = await makeApp();
+  await post(a, '/items', {});
+  await post(a, '/items', {});
+  await post(a, '/items', { z: 1 });
+  await post(a, '/items', {}, { 'content-type': 'application/json' });
+  assert.equal(a.idem.stats.replayed, 1);
+  assert.equal(a.idem.stats.idempotency_key_reused, 1);
+  assert.equal(a.idem.stats.idempotency_key_missing, 1);
+  assert.equal(a.idem.stats.executed, 1);
+});
+
+test('plain node:http through wrap()', async () => {
+  let n = 0;
+  const idem = idempotency({ client: ledger, namespace: newKey('ns'), onError: () => {} });
+  const srv = http.createServer(
+    idem.wrap(async (req, res) => {
+      n++;
+      if (req.body?.raise) throw new Error('boom');
+      res.writeHead(201, { 'content-type': 'application/json', location: `/x/${n}` });
+      res.end(JSON.stringify({ n }));
+    }),
+  );
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  const url = `http://127.0.0.1:${srv.address().port}`;
+  try {
+    const h = { ...H, 'Idempotency-Key': newKey() };
+    const first = await fetch(url, { method: 'POST', headers: h, body: '{}' });
+    assert.equal(first.status, 201);
+    const again = await fetch(url, { method: 'POST', headers: h, body: '{}' });
+    assert.equal(again.headers.get('idempotent-replayed'), 'true');
+    assert.equal(again.headers.get('location'), '/x/1');
+    const h2 = { ...H, 'Idempotency-Key': newKey() };
+    await problem(await fetch(url, { method: 'POST', headers: h2, body: '{"raise":true}' }), 500, 'outcome_unknown');
+    await problem(await fetch(url, { method: 'POST', headers: h2, body: '{"raise":true}' }), 409, 'outcome_unknown');
+    assert.equal(n, 2);
+  } finally {
+    await new Promise((r) => srv.close(r));
+  }
+});
+
+test('a request body over the limit → 413, nothing claimed', async () => {
+  const a = await makeApp({ maxRequestBody: 100 });
+  await problem(await post(a, '/items', { pad: 'x'.repeat(200) }), 413, 'payload_too_large');
+  assert.equal(a.state.count, 0);
+  assert.equal((await post(a, '/items', { pad: 'x' })).status, 201);
+});

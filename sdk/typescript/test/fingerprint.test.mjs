@@ -1,0 +1,119 @@
+// The shared fingerprint vectors (testdata/fingerprint-vectors.json) with
+// @settle/client and with the independent `canonicalize` package, and the
+// middleware byte layouts (sdk/middleware-vectors.json) shared with Python.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { createHash } from 'node:crypto';
+import canonicalizeRef from 'canonicalize';
+import { canonicalize, fingerprint, selectFields, FingerprintError, middlewareCore as mw } from '@settle/client';
+import { REPO } from './helpers.mjs';
+
+const vectors = JSON.parse(readFileSync(join(REPO, 'testdata/fingerprint-vectors.json'), 'utf8'));
+const mwv = JSON.parse(readFileSync(join(REPO, 'sdk/middleware-vectors.json'), 'utf8'));
+
+test('the vector file is well formed', () => {
+  assert.ok(vectors.length >= 90);
+  assert.equal(new Set(vectors.map((v) => v.name)).size, vectors.length);
+});
+
+for (const v of vectors) {
+  test(`vector: ${v.name}`, () => {
+    if (v.error) {
+      assert.throws(() => fingerprint(v.input, v.fields), (e) => e instanceof FingerprintError && e.code === v.error);
+      return;
+    }
+    const target = v.fields === undefined ? v.input : selectFields(v.input, v.fields);
+    assert.equal(canonicalize(target), v.canonical);
+    assert.equal(fingerprint(v.input, v.fields), v.sha256);
+    assert.equal(canonicalizeRef(target), v.canonical, 'the independent canonicalize package agrees');
+    assert.equal(createHash('sha256').update(v.canonical).digest('hex'), v.sha256);
+  });
+}
+
+function randomJson(rnd, depth = 0) {
+  const kind = Math.floor(rnd() * (depth < 4 ? 8 : 5));
+  const alphabet = ['a', 'Z', '0', ' ', '"', '\\', '/', '\n', '\u0000', '\u001f', '\u007f', 'é', '€', '😀', '\ufb33', '\u2028'];
+  switch (kind) {
+    case 0: return null;
+    case 1: return rnd() < 0.5;
+    case 2: return Math.floor((rnd() - 0.5) * 2 ** 53);
+    case 3: return (rnd() - 0.5) * 10 ** Math.floor(rnd() * 40 - 20);
+    case 4: return Array.from({ length: Math.floor(rnd() * 8) }, () => alphabet[Math.floor(rnd() * alphabet.length)]).join('');
+    case 5:
+    case 6: {
+      const o = {};
+      for (let i = Math.floor(rnd() * 5); i > 0; i--) o[rnd() < 0.3 ? randomJson(rnd, 5) + '' : 'k' + Math.floor(rnd() * 50)] = randomJson(rnd, depth + 1);
+      return o;
+    }
+    default: return Array.from({ length: Math.floor(rnd() * 5) }, () => randomJson(rnd, depth + 1));
+  }
+}
+
+test('random documents match the canonicalize package', () => {
+  let seed = 13;
+  const rnd = () => ((seed = (seed * 1103515245 + 12345) % 2 ** 31) / 2 ** 31);
+  for (let i = 0; i < 3000; i++) {
+    const doc = randomJson(rnd);
+    assert.equal(canonicalize(doc), canonicalizeRef(doc));
+  }
+  const buf = new DataView(new ArrayBuffer(8));
+  for (let i = 0; i < 20000; i++) {
+    buf.setUint32(0, Math.floor(rnd() * 2 ** 32));
+    buf.setUint32(4, Math.floor(rnd() * 2 ** 32));
+    const x = buf.getFloat64(0);
+    if (!Number.isFinite(x)) continue;
+    assert.equal(canonicalize(x), canonicalizeRef(x));
+  }
+});
+
+test('values that are not JSON are refused', () => {
+  for (const bad of [NaN, Infinity, -Infinity, '\ud800', { '\udc00': 1 }, new Map(), new Set([1]), 10n, () => 1, Symbol('s'), [undefined]]) {
+    assert.throws(() => fingerprint(bad), (e) => e instanceof FingerprintError && e.code === 'invalid_value', String(bad?.toString?.()));
+  }
+  assert.throws(() => fingerprint({ a: 1 }, '/a'), (e) => e.code === 'invalid_fields');
+});
+
+test('an undefined member is absent; Date uses toJSON', () => {
+  assert.equal(canonicalize({ a: 1, b: undefined }), '{"a":1}');
+  assert.equal(canonicalize({ d: new Date(0) }), '{"d":"1970-01-01T00:00:00.000Z"}');
+  assert.notEqual(fingerprint({ a: 1 }, ['/a', '/b']), fingerprint({ a: 1, b: null }, ['/a', '/b']));
+});
+
+test('middleware vectors: ledger keys', () => {
+  for (const c of mwv.ledger_keys) assert.equal(mw.ledgerKey(c.namespace, c.principal, c.key), c.ledger_key);
+});
+
+test('middleware vectors: request fingerprints', () => {
+  for (const c of mwv.fingerprints) {
+    const got = mw.requestFingerprint(c.method, c.target, c.content_type, Buffer.from(c.body_b64, 'base64'), c.headers, c.canonical_json);
+    assert.equal(got, c.sha256, JSON.stringify(c));
+  }
+});
+
+test('middleware vectors: Idempotency-Key header', () => {
+  for (const c of mwv.idempotency_key_header) {
+    if (c.error) assert.throws(() => mw.parseIdempotencyKey(c.values), (e) => e.code === c.error, JSON.stringify(c.values));
+    else assert.equal(mw.parseIdempotencyKey(c.values), c.key);
+  }
+});
+
+test('middleware vectors: principals, worker label, responses, Retry-After', () => {
+  for (const c of mwv.default_principal) assert.equal(mw.defaultPrincipal(c.authorization), c.principal);
+  for (const c of mwv.binding_principal) assert.equal(mw.bindingPrincipal(c.principal), c.binding_principal);
+  for (const c of mwv.worker_label) assert.equal(mw.workerLabel(c.key, c.principal), c.worker);
+  for (const c of mwv.responses) {
+    const got = mw.encodeResponse(c.status, c.headers, Buffer.from(c.body_b64, 'base64'), c.stored_headers, c.max_stored_body);
+    assert.deepEqual(got.result, c.result);
+    assert.equal(got.responseSha256, c.response_sha256);
+    const back = mw.decodeResponse(c.result);
+    assert.equal(back.status, c.status);
+    if (c.result.body !== null) assert.equal(back.body.toString('base64'), c.body_b64);
+    else assert.equal(back.body, null);
+  }
+  for (const c of mwv.retry_after) assert.equal(mw.retryAfterHeader(c.retry_after_ms), c.header);
+  for (const bad of [null, {}, { v: 2 }, { v: 1, status: '201', headers: [] }, { v: 1, status: 201, headers: [['a']] }, { v: 1, status: 201, headers: [], body: '!!' }]) {
+    assert.equal(mw.decodeResponse(bad), null);
+  }
+});
