@@ -72,6 +72,7 @@ enum Op {
         tenant: u8,
         key: u8,
         fence: FenceSel,
+        not_committed: bool,
     },
     Reconcile {
         tenant: u8,
@@ -145,7 +146,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (tenant(), key.clone(), fence_sel()).prop_map(|(tenant, key, fence)| Op::Dispatch { tenant, key, fence }),
         5 => (tenant(), key.clone(), fence_sel(), req(), 0u8..5)
             .prop_map(|(tenant, key, fence, req, outcome)| Op::Settle { tenant, key, fence, req, outcome }),
-        1 => (tenant(), key.clone(), fence_sel()).prop_map(|(tenant, key, fence)| Op::Release { tenant, key, fence }),
+        2 => (tenant(), key.clone(), fence_sel(), any::<bool>()).prop_map(|(tenant, key, fence, not_committed)| Op::Release { tenant, key, fence, not_committed }),
         3 => (tenant(), key.clone(), fence_sel(), 0u8..3, req(), 0u8..3).prop_map(
             |(tenant, key, fence, finding, req, outcome)| Op::Reconcile { tenant, key, fence, finding, req, outcome }
         ),
@@ -288,7 +289,12 @@ impl Model {
                     }),
                 )
             }
-            Op::Release { tenant, key, fence } => {
+            Op::Release {
+                tenant,
+                key,
+                fence,
+                not_committed,
+            } => {
                 let tn = t(tenant);
                 let fence = self.fence(&tn, &k(key), fence);
                 (
@@ -296,7 +302,11 @@ impl Model {
                     Command::Release(Release {
                         key: k(key),
                         fence,
-                        reason: ReleaseReason::NotDispatched,
+                        reason: if *not_committed {
+                            ReleaseReason::NotCommitted
+                        } else {
+                            ReleaseReason::NotDispatched
+                        },
                     }),
                 )
             }
@@ -369,6 +379,19 @@ impl Model {
         now: Timestamp,
     ) -> Result<(), TestCaseError> {
         let margin = before.limits.lease_margin_ms;
+        // An invalid command changes nothing at all.
+        if let Reply::Invalid(_) = &applied.reply {
+            prop_assert!(!applied.changed && !applied.fence_used);
+            prop_assert_eq!(&self.w.records, &before.records);
+            prop_assert_eq!(&self.w.principals, &before.principals);
+            prop_assert_eq!(self.w.next_fence, before.next_fence);
+            return Ok(());
+        }
+        // A lease must outlast the margin (SPEC §4 claim), so every valid
+        // lease_ms leaves a usable lease.
+        if let Command::Claim(c) = cmd {
+            prop_assert!(c.lease_ms.get() > margin);
+        }
         // §6.8: nothing of another tenant changed.
         for ((t, k), r) in &before.records {
             if t != tn {
@@ -439,14 +462,9 @@ impl Model {
                 Command::Settle(s) => (s.fence, &s.fingerprint, &s.binding, Purpose::Execute),
                 Command::Reconcile(Reconcile {
                     fence,
-                    finding:
-                        Finding::Committed {
-                            fingerprint,
-                            binding,
-                            ..
-                        },
+                    finding: Finding::Committed(f),
                     ..
-                }) => (*fence, fingerprint, binding, Purpose::Reconcile),
+                }) => (*fence, f.fingerprint(), f.binding(), Purpose::Reconcile),
                 other => return Err(TestCaseError::fail(format!("terminal via {other:?}"))),
             };
             let pgen = before
@@ -474,8 +492,29 @@ impl Model {
             match end.reason {
                 LeaseEnd::Settled => prop_assert!(att.receipt.is_some()),
                 LeaseEnd::Released => {
-                    prop_assert!(matches!(cmd, Command::Release(_)));
+                    let by_release = matches!(
+                        cmd,
+                        Command::Release(Release {
+                            reason: ReleaseReason::NotDispatched,
+                            ..
+                        })
+                    );
+                    prop_assert!(by_release);
                     prop_assert!(!bl.may_have_dispatched());
+                }
+                LeaseEnd::NotCommitted => {
+                    // The holder's attestation: status and flag stay as they were.
+                    let by_release = matches!(
+                        cmd,
+                        Command::Release(Release {
+                            reason: ReleaseReason::NotCommitted,
+                            ..
+                        })
+                    );
+                    prop_assert!(by_release);
+                    prop_assert_eq!(bl.purpose, Purpose::Execute);
+                    prop_assert_eq!(a.status, b.status);
+                    prop_assert_eq!(a.reconcile_required, b.reconcile_required);
                 }
                 LeaseEnd::Refused => prop_assert!(matches!(
                     applied.reply,

@@ -52,7 +52,7 @@ use settle_core::{
 use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 use tokio_postgres::NoTls;
 
-pub use codec::FORMAT_POSTCARD_V1;
+pub use codec::{FORMAT, FORMAT_POSTCARD_V1, FORMAT_POSTCARD_V2};
 pub use schema::SCHEMA_VERSION;
 
 /// How to run the PostgreSQL store.
@@ -299,7 +299,12 @@ impl Store for PgStore {
     }
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move { engine::now(&self.inner).await.map(|_| ()).map_err(Into::into) })
+        Box::pin(async move {
+            engine::now(&self.inner)
+                .await
+                .map(|_| ())
+                .map_err(Into::into)
+        })
     }
 }
 
