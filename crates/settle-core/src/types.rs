@@ -423,7 +423,7 @@ impl Default for RetentionS {
     }
 }
 
-/// Free text (worker names, error messages, warning details): 1–4096 bytes of
+/// Free text labels (worker names, warning details): 1–4096 bytes of
 /// UTF-8 without control characters.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use settle_core::invariants::{check_record, check_transition};
+use settle_core::record::MAX_MOVES;
 use settle_core::*;
 
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
@@ -176,6 +177,8 @@ struct Model {
     max_fence: Option<Fence>,
     /// Terminal receipts handed out: (record created_at, receipt).
     acked: HashMap<(TenantId, Key), (Timestamp, Receipt)>,
+    /// Every move of every principal's generation: (generation left, when).
+    moves: HashMap<(TenantId, Principal), Vec<(u64, Timestamp)>>,
 }
 
 impl Model {
@@ -187,6 +190,7 @@ impl Model {
             fences: HashMap::new(),
             max_fence: None,
             acked: HashMap::new(),
+            moves: HashMap::new(),
         }
     }
 
@@ -367,6 +371,15 @@ impl Model {
         let now = Timestamp(self.now);
         let before = self.w.clone();
         let applied = self.w.execute(&tn, &cmd, now);
+        for (id, st) in &self.w.principals {
+            let was = before.principals.get(id).copied().unwrap_or_default();
+            if st.generation != was.generation {
+                self.moves
+                    .entry(id.clone())
+                    .or_default()
+                    .push((was.generation, now));
+            }
+        }
         self.check(&before, &tn, &cmd, &applied, now)
     }
 
@@ -528,6 +541,62 @@ impl Model {
                     );
                 }
             }
+        }
+
+        // Revocation is dated by the move that ended the lease (the first
+        // move off its generation), not by the principal's latest move;
+        // checked whenever that move is among the newest the store keeps.
+        if let (Some(b), Some(a), false) = (b, a, recreated) {
+            for att in &a.attempts {
+                let Some(end) = att.lease.ended.filter(|e| e.reason == LeaseEnd::Revoked) else {
+                    continue;
+                };
+                let newly = b
+                    .attempt_for(att.lease.fence)
+                    .is_none_or(|x| x.lease.ended.is_none());
+                if !newly {
+                    continue;
+                }
+                let hist = self
+                    .moves
+                    .get(&(tn.clone(), a.reservation.principal.clone()))
+                    .cloned()
+                    .unwrap_or_default();
+                let Some(i) = hist.iter().position(|m| m.0 >= att.lease.generation) else {
+                    return Err(TestCaseError::fail("revoked without a move"));
+                };
+                if hist.len() - i <= MAX_MOVES {
+                    prop_assert_eq!(end.at, hist[i].1.min(now));
+                }
+            }
+        }
+
+        // Quarantine is not progress: refused evidence leaves `updated_at`
+        // as the rules found it, unless the holder's own mismatched
+        // evidence ended its lease (settle rule 2).
+        if let (Some(b), Some(a), false) = (b_live.as_ref(), a, recreated)
+            && applied.reply.quarantined(cmd)
+        {
+            let ended_by_rule2 = b.open_lease().is_some_and(|l| {
+                a.attempt_for(l.fence)
+                    .and_then(|x| x.lease.ended)
+                    .is_some_and(|e| e.reason == LeaseEnd::Refused)
+            });
+            if !ended_by_rule2 {
+                prop_assert_eq!(a.updated_at, b.updated_at);
+            }
+        }
+
+        // A repeated reconcile(not_committed) whose lease is already the
+        // execute lease it granted returns that grant and changes nothing.
+        if let (Command::Reconcile(rc), Reply::Claim(ClaimDecision::Execute(g)), Some(b)) =
+            (cmd, &applied.reply, b_live.as_ref())
+            && b.open_lease()
+                .is_some_and(|l| l.purpose == Purpose::Execute && l.fence == rc.fence)
+        {
+            prop_assert_eq!(a, Some(b));
+            let l = b.open_lease().expect("checked");
+            prop_assert_eq!((g.fence, g.lease_expires_at), (l.fence, l.expires_at));
         }
 
         // Reply::quarantined says exactly when evidence was quarantined.
