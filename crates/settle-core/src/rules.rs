@@ -238,7 +238,11 @@ fn run(
             );
         }
     }
-    if let Some(r) = state.record.as_mut() {
+    // Checked on what the rule wrote; a record left as it was loaded is
+    // the prelude's to refuse, not a reason to stop the store.
+    if let Some(r) = state.record.as_mut()
+        && tx.changed
+    {
         assert!(
             !(r.status.is_terminal() && r.open_lease().is_some()),
             "a terminal record holds no open lease"
@@ -260,7 +264,11 @@ fn run(
 fn prelude(state: &mut OpState, now: Timestamp, tx: &mut Tx) -> Option<Reply> {
     if let Some(r) = state.record.as_ref() {
         // SPEC §6.9: fail closed on a record from the future; never touch it.
-        if r.is_from_the_future(now) {
+        // The same for a stored record that breaks a §6 invariant (damaged
+        // or written by a faulty build): the rules' own asserts assume
+        // valid state, and one bad record must not take a store's single
+        // writer down for every tenant.
+        if r.is_from_the_future(now) || invariants::check_record(r).is_err() {
             return Some(Reply::Refused(RefusalCode::RecordRefused));
         }
         // Retention: an expired terminal record is treated as collected.
@@ -1046,7 +1054,7 @@ pub fn view_at(
     now: Timestamp,
 ) -> Result<Option<Record>, RefusalCode> {
     let Some(r) = record else { return Ok(None) };
-    if r.is_from_the_future(now) {
+    if r.is_from_the_future(now) || invariants::check_record(r).is_err() {
         return Err(RefusalCode::RecordRefused);
     }
     if r.is_collectable(now) {

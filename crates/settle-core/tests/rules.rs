@@ -1396,3 +1396,24 @@ fn release_not_committed_after_the_lease_ran_out_is_lease_expired() {
     );
     assert!(rec.reconcile_required);
 }
+
+#[test]
+fn a_stored_record_that_breaks_an_invariant_is_refused_not_a_panic() {
+    let mut h = H::new();
+    let f = h.exec(claim("a", 1, binding("alice", 0)));
+    receipt(h.run(settle("a", f, 1, binding("alice", 0), completed(1))));
+    // Damage the stored record: a terminal record holding an open lease.
+    let id = (h.tenant.clone(), key("a"));
+    h.w.records.get_mut(&id).unwrap().attempts[0].lease.ended = None;
+    let damaged = h.rec("a");
+    for cmd in [
+        claim("a", 1, binding("alice", 0)),
+        heartbeat("a", f, None),
+        settle("a", f, 1, binding("alice", 0), completed(1)),
+        Command::Expire { key: key("a") },
+    ] {
+        assert_eq!(refused(&h.run(cmd)), Some(RefusalCode::RecordRefused));
+    }
+    assert_eq!(h.get("a"), Err(RefusalCode::RecordRefused));
+    assert_eq!(h.rec("a"), damaged, "left as it was, for the operator");
+}

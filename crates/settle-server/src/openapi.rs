@@ -735,3 +735,30 @@ mod common_error_tests {
         assert_eq!(ops, 10, "all ten /v1 operations");
     }
 }
+
+#[cfg(test)]
+mod issue8_tests {
+    use serde_json::Value;
+
+    fn doc() -> Value {
+        serde_json::from_slice(&super::document()).unwrap()
+    }
+
+    #[test]
+    fn release_reasons_outcome_rules_and_correlation_ids_are_documented() {
+        let doc = doc();
+        let s = &doc["components"]["schemas"];
+        let reasons = &s["ReleaseRequest"]["properties"]["reason"]["enum"];
+        assert!(reasons.as_array().unwrap().contains(&"not_committed".into()), "{reasons}");
+        // null is a result: the terminal branch only requires presence.
+        let then = &s["Outcome"]["then"];
+        assert!(then["properties"]["result"].is_null(), "{then}");
+        assert_eq!(s["Outcome"]["else"]["not"]["required"][0], "result");
+        // outcome.error is any text up to 4096 (no pattern, empty allowed).
+        let error = &s["Outcome"]["properties"]["error"];
+        assert!(error["pattern"].is_null() && error["minLength"].is_null(), "{error}");
+        assert_eq!(error["maxLength"], 4096);
+        assert!(s["Problem"]["properties"]["correlation_id"].is_object());
+        assert!(s["Attempt"]["properties"]["error"].is_object());
+    }
+}
