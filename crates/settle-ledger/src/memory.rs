@@ -96,9 +96,7 @@ impl Store for MemStore {
             let now = self.clock.now();
             let mut s = StoreStats::default();
             for r in w.records.values() {
-                if r.is_from_the_future(now)
-                    || settle_core::invariants::check_record(r).is_err()
-                {
+                if r.is_from_the_future(now) || settle_core::invariants::check_record(r).is_err() {
                     s.refused += 1;
                 }
                 if r.disputed {

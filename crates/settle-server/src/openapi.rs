@@ -749,14 +749,23 @@ mod issue8_tests {
         let doc = doc();
         let s = &doc["components"]["schemas"];
         let reasons = &s["ReleaseRequest"]["properties"]["reason"]["enum"];
-        assert!(reasons.as_array().unwrap().contains(&"not_committed".into()), "{reasons}");
+        assert!(
+            reasons
+                .as_array()
+                .unwrap()
+                .contains(&"not_committed".into()),
+            "{reasons}"
+        );
         // null is a result: the terminal branch only requires presence.
         let then = &s["Outcome"]["then"];
         assert!(then["properties"]["result"].is_null(), "{then}");
         assert_eq!(s["Outcome"]["else"]["not"]["required"][0], "result");
         // outcome.error is any text up to 4096 (no pattern, empty allowed).
         let error = &s["Outcome"]["properties"]["error"];
-        assert!(error["pattern"].is_null() && error["minLength"].is_null(), "{error}");
+        assert!(
+            error["pattern"].is_null() && error["minLength"].is_null(),
+            "{error}"
+        );
         assert_eq!(error["maxLength"], 4096);
         assert!(s["Problem"]["properties"]["correlation_id"].is_object());
         assert!(s["Attempt"]["properties"]["error"].is_object());
