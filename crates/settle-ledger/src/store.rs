@@ -70,7 +70,9 @@ pub struct StoreStats {
     pub reconcile_required: u64,
     /// Non-terminal, no live lease, untouched for `stuck_after_s`.
     pub stuck: u64,
-    /// Records refused under SPEC §6.9 that the engine knows of.
+    /// Records refused under SPEC §6.9 that the engine knows of (a receipt
+    /// from the future; the in-memory store also counts stored records that
+    /// break a §6 invariant, which the rules refuse the same way).
     pub refused: u64,
     /// Records marked `disputed` (any status), counted from the store so
     /// the gauge survives restarts.
