@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::{Outcome, Receipt, Warning};
 use crate::refusal::RefusalCode;
+use crate::rules::Limits;
 use crate::types::{
     Binding, Digest, Fence, InvalidInput, Key, LeaseMs, Principal, RetentionS, TaskId, Text,
     Timestamp, WarningClass,
@@ -61,12 +62,26 @@ pub struct Settle {
     pub outcome: Outcome,
 }
 
-/// The only reason `release` accepts.
+/// Why a holder releases its `execute` lease without a receipt (SPEC §4 release).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ReleaseReason {
+    /// Nothing could have reached the outside world: the claim used
+    /// `marks_dispatch` and `dispatch` was never called.
     #[default]
     NotDispatched,
+    /// The holder attests the remote definitively refused the effect
+    /// (a validation error, 409, 425, 429): allowed after `dispatch`.
+    NotCommitted,
+}
+
+impl ReleaseReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReleaseReason::NotDispatched => "not_dispatched",
+            ReleaseReason::NotCommitted => "not_committed",
+        }
+    }
 }
 
 /// `release(key, fence, reason)`.
@@ -80,16 +95,58 @@ pub struct Release {
 /// What a reconciling worker found out about the remote effect.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Finding {
-    /// The remote effect happened; the terminal outcome is attached.
-    Committed {
-        fingerprint: Digest,
-        binding: Binding,
-        outcome: Outcome,
-    },
+    /// The remote effect happened; the evidence (a terminal outcome) is attached.
+    Committed(CommittedFinding),
     /// The remote confirms the effect did not happen.
     NotCommitted,
     /// The remote could not be asked.
     Unavailable,
+}
+
+/// The evidence of a `committed` finding. Opaque: it can only be built
+/// with a terminal outcome (enum variant fields are always public, so the
+/// rule lives in this type).
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub struct CommittedFinding {
+    fingerprint: Digest,
+    binding: Binding,
+    outcome: Outcome,
+}
+
+impl CommittedFinding {
+    /// `committed` requires a terminal outcome.
+    pub fn new(
+        fingerprint: Digest,
+        binding: Binding,
+        outcome: Outcome,
+    ) -> Result<CommittedFinding, InvalidInput> {
+        let c = CommittedFinding {
+            fingerprint,
+            binding,
+            outcome,
+        };
+        c.validate()?;
+        Ok(c)
+    }
+    fn validate(&self) -> Result<(), InvalidInput> {
+        self.outcome.validate()?;
+        if !self.outcome.status().is_terminal() {
+            return Err(InvalidInput::new(
+                "outcome.status",
+                "a committed finding needs a terminal outcome (completed or failed)",
+            ));
+        }
+        Ok(())
+    }
+    pub fn fingerprint(&self) -> &Digest {
+        &self.fingerprint
+    }
+    pub fn binding(&self) -> &Binding {
+        &self.binding
+    }
+    pub fn outcome(&self) -> &Outcome {
+        &self.outcome
+    }
 }
 
 impl Finding {
@@ -99,17 +156,7 @@ impl Finding {
         binding: Binding,
         outcome: Outcome,
     ) -> Result<Finding, InvalidInput> {
-        if !outcome.status.is_terminal() {
-            return Err(InvalidInput::new(
-                "outcome.status",
-                "a committed finding needs a terminal outcome (completed or failed)",
-            ));
-        }
-        Ok(Finding::Committed {
-            fingerprint,
-            binding,
-            outcome,
-        })
+        CommittedFinding::new(fingerprint, binding, outcome).map(Finding::Committed)
     }
 }
 
@@ -185,9 +232,9 @@ impl Command {
             Command::Claim(c) => Some(&c.binding.principal),
             Command::Settle(c) => Some(&c.binding.principal),
             Command::Reconcile(Reconcile {
-                finding: Finding::Committed { binding, .. },
+                finding: Finding::Committed(c),
                 ..
-            }) => Some(&binding.principal),
+            }) => Some(&c.binding.principal),
             Command::Revoke(c) => Some(&c.principal),
             _ => None,
         }
@@ -224,18 +271,58 @@ impl Command {
     /// Checks limits that depend on configuration (the result size); the
     /// fixed syntax was already checked when the parts were built.
     pub fn check_limits(&self, max_result_bytes: usize) -> Result<(), InvalidInput> {
-        let outcome = match self {
-            Command::Settle(s) => Some(&s.outcome),
-            Command::Reconcile(Reconcile {
-                finding: Finding::Committed { outcome, .. },
-                ..
-            }) => Some(outcome),
-            _ => None,
-        };
-        if let Some(r) = outcome.and_then(|o| o.result.as_ref()) {
+        if let Some(r) = self.outcome().and_then(|o| o.result()) {
             r.check_size(max_result_bytes)?;
         }
         Ok(())
+    }
+
+    /// The outcome the command reports, if any.
+    pub fn outcome(&self) -> Option<&Outcome> {
+        match self {
+            Command::Settle(s) => Some(&s.outcome),
+            Command::Reconcile(Reconcile {
+                finding: Finding::Committed(c),
+                ..
+            }) => Some(&c.outcome),
+            _ => None,
+        }
+    }
+
+    /// Every argument rule that depends on the store's configuration,
+    /// plus the value rules again (defence in depth: [`crate::apply`]
+    /// runs this before it reads or writes anything, so a command that
+    /// bypassed the constructors still changes nothing).
+    pub fn validate(&self, limits: &Limits) -> Result<(), InvalidInput> {
+        let lease_ms = match self {
+            Command::Claim(c) => Some(c.lease_ms),
+            Command::Heartbeat(h) => h.lease_ms,
+            _ => None,
+        };
+        if let Some(ms) = lease_ms
+            && ms.get() <= limits.lease_margin_ms
+        {
+            return Err(InvalidInput::new(
+                "lease_ms",
+                format!(
+                    "{} ms leaves no usable lease: a settlement needs more than the \
+                     server's lease_margin_ms ({} ms) left, so lease_ms must be greater than it",
+                    ms.get(),
+                    limits.lease_margin_ms
+                ),
+            ));
+        }
+        if let Command::Reconcile(Reconcile {
+            finding: Finding::Committed(c),
+            ..
+        }) = self
+        {
+            c.validate()?;
+        }
+        if let Some(o) = self.outcome() {
+            o.validate()?;
+        }
+        self.check_limits(limits.max_result_bytes)
     }
 }
 
@@ -311,6 +398,9 @@ pub enum Reply {
     Collected { removed: bool },
     /// A protocol refusal.
     Refused(RefusalCode),
+    /// The command breaks an argument rule (e.g. a lease not longer than
+    /// the lease margin); nothing was read or written.
+    Invalid(InvalidInput),
 }
 
 impl Reply {
@@ -335,6 +425,7 @@ impl Reply {
             Reply::Expired { .. } => "expired",
             Reply::Collected { .. } => "collected",
             Reply::Refused(c) => c.code(),
+            Reply::Invalid(_) => "invalid_request",
         }
     }
 }

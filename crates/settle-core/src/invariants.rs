@@ -39,7 +39,7 @@ pub fn check_record(r: &Record) -> Result<(), Violation> {
         );
     }
     if let (Some(rc), Some(o)) = (&r.receipt, &r.outcome) {
-        if rc.status != r.status || o.status.status() != r.status {
+        if rc.status != r.status || o.status().status() != r.status {
             return fail(
                 "receipt-matches-status",
                 format!("{:?} vs {:?}", rc.status, r.status),

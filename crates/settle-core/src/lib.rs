@@ -28,18 +28,19 @@ pub mod types;
 pub mod world;
 
 pub use command::{
-    Claim, ClaimDecision, Command, Dispatch, Finding, Grant, Heartbeat, LeaseInfo, Reconcile,
-    Release, ReleaseReason, Reply, Revoke, Settle, Target, Warn,
+    Claim, ClaimDecision, Command, CommittedFinding, Dispatch, Finding, Grant, Heartbeat,
+    LeaseInfo, Reconcile, Release, ReleaseReason, Reply, Revoke, Settle, Target, Warn,
 };
 pub use record::{
-    Attempt, Call, Ended, FindingKind, Lease, LeaseEnd, Observation, Outcome, OutcomeStatus,
+    Attempt, Call, Ended, FindingKind, Lease, LeaseEnd, Move, Observation, Outcome, OutcomeStatus,
     PrincipalState, Purpose, QuarantineEntry, Receipt, Record, RecordView, Reservation, Status,
     Warning,
 };
 pub use refusal::RefusalCode;
 pub use rules::{Applied, Ctx, Limits, OpState, Principals, apply, principals_needed, view_at};
 pub use types::{
-    Binding, DEFAULT_MAX_RESULT_BYTES, Digest, Fence, InvalidInput, Key, LeaseMs, Principal,
-    ResultJson, RetentionS, Scope, Scopes, TaskId, TenantId, Text, Timestamp, WarningClass,
+    Binding, DEFAULT_MAX_RESULT_BYTES, Digest, ErrorText, Fence, InvalidInput, Key, LeaseMs,
+    MAX_RESULT_DEPTH, Principal, ResultJson, RetentionS, Scope, Scopes, TaskId, TenantId, Text,
+    Timestamp, WarningClass,
 };
 pub use world::World;

@@ -4,8 +4,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::refusal::RefusalCode;
 use crate::types::{
-    Binding, Digest, Fence, InvalidInput, Key, LeaseMs, Principal, ResultJson, RetentionS, Scopes,
-    TaskId, Text, Timestamp, WarningClass,
+    Binding, Digest, ErrorText, Fence, InvalidInput, Key, LeaseMs, Principal, ResultJson,
+    RetentionS, Scopes, TaskId, Text, Timestamp, WarningClass,
 };
 
 /// Newest attempts kept per record; older ones are counted in `attempts_total`.
@@ -85,27 +85,40 @@ impl OutcomeStatus {
 
 /// A reported outcome: `{status, result?, response_sha256?, error?}`.
 ///
-/// `completed` and `failed` require `result` and `response_sha256`; the
-/// constructor and the deserializer both enforce it.
+/// Opaque: every constructor and the deserializer (JSON and stored) check
+/// SPEC §4's rules, so an invalid outcome cannot exist. `completed` and
+/// `failed` carry a `result` (JSON `null` is a result) and a
+/// `response_sha256`; `unknown` carries no `result`, and may carry a
+/// `response_sha256` and an `error`.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 #[serde(try_from = "OutcomeWire")]
 pub struct Outcome {
-    pub status: OutcomeStatus,
-    pub result: Option<ResultJson>,
-    pub response_sha256: Option<Digest>,
-    pub error: Option<Text>,
+    status: OutcomeStatus,
+    result: Option<ResultJson>,
+    response_sha256: Option<Digest>,
+    error: Option<ErrorText>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct OutcomeWire {
     status: OutcomeStatus,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present_result")]
     result: Option<ResultJson>,
     #[serde(default)]
     response_sha256: Option<Digest>,
     #[serde(default)]
-    error: Option<Text>,
+    error: Option<ErrorText>,
+}
+
+/// In JSON a present `result` is a result, `null` included (only an absent
+/// field is "no result"); stored outcomes carry the option itself.
+fn present_result<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<ResultJson>, D::Error> {
+    if d.is_human_readable() {
+        ResultJson::deserialize(d).map(Some)
+    } else {
+        Option::<ResultJson>::deserialize(d)
+    }
 }
 
 impl TryFrom<OutcomeWire> for Outcome {
@@ -116,32 +129,47 @@ impl TryFrom<OutcomeWire> for Outcome {
 }
 
 impl Outcome {
+    /// Validates SPEC §4's rules for `outcome`.
     pub fn new(
         status: OutcomeStatus,
         result: Option<ResultJson>,
         response_sha256: Option<Digest>,
-        error: Option<Text>,
+        error: Option<ErrorText>,
     ) -> Result<Outcome, InvalidInput> {
-        if status.is_terminal() {
-            if response_sha256.is_none() {
-                return Err(InvalidInput::new(
-                    "outcome.response_sha256",
-                    format!("is required when status is {}", status.status().as_str()),
-                ));
-            }
-            if result.is_none() {
-                return Err(InvalidInput::new(
-                    "outcome.result",
-                    format!("is required when status is {}", status.status().as_str()),
-                ));
-            }
-        }
-        Ok(Outcome {
+        let o = Outcome {
             status,
             result,
             response_sha256,
             error,
-        })
+        };
+        o.validate()?;
+        Ok(o)
+    }
+    /// The rules every outcome obeys; [`crate::apply`] checks them again
+    /// before anything is written.
+    pub fn validate(&self) -> Result<(), InvalidInput> {
+        let name = self.status.status().as_str();
+        if self.status.is_terminal() {
+            if self.response_sha256.is_none() {
+                return Err(InvalidInput::new(
+                    "outcome.response_sha256",
+                    format!("is required when status is {name}"),
+                ));
+            }
+            if self.result.is_none() {
+                return Err(InvalidInput::new(
+                    "outcome.result",
+                    format!("is required when status is {name} (JSON null is a result)"),
+                ));
+            }
+        } else if self.result.is_some() {
+            return Err(InvalidInput::new(
+                "outcome.result",
+                "is not allowed when status is unknown: nothing is known about the result \
+                 (keep what you have in error and response_sha256)",
+            ));
+        }
+        Ok(())
     }
     /// A terminal `completed` outcome.
     pub fn completed(result: ResultJson, response_sha256: Digest) -> Outcome {
@@ -153,7 +181,11 @@ impl Outcome {
         }
     }
     /// A terminal `failed` outcome.
-    pub fn failed(result: ResultJson, response_sha256: Digest, error: Option<Text>) -> Outcome {
+    pub fn failed(
+        result: ResultJson,
+        response_sha256: Digest,
+        error: Option<ErrorText>,
+    ) -> Outcome {
         Outcome {
             status: OutcomeStatus::Failed,
             result: Some(result),
@@ -162,13 +194,35 @@ impl Outcome {
         }
     }
     /// An `unknown` outcome: the worker may have sent and does not know.
-    pub fn unknown(error: Option<Text>) -> Outcome {
+    pub fn unknown(error: Option<ErrorText>) -> Outcome {
         Outcome {
             status: OutcomeStatus::Unknown,
             result: None,
             response_sha256: None,
             error,
         }
+    }
+    /// An `unknown` outcome with the digest of whatever response arrived
+    /// (e.g. a truncated body), kept for the reconciling operator.
+    pub fn unknown_with_response(error: Option<ErrorText>, response_sha256: Digest) -> Outcome {
+        Outcome {
+            status: OutcomeStatus::Unknown,
+            result: None,
+            response_sha256: Some(response_sha256),
+            error,
+        }
+    }
+    pub fn status(&self) -> OutcomeStatus {
+        self.status
+    }
+    pub fn result(&self) -> Option<&ResultJson> {
+        self.result.as_ref()
+    }
+    pub fn response_sha256(&self) -> Option<Digest> {
+        self.response_sha256
+    }
+    pub fn error(&self) -> Option<&ErrorText> {
+        self.error.as_ref()
     }
 }
 
@@ -218,6 +272,9 @@ pub enum LeaseEnd {
     Released,
     /// Ended by `reconcile(unavailable)`.
     Unavailable,
+    /// Ended by `release(not_committed)`: the holder attested that the
+    /// remote definitively refused the effect (SPEC §4 release).
+    NotCommitted,
 }
 
 impl LeaseEnd {
@@ -314,6 +371,9 @@ pub struct Attempt {
     pub lease: Lease,
     /// The receipt this attempt obtained (terminal or `unknown`).
     pub receipt: Option<Receipt>,
+    /// The `error` the attempt reported with its receipt (kept for an
+    /// `unknown` settlement too: it is what a reconciling operator needs).
+    pub error: Option<ErrorText>,
     pub observations: Vec<Observation>,
     pub observations_total: u32,
 }
@@ -429,11 +489,87 @@ impl Record {
     }
 }
 
-/// A principal's current generation and when it last moved (revocation counts from then).
+/// Newest generation moves kept per principal (see [`PrincipalState::left_at`]).
+pub const MAX_MOVES: usize = 8;
+
+/// One move of a principal's generation: the generation it left, and when.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct Move {
+    pub left: u64,
+    pub at: Timestamp,
+}
+
+/// A principal's current generation, when it last moved, and its newest
+/// moves (revocation counts from the move that ended a lease).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct PrincipalState {
     pub generation: u64,
     pub moved_at: Timestamp,
+    /// The newest moves, oldest first; `moves_len` of them are used.
+    pub moves: [Move; MAX_MOVES],
+    pub moves_len: u8,
+}
+
+impl PrincipalState {
+    /// A principal at generation `generation` since `moved_at`, with no history.
+    pub fn at(generation: u64, moved_at: Timestamp) -> PrincipalState {
+        PrincipalState {
+            generation,
+            moved_at,
+            ..PrincipalState::default()
+        }
+    }
+    /// A stored principal: its generation, latest move and newest moves
+    /// (oldest first; only the newest [`MAX_MOVES`] are kept).
+    pub fn with_moves(generation: u64, moved_at: Timestamp, moves: &[Move]) -> PrincipalState {
+        let keep = &moves[moves.len().saturating_sub(MAX_MOVES)..];
+        let mut st = PrincipalState::at(generation, moved_at);
+        st.moves[..keep.len()].copy_from_slice(keep);
+        st.moves_len = keep.len() as u8;
+        st
+    }
+    /// The newest moves, oldest first.
+    pub fn moves(&self) -> &[Move] {
+        &self.moves[..(self.moves_len as usize).min(MAX_MOVES)]
+    }
+    /// The state after moving to `generation` at `at` (the oldest move is
+    /// forgotten when [`MAX_MOVES`] are kept).
+    pub fn moved(&self, generation: u64, at: Timestamp) -> PrincipalState {
+        let mut next = *self;
+        let m = Move {
+            left: self.generation,
+            at,
+        };
+        let n = self.moves().len();
+        if n == MAX_MOVES {
+            next.moves.copy_within(1.., 0);
+            next.moves[MAX_MOVES - 1] = m;
+        } else {
+            next.moves[n] = m;
+            next.moves_len = n as u8 + 1;
+        }
+        next.generation = generation;
+        next.moved_at = at;
+        next
+    }
+    /// When the principal left generation `generation`: the move that
+    /// revoked every lease granted under it. A lease's generation is one
+    /// the principal held (a claim raises the principal to it), so the
+    /// first kept move that left it or a later generation is that move.
+    /// If it is no longer kept (more than [`MAX_MOVES`] moves since), the
+    /// oldest kept move is the earliest instant known (an upper bound).
+    /// `None` while `generation` is current or above.
+    pub fn left_at(&self, generation: u64) -> Option<Timestamp> {
+        if generation >= self.generation {
+            return None;
+        }
+        Some(
+            self.moves()
+                .iter()
+                .find(|m| m.left >= generation)
+                .map_or(self.moved_at, |m| m.at),
+        )
+    }
 }
 
 /// One bounded durable warning per `(tenant, task, class)`.

@@ -7,8 +7,8 @@
 //! durable before anyone hears the reply.
 
 use crate::command::{
-    Claim, ClaimDecision, Command, Dispatch, Finding, Grant, Heartbeat, LeaseInfo, Reconcile,
-    Release, Reply, Revoke, Settle, Warn,
+    Claim, ClaimDecision, Command, CommittedFinding, Dispatch, Finding, Grant, Heartbeat,
+    LeaseInfo, Reconcile, Release, ReleaseReason, Reply, Revoke, Settle, Warn,
 };
 use crate::invariants;
 use crate::record::{
@@ -17,7 +17,7 @@ use crate::record::{
     Reservation, Status, Warning,
 };
 use crate::refusal::RefusalCode;
-use crate::types::{Binding, Digest, Fence, Principal, Timestamp};
+use crate::types::{Binding, DEFAULT_MAX_RESULT_BYTES, Digest, Fence, Principal, Timestamp};
 
 /// Configurable limits the rules need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,6 +26,9 @@ pub struct Limits {
     pub lease_margin_ms: u64,
     /// Warning counts saturate here (SPEC default 1000).
     pub warning_cap: u64,
+    /// A settled result's compact JSON text may be at most this long
+    /// (SPEC `max_result_bytes`, default 64 KiB).
+    pub max_result_bytes: usize,
 }
 
 impl Default for Limits {
@@ -33,6 +36,7 @@ impl Default for Limits {
         Limits {
             lease_margin_ms: 100,
             warning_cap: 1000,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
         }
     }
 }
@@ -93,14 +97,9 @@ impl Principals {
     }
     /// Raises the generation to at least `g`.
     fn raise(&mut self, principal: &Principal, g: u64, now: Timestamp) {
-        if self.get(principal).generation < g {
-            self.set(
-                principal,
-                PrincipalState {
-                    generation: g,
-                    moved_at: now,
-                },
-            );
+        let cur = self.get(principal);
+        if cur.generation < g {
+            self.set(principal, cur.moved(g, now));
         }
     }
     /// Principals whose generation changed and must be written back.
@@ -178,7 +177,18 @@ impl Tx {
 }
 
 /// Applies one command. The single entry point every engine calls.
+///
+/// The command's arguments are validated first (against the store's
+/// [`Limits`] too): an invalid command is answered [`Reply::Invalid`]
+/// before anything is read or written, whoever built it.
 pub fn apply(state: &mut OpState, cmd: &Command, ctx: &Ctx) -> Applied {
+    if let Err(e) = cmd.validate(&ctx.limits) {
+        return Applied {
+            reply: Reply::Invalid(e),
+            changed: false,
+            fence_used: false,
+        };
+    }
     match cmd {
         Command::Claim(c) => claim(state, c, ctx),
         Command::Heartbeat(c) => heartbeat(state, c, ctx),
@@ -228,7 +238,11 @@ fn run(
             );
         }
     }
-    if let Some(r) = state.record.as_mut() {
+    // Checked on what the rule wrote; a record left as it was loaded is
+    // the prelude's to refuse, not a reason to stop the store.
+    if let Some(r) = state.record.as_mut()
+        && tx.changed
+    {
         assert!(
             !(r.status.is_terminal() && r.open_lease().is_some()),
             "a terminal record holds no open lease"
@@ -250,7 +264,11 @@ fn run(
 fn prelude(state: &mut OpState, now: Timestamp, tx: &mut Tx) -> Option<Reply> {
     if let Some(r) = state.record.as_ref() {
         // SPEC §6.9: fail closed on a record from the future; never touch it.
-        if r.is_from_the_future(now) {
+        // The same for a stored record that breaks a §6 invariant (damaged
+        // or written by a faulty build): the rules' own asserts assume
+        // valid state, and one bad record must not take a store's single
+        // writer down for every tenant.
+        if r.is_from_the_future(now) || invariants::check_record(r).is_err() {
             return Some(Reply::Refused(RefusalCode::RecordRefused));
         }
         // Retention: an expired terminal record is treated as collected.
@@ -302,7 +320,9 @@ pub fn end_lapsed_lease(r: &mut Record, principals: &Principals, now: Timestamp)
     let Some(lease) = r.open_lease() else {
         return false;
     };
-    let revoked_at = (lease.generation < owner.generation).then_some(owner.moved_at);
+    // Revocation counts from the move that left the lease's generation,
+    // not from the principal's latest move.
+    let revoked_at = owner.left_at(lease.generation);
     let expired_at = (now >= lease.expires_at).then_some(lease.expires_at);
     let end = match (revoked_at, expired_at) {
         (Some(rv), Some(ex)) if ex < rv => Ended {
@@ -382,6 +402,7 @@ fn grant(r: &mut Record, c: &Claim, purpose: Purpose, ctx: &Ctx, tx: &mut Tx) ->
         number: r.attempts_total,
         lease,
         receipt: None,
+        error: None,
         observations: Vec::new(),
         observations_total: 0,
     });
@@ -578,9 +599,9 @@ fn observation(e: &Evidence<'_>, now: Timestamp, code: Option<RefusalCode>) -> O
     Observation {
         at: now,
         call: e.call,
-        status: Some(e.outcome.status),
+        status: Some(e.outcome.status()),
         finding: (e.call == Call::Reconcile).then_some(FindingKind::Committed),
-        response_sha256: e.outcome.response_sha256,
+        response_sha256: e.outcome.response_sha256(),
         accepted: code.is_none(),
         code,
     }
@@ -593,11 +614,11 @@ fn quarantine_evidence(r: &mut Record, e: &Evidence<'_>, code: RefusalCode, now:
         fence: e.fence,
         reason: code,
         call: e.call,
-        status: Some(e.outcome.status),
+        status: Some(e.outcome.status()),
         finding: (e.call == Call::Reconcile).then_some(FindingKind::Committed),
         fingerprint: Some(*e.fingerprint),
         binding: Some(e.binding.clone()),
-        response_sha256: e.outcome.response_sha256,
+        response_sha256: e.outcome.response_sha256(),
     });
     if let Some(att) = r.attempt_for_mut(e.fence) {
         att.observe(observation(e, now, Some(code)));
@@ -658,7 +679,7 @@ fn settle_rules(state: &mut OpState, c: &Settle, ctx: &Ctx, tx: &mut Tx) -> Repl
 
     // A repeated `unknown` from a fence that already holds its `unknown`
     // receipt: the worker lost the acknowledgement.
-    if c.outcome.status == OutcomeStatus::Unknown
+    if c.outcome.status() == OutcomeStatus::Unknown
         && matches
         && let Some(receipt) = r
             .attempt_for(c.fence)
@@ -682,7 +703,9 @@ fn settle_rules(state: &mut OpState, c: &Settle, ctx: &Ctx, tx: &mut Tx) -> Repl
         now,
     ) {
         quarantine_evidence(r, &e, code, now);
-        tx.touch();
+        // Quarantine is audit, not progress: `updated_at` stays, so a
+        // zombie retrying in a loop cannot keep a record off the stuck list.
+        tx.changed = true;
         return Reply::Refused(code);
     }
 
@@ -701,14 +724,14 @@ fn settled_evidence(
     tx: &mut Tx,
 ) -> Option<Reply> {
     if !(r.status.is_terminal()
-        && e.outcome.status.is_terminal()
+        && e.outcome.status().is_terminal()
         && r.reservation.mismatch(e.fingerprint, e.binding).is_none())
     {
         return None;
     }
     let canon = r.receipt.clone().expect("terminal records have a receipt");
-    let same_result = canon.status == e.outcome.status.status()
-        && canon.response_sha256 == e.outcome.response_sha256;
+    let same_result = canon.status == e.outcome.status().status()
+        && canon.response_sha256 == e.outcome.response_sha256();
     if same_result && canon.fence == e.fence {
         return Some(Reply::Receipt(canon));
     }
@@ -719,7 +742,8 @@ fn settled_evidence(
         RefusalCode::ResultMismatch
     };
     quarantine_evidence(r, e, code, now);
-    tx.touch();
+    // Not progress (the canonical outcome is unchanged): `updated_at` stays.
+    tx.changed = true;
     Some(Reply::Refused(code))
 }
 
@@ -732,9 +756,10 @@ fn settle_as_holder(
     now: Timestamp,
     tx: &mut Tx,
 ) -> Reply {
-    tx.touch();
     // Rule 2: the holder reported for another request: wrong intent under this lease.
     if let Some(code) = r.reservation.mismatch(e.fingerprint, e.binding) {
+        // The lease ends and the status may move: that is progress.
+        tx.touch();
         quarantine_evidence(r, e, code, now);
         r.status = r.status.merge(Status::Conflict);
         let dispatched = r.lease().expect("holder").may_have_dispatched();
@@ -748,14 +773,17 @@ fn settle_as_holder(
     if e.binding.generation != r.reservation.generation || e.binding.generation != owner_generation
     {
         quarantine_evidence(r, e, RefusalCode::StaleBinding, now);
+        // Quarantine only: not progress.
+        tx.changed = true;
         return Reply::Refused(RefusalCode::StaleBinding);
     }
     // Rule 4: merge by rank, write the receipt, release the lease: one commit.
-    let status = e.outcome.status.status();
+    tx.touch();
+    let status = e.outcome.status().status();
     let receipt = Receipt {
         key: r.key.clone(),
         fingerprint: r.reservation.fingerprint,
-        response_sha256: e.outcome.response_sha256,
+        response_sha256: e.outcome.response_sha256(),
         status,
         fence: e.fence,
         committed_at: now,
@@ -780,11 +808,14 @@ fn settle_as_holder(
     let obs = observation(e, now, None);
     let att = r.current_attempt_mut().expect("holder");
     att.receipt = Some(receipt.clone());
+    att.error = e.outcome.error().cloned();
     att.observe(obs);
     Reply::Receipt(receipt)
 }
 
-/// `release`: ends an execute lease without a receipt, only when nothing could have been sent.
+/// `release`: ends an execute lease without a receipt: when nothing could
+/// have been sent (`not_dispatched`), or when the holder attests the remote
+/// definitively refused the effect (`not_committed`).
 pub fn release(state: &mut OpState, c: &Release, ctx: &Ctx) -> Applied {
     run_record(state, ctx, |state, tx| release_rules(state, c, ctx, tx))
 }
@@ -793,14 +824,24 @@ fn release_rules(state: &mut OpState, c: &Release, ctx: &Ctx, tx: &mut Tx) -> Re
     let Some(r) = state.record.as_mut() else {
         return Reply::Refused(RefusalCode::NotFound);
     };
-    // No margin: releasing late is harmless when nothing was dispatched.
+    // No margin: ending a lease early is harmless when nothing happened
+    // remotely, and the store's clock decides whether it is still held.
     if let Err(code) = check_holder(r, c.fence, Some(Purpose::Execute), None, ctx.now) {
         return Reply::Refused(code);
     }
-    if r.lease().expect("checked").may_have_dispatched() {
-        return Reply::Refused(RefusalCode::ReceiptRequired);
-    }
-    end_lease(r, LeaseEnd::Released, ctx.now);
+    let end = match c.reason {
+        ReleaseReason::NotDispatched => {
+            if r.lease().expect("checked").may_have_dispatched() {
+                return Reply::Refused(RefusalCode::ReceiptRequired);
+            }
+            LeaseEnd::Released
+        }
+        // The holder attests nothing was applied: the status stays, no
+        // flag is set, the lease's end records the attestation, and the
+        // next claim executes (SPEC §4 release).
+        ReleaseReason::NotCommitted => LeaseEnd::NotCommitted,
+    };
+    end_lease(r, end, ctx.now);
     tx.touch();
     Reply::Released { fence: c.fence }
 }
@@ -808,6 +849,30 @@ fn release_rules(state: &mut OpState, c: &Release, ctx: &Ctx, tx: &mut Tx) -> Re
 /// `reconcile` (SPEC §4): only for the current lease of purpose `reconcile`.
 pub fn reconcile(state: &mut OpState, c: &Reconcile, ctx: &Ctx) -> Applied {
     run_record(state, ctx, |state, tx| reconcile_rules(state, c, ctx, tx))
+}
+
+fn committed_evidence(fence: Fence, f: &CommittedFinding) -> Evidence<'_> {
+    Evidence {
+        call: Call::Reconcile,
+        fence,
+        fingerprint: f.fingerprint(),
+        binding: f.binding(),
+        outcome: f.outcome(),
+    }
+}
+
+/// A retried `reconcile(not_committed)` whose first answer was lost: the
+/// fence's lease is the current one, already turned into an `execute`
+/// lease by an accepted `not_committed` finding, and not dispatched since.
+fn not_committed_retry(r: &Record, fence: Fence) -> bool {
+    let Some(att) = r.attempts.last().filter(|a| a.lease.fence == fence) else {
+        return false;
+    };
+    att.lease.purpose == Purpose::Execute
+        && !att.lease.dispatched
+        && att.observations.iter().any(|o| {
+            o.accepted && o.call == Call::Reconcile && o.finding == Some(FindingKind::NotCommitted)
+        })
 }
 
 fn reconcile_rules(state: &mut OpState, c: &Reconcile, ctx: &Ctx, tx: &mut Tx) -> Reply {
@@ -818,27 +883,40 @@ fn reconcile_rules(state: &mut OpState, c: &Reconcile, ctx: &Ctx, tx: &mut Tx) -
     };
     let r = state.record.as_mut().expect("checked above");
     let kind = match &c.finding {
-        Finding::Committed { .. } => FindingKind::Committed,
+        Finding::Committed(_) => FindingKind::Committed,
         Finding::NotCommitted => FindingKind::NotCommitted,
         Finding::Unavailable => FindingKind::Unavailable,
     };
     // Rule 0 for a committed finding: a retry after a lost acknowledgement
     // gets its receipt, like a settle retry.
-    if let Finding::Committed {
-        fingerprint,
-        binding,
-        outcome,
-    } = &c.finding
+    if let Finding::Committed(f) = &c.finding
+        && let Some(reply) = settled_evidence(r, &committed_evidence(c.fence, f), now, tx)
     {
-        let e = Evidence {
-            call: Call::Reconcile,
-            fence: c.fence,
-            fingerprint,
-            binding,
-            outcome,
-        };
-        if let Some(reply) = settled_evidence(r, &e, now, tx) {
-            return reply;
+        return reply;
+    }
+    // A repeated `not_committed` after a lost acknowledgement: the same
+    // grant, nothing changes (as long as the lease was not dispatched since).
+    if matches!(c.finding, Finding::NotCommitted) && not_committed_retry(r, c.fence) {
+        match check_holder(
+            r,
+            c.fence,
+            Some(Purpose::Execute),
+            Some(ctx.limits.lease_margin_ms),
+            now,
+        ) {
+            Ok(()) => {
+                let att = r.attempts.last().expect("checked");
+                return Reply::Claim(ClaimDecision::Execute(Grant {
+                    fence: att.lease.fence,
+                    lease_expires_at: att.lease.expires_at,
+                    attempt: att.number,
+                }));
+            }
+            Err(code) => {
+                quarantine_finding(r, c.fence, kind, code, now);
+                tx.changed = true;
+                return Reply::Refused(code);
+            }
         }
     }
     if let Err(code) = check_holder(
@@ -849,43 +927,26 @@ fn reconcile_rules(state: &mut OpState, c: &Reconcile, ctx: &Ctx, tx: &mut Tx) -
         now,
     ) {
         match &c.finding {
-            Finding::Committed {
-                fingerprint,
-                binding,
-                outcome,
-            } => quarantine_evidence(
-                r,
-                &Evidence {
-                    call: Call::Reconcile,
-                    fence: c.fence,
-                    fingerprint,
-                    binding,
-                    outcome,
-                },
-                code,
-                now,
-            ),
+            Finding::Committed(f) => {
+                quarantine_evidence(r, &committed_evidence(c.fence, f), code, now)
+            }
             _ => quarantine_finding(r, c.fence, kind, code, now),
         }
-        tx.touch();
+        // Quarantine is audit, not progress: `updated_at` stays.
+        tx.changed = true;
         return Reply::Refused(code);
     }
     match &c.finding {
-        Finding::Committed {
-            fingerprint,
-            binding,
-            outcome,
-        } => {
-            // `committed` needs terminal evidence (validated when the finding was built).
-            assert!(outcome.status.is_terminal());
-            let e = Evidence {
-                call: Call::Reconcile,
-                fence: c.fence,
-                fingerprint,
-                binding,
-                outcome,
-            };
-            settle_as_holder(r, &e, owner_generation, now, tx)
+        Finding::Committed(f) => {
+            // A committed finding always carries terminal evidence
+            // (`CommittedFinding` and `apply`'s validation both check it).
+            settle_as_holder(
+                r,
+                &committed_evidence(c.fence, f),
+                owner_generation,
+                now,
+                tx,
+            )
         }
         Finding::NotCommitted => {
             // The remote confirms nothing happened: execute under the same fence.
@@ -941,13 +1002,7 @@ fn revoke_rules(state: &mut OpState, c: &Revoke, ctx: &Ctx) -> Reply {
     let Some(next) = cur.generation.checked_add(1) else {
         return Reply::Refused(RefusalCode::GenerationExhausted);
     };
-    state.principals.set(
-        &c.principal,
-        PrincipalState {
-            generation: next,
-            moved_at: ctx.now,
-        },
-    );
+    state.principals.set(&c.principal, cur.moved(next, ctx.now));
     Reply::Revoked {
         principal: c.principal.clone(),
         generation: next,
@@ -999,7 +1054,7 @@ pub fn view_at(
     now: Timestamp,
 ) -> Result<Option<Record>, RefusalCode> {
     let Some(r) = record else { return Ok(None) };
-    if r.is_from_the_future(now) {
+    if r.is_from_the_future(now) || invariants::check_record(r).is_err() {
         return Err(RefusalCode::RecordRefused);
     }
     if r.is_collectable(now) {

@@ -74,6 +74,13 @@ pub fn release(k: &str, fence: Fence) -> Command {
         reason: ReleaseReason::NotDispatched,
     })
 }
+pub fn release_not_committed(k: &str, fence: Fence) -> Command {
+    Command::Release(Release {
+        key: key(k),
+        fence,
+        reason: ReleaseReason::NotCommitted,
+    })
+}
 pub fn reconcile(k: &str, fence: Fence, finding: Finding) -> Command {
     Command::Reconcile(Reconcile {
         key: key(k),

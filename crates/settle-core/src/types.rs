@@ -423,7 +423,7 @@ impl Default for RetentionS {
     }
 }
 
-/// Free text (worker names, error messages, warning details): 1–4096 bytes of
+/// Free text labels (worker names, warning details): 1–4096 bytes of
 /// UTF-8 without control characters.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
@@ -480,30 +480,153 @@ impl fmt::Display for Text {
     }
 }
 
+/// Free text that is data rather than a label (`outcome.error`): any UTF-8
+/// string of at most 4096 bytes, empty and multi-line included. An upstream's
+/// error message is whatever the upstream said; refusing it would lose the
+/// evidence a reconciling operator needs.
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ErrorText(Arc<str>);
+
+impl ErrorText {
+    pub const MAX_BYTES: usize = Text::MAX_BYTES;
+    pub fn new(field: &str, s: impl Into<String>) -> Result<ErrorText, InvalidInput> {
+        let s = s.into();
+        if s.len() > Self::MAX_BYTES {
+            return Err(InvalidInput::new(
+                field,
+                format!(
+                    "is {} bytes; at most {} are allowed",
+                    s.len(),
+                    Self::MAX_BYTES
+                ),
+            ));
+        }
+        Ok(ErrorText(s.into()))
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+impl TryFrom<String> for ErrorText {
+    type Error = InvalidInput;
+    fn try_from(s: String) -> Result<Self, InvalidInput> {
+        ErrorText::new("outcome.error", s)
+    }
+}
+impl From<ErrorText> for String {
+    fn from(v: ErrorText) -> String {
+        v.0.to_string()
+    }
+}
+impl fmt::Debug for ErrorText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+impl fmt::Display for ErrorText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The default result size limit (SPEC: configurable, 64 KiB by default).
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 64 * 1024;
 
-/// A settled result: a JSON document kept as its compact text.
+/// Arrays and objects nest at most this deep in a result. A documented
+/// limit of our own, well inside every JSON parser's (serde_json stops at
+/// 128 levels for a whole document), so a stored result can always be
+/// parsed and served again, and a deeper one is a clear 422 on
+/// `outcome.result` rather than a parser error.
+pub const MAX_RESULT_DEPTH: usize = 64;
+
+/// Removes insignificant whitespace from JSON text and measures how deep
+/// arrays and objects nest. Strings and numbers are copied byte for byte
+/// (nothing is parsed), so `1.0`, `1e5` or `"\u00e9"` keep their spelling.
+/// Iterative: any depth is measured without recursion.
+fn compact_json(text: &str) -> (String, usize) {
+    let mut out = Vec::with_capacity(text.len());
+    let (mut depth, mut max_depth) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for &b in text.as_bytes() {
+        if in_string {
+            out.push(b);
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+            continue;
+        }
+        match b {
+            b' ' | b'\t' | b'\n' | b'\r' => continue,
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                max_depth = max_depth.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        out.push(b);
+    }
+    // Only ASCII whitespace was removed, so the bytes are still UTF-8.
+    let s = String::from_utf8(out)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    (s, max_depth)
+}
+
+/// A settled result: a JSON document kept as the compact text the caller
+/// sent (insignificant whitespace removed, nothing else changed).
 ///
 /// Kept as text rather than a parsed value so it can be stored by any
-/// serializer (binary log, SQL) and returned byte for byte.
+/// serializer (binary log, SQL) and returned byte for byte: numbers keep
+/// their exact spelling (no float rounding), keys their order, strings
+/// their escapes. JSON `null` is a result like any other.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct ResultJson(Arc<str>);
 
 impl ResultJson {
-    /// Wraps a JSON value, refusing it when its compact text exceeds `max_bytes`.
+    /// Wraps a JSON value, refusing it when its compact text exceeds
+    /// `max_bytes` or it nests deeper than [`MAX_RESULT_DEPTH`].
     pub fn from_value(v: &serde_json::Value, max_bytes: usize) -> Result<ResultJson, InvalidInput> {
+        // Measured before serializing: a value nested far too deep must
+        // not reach a recursive serializer.
+        if value_depth(v) > MAX_RESULT_DEPTH {
+            return Err(Self::too_deep());
+        }
         let text = serde_json::to_string(v)
             .map_err(|e| InvalidInput::new("outcome.result", e.to_string()))?;
         let r = ResultJson(text.into());
         r.check_size(max_bytes)?;
         Ok(r)
     }
-    /// Parses JSON text, refusing invalid JSON and oversized results.
+    /// Takes JSON text as it is (whitespace between tokens removed),
+    /// refusing invalid JSON, results nested deeper than
+    /// [`MAX_RESULT_DEPTH`] and results over `max_bytes`.
     pub fn from_text(text: &str, max_bytes: usize) -> Result<ResultJson, InvalidInput> {
-        let v: serde_json::Value = serde_json::from_str(text)
+        let r = Self::from_raw(text)?;
+        r.check_size(max_bytes)?;
+        Ok(r)
+    }
+    /// [`ResultJson::from_text`] without the size limit (the command's
+    /// validation applies the configured one).
+    fn from_raw(text: &str) -> Result<ResultJson, InvalidInput> {
+        let (compact, depth) = compact_json(text);
+        if depth > MAX_RESULT_DEPTH {
+            return Err(Self::too_deep());
+        }
+        serde_json::from_str::<serde::de::IgnoredAny>(&compact)
             .map_err(|e| InvalidInput::new("outcome.result", format!("is not valid JSON: {e}")))?;
-        Self::from_value(&v, max_bytes)
+        Ok(ResultJson(compact.into()))
+    }
+    fn too_deep() -> InvalidInput {
+        InvalidInput::new(
+            "outcome.result",
+            format!("nests arrays and objects deeper than {MAX_RESULT_DEPTH} levels"),
+        )
     }
     /// Refuses a result larger than `max_bytes` (the configured `max_result_bytes`).
     pub fn check_size(&self, max_bytes: usize) -> Result<(), InvalidInput> {
@@ -518,8 +641,11 @@ impl ResultJson {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+    /// The result parsed (numbers as `serde_json` reads them; the exact
+    /// text is [`ResultJson::as_str`]).
     pub fn to_value(&self) -> serde_json::Value {
-        serde_json::from_str(&self.0).expect("ResultJson always holds valid JSON")
+        // Construction validated the text and its depth, so this parses.
+        serde_json::from_str(&self.0).unwrap_or(serde_json::Value::Null)
     }
     pub fn len(&self) -> usize {
         self.0.len()
@@ -527,6 +653,30 @@ impl ResultJson {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+}
+
+/// How deep arrays and objects nest in `v` (iterative).
+fn value_depth(v: &serde_json::Value) -> usize {
+    let mut max = 0;
+    let mut stack = vec![(v, 0usize)];
+    while let Some((v, d)) = stack.pop() {
+        match v {
+            serde_json::Value::Array(a) => {
+                max = max.max(d + 1);
+                if d < MAX_RESULT_DEPTH {
+                    stack.extend(a.iter().map(|x| (x, d + 1)));
+                }
+            }
+            serde_json::Value::Object(o) => {
+                max = max.max(d + 1);
+                if d < MAX_RESULT_DEPTH {
+                    stack.extend(o.values().map(|x| (x, d + 1)));
+                }
+            }
+            _ => {}
+        }
+    }
+    max
 }
 
 impl fmt::Debug for ResultJson {
@@ -538,6 +688,7 @@ impl fmt::Debug for ResultJson {
 impl Serialize for ResultJson {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         if s.is_human_readable() {
+            // Emitted verbatim: the settled text, byte for byte.
             let raw: &serde_json::value::RawValue =
                 serde_json::from_str(&self.0).map_err(serde::ser::Error::custom)?;
             raw.serialize(s)
@@ -550,13 +701,17 @@ impl Serialize for ResultJson {
 impl<'de> Deserialize<'de> for ResultJson {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<ResultJson, D::Error> {
         if d.is_human_readable() {
-            // Re-serialize compactly so equal documents have equal text.
-            let v = serde_json::Value::deserialize(d)?;
-            let text = serde_json::to_string(&v).map_err(serde::de::Error::custom)?;
-            Ok(ResultJson(text.into()))
+            // The raw text as sent (no float rounding, no re-encoding);
+            // serde_json skips a raw value without recursion, so depth is
+            // ours to check.
+            let raw = Box::<serde_json::value::RawValue>::deserialize(d)?;
+            ResultJson::from_raw(raw.get()).map_err(|e| serde::de::Error::custom(e.reason))
         } else {
+            // Stored text is checked again: a record that does not hold a
+            // servable result fails to decode (fail closed) instead of
+            // failing later while being answered.
             let text = String::deserialize(d)?;
-            Ok(ResultJson(text.into()))
+            ResultJson::from_raw(&text).map_err(|e| serde::de::Error::custom(e.reason))
         }
     }
 }

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 
 use proptest::prelude::*;
 use settle_core::invariants::{check_record, check_transition};
+use settle_core::record::MAX_MOVES;
 use settle_core::*;
 
 const KEYS: [&str; 3] = ["k0", "k1", "k2"];
@@ -72,6 +73,7 @@ enum Op {
         tenant: u8,
         key: u8,
         fence: FenceSel,
+        not_committed: bool,
     },
     Reconcile {
         tenant: u8,
@@ -145,7 +147,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (tenant(), key.clone(), fence_sel()).prop_map(|(tenant, key, fence)| Op::Dispatch { tenant, key, fence }),
         5 => (tenant(), key.clone(), fence_sel(), req(), 0u8..5)
             .prop_map(|(tenant, key, fence, req, outcome)| Op::Settle { tenant, key, fence, req, outcome }),
-        1 => (tenant(), key.clone(), fence_sel()).prop_map(|(tenant, key, fence)| Op::Release { tenant, key, fence }),
+        2 => (tenant(), key.clone(), fence_sel(), any::<bool>()).prop_map(|(tenant, key, fence, not_committed)| Op::Release { tenant, key, fence, not_committed }),
         3 => (tenant(), key.clone(), fence_sel(), 0u8..3, req(), 0u8..3).prop_map(
             |(tenant, key, fence, finding, req, outcome)| Op::Reconcile { tenant, key, fence, finding, req, outcome }
         ),
@@ -175,6 +177,8 @@ struct Model {
     max_fence: Option<Fence>,
     /// Terminal receipts handed out: (record created_at, receipt).
     acked: HashMap<(TenantId, Key), (Timestamp, Receipt)>,
+    /// Every move of every principal's generation: (generation left, when).
+    moves: HashMap<(TenantId, Principal), Vec<(u64, Timestamp)>>,
 }
 
 impl Model {
@@ -186,6 +190,7 @@ impl Model {
             fences: HashMap::new(),
             max_fence: None,
             acked: HashMap::new(),
+            moves: HashMap::new(),
         }
     }
 
@@ -288,7 +293,12 @@ impl Model {
                     }),
                 )
             }
-            Op::Release { tenant, key, fence } => {
+            Op::Release {
+                tenant,
+                key,
+                fence,
+                not_committed,
+            } => {
                 let tn = t(tenant);
                 let fence = self.fence(&tn, &k(key), fence);
                 (
@@ -296,7 +306,11 @@ impl Model {
                     Command::Release(Release {
                         key: k(key),
                         fence,
-                        reason: ReleaseReason::NotDispatched,
+                        reason: if *not_committed {
+                            ReleaseReason::NotCommitted
+                        } else {
+                            ReleaseReason::NotDispatched
+                        },
                     }),
                 )
             }
@@ -357,6 +371,15 @@ impl Model {
         let now = Timestamp(self.now);
         let before = self.w.clone();
         let applied = self.w.execute(&tn, &cmd, now);
+        for (id, st) in &self.w.principals {
+            let was = before.principals.get(id).copied().unwrap_or_default();
+            if st.generation != was.generation {
+                self.moves
+                    .entry(id.clone())
+                    .or_default()
+                    .push((was.generation, now));
+            }
+        }
         self.check(&before, &tn, &cmd, &applied, now)
     }
 
@@ -369,6 +392,19 @@ impl Model {
         now: Timestamp,
     ) -> Result<(), TestCaseError> {
         let margin = before.limits.lease_margin_ms;
+        // An invalid command changes nothing at all.
+        if let Reply::Invalid(_) = &applied.reply {
+            prop_assert!(!applied.changed && !applied.fence_used);
+            prop_assert_eq!(&self.w.records, &before.records);
+            prop_assert_eq!(&self.w.principals, &before.principals);
+            prop_assert_eq!(self.w.next_fence, before.next_fence);
+            return Ok(());
+        }
+        // A lease must outlast the margin (SPEC §4 claim), so every valid
+        // lease_ms leaves a usable lease.
+        if let Command::Claim(c) = cmd {
+            prop_assert!(c.lease_ms.get() > margin);
+        }
         // §6.8: nothing of another tenant changed.
         for ((t, k), r) in &before.records {
             if t != tn {
@@ -439,14 +475,9 @@ impl Model {
                 Command::Settle(s) => (s.fence, &s.fingerprint, &s.binding, Purpose::Execute),
                 Command::Reconcile(Reconcile {
                     fence,
-                    finding:
-                        Finding::Committed {
-                            fingerprint,
-                            binding,
-                            ..
-                        },
+                    finding: Finding::Committed(f),
                     ..
-                }) => (*fence, fingerprint, binding, Purpose::Reconcile),
+                }) => (*fence, f.fingerprint(), f.binding(), Purpose::Reconcile),
                 other => return Err(TestCaseError::fail(format!("terminal via {other:?}"))),
             };
             let pgen = before
@@ -474,8 +505,29 @@ impl Model {
             match end.reason {
                 LeaseEnd::Settled => prop_assert!(att.receipt.is_some()),
                 LeaseEnd::Released => {
-                    prop_assert!(matches!(cmd, Command::Release(_)));
+                    let by_release = matches!(
+                        cmd,
+                        Command::Release(Release {
+                            reason: ReleaseReason::NotDispatched,
+                            ..
+                        })
+                    );
+                    prop_assert!(by_release);
                     prop_assert!(!bl.may_have_dispatched());
+                }
+                LeaseEnd::NotCommitted => {
+                    // The holder's attestation: status and flag stay as they were.
+                    let by_release = matches!(
+                        cmd,
+                        Command::Release(Release {
+                            reason: ReleaseReason::NotCommitted,
+                            ..
+                        })
+                    );
+                    prop_assert!(by_release);
+                    prop_assert_eq!(bl.purpose, Purpose::Execute);
+                    prop_assert_eq!(a.status, b.status);
+                    prop_assert_eq!(a.reconcile_required, b.reconcile_required);
                 }
                 LeaseEnd::Refused => prop_assert!(matches!(
                     applied.reply,
@@ -489,6 +541,62 @@ impl Model {
                     );
                 }
             }
+        }
+
+        // Revocation is dated by the move that ended the lease (the first
+        // move off its generation), not by the principal's latest move;
+        // checked whenever that move is among the newest the store keeps.
+        if let (Some(b), Some(a), false) = (b, a, recreated) {
+            for att in &a.attempts {
+                let Some(end) = att.lease.ended.filter(|e| e.reason == LeaseEnd::Revoked) else {
+                    continue;
+                };
+                let newly = b
+                    .attempt_for(att.lease.fence)
+                    .is_none_or(|x| x.lease.ended.is_none());
+                if !newly {
+                    continue;
+                }
+                let hist = self
+                    .moves
+                    .get(&(tn.clone(), a.reservation.principal.clone()))
+                    .cloned()
+                    .unwrap_or_default();
+                let Some(i) = hist.iter().position(|m| m.0 >= att.lease.generation) else {
+                    return Err(TestCaseError::fail("revoked without a move"));
+                };
+                if hist.len() - i <= MAX_MOVES {
+                    prop_assert_eq!(end.at, hist[i].1.min(now));
+                }
+            }
+        }
+
+        // Quarantine is not progress: refused evidence leaves `updated_at`
+        // as the rules found it, unless the holder's own mismatched
+        // evidence ended its lease (settle rule 2).
+        if let (Some(b), Some(a), false) = (b_live.as_ref(), a, recreated)
+            && applied.reply.quarantined(cmd)
+        {
+            let ended_by_rule2 = b.open_lease().is_some_and(|l| {
+                a.attempt_for(l.fence)
+                    .and_then(|x| x.lease.ended)
+                    .is_some_and(|e| e.reason == LeaseEnd::Refused)
+            });
+            if !ended_by_rule2 {
+                prop_assert_eq!(a.updated_at, b.updated_at);
+            }
+        }
+
+        // A repeated reconcile(not_committed) whose lease is already the
+        // execute lease it granted returns that grant and changes nothing.
+        if let (Command::Reconcile(rc), Reply::Claim(ClaimDecision::Execute(g)), Some(b)) =
+            (cmd, &applied.reply, b_live.as_ref())
+            && b.open_lease()
+                .is_some_and(|l| l.purpose == Purpose::Execute && l.fence == rc.fence)
+        {
+            prop_assert_eq!(a, Some(b));
+            let l = b.open_lease().expect("checked");
+            prop_assert_eq!((g.fence, g.lease_expires_at), (l.fence, l.expires_at));
         }
 
         // Reply::quarantined says exactly when evidence was quarantined.

@@ -284,7 +284,7 @@ fn heartbeat_extends_and_never_shortens() {
         panic!()
     };
     assert_eq!(l.lease_expires_at, Timestamp(T0 + 1900));
-    let Reply::Heartbeat(l) = h.run(heartbeat("a", f, Some(100))) else {
+    let Reply::Heartbeat(l) = h.run(heartbeat("a", f, Some(200))) else {
         panic!()
     };
     assert_eq!(l.lease_expires_at, Timestamp(T0 + 1900));
@@ -518,7 +518,7 @@ fn settle_rule4_merges_writes_receipt_and_releases_in_one_step() {
     assert_eq!(rc.fence, f);
     assert_eq!(rc.status, Status::Completed);
     assert_eq!(rc.committed_at, Timestamp(T0 + 7));
-    assert_eq!(rc.response_sha256, completed(3).response_sha256);
+    assert_eq!(rc.response_sha256, completed(3).response_sha256());
     let rec = h.rec("a");
     assert_eq!(rec.status, Status::Completed);
     assert!(rec.open_lease().is_none());
@@ -970,4 +970,450 @@ fn order_c_mismatched_late_success_never_reaches_completed() {
     let rec = h.rec("a");
     assert_ne!(rec.status, Status::Completed);
     assert!(rec.receipt.is_none());
+}
+
+// ---------------------------------------------------------------- issue 8: validation and bookkeeping
+
+#[test]
+fn quarantine_is_not_progress_a_zombie_cannot_keep_a_record_off_the_stuck_list() {
+    let mut h = H::new();
+    let zombie = h.exec(claim("a", 1, binding("alice", 0)));
+    h.run(settle("a", zombie, 1, binding("alice", 0), unknown()));
+    let Reply::Claim(ClaimDecision::Reconcile(g)) = h.run(claim("a", 1, binding("alice", 0)))
+    else {
+        panic!()
+    };
+    h.run(reconcile("a", g.fence, Finding::Unavailable));
+    let settled = h.rec("a").updated_at;
+    let stuck_after_ms = 10_000;
+    // The zombie keeps retrying its stale settlement, and a stale finding
+    // arrives too: every one is quarantined, none is progress.
+    for _ in 0..12 {
+        h.advance(1_000);
+        let r = h.run(settle("a", zombie, 1, binding("alice", 0), completed(1)));
+        assert_eq!(refused(&r), Some(RefusalCode::StaleFence));
+        let r = h.run(reconcile("a", g.fence, Finding::NotCommitted));
+        assert_eq!(refused(&r), Some(RefusalCode::StaleFence));
+    }
+    let rec = h.rec("a");
+    assert_eq!(rec.quarantine_total, 24, "every refusal is kept for audit");
+    assert_eq!(
+        rec.updated_at, settled,
+        "quarantine does not move updated_at"
+    );
+    assert!(rec.is_stuck(Timestamp(h.now), stuck_after_ms));
+}
+
+#[test]
+fn quarantine_of_a_stale_binding_is_not_progress_either() {
+    let mut h = H::new();
+    let f = h.exec(claim("a", 1, binding("alice", 0)));
+    let before = h.rec("a").updated_at;
+    h.advance(5);
+    // Rule 3: a generation that is not the reservation's: quarantined, the lease stays.
+    let r = h.run(settle("a", f, 1, binding("alice", 1), completed(1)));
+    assert_eq!(refused(&r), Some(RefusalCode::StaleBinding));
+    let rec = h.rec("a");
+    assert_eq!(rec.quarantine_total, 1);
+    assert!(rec.open_lease().is_some());
+    assert_eq!(rec.updated_at, before);
+}
+
+#[test]
+fn reconcile_not_committed_retry_returns_the_same_grant_and_changes_nothing() {
+    let mut h = H::new();
+    let f = to_reconcile(&mut h, "a");
+    let Reply::Claim(ClaimDecision::Execute(first)) =
+        h.run(reconcile("a", f, Finding::NotCommitted))
+    else {
+        panic!()
+    };
+    let before = h.rec("a");
+    h.advance(50);
+    // The acknowledgement was lost; the worker asks again.
+    let again = h.run(reconcile("a", f, Finding::NotCommitted));
+    assert_eq!(again, Reply::Claim(ClaimDecision::Execute(first)));
+    assert_eq!(h.rec("a"), before, "nothing changes");
+    // Once the lease was dispatched, a retry is no longer the same question.
+    h.run(dispatch("a", f));
+    let r = h.run(reconcile("a", f, Finding::NotCommitted));
+    assert_eq!(refused(&r), Some(RefusalCode::WrongPurpose));
+}
+
+#[test]
+fn reconcile_not_committed_retry_after_the_lease_ran_out_is_lease_expired() {
+    let mut h = H::new();
+    let f = to_reconcile(&mut h, "a");
+    h.run(reconcile("a", f, Finding::NotCommitted));
+    h.advance(30_001);
+    let r = h.run(reconcile("a", f, Finding::NotCommitted));
+    assert_eq!(refused(&r), Some(RefusalCode::LeaseExpired));
+}
+
+#[test]
+fn revocation_is_dated_by_the_move_that_ended_the_lease() {
+    let mut h = H::new();
+    let f = h.exec(claim_with("a", 1, binding("alice", 0), 10_000, false));
+    h.advance(10);
+    h.run(revoke("alice")); // 0 -> 1 at T0+10: this ends the lease
+    h.advance(10);
+    h.run(revoke("alice")); // 1 -> 2 at T0+20
+    h.advance(10);
+    h.exec(claim("b", 1, binding("alice", 7))); // 2 -> 7 at T0+30
+    h.advance(10);
+    let r = h.run(heartbeat("a", f, None));
+    assert_eq!(refused(&r), Some(RefusalCode::LeaseExpired));
+    let end = h.rec("a").attempts[0].lease.ended.unwrap();
+    assert_eq!(end.reason, LeaseEnd::Revoked);
+    assert_eq!(end.at, Timestamp(T0 + 10), "the first move, not the latest");
+    assert_eq!(h.rec("a").updated_at, Timestamp(T0 + 10));
+}
+
+#[test]
+fn a_lease_that_expired_before_its_revocation_ended_by_expiry() {
+    let mut h = H::new();
+    let f = h.exec(claim_with("a", 1, binding("alice", 0), 1_000, false));
+    h.advance(2_000);
+    h.run(revoke("alice")); // after the lease ran out
+    h.advance(10);
+    h.run(revoke("alice"));
+    let r = h.run(heartbeat("a", f, None));
+    assert_eq!(refused(&r), Some(RefusalCode::LeaseExpired));
+    let end = h.rec("a").attempts[0].lease.ended.unwrap();
+    assert_eq!(end.reason, LeaseEnd::Expired);
+    assert_eq!(end.at, Timestamp(T0 + 1_000));
+}
+
+#[test]
+fn lease_ms_must_leave_a_usable_lease_over_the_margin() {
+    let mut h = H::new();
+    // The default margin is 100 ms: a 100 ms lease could never be settled.
+    let r = h.run(claim_with("a", 1, binding("alice", 0), 100, false));
+    let Reply::Invalid(e) = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(e.field, "lease_ms");
+    assert!(
+        e.reason.contains("lease_margin_ms (100 ms)"),
+        "{}",
+        e.reason
+    );
+    assert!(h.w.records.is_empty(), "nothing was written");
+    assert_eq!(h.w.next_fence, 1, "no fence was used");
+    assert_eq!(
+        h.w.generation(&h.tenant, &Principal::new("alice").unwrap()),
+        0
+    );
+    // One millisecond more is a lease that can be settled at once.
+    let f = h.exec(claim_with("a", 1, binding("alice", 0), 101, false));
+    let rc = receipt(h.run(settle("a", f, 1, binding("alice", 0), completed(1))));
+    assert_eq!(rc.status, Status::Completed);
+    // Heartbeats follow the same rule.
+    let f = h.exec(claim("b", 1, binding("alice", 0)));
+    let before = h.rec("b");
+    let r = h.run(heartbeat("b", f, Some(100)));
+    assert!(
+        matches!(r, Reply::Invalid(ref e) if e.field == "lease_ms"),
+        "{r:?}"
+    );
+    assert_eq!(h.rec("b"), before);
+}
+
+#[test]
+fn an_invalid_command_is_answered_before_lazy_expiry_writes_anything() {
+    let mut h = H::new();
+    let f = h.exec(claim_with("a", 1, binding("alice", 0), 1_000, false));
+    h.advance(5_000);
+    // The lease has lapsed, but an invalid heartbeat must not end it.
+    let applied = h.w.execute(
+        &h.tenant.clone(),
+        &heartbeat("a", f, Some(50 + 50)),
+        Timestamp(h.now),
+    );
+    assert!(matches!(applied.reply, Reply::Invalid(_)));
+    assert!(!applied.changed);
+    assert!(h.rec("a").open_lease().is_some());
+}
+
+#[test]
+fn the_result_size_limit_is_part_of_the_commands_validation() {
+    let limits = Limits {
+        max_result_bytes: 16,
+        ..Limits::default()
+    };
+    let mut w = World::new(limits);
+    let t = TenantId::default_tenant();
+    let now = Timestamp(T0);
+    let Reply::Claim(ClaimDecision::Execute(g)) = w
+        .execute(&t, &claim("a", 1, binding("alice", 0)), now)
+        .reply
+    else {
+        panic!()
+    };
+    let big = Outcome::completed(
+        ResultJson::from_text(r#"{"charge":"ch_0123456789"}"#, 1 << 20).unwrap(),
+        fp(7),
+    );
+    let before = w.records.clone();
+    let applied = w.execute(&t, &settle("a", g.fence, 1, binding("alice", 0), big), now);
+    let Reply::Invalid(e) = &applied.reply else {
+        panic!("{:?}", applied.reply)
+    };
+    assert_eq!(e.field, "outcome.result");
+    assert!(e.reason.contains("at most 16"), "{}", e.reason);
+    assert!(!applied.changed);
+    assert_eq!(w.records, before, "nothing was written");
+}
+
+#[test]
+fn settle_unknown_keeps_error_and_digest_on_the_attempt() {
+    let mut h = H::new();
+    let f = h.exec(claim("a", 1, binding("alice", 0)));
+    let error = ErrorText::new("outcome.error", "upstream timed out\nafter 30 s").unwrap();
+    let o = Outcome::unknown_with_response(Some(error.clone()), fp(9));
+    let rc = receipt(h.run(settle("a", f, 1, binding("alice", 0), o)));
+    assert_eq!(rc.status, Status::Unknown);
+    assert_eq!(rc.response_sha256, Some(fp(9)));
+    let rec = h.rec("a");
+    assert_eq!(rec.attempts[0].receipt.as_ref(), Some(&rc));
+    assert_eq!(rec.attempts[0].error.as_ref(), Some(&error));
+    let view = serde_json::to_value(rec.view()).unwrap();
+    assert_eq!(
+        view["attempts"][0]["error"],
+        "upstream timed out\nafter 30 s"
+    );
+    assert_eq!(
+        view["attempts"][0]["receipt"]["response_sha256"],
+        fp(9).to_hex()
+    );
+}
+
+#[test]
+fn an_unknown_outcome_with_a_result_is_invalid() {
+    let r = ResultJson::from_text("{}", 100).unwrap();
+    let e = Outcome::new(OutcomeStatus::Unknown, Some(r), None, None).unwrap_err();
+    assert_eq!(e.field, "outcome.result");
+    let e =
+        serde_json::from_str::<Outcome>(r#"{"status":"unknown","result":{"a":1}}"#).unwrap_err();
+    assert!(e.to_string().contains("outcome.result"), "{e}");
+    // null is a result too, so it is refused here as well.
+    assert!(serde_json::from_str::<Outcome>(r#"{"status":"unknown","result":null}"#).is_err());
+    assert!(serde_json::from_str::<Outcome>(r#"{"status":"unknown","error":""}"#).is_ok());
+}
+
+#[test]
+fn a_committed_finding_needs_a_terminal_outcome() {
+    let e = Finding::committed(fp(1), binding("alice", 0), unknown()).unwrap_err();
+    assert_eq!(e.field, "outcome.status");
+    let e = CommittedFinding::new(fp(1), binding("alice", 0), unknown()).unwrap_err();
+    assert_eq!(e.field, "outcome.status");
+    assert!(Finding::committed(fp(1), binding("alice", 0), failed(1)).is_ok());
+}
+
+#[test]
+fn a_terminal_outcome_needs_its_digest_and_result() {
+    let r = ResultJson::from_text("null", 100).unwrap();
+    let e = Outcome::new(OutcomeStatus::Completed, Some(r.clone()), None, None).unwrap_err();
+    assert_eq!(e.field, "outcome.response_sha256");
+    let e = Outcome::new(OutcomeStatus::Failed, None, Some(fp(1)), None).unwrap_err();
+    assert_eq!(e.field, "outcome.result");
+    let o = Outcome::new(OutcomeStatus::Failed, Some(r), Some(fp(1)), None).unwrap();
+    assert_eq!(o.result().unwrap().as_str(), "null");
+}
+
+#[test]
+fn a_null_result_settles_and_replays() {
+    let mut h = H::new();
+    let f = h.exec(claim("a", 1, binding("alice", 0)));
+    let o: Outcome = serde_json::from_str(&format!(
+        r#"{{"status":"completed","result":null,"response_sha256":"{}"}}"#,
+        fp(3).to_hex()
+    ))
+    .unwrap();
+    receipt(h.run(settle("a", f, 1, binding("alice", 0), o.clone())));
+    let Reply::Claim(d @ ClaimDecision::Replay { .. }) = h.run(claim("a", 1, binding("alice", 0)))
+    else {
+        panic!()
+    };
+    let json = serde_json::to_string(&d).unwrap();
+    assert!(json.contains(r#""result":null"#), "{json}");
+}
+
+#[test]
+fn replays_return_the_settled_text_byte_for_byte() {
+    let mut h = H::new();
+    let f = h.exec(claim("a", 1, binding("alice", 0)));
+    // Floats that f64 would round or respell, escapes, key order, spacing.
+    let sent = "{ \"amount\": 0.1000000000000000055511151231257827,\n \"big\": 1e400, \
+                \"exp\": 1E+2, \"z\": \"caf\\u00e9 \\\" x\", \"a\": [1.0, -0.0, 12345678901234567890123] }";
+    let body = format!(
+        r#"{{"status":"completed","result":{sent},"response_sha256":"{}"}}"#,
+        fp(3).to_hex()
+    );
+    let o: Outcome = serde_json::from_str(&body).unwrap();
+    let compact = "{\"amount\":0.1000000000000000055511151231257827,\"big\":1e400,\
+                   \"exp\":1E+2,\"z\":\"caf\\u00e9 \\\" x\",\"a\":[1.0,-0.0,12345678901234567890123]}";
+    assert_eq!(o.result().unwrap().as_str(), compact);
+    receipt(h.run(settle("a", f, 1, binding("alice", 0), o)));
+    let Reply::Claim(d) = h.run(claim("a", 1, binding("alice", 0))) else {
+        panic!()
+    };
+    let json = serde_json::to_string(&d).unwrap();
+    assert!(json.contains(&format!("\"result\":{compact}")), "{json}");
+}
+
+#[test]
+fn outcome_errors_are_any_text_up_to_the_limit() {
+    for text in ["", "line one\nline two\r\n\ttab", "\u{0}nul and \u{7f}"] {
+        let json = serde_json::to_string(&serde_json::json!({"status": "unknown", "error": text}))
+            .unwrap();
+        let o: Outcome = serde_json::from_str(&json).unwrap();
+        assert_eq!(o.error().unwrap().as_str(), text);
+    }
+    let long = "é".repeat(2049);
+    let e = ErrorText::new("outcome.error", long).unwrap_err();
+    assert!(e.reason.contains("4098 bytes"), "{}", e.reason);
+    assert!(ErrorText::new("outcome.error", "x".repeat(4096)).is_ok());
+}
+
+#[test]
+fn results_nested_deeper_than_the_limit_are_refused() {
+    let ok = format!(
+        "{}{}",
+        "[".repeat(MAX_RESULT_DEPTH),
+        "]".repeat(MAX_RESULT_DEPTH)
+    );
+    assert!(ResultJson::from_text(&ok, 1 << 20).is_ok());
+    for depth in [MAX_RESULT_DEPTH + 1, 200, 100_000] {
+        let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let e = ResultJson::from_text(&deep, 1 << 20).unwrap_err();
+        assert_eq!(e.field, "outcome.result");
+        assert!(e.reason.contains("deeper than 64"), "{}", e.reason);
+        let body = format!(
+            r#"{{"status":"failed","result":{deep},"response_sha256":"{}"}}"#,
+            fp(1).to_hex()
+        );
+        let e = serde_json::from_str::<Outcome>(&body).unwrap_err();
+        assert!(e.to_string().contains("deeper than 64"), "{e}");
+    }
+    // Brackets inside strings are not nesting.
+    let s = format!("\"{}\"", "[".repeat(500));
+    assert!(ResultJson::from_text(&s, 1 << 20).is_ok());
+    // A value built in code is held to the same limit.
+    let mut v = serde_json::Value::Null;
+    for _ in 0..=MAX_RESULT_DEPTH {
+        v = serde_json::Value::Array(vec![v]);
+    }
+    assert!(ResultJson::from_value(&v, 1 << 20).is_err());
+}
+
+// ---------------------------------------------------------------- release(not_committed)
+
+#[test]
+fn release_not_committed_after_dispatch_keeps_status_and_the_next_claim_executes() {
+    let mut h = H::new();
+    let f = h.exec(claim_with("a", 1, binding("alice", 0), 1_000, true));
+    h.run(dispatch("a", f));
+    // The remote answered 409: nothing happened. The holder says so.
+    assert_eq!(
+        h.run(release_not_committed("a", f)),
+        Reply::Released { fence: f }
+    );
+    let rec = h.rec("a");
+    assert_eq!(rec.status, Status::Pending, "the status stays");
+    assert!(!rec.reconcile_required, "no flag is set");
+    let end = rec.attempts[0].lease.ended.unwrap();
+    assert_eq!(
+        end.reason,
+        LeaseEnd::NotCommitted,
+        "the attempt records the attestation"
+    );
+    assert_eq!(end.at, Timestamp(h.now));
+    let g = h.exec(claim("a", 1, binding("alice", 0)));
+    assert!(g > f, "the next claim executes");
+    // The released fence is stale from now on.
+    assert_eq!(
+        refused(&h.run(release_not_committed("a", f))),
+        Some(RefusalCode::StaleFence)
+    );
+}
+
+#[test]
+fn release_not_committed_without_marks_dispatch_is_allowed() {
+    let mut h = H::new();
+    let f = h.exec(claim("a", 1, binding("alice", 0)));
+    assert_eq!(
+        refused(&h.run(release("a", f))),
+        Some(RefusalCode::ReceiptRequired),
+        "not_dispatched still needs proof that nothing was sent"
+    );
+    assert_eq!(
+        h.run(release_not_committed("a", f)),
+        Reply::Released { fence: f }
+    );
+    assert_eq!(h.rec("a").status, Status::Pending);
+}
+
+#[test]
+fn release_not_committed_keeps_an_unknown_status_and_clears_no_reconciliation() {
+    let mut h = H::new();
+    let f = to_reconcile(&mut h, "a");
+    // A reconcile lease ends through reconcile.
+    assert_eq!(
+        refused(&h.run(release_not_committed("a", f))),
+        Some(RefusalCode::WrongPurpose)
+    );
+    h.run(reconcile("a", f, Finding::NotCommitted));
+    h.run(dispatch("a", f));
+    assert_eq!(
+        h.run(release_not_committed("a", f)),
+        Reply::Released { fence: f }
+    );
+    let rec = h.rec("a");
+    assert_eq!(rec.status, Status::Unknown, "no downgrade");
+    assert!(!rec.reconcile_required);
+    assert!(matches!(
+        h.run(claim("a", 1, binding("alice", 0))),
+        Reply::Claim(ClaimDecision::Execute(_))
+    ));
+}
+
+#[test]
+fn release_not_committed_after_the_lease_ran_out_is_lease_expired() {
+    let mut h = H::new();
+    let f = h.exec(claim_with("a", 1, binding("alice", 0), 1_000, true));
+    h.run(dispatch("a", f));
+    h.advance(1_000);
+    assert_eq!(
+        refused(&h.run(release_not_committed("a", f))),
+        Some(RefusalCode::LeaseExpired)
+    );
+    let rec = h.rec("a");
+    assert_eq!(
+        rec.status,
+        Status::Unknown,
+        "expiry after dispatch already decided"
+    );
+    assert!(rec.reconcile_required);
+}
+
+#[test]
+fn a_stored_record_that_breaks_an_invariant_is_refused_not_a_panic() {
+    let mut h = H::new();
+    let f = h.exec(claim("a", 1, binding("alice", 0)));
+    receipt(h.run(settle("a", f, 1, binding("alice", 0), completed(1))));
+    // Damage the stored record: a terminal record holding an open lease.
+    let id = (h.tenant.clone(), key("a"));
+    h.w.records.get_mut(&id).unwrap().attempts[0].lease.ended = None;
+    let damaged = h.rec("a");
+    for cmd in [
+        claim("a", 1, binding("alice", 0)),
+        heartbeat("a", f, None),
+        settle("a", f, 1, binding("alice", 0), completed(1)),
+        Command::Expire { key: key("a") },
+    ] {
+        assert_eq!(refused(&h.run(cmd)), Some(RefusalCode::RecordRefused));
+    }
+    assert_eq!(h.get("a"), Err(RefusalCode::RecordRefused));
+    assert_eq!(h.rec("a"), damaged, "left as it was, for the operator");
 }

@@ -8,7 +8,10 @@ use settle_core::{Key, Principal, PrincipalState, Record, TaskId, TenantId, Warn
 use settle_ledger::StoreError;
 
 /// Version of the value and frame encodings written by this build.
-pub const FORMAT_VERSION: u8 = 1;
+/// 2: records keep each attempt's `error`, leases can end by
+/// `release(not_committed)`, principals keep their newest moves (issue 8).
+/// A store written in version 1 is refused on open (no converter).
+pub const FORMAT_VERSION: u8 = 2;
 
 const FRAME_MAGIC: u32 = 0x5354_4c31; // "STL1"
 /// magic + payload length + crc32

@@ -79,7 +79,12 @@ macro_rules! conformance_tests {
             warnings_are_bounded_per_task,
             tenants_never_meet,
             unknown_keys_are_not_found,
-            stats_count_open_records
+            stats_count_open_records,
+            revocation_is_dated_by_the_move_that_ended_the_lease,
+            release_not_committed_and_attempt_errors_are_persisted,
+            results_are_stored_as_sent,
+            invalid_commands_write_nothing,
+            quarantine_does_not_move_updated_at
         );
     };
     (@cases $make:expr; $($name:ident),* $(,)?) => {
@@ -478,4 +483,135 @@ pub async fn stats_count_open_records(fx: &Fixture) {
     assert_eq!(s.unknown, 1);
     assert_eq!(s.reconcile_required, 1);
     assert_eq!(s.stuck, 1);
+}
+
+/// The principal's moves are stored: a lease revoked by one move and
+/// looked at after a later one is dated by the first (issue 8 item 17).
+pub async fn revocation_is_dated_by_the_move_that_ended_the_lease(fx: &Fixture) {
+    let f = fx
+        .exec(claim_with("rv", 1, binding("carol", 0), 600_000, false))
+        .await;
+    let before_first = fx.store.now().await.unwrap();
+    fx.run(revoke("carol")).await;
+    fx.clock.advance(10_000);
+    let before_second = fx.store.now().await.unwrap();
+    fx.run(revoke("carol")).await;
+    assert_eq!(
+        fx.run(heartbeat("rv", f, None)).await,
+        Reply::Refused(RefusalCode::LeaseExpired)
+    );
+    let end = fx.get("rv").await.unwrap().attempts[0].lease.ended.unwrap();
+    assert_eq!(end.reason, LeaseEnd::Revoked);
+    assert!(
+        end.at >= before_first && end.at < before_second,
+        "ended at {:?}, first move after {:?}, second after {:?}",
+        end.at,
+        before_first,
+        before_second
+    );
+}
+
+/// `release(not_committed)` and an `unknown` settlement's error survive the engine.
+pub async fn release_not_committed_and_attempt_errors_are_persisted(fx: &Fixture) {
+    let f = fx
+        .exec(claim_with("nc", 1, binding("alice", 0), 30_000, true))
+        .await;
+    assert!(matches!(
+        fx.run(dispatch("nc", f)).await,
+        Reply::Dispatched(_)
+    ));
+    assert_eq!(
+        fx.run(release_not_committed("nc", f)).await,
+        Reply::Released { fence: f }
+    );
+    let r = fx.get("nc").await.unwrap();
+    assert_eq!(r.status, Status::Pending);
+    assert!(!r.reconcile_required);
+    assert_eq!(
+        r.attempts[0].lease.ended.unwrap().reason,
+        LeaseEnd::NotCommitted
+    );
+    let g = fx.exec(claim("nc", 1, binding("alice", 0))).await;
+    let error = ErrorText::new("outcome.error", "read timeout\n(after 30 s)").unwrap();
+    let rc = receipt(
+        fx.run(settle(
+            "nc",
+            g,
+            1,
+            binding("alice", 0),
+            Outcome::unknown_with_response(Some(error.clone()), fp(42)),
+        ))
+        .await,
+    );
+    let r = fx.get("nc").await.unwrap();
+    assert_eq!(r.attempts[1].error.as_ref(), Some(&error));
+    assert_eq!(r.attempts[1].receipt.as_ref(), Some(&rc));
+    assert_eq!(rc.response_sha256, Some(fp(42)));
+}
+
+/// A result is stored as the compact text that was sent: a replay returns
+/// it byte for byte, floats and `null` included (issue 8 item 14).
+pub async fn results_are_stored_as_sent(fx: &Fixture) {
+    for (k, sent, stored) in [
+        (
+            "res1",
+            "{ \"amount\": 0.1000000000000000055511151231257827, \"e\": 1E+2, \"s\": \"caf\\u00e9\" }",
+            "{\"amount\":0.1000000000000000055511151231257827,\"e\":1E+2,\"s\":\"caf\\u00e9\"}",
+        ),
+        ("res2", "null", "null"),
+    ] {
+        let f = fx.exec(claim(k, 1, binding("alice", 0))).await;
+        let outcome: Outcome = serde_json::from_str(&format!(
+            r#"{{"status":"failed","result":{sent},"response_sha256":"{}"}}"#,
+            fp(5).to_hex()
+        ))
+        .unwrap();
+        receipt(fx.run(settle(k, f, 1, binding("alice", 0), outcome)).await);
+        let Reply::Claim(ClaimDecision::Replay { outcome, .. }) =
+            fx.run(claim(k, 1, binding("alice", 0))).await
+        else {
+            panic!()
+        };
+        assert_eq!(outcome.result().unwrap().as_str(), stored);
+        let json = serde_json::to_string(&outcome).unwrap();
+        assert!(json.contains(&format!("\"result\":{stored}")), "{json}");
+    }
+}
+
+/// A command that breaks an argument rule of the store's limits is
+/// answered `Invalid` and writes nothing.
+pub async fn invalid_commands_write_nothing(fx: &Fixture) {
+    // Every fixture runs with the default lease margin (100 ms).
+    match fx
+        .run(claim_with("inv", 1, binding("dave", 5), 100, false))
+        .await
+    {
+        Reply::Invalid(e) => assert_eq!(e.field, "lease_ms"),
+        other => panic!("{other:?}"),
+    }
+    assert!(fx.get("inv").await.is_none());
+    // The principal's generation did not move either.
+    assert!(matches!(
+        fx.run(claim("inv2", 1, binding("dave", 0))).await,
+        Reply::Claim(ClaimDecision::Execute(_))
+    ));
+}
+
+/// Refused evidence is kept for audit without counting as progress.
+pub async fn quarantine_does_not_move_updated_at(fx: &Fixture) {
+    let f = fx.exec(claim("qz", 1, binding("alice", 0))).await;
+    receipt(
+        fx.run(settle("qz", f, 1, binding("alice", 0), unknown()))
+            .await,
+    );
+    let before = fx.get("qz").await.unwrap();
+    fx.clock.advance(5_000);
+    assert_eq!(
+        fx.run(settle("qz", f, 1, binding("alice", 0), completed(1)))
+            .await,
+        Reply::Refused(RefusalCode::StaleFence)
+    );
+    let after = fx.get("qz").await.unwrap();
+    assert_eq!(after.quarantine_total, before.quarantine_total + 1);
+    assert_eq!(after.updated_at, before.updated_at);
 }

@@ -85,10 +85,15 @@ impl Ledger {
     }
 
     /// Validates configured limits, then runs the command. Protocol refusals
-    /// come back as `Ok(Reply::Refused(..))`.
+    /// come back as `Ok(Reply::Refused(..))`; a command the store's own
+    /// limits refuse (e.g. a lease not longer than its `lease_margin_ms`)
+    /// as `Err(LedgerError::Invalid(..))`, with nothing written.
     pub async fn execute(&self, tenant: &TenantId, cmd: Command) -> Result<Reply, LedgerError> {
         cmd.check_limits(self.config.max_result_bytes)?;
-        Ok(self.store.execute(tenant, cmd).await?)
+        match self.store.execute(tenant, cmd).await? {
+            Reply::Invalid(e) => Err(LedgerError::Invalid(e)),
+            r => Ok(r),
+        }
     }
 
     async fn run(&self, tenant: &TenantId, cmd: Command) -> Result<Reply, LedgerError> {

@@ -35,8 +35,12 @@ impl Store for MemStore {
         cmd: Command,
     ) -> BoxFuture<'a, Result<Reply, StoreError>> {
         Box::pin(async move {
+            // The clock is read under the lock, so commands apply in the
+            // order of their times (read before it, a later command could
+            // apply first and make an earlier one see the future).
+            let mut w = self.world.lock();
             let now = self.clock.now();
-            Ok(self.world.lock().execute(tenant, &cmd, now).reply)
+            Ok(w.execute(tenant, &cmd, now).reply)
         })
     }
 
@@ -45,7 +49,11 @@ impl Store for MemStore {
         tenant: &'a TenantId,
         key: &'a Key,
     ) -> BoxFuture<'a, Result<Result<Option<Record>, RefusalCode>, StoreError>> {
-        Box::pin(async move { Ok(self.world.lock().get(tenant, key, self.clock.now())) })
+        Box::pin(async move {
+            let w = self.world.lock();
+            let now = self.clock.now();
+            Ok(w.get(tenant, key, now))
+        })
     }
 
     fn warnings<'a>(
@@ -58,8 +66,8 @@ impl Store for MemStore {
 
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
         Box::pin(async move {
-            let now = self.clock.now();
             let mut w = self.world.lock();
+            let now = self.clock.now();
             let ids: Vec<(TenantId, Key, bool)> = w
                 .records
                 .iter()
@@ -84,11 +92,11 @@ impl Store for MemStore {
 
     fn stats(&self, stuck_after_ms: u64) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
         Box::pin(async move {
-            let now = self.clock.now();
             let w = self.world.lock();
+            let now = self.clock.now();
             let mut s = StoreStats::default();
             for r in w.records.values() {
-                if r.is_from_the_future(now) {
+                if r.is_from_the_future(now) || settle_core::invariants::check_record(r).is_err() {
                     s.refused += 1;
                 }
                 if r.disputed {
@@ -106,5 +114,68 @@ impl Store for MemStore {
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async { Ok(()) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, OnceLock, Weak};
+
+    use settle_core::testkit::*;
+    use settle_core::{ClaimDecision, Limits, Reply};
+
+    use super::*;
+
+    /// SPEC §4: times come from the store's clock, and a command's time must
+    /// be read while it holds the store, or two calls can apply out of time
+    /// order (a later call applies first; the earlier one then sees a
+    /// receipt from its future and refuses a healthy record). The clock
+    /// here counts every read made while the store's lock is free.
+    #[test]
+    fn the_clock_is_read_under_the_store_lock() {
+        let store_slot: Arc<OnceLock<Weak<MemStore>>> = Arc::new(OnceLock::new());
+        let unlocked_reads = Arc::new(AtomicUsize::new(0));
+        let reads = Arc::new(AtomicUsize::new(0));
+        let clock = {
+            let (slot, unlocked, reads) =
+                (store_slot.clone(), unlocked_reads.clone(), reads.clone());
+            Clock::with_source(move || {
+                reads.fetch_add(1, Ordering::SeqCst);
+                if let Some(s) = slot.get().and_then(Weak::upgrade)
+                    && !s.world.is_locked()
+                {
+                    unlocked.fetch_add(1, Ordering::SeqCst);
+                }
+                Timestamp::from_system_time(std::time::SystemTime::now())
+            })
+        };
+        let store = Arc::new(MemStore::new(Limits::default(), clock));
+        store_slot.set(Arc::downgrade(&store)).unwrap();
+        let t = TenantId::default_tenant();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let Reply::Claim(ClaimDecision::Execute(g)) = store
+                .execute(&t, claim("k", 1, binding("alice", 0)))
+                .await
+                .unwrap()
+            else {
+                panic!()
+            };
+            store
+                .execute(
+                    &t,
+                    settle("k", g.fence, 1, binding("alice", 0), completed(1)),
+                )
+                .await
+                .unwrap();
+            store.get(&t, &key("k")).await.unwrap().unwrap();
+            store.sweep().await.unwrap();
+            store.stats(1000).await.unwrap();
+        });
+        assert!(reads.load(Ordering::SeqCst) >= 5);
+        assert_eq!(unlocked_reads.load(Ordering::SeqCst), 0);
     }
 }

@@ -70,7 +70,9 @@ pub struct StoreStats {
     pub reconcile_required: u64,
     /// Non-terminal, no live lease, untouched for `stuck_after_s`.
     pub stuck: u64,
-    /// Records refused under SPEC §6.9 that the engine knows of.
+    /// Records refused under SPEC §6.9 that the engine knows of (a receipt
+    /// from the future; the in-memory store also counts stored records that
+    /// break a §6 invariant, which the rules refuse the same way).
     pub refused: u64,
     /// Records marked `disputed` (any status), counted from the store so
     /// the gauge survives restarts.
@@ -186,15 +188,33 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
 /// A store's clock: a source (the wall clock, or the database's clock) plus
 /// a skew that tests move to make time pass without sleeping.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct Clock {
     skew_ms: Arc<AtomicI64>,
+    /// Replaces the wall clock (tests that watch when the clock is read).
+    source: Option<Arc<dyn Fn() -> Timestamp + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Clock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Clock")
+            .field("skew_ms", &self.skew_ms())
+            .field("custom_source", &self.source.is_some())
+            .finish()
+    }
 }
 
 impl Clock {
     /// The wall clock, unskewed.
     pub fn system() -> Clock {
         Clock::default()
+    }
+    /// A clock reading `source` instead of the wall clock (plus the skew).
+    pub fn with_source(source: impl Fn() -> Timestamp + Send + Sync + 'static) -> Clock {
+        Clock {
+            skew_ms: Arc::default(),
+            source: Some(Arc::new(source)),
+        }
     }
     /// Moves this clock (and every store sharing it) by `ms`; negative goes back.
     pub fn advance(&self, ms: i64) {
@@ -207,8 +227,12 @@ impl Clock {
     pub fn from_source(&self, source: Timestamp) -> Timestamp {
         Timestamp((source.0 as i64).saturating_add(self.skew_ms()).max(0) as u64)
     }
-    /// The wall clock plus the skew.
+    /// The wall clock (or the custom source) plus the skew.
     pub fn now(&self) -> Timestamp {
-        self.from_source(Timestamp::from_system_time(std::time::SystemTime::now()))
+        let source = match &self.source {
+            Some(f) => f(),
+            None => Timestamp::from_system_time(std::time::SystemTime::now()),
+        };
+        self.from_source(source)
     }
 }

@@ -36,7 +36,7 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 
 use crate::PgError;
-use crate::codec::{self, FORMAT_POSTCARD_V1, RecordColumns};
+use crate::codec::{self, FORMAT, RecordColumns};
 use crate::engine::{self, Conn, Inner, now_from, principal_state, resolve_in_doubt, transient};
 use crate::lock::principal_key;
 use crate::sql::STALE;
@@ -271,8 +271,10 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
     let pn: Vec<String> = first.get::<_, Option<Vec<String>>>(4).unwrap_or_default();
     let pg: Vec<Option<String>> = first.get::<_, Option<_>>(5).unwrap_or_default();
     let pm: Vec<Option<i64>> = first.get::<_, Option<_>>(6).unwrap_or_default();
-    for (((t, p), g), m) in pt.into_iter().zip(pn).zip(pg).zip(pm) {
-        gens.insert((t, p), principal_state(g, m)?);
+    let pv: Vec<Option<Vec<u8>>> = first.get::<_, Option<_>>(12).unwrap_or_default();
+    let pv = pv.into_iter().chain(std::iter::repeat(None));
+    for ((((t, p), g), m), v) in pt.into_iter().zip(pn).zip(pg).zip(pm).zip(pv) {
+        gens.insert((t, p), principal_state(g, m, v)?);
     }
 
     // Current state of each record, with the xmin it was read at; a record
@@ -411,7 +413,7 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
         match after {
             Some(r) => {
                 let cols = RecordColumns::of(r);
-                w_fmt.push(Some(FORMAT_POSTCARD_V1));
+                w_fmt.push(Some(FORMAT));
                 w_val.push(Some(codec::encode(r)?));
                 w_owner.push(Some(cols.owner));
                 w_status.push(Some(cols.status));

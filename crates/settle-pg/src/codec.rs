@@ -8,8 +8,15 @@ use settle_core::{Record, Warning};
 use crate::PgError;
 
 /// postcard (compact binary serde) of the core's types. Timestamps are
-/// integer milliseconds and digests raw bytes in this format.
+/// integer milliseconds and digests raw bytes in this format. Format 1 is
+/// the layout before attempts kept their `error`, leases could end by
+/// `release(not_committed)` and results were kept as sent: records in it
+/// are refused (there is no converter); warnings did not change and are read.
 pub const FORMAT_POSTCARD_V1: i16 = 1;
+/// The same encoding of the current layout (see [`FORMAT_POSTCARD_V1`]).
+pub const FORMAT_POSTCARD_V2: i16 = 2;
+/// The format this build writes.
+pub const FORMAT: i16 = FORMAT_POSTCARD_V2;
 
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, PgError> {
     postcard::to_allocvec(value).map_err(|e| PgError::Corrupt(format!("cannot encode: {e}")))
@@ -17,11 +24,11 @@ pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, PgError> {
 
 pub fn decode<T: DeserializeOwned>(what: &str, format: i16, bytes: &[u8]) -> Result<T, PgError> {
     match format {
-        FORMAT_POSTCARD_V1 => postcard::from_bytes(bytes)
+        FORMAT => postcard::from_bytes(bytes)
             .map_err(|e| PgError::Corrupt(format!("{what} does not decode: {e}"))),
-        // Fail closed: a row written by a newer build is never guessed at.
+        // Fail closed: a row written by another build is never guessed at.
         other => Err(PgError::Corrupt(format!(
-            "{what} has format {other}; this build reads format {FORMAT_POSTCARD_V1}"
+            "{what} has format {other}; this build reads format {FORMAT}"
         ))),
     }
 }
@@ -36,6 +43,8 @@ pub fn decode_record(format: Option<i16>, value: Option<&[u8]>) -> Result<Option
 
 pub fn decode_warnings(format: Option<i16>, value: Option<&[u8]>) -> Result<Vec<Warning>, PgError> {
     match (format, value) {
+        // Warnings kept their layout in format 2.
+        (Some(FORMAT_POSTCARD_V1), Some(v)) => decode("warnings", FORMAT, v),
         (Some(f), Some(v)) => decode("warnings", f, v),
         _ => Ok(Vec::new()),
     }
@@ -127,7 +136,8 @@ mod tests {
         let r = w.records.values().next().unwrap().clone();
         assert!(r.receipt.is_some() && !r.quarantine.is_empty());
         let bytes = encode(&r).unwrap();
-        let back: Record = decode("record", FORMAT_POSTCARD_V1, &bytes).unwrap();
+        let back: Record = decode("record", FORMAT, &bytes).unwrap();
+        assert!(decode::<Record>("record", FORMAT_POSTCARD_V1, &bytes).is_err());
         assert_eq!(back, r);
         let cols = RecordColumns::of(&r);
         assert_eq!(cols.status, 3);
@@ -150,15 +160,12 @@ mod tests {
         w.execute(&t, &cmd, Timestamp(5));
         let ws = w.warnings(&t, &TaskId::new("task").unwrap());
         let bytes = encode(&ws).unwrap();
-        assert_eq!(
-            decode_warnings(Some(FORMAT_POSTCARD_V1), Some(&bytes)).unwrap(),
-            ws
-        );
+        assert_eq!(decode_warnings(Some(FORMAT), Some(&bytes)).unwrap(), ws);
         assert!(matches!(
-            decode::<Vec<Warning>>("warnings", 2, &bytes),
+            decode::<Vec<Warning>>("warnings", 3, &bytes),
             Err(PgError::Corrupt(_))
         ));
-        assert!(decode_record(Some(1), Some(&[0xff, 0xff])).is_err());
+        assert!(decode_record(Some(FORMAT), Some(&[0xff, 0xff])).is_err());
         assert_eq!(decode_record(None, None).unwrap(), None);
     }
 }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use deadpool_postgres::{Object, Pool};
 use settle_core::{
-    Command, Ctx, Fence, Key, Limits, OpState, Principal, PrincipalState, Principals, Record,
+    Command, Ctx, Fence, Key, Limits, Move, OpState, Principal, PrincipalState, Principals, Record,
     RefusalCode, Reply, Target, TaskId, TenantId, Timestamp, Warning, apply, principals_needed,
     view_at,
 };
@@ -21,7 +21,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
-use crate::codec::{self, FORMAT_POSTCARD_V1, RecordColumns};
+use crate::codec::{self, FORMAT, RecordColumns};
 use crate::lock::principal_key;
 use crate::sql::Sql;
 use crate::{PgError, PgOptions};
@@ -228,14 +228,25 @@ pub(crate) type Pending<'a, T> =
 pub(crate) fn principal_state(
     gen_text: Option<String>,
     moved_at: Option<i64>,
+    moves: Option<Vec<u8>>,
 ) -> Result<PrincipalState, PgError> {
     match (gen_text, moved_at) {
-        (Some(g), Some(m)) => Ok(PrincipalState {
-            generation: g
+        (Some(g), Some(m)) => {
+            let generation = g
                 .parse()
-                .map_err(|_| PgError::Corrupt(format!("principal generation {g:?}")))?,
-            moved_at: Timestamp(m.max(0) as u64),
-        }),
+                .map_err(|_| PgError::Corrupt(format!("principal generation {g:?}")))?;
+            // Rows written before schema version 2 have no moves: the
+            // latest move is then the only one known.
+            let moves: Vec<Move> = match moves {
+                Some(b) => codec::decode("principal moves", FORMAT, &b)?,
+                None => Vec::new(),
+            };
+            Ok(PrincipalState::with_moves(
+                generation,
+                Timestamp(m.max(0) as u64),
+                &moves,
+            ))
+        }
         _ => Ok(PrincipalState::default()),
     }
 }
@@ -388,7 +399,7 @@ async fn attempt(
             .iter()
             .find(|r| r.get::<_, Option<&str>>(3) == Some(p.as_str()));
         let st = match row {
-            Some(r) => principal_state(r.get(4), r.get(5))?,
+            Some(r) => principal_state(r.get(4), r.get(5), r.get(6))?,
             None => PrincipalState::default(),
         };
         principals.insert(p.clone(), st);
@@ -457,22 +468,23 @@ async fn attempt(
     } else {
         None
     };
-    let raises: Vec<(String, String, i64)> = state
+    let raises: Vec<(String, String, i64, Vec<u8>)> = state
         .principals
         .dirty()
         .map(|(p, st)| {
-            (
+            Ok((
                 p.as_str().to_string(),
                 st.generation.to_string(),
                 st.moved_at.millis() as i64,
-            )
+                codec::encode(&st.moves())?,
+            ))
         })
-        .collect();
+        .collect::<Result<_, PgError>>()?;
     let upd_st = conn.prepare(&sql.update_record).await?;
     let del_st = conn.prepare(&sql.delete_record).await?;
     let raise_st = conn.prepare(&sql.raise_principal).await?;
     let warn_st = conn.prepare(&sql.update_warnings).await?;
-    let fmt = FORMAT_POSTCARD_V1;
+    let fmt = FORMAT;
     let key_params: [&(dyn ToSql + Sync); 2] = [&t, &key_param];
     let rec_params: Vec<&(dyn ToSql + Sync)> = match &record_write {
         Some(Some((bytes, cols))) => vec![
@@ -495,9 +507,9 @@ async fn attempt(
         Some(b) => vec![&t, &key_param, &fmt, b],
         None => Vec::new(),
     };
-    let raise_params: Vec<[&(dyn ToSql + Sync); 4]> = raises
+    let raise_params: Vec<[&(dyn ToSql + Sync); 5]> = raises
         .iter()
-        .map(|(p, g, m)| [&t as _, p as _, g as _, m as _])
+        .map(|(p, g, m, v)| [&t as _, p as _, g as _, m as _, v as _])
         .collect();
 
     let mut labels: Vec<&'static str> = Vec::new();
@@ -650,7 +662,7 @@ pub async fn get(
         if let Some(r) = &record {
             principals.insert(
                 r.reservation.principal.clone(),
-                principal_state(row.get(3), row.get(4))?,
+                principal_state(row.get(3), row.get(4), row.get(5))?,
             );
         }
         Ok(view_at(record.as_ref(), &principals, now))

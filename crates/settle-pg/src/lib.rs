@@ -52,7 +52,7 @@ use settle_core::{
 use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 use tokio_postgres::NoTls;
 
-pub use codec::FORMAT_POSTCARD_V1;
+pub use codec::{FORMAT, FORMAT_POSTCARD_V1, FORMAT_POSTCARD_V2};
 pub use schema::SCHEMA_VERSION;
 
 /// How to run the PostgreSQL store.

@@ -10,7 +10,7 @@ use crate::PgError;
 use crate::lock::lock_key;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Migration `i` (1-based) brings the schema from version `i - 1` to `i`.
 /// `{s}` is the quoted schema name. Never edit a released step: add one.
@@ -62,6 +62,11 @@ const MIGRATIONS: &[&str] = &[
         value bytea,
         PRIMARY KEY (tenant, task)
     );
+    "#,
+    // 2: a principal's newest generation moves (postcard of settle_core::Move
+    // list), so a lease's revocation is dated by the move that ended it.
+    r#"
+    ALTER TABLE {s}.settle_principals ADD COLUMN moves bytea;
     "#,
 ];
 

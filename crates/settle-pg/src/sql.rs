@@ -71,7 +71,7 @@ impl Sql {
             // OFFSET 0 keeps the volatile calls in a subquery evaluated once,
             // whatever the number of principal rows joined to it.
             context: format!(
-                "SELECT c.now_ms, c.xid, c.fence, p.principal, p.generation::text, p.moved_at \
+                "SELECT c.now_ms, c.xid, c.fence, p.principal, p.generation::text, p.moved_at, p.moves \
                  FROM (SELECT {NOW_MS} AS now_ms, pg_current_xact_id()::text::int8 AS xid, \
                        CASE WHEN $3 THEN nextval('{s}.settle_fence') END AS fence OFFSET 0) c \
                  LEFT JOIN {pri} p ON p.tenant = $1 AND p.principal = ANY($2::text[])"
@@ -86,17 +86,18 @@ impl Sql {
             // The exclusive lock makes this a plain write; the guard keeps the
             // generation monotonic even if that were ever wrong.
             raise_principal: format!(
-                "INSERT INTO {pri} AS p (tenant, principal, generation, moved_at) \
-                 VALUES ($1, $2, $3::text::numeric, $4) \
+                "INSERT INTO {pri} AS p (tenant, principal, generation, moved_at, moves) \
+                 VALUES ($1, $2, $3::text::numeric, $4, $5) \
                  ON CONFLICT (tenant, principal) DO UPDATE \
-                 SET generation = EXCLUDED.generation, moved_at = EXCLUDED.moved_at \
+                 SET generation = EXCLUDED.generation, moved_at = EXCLUDED.moved_at, \
+                     moves = EXCLUDED.moves \
                  WHERE p.generation < EXCLUDED.generation"
             ),
             update_warnings: format!(
                 "UPDATE {war} SET format = $3, value = $4 WHERE tenant = $1 AND task = $2"
             ),
             get: format!(
-                "SELECT c.now_ms, r.format, r.value, p.generation::text, p.moved_at \
+                "SELECT c.now_ms, r.format, r.value, p.generation::text, p.moved_at, p.moves \
                  FROM (SELECT {NOW_MS} AS now_ms OFFSET 0) c \
                  LEFT JOIN {rec} r ON r.tenant = $1 AND r.key = $2 \
                  LEFT JOIN {pri} p ON p.tenant = r.tenant AND p.principal = r.owner"
@@ -135,12 +136,13 @@ impl Sql {
             // row is written only if its xmin is still the one read.
             batch_load: format!(
                 "SELECT c.now_ms, c.xid, c.fences, p.pt, p.pn, p.pg, p.pm, \
-                        r.tenant, r.key, r.format, r.value, r.xmin::text \
+                        r.tenant, r.key, r.format, r.value, r.xmin::text, p.pv \
                  FROM (SELECT {NOW_MS} AS now_ms, pg_current_xact_id()::text::int8 AS xid, \
                        ARRAY(SELECT nextval('{s}.settle_fence') \
                              FROM generate_series(1, $3::int4)) AS fences OFFSET 0) c \
                  CROSS JOIN (SELECT array_agg(tenant) AS pt, array_agg(principal) AS pn, \
-                                    array_agg(generation::text) AS pg, array_agg(moved_at) AS pm \
+                                    array_agg(generation::text) AS pg, array_agg(moved_at) AS pm, \
+                                    array_agg(moves) AS pv \
                              FROM {pri} WHERE (tenant, principal) IN \
                                (SELECT t, n FROM unnest($4::text[], $5::text[]) AS u(t, n))) p \
                  LEFT JOIN {rec} r ON (r.tenant, r.key) IN \

@@ -41,12 +41,16 @@ impl Auth {
         let value = headers
             .get(header::AUTHORIZATION)
             .ok_or_else(|| Problem::unauthorized("missing Authorization: Bearer <token>"))?;
-        // The scheme name is case-insensitive (RFC 9110 §11.1).
+        // The scheme name is case-insensitive (RFC 9110 §11.1) and one or
+        // more spaces separate it from the token (RFC 9110 §11.4: `1*SP`).
         let raw = value.as_bytes();
         let token = raw
             .get(..7)
             .filter(|scheme| scheme.eq_ignore_ascii_case(b"Bearer "))
-            .map(|_| &raw[7..])
+            .map(|_| {
+                let rest = &raw[7..];
+                &rest[rest.iter().take_while(|&&b| b == b' ').count()..]
+            })
             .ok_or_else(|| {
                 Problem::unauthorized("the Authorization header is not Bearer <token>")
             })?;
@@ -113,9 +117,28 @@ mod tests {
             "unauthorized"
         );
         assert_eq!(
+            a.tenant(&headers("Bearertok-acme")).unwrap_err().code,
+            "unauthorized"
+        );
+        assert_eq!(
+            a.tenant(&headers("Bearer ")).unwrap_err().code,
+            "unauthorized"
+        );
+        assert_eq!(
             a.tenant(&HeaderMap::new()).unwrap_err().code,
             "unauthorized"
         );
+    }
+
+    /// RFC 9110 §11.4: `credentials = auth-scheme [ 1*SP ( token68 / #auth-param ) ]`.
+    #[test]
+    fn several_spaces_may_separate_scheme_and_token() {
+        let a = auth();
+        for h in ["Bearer  tok-acme", "bearer     tok-acme"] {
+            assert_eq!(a.tenant(&headers(h)).unwrap().as_str(), "acme", "{h:?}");
+        }
+        // Only spaces: a tab is not `SP`, and the token itself is exact.
+        assert!(a.tenant(&headers("Bearer \ttok-acme")).is_err());
     }
 
     #[test]

@@ -344,6 +344,7 @@ impl Config {
         settle_core::Limits {
             lease_margin_ms: self.lease_margin_ms,
             warning_cap: self.warning_cap,
+            max_result_bytes: self.max_result_bytes,
         }
     }
 }

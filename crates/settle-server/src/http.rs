@@ -19,7 +19,7 @@ use settle_core::{
     Reconcile, RefusalCode, Release, Reply, RetentionS, Revoke, Settle, TaskId, TenantId, Warn,
     WarningClass,
 };
-use settle_ledger::Store;
+use settle_ledger::{Store, StoreError};
 use tracing::{debug, error, warn};
 
 use crate::auth::Auth;
@@ -127,8 +127,22 @@ enum Route {
 
 /// The reply does not fit the command: a bug, answered 503 (never 500).
 fn unexpected(call: &str, reply: &Reply) -> Problem {
-    error!(call, ?reply, "the rules answered with an unexpected reply");
-    Problem::unavailable("internal error: unexpected reply from the ledger")
+    let correlation_id = crate::problem::correlation_id();
+    error!(call, %correlation_id, ?reply, "the rules answered with an unexpected reply");
+    let mut p = Problem::unavailable(format!(
+        "internal error (the server log has it under correlation_id {correlation_id})"
+    ));
+    p.correlation_id = Some(correlation_id);
+    p
+}
+
+/// A storage failure: counted, logged with its cause under a fresh
+/// correlation id, answered without the cause (SPEC §7).
+fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
+    metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
+    let correlation_id = crate::problem::correlation_id();
+    error!(call, key = ?key, %correlation_id, error = %e, "store failure");
+    Problem::store_failure(e, correlation_id)
 }
 
 /// The raw (still percent-encoded) path segment number `n` (0 = `v1`).
@@ -192,9 +206,8 @@ impl AppState {
         let reply = match self.store.execute(tenant, cmd).await {
             Ok(r) => r,
             Err(e) => {
-                metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
-                error!(call, key = ?key, fence = ?fence, error = %e, "store failure");
-                return Err(Problem::unavailable(format!("storage failure: {e}")));
+                debug!(call, key = ?key, fence = ?fence, "store failure");
+                return Err(store_error(call, key.as_ref(), &e));
             }
         };
         let decision = reply.label();
@@ -212,6 +225,9 @@ impl AppState {
         debug!(call, key = ?key, fence = ?fence, decision, "ledger call");
         match reply {
             Reply::Refused(code) => Err(Problem::refusal(code)),
+            // An argument rule of the store's limits (e.g. lease_ms not
+            // above lease_margin_ms): 422, nothing written.
+            Reply::Invalid(e) => Err(e.into()),
             r => Ok(r),
         }
     }
@@ -485,11 +501,7 @@ async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
         Ok(Ok(Some(record))) => Ok(json(&record.view())),
         Ok(Ok(None)) => Err(Problem::refusal(RefusalCode::NotFound)),
         Ok(Err(code)) => Err(Problem::refusal(code)),
-        Err(e) => {
-            metrics::counter!(m::STORE_ERRORS, "call" => "get").increment(1);
-            error!(key = ?key, error = %e, "store failure");
-            Err(Problem::unavailable(format!("storage failure: {e}")))
-        }
+        Err(e) => Err(store_error("get", Some(&key), &e)),
     }
 }
 
@@ -583,11 +595,7 @@ async fn warnings_inner(st: &AppState, req: Request) -> Result<Response, Problem
     let task: TaskId = segment("task", raw_segment(&parts, 2))?;
     match st.store.warnings(tenant, &task).await {
         Ok(w) => Ok(json(&wire::WarningsBody { warnings: &w })),
-        Err(e) => {
-            metrics::counter!(m::STORE_ERRORS, "call" => "warnings").increment(1);
-            error!(task = %task, error = %e, "store failure");
-            Err(Problem::unavailable(format!("storage failure: {e}")))
-        }
+        Err(e) => Err(store_error("warnings", None, &e)),
     }
 }
 
@@ -615,7 +623,14 @@ pub async fn readyz(State(st): St) -> Response {
     } else {
         match st.store.health().await {
             Ok(_) => Ok(json(&serde_json::json!({"status": "ready"}))),
-            Err(e) => Err(Problem::unavailable(format!("store not ready: {e}"))),
+            Err(e) => {
+                // No token is needed here, so the cause stays in the log.
+                let correlation_id = crate::problem::correlation_id();
+                warn!(%correlation_id, error = %e, "store not ready");
+                let mut p = Problem::store_failure(&e, correlation_id);
+                p.detail = format!("the store is not ready: {}", p.detail);
+                Err(p)
+            }
         }
     };
     finish(Route::Readyz, result)

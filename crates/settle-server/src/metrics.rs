@@ -102,6 +102,15 @@ fn describe() {
         "settle_records_refused",
         "Records refused under SPEC §6.9 (receipt dated in the future)."
     );
+    describe_gauge!(
+        "settle_records_disputed",
+        "Records marked disputed (two terminal results disagreed), counted from the store: \
+         survives restarts; each stays until its retention collects it."
+    );
+    describe_gauge!(
+        "settle_records_undecodable",
+        "Stored records that cannot be decoded (every call on their key answers record_refused)."
+    );
 }
 
 /// Publishes the store's gauges.
@@ -113,6 +122,8 @@ pub fn set_stats(s: &StoreStats) {
     metrics::gauge!("settle_records_reconcile_required").set(s.reconcile_required as f64);
     metrics::gauge!("settle_records_stuck").set(s.stuck as f64);
     metrics::gauge!("settle_records_refused").set(s.refused as f64);
+    metrics::gauge!("settle_records_disputed").set(s.disputed as f64);
+    metrics::gauge!("settle_records_undecodable").set(s.undecodable as f64);
 }
 
 /// The `route` label values of [`REQUESTS`].
@@ -169,7 +180,7 @@ pub fn count_request(route: usize, status: u16) {
 }
 
 /// The `decision` label values of [`DECISIONS`] (`Reply::label`).
-const DECISION_LABELS: [&str; 24] = [
+const DECISION_LABELS: [&str; 25] = [
     "execute",
     "reconcile",
     "in_flight",
@@ -194,6 +205,7 @@ const DECISION_LABELS: [&str; 24] = [
     "not_found",
     "record_refused",
     "generation_exhausted",
+    "invalid_request",
 ];
 
 const CALLS: [&str; 8] = [

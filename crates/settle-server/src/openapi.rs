@@ -25,15 +25,20 @@ pub struct BindingSchema {
     generation: u64,
 }
 
-/// A reported outcome. `completed` and `failed` require `result` and `response_sha256`.
+/// A reported outcome. `completed` and `failed` require `result` and
+/// `response_sha256`; `unknown` refuses `result` and may carry
+/// `response_sha256` and `error`.
 #[derive(Serialize, ToSchema)]
 #[schema(as = Outcome)]
 pub struct OutcomeSchema {
     status: OutcomeStatusSchema,
-    /// Any JSON document, at most `max_result_bytes` compact.
+    /// Any JSON document (`null` included): at most `max_result_bytes` of
+    /// compact text, arrays and objects nested at most 64 deep. Stored as
+    /// sent (whitespace between tokens removed) and replayed byte for byte.
     result: Option<serde_json::Value>,
     #[schema(pattern = "^[0-9a-f]{64}$")]
     response_sha256: Option<String>,
+    /// Any text of at most 4096 bytes (empty and multi-line included).
     error: Option<String>,
 }
 
@@ -171,7 +176,8 @@ pub struct ReservationSchema {
 #[derive(Serialize, ToSchema)]
 #[schema(as = LeaseEnded)]
 pub struct EndedSchema {
-    /// expired, revoked, settled, refused, released or unavailable.
+    /// expired, revoked, settled, refused, released, unavailable or
+    /// not_committed (`release(not_committed)`: the holder's attestation).
     reason: String,
     #[schema(format = DateTime)]
     at: String,
@@ -217,6 +223,8 @@ pub struct AttemptSchema {
     number: u32,
     lease: LeaseSchema,
     receipt: Option<ReceiptSchema>,
+    /// The `error` the attempt reported with its receipt (`unknown` included).
+    error: Option<String>,
     observations: Vec<ObservationSchema>,
     observations_total: u32,
 }
@@ -311,6 +319,9 @@ pub struct ProblemSchema {
     code: String,
     /// The offending field (422).
     field: Option<String>,
+    /// 503 `unavailable`: names the server log line that holds the cause
+    /// (the cause itself is never sent).
+    correlation_id: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -398,9 +409,9 @@ pub fn document() -> Vec<u8> {
 }
 
 /// The key syntax of SPEC §2 (1–255 bytes of visible ASCII) on every path
-/// segment, principal and scope, and the free-text rule on `worker`,
-/// `error` and `detail`, so generated clients and fuzzers send what the
-/// server accepts.
+/// segment, principal and scope, the free-text rule on `worker` and
+/// `detail`, and the plain length limit on `outcome.error`, so generated
+/// clients and fuzzers send what the server accepts.
 fn add_syntax(doc: &mut serde_json::Value) {
     use serde_json::json;
     let token =
@@ -434,11 +445,7 @@ fn add_syntax(doc: &mut serde_json::Value) {
         schemas["Binding"]["properties"]["scopes"]["items"] = token.clone();
         schemas["Binding"]["additionalProperties"] = json!(false);
     }
-    for (schema, field) in [
-        ("ClaimRequest", "worker"),
-        ("Outcome", "error"),
-        ("WarnRequest", "detail"),
-    ] {
+    for (schema, field) in [("ClaimRequest", "worker"), ("WarnRequest", "detail")] {
         if schemas[schema]["properties"][field].is_object() {
             schemas[schema]["properties"][field] = text(true);
         }
@@ -446,13 +453,18 @@ fn add_syntax(doc: &mut serde_json::Value) {
     if schemas["Outcome"].is_object() {
         schemas["Outcome"]["additionalProperties"] = json!(false);
     }
-    // completed and failed need a result and the response digest (SPEC §4).
+    // completed and failed need a result (JSON null is one) and the
+    // response digest; unknown carries no result (SPEC §4).
     if schemas["Outcome"].is_object() {
         schemas["Outcome"]["if"] = json!({"properties": {"status": {"enum": ["completed", "failed"]}}, "required": ["status"]});
         schemas["Outcome"]["then"] = json!({
             "required": ["result", "response_sha256"],
-            "properties": {"result": {"not": {"type": "null"}}, "response_sha256": {"type": "string"}}
+            "properties": {"response_sha256": {"type": "string"}}
         });
+        schemas["Outcome"]["else"] = json!({"not": {"required": ["result"]}});
+        // outcome.error is data, not a label: any text up to the limit.
+        schemas["Outcome"]["properties"]["error"] =
+            json!({"type": ["string", "null"], "maxLength": 4096});
     }
     // A committed finding carries the evidence; the others carry none.
     if schemas["ReconcileRequest"].is_object() {
@@ -475,7 +487,7 @@ fn add_syntax(doc: &mut serde_json::Value) {
     }
     if schemas["ReleaseRequest"]["properties"]["reason"].is_object() {
         schemas["ReleaseRequest"]["properties"]["reason"] =
-            json!({"type": ["string", "null"], "enum": ["not_dispatched", null]});
+            json!({"type": ["string", "null"], "enum": ["not_dispatched", "not_committed", null]});
     }
 }
 
@@ -721,5 +733,41 @@ mod common_error_tests {
             }
         }
         assert_eq!(ops, 10, "all ten /v1 operations");
+    }
+}
+
+#[cfg(test)]
+mod issue8_tests {
+    use serde_json::Value;
+
+    fn doc() -> Value {
+        serde_json::from_slice(&super::document()).unwrap()
+    }
+
+    #[test]
+    fn release_reasons_outcome_rules_and_correlation_ids_are_documented() {
+        let doc = doc();
+        let s = &doc["components"]["schemas"];
+        let reasons = &s["ReleaseRequest"]["properties"]["reason"]["enum"];
+        assert!(
+            reasons
+                .as_array()
+                .unwrap()
+                .contains(&"not_committed".into()),
+            "{reasons}"
+        );
+        // null is a result: the terminal branch only requires presence.
+        let then = &s["Outcome"]["then"];
+        assert!(then["properties"]["result"].is_null(), "{then}");
+        assert_eq!(s["Outcome"]["else"]["not"]["required"][0], "result");
+        // outcome.error is any text up to 4096 (no pattern, empty allowed).
+        let error = &s["Outcome"]["properties"]["error"];
+        assert!(
+            error["pattern"].is_null() && error["minLength"].is_null(),
+            "{error}"
+        );
+        assert_eq!(error["maxLength"], 4096);
+        assert!(s["Problem"]["properties"]["correlation_id"].is_object());
+        assert!(s["Attempt"]["properties"]["error"].is_object());
     }
 }

@@ -1,10 +1,15 @@
 //! RFC 9457 problem details with the extra `code` field of SPEC §7.
 
 use axum::body::Body;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
 use serde::Serialize;
 use settle_core::{InvalidInput, RefusalCode};
+use settle_ledger::StoreError;
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -16,6 +21,10 @@ pub struct Problem {
     pub code: &'static str,
     pub detail: String,
     pub field: Option<String>,
+    /// Names the server log line that holds the cause of a 503 (SPEC §7).
+    pub correlation_id: Option<String>,
+    /// Whole seconds for the `Retry-After` header (an overloaded store).
+    pub retry_after_s: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -28,6 +37,28 @@ struct Wire<'a> {
     code: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     field: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    correlation_id: Option<&'a str>,
+}
+
+/// A new correlation id: unique within this process (a counter) and, with
+/// a random per-process prefix, across restarts. It carries nothing about
+/// the request, the tenant or the cause.
+pub fn correlation_id() -> String {
+    static PREFIX: OnceLock<u32> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let prefix = *PREFIX.get_or_init(|| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        h.write_u32(std::process::id());
+        h.finish() as u32
+    });
+    format!("{prefix:08x}-{:06x}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 impl Problem {
@@ -37,6 +68,8 @@ impl Problem {
             code,
             detail: detail.into(),
             field: None,
+            correlation_id: None,
+            retry_after_s: None,
         }
     }
     pub fn bad_request(detail: impl Into<String>) -> Problem {
@@ -71,10 +104,45 @@ impl Problem {
                 }
             },
             field: (!field.is_empty()).then_some(field),
+            correlation_id: None,
+            retry_after_s: None,
         }
     }
     pub fn unavailable(detail: impl Into<String>) -> Problem {
         Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
+    }
+    /// A storage failure as a client may see it (SPEC §7): 503
+    /// `unavailable` with a generic `detail` and a `correlation_id`; the
+    /// cause (which may hold another tenant's data, e.g. a PostgreSQL
+    /// DETAIL with row values) stays in the server log under that id,
+    /// which the caller must write. An overload carries `Retry-After`.
+    pub fn store_failure(e: &StoreError, correlation_id: String) -> Problem {
+        let (detail, retry_after_s) = match e {
+            StoreError::Overloaded { retry_after_ms } => {
+                let s = retry_after_ms.div_ceil(1000).max(1);
+                (
+                    format!("the store is overloaded; nothing was written; retry after {s} s"),
+                    Some(s),
+                )
+            }
+            StoreError::InDoubt(_) => (
+                "the store could not establish whether the write committed; retry the same \
+                 call: the retry learns the outcome from the record"
+                    .to_string(),
+                None,
+            ),
+            _ => (
+                format!(
+                    "storage failure; nothing was acknowledged (the server log has the cause \
+                     under correlation_id {correlation_id})"
+                ),
+                None,
+            ),
+        };
+        let mut p = Problem::unavailable(detail);
+        p.correlation_id = Some(correlation_id);
+        p.retry_after_s = retry_after_s;
+        p
     }
     /// A protocol refusal of the rules (409, or 404/422/503 for the few that are not conflicts).
     pub fn refusal(code: RefusalCode) -> Problem {
@@ -124,12 +192,17 @@ impl Problem {
             detail: &self.detail,
             code: self.code,
             field: self.field.as_deref(),
+            correlation_id: self.correlation_id.as_deref(),
         })
         .expect("a problem always serializes");
         let mut resp = Response::new(Body::from(body));
         *resp.status_mut() = self.status;
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(s) = self.retry_after_s {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

@@ -107,6 +107,24 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
         Ok(v) => Ok(v),
         Err(e) => {
             let inner = e.inner();
+            // Nesting beyond the parser's limit is a documented limit of
+            // the schema (results: MAX_RESULT_DEPTH), not broken JSON: 422
+            // naming the field where it happened.
+            if inner.to_string().starts_with("recursion limit exceeded") {
+                let path = e.path().to_string();
+                let field = match path.find("result") {
+                    Some(i) => path[..i + "result".len()].to_string(),
+                    None if path == "." => String::new(),
+                    None => path,
+                };
+                return Err(Problem::invalid(
+                    field,
+                    format!(
+                        "nests arrays and objects too deeply (results: at most {} levels)",
+                        settle_core::MAX_RESULT_DEPTH
+                    ),
+                ));
+            }
             if inner.classify() != serde_json::error::Category::Data {
                 return Err(Problem::bad_request(format!(
                     "the request body is not valid JSON: {inner}"
@@ -191,8 +209,10 @@ pub struct SettleRequest {
 pub struct ReleaseRequest {
     #[schema(value_type = u64)]
     pub fence: Fence,
-    /// The only accepted reason; default `not_dispatched`.
-    #[schema(value_type = Option<String>, example = "not_dispatched")]
+    /// `not_dispatched` (default): nothing was sent (`marks_dispatch` and no
+    /// `dispatch`). `not_committed`: the remote definitively refused the
+    /// effect (a validation error, 409, 425, 429); allowed after `dispatch`.
+    #[schema(value_type = Option<String>, example = "not_committed")]
     pub reason: Option<ReleaseReason>,
 }
 
@@ -325,5 +345,46 @@ mod tests {
         let body = r#"{"fingerprint":"ABC","binding":{"principal":"p","generation":0}}"#;
         let e = parse_body::<ClaimRequest>(body.as_bytes()).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("fingerprint"));
+    }
+}
+
+#[cfg(test)]
+mod depth_tests {
+    use super::*;
+
+    fn settle_body(result: &str) -> String {
+        format!(
+            r#"{{"fence":1,"fingerprint":"{d}","binding":{{"principal":"p","generation":0}},"outcome":{{"status":"completed","result":{result},"response_sha256":"{d}"}}}}"#,
+            d = "a".repeat(64)
+        )
+    }
+
+    /// Issue 8 item 21: a deep result is a 422 naming `outcome.result`, at
+    /// any depth (below, at and far beyond the parser's own limit of 128).
+    #[test]
+    fn deep_results_are_422_naming_outcome_result() {
+        let ok = format!(
+            "{}{}",
+            "[".repeat(settle_core::MAX_RESULT_DEPTH),
+            "]".repeat(settle_core::MAX_RESULT_DEPTH)
+        );
+        assert!(parse_body::<SettleRequest>(settle_body(&ok).as_bytes()).is_ok());
+        for depth in [settle_core::MAX_RESULT_DEPTH + 1, 127, 128, 129, 5000] {
+            let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            let e = parse_body::<SettleRequest>(settle_body(&deep).as_bytes()).unwrap_err();
+            assert_eq!(
+                (e.status.as_u16(), e.field.as_deref()),
+                (422, Some("outcome.result")),
+                "depth {depth}: {e:?}"
+            );
+        }
+        // Deep nesting elsewhere is refused as a schema violation of that field.
+        let body = format!(
+            r#"{{"fence":1,"fingerprint":{}1{}}}"#,
+            "[".repeat(300),
+            "]".repeat(300)
+        );
+        let e = parse_body::<SettleRequest>(body.as_bytes()).unwrap_err();
+        assert_eq!(e.status.as_u16(), 422, "{e:?}");
     }
 }

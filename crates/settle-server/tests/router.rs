@@ -3,7 +3,8 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -63,6 +64,19 @@ async fn call(
     path: &str,
     body: &str,
 ) -> (StatusCode, serde_json::Value) {
+    let (status, _, text) = call_raw(app, method, path, body).await;
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+async fn call_raw(
+    app: &axum::Router,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (StatusCode, axum::http::HeaderMap, String) {
     let req = Request::builder()
         .method(method)
         .uri(path)
@@ -70,13 +84,111 @@ async fn call(
         .unwrap();
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status();
+    let headers = resp.headers().clone();
     let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
         .await
         .unwrap();
     (
         status,
-        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        headers,
+        String::from_utf8_lossy(&bytes).into_owned(),
     )
+}
+
+/// Everything the server logs in this test process (one global subscriber).
+fn log() -> &'static Arc<Mutex<Vec<u8>>> {
+    static LOG: OnceLock<Arc<Mutex<Vec<u8>>>> = OnceLock::new();
+    LOG.get_or_init(|| {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let writer = buf.clone();
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || LogWriter(writer.clone()))
+            .try_init()
+            .expect("the only subscriber of this test binary");
+        buf
+    })
+}
+
+struct LogWriter(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A store that fails the way a test sets, over a working in-memory store.
+struct Scripted {
+    inner: MemStore,
+    fail: Mutex<Option<StoreError>>,
+    healthy: AtomicBool,
+}
+
+impl Scripted {
+    fn new() -> Scripted {
+        Scripted {
+            inner: MemStore::default(),
+            fail: Mutex::new(None),
+            healthy: AtomicBool::new(true),
+        }
+    }
+    fn failing(&self) -> Option<StoreError> {
+        self.fail.lock().unwrap().clone()
+    }
+}
+
+impl Store for Scripted {
+    fn execute<'a>(
+        &'a self,
+        t: &'a TenantId,
+        cmd: Command,
+    ) -> BoxFuture<'a, Result<Reply, StoreError>> {
+        match self.failing() {
+            Some(e) => Box::pin(async move { Err(e) }),
+            None => self.inner.execute(t, cmd),
+        }
+    }
+    fn get<'a>(
+        &'a self,
+        t: &'a TenantId,
+        k: &'a Key,
+    ) -> BoxFuture<'a, Result<Result<Option<Record>, RefusalCode>, StoreError>> {
+        match self.failing() {
+            Some(e) => Box::pin(async move { Err(e) }),
+            None => self.inner.get(t, k),
+        }
+    }
+    fn warnings<'a>(
+        &'a self,
+        t: &'a TenantId,
+        task: &'a TaskId,
+    ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>> {
+        self.inner.warnings(t, task)
+    }
+    fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
+        self.inner.sweep()
+    }
+    fn stats(&self, stuck_after_ms: u64) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
+        self.inner.stats(stuck_after_ms)
+    }
+    fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
+        self.inner.now()
+    }
+    fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        let healthy = self.healthy.load(Ordering::SeqCst);
+        Box::pin(async move {
+            if healthy {
+                Ok(())
+            } else {
+                Err(StoreError::Poisoned)
+            }
+        })
+    }
 }
 
 fn claim_body() -> String {
@@ -126,5 +238,215 @@ async fn the_router_answers_the_rules_over_any_store() {
     assert_eq!(
         (s, v["code"].as_str()),
         (StatusCode::UNPROCESSABLE_ENTITY, Some("invalid_request"))
+    );
+}
+
+/// Issue 8 item 18: a storage error's text (here a PostgreSQL DETAIL with
+/// another tenant's row values) never reaches the client. The 503 carries a
+/// generic `detail` and a `correlation_id`; the server log repeats the id
+/// with the cause.
+#[tokio::test]
+async fn storage_error_text_stays_in_the_log_under_a_correlation_id() {
+    let log = log();
+    let store = Arc::new(Scripted::new());
+    let app = app(store.clone());
+    let secret = "duplicate key value violates unique constraint; DETAIL: Key (tenant, key)=(globex, payroll-2024-secret) already exists";
+    *store.fail.lock().unwrap() = Some(StoreError::Database(secret.into()));
+    for (method, path, body) in [
+        ("POST", "/v1/operations/k/claim", claim_body()),
+        ("GET", "/v1/operations/k", String::new()),
+    ] {
+        let (s, headers, text) = call_raw(&app, method, path, &body).await;
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            !text.contains("globex") && !text.contains("payroll"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("DETAIL") && !text.contains("duplicate key"),
+            "{text}"
+        );
+        assert!(headers.get("retry-after").is_none());
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["code"], "unavailable");
+        let id = v["correlation_id"].as_str().expect("a correlation id");
+        assert!(v["detail"].as_str().unwrap().contains(id));
+        let logged = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+        let line = logged
+            .lines()
+            .find(|l| l.contains(id))
+            .unwrap_or_else(|| panic!("no log line for {id} in {logged}"));
+        assert!(line.contains("payroll-2024-secret"), "{line}");
+    }
+    // Two failures, two ids.
+    let (_, a) = call(&app, "GET", "/v1/operations/k", "").await;
+    let (_, b) = call(&app, "GET", "/v1/operations/k", "").await;
+    assert_ne!(a["correlation_id"], b["correlation_id"]);
+}
+
+/// An overloaded store answers 503 `unavailable` with `Retry-After` in
+/// whole seconds, at least 1; an in-doubt commit is 503 `unavailable`.
+#[tokio::test]
+async fn overload_carries_retry_after_and_in_doubt_is_unavailable() {
+    let store = Arc::new(Scripted::new());
+    let app = app(store.clone());
+    for (ms, secs) in [(1, "1"), (999, "1"), (1000, "1"), (1001, "2"), (2500, "3")] {
+        *store.fail.lock().unwrap() = Some(StoreError::Overloaded { retry_after_ms: ms });
+        let (s, headers, text) =
+            call_raw(&app, "POST", "/v1/operations/k/claim", &claim_body()).await;
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(headers["retry-after"], secs, "{ms} ms");
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["code"], "unavailable");
+    }
+    *store.fail.lock().unwrap() = Some(StoreError::InDoubt(
+        "connection lost during COMMIT to 10.0.0.7".into(),
+    ));
+    let (s, headers, text) = call_raw(&app, "POST", "/v1/operations/k/claim", &claim_body()).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(headers.get("retry-after").is_none());
+    assert!(!text.contains("10.0.0.7"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["code"], "unavailable");
+    assert!(v["correlation_id"].is_string());
+}
+
+/// Issue 8 item 9: `/readyz` reports the store's health, both ways.
+#[tokio::test]
+async fn readyz_follows_the_stores_health() {
+    let store = Arc::new(Scripted::new());
+    let app = app(store.clone());
+    assert_eq!(call(&app, "GET", "/readyz", "").await.0, StatusCode::OK);
+    store.healthy.store(false, Ordering::SeqCst);
+    let (s, v) = call(&app, "GET", "/readyz", "").await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable"))
+    );
+    assert!(v["correlation_id"].is_string());
+    // Liveness is the process, not the store.
+    assert_eq!(call(&app, "GET", "/healthz", "").await.0, StatusCode::OK);
+    store.healthy.store(true, Ordering::SeqCst);
+    assert_eq!(call(&app, "GET", "/readyz", "").await.0, StatusCode::OK);
+}
+
+/// Issue 8 item 9 with the real embedded engine: after a failed fsync the
+/// store refuses writes, and `/readyz` says so.
+#[tokio::test]
+async fn readyz_is_503_once_the_embedded_store_is_poisoned() {
+    use settle_embedded::{EmbeddedOptions, EmbeddedStore, Faults};
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let store = EmbeddedStore::open(
+        dir.path(),
+        EmbeddedOptions {
+            faults: Some(faults.clone()),
+            ..EmbeddedOptions::default()
+        },
+    )
+    .unwrap();
+    let app = app(store.clone());
+    assert_eq!(call(&app, "GET", "/readyz", "").await.0, StatusCode::OK);
+    faults.fail_sync.store(true, Ordering::SeqCst);
+    let (s, v) = call(&app, "POST", "/v1/operations/k/claim", &claim_body()).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable"))
+    );
+    let (s, v) = call(&app, "GET", "/readyz", "").await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable"))
+    );
+    // Still refusing: no write is acknowledged after the failure.
+    let (s, _) = call(&app, "POST", "/v1/operations/k2/claim", &claim_body()).await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+    store.close();
+}
+
+/// Issue 8 item 15: the disputed gauge is the store's count (not a counter
+/// of this process's events), published on every scrape. Every gauge check
+/// of this binary is in this one test: the recorder is process-wide.
+#[tokio::test]
+async fn the_disputed_gauge_is_read_from_the_store() {
+    let store = Arc::new(MemStore::default());
+    let app = app(store.clone());
+    let gauge = |text: &str, name: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    };
+    let (_, _, text) = call_raw(&app, "GET", "/metrics", "").await;
+    assert_eq!(gauge(&text, "settle_records_disputed"), Some(0.0), "{text}");
+    // Settle, then a disagreeing terminal result from the same fence: disputed.
+    let (_, v) = call(&app, "POST", "/v1/operations/d/claim", &claim_body()).await;
+    let fence = v["fence"].as_u64().unwrap();
+    let settle = |digest: &str| {
+        format!(
+            r#"{{"fence":{fence},"fingerprint":"{}","binding":{{"principal":"p","scopes":[],"generation":0}},"outcome":{{"status":"completed","result":1,"response_sha256":"{}"}}}}"#,
+            "ab".repeat(32),
+            digest.repeat(32)
+        )
+    };
+    assert_eq!(
+        call(&app, "POST", "/v1/operations/d/settle", &settle("01"))
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let (s, v) = call(&app, "POST", "/v1/operations/d/settle", &settle("02")).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (StatusCode::CONFLICT, Some("result_mismatch"))
+    );
+    let (_, _, text) = call_raw(&app, "GET", "/metrics", "").await;
+    assert_eq!(gauge(&text, "settle_records_disputed"), Some(1.0), "{text}");
+    assert_eq!(
+        gauge(&text, "settle_records_undecodable"),
+        Some(0.0),
+        "{text}"
+    );
+    // A fresh server over the same store (as after a restart) reports the
+    // same: the gauge is the store's, not this process's memory.
+    let again = crate::app(store.clone());
+    let (_, _, text) = call_raw(&again, "GET", "/metrics", "").await;
+    assert_eq!(gauge(&text, "settle_records_disputed"), Some(1.0), "{text}");
+}
+
+/// Issue 8 item 19 over HTTP: a lease that cannot outlast the margin is 422
+/// naming `lease_ms`, for claim and heartbeat alike.
+#[tokio::test]
+async fn lease_ms_not_above_the_margin_is_422() {
+    let app = app(Arc::new(MemStore::default()));
+    let body = format!(
+        r#"{{"fingerprint":"{}","binding":{{"principal":"p","scopes":[],"generation":0}},"lease_ms":100}}"#,
+        "ab".repeat(32)
+    );
+    let (s, v) = call(&app, "POST", "/v1/operations/m/claim", &body).await;
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("lease_ms"))
+    );
+    assert!(
+        v["detail"].as_str().unwrap().contains("lease_margin_ms"),
+        "{v}"
+    );
+    assert_eq!(
+        call(&app, "GET", "/v1/operations/m", "").await.0,
+        StatusCode::NOT_FOUND
+    );
+    let (_, v) = call(&app, "POST", "/v1/operations/m/claim", &claim_body()).await;
+    let fence = v["fence"].as_u64().unwrap();
+    let (s, v) = call(
+        &app,
+        "POST",
+        "/v1/operations/m/heartbeat",
+        &format!(r#"{{"fence":{fence},"lease_ms":100}}"#),
+    )
+    .await;
+    assert_eq!(
+        (s, v["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("lease_ms"))
     );
 }

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use hyper::Method;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use settle::client::{ClientError, Endpoint, HttpReply, encode_segment, operation_path};
 use settle_server::ServeArgs;
@@ -50,8 +51,10 @@ enum Cmd {
     Dispatch(FenceArgs),
     /// Record the outcome and release the lease (one durable commit).
     Settle(SettleArgs),
-    /// Release an execute lease that never dispatched.
-    Release(FenceArgs),
+    /// Release an execute lease without a receipt: nothing was sent
+    /// (not_dispatched), or the remote definitively refused the effect
+    /// (not_committed).
+    Release(ReleaseArgs),
     /// Report what reconciliation found out.
     Reconcile(ReconcileArgs),
     /// Show an operation record.
@@ -108,33 +111,67 @@ struct OutcomeArgs {
     /// completed, failed or unknown.
     #[arg(long)]
     status: String,
-    /// The result as a JSON document (completed/failed).
+    /// The result as a JSON document (completed/failed; `null` is one),
+    /// sent as written: the server keeps its exact text.
     #[arg(long)]
     result: Option<String>,
-    /// SHA-256 of the upstream's raw response (completed/failed).
+    /// SHA-256 of the upstream's raw response (completed/failed; optional with unknown).
     #[arg(long)]
     response_sha256: Option<String>,
-    /// Error text.
+    /// Error text (any text; kept on the attempt, also with unknown).
     #[arg(long)]
     error: Option<String>,
 }
 
+/// An outcome on the wire. The result is raw JSON text: going through a
+/// parsed value would respell numbers (floats) before the server sees them.
+#[derive(serde::Serialize)]
+struct OutcomeBody {
+    status: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    response_sha256: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
 impl OutcomeArgs {
-    fn json(&self) -> Result<Value, String> {
-        let mut o = json!({"status": self.status});
-        if let Some(r) = &self.result {
-            let v: Value =
-                serde_json::from_str(r).map_err(|e| format!("--result is not JSON: {e}"))?;
-            o["result"] = v;
-        }
-        if let Some(d) = &self.response_sha256 {
-            o["response_sha256"] = json!(d);
-        }
-        if let Some(e) = &self.error {
-            o["error"] = json!(e);
-        }
-        Ok(o)
+    fn body(&self) -> Result<OutcomeBody, String> {
+        let result = match &self.result {
+            Some(r) => Some(
+                RawValue::from_string(r.trim().to_string())
+                    .map_err(|e| format!("--result is not JSON: {e}"))?,
+            ),
+            None => None,
+        };
+        Ok(OutcomeBody {
+            status: self.status.clone(),
+            result,
+            response_sha256: self.response_sha256.clone(),
+            error: self.error.clone(),
+        })
     }
+}
+
+#[derive(serde::Serialize)]
+struct SettleBody {
+    fence: u64,
+    fingerprint: String,
+    binding: Value,
+    outcome: OutcomeBody,
+}
+
+#[derive(serde::Serialize)]
+struct ReconcileBody {
+    fence: u64,
+    finding: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fingerprint: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    binding: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outcome: Option<OutcomeBody>,
 }
 
 #[derive(Args)]
@@ -174,6 +211,20 @@ struct FenceArgs {
     key: String,
     #[arg(long)]
     fence: u64,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+struct ReleaseArgs {
+    key: String,
+    #[arg(long)]
+    fence: u64,
+    /// not_dispatched: the claim used --marks-dispatch and dispatch was never
+    /// called. not_committed: the remote definitively refused the effect (a
+    /// validation error, 409, 425, 429); allowed after dispatch.
+    #[arg(long, value_parser = ["not_dispatched", "not_committed"])]
+    reason: Option<String>,
     #[command(flatten)]
     remote: Remote,
 }
@@ -375,7 +426,10 @@ async fn run(cmd: Cmd) -> Result<(), u8> {
             .await
         }
         Cmd::Release(a) => {
-            let body = json!({"fence": a.fence});
+            let mut body = json!({"fence": a.fence});
+            if let Some(r) = &a.reason {
+                body["reason"] = json!(r);
+            }
             call(
                 &a.remote,
                 Method::POST,
@@ -385,44 +439,48 @@ async fn run(cmd: Cmd) -> Result<(), u8> {
             .await
         }
         Cmd::Settle(a) => {
-            let outcome = a.outcome.json().map_err(usage)?;
-            let body = json!({
-                "fence": a.fence,
-                "fingerprint": a.fingerprint,
-                "binding": a.binding.json(),
-                "outcome": outcome,
-            });
-            call(
+            let body = SettleBody {
+                fence: a.fence,
+                fingerprint: a.fingerprint.clone(),
+                binding: a.binding.json(),
+                outcome: a.outcome.body().map_err(usage)?,
+            };
+            call_bytes(
                 &a.remote,
                 Method::POST,
                 &operation_path(&a.key, "settle"),
-                Some(body),
+                Some(serde_json::to_vec(&body).expect("JSON serializes")),
             )
             .await
         }
         Cmd::Reconcile(a) => {
-            let mut body = json!({"fence": a.fence, "finding": a.finding});
-            if let Some(f) = &a.fingerprint {
-                body["fingerprint"] = json!(f);
-            }
-            if let Some(p) = &a.principal {
-                body["binding"] =
-                    json!({"principal": p, "scopes": a.scopes, "generation": a.generation});
-            }
-            if let Some(s) = &a.status {
-                let o = OutcomeArgs {
-                    status: s.clone(),
-                    result: a.result.clone(),
-                    response_sha256: a.response_sha256.clone(),
-                    error: a.error.clone(),
-                };
-                body["outcome"] = o.json().map_err(usage)?;
-            }
-            call(
+            let outcome = match &a.status {
+                Some(s) => Some(
+                    OutcomeArgs {
+                        status: s.clone(),
+                        result: a.result.clone(),
+                        response_sha256: a.response_sha256.clone(),
+                        error: a.error.clone(),
+                    }
+                    .body()
+                    .map_err(usage)?,
+                ),
+                None => None,
+            };
+            let body = ReconcileBody {
+                fence: a.fence,
+                finding: a.finding.clone(),
+                fingerprint: a.fingerprint.clone(),
+                binding: a.principal.as_ref().map(
+                    |p| json!({"principal": p, "scopes": a.scopes, "generation": a.generation}),
+                ),
+                outcome,
+            };
+            call_bytes(
                 &a.remote,
                 Method::POST,
                 &operation_path(&a.key, "reconcile"),
-                Some(body),
+                Some(serde_json::to_vec(&body).expect("JSON serializes")),
             )
             .await
         }
@@ -460,11 +518,21 @@ fn usage(msg: String) -> u8 {
 
 /// Sends one request and prints the answer; maps the status to an exit code.
 async fn call(remote: &Remote, method: Method, path: &str, body: Option<Value>) -> Result<(), u8> {
+    let body = body.map(|b| serde_json::to_vec(&b).expect("JSON serializes"));
+    call_bytes(remote, method, path, body).await
+}
+
+/// [`call`] with the body already encoded.
+async fn call_bytes(
+    remote: &Remote,
+    method: Method,
+    path: &str,
+    body: Option<Vec<u8>>,
+) -> Result<(), u8> {
     let ep = Endpoint::new(&remote.url, remote.token.as_deref()).map_err(|e| {
         eprintln!("error: {e}");
         2
     })?;
-    let body = body.map(|b| serde_json::to_vec(&b).expect("JSON serializes"));
     let reply = ep
         .send(method, path, body)
         .await
@@ -474,12 +542,10 @@ async fn call(remote: &Remote, method: Method, path: &str, body: Option<Value>) 
         })?;
     if reply.is_success() {
         if remote.json {
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&reply.json()).unwrap_or_default()
-            );
+            // The server's answer as sent: a replayed result keeps its exact text.
+            println!("{}", String::from_utf8_lossy(&reply.body));
         } else {
-            print_summary(&reply.json());
+            print_summary(&reply.json(), raw_result(&reply.body).as_deref());
         }
         return Ok(());
     }
@@ -520,8 +586,25 @@ fn receipt_line(r: &Value) -> String {
     )
 }
 
-/// A short human-readable rendering of each answer shape.
-fn print_summary(v: &Value) {
+/// The exact text of `outcome.result` in an answer (a replay or a record).
+fn raw_result(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Outer {
+        outcome: Option<Inner>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Inner {
+        // Not an Option: a JSON null result is the text `null`.
+        result: Box<RawValue>,
+    }
+    let o: Outer = serde_json::from_slice(body).ok()?;
+    Some(o.outcome?.result.get().to_string())
+}
+
+/// A short human-readable rendering of each answer shape; `result` is the
+/// exact text of the answer's `outcome.result`, if it has one.
+fn print_summary(v: &Value, result: Option<&str>) {
+    let result = result.unwrap_or("-");
     if let Some(d) = v["decision"].as_str() {
         match d {
             "execute" | "reconcile" => println!(
@@ -534,7 +617,7 @@ fn print_summary(v: &Value) {
             "replay" => {
                 println!("replay  status={}", s(&v["outcome"]["status"]));
                 println!("{}", receipt_line(&v["receipt"]));
-                println!("result: {}", s(&v["outcome"]["result"]));
+                println!("result: {result}");
             }
             _ => println!("{v}"),
         }
@@ -576,7 +659,17 @@ fn print_summary(v: &Value) {
             println!("{}", receipt_line(&v["receipt"]));
         }
         if v["outcome"].is_object() {
-            println!("result: {}", s(&v["outcome"]["result"]));
+            println!("result: {result}");
+        }
+        for a in v["attempts"].as_array().into_iter().flatten() {
+            if !a["error"].is_null() || !a["receipt"].is_null() {
+                println!(
+                    "attempt {}:          receipt={} error={:?}",
+                    s(&a["number"]),
+                    s(&a["receipt"]["status"]),
+                    a["error"].as_str().unwrap_or("-")
+                );
+            }
         }
         println!("expires_at:         {}", s(&v["expires_at"]));
     } else if let Some(ws) = v["warnings"].as_array() {

@@ -327,14 +327,18 @@ async fn protocol_refusals_are_409_with_their_code() {
         .collect();
     assert_eq!(reasons, ["stale_fence", "result_mismatch"]);
 
-    // A lease shorter than the margin is expired for settlement at once.
-    let mut c = claim_body(1, &b);
-    c["lease_ms"] = json!(500);
-    let fence = op(&ep, "k2", "claim", c).await.json()["fence"]
-        .as_u64()
-        .unwrap();
-    let r = op(&ep, "k2", "settle", settle_body(fence, 1, &b, completed(1))).await;
-    assert_problem(&r, 409, "lease_expired");
+    // A lease not longer than the margin could never be settled: refused
+    // up front (SPEC §4 claim), naming the setting, and nothing is written.
+    for ms in [500, 1000] {
+        let mut c = claim_body(1, &b);
+        c["lease_ms"] = json!(ms);
+        let r = op(&ep, "k2", "claim", c).await;
+        assert_problem(&r, 422, "invalid_request");
+        assert_eq!(r.json()["field"], "lease_ms");
+        let detail = r.json()["detail"].as_str().unwrap().to_string();
+        assert!(detail.contains("lease_margin_ms (1000 ms)"), "{detail}");
+    }
+    assert_eq!(get(&ep, &operation_path("k2", "")).await.status, 404);
 
     // The holder settling the wrong intent: mismatch, record becomes conflict.
     let fence = execute(&ep, "k3", 1, &b).await;
@@ -1216,4 +1220,353 @@ async fn bench_lists_of_concurrency_and_the_fill_mode_report_each_run() {
     })
     .unwrap();
     assert_eq!(settled, 500);
+}
+
+// ---------------------------------------------------------------- issue 8 and issue 10 item 0
+
+/// Issue 10 item 0: `release` with `reason: not_committed` after `dispatch`:
+/// the status stays, no flag, the attempt records it, the next claim executes.
+/// Over HTTP and through the CLI.
+#[tokio::test]
+async fn release_not_committed_over_http_and_the_cli() {
+    let dir = TempDir::new("notcommitted");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+    let mut c = claim_body(1, &b);
+    c["marks_dispatch"] = json!(true);
+    let fence = op(&ep, "nc", "claim", c.clone()).await.json()["fence"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        op(&ep, "nc", "dispatch", json!({"fence": fence}))
+            .await
+            .status,
+        200
+    );
+    // not_dispatched is no longer true after dispatch.
+    let r = op(&ep, "nc", "release", json!({"fence": fence})).await;
+    assert_problem(&r, 409, "receipt_required");
+    let r = op(
+        &ep,
+        "nc",
+        "release",
+        json!({"fence": fence, "reason": "not_committed"}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json(), json!({"fence": fence, "released": true}));
+    let rec = get(&ep, &operation_path("nc", "")).await.json();
+    assert_eq!(rec["status"], "pending");
+    assert_eq!(rec["reconcile_required"], false);
+    assert_eq!(
+        rec["attempts"][0]["lease"]["ended"]["reason"],
+        "not_committed"
+    );
+    assert_eq!(
+        op(&ep, "nc", "claim", c).await.json()["decision"],
+        "execute"
+    );
+    let r = op(
+        &ep,
+        "nc",
+        "release",
+        json!({"fence": fence, "reason": "maybe"}),
+    )
+    .await;
+    assert_problem(&r, 422, "invalid_request");
+
+    // The CLI: settle release KEY --fence F --reason not_committed.
+    let run = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .args(args)
+            .env("SETTLE_URL", s.url())
+            .env_remove("SETTLE_TOKEN")
+            .output()
+            .unwrap()
+    };
+    let f = fp(1);
+    let out = run(&[
+        "claim",
+        "cli-nc",
+        "--fingerprint",
+        &f,
+        "--principal",
+        "svc",
+        "--json",
+    ]);
+    let fence = serde_json::from_slice::<Value>(&out.stdout).unwrap()["fence"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let out = run(&[
+        "release",
+        "cli-nc",
+        "--fence",
+        &fence,
+        "--reason",
+        "not_committed",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("released  fence={fence}")
+    );
+    let out = run(&[
+        "release", "cli-nc", "--fence", &fence, "--reason", "whatever",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+}
+
+/// Issue 8 item 14: a replay returns the compact text that was settled, byte
+/// for byte (floats too), and JSON `null` is a result. Over HTTP and the CLI.
+#[tokio::test]
+async fn results_replay_byte_for_byte_and_null_is_a_result() {
+    let dir = TempDir::new("rawresult");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+    let sent = "{ \"amount\": 0.1000000000000000055511151231257827,\n  \"big\": 1e400, \"e\": 1E+2, \"n\": [1.0, -0.0, 12345678901234567890123],\n  \"s\": \"caf\\u00e9\" }";
+    let compact = "{\"amount\":0.1000000000000000055511151231257827,\"big\":1e400,\"e\":1E+2,\"n\":[1.0,-0.0,12345678901234567890123],\"s\":\"caf\\u00e9\"}";
+    let fence = execute(&ep, "raw", 1, &b).await;
+    let body = format!(
+        r#"{{"fence":{fence},"fingerprint":"{}","binding":{},"outcome":{{"status":"completed","result":{sent},"response_sha256":"{}"}}}}"#,
+        fp(1),
+        b,
+        fp(7)
+    );
+    let r = post_raw(&ep, &operation_path("raw", "settle"), body.as_bytes()).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let r = op(&ep, "raw", "claim", claim_body(1, &b)).await;
+    let text = String::from_utf8_lossy(&r.body).into_owned();
+    assert!(text.contains(&format!("\"result\":{compact}")), "{text}");
+    let rec = get(&ep, &operation_path("raw", "")).await;
+    let text = String::from_utf8_lossy(&rec.body).into_owned();
+    assert!(text.contains(&format!("\"result\":{compact}")), "{text}");
+
+    // null is a result for completed and failed.
+    let fence = execute(&ep, "null", 1, &b).await;
+    let r = op(
+        &ep,
+        "null",
+        "settle",
+        settle_body(
+            fence,
+            1,
+            &b,
+            json!({"status": "failed", "result": null, "response_sha256": fp(8)}),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    let r = op(&ep, "null", "claim", claim_body(1, &b)).await;
+    assert_eq!(r.json()["decision"], "replay");
+    assert!(String::from_utf8_lossy(&r.body).contains("\"result\":null"));
+    // Absent is still refused for a terminal status.
+    let fence = execute(&ep, "absent", 1, &b).await;
+    let r = op(
+        &ep,
+        "absent",
+        "settle",
+        settle_body(
+            fence,
+            1,
+            &b,
+            json!({"status": "completed", "response_sha256": fp(8)}),
+        ),
+    )
+    .await;
+    assert_problem(&r, 422, "invalid_request");
+    assert!(
+        r.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("outcome.result")
+    );
+
+    // The CLI sends --result as written and prints the replay as received.
+    let run = |args: &[&str]| {
+        std::process::Command::new(BIN)
+            .args(args)
+            .env("SETTLE_URL", s.url())
+            .env_remove("SETTLE_TOKEN")
+            .output()
+            .unwrap()
+    };
+    let f = fp(2);
+    let claim = [
+        "claim",
+        "cli-raw",
+        "--fingerprint",
+        &f,
+        "--principal",
+        "svc",
+        "--scope",
+        "pay",
+    ];
+    let out = run(&[&claim[..], &["--json"]].concat());
+    let fence = serde_json::from_slice::<Value>(&out.stdout).unwrap()["fence"]
+        .as_u64()
+        .unwrap()
+        .to_string();
+    let digest = fp(9);
+    let out = run(&[
+        "settle",
+        "cli-raw",
+        "--fence",
+        &fence,
+        "--fingerprint",
+        &f,
+        "--principal",
+        "svc",
+        "--scope",
+        "pay",
+        "--status",
+        "completed",
+        "--result",
+        "{\"x\": 0.30000000000000004441}",
+        "--response-sha256",
+        &digest,
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(&claim);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("result: {\"x\":0.30000000000000004441}"),
+        "{text}"
+    );
+    let out = run(&[&claim[..], &["--json"]].concat());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        text.contains("\"result\":{\"x\":0.30000000000000004441}"),
+        "{text}"
+    );
+}
+
+/// Issue 8 items 14 and 20: `outcome.error` is any text up to the limit;
+/// an `unknown` settlement keeps it (and its digest) on the attempt, shown
+/// by `get`; a result on `unknown` is refused.
+#[tokio::test]
+async fn unknown_keeps_its_error_and_refuses_a_result() {
+    let dir = TempDir::new("unknownerr");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+    let fence = execute(&ep, "u", 1, &b).await;
+    let r = op(
+        &ep,
+        "u",
+        "settle",
+        settle_body(
+            fence,
+            1,
+            &b,
+            json!({"status": "unknown", "result": {"partial": true}}),
+        ),
+    )
+    .await;
+    assert_problem(&r, 422, "invalid_request");
+    assert!(
+        r.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("outcome.result")
+    );
+    let error = "upstream reset the connection\nafter 30 s\t(retry 3)";
+    let r = op(
+        &ep,
+        "u",
+        "settle",
+        settle_body(
+            fence,
+            1,
+            &b,
+            json!({"status": "unknown", "error": error, "response_sha256": fp(5)}),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json()["receipt"]["status"], "unknown");
+    let rec = get(&ep, &operation_path("u", "")).await.json();
+    assert_eq!(rec["attempts"][0]["error"], error);
+    assert_eq!(rec["attempts"][0]["receipt"]["response_sha256"], fp(5));
+    // An empty error is an error text too; over the limit is not.
+    let fence = execute(&ep, "u2", 1, &b).await;
+    let r = op(
+        &ep,
+        "u2",
+        "settle",
+        settle_body(fence, 1, &b, json!({"status": "unknown", "error": ""})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    let fence = execute(&ep, "u3", 1, &b).await;
+    let r = op(
+        &ep,
+        "u3",
+        "settle",
+        settle_body(
+            fence,
+            1,
+            &b,
+            json!({"status": "unknown", "error": "x".repeat(4097)}),
+        ),
+    )
+    .await;
+    assert_problem(&r, 422, "invalid_request");
+}
+
+/// Issue 8 item 21: a result nested deeper than the documented limit (64)
+/// is a 422 naming `outcome.result`, also far beyond the parser's own limit.
+#[tokio::test]
+async fn deep_results_are_422_naming_outcome_result() {
+    let dir = TempDir::new("deep");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+    let fence = execute(&ep, "deep", 1, &b).await;
+    for depth in [65, 200, 10_000] {
+        let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let body = format!(
+            r#"{{"fence":{fence},"fingerprint":"{}","binding":{},"outcome":{{"status":"completed","result":{deep},"response_sha256":"{}"}}}}"#,
+            fp(1),
+            b,
+            fp(7)
+        );
+        let r = post_raw(&ep, &operation_path("deep", "settle"), body.as_bytes()).await;
+        assert_problem(&r, 422, "invalid_request");
+        assert_eq!(r.json()["field"], "outcome.result", "depth {depth}");
+    }
+    assert_eq!(
+        get(&ep, &operation_path("deep", "")).await.json()["status"],
+        "running",
+        "nothing was written"
+    );
+}
+
+/// Issue 8 item 23: RFC 9110 §11.4 allows several spaces after `Bearer`.
+#[tokio::test]
+async fn bearer_tokens_may_follow_several_spaces() {
+    let dir = TempDir::new("bearer");
+    let tenant = format!("acme={}", token_sha256("tok-acme"));
+    let s = Server::start(dir.path(), &["--tenant", &tenant]);
+    for auth in ["Bearer tok-acme", "Bearer   tok-acme", "bearer  tok-acme"] {
+        let req = format!(
+            "GET /v1/tasks/t/warnings HTTP/1.1\r\nHost: x\r\nAuthorization: {auth}\r\nConnection: close\r\n\r\n"
+        );
+        let (st, text) = raw_status(&s.addr, req.as_bytes()).await;
+        assert_eq!(st, 200, "{auth:?}: {text}");
+    }
+    let req = "GET /v1/tasks/t/warnings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer   nope\r\nConnection: close\r\n\r\n";
+    assert_eq!(raw_status(&s.addr, req.as_bytes()).await.0, 401);
 }
