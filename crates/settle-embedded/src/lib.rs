@@ -579,6 +579,14 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
         get_sync(&self.shared, tenant, key)
     }
 
+    pub fn warnings_now(
+        &self,
+        tenant: &TenantId,
+        task: &TaskId,
+    ) -> Result<Vec<Warning>, StoreError> {
+        warnings_sync(&self.shared, tenant, task)
+    }
+
     /// Seals the current segment and checkpoints everything sealed
     /// (as a clean close does), keeping the store open.
     pub fn checkpoint_now(&self) -> Result<(), StoreError> {
@@ -614,6 +622,29 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
     /// Stats as [`Store::stats`] reports them.
     pub fn stats_now(&self, stuck_after_ms: u64) -> StoreStats {
         stats_sync(&self.shared, stuck_after_ms)
+    }
+
+    /// Every stored record, open or settled (memory, then the index).
+    pub fn records(&self) -> Result<Vec<(TenantId, Record)>, StoreError> {
+        let mut out = Vec::new();
+        let mut seen: HashSet<Box<[u8]>> = HashSet::new();
+        for s in self.shared.map.iter() {
+            if let Value::Record(r) = &*s.value
+                && let EntityKey::Record(t, _) = EntityKey::from_bytes(s.key())?
+            {
+                out.push((t, r.clone()));
+            }
+            seen.insert(s.key().clone());
+        }
+        self.shared.index.for_each(&mut |k, v| {
+            if !seen.contains(k)
+                && let Ok(Value::Record(r)) = decode_value(v)
+                && let Ok(EntityKey::Record(t, _)) = EntityKey::from_bytes(k)
+            {
+                out.push((t, r));
+            }
+        })?;
+        Ok(out)
     }
 
     /// One background sweep, inline.
