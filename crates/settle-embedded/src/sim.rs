@@ -578,6 +578,8 @@ struct MemState {
 #[derive(Clone, Debug)]
 pub struct MemIndex {
     disk: SimDisk,
+    /// The directory it lives in: it survives a power cut only with it.
+    dir: PathBuf,
     inner: Arc<Mutex<MemState>>,
 }
 
@@ -586,10 +588,13 @@ fn io_err(e: io::Error) -> StoreError {
 }
 
 impl MemIndex {
-    /// An empty index on `disk` (sharing its power and sync count).
-    pub fn new(disk: &SimDisk) -> MemIndex {
+    /// An empty index in directory `dir` of `disk` (sharing its power and
+    /// sync count). Like fjall's, its files live in that directory: if the
+    /// directory is not durable at a power cut, the index is gone.
+    pub fn new(disk: &SimDisk, dir: impl Into<PathBuf>) -> MemIndex {
         MemIndex {
             disk: disk.clone(),
+            dir: dir.into(),
             inner: Arc::default(),
         }
     }
@@ -598,13 +603,18 @@ impl MemIndex {
     /// (from [`SimDisk::crash`] with the same `mode`).
     pub fn crash(&self, after: &SimDisk, mode: Crash) -> MemIndex {
         let s = self.inner.lock();
-        let mut t = s.durable.clone();
+        let survives = after.is_dir(&self.dir);
+        let mut t = if survives {
+            s.durable.clone()
+        } else {
+            Tables::default()
+        };
         let mut rng = Rng::new(match mode {
             Crash::Tear(seed) => seed ^ 0x1d,
             _ => 0,
         });
         let mut journal_lost = false;
-        for op in &s.pending {
+        for op in s.pending.iter().filter(|_| survives) {
             let keep = match mode {
                 Crash::Drop => false,
                 Crash::Keep => true,
@@ -623,6 +633,7 @@ impl MemIndex {
         }
         MemIndex {
             disk: after.clone(),
+            dir: self.dir.clone(),
             inner: Arc::new(Mutex::new(MemState {
                 live: t.clone(),
                 durable: t,

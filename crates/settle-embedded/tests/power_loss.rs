@@ -40,17 +40,29 @@ fn tenant() -> TenantId {
     TenantId::new("acme").unwrap()
 }
 
-fn opts(faults: Option<Arc<Faults>>) -> EmbeddedOptions {
+/// Small segments: several frames each, a rotation and a checkpoint every
+/// few batches.
+const SEGMENT: u64 = 16 * 1024;
+
+fn opts(segment_bytes: u64, faults: Option<Arc<Faults>>) -> EmbeddedOptions {
     EmbeddedOptions {
-        // The smallest segments: a rotation and a checkpoint every few batches.
-        segment_bytes: 4096,
+        segment_bytes,
         faults,
         ..EmbeddedOptions::default()
     }
 }
 
 fn open(disk: &SimDisk, index: &MemIndex, faults: Option<Arc<Faults>>) -> Result<Sim, StoreError> {
-    InlineStore::open(disk, ROOT, index.clone(), opts(faults))
+    open_with(disk, index, SEGMENT, faults)
+}
+
+fn open_with(
+    disk: &SimDisk,
+    index: &MemIndex,
+    segment_bytes: u64,
+    faults: Option<Arc<Faults>>,
+) -> Result<Sim, StoreError> {
+    InlineStore::open(disk, ROOT, index.clone(), opts(segment_bytes, faults))
 }
 
 /// Everything acknowledged so far: what must survive any crash.
@@ -390,20 +402,20 @@ fn modes(point: u64, tears: u64) -> Vec<Crash> {
 }
 
 /// The runs of the workload with the power cut after `cut` syncs.
-fn crash_at(keys: usize, seed: u64, cut: u64, mode: Crash) -> (Acked, u64, bool) {
+fn crash_at(keys: usize, seed: u64, segment: u64, cut: u64, mode: Crash) -> (Acked, u64, bool) {
     let disk = SimDisk::new();
-    let index = MemIndex::new(&disk);
+    let index = MemIndex::new(&disk, ROOT);
     disk.cut_power_after(cut);
     let mut acked = Acked::default();
     let mut finished = false;
-    if let Ok(store) = open(&disk, &index, None) {
+    if let Ok(store) = open_with(&disk, &index, segment, None) {
         finished = Driver::new("k", keys, seed).run(&store, &mut acked).is_ok();
     }
     let disk2 = disk.crash(mode);
     let index2 = index.crash(&disk2, mode);
-    let what = format!("power cut at sync {cut}, {mode:?}");
-    let store =
-        open(&disk2, &index2, None).unwrap_or_else(|e| panic!("{what}: does not reopen: {e}"));
+    let what = format!("{segment}-byte segments, power cut at sync {cut}, {mode:?}");
+    let store = open_with(&disk2, &index2, segment, None)
+        .unwrap_or_else(|e| panic!("{what}: does not reopen: {e}"));
     let checked = verify(&store, &acked, &what);
     probe(&store, &mut acked, &what, 0);
     (acked, checked, finished)
@@ -414,31 +426,35 @@ fn power_loss_at_every_sync_boundary_keeps_every_acknowledged_receipt() {
     let keys = env("SETTLE_POWERLOSS_KEYS", 40) as usize;
     let tears = env("SETTLE_POWERLOSS_TEARS", 1);
     let seed = env("SETTLE_POWERLOSS_SEED", 7);
-    // A clean run: how many syncs the workload makes.
-    let disk = SimDisk::new();
-    let index = MemIndex::new(&disk);
-    let store = open(&disk, &index, None).unwrap();
-    let mut all = Acked::default();
-    Driver::new("k", keys, seed).run(&store, &mut all).unwrap();
-    let total = disk.syncs();
-    assert!(all.acks > 0 && !all.disputed.is_empty() && all.gen_bob > 0);
-
-    let (mut crashes, mut receipts, mut acks, mut cut_short) = (0u64, 0u64, 0u64, 0u64);
-    for cut in 0..=total {
-        for mode in modes(cut, tears) {
-            let (a, checked, finished) = crash_at(keys, seed, cut, mode);
-            // (A cut in a checkpoint after the last batch does not stop it.)
-            cut_short += !finished as u64;
-            crashes += 1;
-            receipts += checked;
-            acks += a.acks;
+    let (mut points, mut crashes, mut receipts, mut acks) = (0u64, 0u64, 0u64, 0u64);
+    // The smallest segments (a checkpoint after every batch) and segments of
+    // several frames.
+    for segment in [4096, SEGMENT] {
+        // A clean run: how many syncs the workload makes.
+        let disk = SimDisk::new();
+        let index = MemIndex::new(&disk, ROOT);
+        let store = open_with(&disk, &index, segment, None).unwrap();
+        let mut all = Acked::default();
+        Driver::new("k", keys, seed).run(&store, &mut all).unwrap();
+        let total = disk.syncs();
+        assert!(all.acks > 0 && !all.disputed.is_empty() && all.gen_bob > 0);
+        let mut cut_short = 0;
+        for cut in 0..=total {
+            for mode in modes(cut, tears) {
+                let (a, checked, finished) = crash_at(keys, seed, segment, cut, mode);
+                // (A cut in a checkpoint after the last batch does not stop it.)
+                cut_short += !finished as u64;
+                crashes += 1;
+                receipts += checked;
+                acks += a.acks;
+            }
         }
+        assert!(cut_short > total, "the cuts stopped the runs");
+        points += total;
     }
-    assert!(cut_short > total, "the cuts stopped the runs");
     eprintln!(
-        "power loss: {total} sync boundaries cut, {crashes} crashes survived, \
-         {acks} acknowledgements and {receipts} receipts checked ({} acknowledgements per full run)",
-        all.acks
+        "power loss: {points} sync boundaries cut, {crashes} crashes survived, \
+         {acks} acknowledgements and {receipts} receipts checked"
     );
 }
 
@@ -448,7 +464,7 @@ fn repeated_power_loss_in_one_long_run() {
     let seed = env("SETTLE_POWERLOSS_SEED", 7);
     let mut rng = Rng::new(seed ^ 0xc0ffee);
     let mut disk = SimDisk::new();
-    let mut index = MemIndex::new(&disk);
+    let mut index = MemIndex::new(&disk, ROOT);
     let mut acked = Acked::default();
     let mut checked = 0;
     for epoch in 0..crashes {
@@ -495,7 +511,7 @@ fn a_crash_at_each_checkpoint_step_loses_nothing() {
         for nth in 1..=3u64 {
             for mode in [Crash::Drop, Crash::Tear(nth)] {
                 let disk = SimDisk::new();
-                let index = MemIndex::new(&disk);
+                let index = MemIndex::new(&disk, ROOT);
                 let faults = Arc::new(Faults::default());
                 let seen = Arc::new(AtomicU64::new(0));
                 {
@@ -507,20 +523,20 @@ fn a_crash_at_each_checkpoint_step_loses_nothing() {
                     }));
                 }
                 let mut acked = Acked::default();
-                let store = open(&disk, &index, Some(faults.clone())).unwrap();
-                let r = Driver::new("c", 40, nth).run(&store, &mut acked);
+                let store = open_with(&disk, &index, 8192, Some(faults.clone())).unwrap();
+                let r = Driver::new("c", 60, nth).run(&store, &mut acked);
                 assert!(r.is_err(), "{step:?} #{nth}: the power went");
                 assert!(seen.load(Ordering::SeqCst) >= nth);
                 drop(store);
                 let disk = disk.crash(mode);
                 let index = index.crash(&disk, mode);
                 let what = format!("crash after {step:?} of checkpoint {nth} ({mode:?})");
-                let store = open(&disk, &index, None).unwrap();
+                let store = open_with(&disk, &index, 8192, None).unwrap();
                 verify(&store, &acked, &what);
                 // The next checkpoints pick up where the crash left off.
                 let faults = Arc::new(Faults::default());
                 drop(store);
-                let store = open(&disk, &index, Some(faults.clone())).unwrap();
+                let store = open_with(&disk, &index, 8192, Some(faults.clone())).unwrap();
                 Driver::new("after", 12, nth)
                     .run(&store, &mut acked)
                     .unwrap();
@@ -529,7 +545,7 @@ fn a_crash_at_each_checkpoint_step_loses_nothing() {
                 drop(store);
                 let disk = disk.crash(Crash::Drop);
                 let index = index.crash(&disk, Crash::Drop);
-                let store = open(&disk, &index, None).unwrap();
+                let store = open_with(&disk, &index, 8192, None).unwrap();
                 verify(&store, &acked, &format!("{what}, then more checkpoints"));
                 runs += 1;
             }
@@ -545,8 +561,8 @@ fn a_crash_at_each_checkpoint_step_loses_nothing() {
 #[test]
 fn reopening_after_a_failed_fsync_does_not_trust_the_page_cache() {
     let disk = SimDisk::new();
-    let index = MemIndex::new(&disk);
-    let store = open(&disk, &index, None).unwrap();
+    let index = MemIndex::new(&disk, ROOT);
+    let store = open_with(&disk, &index, 8192, None).unwrap();
     let before = receipt(
         store
             .execute_now(&tenant(), claim("a", 1, binding("alice", 0)))
@@ -578,7 +594,7 @@ fn reopening_after_a_failed_fsync_does_not_trust_the_page_cache() {
     drop(store);
 
     // Same boot: the frame is in the page cache, not on the disk.
-    let store = open(&disk, &index, None).unwrap();
+    let store = open_with(&disk, &index, 8192, None).unwrap();
     let retried = receipt(
         store
             .execute_now(
@@ -591,7 +607,7 @@ fn reopening_after_a_failed_fsync_does_not_trust_the_page_cache() {
 
     let disk = disk.crash(Crash::Drop);
     let index = index.crash(&disk, Crash::Drop);
-    let store = open(&disk, &index, None).unwrap();
+    let store = open_with(&disk, &index, 8192, None).unwrap();
     let get = |k: &str| store.get_now(&tenant(), &key(k)).unwrap().unwrap().unwrap();
     assert_eq!(get("a").receipt, Some(before));
     assert_eq!(
@@ -606,13 +622,14 @@ fn reopening_after_a_failed_fsync_does_not_trust_the_page_cache() {
 #[test]
 fn a_new_data_directory_survives_power_loss() {
     let disk = SimDisk::new();
-    let index = MemIndex::new(&disk);
-    let store = open(&disk, &index, None).unwrap();
+    let index = MemIndex::new(&disk, ROOT);
+    // Large segments: everything is in the log, nothing checkpointed.
+    let store = open_with(&disk, &index, 1 << 20, None).unwrap();
     let mut acked = Acked::default();
     Driver::new("d", 3, 1).run(&store, &mut acked).unwrap();
     drop(store);
     let disk = disk.crash(Crash::Drop);
     let index = index.crash(&disk, Crash::Drop);
-    let store = open(&disk, &index, None).unwrap();
+    let store = open_with(&disk, &index, 1 << 20, None).unwrap();
     assert!(verify(&store, &acked, "new directory") > 0);
 }
