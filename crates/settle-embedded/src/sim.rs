@@ -562,6 +562,9 @@ impl Tables {
 
 #[derive(Debug, Default)]
 struct MemState {
+    /// The next persist fails as a failed fsync does: the journal writes
+    /// stay readable but never become durable.
+    fail_next_persist: bool,
     /// What reads see.
     live: Tables,
     /// What survives a power cut.
@@ -637,9 +640,15 @@ impl MemIndex {
             inner: Arc::new(Mutex::new(MemState {
                 live: t.clone(),
                 durable: t,
-                pending: Vec::new(),
+                ..MemState::default()
             })),
         }
+    }
+
+    /// The next persist (of `meta`) fails; its journal writes stay
+    /// readable but are never persisted by a later one.
+    pub fn fail_next_persist(&self) {
+        self.inner.lock().fail_next_persist = true;
     }
 
     /// Stores raw bytes under `key`, durably (tests: a value that does not decode).
@@ -735,6 +744,11 @@ impl Index for MemIndex {
         let op = Op::Meta(*meta);
         s.live.apply(&op);
         s.pending.push(op);
+        if std::mem::take(&mut s.fail_next_persist) {
+            s.pending
+                .retain(|o| !matches!(o, Op::Meta(_) | Op::ForgetExpiry(_)));
+            return Err(StoreError::Io("index: simulated persist failure".into()));
+        }
         // persist: every journal write so far becomes durable.
         self.disk.sync_point().map_err(io_err)?;
         let journal: Vec<Op> = s

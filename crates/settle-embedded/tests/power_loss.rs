@@ -633,3 +633,39 @@ fn a_new_data_directory_survives_power_loss() {
     let store = open_with(&disk, &index, 1 << 20, None).unwrap();
     assert!(verify(&store, &acked, "new directory") > 0);
 }
+
+/// The same for the index: after a failed persist of a checkpoint's `meta`,
+/// a reopen in the same boot reads a `meta` the disk lacks. Recovery writes
+/// it again before deleting the segments it covers.
+#[test]
+fn reopening_after_a_failed_index_persist_writes_meta_again() {
+    let disk = SimDisk::new();
+    let index = MemIndex::new(&disk, ROOT);
+    let faults = Arc::new(Faults::default());
+    let store = open_with(&disk, &index, 8192, Some(faults.clone())).unwrap();
+    let mut acked = Acked::default();
+    let mut d = Driver::new("m", 200, 3);
+    // Run until the first checkpoint completed, then fail the next persist.
+    while faults.checkpoints.load(Ordering::SeqCst) == 0 {
+        let mut one = Driver::new(&format!("m{}", acked.acks), 1, 3);
+        one.gen_bob = acked.gen_bob;
+        one.run(&store, &mut acked).unwrap();
+    }
+    index.fail_next_persist();
+    let r = d.run(&store, &mut acked);
+    assert!(
+        r.is_err() && store.is_poisoned(),
+        "the failed persist poisons"
+    );
+    drop(store);
+
+    // Same boot, then the power goes.
+    let store = open_with(&disk, &index, 8192, None).unwrap();
+    verify(&store, &acked, "same-boot reopen");
+    drop(store);
+    let disk = disk.crash(Crash::Drop);
+    let index = index.crash(&disk, Crash::Drop);
+    let store = open_with(&disk, &index, 8192, None)
+        .unwrap_or_else(|e| panic!("after the power cut: does not reopen: {e}"));
+    verify(&store, &acked, "after the power cut");
+}
