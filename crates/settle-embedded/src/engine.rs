@@ -539,11 +539,7 @@ impl<F: Fs, I: Index> Writer<F, I> {
                 let _ = tx.send(r);
             });
         }
-        let skip = self
-            .core
-            .faults
-            .as_ref()
-            .is_some_and(|f| f.skip_close_checkpoint.load(Ordering::SeqCst));
+        let skip = Faults::halted(&self.core.faults);
         if !skip && !self.core.shared.poisoned.load(Ordering::SeqCst) && self.core.wal.bytes() > 0 {
             let _ = self.core.seal();
         }
@@ -594,7 +590,9 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
                     self.meta.checkpoint_seq + 1
                 )));
             }
-            self.one(s, &path)?;
+            if !self.one(s, &path)? {
+                break;
+            }
         }
         Ok(())
     }
@@ -603,8 +601,12 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
     /// index, makes it durable, records the checkpoint, deletes the
     /// segment, then evicts from memory what may leave it. The order is
     /// what makes a crash at any point harmless (docs/design.md).
-    fn one(&mut self, seq: u64, path: &std::path::Path) -> Result<(), StoreError> {
+    /// `Ok(false)`: halted by a fault, nothing done.
+    fn one(&mut self, seq: u64, path: &std::path::Path) -> Result<bool, StoreError> {
         Faults::before_checkpoint(&self.faults);
+        if Faults::halted(&self.faults) {
+            return Ok(false);
+        }
         let started = Instant::now();
         let buf = wal::read_segment(&self.fs, path)?;
         let frames = decode_frames(&buf, seq)?;
@@ -673,7 +675,7 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "checkpoint"
         );
-        Ok(())
+        Ok(true)
     }
 
     /// The checkpointer thread's loop.

@@ -334,3 +334,171 @@ impl Recovered {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{Batch, Entry, FRAME_VERSION, encode_for_log, encode_frame, place_frame};
+    use crate::fs::FsFile;
+    use crate::sim::{MemIndex, SimDisk};
+    use settle_core::TenantId;
+
+    const WAL: &str = "/d/wal";
+
+    /// A segment file of frames with the given batch numbers, preallocated.
+    fn segment(disk: &SimDisk, seq: u64, lsns: &[u64]) -> Vec<usize> {
+        let k = EntityKey::Record(
+            TenantId::default_tenant(),
+            settle_core::Key::new("k").unwrap(),
+        )
+        .to_bytes();
+        let mut buf = Vec::new();
+        let mut starts = Vec::new();
+        for &lsn in lsns {
+            let start = buf.len();
+            starts.push(start);
+            let v = Value::Gone;
+            let blob = encode_for_log(&v);
+            encode_frame(
+                &Batch {
+                    version: FRAME_VERSION,
+                    lsn,
+                    next_fence: 1,
+                    disputed: 0,
+                    entries: vec![Entry::new(&k, &v, &blob)],
+                },
+                &mut buf,
+            );
+            place_frame(&mut buf[start..], seq, start as u64);
+        }
+        buf.resize(8192, 0);
+        let f = disk
+            .create(&wal::segment_path(Path::new(WAL), seq))
+            .unwrap();
+        f.write_at(&buf, 0).unwrap();
+        f.sync_all().unwrap();
+        starts
+    }
+
+    fn disk() -> SimDisk {
+        let d = SimDisk::new();
+        for p in ["/d", WAL] {
+            d.create_dir(Path::new(p)).unwrap();
+        }
+        d
+    }
+
+    fn recover_sim(disk: &SimDisk) -> Result<Recovered, StoreError> {
+        recover(disk, Path::new(WAL), &MemIndex::new(disk, "/d"))
+    }
+
+    fn refused(disk: &SimDisk, what: &str) -> String {
+        match recover_sim(disk) {
+            Err(StoreError::Corrupt(m)) => m,
+            Err(e) => panic!("{what}: {e}"),
+            Ok(_) => panic!("{what}: accepted"),
+        }
+    }
+
+    #[test]
+    fn consecutive_batches_and_segments_are_accepted() {
+        let d = disk();
+        segment(&d, 1, &[1, 2, 3]);
+        segment(&d, 2, &[4, 5]);
+        let r = recover_sim(&d).unwrap();
+        assert_eq!((r.lsn, r.resume), (5, Some((2, r.resume.unwrap().1))));
+        assert!(r.torn.is_none());
+    }
+
+    #[test]
+    fn a_gap_in_batch_numbers_is_refused() {
+        let d = disk();
+        segment(&d, 1, &[1, 2, 4]);
+        let m = refused(&d, "gap in a segment");
+        assert!(
+            m.contains("batch 4") && m.contains("batch 3 was expected"),
+            "{m}"
+        );
+
+        let d = disk();
+        segment(&d, 1, &[1, 2]);
+        segment(&d, 2, &[4]);
+        let m = refused(&d, "gap across segments");
+        assert!(m.contains("00000000000000000002.log"), "{m}");
+
+        // The first batch must follow the checkpoint's.
+        let d = disk();
+        segment(&d, 1, &[2, 3]);
+        refused(&d, "first batch after the checkpoint");
+    }
+
+    #[test]
+    fn a_missing_segment_is_refused() {
+        let d = disk();
+        segment(&d, 1, &[1]);
+        segment(&d, 3, &[2]);
+        let m = refused(&d, "missing segment");
+        assert!(m.contains("log segment 2 is missing"), "{m}");
+        let d = disk();
+        segment(&d, 2, &[1]);
+        refused(&d, "first segment missing");
+    }
+
+    #[test]
+    fn a_frame_after_zeros_is_damage_not_a_torn_tail() {
+        // Frame 2 lost entirely (zeros), frame 3 intact after it.
+        let d = disk();
+        let starts = segment(&d, 1, &[1, 2, 3]);
+        let path = wal::segment_path(Path::new(WAL), 1);
+        let f = d.open(&path).unwrap();
+        f.write_at(&vec![0u8; starts[2] - starts[1]], starts[1] as u64)
+            .unwrap();
+        f.sync_data().unwrap();
+        let m = refused(&d, "zeroed frame");
+        assert!(
+            m.contains(&format!("damaged at byte {}", starts[1]))
+                && m.contains(&format!("a frame at byte {}", starts[2])),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_format_1_frame_is_refused_not_cut() {
+        let d = disk();
+        let path = wal::segment_path(Path::new(WAL), 1);
+        let f = d.create(&path).unwrap();
+        let mut buf = FRAME_MAGIC_V1.to_le_bytes().to_vec();
+        buf.extend_from_slice(&[9, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        buf.resize(8192, 0);
+        f.write_at(&buf, 0).unwrap();
+        f.sync_all().unwrap();
+        let m = refused(&d, "format 1");
+        assert!(m.contains("format 1"), "{m}");
+    }
+
+    #[test]
+    fn a_torn_tail_is_judged_by_its_header() {
+        // The last frame torn after its (intact) header: its extent is known.
+        let d = disk();
+        let starts = segment(&d, 1, &[1, 2, 3]);
+        let path = wal::segment_path(Path::new(WAL), 1);
+        let all = d.contents(&path).unwrap();
+        let end = crate::wal::last_nonzero(&all).unwrap() + 1;
+        let f = d.open(&path).unwrap();
+        // Lose the end of frame 3 (a torn write).
+        f.write_at(&vec![0u8; end - starts[2] - 20], starts[2] as u64 + 20)
+            .unwrap();
+        f.sync_data().unwrap();
+        let r = recover_sim(&d).unwrap();
+        assert_eq!(r.lsn, 2);
+        assert_eq!(r.torn.as_ref().map(|t| t.1), Some(starts[2] as u64));
+        // A byte beyond that frame's extent is not explained by tearing it.
+        f.write_at(&[7], end as u64 + 100).unwrap();
+        f.sync_data().unwrap();
+        let m = refused(&d, "byte beyond the torn frame");
+        assert!(
+            m.contains(&format!("non-zero byte at {}", end + 100)),
+            "{m}"
+        );
+    }
+}

@@ -50,9 +50,10 @@ pub struct Faults {
     /// While set, checkpoints wait ([`Faults::hold_checkpoints`]).
     held: Mutex<bool>,
     released: Condvar,
-    /// `close` stops the threads without the final seal and checkpoint,
-    /// leaving the log as a crash would.
-    pub skip_close_checkpoint: AtomicBool,
+    /// No checkpoint runs from now on (one held by [`Faults::hold_checkpoints`]
+    /// is skipped when released) and `close` does not seal the last
+    /// segment: the log stays as a crash would leave it.
+    pub halt_checkpoints: AtomicBool,
     /// The writer thread panics at its next batch.
     pub panic_writer: AtomicBool,
     /// Called at each step of each checkpoint (to cut a simulated power there).
@@ -104,6 +105,11 @@ impl Faults {
         while *held {
             f.released.wait(&mut held);
         }
+    }
+    pub(crate) fn halted(faults: &Option<Arc<Faults>>) -> bool {
+        faults
+            .as_ref()
+            .is_some_and(|f| f.halt_checkpoints.load(Ordering::SeqCst))
     }
     pub(crate) fn step(faults: &Option<Arc<Faults>>, step: CheckpointStep) {
         if let Some(f) = faults {
