@@ -428,7 +428,13 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
                 self.shared.queued.fetch_sub(1, Ordering::Relaxed);
                 return Err(StoreError::Closed);
             }
-            rx.await.map_err(|_| StoreError::Closed)?
+            rx.await.map_err(|_| {
+                // The writer answers everything it takes, even on close: a
+                // reply dropped unanswered means its thread is gone (and
+                // readiness must say so now, not once it finished unwinding).
+                self.shared.writer_alive.store(false, Ordering::SeqCst);
+                StoreError::Closed
+            })?
         })
     }
 
