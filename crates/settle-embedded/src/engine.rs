@@ -458,12 +458,27 @@ impl<F: Fs, I: Index> Core<F, I> {
                 q.push(seq);
                 Ok(())
             }
-            // Blocks while the checkpointer is `max_checkpoint_backlog` behind.
-            SealSink::Channel(tx) => tx.send(CkptMsg::Sealed(seq)).map_err(|_| {
-                tracing::error!("the checkpointer stopped; failing closed");
-                self.shared.poison();
-                StoreError::Io("the checkpointer stopped".into())
-            }),
+            SealSink::Channel(tx) => {
+                let sent = match tx.try_send(CkptMsg::Sealed(seq)) {
+                    Ok(()) => Ok(()),
+                    // The checkpointer is `max_checkpoint_backlog` behind:
+                    // wait for it (commands queue up meanwhile, up to `max_queue`).
+                    Err(crossbeam_channel::TrySendError::Full(m)) => {
+                        tracing::warn!(segment = seq, "the checkpointer is behind; writes wait");
+                        metrics::counter!("settle_checkpoint_backpressure_total").increment(1);
+                        Faults::set_writer_waiting(&self.faults, true);
+                        let r = tx.send(m).map_err(|_| ());
+                        Faults::set_writer_waiting(&self.faults, false);
+                        r
+                    }
+                    Err(crossbeam_channel::TrySendError::Disconnected(_)) => Err(()),
+                };
+                sent.map_err(|()| {
+                    tracing::error!("the checkpointer stopped; failing closed");
+                    self.shared.poison();
+                    StoreError::Io("the checkpointer stopped".into())
+                })
+            }
         }
     }
 }

@@ -28,6 +28,12 @@ pub enum CheckpointStep {
 
 type Hook = Arc<dyn Fn(CheckpointStep) + Send + Sync>;
 
+#[derive(Default)]
+struct Gate {
+    held: bool,
+    writer_waiting: bool,
+}
+
 /// Fault injection for tests: each flag fails the next matching call once.
 #[derive(Default)]
 pub struct Faults {
@@ -47,9 +53,10 @@ pub struct Faults {
     pub prepares_running: AtomicUsize,
     /// Each checkpoint waits this long first (ms): a slow index.
     pub checkpoint_delay_ms: AtomicU64,
-    /// While set, checkpoints wait ([`Faults::hold_checkpoints`]).
-    held: Mutex<bool>,
-    released: Condvar,
+    /// Whether checkpoints are held ([`Faults::hold_checkpoints`]) and
+    /// whether the writer waits for the checkpointer (backpressure).
+    gate: Mutex<Gate>,
+    changed: Condvar,
     /// No checkpoint runs from now on (one held by [`Faults::hold_checkpoints`]
     /// is skipped when released) and `close` does not seal the last
     /// segment: the log stays as a crash would leave it.
@@ -88,11 +95,26 @@ impl Faults {
     }
     /// Checkpoints wait until [`Faults::release_checkpoints`].
     pub fn hold_checkpoints(&self) {
-        *self.held.lock() = true;
+        self.gate.lock().held = true;
     }
     pub fn release_checkpoints(&self) {
-        *self.held.lock() = false;
-        self.released.notify_all();
+        self.gate.lock().held = false;
+        self.changed.notify_all();
+    }
+    /// Blocks until the writer waits for the checkpointer (`true`), or the
+    /// checkpoints are released (`false`).
+    pub fn wait_for_writer_to_wait(&self) -> bool {
+        let mut g = self.gate.lock();
+        while !g.writer_waiting && g.held {
+            self.changed.wait(&mut g);
+        }
+        g.writer_waiting
+    }
+    pub(crate) fn set_writer_waiting(faults: &Option<Arc<Faults>>, waiting: bool) {
+        if let Some(f) = faults {
+            f.gate.lock().writer_waiting = waiting;
+            f.changed.notify_all();
+        }
     }
     /// The checkpoint delay faults: a fixed delay, then the hold.
     pub(crate) fn before_checkpoint(faults: &Option<Arc<Faults>>) {
@@ -101,9 +123,9 @@ impl Faults {
         if ms > 0 {
             std::thread::sleep(Duration::from_millis(ms));
         }
-        let mut held = f.held.lock();
-        while *held {
-            f.released.wait(&mut held);
+        let mut g = f.gate.lock();
+        while g.held {
+            f.changed.wait(&mut g);
         }
     }
     pub(crate) fn halted(faults: &Option<Arc<Faults>>) -> bool {
