@@ -31,6 +31,8 @@ type Hook = Arc<dyn Fn(CheckpointStep) + Send + Sync>;
 #[derive(Default)]
 struct Gate {
     held: bool,
+    /// A checkpoint is waiting at the gate.
+    holding: bool,
     writer_waiting: bool,
 }
 
@@ -101,14 +103,15 @@ impl Faults {
         self.gate.lock().held = false;
         self.changed.notify_all();
     }
-    /// Blocks until the writer waits for the checkpointer (`true`), or the
+    /// Blocks until the writer waits for a checkpointer that is held at
+    /// the gate, so it will wait until released (`true`), or until the
     /// checkpoints are released (`false`).
     pub fn wait_for_writer_to_wait(&self) -> bool {
         let mut g = self.gate.lock();
-        while !g.writer_waiting && g.held {
+        while !(g.writer_waiting && g.holding) && g.held {
             self.changed.wait(&mut g);
         }
-        g.writer_waiting
+        g.writer_waiting && g.holding
     }
     pub(crate) fn set_writer_waiting(faults: &Option<Arc<Faults>>, waiting: bool) {
         if let Some(f) = faults {
@@ -124,8 +127,13 @@ impl Faults {
             std::thread::sleep(Duration::from_millis(ms));
         }
         let mut g = f.gate.lock();
-        while g.held {
-            f.changed.wait(&mut g);
+        if g.held {
+            g.holding = true;
+            f.changed.notify_all();
+            while g.held {
+                f.changed.wait(&mut g);
+            }
+            g.holding = false;
         }
     }
     pub(crate) fn halted(faults: &Option<Arc<Faults>>) -> bool {

@@ -46,6 +46,7 @@ async fn a_slow_checkpointer_bounds_the_log_and_the_queue() {
         segment_bytes: 8192,
         max_checkpoint_backlog: backlog,
         max_queue: 16,
+        max_batch: 32,
         overload_retry_after_ms: 250,
         faults: Some(faults.clone()),
         ..EmbeddedOptions::default()
@@ -95,8 +96,8 @@ async fn a_slow_checkpointer_bounds_the_log_and_the_queue() {
         }
     }
     // The writer waits now: writes queue up to `max_queue`, then are refused.
-    // More writes than the queue holds: the first answer is a refusal.
-    for _ in 0..o.max_queue + 4 {
+    // More writes than one batch and the queue hold: the first answer is a refusal.
+    for _ in 0..o.max_batch + o.max_queue + 4 {
         spawn(i);
         i += 1;
     }
@@ -154,4 +155,42 @@ async fn a_slow_checkpointer_bounds_the_log_and_the_queue() {
     eprintln!(
         "backpressure: overloaded after {before_release} acknowledged writes, at most {most_logs} log segments"
     );
+}
+
+/// A backlog left by a crash is checkpointed one segment at a time (each
+/// read, ingested, recorded and deleted before the next is read), so the
+/// memory a checkpoint needs is one segment's, however long the backlog.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_is_checkpointed_one_segment_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = |faults: Arc<Faults>| EmbeddedOptions {
+        segment_bytes: 8192,
+        max_checkpoint_backlog: 100,
+        faults: Some(faults),
+        ..EmbeddedOptions::default()
+    };
+    let halted = Arc::new(Faults::default());
+    halted
+        .halt_checkpoints
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let store = EmbeddedStore::open(dir.path(), o(halted)).unwrap();
+    for i in 0..150 {
+        store
+            .execute(&tenant(), claim(&format!("b{i}"), 1, binding("alice", 0)))
+            .await
+            .unwrap();
+    }
+    store.close();
+    drop(store);
+    let backlog = logs(dir.path());
+    assert!(backlog >= 3, "{backlog} segments");
+    let faults = Arc::new(Faults::default());
+    let store = EmbeddedStore::open(dir.path(), o(faults.clone())).unwrap();
+    store.close();
+    assert_eq!(
+        faults.checkpoints.load(std::sync::atomic::Ordering::SeqCst) as usize,
+        backlog,
+        "one checkpoint per segment"
+    );
+    assert_eq!(logs(dir.path()), 1, "only the new, empty segment is left");
 }
