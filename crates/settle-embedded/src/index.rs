@@ -17,6 +17,9 @@ use settle_ledger::StoreError;
 /// [`FjallIndex`] is the real one; [`crate::sim::MemIndex`] keeps it in
 /// memory, with the same durability points, for power-loss tests and
 /// simulation (fjall has no pluggable filesystem).
+/// Ids and stored values of open records.
+pub type OpenRecords<B> = Vec<(Vec<u8>, B)>;
+
 pub trait Index: Send + Sync + 'static {
     type Bytes: AsRef<[u8]> + Send + 'static;
 
@@ -24,7 +27,7 @@ pub trait Index: Send + Sync + 'static {
     fn meta(&self) -> Result<Meta, StoreError>;
     /// The ids and values of the records listed as open (to reload at start;
     /// the list may hold records that settled since: the caller filters).
-    fn open_records(&self) -> Result<Vec<(Vec<u8>, Self::Bytes)>, StoreError>;
+    fn open_records(&self) -> Result<OpenRecords<Self::Bytes>, StoreError>;
     /// Writes the newest states of a checkpoint (`items` sorted by key) into
     /// `data`, `open` and `expiry`, durably before returning.
     fn ingest(&self, items: &[CheckpointItem<'_>]) -> Result<(), StoreError>;
@@ -148,7 +151,7 @@ impl Index for FjallIndex {
         })
     }
 
-    fn open_records(&self) -> Result<Vec<(Vec<u8>, fjall::Slice)>, StoreError> {
+    fn open_records(&self) -> Result<OpenRecords<fjall::Slice>, StoreError> {
         let mut out = Vec::new();
         for g in self.open.iter() {
             let k = g.key().map_err(err)?;

@@ -83,6 +83,9 @@ fn io(e: std::io::Error) -> StoreError {
     StoreError::Io(e.to_string())
 }
 
+/// The writer's and the checkpointer's state.
+type Engine<F, I> = (Core<F, I>, Checkpointer<F, I>);
+
 /// Recovers the store in `dir` (on `fs`, with `index`), tidies its log and
 /// builds the writer's and the checkpointer's state.
 fn recover_engine<F: Fs, I: Index>(
@@ -91,7 +94,7 @@ fn recover_engine<F: Fs, I: Index>(
     index: I,
     opts: &EmbeddedOptions,
     sealed: SealSink,
-) -> Result<(Core<F, I>, Checkpointer<F, I>), StoreError> {
+) -> Result<Engine<F, I>, StoreError> {
     let wal_dir = dir.join("wal");
     let mut rec = recovery::recover(fs, &wal_dir, &index)?;
     rec.apply(fs, &wal_dir, &index)?;

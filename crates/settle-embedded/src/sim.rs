@@ -519,11 +519,14 @@ struct Tables {
     meta: Option<Meta>,
 }
 
+/// A stored value; `None` deletes.
+type Value = Option<Arc<[u8]>>;
+
 /// One change not yet durable.
 #[derive(Clone, Debug)]
 enum Op {
     /// An ingestion of one keyspace whose sync did not complete.
-    Data(Vec<(Vec<u8>, Option<Arc<[u8]>>)>),
+    Data(Vec<(Vec<u8>, Value)>),
     Open(Vec<(Vec<u8>, bool)>),
     Expiry(Vec<Vec<u8>>),
     /// Journal writes: durable at the next persist.
@@ -703,7 +706,7 @@ impl Index for MemIndex {
         }))
     }
 
-    fn open_records(&self) -> Result<Vec<(Vec<u8>, Arc<[u8]>)>, StoreError> {
+    fn open_records(&self) -> Result<crate::index::OpenRecords<Arc<[u8]>>, StoreError> {
         self.check()?;
         let s = self.inner.lock();
         Ok(s.live
