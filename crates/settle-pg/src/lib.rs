@@ -299,7 +299,12 @@ impl Store for PgStore {
     }
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move { engine::now(&self.inner).await.map(|_| ()).map_err(Into::into) })
+        Box::pin(async move {
+            engine::now(&self.inner)
+                .await
+                .map(|_| ())
+                .map_err(Into::into)
+        })
     }
 }
 
