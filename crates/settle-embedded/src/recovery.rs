@@ -71,7 +71,7 @@ fn decode_slot(
     bytes: &[u8],
     lsn: u64,
     undecodable: &mut Vec<Box<[u8]>>,
-) -> Option<Slot> {
+) -> Slot {
     let value = match decode_value(bytes) {
         Ok(v) => v,
         Err(e) => {
@@ -80,10 +80,10 @@ fn decode_slot(
             Value::Undecodable(e.to_string().into())
         }
     };
-    Some(Slot {
+    Slot {
         lsn,
         value: Arc::new(value),
-    })
+    }
 }
 
 /// Judges the tail of a segment after its whole frames. `Ok(Some(range))`
@@ -148,14 +148,14 @@ pub fn recover<F: Fs, I: Index>(
     let mut undecodable = Vec::new();
     for (k, bytes) in index.open_records()? {
         let slot = decode_slot(&k, bytes.as_ref(), meta.checkpoint_lsn, &mut undecodable);
-        match slot.as_ref().map(|s| &*s.value) {
+        let keep = match &*slot.value {
             // A stale id: the record settled or went since.
-            Some(Value::Record(r)) if r.status.is_terminal() => continue,
-            Some(Value::Record(_) | Value::Undecodable(_)) => {}
-            _ => continue,
-        }
-        if let Some(s) = slot {
-            map.insert(k.into_boxed_slice(), s);
+            Value::Record(r) => !r.status.is_terminal(),
+            Value::Undecodable(_) => true,
+            _ => false,
+        };
+        if keep {
+            map.insert(k.into_boxed_slice(), slot);
         }
     }
 
@@ -218,7 +218,7 @@ pub fn recover<F: Fs, I: Index>(
                         value: Arc::new(Value::Gone),
                     }
                 } else {
-                    decode_slot(e.key, e.value, lsn, &mut undecodable).expect("a slot")
+                    decode_slot(e.key, e.value, lsn, &mut undecodable)
                 };
                 map.insert(e.key.into(), value);
             }
