@@ -66,12 +66,7 @@ fn corrupt(msg: String) -> StoreError {
     StoreError::Corrupt(msg)
 }
 
-fn decode_slot(
-    key: &[u8],
-    bytes: &[u8],
-    lsn: u64,
-    undecodable: &mut Vec<Box<[u8]>>,
-) -> Slot {
+fn decode_slot(key: &[u8], bytes: &[u8], lsn: u64, undecodable: &mut Vec<Box<[u8]>>) -> Slot {
     let value = match decode_value(bytes) {
         Ok(v) => v,
         Err(e) => {
