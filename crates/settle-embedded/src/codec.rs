@@ -7,15 +7,21 @@ use serde::{Deserialize, Serialize};
 use settle_core::{Key, Principal, PrincipalState, Record, TaskId, TenantId, Warning};
 use settle_ledger::StoreError;
 
-/// Version of the value and frame encodings written by this build.
+/// Version of the value encoding written by this build.
 /// 2: records keep each attempt's `error`, leases can end by
 /// `release(not_committed)`, principals keep their newest moves (issue 8).
 /// A store written in version 1 is refused on open (no converter).
 pub const FORMAT_VERSION: u8 = 2;
+/// Version of the log frame encoding (2: checksummed header bound to its
+/// segment and offset, the disputed count in every batch).
+pub const FRAME_VERSION: u8 = 2;
 
-const FRAME_MAGIC: u32 = 0x5354_4c31; // "STL1"
-/// magic + payload length + crc32
-pub const FRAME_HEADER: usize = 12;
+const FRAME_MAGIC: u32 = 0x5354_4c32; // "STL2"
+/// The magic of format-1 frames (before the header checksum), recognised
+/// only to refuse them clearly instead of taking them for a torn tail.
+pub const FRAME_MAGIC_V1: u32 = 0x5354_4c31;
+/// magic + payload length + payload crc32 + header crc32
+pub const FRAME_HEADER: usize = 16;
 
 /// What a log entry or index row is about.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -69,6 +75,11 @@ pub enum Value {
     Principal(PrincipalState),
     Warnings(Vec<Warning>),
     Gone,
+    /// In memory only, never written: a stored value that does not decode
+    /// (its bytes stay where they are). Every command on its key is
+    /// refused, and it is never taken for absent.
+    #[serde(skip)]
+    Undecodable(std::sync::Arc<str>),
 }
 
 /// `[version][postcard(value)]`.
@@ -125,6 +136,7 @@ impl<'a> Entry<'a> {
     }
 
     /// The entity's state.
+    #[cfg(test)]
     pub fn decode(&self) -> Result<Value, StoreError> {
         if self.value.is_empty() {
             Ok(Value::Gone)
@@ -138,10 +150,12 @@ impl<'a> Entry<'a> {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Batch<'a> {
     pub version: u8,
-    /// Log sequence number of this batch (strictly increasing, across restarts too).
+    /// Log sequence number of this batch: consecutive, across segments and restarts.
     pub lsn: u64,
     /// The fence counter after this batch: fences below it were granted.
     pub next_fence: u64,
+    /// Records marked `disputed` in the whole store after this batch.
+    pub disputed: u64,
     #[serde(borrow)]
     pub entries: Vec<Entry<'a>>,
 }
@@ -150,11 +164,29 @@ pub struct Batch<'a> {
 pub fn encode_for_log(v: &Value) -> Vec<u8> {
     match v {
         Value::Gone => Vec::new(),
+        Value::Undecodable(_) => unreachable!("an undecodable value is never written"),
         v => encode_value(v),
     }
 }
 
-/// Appends one frame (header + postcard payload) to `out`.
+fn le32(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// The header checksum covers the magic, the length and the payload
+/// checksum, and is bound to where the frame lives (segment and offset):
+/// a frame-shaped byte string anywhere else (inside a result, say) never
+/// reads as a valid frame.
+fn header_crc(seq: u64, offset: u64, header: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&seq.to_le_bytes());
+    h.update(&offset.to_le_bytes());
+    h.update(&header[..12]);
+    h.finalize()
+}
+
+/// Appends one frame (header + postcard payload) to `out`. Its header
+/// checksum is written by [`place_frame`] once its position is known.
 pub fn encode_frame(batch: &Batch<'_>, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_HEADER]);
@@ -167,50 +199,108 @@ pub fn encode_frame(batch: &Batch<'_>, out: &mut Vec<u8>) {
     out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// Seals the header of the frame at the start of `frame` for byte
+/// `offset` of segment `seq`.
+pub fn place_frame(frame: &mut [u8], seq: u64, offset: u64) {
+    let crc = header_crc(seq, offset, frame);
+    frame[12..16].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The length of the frame whose header is at the start of `buf`, if that
+/// header is intact (magic, length and checksum, for this position).
+pub fn frame_extent(buf: &[u8], seq: u64, offset: u64) -> Option<usize> {
+    if buf.len() < FRAME_HEADER
+        || le32(&buf[0..4]) != FRAME_MAGIC
+        || le32(&buf[12..16]) != header_crc(seq, offset, buf)
+    {
+        return None;
+    }
+    Some(FRAME_HEADER + le32(&buf[4..8]) as usize)
+}
+
 /// Result of reading one frame at the start of `buf`.
 pub enum Frame<'a> {
     /// A whole, checksummed frame and its length in bytes.
     Ok(Batch<'a>, usize),
-    /// Nothing more: end of data, or a torn/garbage tail.
-    End,
+    /// No whole frame here: end of data, a torn write, or damage. `extent`
+    /// is the frame's length when its header is intact.
+    Bad { extent: Option<usize> },
 }
 
-/// Decodes the frame at the start of `buf`. A short, torn or checksum-failing
-/// frame reads as [`Frame::End`]: the caller decides whether that may be a torn tail.
-pub fn decode_frame(buf: &[u8]) -> Result<Frame<'_>, StoreError> {
-    if buf.len() < FRAME_HEADER {
-        return Ok(Frame::End);
+/// Decodes the frame at the start of `buf`, which is byte `offset` of
+/// segment `seq`. A short, torn or checksum-failing frame reads as
+/// [`Frame::Bad`]: the caller decides whether that may be a torn tail. A
+/// frame whose checksums hold but whose content does not decode is damage
+/// no torn write explains: an error.
+pub fn decode_frame(buf: &[u8], seq: u64, offset: u64) -> Result<Frame<'_>, StoreError> {
+    let Some(extent) = frame_extent(buf, seq, offset) else {
+        return Ok(Frame::Bad { extent: None });
+    };
+    if buf.len() < extent || crc32fast::hash(&buf[FRAME_HEADER..extent]) != le32(&buf[8..12]) {
+        return Ok(Frame::Bad {
+            extent: Some(extent),
+        });
     }
-    let magic = u32::from_le_bytes(buf[0..4].try_into().unwrap());
-    let len = u32::from_le_bytes(buf[4..8].try_into().unwrap()) as usize;
-    let crc = u32::from_le_bytes(buf[8..12].try_into().unwrap());
-    if magic != FRAME_MAGIC || buf.len() < FRAME_HEADER + len {
-        return Ok(Frame::End);
-    }
-    let payload = &buf[FRAME_HEADER..FRAME_HEADER + len];
-    if crc32fast::hash(payload) != crc {
-        return Ok(Frame::End);
-    }
-    let batch: Batch<'_> = postcard::from_bytes(payload)
-        .map_err(|e| StoreError::Corrupt(format!("log frame: {e}")))?;
-    if batch.version != FORMAT_VERSION {
+    let at = || format!("segment {seq} byte {offset}");
+    let batch: Batch<'_> = postcard::from_bytes(&buf[FRAME_HEADER..extent])
+        .map_err(|e| StoreError::Corrupt(format!("log frame at {}: {e}", at())))?;
+    if batch.version != FRAME_VERSION {
         return Err(StoreError::Corrupt(format!(
-            "unknown log format version {}",
+            "log frame at {}: unknown log format version {} (this build reads {FRAME_VERSION})",
+            at(),
             batch.version
         )));
     }
-    Ok(Frame::Ok(batch, FRAME_HEADER + len))
+    Ok(Frame::Ok(batch, extent))
 }
 
-/// Every whole frame at the start of `buf`, and the byte length they cover.
-pub fn decode_frames(buf: &[u8]) -> Result<(Vec<Batch<'_>>, usize), StoreError> {
+/// The whole frames at the start of segment `seq`'s bytes, where they end,
+/// and the extent of the frame header found there if it is intact.
+pub struct Frames<'a> {
+    pub batches: Vec<Batch<'a>>,
+    /// Where each batch's frame starts.
+    pub starts: Vec<usize>,
+    /// Byte offset after the last whole frame.
+    pub valid: usize,
+    /// Length of the (torn or damaged) frame at `valid`, if its header is intact.
+    pub bad_extent: Option<usize>,
+}
+
+pub fn decode_frames(buf: &[u8], seq: u64) -> Result<Frames<'_>, StoreError> {
     let mut pos = 0usize;
     let mut batches = Vec::new();
-    while let Frame::Ok(b, len) = decode_frame(&buf[pos..])? {
-        batches.push(b);
-        pos += len;
+    let mut starts = Vec::new();
+    loop {
+        match decode_frame(&buf[pos..], seq, pos as u64)? {
+            Frame::Ok(b, len) => {
+                batches.push(b);
+                starts.push(pos);
+                pos += len;
+            }
+            Frame::Bad { extent } => {
+                return Ok(Frames {
+                    batches,
+                    starts,
+                    valid: pos,
+                    bad_extent: extent,
+                });
+            }
+        }
     }
-    Ok((batches, pos))
+}
+
+/// The first offset at or after `from` where an intact frame header of
+/// segment `seq` starts (a frame was written there).
+pub fn find_frame_header(buf: &[u8], seq: u64, from: usize) -> Option<usize> {
+    let magic = FRAME_MAGIC.to_le_bytes();
+    let mut i = from;
+    while i + FRAME_HEADER <= buf.len() {
+        if buf[i..i + 4] == magic && frame_extent(&buf[i..], seq, i as u64).is_some() {
+            return Some(i);
+        }
+        i += 1;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -261,36 +351,92 @@ mod tests {
         assert_eq!(EntityKey::from_bytes(&p.to_bytes()).unwrap(), p);
     }
 
-    #[test]
-    fn frames_detect_torn_and_corrupt_tails() {
+    fn sample_frame(lsn: u64) -> (Vec<u8>, Value) {
         let k = EntityKey::Record(TenantId::default_tenant(), key("k")).to_bytes();
         let v = Value::Record(sample_record());
         let blob = encode_for_log(&v);
-        let entry = Entry::new(&k, &v, &blob);
-        assert!(!entry.open);
-        assert!(entry.expires_at.is_some());
         let batch = Batch {
-            version: FORMAT_VERSION,
-            lsn: 7,
+            version: FRAME_VERSION,
+            lsn,
             next_fence: 3,
-            entries: vec![entry],
+            disputed: 0,
+            entries: vec![Entry::new(&k, &v, &blob)],
         };
         let mut buf = Vec::new();
         encode_frame(&batch, &mut buf);
+        (buf, v)
+    }
+
+    #[test]
+    fn frames_detect_torn_and_corrupt_tails() {
+        let (mut buf, v) = sample_frame(7);
+        place_frame(&mut buf, 1, 0);
         let n = buf.len();
-        match decode_frame(&buf).unwrap() {
+        match decode_frame(&buf, 1, 0).unwrap() {
             Frame::Ok(b, len) => {
-                assert_eq!(b, batch);
+                assert_eq!(b.lsn, 7);
+                assert!(!b.entries[0].open);
+                assert!(b.entries[0].expires_at.is_some());
                 assert_eq!(b.entries[0].decode().unwrap(), v);
                 assert_eq!(len, n);
             }
-            Frame::End => panic!("whole frame"),
+            Frame::Bad { .. } => panic!("whole frame"),
         }
-        for cut in [0, 5, FRAME_HEADER, n - 1] {
-            assert!(matches!(decode_frame(&buf[..cut]).unwrap(), Frame::End));
+        // Cut inside the header: nothing known; cut after it: the extent is known.
+        for cut in [0, 5, FRAME_HEADER - 1] {
+            assert!(matches!(
+                decode_frame(&buf[..cut], 1, 0).unwrap(),
+                Frame::Bad { extent: None }
+            ));
+        }
+        for cut in [FRAME_HEADER, n - 1] {
+            assert!(matches!(
+                decode_frame(&buf[..cut], 1, 0).unwrap(),
+                Frame::Bad { extent: Some(e) } if e == n
+            ));
         }
         let mut flipped = buf.clone();
         flipped[n - 3] ^= 0x40;
-        assert!(matches!(decode_frame(&flipped).unwrap(), Frame::End));
+        assert!(matches!(
+            decode_frame(&flipped, 1, 0).unwrap(),
+            Frame::Bad { extent: Some(_) }
+        ));
+    }
+
+    #[test]
+    fn the_header_is_checksummed_and_bound_to_its_position() {
+        let (mut buf, _) = sample_frame(7);
+        place_frame(&mut buf, 3, 4096);
+        assert!(matches!(
+            decode_frame(&buf, 3, 4096).unwrap(),
+            Frame::Ok(..)
+        ));
+        // The same bytes anywhere else are not a frame.
+        for (seq, off) in [(3, 0), (4, 4096), (2, 4096)] {
+            assert!(matches!(
+                decode_frame(&buf, seq, off).unwrap(),
+                Frame::Bad { extent: None }
+            ));
+        }
+        // A flipped bit in the magic or the length is caught by the header checksum.
+        for byte in [0, 1, 4, 5, 6] {
+            let mut b = buf.clone();
+            b[byte] ^= 0x01;
+            assert!(
+                matches!(
+                    decode_frame(&b, 3, 4096).unwrap(),
+                    Frame::Bad { extent: None }
+                ),
+                "byte {byte}"
+            );
+        }
+        let mut hay = vec![0u8; 100];
+        hay.extend_from_slice(&buf);
+        assert_eq!(find_frame_header(&hay, 3, 0), None, "bound to offset 4096");
+        let mut b2 = buf.clone();
+        place_frame(&mut b2, 3, 100);
+        let mut hay = vec![0u8; 100];
+        hay.extend_from_slice(&b2);
+        assert_eq!(find_frame_header(&hay, 3, 0), Some(100));
     }
 }

@@ -9,29 +9,37 @@
 //! 3. Only then does it publish the new states to the durable map (which
 //!    readers see) and answer every caller.
 //! 4. When a segment is full it seals it; the checkpointer writes every
-//!    entity changed up to the seal into the index, fsyncs it, deletes the
-//!    covered segments and evicts terminal records from memory.
+//!    entity changed in it into the index, makes that durable, deletes the
+//!    segment and evicts terminal records from memory.
+//!
+//! [`Core`] (the writer's state) and [`Checkpointer`] are plain structs
+//! over the I/O seam ([`Fs`]) and the [`Index`]: the threaded store drives
+//! them from two threads, [`crate::InlineStore`] from the caller's thread
+//! (deterministic, for power-loss tests and simulation).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use dashmap::DashMap;
 use settle_core::{
-    Command, Ctx, Fence, Limits, OpState, PrincipalState, Principals, Reply, Target, TenantId,
-    Timestamp, apply, principals_needed,
+    Command, Ctx, Fence, Limits, OpState, PrincipalState, Principals, RefusalCode, Reply, Target,
+    TenantId, Timestamp, apply, principals_needed,
 };
 use settle_ledger::{Clock, StoreError};
 use tokio::sync::oneshot;
 
 use crate::codec::{
-    Batch, EntityKey, Entry, FORMAT_VERSION, Value, decode_frames, encode_for_log, encode_frame,
+    Batch, EntityKey, Entry, FRAME_VERSION, Value, decode_frames, decode_value, encode_for_log,
+    encode_frame,
 };
+use crate::fs::Fs;
 use crate::index::{CheckpointItem, Index, Meta};
-use crate::wal::{self, Faults, Wal};
+use crate::recovery::Recovered;
+use crate::wal::{self, CheckpointStep, Faults, Wal, first_nonzero};
 
 /// Hashing for in-memory maps: keys come from the tenants' trusted
 /// services, and foldhash is randomly seeded; SipHash showed in profiles.
@@ -56,19 +64,48 @@ impl Slot {
 }
 
 /// State shared by the writer, the checkpointer and readers.
-pub struct Shared {
+pub struct Shared<I> {
     /// Durable state changed since the last checkpoint, plus every open record.
     pub map: DashMap<Box<[u8]>, Slot, Hasher>,
-    pub index: Index,
+    pub index: I,
     /// Set on any write, fsync or checkpoint failure: the store fails closed.
     pub poisoned: AtomicBool,
     pub clock: Clock,
     pub limits: Limits,
     /// The store's clock never goes backwards within a process.
     pub last_now: AtomicU64,
+    /// Records marked disputed, store-wide, as of the last durable batch.
+    pub disputed: AtomicU64,
+    /// Keys whose stored value does not decode, met so far.
+    pub undecodable: DashMap<Box<[u8]>, (), Hasher>,
+    /// Commands admitted to the writer's queue and not yet taken.
+    pub queued: AtomicUsize,
+    pub writer_alive: AtomicBool,
+    pub checkpointer_alive: AtomicBool,
 }
 
-impl Shared {
+impl<I: Index> Shared<I> {
+    pub fn new(
+        index: I,
+        map: DashMap<Box<[u8]>, Slot, Hasher>,
+        clock: Clock,
+        limits: Limits,
+    ) -> Self {
+        Shared {
+            map,
+            index,
+            poisoned: AtomicBool::new(false),
+            clock,
+            limits,
+            last_now: AtomicU64::new(0),
+            disputed: AtomicU64::new(0),
+            undecodable: DashMap::default(),
+            queued: AtomicUsize::new(0),
+            writer_alive: AtomicBool::new(true),
+            checkpointer_alive: AtomicBool::new(true),
+        }
+    }
+
     /// The store's clock: the configured clock, never earlier than a time already used.
     pub fn now(&self) -> Timestamp {
         let t = self.clock.now().0;
@@ -76,23 +113,47 @@ impl Shared {
         Timestamp(prev.max(t))
     }
 
+    pub fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+    }
+
+    /// Decodes a stored value; one that does not decode is remembered,
+    /// logged once, and read as [`Value::Undecodable`] (never as absent).
+    pub fn decode(&self, key: &[u8], bytes: &[u8]) -> Value {
+        match decode_value(bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                if self.undecodable.insert(key.into(), ()).is_none() {
+                    tracing::error!(key = %String::from_utf8_lossy(key), error = %e,
+                        "stored value does not decode; its key is refused");
+                }
+                Value::Undecodable(e.to_string().into())
+            }
+        }
+    }
+
     /// The durable state of an entity (map, then index).
     pub fn load(&self, key: &[u8]) -> Result<Option<Arc<Value>>, StoreError> {
         if let Some(s) = self.map.get(key) {
             return Ok(Some(s.value.clone()));
         }
-        Ok(self.index.get(key)?.map(Arc::new))
+        Ok(self
+            .index
+            .get(key)?
+            .map(|b| Arc::new(self.decode(key, b.as_ref()))))
     }
 
+    /// A principal's generation; `Ok(Err(_))` if its stored state does not decode.
     pub fn principal(
         &self,
         tenant: &TenantId,
         p: &settle_core::Principal,
-    ) -> Result<PrincipalState, StoreError> {
+    ) -> Result<Result<PrincipalState, RefusalCode>, StoreError> {
         let k = EntityKey::Principal(tenant.clone(), p.clone()).to_bytes();
         Ok(match self.load(&k)?.as_deref() {
-            Some(Value::Principal(s)) => *s,
-            _ => PrincipalState::default(),
+            Some(Value::Principal(s)) => Ok(*s),
+            Some(Value::Undecodable(_)) => Err(RefusalCode::RecordRefused),
+            _ => Ok(PrincipalState::default()),
         })
     }
 }
@@ -110,92 +171,99 @@ pub enum Msg {
 }
 
 pub enum CkptMsg {
-    Sealed { seq: u64, lsn: u64, next_fence: u64 },
+    /// Segments up to this one are sealed.
+    Sealed(u64),
     Stop(std::sync::mpsc::Sender<()>),
 }
 
-pub struct WriterConfig {
-    pub max_batch: usize,
+/// Where sealed segments go.
+pub enum SealSink {
+    /// To the checkpointer thread, over a bounded channel: when the
+    /// checkpointer is that far behind, the writer waits (backpressure).
+    Channel(Sender<CkptMsg>),
+    /// Queued for the caller to checkpoint inline.
+    Queue(Vec<u64>),
 }
 
-pub struct Writer {
-    pub shared: Arc<Shared>,
-    pub wal: Wal,
+/// The writer's state: everything one group commit needs.
+pub struct Core<F: Fs, I: Index> {
+    pub shared: Arc<Shared<I>>,
+    pub wal: Wal<F>,
+    /// The last durable batch.
     pub lsn: u64,
     pub next_fence: u64,
-    pub rx: Receiver<Msg>,
-    pub ckpt: Sender<CkptMsg>,
-    pub config: WriterConfig,
-    /// The LSN that ends each written batch of the current segment.
-    pub segment_last_lsn: u64,
+    /// Records marked disputed as of the last durable batch.
+    pub disputed: u64,
+    pub max_batch: usize,
     /// Principal generations the writer has seen. The writer is their only
     /// mutator, so this cache is exact; it saves an index lookup (usually a
     /// miss: most principals stay at generation 0) on every claim and settle.
     pub principals: HashMap<Box<[u8]>, PrincipalState, Hasher>,
     /// The batch's changes, reused across batches to keep its capacity.
     pub overlay: HashMap<Box<[u8]>, Value, Hasher>,
+    /// The frame buffer, reused across batches.
+    pub buf: Vec<u8>,
+    pub sealed: SealSink,
+    pub faults: Option<Arc<Faults>>,
 }
 
 /// Bound on the writer's principal cache; it is simply cleared when full.
 const PRINCIPAL_CACHE: usize = 100_000;
 
-fn io_err(e: std::io::Error) -> StoreError {
-    StoreError::Io(e.to_string())
-}
-
-impl Writer {
-    /// The writer thread's loop.
-    pub fn run(mut self) {
-        let mut batch: Vec<(TenantId, Command, ReplyTx)> =
-            Vec::with_capacity(self.config.max_batch);
-        let mut buf = Vec::with_capacity(1 << 20);
-        loop {
-            let first = match self.rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return self.close(None),
-            };
-            let mut closing = None;
-            let mut next = Some(first);
-            while let Some(m) = next.take() {
-                match m {
-                    Msg::Exec { tenant, cmd, reply } => batch.push((tenant, cmd, reply)),
-                    Msg::Close(done) => {
-                        closing = Some(done);
-                        break;
-                    }
-                }
-                if batch.len() < self.config.max_batch {
-                    next = self.rx.try_recv().ok();
-                }
-            }
-            if !batch.is_empty() {
-                self.commit(&mut batch, &mut buf);
-            }
-            if let Some(done) = closing {
-                return self.close(Some(done));
-            }
+impl<F: Fs, I: Index> Core<F, I> {
+    pub fn new(
+        shared: Arc<Shared<I>>,
+        wal: Wal<F>,
+        rec: &Recovered,
+        max_batch: usize,
+        sealed: SealSink,
+        faults: Option<Arc<Faults>>,
+    ) -> Self {
+        shared.disputed.store(rec.disputed, Ordering::SeqCst);
+        Core {
+            shared,
+            wal,
+            lsn: rec.lsn,
+            next_fence: rec.next_fence,
+            disputed: rec.disputed,
+            max_batch: max_batch.max(1),
+            principals: HashMap::default(),
+            overlay: HashMap::default(),
+            buf: Vec::with_capacity(1 << 20),
+            sealed,
+            faults,
         }
     }
 
-    /// Applies, logs, syncs, publishes, answers: one group commit.
-    fn commit(&mut self, batch: &mut Vec<(TenantId, Command, ReplyTx)>, buf: &mut Vec<u8>) {
+    /// Applies, logs, syncs, publishes, answers: one group commit. Every
+    /// command of `batch` is answered through `answer`, after its batch is
+    /// durable (or with an error, never a receipt).
+    pub fn commit<R>(
+        &mut self,
+        batch: &mut Vec<(TenantId, Command, R)>,
+        mut answer: impl FnMut(R, Result<Reply, StoreError>),
+    ) {
+        if Faults::take_panic(&self.faults) {
+            panic!("injected writer panic");
+        }
         if self.shared.poisoned.load(Ordering::SeqCst) {
-            for (_, _, reply) in batch.drain(..) {
-                let _ = reply.send(Err(StoreError::Poisoned));
+            for (_, _, r) in batch.drain(..) {
+                answer(r, Err(StoreError::Poisoned));
             }
             return;
         }
         let now = self.shared.now();
         let mut overlay = std::mem::take(&mut self.overlay);
         let mut replies = Vec::with_capacity(batch.len());
-        for (tenant, cmd, reply) in batch.drain(..) {
-            let r = self.apply_one(&tenant, &cmd, now, &mut overlay);
-            replies.push((reply, r));
+        let mut disputed = self.disputed as i64;
+        for (tenant, cmd, r) in batch.drain(..) {
+            let res = self.apply_one(&tenant, &cmd, now, &mut overlay, &mut disputed);
+            replies.push((r, res));
         }
         if !overlay.is_empty() {
             let started = Instant::now();
-            self.lsn += 1;
+            let lsn = self.lsn + 1;
+            let disputed = disputed.max(0) as u64;
             // Each value is encoded once: into the log here, and the
             // checkpointer ingests the same bytes into the index.
             let encoded: Vec<(Box<[u8]>, Value, Vec<u8>)> = overlay
@@ -206,36 +274,50 @@ impl Writer {
                 })
                 .collect();
             let frame = Batch {
-                version: FORMAT_VERSION,
-                lsn: self.lsn,
+                version: FRAME_VERSION,
+                lsn,
                 next_fence: self.next_fence,
+                disputed,
                 entries: encoded
                     .iter()
                     .map(|(k, v, b)| Entry::new(k, v, b))
                     .collect(),
             };
+            let mut buf = std::mem::take(&mut self.buf);
             buf.clear();
-            encode_frame(&frame, buf);
+            encode_frame(&frame, &mut buf);
             drop(frame);
             // A frame goes whole into one segment: start the next one if the
             // preallocated space is short (an oversized frame extends the file).
-            if self.wal.bytes() > 0 && !self.wal.fits(buf.len()) {
-                self.seal();
-            }
-            if let Err(e) = self.wal.append_sync(buf) {
-                // Fail closed: never retry an fsync, never answer with a receipt.
-                tracing::error!(error = %e, "log write failed; the store refuses writes until reopened");
-                self.shared.poisoned.store(true, Ordering::SeqCst);
-                let err = StoreError::Io(e.to_string());
-                for (reply, _) in replies {
-                    let _ = reply.send(Err(err.clone()));
+            if self.wal.bytes() > 0
+                && !self.wal.fits(buf.len())
+                && let Err(e) = self.seal()
+            {
+                // The batch stops here: nothing of it was written.
+                self.buf = buf;
+                for (r, _) in replies {
+                    answer(r, Err(e.clone()));
                 }
                 return;
             }
+            if let Err(e) = self.wal.append_sync(&mut buf) {
+                // Fail closed: never retry an fsync, never answer with a receipt.
+                tracing::error!(error = %e, "log write failed; the store refuses writes until reopened");
+                self.shared.poison();
+                self.buf = buf;
+                let err = StoreError::Io(e.to_string());
+                for (r, _) in replies {
+                    answer(r, Err(err.clone()));
+                }
+                return;
+            }
+            self.buf = buf;
+            self.lsn = lsn;
+            self.disputed = disputed;
+            self.shared.disputed.store(disputed, Ordering::SeqCst);
             metrics::histogram!("settle_commit_batch_size").record(replies.len() as f64);
             metrics::histogram!("settle_commit_duration_seconds")
                 .record(started.elapsed().as_secs_f64());
-            let lsn = self.lsn;
             for (k, v, _) in encoded {
                 if let Value::Principal(p) = &v {
                     self.principals.insert(k.clone(), *p);
@@ -252,14 +334,14 @@ impl Writer {
                     }
                 }
             }
-            self.segment_last_lsn = lsn;
         }
         self.overlay = overlay;
-        for (reply, r) in replies {
-            let _ = reply.send(r);
+        for (r, res) in replies {
+            answer(r, res);
         }
         if !self.wal.fits(4096) {
-            self.seal();
+            // A failure poisons the store; this batch is durable already.
+            let _ = self.seal();
         }
     }
 
@@ -270,7 +352,9 @@ impl Writer {
         cmd: &Command,
         now: Timestamp,
         overlay: &mut HashMap<Box<[u8]>, Value, Hasher>,
+        disputed: &mut i64,
     ) -> Result<Reply, StoreError> {
+        const REFUSED: Reply = Reply::Refused(RefusalCode::RecordRefused);
         let load = |overlay: &HashMap<Box<[u8]>, Value, Hasher>,
                     k: &[u8]|
          -> Result<Option<Value>, StoreError> {
@@ -287,6 +371,8 @@ impl Writer {
                     .into_boxed_slice();
                 state.record = match load(overlay, &k)? {
                     Some(Value::Record(r)) => Some(r),
+                    // Never taken for absent: the key could be claimed again.
+                    Some(Value::Undecodable(_)) => return Ok(REFUSED),
                     _ => None,
                 };
                 k
@@ -295,8 +381,10 @@ impl Writer {
                 let k = EntityKey::Task(tenant.clone(), task.clone())
                     .to_bytes()
                     .into_boxed_slice();
-                if let Some(Value::Warnings(w)) = load(overlay, &k)? {
-                    state.warnings = w;
+                match load(overlay, &k)? {
+                    Some(Value::Warnings(w)) => state.warnings = w,
+                    Some(Value::Undecodable(_)) => return Ok(REFUSED),
+                    _ => {}
                 }
                 k
             }
@@ -314,6 +402,7 @@ impl Writer {
             } else {
                 let s = match self.shared.load(&k)?.as_deref() {
                     Some(Value::Principal(s)) => *s,
+                    Some(Value::Undecodable(_)) => return Ok(REFUSED),
                     _ => PrincipalState::default(),
                 };
                 if self.principals.len() >= PRINCIPAL_CACHE {
@@ -325,6 +414,7 @@ impl Writer {
             principals.insert(p.clone(), st);
         }
         state.principals = principals;
+        let was_disputed = state.record.as_ref().is_some_and(|r| r.disputed);
         let ctx = Ctx {
             now,
             next_fence: Fence(self.next_fence),
@@ -342,7 +432,11 @@ impl Writer {
         }
         if applied.changed {
             let v = match cmd.target() {
-                Target::Record(_) => state.record.map(Value::Record).unwrap_or(Value::Gone),
+                Target::Record(_) => {
+                    let is_disputed = state.record.as_ref().is_some_and(|r| r.disputed);
+                    *disputed += is_disputed as i64 - was_disputed as i64;
+                    state.record.map(Value::Record).unwrap_or(Value::Gone)
+                }
                 Target::Task(_) => Value::Warnings(state.warnings),
                 Target::Principal(_) => unreachable!("principals report through dirty()"),
             };
@@ -351,19 +445,96 @@ impl Writer {
         Ok(applied.reply)
     }
 
-    /// Starts a new segment and hands the full one to the checkpointer.
-    fn seal(&mut self) {
-        match self.wal.rotate() {
-            Ok(seq) => {
-                let _ = self.ckpt.send(CkptMsg::Sealed {
-                    seq,
-                    lsn: self.segment_last_lsn,
-                    next_fence: self.next_fence,
+    /// Starts a new segment and hands the full one to the checkpointer. A
+    /// failure poisons the store.
+    pub fn seal(&mut self) -> Result<(), StoreError> {
+        let seq = self.wal.rotate().map_err(|e| {
+            tracing::error!(error = %e, "cannot start a new log segment; failing closed");
+            self.shared.poison();
+            StoreError::Io(format!("cannot start a new log segment: {e}"))
+        })?;
+        match &mut self.sealed {
+            SealSink::Queue(q) => {
+                q.push(seq);
+                Ok(())
+            }
+            SealSink::Channel(tx) => {
+                let sent = match tx.try_send(CkptMsg::Sealed(seq)) {
+                    Ok(()) => Ok(()),
+                    // The checkpointer is `max_checkpoint_backlog` behind:
+                    // wait for it (commands queue up meanwhile, up to `max_queue`).
+                    Err(crossbeam_channel::TrySendError::Full(m)) => {
+                        tracing::warn!(segment = seq, "the checkpointer is behind; writes wait");
+                        metrics::counter!("settle_checkpoint_backpressure_total").increment(1);
+                        Faults::set_writer_waiting(&self.faults, true);
+                        let r = tx.send(m).map_err(|_| ());
+                        Faults::set_writer_waiting(&self.faults, false);
+                        r
+                    }
+                    Err(crossbeam_channel::TrySendError::Disconnected(_)) => Err(()),
+                };
+                sent.map_err(|()| {
+                    tracing::error!("the checkpointer stopped; failing closed");
+                    self.shared.poison();
+                    StoreError::Io("the checkpointer stopped".into())
+                })
+            }
+        }
+    }
+}
+
+/// Runs a closure when dropped (also while unwinding).
+pub struct OnDrop<G: FnMut()>(pub G);
+
+impl<G: FnMut()> Drop for OnDrop<G> {
+    fn drop(&mut self) {
+        (self.0)()
+    }
+}
+
+/// The writer thread.
+pub struct Writer<F: Fs, I: Index> {
+    pub core: Core<F, I>,
+    pub rx: Receiver<Msg>,
+}
+
+impl<F: Fs, I: Index> Writer<F, I> {
+    /// The writer thread's loop.
+    pub fn run(mut self) {
+        let shared = self.core.shared.clone();
+        let _alive = OnDrop(move || shared.writer_alive.store(false, Ordering::SeqCst));
+        let mut batch: Vec<(TenantId, Command, ReplyTx)> = Vec::with_capacity(self.core.max_batch);
+        loop {
+            let first = match self.rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(m) => m,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return self.close(None),
+            };
+            let mut closing = None;
+            let mut next = Some(first);
+            while let Some(m) = next.take() {
+                match m {
+                    Msg::Exec { tenant, cmd, reply } => batch.push((tenant, cmd, reply)),
+                    Msg::Close(done) => {
+                        closing = Some(done);
+                        break;
+                    }
+                }
+                if batch.len() < self.core.max_batch {
+                    next = self.rx.try_recv().ok();
+                }
+            }
+            self.core
+                .shared
+                .queued
+                .fetch_sub(batch.len(), Ordering::Relaxed);
+            if !batch.is_empty() {
+                self.core.commit(&mut batch, |tx, r| {
+                    let _ = tx.send(r);
                 });
             }
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start a new log segment; failing closed");
-                self.shared.poisoned.store(true, Ordering::SeqCst);
+            if let Some(done) = closing {
+                return self.close(Some(done));
             }
         }
     }
@@ -374,141 +545,174 @@ impl Writer {
         while let Ok(Msg::Exec { tenant, cmd, reply }) = self.rx.try_recv() {
             rest.push((tenant, cmd, reply));
         }
+        self.core
+            .shared
+            .queued
+            .fetch_sub(rest.len(), Ordering::Relaxed);
         if !rest.is_empty() {
-            let mut buf = Vec::new();
-            self.commit(&mut rest, &mut buf);
+            self.core.commit(&mut rest, |tx, r| {
+                let _ = tx.send(r);
+            });
         }
-        if !self.shared.poisoned.load(Ordering::SeqCst) && self.wal.bytes() > 0 {
-            self.seal();
+        let skip = Faults::halted(&self.core.faults);
+        if !skip && !self.core.shared.poisoned.load(Ordering::SeqCst) && self.core.wal.bytes() > 0 {
+            let _ = self.core.seal();
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        if self.ckpt.send(CkptMsg::Stop(tx)).is_ok() {
+        if let SealSink::Channel(ckpt) = &self.core.sealed
+            && ckpt.send(CkptMsg::Stop(tx)).is_ok()
+        {
             let _ = rx.recv();
         }
+        // The log (and its segment-preparation thread) goes before the
+        // caller hears that the store is closed.
+        drop(self);
         if let Some(done) = done {
             let _ = done.send(());
         }
     }
 }
 
-/// The checkpointer thread's loop.
-pub fn checkpointer(
-    shared: Arc<Shared>,
-    wal_dir: PathBuf,
-    rx: Receiver<CkptMsg>,
-    mut checkpoint_seq: u64,
-    faults: Option<Arc<Faults>>,
-) {
-    for msg in rx {
-        match msg {
-            CkptMsg::Sealed {
-                seq,
-                lsn,
-                next_fence,
-            } => {
-                if shared.poisoned.load(Ordering::SeqCst) {
-                    continue;
-                }
-                match checkpoint(
-                    &shared,
-                    &wal_dir,
-                    checkpoint_seq,
-                    seq,
-                    lsn,
-                    next_fence,
-                    &faults,
-                ) {
-                    Ok(()) => checkpoint_seq = seq,
-                    Err(e) => {
-                        tracing::error!(error = %e, "checkpoint failed; failing closed");
-                        shared.poisoned.store(true, Ordering::SeqCst);
-                    }
-                }
-            }
-            CkptMsg::Stop(done) => {
-                let _ = done.send(());
-                return;
-            }
-        }
-    }
+/// Moves sealed segments into the index, one segment at a time (so memory
+/// stays bounded by one segment however far behind it is).
+pub struct Checkpointer<F: Fs, I: Index> {
+    pub shared: Arc<Shared<I>>,
+    pub fs: F,
+    pub wal_dir: PathBuf,
+    /// The last completed checkpoint.
+    pub meta: Meta,
+    pub faults: Option<Arc<Faults>>,
 }
 
-/// Ingests the newest state of every entity in the sealed segments
-/// `(from_seq, to_seq]` into the index, makes it durable, deletes those
-/// segments, then evicts from memory what may leave it.
-fn checkpoint(
-    shared: &Shared,
-    wal_dir: &std::path::Path,
-    from_seq: u64,
-    to_seq: u64,
-    to_lsn: u64,
-    next_fence: u64,
-    faults: &Option<Arc<Faults>>,
-) -> Result<(), StoreError> {
-    let started = Instant::now();
-    let segments: Vec<(u64, PathBuf)> = wal::segments(wal_dir)
-        .map_err(io_err)?
-        .into_iter()
-        .filter(|(s, _)| *s > from_seq && *s <= to_seq)
-        .collect();
-    // The newest entry per key (later batches win), borrowed from the segment bytes.
-    let buffers = segments
-        .iter()
-        .map(|(_, path)| wal::read_segment(path))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut newest: HashMap<&[u8], (u64, Entry<'_>), Hasher> = HashMap::default();
-    for (buf, (_, path)) in buffers.iter().zip(&segments) {
-        let (batches, valid) = decode_frames(buf)?;
-        if !wal::clean_tail(buf, valid) {
+fn io_err(e: std::io::Error) -> StoreError {
+    StoreError::Io(e.to_string())
+}
+
+impl<F: Fs, I: Index> Checkpointer<F, I> {
+    /// Checkpoints every segment after the last checkpoint up to `seq`.
+    pub fn run_to(&mut self, seq: u64) -> Result<(), StoreError> {
+        if seq <= self.meta.checkpoint_seq {
+            return Ok(());
+        }
+        let segments = wal::segments(&self.fs, &self.wal_dir).map_err(io_err)?;
+        for (s, path) in segments {
+            if s <= self.meta.checkpoint_seq || s > seq {
+                continue;
+            }
+            if s != self.meta.checkpoint_seq + 1 {
+                return Err(StoreError::Corrupt(format!(
+                    "log segment {} is missing",
+                    self.meta.checkpoint_seq + 1
+                )));
+            }
+            if !self.one(s, &path)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ingests the newest state of every entity in segment `seq` into the
+    /// index, makes it durable, records the checkpoint, deletes the
+    /// segment, then evicts from memory what may leave it. The order is
+    /// what makes a crash at any point harmless (docs/design.md).
+    /// `Ok(false)`: halted by a fault, nothing done.
+    fn one(&mut self, seq: u64, path: &std::path::Path) -> Result<bool, StoreError> {
+        Faults::before_checkpoint(&self.faults);
+        if Faults::halted(&self.faults) {
+            return Ok(false);
+        }
+        let started = Instant::now();
+        let buf = wal::read_segment(&self.fs, path)?;
+        let frames = decode_frames(&buf, seq)?;
+        if let Some(x) = first_nonzero(&buf, frames.valid) {
             return Err(StoreError::Corrupt(format!(
-                "sealed segment {} is damaged",
-                path.display()
+                "sealed segment {} is damaged at byte {} (non-zero byte at {x})",
+                path.display(),
+                frames.valid
             )));
         }
-        for b in batches {
+        let mut meta = self.meta;
+        meta.checkpoint_seq = seq;
+        // The newest entry per key (later batches win), borrowed from the segment bytes.
+        let mut newest: HashMap<&[u8], (u64, Entry<'_>), Hasher> = HashMap::default();
+        for b in frames.batches {
+            if b.lsn != meta.checkpoint_lsn + 1 {
+                return Err(StoreError::Corrupt(format!(
+                    "{}: batch {} where {} was expected",
+                    path.display(),
+                    b.lsn,
+                    meta.checkpoint_lsn + 1
+                )));
+            }
+            meta.checkpoint_lsn = b.lsn;
+            meta.next_fence = meta.next_fence.max(b.next_fence);
+            meta.disputed = Some(b.disputed);
             for e in b.entries {
                 newest.insert(e.key, (b.lsn, e));
             }
         }
+        let mut taken: Vec<(u64, Entry<'_>)> = newest.into_values().collect();
+        taken.sort_unstable_by(|a, b| a.1.key.cmp(b.1.key));
+        let items: Vec<CheckpointItem<'_>> = taken
+            .iter()
+            .map(|(_, e)| CheckpointItem {
+                key: e.key,
+                open: e.open,
+                expires_at: e.expires_at,
+                value: e.value,
+            })
+            .collect();
+        if Faults::take_checkpoint(&self.faults) {
+            return Err(StoreError::Io("injected checkpoint failure".into()));
+        }
+        self.shared.index.ingest(&items)?;
+        Faults::step(&self.faults, CheckpointStep::TablesWritten);
+        self.shared.index.commit_meta(&meta)?;
+        Faults::step(&self.faults, CheckpointStep::Persisted);
+        // The index now holds everything the segment holds: drop it.
+        self.fs.remove(path).map_err(io_err)?;
+        self.fs.sync_dir(&self.wal_dir).map_err(io_err)?;
+        Faults::step(&self.faults, CheckpointStep::SegmentDeleted);
+        // Evict what was checkpointed unless a later batch changed it since.
+        for (lsn, e) in &taken {
+            self.shared
+                .map
+                .remove_if(e.key, |_, s| s.lsn == *lsn && s.evictable());
+        }
+        self.meta = meta;
+        if let Some(f) = &self.faults {
+            f.checkpoints.fetch_add(1, Ordering::SeqCst);
+        }
+        tracing::debug!(
+            entities = taken.len(),
+            seq,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "checkpoint"
+        );
+        Ok(true)
     }
-    let mut taken: Vec<(u64, Entry<'_>)> = newest.into_values().collect();
-    taken.sort_unstable_by(|a, b| a.1.key.cmp(b.1.key));
-    let items: Vec<CheckpointItem<'_>> = taken
-        .iter()
-        .map(|(_, e)| CheckpointItem {
-            key: e.key,
-            open: e.open,
-            expires_at: e.expires_at,
-            value: e.value,
-        })
-        .collect();
-    if Faults::take_checkpoint(faults) {
-        return Err(StoreError::Io("injected checkpoint failure".into()));
+
+    /// The checkpointer thread's loop.
+    pub fn run(mut self, rx: Receiver<CkptMsg>) {
+        let shared = self.shared.clone();
+        let _alive = OnDrop(move || shared.checkpointer_alive.store(false, Ordering::SeqCst));
+        for msg in rx {
+            match msg {
+                CkptMsg::Sealed(seq) => {
+                    if self.shared.poisoned.load(Ordering::SeqCst) {
+                        continue;
+                    }
+                    if let Err(e) = self.run_to(seq) {
+                        tracing::error!(error = %e, "checkpoint failed; failing closed");
+                        self.shared.poison();
+                    }
+                }
+                CkptMsg::Stop(done) => {
+                    let _ = done.send(());
+                    return;
+                }
+            }
+        }
     }
-    shared.index.checkpoint(
-        &items,
-        Meta {
-            checkpoint_seq: to_seq,
-            checkpoint_lsn: to_lsn,
-            next_fence,
-        },
-    )?;
-    // The index now holds everything those segments hold: drop them.
-    for (_, path) in &segments {
-        std::fs::remove_file(path).map_err(io_err)?;
-    }
-    wal::sync_dir(wal_dir).map_err(io_err)?;
-    // Evict what was checkpointed unless a later batch changed it since.
-    for (lsn, e) in &taken {
-        shared
-            .map
-            .remove_if(e.key, |_, s| s.lsn == *lsn && s.evictable());
-    }
-    tracing::debug!(
-        entities = taken.len(),
-        to_seq,
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "checkpoint"
-    );
-    Ok(())
 }

@@ -9,9 +9,48 @@ use std::path::Path;
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use settle_ledger::StoreError;
 
-use crate::codec::{Value, decode_value};
+/// The durable index as the engine sees it: the state as of the last
+/// checkpoint. Values are the encoded bytes of the log ([`crate::codec::encode_value`]);
+/// decoding them is the engine's business, so an undecodable value is
+/// handled the same way whatever holds it.
+///
+/// [`FjallIndex`] is the real one; [`crate::sim::MemIndex`] keeps it in
+/// memory, with the same durability points, for power-loss tests and
+/// simulation (fjall has no pluggable filesystem).
+/// Ids and stored values of open records.
+pub type OpenRecords<B> = Vec<(Vec<u8>, B)>;
 
-pub struct Index {
+pub trait Index: Send + Sync + 'static {
+    type Bytes: AsRef<[u8]> + Send + 'static;
+
+    fn get(&self, key: &[u8]) -> Result<Option<Self::Bytes>, StoreError>;
+    fn meta(&self) -> Result<Meta, StoreError>;
+    /// The ids and values of the records listed as open (to reload at start;
+    /// the list may hold records that settled since: the caller filters).
+    fn open_records(&self) -> Result<OpenRecords<Self::Bytes>, StoreError>;
+    /// Writes the newest states of a checkpoint (`items` sorted by key) into
+    /// `data`, `open` and `expiry`, durably before returning.
+    fn ingest(&self, items: &[CheckpointItem<'_>]) -> Result<(), StoreError>;
+    /// Records a completed checkpoint, durably before returning (a fresh
+    /// write then a sync: never trusting an earlier, failed sync).
+    fn commit_meta(&self, meta: &Meta) -> Result<(), StoreError>;
+    /// Expiry entries due at `now_ms`, oldest first, strictly after the
+    /// expiry key `after` if given, at most `limit`.
+    fn due(
+        &self,
+        after: Option<&[u8]>,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError>;
+    /// Drops an expiry entry that no longer matches its record (not synced:
+    /// it may come back after a crash, and is dropped again).
+    fn forget_expiry(&self, t: u64, key: &[u8]) -> Result<(), StoreError>;
+    /// Every stored entity, raw (offline inspection).
+    fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError>;
+}
+
+/// The index in a fjall database on disk.
+pub struct FjallIndex {
     db: Database,
     data: Keyspace,
     open: Keyspace,
@@ -32,6 +71,9 @@ pub struct Meta {
     pub checkpoint_lsn: u64,
     /// The fence counter at the checkpoint.
     pub next_fence: u64,
+    /// Records marked disputed at the checkpoint; `None` in an index
+    /// written before the count existed (recovery counts them once).
+    pub disputed: Option<u64>,
 }
 
 /// One entity written by a checkpoint (its newest state in the covered log).
@@ -52,8 +94,17 @@ pub fn expiry_key(expires_at_ms: u64, key: &[u8]) -> Vec<u8> {
     k
 }
 
-impl Index {
-    pub fn open(path: &Path) -> Result<Index, StoreError> {
+/// Splits an expiry key into its time and record key.
+pub fn split_expiry_key(k: &[u8]) -> Result<(u64, &[u8]), StoreError> {
+    if k.len() < 8 {
+        return Err(StoreError::Corrupt("expiry key".into()));
+    }
+    let (t, key) = k.split_at(8);
+    Ok((u64::from_be_bytes(t.try_into().expect("8 bytes")), key))
+}
+
+impl FjallIndex {
+    pub fn open(path: &Path) -> Result<FjallIndex, StoreError> {
         let db = Database::builder(path)
             // We persist explicitly at each checkpoint; the log covers the rest.
             .manual_journal_persist(true)
@@ -64,7 +115,7 @@ impl Index {
             db.keyspace(name, KeyspaceCreateOptions::default)
                 .map_err(err)
         };
-        Ok(Index {
+        Ok(FjallIndex {
             data: ks("data")?,
             open: ks("open")?,
             expiry: ks("expiry")?,
@@ -72,57 +123,56 @@ impl Index {
             db,
         })
     }
+}
 
-    pub fn get(&self, key: &[u8]) -> Result<Option<Value>, StoreError> {
-        match self.data.get(key).map_err(err)? {
-            Some(v) => Ok(Some(decode_value(&v)?)),
-            None => Ok(None),
-        }
+impl Index for FjallIndex {
+    type Bytes = fjall::Slice;
+
+    fn get(&self, key: &[u8]) -> Result<Option<fjall::Slice>, StoreError> {
+        self.data.get(key).map_err(err)
     }
 
-    pub fn meta(&self) -> Result<Meta, StoreError> {
-        let get = |k: &str| -> Result<u64, StoreError> {
-            Ok(match self.meta.get(k).map_err(err)? {
-                Some(v) => u64::from_le_bytes(
+    fn meta(&self) -> Result<Meta, StoreError> {
+        let get = |k: &str| -> Result<Option<u64>, StoreError> {
+            match self.meta.get(k).map_err(err)? {
+                Some(v) => Ok(Some(u64::from_le_bytes(
                     v.as_ref()
                         .try_into()
                         .map_err(|_| StoreError::Corrupt(format!("meta {k}")))?,
-                ),
-                None => 0,
-            })
+                ))),
+                None => Ok(None),
+            }
         };
         Ok(Meta {
-            checkpoint_seq: get("checkpoint_seq")?,
-            checkpoint_lsn: get("checkpoint_lsn")?,
-            next_fence: get("next_fence")?.max(1),
+            checkpoint_seq: get("checkpoint_seq")?.unwrap_or(0),
+            checkpoint_lsn: get("checkpoint_lsn")?.unwrap_or(0),
+            next_fence: get("next_fence")?.unwrap_or(0).max(1),
+            disputed: get("disputed")?,
         })
     }
 
-    /// The ids and values of all open records (to reload at start).
-    pub fn open_records(&self) -> Result<Vec<(Vec<u8>, Value)>, StoreError> {
+    fn open_records(&self) -> Result<OpenRecords<fjall::Slice>, StoreError> {
         let mut out = Vec::new();
         for g in self.open.iter() {
             let k = g.key().map_err(err)?;
             // A crash between ingesting `data` and `open` can leave an id
-            // whose record settled or went; the log replay covers it.
-            if let Some(v @ Value::Record(_)) = self.get(&k)?
-                && matches!(&v, Value::Record(r) if !r.status.is_terminal())
-            {
+            // whose record settled or went; the caller filters, the log
+            // replay covers the rest.
+            if let Some(v) = self.data.get(&k).map_err(err)? {
                 out.push((k.to_vec(), v));
             }
         }
         Ok(out)
     }
 
-    /// Writes a checkpoint durably before returning. `items` must be sorted
-    /// by key. Bulk ingestion writes sorted tables straight to disk (fsynced)
+    /// Bulk ingestion writes sorted tables straight to disk (fsynced)
     /// instead of going through memtables and the journal: a checkpoint
     /// costs a sort and a sequential write, which keeps it cheap enough to
     /// run beside the writer. The keyspaces are ingested one after another;
     /// a crash in between is harmless because the covered log segments are
     /// deleted only after `meta` says the checkpoint is complete, and replay
     /// is idempotent (see docs/design.md).
-    pub fn checkpoint(&self, items: &[CheckpointItem<'_>], meta: Meta) -> Result<(), StoreError> {
+    fn ingest(&self, items: &[CheckpointItem<'_>]) -> Result<(), StoreError> {
         debug_assert!(items.windows(2).all(|w| w[0].key < w[1].key));
         let mut data = self.data.start_ingestion().map_err(err)?;
         for it in items {
@@ -155,8 +205,10 @@ impl Index {
         for k in expiring {
             expiry.write(k, []).map_err(err)?;
         }
-        expiry.finish().map_err(err)?;
+        expiry.finish().map_err(err)
+    }
 
+    fn commit_meta(&self, meta: &Meta) -> Result<(), StoreError> {
         let mut b = self.db.batch();
         b.insert(
             &self.meta,
@@ -169,24 +221,30 @@ impl Index {
             meta.checkpoint_lsn.to_le_bytes(),
         );
         b.insert(&self.meta, "next_fence", meta.next_fence.to_le_bytes());
+        if let Some(d) = meta.disputed {
+            b.insert(&self.meta, "disputed", d.to_le_bytes());
+        }
         b.commit().map_err(err)?;
         self.db.persist(PersistMode::SyncAll).map_err(err)
     }
 
-    /// Expiry entries due at `now_ms`, oldest first, at most `limit`.
-    pub fn due(&self, now_ms: u64, limit: usize) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+    fn due(
+        &self,
+        after: Option<&[u8]>,
+        now_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        use std::ops::Bound;
+        let end = expiry_key(now_ms.saturating_add(1), &[]);
+        let start = match after {
+            Some(a) => Bound::Excluded(a.to_vec()),
+            None => Bound::Unbounded,
+        };
         let mut out = Vec::new();
-        for g in self
-            .expiry
-            .range(..expiry_key(now_ms.saturating_add(1), &[]))
-        {
+        for g in self.expiry.range((start, Bound::Excluded(end))) {
             let k = g.key().map_err(err)?;
-            let t = u64::from_be_bytes(
-                k[..8]
-                    .try_into()
-                    .map_err(|_| StoreError::Corrupt("expiry key".into()))?,
-            );
-            out.push((t, k[8..].to_vec()));
+            let (t, key) = split_expiry_key(&k)?;
+            out.push((t, key.to_vec()));
             if out.len() >= limit {
                 break;
             }
@@ -194,16 +252,14 @@ impl Index {
         Ok(out)
     }
 
-    /// Drops an expiry entry that no longer matches its record.
-    pub fn forget_expiry(&self, t: u64, key: &[u8]) -> Result<(), StoreError> {
+    fn forget_expiry(&self, t: u64, key: &[u8]) -> Result<(), StoreError> {
         self.expiry.remove(expiry_key(t, key)).map_err(err)
     }
 
-    /// Every stored entity (for offline inspection).
-    pub fn for_each(&self, mut f: impl FnMut(&[u8], Value)) -> Result<(), StoreError> {
+    fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError> {
         for g in self.data.iter() {
             let (k, v) = g.into_inner().map_err(err)?;
-            f(&k, decode_value(&v)?);
+            f(&k, &v);
         }
         Ok(())
     }

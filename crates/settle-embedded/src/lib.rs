@@ -6,17 +6,25 @@
 //! moves state into a fjall index off the critical path and truncates the
 //! log, so settled records leave RAM. See `docs/design.md` for the format,
 //! the commit protocol and the crash analysis.
+//!
+//! The log and recovery run over an I/O seam ([`fs::Fs`]) and the index
+//! behind a trait ([`index::Index`]): the same engine runs on the real
+//! filesystem with fjall ([`EmbeddedStore::open`]), or on a simulated disk
+//! with an in-memory index ([`sim`]), threaded ([`EmbeddedStore::open_on`])
+//! or inline on the caller's thread ([`InlineStore`], deterministic).
 
 mod codec;
 mod engine;
-mod index;
+pub mod fs;
+pub mod index;
+mod recovery;
+pub mod sim;
 mod wal;
 
-use std::collections::{HashMap, HashSet};
-use std::fs::File;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 
 use dashmap::DashMap;
@@ -27,10 +35,12 @@ use settle_core::{
 };
 use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 
-use crate::codec::{EntityKey, Value};
-use crate::engine::{CkptMsg, Msg, Shared, Slot, Writer, WriterConfig};
-use crate::index::Index;
-pub use crate::wal::Faults;
+use crate::codec::{EntityKey, Value, decode_value};
+use crate::engine::{Checkpointer, CkptMsg, Core, Hasher, Msg, SealSink, Shared, Slot, Writer};
+use crate::fs::{Fs, OsFs, create_dir_all_durable};
+use crate::index::{FjallIndex, Index, expiry_key};
+use crate::recovery::Recovered;
+pub use crate::wal::{CheckpointStep, Faults};
 
 /// How the embedded store is opened.
 #[derive(Clone, Debug)]
@@ -41,6 +51,15 @@ pub struct EmbeddedOptions {
     pub max_batch: usize,
     /// A log segment is sealed and checkpointed into the index at this size.
     pub segment_bytes: u64,
+    /// Most commands waiting for the writer; past it a command is answered
+    /// `StoreError::Overloaded` at once (nothing written).
+    pub max_queue: usize,
+    /// Most sealed segments waiting for the checkpointer besides the one it
+    /// works on; past it the writer waits (and the queue fills). Bounds the
+    /// memory, the log on disk and the reopen time.
+    pub max_checkpoint_backlog: usize,
+    /// The retry hint given with `Overloaded`.
+    pub overload_retry_after_ms: u64,
     /// Fault injection (tests).
     pub faults: Option<Arc<Faults>>,
 }
@@ -52,23 +71,77 @@ impl Default for EmbeddedOptions {
             clock: Clock::system(),
             max_batch: 1024,
             segment_bytes: 64 * 1024 * 1024,
+            max_queue: 65_536,
+            max_checkpoint_backlog: 2,
+            overload_retry_after_ms: 100,
             faults: None,
         }
     }
 }
 
-/// The embedded durable store.
-pub struct EmbeddedStore {
-    shared: Arc<Shared>,
+fn io(e: std::io::Error) -> StoreError {
+    StoreError::Io(e.to_string())
+}
+
+/// The writer's and the checkpointer's state.
+type Engine<F, I> = (Core<F, I>, Checkpointer<F, I>);
+
+/// Recovers the store in `dir` (on `fs`, with `index`), tidies its log and
+/// builds the writer's and the checkpointer's state.
+fn recover_engine<F: Fs, I: Index>(
+    fs: &F,
+    dir: &Path,
+    index: I,
+    opts: &EmbeddedOptions,
+    sealed: SealSink,
+) -> Result<Engine<F, I>, StoreError> {
+    let wal_dir = dir.join("wal");
+    let mut rec = recovery::recover(fs, &wal_dir, &index)?;
+    rec.apply(fs, &wal_dir, &index)?;
+    let size = opts.segment_bytes.max(4096);
+    let wal = match rec.resume {
+        // Keep filling the last segment's preallocated space.
+        Some((seq, valid)) if valid + 4096 <= size => {
+            wal::Wal::resume(fs, &wal_dir, seq, size, valid, opts.faults.clone())
+        }
+        _ => wal::Wal::create(fs, &wal_dir, rec.last_seq + 1, size, opts.faults.clone()),
+    }
+    .map_err(io)?;
+    let map = std::mem::take(&mut rec.map);
+    let shared = Arc::new(Shared::new(index, map, opts.clock.clone(), opts.limits));
+    for k in &rec.undecodable {
+        shared.undecodable.insert(k.clone(), ());
+    }
+    let ckpt = Checkpointer {
+        shared: shared.clone(),
+        fs: fs.clone(),
+        wal_dir,
+        meta: rec.meta,
+        faults: opts.faults.clone(),
+    };
+    let core = Core::new(
+        shared,
+        wal,
+        &rec,
+        opts.max_batch,
+        sealed,
+        opts.faults.clone(),
+    );
+    Ok((core, ckpt))
+}
+
+/// The embedded durable store: a writer thread and a checkpointer thread
+/// over the log on `F` and the index `I` (by default the real filesystem
+/// and fjall).
+pub struct EmbeddedStore<F: Fs = OsFs, I: Index = FjallIndex> {
+    shared: Arc<Shared<I>>,
     tx: crossbeam_channel::Sender<Msg>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     closed: AtomicBool,
-    _lock: File,
+    max_queue: usize,
+    retry_after_ms: u64,
+    _lock: F::Lock,
     dir: PathBuf,
-}
-
-fn io(e: std::io::Error) -> StoreError {
-    StoreError::Io(e.to_string())
 }
 
 impl EmbeddedStore {
@@ -78,133 +151,48 @@ impl EmbeddedStore {
         dir: impl AsRef<Path>,
         opts: EmbeddedOptions,
     ) -> Result<Arc<EmbeddedStore>, StoreError> {
-        let dir = dir.as_ref().to_path_buf();
-        let wal_dir = dir.join("wal");
-        std::fs::create_dir_all(&wal_dir).map_err(io)?;
-        let lock = File::create(dir.join("LOCK")).map_err(io)?;
-        lock.try_lock().map_err(|_| {
-            StoreError::Io(format!("{} is in use by another process", dir.display()))
-        })?;
-        let index = Index::open(&dir.join("index"))?;
-        let meta = index.meta()?;
+        let dir = dir.as_ref();
+        let fs = OsFs;
+        create_dir_all_durable(&fs, &dir.join("wal")).map_err(io)?;
+        let lock = fs.lock(&dir.join("LOCK")).map_err(io)?;
+        let index = FjallIndex::open(&dir.join("index"))?;
+        // fjall created `index/` if it was new.
+        fs.sync_dir(dir).map_err(io)?;
+        EmbeddedStore::start(&fs, dir, lock, index, opts)
+    }
+}
 
-        let map: DashMap<Box<[u8]>, Slot, engine::Hasher> = DashMap::default();
-        for (k, v) in index.open_records()? {
-            map.insert(
-                k.into_boxed_slice(),
-                Slot {
-                    lsn: meta.checkpoint_lsn,
-                    value: Arc::new(v),
-                },
-            );
-        }
+impl<F: Fs, I: Index> EmbeddedStore<F, I> {
+    /// Opens the store in `dir` on another filesystem and index (the
+    /// simulated disk and the in-memory index, in tests).
+    pub fn open_on(
+        fs: &F,
+        dir: impl AsRef<Path>,
+        index: I,
+        opts: EmbeddedOptions,
+    ) -> Result<Arc<Self>, StoreError> {
+        let dir = dir.as_ref();
+        create_dir_all_durable(fs, &dir.join("wal")).map_err(io)?;
+        let lock = fs.lock(&dir.join("LOCK")).map_err(io)?;
+        EmbeddedStore::start(fs, dir, lock, index, opts)
+    }
 
-        // Replay the log after the checkpoint.
-        let mut lsn = meta.checkpoint_lsn;
-        let mut next_fence = meta.next_fence;
-        wal::remove_prepared(&wal_dir).map_err(io)?;
-        let segments = wal::segments(&wal_dir).map_err(io)?;
-        let mut last_seq = meta.checkpoint_seq;
-        // Where the last segment's whole frames end, to keep appending there.
-        let mut resume_at: Option<(u64, u64)> = None;
-        for (i, (seq, path)) in segments.iter().enumerate() {
-            last_seq = last_seq.max(*seq);
-            if *seq <= meta.checkpoint_seq {
-                // Covered by the checkpoint; its deletion did not complete.
-                std::fs::remove_file(path).map_err(io)?;
-                continue;
-            }
-            let buf = wal::read_segment(path)?;
-            let (batches, valid) = codec::decode_frames(&buf)?;
-            let (valid, len) = (valid as u64, buf.len() as u64);
-            if !wal::clean_tail(&buf, valid as usize) {
-                if i + 1 == segments.len() {
-                    // A torn tail of the last write: never acknowledged.
-                    tracing::warn!(segment = seq, valid, len, "zeroing a torn log tail");
-                    wal::zero_tail(path, valid, len)?;
-                } else {
-                    return Err(StoreError::Corrupt(format!(
-                        "log segment {} is damaged at byte {valid} and later segments exist",
-                        path.display()
-                    )));
-                }
-            }
-            if i + 1 == segments.len() {
-                resume_at = Some((*seq, valid));
-            }
-            for b in batches {
-                if b.lsn <= lsn {
-                    return Err(StoreError::Corrupt(format!(
-                        "log batch {} after {lsn}",
-                        b.lsn
-                    )));
-                }
-                lsn = b.lsn;
-                next_fence = next_fence.max(b.next_fence);
-                for e in b.entries {
-                    let value = Arc::new(e.decode()?);
-                    map.insert(e.key.into(), Slot { lsn, value });
-                }
-            }
-        }
-        wal::sync_dir(&wal_dir).map_err(io)?;
-        // Fences are never reused: the counter is past every fence on record.
-        for s in map.iter() {
-            if let Value::Record(r) = &*s.value
-                && let Some(f) = r.last_fence()
-                && f.0 >= next_fence
-            {
-                return Err(StoreError::Corrupt(format!(
-                    "fence {} on record but the counter is at {next_fence}",
-                    f.0
-                )));
-            }
-        }
-
-        let size = opts.segment_bytes.max(4096);
-        let wal = match resume_at {
-            // Keep filling the last segment's preallocated space.
-            Some((seq, valid)) if valid + 4096 <= size => {
-                wal::Wal::resume(&wal_dir, seq, size, valid, opts.faults.clone())
-            }
-            _ => wal::Wal::create(&wal_dir, last_seq + 1, size, opts.faults.clone()),
-        }
-        .map_err(io)?;
-        let shared = Arc::new(Shared {
-            map,
-            index,
-            poisoned: AtomicBool::new(false),
-            clock: opts.clock.clone(),
-            limits: opts.limits,
-            last_now: AtomicU64::new(0),
-        });
+    fn start(
+        fs: &F,
+        dir: &Path,
+        lock: F::Lock,
+        index: I,
+        opts: EmbeddedOptions,
+    ) -> Result<Arc<Self>, StoreError> {
+        let (ctx, crx) = crossbeam_channel::bounded::<CkptMsg>(opts.max_checkpoint_backlog);
+        let (core, ckpt) = recover_engine(fs, dir, index, &opts, SealSink::Channel(ctx))?;
+        let shared = core.shared.clone();
         let (tx, rx) = crossbeam_channel::unbounded();
-        let (ctx, crx) = crossbeam_channel::unbounded::<CkptMsg>();
-        let ck = {
-            let shared = shared.clone();
-            let faults = opts.faults.clone();
-            let wal_dir = wal_dir.clone();
-            std::thread::Builder::new()
-                .name("settle-checkpoint".into())
-                .spawn(move || {
-                    engine::checkpointer(shared, wal_dir, crx, meta.checkpoint_seq, faults)
-                })
-                .map_err(io)?
-        };
-        let writer = Writer {
-            shared: shared.clone(),
-            wal,
-            lsn,
-            next_fence,
-            rx,
-            ckpt: ctx,
-            config: WriterConfig {
-                max_batch: opts.max_batch.max(1),
-            },
-            segment_last_lsn: lsn,
-            principals: HashMap::default(),
-            overlay: HashMap::default(),
-        };
+        let ck = std::thread::Builder::new()
+            .name("settle-checkpoint".into())
+            .spawn(move || ckpt.run(crx))
+            .map_err(io)?;
+        let writer = Writer { core, rx };
         let wr = std::thread::Builder::new()
             .name("settle-writer".into())
             .spawn(move || writer.run())
@@ -214,8 +202,10 @@ impl EmbeddedStore {
             tx,
             threads: Mutex::new(vec![wr, ck]),
             closed: AtomicBool::new(false),
+            max_queue: opts.max_queue.max(1),
+            retry_after_ms: opts.overload_retry_after_ms,
             _lock: lock,
-            dir,
+            dir: dir.to_path_buf(),
         }))
     }
 
@@ -248,8 +238,14 @@ impl EmbeddedStore {
     }
 }
 
-fn get_sync(
-    shared: &Shared,
+impl<F: Fs, I: Index> Drop for EmbeddedStore<F, I> {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn get_sync<I: Index>(
+    shared: &Shared<I>,
     tenant: &TenantId,
     key: &Key,
 ) -> Result<Result<Option<Record>, RefusalCode>, StoreError> {
@@ -257,20 +253,44 @@ fn get_sync(
     let k = EntityKey::Record(tenant.clone(), key.clone()).to_bytes();
     let rec = match shared.load(&k)?.as_deref() {
         Some(Value::Record(r)) => Some(r.clone()),
+        Some(Value::Undecodable(_)) => return Ok(Err(RefusalCode::RecordRefused)),
         _ => None,
     };
     let mut principals = Principals::new();
     if let Some(r) = &rec {
         let p = &r.reservation.principal;
-        principals.insert(p.clone(), shared.principal(tenant, p)?);
+        match shared.principal(tenant, p)? {
+            Ok(st) => principals.insert(p.clone(), st),
+            Err(code) => return Ok(Err(code)),
+        }
     }
     Ok(view_at(rec.as_ref(), &principals, now))
 }
 
+fn warnings_sync<I: Index>(
+    shared: &Shared<I>,
+    tenant: &TenantId,
+    task: &TaskId,
+) -> Result<Vec<Warning>, StoreError> {
+    let k = EntityKey::Task(tenant.clone(), task.clone()).to_bytes();
+    match shared.load(&k)?.as_deref() {
+        Some(Value::Warnings(w)) => Ok(w.clone()),
+        Some(Value::Undecodable(e)) => Err(StoreError::Corrupt(format!(
+            "the warnings of task {task} do not decode: {e}"
+        ))),
+        _ => Ok(Vec::new()),
+    }
+}
+
+/// Expiry entries read per page; the sweep acts on at most `SWEEP_DUE` of them.
+const DUE_PAGE: usize = 1000;
+const SWEEP_DUE: usize = 10_000;
+
 /// Candidates for the sweep: open records whose lease lapsed, terminal
-/// records past retention (in memory and in the expiry index).
-fn sweep_candidates(
-    shared: &Shared,
+/// records past retention (in memory and in the expiry index). A stored
+/// value that does not decode is skipped (and counted), never a reason to stop.
+fn sweep_candidates<I: Index>(
+    shared: &Shared<I>,
     now: Timestamp,
 ) -> Result<Vec<(TenantId, Command)>, StoreError> {
     let mut out = Vec::new();
@@ -305,26 +325,40 @@ fn sweep_candidates(
         let Ok(EntityKey::Record(t, key)) = EntityKey::from_bytes(&k) else {
             continue;
         };
-        let generation = shared.principal(&t, &principal)?.generation;
-        if now >= expires_at || lease_generation < generation {
+        let Ok(p) = shared.principal(&t, &principal)? else {
+            continue;
+        };
+        if now >= expires_at || lease_generation < p.generation {
             out.push((t, Command::Expire { key }));
         }
     }
-    for (t, k) in shared.index.due(now.millis(), 10_000)? {
-        match shared.load(&k)?.as_deref() {
-            Some(Value::Record(r)) if r.expires_at().map(|e| e.millis()) == Some(t) => {
-                if let EntityKey::Record(tenant, key) = EntityKey::from_bytes(&k)? {
-                    out.push((tenant, Command::Collect { key }));
+    let mut after: Option<Vec<u8>> = None;
+    let mut due = 0;
+    while due < SWEEP_DUE {
+        let page = shared.index.due(after.as_deref(), now.millis(), DUE_PAGE)?;
+        for (t, k) in &page {
+            match shared.load(k)?.as_deref() {
+                Some(Value::Record(r)) if r.expires_at().map(|e| e.millis()) == Some(*t) => {
+                    if let Ok(EntityKey::Record(tenant, key)) = EntityKey::from_bytes(k) {
+                        out.push((tenant, Command::Collect { key }));
+                        due += 1;
+                    }
                 }
+                // Refused on every access and counted; its entry stays.
+                Some(Value::Undecodable(_)) => {}
+                // The record was collected or reserved afresh: the entry is stale.
+                _ => shared.index.forget_expiry(*t, k)?,
             }
-            // The record was collected or reserved afresh: the entry is stale.
-            _ => shared.index.forget_expiry(t, &k)?,
+        }
+        match page.last() {
+            Some((t, k)) if page.len() == DUE_PAGE => after = Some(expiry_key(*t, k)),
+            _ => break,
         }
     }
     Ok(out)
 }
 
-fn stats_sync(shared: &Shared, stuck_after_ms: u64) -> StoreStats {
+fn stats_sync<I: Index>(shared: &Shared<I>, stuck_after_ms: u64) -> StoreStats {
     let now = shared.now();
     let mut s = StoreStats::default();
     for slot in shared.map.iter() {
@@ -335,13 +369,25 @@ fn stats_sync(shared: &Shared, stuck_after_ms: u64) -> StoreStats {
             s.count(r, now, stuck_after_ms);
         }
     }
+    s.disputed = shared.disputed.load(Ordering::SeqCst);
+    s.undecodable = shared.undecodable.len() as u64;
     s
 }
 
-impl Drop for EmbeddedStore {
-    fn drop(&mut self) {
-        self.close();
+fn health_sync<I: Index>(shared: &Shared<I>, closed: bool) -> Result<(), StoreError> {
+    if closed {
+        return Err(StoreError::Closed);
     }
+    if shared.poisoned.load(Ordering::SeqCst) {
+        return Err(StoreError::Poisoned);
+    }
+    if !shared.writer_alive.load(Ordering::SeqCst) {
+        return Err(StoreError::Io("the writer thread stopped".into()));
+    }
+    if !shared.checkpointer_alive.load(Ordering::SeqCst) {
+        return Err(StoreError::Io("the checkpointer thread stopped".into()));
+    }
+    Ok(())
 }
 
 async fn blocking<T: Send + 'static>(
@@ -352,7 +398,7 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| StoreError::Io(format!("blocking task failed: {e}")))
 }
 
-impl Store for EmbeddedStore {
+impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
     fn execute<'a>(
         &'a self,
         tenant: &'a TenantId,
@@ -362,15 +408,36 @@ impl Store for EmbeddedStore {
             if self.shared.poisoned.load(Ordering::SeqCst) {
                 return Err(StoreError::Poisoned);
             }
+            if self.closed.load(Ordering::Relaxed) {
+                return Err(StoreError::Closed);
+            }
+            // Admission: a bounded queue, answered at once when full.
+            if self.shared.queued.fetch_add(1, Ordering::Relaxed) >= self.max_queue {
+                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                return Err(StoreError::Overloaded {
+                    retry_after_ms: self.retry_after_ms,
+                });
+            }
             let (tx, rx) = tokio::sync::oneshot::channel();
-            self.tx
+            if self
+                .tx
                 .send(Msg::Exec {
                     tenant: tenant.clone(),
                     cmd,
                     reply: tx,
                 })
-                .map_err(|_| StoreError::Closed)?;
-            rx.await.map_err(|_| StoreError::Closed)?
+                .is_err()
+            {
+                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                return Err(StoreError::Closed);
+            }
+            rx.await.map_err(|_| {
+                // The writer answers everything it takes, even on close: a
+                // reply dropped unanswered means its thread is gone (and
+                // readiness must say so now, not once it finished unwinding).
+                self.shared.writer_alive.store(false, Ordering::SeqCst);
+                StoreError::Closed
+            })?
         })
     }
 
@@ -392,16 +459,8 @@ impl Store for EmbeddedStore {
         task: &'a TaskId,
     ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>> {
         let shared = self.shared.clone();
-        let k = EntityKey::Task(tenant.clone(), task.clone()).to_bytes();
-        Box::pin(async move {
-            blocking(move || {
-                Ok(match shared.load(&k)?.as_deref() {
-                    Some(Value::Warnings(w)) => w.clone(),
-                    _ => Vec::new(),
-                })
-            })
-            .await?
-        })
+        let (tenant, task) = (tenant.clone(), task.clone());
+        Box::pin(async move { blocking(move || warnings_sync(&shared, &tenant, &task)).await? })
     }
 
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
@@ -411,10 +470,13 @@ impl Store for EmbeddedStore {
             let candidates = blocking(move || sweep_candidates(&shared, now)).await??;
             let mut report = SweepReport::default();
             for (t, cmd) in candidates {
-                match self.execute(&t, cmd).await? {
-                    Reply::Expired { ended: true } => report.expired += 1,
-                    Reply::Collected { removed: true } => report.collected += 1,
-                    _ => {}
+                match self.execute(&t, cmd).await {
+                    Ok(Reply::Expired { ended: true }) => report.expired += 1,
+                    Ok(Reply::Collected { removed: true }) => report.collected += 1,
+                    Ok(_) => {}
+                    // Busy: the rest waits for the next sweep.
+                    Err(StoreError::Overloaded { .. }) => break,
+                    Err(e) => return Err(e),
                 }
             }
             Ok(report)
@@ -431,39 +493,291 @@ impl Store for EmbeddedStore {
     }
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            if self.shared.poisoned.load(Ordering::SeqCst) {
-                return Err(StoreError::Poisoned);
-            }
-            Ok(())
-        })
+        Box::pin(async move { health_sync(&self.shared, self.closed.load(Ordering::SeqCst)) })
     }
 }
 
-/// Reads a stopped store offline (recovering it first), calling `f` for
-/// every stored record, open or settled.
+/// The same engine with no threads: each call applies and commits its
+/// commands, then runs any checkpoint due, on the caller's thread. Batches
+/// are exactly the calls, so a run is a deterministic function of its
+/// inputs, its clock and its disk: this is what the power-loss tests drive
+/// on the simulated disk, and what a deterministic simulator can drive.
+pub struct InlineStore<F: Fs, I: Index> {
+    inner: Mutex<Inline<F, I>>,
+    shared: Arc<Shared<I>>,
+    _lock: F::Lock,
+}
+
+struct Inline<F: Fs, I: Index> {
+    core: Core<F, I>,
+    ckpt: Checkpointer<F, I>,
+    closed: bool,
+}
+
+impl<F: Fs, I: Index> Inline<F, I> {
+    fn checkpoint_sealed(&mut self) {
+        let SealSink::Queue(q) = &mut self.core.sealed else {
+            return;
+        };
+        let Some(&seq) = q.last() else { return };
+        q.clear();
+        if self.core.shared.poisoned.load(Ordering::SeqCst) {
+            return;
+        }
+        if let Err(e) = self.ckpt.run_to(seq) {
+            tracing::error!(error = %e, "checkpoint failed; failing closed");
+            self.core.shared.poison();
+        }
+    }
+}
+
+impl<F: Fs, I: Index> InlineStore<F, I> {
+    /// Opens (creating if needed) the store in `dir` on `fs` with `index`.
+    pub fn open(
+        fs: &F,
+        dir: impl AsRef<Path>,
+        index: I,
+        opts: EmbeddedOptions,
+    ) -> Result<InlineStore<F, I>, StoreError> {
+        let dir = dir.as_ref();
+        create_dir_all_durable(fs, &dir.join("wal")).map_err(io)?;
+        let lock = fs.lock(&dir.join("LOCK")).map_err(io)?;
+        let (core, ckpt) = recover_engine(fs, dir, index, &opts, SealSink::Queue(Vec::new()))?;
+        Ok(InlineStore {
+            shared: core.shared.clone(),
+            inner: Mutex::new(Inline {
+                core,
+                ckpt,
+                closed: false,
+            }),
+            _lock: lock,
+        })
+    }
+
+    /// Applies the commands as one group commit; each answer arrives only
+    /// after the batch is durable.
+    pub fn execute_batch(&self, cmds: Vec<(TenantId, Command)>) -> Vec<Result<Reply, StoreError>> {
+        let mut g = self.inner.lock();
+        let mut out: Vec<Result<Reply, StoreError>> =
+            (0..cmds.len()).map(|_| Err(StoreError::Closed)).collect();
+        if g.closed {
+            return out;
+        }
+        let mut batch: Vec<(TenantId, Command, usize)> = cmds
+            .into_iter()
+            .enumerate()
+            .map(|(i, (t, c))| (t, c, i))
+            .collect();
+        g.core.commit(&mut batch, |i, r| out[i] = r);
+        g.checkpoint_sealed();
+        out
+    }
+
+    /// One command, one group commit.
+    pub fn execute_now(&self, tenant: &TenantId, cmd: Command) -> Result<Reply, StoreError> {
+        self.execute_batch(vec![(tenant.clone(), cmd)])
+            .pop()
+            .expect("one answer")
+    }
+
+    pub fn get_now(
+        &self,
+        tenant: &TenantId,
+        key: &Key,
+    ) -> Result<Result<Option<Record>, RefusalCode>, StoreError> {
+        get_sync(&self.shared, tenant, key)
+    }
+
+    pub fn warnings_now(
+        &self,
+        tenant: &TenantId,
+        task: &TaskId,
+    ) -> Result<Vec<Warning>, StoreError> {
+        warnings_sync(&self.shared, tenant, task)
+    }
+
+    /// Seals the current segment and checkpoints everything sealed
+    /// (as a clean close does), keeping the store open.
+    pub fn checkpoint_now(&self) -> Result<(), StoreError> {
+        let mut g = self.inner.lock();
+        if g.core.wal.bytes() > 0 {
+            g.core.seal()?;
+        }
+        g.checkpoint_sealed();
+        if self.shared.poisoned.load(Ordering::SeqCst) {
+            return Err(StoreError::Poisoned);
+        }
+        Ok(())
+    }
+
+    /// Checkpoints and stops accepting commands (a clean shutdown).
+    pub fn close(&self) {
+        let poisoned = self.shared.poisoned.load(Ordering::SeqCst);
+        if !poisoned {
+            let _ = self.checkpoint_now();
+        }
+        self.inner.lock().closed = true;
+    }
+
+    pub fn is_poisoned(&self) -> bool {
+        self.shared.poisoned.load(Ordering::SeqCst)
+    }
+
+    /// Entities held in memory (open records plus what awaits a checkpoint).
+    pub fn resident(&self) -> usize {
+        self.shared.map.len()
+    }
+
+    /// Stats as [`Store::stats`] reports them.
+    pub fn stats_now(&self, stuck_after_ms: u64) -> StoreStats {
+        stats_sync(&self.shared, stuck_after_ms)
+    }
+
+    /// Every stored record, open or settled (memory, then the index).
+    pub fn records(&self) -> Result<Vec<(TenantId, Record)>, StoreError> {
+        let mut out = Vec::new();
+        let mut seen: HashSet<Box<[u8]>> = HashSet::new();
+        for s in self.shared.map.iter() {
+            if let Value::Record(r) = &*s.value
+                && let EntityKey::Record(t, _) = EntityKey::from_bytes(s.key())?
+            {
+                out.push((t, r.clone()));
+            }
+            seen.insert(s.key().clone());
+        }
+        self.shared.index.for_each(&mut |k, v| {
+            if !seen.contains(k)
+                && let Ok(Value::Record(r)) = decode_value(v)
+                && let Ok(EntityKey::Record(t, _)) = EntityKey::from_bytes(k)
+            {
+                out.push((t, r));
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// One background sweep, inline.
+    pub fn sweep_now(&self) -> Result<SweepReport, StoreError> {
+        let now = self.shared.now();
+        let mut report = SweepReport::default();
+        for (t, cmd) in sweep_candidates(&self.shared, now)? {
+            match self.execute_now(&t, cmd)? {
+                Reply::Expired { ended: true } => report.expired += 1,
+                Reply::Collected { removed: true } => report.collected += 1,
+                _ => {}
+            }
+        }
+        Ok(report)
+    }
+}
+
+impl<F: Fs, I: Index> Store for InlineStore<F, I> {
+    fn execute<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        cmd: Command,
+    ) -> BoxFuture<'a, Result<Reply, StoreError>> {
+        Box::pin(async move { self.execute_now(tenant, cmd) })
+    }
+
+    fn get<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        key: &'a Key,
+    ) -> BoxFuture<'a, Result<Result<Option<Record>, RefusalCode>, StoreError>> {
+        Box::pin(async move { self.get_now(tenant, key) })
+    }
+
+    fn warnings<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        task: &'a TaskId,
+    ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>> {
+        Box::pin(async move { warnings_sync(&self.shared, tenant, task) })
+    }
+
+    fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
+        Box::pin(async move { self.sweep_now() })
+    }
+
+    fn stats(&self, stuck_after_ms: u64) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
+        Box::pin(async move { Ok(self.stats_now(stuck_after_ms)) })
+    }
+
+    fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
+        Box::pin(async move { Ok(self.shared.now()) })
+    }
+
+    fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async move { health_sync(&self.shared, self.inner.lock().closed) })
+    }
+}
+
+/// What [`scan`] found besides the records.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct ScanReport {
+    /// Stored values that do not decode (`tenant/key: reason`).
+    pub undecodable: Vec<String>,
+    /// A torn tail left by a crash (never acknowledged; cut at the next open).
+    pub torn_tail: Option<String>,
+}
+
+/// Reads a stopped store offline, calling `f` for every stored record, open
+/// or settled. Read-only: it recovers into memory and changes nothing on
+/// disk (a torn tail stays, a store recovery would refuse is refused with
+/// the same error and left as it is).
 pub fn scan(
     dir: impl AsRef<Path>,
     mut f: impl FnMut(&TenantId, &Record),
-) -> Result<(), StoreError> {
-    let store = EmbeddedStore::open(dir, EmbeddedOptions::default())?;
+) -> Result<ScanReport, StoreError> {
+    let dir = dir.as_ref();
+    if !dir.join("wal").is_dir() || !dir.join("index").is_dir() {
+        return Err(StoreError::Io(format!(
+            "{} is not a settle data directory (no wal/ and index/)",
+            dir.display()
+        )));
+    }
+    let _lock = OsFs.lock(&dir.join("LOCK")).map_err(io)?;
+    let index = FjallIndex::open(&dir.join("index"))?;
+    let rec = recovery::recover(&OsFs, &dir.join("wal"), &index)?;
+    let mut report = ScanReport {
+        torn_tail: rec
+            .torn
+            .as_ref()
+            .map(|(p, from, to)| format!("{} bytes {from}..{to}", p.display())),
+        ..ScanReport::default()
+    };
     let mut seen: HashSet<Box<[u8]>> = HashSet::new();
-    for s in store.shared.map.iter() {
-        if let Value::Record(r) = &*s.value
-            && let EntityKey::Record(t, _) = EntityKey::from_bytes(s.key())?
-        {
-            f(&t, r);
+    let map: &DashMap<Box<[u8]>, Slot, Hasher> = &rec.map;
+    for s in map.iter() {
+        match &*s.value {
+            Value::Record(r) => {
+                if let EntityKey::Record(t, _) = EntityKey::from_bytes(s.key())? {
+                    f(&t, r);
+                }
+            }
+            Value::Undecodable(e) => report
+                .undecodable
+                .push(format!("{}: {e}", Recovered::describe(s.key()))),
+            _ => {}
         }
         seen.insert(s.key().clone());
     }
-    store.shared.index.for_each(|k, v| {
-        if let Value::Record(r) = v
-            && !seen.contains(k)
-            && let Ok(EntityKey::Record(t, _)) = EntityKey::from_bytes(k)
-        {
-            f(&t, &r);
+    index.for_each(&mut |k, v| {
+        if seen.contains(k) {
+            return;
+        }
+        match decode_value(v) {
+            Ok(Value::Record(r)) => {
+                if let Ok(EntityKey::Record(t, _)) = EntityKey::from_bytes(k) {
+                    f(&t, &r);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => report
+                .undecodable
+                .push(format!("{}: {e}", Recovered::describe(k))),
         }
     })?;
-    store.close();
-    Ok(())
+    Ok(report)
 }

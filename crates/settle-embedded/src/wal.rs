@@ -1,18 +1,43 @@
 //! The write-ahead log: numbered segment files of checksummed frames,
 //! appended with one `write` and one `fdatasync` per group commit.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
+use parking_lot::{Condvar, Mutex};
 use settle_ledger::StoreError;
 
+use crate::codec::place_frame;
+use crate::fs::{Fs, FsFile};
+
+/// A step of a checkpoint, for crash injection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CheckpointStep {
+    /// The index tables were ingested (durable), `meta` not yet written.
+    TablesWritten,
+    /// `meta` was written and persisted; the segment is still there.
+    Persisted,
+    /// The covered segment was deleted and the directory synced; nothing
+    /// evicted from memory yet.
+    SegmentDeleted,
+}
+
+type Hook = Arc<dyn Fn(CheckpointStep) + Send + Sync>;
+
+#[derive(Default)]
+struct Gate {
+    held: bool,
+    /// A checkpoint is waiting at the gate.
+    holding: bool,
+    writer_waiting: bool,
+}
+
 /// Fault injection for tests: each flag fails the next matching call once.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Faults {
     /// The next `write` fails before writing anything.
     pub fail_write: AtomicBool,
@@ -22,8 +47,38 @@ pub struct Faults {
     pub fail_sync: AtomicBool,
     /// The next checkpoint of the index fails.
     pub fail_checkpoint: AtomicBool,
+    /// The next move to a new log segment fails.
+    pub fail_rotate: AtomicBool,
+    /// Preparing a segment in the background takes this long (ms).
+    pub prepare_delay_ms: AtomicU64,
+    /// Segment preparations running right now.
+    pub prepares_running: AtomicUsize,
+    /// Each checkpoint waits this long first (ms): a slow index.
+    pub checkpoint_delay_ms: AtomicU64,
+    /// Whether checkpoints are held ([`Faults::hold_checkpoints`]) and
+    /// whether the writer waits for the checkpointer (backpressure).
+    gate: Mutex<Gate>,
+    changed: Condvar,
+    /// No checkpoint runs from now on (one held by [`Faults::hold_checkpoints`]
+    /// is skipped when released) and `close` does not seal the last
+    /// segment: the log stays as a crash would leave it.
+    pub halt_checkpoints: AtomicBool,
+    /// The writer thread panics at its next batch.
+    pub panic_writer: AtomicBool,
+    /// Called at each step of each checkpoint (to cut a simulated power there).
+    pub checkpoint_hook: Mutex<Option<Hook>>,
     /// Successful log syncs so far.
     pub syncs: AtomicU64,
+    /// Checkpoints completed so far.
+    pub checkpoints: AtomicU64,
+}
+
+impl std::fmt::Debug for Faults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Faults")
+            .field("syncs", &self.syncs)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Faults {
@@ -34,6 +89,65 @@ impl Faults {
         faults
             .as_ref()
             .is_some_and(|f| Faults::take(&f.fail_checkpoint))
+    }
+    pub(crate) fn take_panic(faults: &Option<Arc<Faults>>) -> bool {
+        faults
+            .as_ref()
+            .is_some_and(|f| Faults::take(&f.panic_writer))
+    }
+    /// Checkpoints wait until [`Faults::release_checkpoints`].
+    pub fn hold_checkpoints(&self) {
+        self.gate.lock().held = true;
+    }
+    pub fn release_checkpoints(&self) {
+        self.gate.lock().held = false;
+        self.changed.notify_all();
+    }
+    /// Blocks until the writer waits for a checkpointer that is held at
+    /// the gate, so it will wait until released (`true`), or until the
+    /// checkpoints are released (`false`).
+    pub fn wait_for_writer_to_wait(&self) -> bool {
+        let mut g = self.gate.lock();
+        while !(g.writer_waiting && g.holding) && g.held {
+            self.changed.wait(&mut g);
+        }
+        g.writer_waiting && g.holding
+    }
+    pub(crate) fn set_writer_waiting(faults: &Option<Arc<Faults>>, waiting: bool) {
+        if let Some(f) = faults {
+            f.gate.lock().writer_waiting = waiting;
+            f.changed.notify_all();
+        }
+    }
+    /// The checkpoint delay faults: a fixed delay, then the hold.
+    pub(crate) fn before_checkpoint(faults: &Option<Arc<Faults>>) {
+        let Some(f) = faults else { return };
+        let ms = f.checkpoint_delay_ms.load(Ordering::Relaxed);
+        if ms > 0 {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        let mut g = f.gate.lock();
+        if g.held {
+            g.holding = true;
+            f.changed.notify_all();
+            while g.held {
+                f.changed.wait(&mut g);
+            }
+            g.holding = false;
+        }
+    }
+    pub(crate) fn halted(faults: &Option<Arc<Faults>>) -> bool {
+        faults
+            .as_ref()
+            .is_some_and(|f| f.halt_checkpoints.load(Ordering::SeqCst))
+    }
+    pub(crate) fn step(faults: &Option<Arc<Faults>>, step: CheckpointStep) {
+        if let Some(f) = faults {
+            let hook = f.checkpoint_hook.lock().clone();
+            if let Some(h) = hook {
+                h(step);
+            }
+        }
     }
 }
 
@@ -49,37 +163,30 @@ fn prepared_path(dir: &Path, seq: u64) -> PathBuf {
     dir.join(format!("{seq:020}.prep"))
 }
 
+/// A segment's number from its file name.
+pub fn segment_seq(name: &str) -> Option<u64> {
+    name.strip_suffix(".log")?.parse().ok()
+}
+
 /// Existing segments, oldest first.
-pub fn segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        let name = e.file_name();
-        let Some(stem) = name.to_str().and_then(|n| n.strip_suffix(".log")) else {
-            continue;
-        };
-        if let Ok(seq) = stem.parse::<u64>() {
-            out.push((seq, e.path()));
-        }
-    }
+pub fn segments<F: Fs>(fs: &F, dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut out: Vec<(u64, PathBuf)> = fs
+        .list(dir)?
+        .iter()
+        .filter_map(|n| segment_seq(n).map(|s| (s, dir.join(n))))
+        .collect();
     out.sort();
     Ok(out)
 }
 
-/// Removes segments that were being prepared when the process stopped.
-pub fn remove_prepared(dir: &Path) -> io::Result<()> {
-    for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        if e.file_name().to_str().is_some_and(|n| n.ends_with(".prep")) {
-            std::fs::remove_file(e.path())?;
-        }
-    }
-    Ok(())
-}
-
-/// Makes a directory entry change (create, delete) durable.
-pub fn sync_dir(dir: &Path) -> io::Result<()> {
-    File::open(dir)?.sync_all()
+/// Leftover segments that were being prepared when the process stopped.
+pub fn prepared<F: Fs>(fs: &F, dir: &Path) -> io::Result<Vec<PathBuf>> {
+    Ok(fs
+        .list(dir)?
+        .iter()
+        .filter(|n| n.ends_with(".prep"))
+        .map(|n| dir.join(n))
+        .collect())
 }
 
 /// Writes a zero-filled file of `size` bytes and makes it durable.
@@ -89,28 +196,36 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// `fdatasync` after each batch then flushes only our data and does not
 /// wait for a filesystem journal commit (which on ext4 would also wait for
 /// the index's concurrent checkpoint writes).
-fn prepare(dir: &Path, seq: u64, size: u64) -> io::Result<()> {
-    let path = prepared_path(dir, seq);
-    let mut f = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&path)?;
-    let zeros = vec![0u8; 1 << 20];
-    let mut left = size;
-    while left > 0 {
-        let n = left.min(zeros.len() as u64) as usize;
-        f.write_all(&zeros[..n])?;
-        left -= n as u64;
+fn prepare<F: Fs>(
+    fs: &F,
+    dir: &Path,
+    seq: u64,
+    size: u64,
+    faults: &Option<Arc<Faults>>,
+) -> io::Result<()> {
+    if let Some(f) = faults {
+        let ms = f.prepare_delay_ms.load(Ordering::Relaxed);
+        if ms > 0 {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+    let f = fs.create(&prepared_path(dir, seq))?;
+    let zeros = vec![0u8; (1 << 20).min(size as usize)];
+    let mut at = 0;
+    while at < size {
+        let n = (size - at).min(zeros.len() as u64) as usize;
+        f.write_at(&zeros[..n], at)?;
+        at += n as u64;
     }
     f.sync_all()
 }
 
 /// The segment being appended to.
-pub struct Wal {
+pub struct Wal<F: Fs> {
+    fs: F,
     dir: PathBuf,
     seq: u64,
-    file: File,
+    file: F::File,
     /// Offset after the last whole frame.
     bytes: u64,
     /// Preallocated size of each segment.
@@ -120,26 +235,32 @@ pub struct Wal {
     next: Option<JoinHandle<io::Result<()>>>,
 }
 
-impl Wal {
+impl<F: Fs> Wal<F> {
     /// Creates segment `seq` (it must not exist), preallocated, durable.
-    pub fn create(dir: &Path, seq: u64, size: u64, faults: Option<Arc<Faults>>) -> io::Result<Wal> {
-        prepare(dir, seq, size)?;
-        Wal::install(dir, seq, size, 0, faults)
+    pub fn create(
+        fs: &F,
+        dir: &Path,
+        seq: u64,
+        size: u64,
+        faults: Option<Arc<Faults>>,
+    ) -> io::Result<Wal<F>> {
+        prepare(fs, dir, seq, size, &faults)?;
+        Wal::install(fs, dir, seq, size, faults)
     }
 
     /// Continues writing segment `seq` after its `valid` bytes of whole frames
     /// (the rest of it is zeros).
     pub fn resume(
+        fs: &F,
         dir: &Path,
         seq: u64,
         size: u64,
         valid: u64,
         faults: Option<Arc<Faults>>,
-    ) -> io::Result<Wal> {
-        let file = OpenOptions::new()
-            .write(true)
-            .open(segment_path(dir, seq))?;
+    ) -> io::Result<Wal<F>> {
+        let file = fs.open(&segment_path(dir, seq))?;
         let mut w = Wal {
+            fs: fs.clone(),
             dir: dir.to_path_buf(),
             seq,
             file,
@@ -154,20 +275,33 @@ impl Wal {
 
     /// Renames the prepared file into place and makes that durable.
     fn install(
+        fs: &F,
         dir: &Path,
         seq: u64,
         size: u64,
-        valid: u64,
         faults: Option<Arc<Faults>>,
-    ) -> io::Result<Wal> {
-        std::fs::rename(prepared_path(dir, seq), segment_path(dir, seq))?;
-        sync_dir(dir)?;
-        Wal::resume(dir, seq, size, valid, faults)
+    ) -> io::Result<Wal<F>> {
+        fs.rename(&prepared_path(dir, seq), &segment_path(dir, seq))?;
+        fs.sync_dir(dir)?;
+        Wal::resume(fs, dir, seq, size, 0, faults)
     }
 
     fn prepare_next(&mut self) {
-        let (dir, seq, size) = (self.dir.clone(), self.seq + 1, self.size);
-        self.next = Some(std::thread::spawn(move || prepare(&dir, seq, size)));
+        if !F::BACKGROUND_PREPARE {
+            return;
+        }
+        let (fs, dir, seq, size) = (self.fs.clone(), self.dir.clone(), self.seq + 1, self.size);
+        let faults = self.faults.clone();
+        if let Some(f) = &faults {
+            f.prepares_running.fetch_add(1, Ordering::SeqCst);
+        }
+        self.next = Some(std::thread::spawn(move || {
+            let r = prepare(&fs, &dir, seq, size, &faults);
+            if let Some(f) = &faults {
+                f.prepares_running.fetch_sub(1, Ordering::SeqCst);
+            }
+            r
+        }));
     }
 
     pub fn bytes(&self) -> u64 {
@@ -179,20 +313,21 @@ impl Wal {
         self.bytes + len as u64 <= self.size
     }
 
-    /// One positioned `write` and one `fdatasync`. On error the segment's
-    /// tail is in an unknown state: the caller must stop writing (fail
-    /// closed), never retry.
-    pub fn append_sync(&mut self, buf: &[u8]) -> io::Result<()> {
+    /// Places the frame in `buf` at the end of the log, then one positioned
+    /// `write` and one `fdatasync`. On error the segment's tail is in an
+    /// unknown state: the caller must stop writing (fail closed), never retry.
+    pub fn append_sync(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        place_frame(buf, self.seq, self.bytes);
         if let Some(f) = &self.faults {
             if Faults::take(&f.fail_write) {
                 return Err(injected("write"));
             }
             if Faults::take(&f.torn_write) {
-                self.file.write_all_at(&buf[..buf.len() / 2], self.bytes)?;
+                self.file.write_at(&buf[..buf.len() / 2], self.bytes)?;
                 return Err(injected("torn write"));
             }
         }
-        self.file.write_all_at(buf, self.bytes)?;
+        self.file.write_at(buf, self.bytes)?;
         if let Some(f) = &self.faults
             && Faults::take(&f.fail_sync)
         {
@@ -208,41 +343,55 @@ impl Wal {
 
     /// Starts the next segment (normally prepared already); returns the sealed one's number.
     pub fn rotate(&mut self) -> io::Result<u64> {
+        if let Some(f) = &self.faults
+            && Faults::take(&f.fail_rotate)
+        {
+            return Err(injected("segment rotation"));
+        }
         match self.next.take().map(|h| h.join()) {
             Some(Ok(Ok(()))) => {}
             Some(Ok(Err(e))) => return Err(e),
             Some(Err(_)) => return Err(io::Error::other("segment preparation panicked")),
-            None => prepare(&self.dir, self.seq + 1, self.size)?,
+            None => prepare(&self.fs, &self.dir, self.seq + 1, self.size, &self.faults)?,
         }
-        let next = Wal::install(&self.dir, self.seq + 1, self.size, 0, self.faults.clone())?;
+        let next = Wal::install(
+            &self.fs,
+            &self.dir,
+            self.seq + 1,
+            self.size,
+            self.faults.clone(),
+        )?;
         let old = std::mem::replace(self, next);
         Ok(old.seq)
     }
 }
 
-/// The bytes of one segment (decode them with [`crate::codec::decode_frames`]).
-pub fn read_segment(path: &Path) -> Result<Vec<u8>, StoreError> {
-    let mut buf = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut buf))
-        .map_err(|e| StoreError::Io(format!("reading {}: {e}", path.display())))?;
-    Ok(buf)
+impl<F: Fs> Drop for Wal<F> {
+    /// The preparation thread never outlives the log (nor the store's lock):
+    /// a leftover `.prep` written after another process opened the
+    /// directory would race with it.
+    fn drop(&mut self) {
+        if let Some(h) = self.next.take() {
+            let _ = h.join();
+        }
+    }
 }
 
-/// Whether everything after the whole frames is the preallocated zeros.
-pub fn clean_tail(buf: &[u8], valid: usize) -> bool {
-    buf[valid..].iter().all(|&b| b == 0)
+/// The bytes of one segment.
+pub fn read_segment<F: Fs>(fs: &F, path: &Path) -> Result<Vec<u8>, StoreError> {
+    fs.read(path)
+        .map_err(|e| StoreError::Io(format!("reading {}: {e}", path.display())))
 }
 
-/// Overwrites a torn tail (bytes after the last whole frame) with zeros,
-/// durably, so later appends follow whole frames and a later recovery
-/// does not mistake it for damage.
-pub fn zero_tail(path: &Path, from: u64, len: u64) -> Result<(), StoreError> {
-    let f = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(|e| StoreError::Io(e.to_string()))?;
-    f.write_all_at(&vec![0u8; (len - from) as usize], from)
-        .and_then(|_| f.sync_data())
-        .map_err(|e| StoreError::Io(e.to_string()))
+/// The first non-zero byte at or after `from`.
+pub fn first_nonzero(buf: &[u8], from: usize) -> Option<usize> {
+    buf[from.min(buf.len())..]
+        .iter()
+        .position(|&b| b != 0)
+        .map(|p| from + p)
+}
+
+/// The last non-zero byte (its offset), if any.
+pub fn last_nonzero(buf: &[u8]) -> Option<usize> {
+    buf.iter().rposition(|&b| b != 0)
 }

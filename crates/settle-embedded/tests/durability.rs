@@ -317,7 +317,8 @@ async fn retention_collects_checkpointed_records_from_the_index() {
     for i in 0..100 {
         let k = format!("r{i}");
         let mut c = Claim::new(key(&k), fp(1), binding("alice", 0));
-        c.retention_s = RetentionS::new(5).unwrap();
+        // Long enough that a slow, loaded machine does not expire them early.
+        c.retention_s = RetentionS::new(3_600).unwrap();
         let f = match store.execute(&tenant(), Command::Claim(c)).await.unwrap() {
             Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
             other => panic!("{other:?}"),
@@ -335,7 +336,7 @@ async fn retention_collects_checkpointed_records_from_the_index() {
     // Reopened: most records live only in the index now.
     let store = EmbeddedStore::open(dir.path(), opts(&clock, 4 * 1024, None)).unwrap();
     assert!(get(&store, "r0").await.is_some());
-    clock.advance(6_000);
+    clock.advance(3_700_000);
     assert!(get(&store, "r0").await.is_none(), "expired reads as absent");
     let report = store.sweep().await.unwrap();
     assert_eq!(report.collected, 100);
@@ -371,4 +372,242 @@ async fn many_reopen_cycles_with_checkpoints_keep_everything() {
         }
         store.close();
     }
+}
+
+/// A group commit that needs a new segment, when starting that segment
+/// fails, stops there: no receipt, no grant, nothing written.
+#[test]
+fn a_failed_seal_stops_the_batch() {
+    use settle_embedded::InlineStore;
+    use settle_embedded::sim::{MemIndex, SimDisk};
+    let disk = SimDisk::new();
+    let index = MemIndex::new(&disk, "/d");
+    let faults = Arc::new(Faults::default());
+    let o = EmbeddedOptions {
+        segment_bytes: 8192,
+        faults: Some(faults.clone()),
+        ..EmbeddedOptions::default()
+    };
+    let store = InlineStore::open(&disk, "/d", index.clone(), o.clone()).unwrap();
+    assert!(matches!(
+        store
+            .execute_now(&tenant(), claim("first", 1, binding("alice", 0)))
+            .unwrap(),
+        Reply::Claim(ClaimDecision::Execute(_))
+    ));
+    faults.fail_rotate.store(true, Ordering::SeqCst);
+    // One group commit too large for the space left: it needs the next segment.
+    let batch: Vec<_> = (0..150)
+        .map(|i| (tenant(), claim(&format!("b{i}"), 1, binding("alice", 0))))
+        .collect();
+    let replies = store.execute_batch(batch);
+    assert!(
+        replies.iter().all(|r| r.is_err()),
+        "answers after the failed seal: {:?}",
+        replies.iter().find(|r| r.is_ok())
+    );
+    assert!(store.is_poisoned());
+    drop(store);
+    let store = InlineStore::open(&disk, "/d", index, o).unwrap();
+    for i in 0..150 {
+        assert_eq!(
+            store.get_now(&tenant(), &key(&format!("b{i}"))).unwrap(),
+            Ok(None),
+            "b{i} was written"
+        );
+    }
+    assert!(
+        store
+            .get_now(&tenant(), &key("first"))
+            .unwrap()
+            .unwrap()
+            .is_some()
+    );
+}
+
+/// The thread zero-filling the next segment is joined on close: it cannot
+/// outlive the store (and its lock) and write into a directory another
+/// process has opened since.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_joins_the_segment_preparation_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let faults = Arc::new(Faults::default());
+    faults.prepare_delay_ms.store(300, Ordering::SeqCst);
+    let store =
+        EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, Some(faults.clone()))).unwrap();
+    pair(&store, "a").await.unwrap();
+    store.close();
+    assert_eq!(
+        faults.prepares_running.load(Ordering::SeqCst),
+        0,
+        "a segment preparation outlived the store"
+    );
+}
+
+/// Readiness is real: it fails once the store cannot write, whatever the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_fails_when_the_writer_is_gone_poisoned_or_closed() {
+    let clock = Clock::system();
+    // The writer thread dies.
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let store =
+        EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, Some(faults.clone()))).unwrap();
+    store.health().await.unwrap();
+    faults.panic_writer.store(true, Ordering::SeqCst);
+    let r = store
+        .execute(&tenant(), claim("k", 1, binding("alice", 0)))
+        .await;
+    assert!(matches!(r, Err(StoreError::Closed)), "{r:?}");
+    assert!(
+        store.health().await.is_err(),
+        "health with no writer thread"
+    );
+    drop(store);
+
+    // A failed fsync poisons it.
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let store =
+        EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, Some(faults.clone()))).unwrap();
+    faults.fail_sync.store(true, Ordering::SeqCst);
+    assert!(pair(&store, "k").await.is_err());
+    assert!(matches!(store.health().await, Err(StoreError::Poisoned)));
+    drop(store);
+
+    // Closed.
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+    store.close();
+    assert!(matches!(store.health().await, Err(StoreError::Closed)));
+}
+
+/// A stored record that does not decode is refused on every call and
+/// never taken for absent (its key could be claimed again); the sweep
+/// skips it, counts it, and goes on; `scan` reports it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_record_is_refused_skipped_and_counted() {
+    use settle_embedded::index::{CheckpointItem, FjallIndex, Index};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    {
+        let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+        let mut c = Claim::new(key("good"), fp(1), binding("alice", 0));
+        c.retention_s = RetentionS::new(3_600).unwrap();
+        let f = match store.execute(&tenant(), Command::Claim(c)).await.unwrap() {
+            Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+            other => panic!("{other:?}"),
+        };
+        store
+            .execute(
+                &tenant(),
+                settle("good", f, 1, binding("alice", 0), completed(1)),
+            )
+            .await
+            .unwrap();
+        store.close();
+    }
+    {
+        // Plant values that do not decode: one due for collection before
+        // the good record, one listed as open.
+        let index = FjallIndex::open(&dir.path().join("index")).unwrap();
+        let bad = b"racme\0bad";
+        let bad_open = b"racme\0bad-open";
+        index
+            .ingest(&[
+                CheckpointItem {
+                    key: bad,
+                    open: false,
+                    expires_at: Some(1),
+                    value: &[1, 0xff, 0xff, 0xff],
+                },
+                CheckpointItem {
+                    key: bad_open,
+                    open: true,
+                    expires_at: None,
+                    value: &[1, 0xfe],
+                },
+            ])
+            .unwrap();
+    }
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+    for k in ["bad", "bad-open"] {
+        assert_eq!(
+            store.get(&tenant(), &key(k)).await.unwrap(),
+            Err(RefusalCode::RecordRefused),
+            "{k}"
+        );
+        assert_eq!(
+            store
+                .execute(&tenant(), claim(k, 1, binding("alice", 0)))
+                .await
+                .unwrap(),
+            Reply::Refused(RefusalCode::RecordRefused),
+            "{k} is never claimed afresh"
+        );
+    }
+    clock.advance(3_700_000);
+    let report = store.sweep().await.unwrap();
+    assert_eq!(report.collected, 1, "the sweep went on past the bad record");
+    assert_eq!(store.sweep().await.unwrap().collected, 0);
+    assert_eq!(store.stats(60_000).await.unwrap().undecodable, 2);
+    assert_eq!(
+        store.get(&tenant(), &key("bad")).await.unwrap(),
+        Err(RefusalCode::RecordRefused),
+        "still refused after the sweeps"
+    );
+    store.close();
+    drop(store);
+    let report = settle_embedded::scan(dir.path(), |_, _| {}).unwrap();
+    assert_eq!(report.undecodable.len(), 2, "{report:?}");
+    assert!(report.undecodable[0].contains("acme/bad"), "{report:?}");
+}
+
+/// The disputed gauge comes from the store: it counts records that left
+/// memory and survives restarts; collection takes records out of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disputed_gauge_counts_every_stored_record_and_survives_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 4096, None)).unwrap();
+    for i in 0..3 {
+        let k = format!("d{i}");
+        let mut c = Claim::new(key(&k), fp(1), binding("alice", 0));
+        c.retention_s = RetentionS::new(3_600).unwrap();
+        let f = match store.execute(&tenant(), Command::Claim(c)).await.unwrap() {
+            Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+            other => panic!("{other:?}"),
+        };
+        for n in [1, 2] {
+            store
+                .execute(
+                    &tenant(),
+                    settle(&k, f, 1, binding("alice", 0), completed(n)),
+                )
+                .await
+                .unwrap();
+        }
+    }
+    // Push them out of memory (a checkpoint after each batch here).
+    for i in 0..40 {
+        pair(&store, &format!("p{i}")).await.unwrap();
+    }
+    assert_eq!(store.stats(60_000).await.unwrap().disputed, 3);
+    assert!(store.resident() < 20, "{} resident", store.resident());
+    store.close();
+    drop(store);
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 4096, None)).unwrap();
+    assert_eq!(
+        store.stats(60_000).await.unwrap().disputed,
+        3,
+        "after a restart"
+    );
+    clock.advance(3_700_000);
+    store.sweep().await.unwrap();
+    assert_eq!(store.stats(60_000).await.unwrap().disputed, 0, "collected");
+    store.close();
+    drop(store);
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 4096, None)).unwrap();
+    assert_eq!(store.stats(60_000).await.unwrap().disputed, 0);
 }

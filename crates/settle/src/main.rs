@@ -735,7 +735,8 @@ fn inspect(a: InspectArgs, check: bool) -> Result<(), u8> {
     let (mut stuck, mut unknown, mut disputed, mut quarantined, mut refused, mut reconcile) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
     let mut violations = vec![];
-    settle_embedded::scan(&a.data, |tenant, r| {
+    // Read-only: a store recovery would refuse is reported, never repaired.
+    let report = settle_embedded::scan(&a.data, |tenant, r| {
         let id = format!("{tenant}/{}", r.key);
         if let Err(v) = settle_core::invariants::check_record(r) {
             violations.push(format!("{id}: {v}"));
@@ -770,6 +771,9 @@ fn inspect(a: InspectArgs, check: bool) -> Result<(), u8> {
         EXIT_LOCAL
     })?;
     let total: u64 = counts.values().sum();
+    // Stored values that do not decode: refused on every call (record_refused).
+    let undecodable = report.undecodable;
+    let failed = !(violations.is_empty() && refused.is_empty() && undecodable.is_empty());
     if a.json {
         let v = json!({
             "records": total,
@@ -781,9 +785,11 @@ fn inspect(a: InspectArgs, check: bool) -> Result<(), u8> {
             "refused": refused,
             "reconcile_required": reconcile,
             "violations": violations,
+            "undecodable": undecodable,
+            "torn_tail": report.torn_tail,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-        return if check && !(violations.is_empty() && refused.is_empty()) {
+        return if check && failed {
             Err(EXIT_LOCAL)
         } else {
             Ok(())
@@ -801,13 +807,17 @@ fn inspect(a: InspectArgs, check: bool) -> Result<(), u8> {
         ("quarantined", &quarantined),
         ("refused (receipt dated in the future)", &refused),
         ("violations of SPEC §6", &violations),
+        ("undecodable (refused on every call)", &undecodable),
     ] {
         println!("{title}: {}", list.len());
         for id in list.iter() {
             println!("  {id}");
         }
     }
-    if check && !(violations.is_empty() && refused.is_empty()) {
+    if let Some(t) = &report.torn_tail {
+        println!("torn log tail (never acknowledged; cut when the store next opens): {t}");
+    }
+    if check && failed {
         Err(EXIT_LOCAL)
     } else {
         Ok(())

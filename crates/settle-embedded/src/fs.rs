@@ -1,0 +1,159 @@
+//! The I/O seam: everything the log and its recovery do to files and
+//! directories goes through [`Fs`], so the same code runs on the real
+//! filesystem ([`OsFs`]) and on a simulated disk that loses unsynced writes
+//! at a power cut ([`crate::sim::SimDisk`]).
+//!
+//! The engine is generic over it (static dispatch); the calls are per
+//! batch, per segment or per recovery, never per command.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+
+/// A filesystem as the log sees it.
+pub trait Fs: Clone + Send + Sync + 'static {
+    type File: FsFile;
+    /// Held while a store has its directory open.
+    type Lock: Send + Sync + 'static;
+    /// Whether the next log segment may be zero-filled on a background
+    /// thread (the simulated disk prepares it inline, to stay deterministic).
+    const BACKGROUND_PREPARE: bool;
+
+    fn is_dir(&self, path: &Path) -> bool;
+    /// Creates one directory (its parent must exist). Not durable until the
+    /// parent directory is synced.
+    fn create_dir(&self, path: &Path) -> io::Result<()>;
+    /// Names of the entries of a directory.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Creates (or truncates) a file for writing.
+    fn create(&self, path: &Path) -> io::Result<Self::File>;
+    /// Opens an existing file for writing.
+    fn open(&self, path: &Path) -> io::Result<Self::File>;
+    /// The whole content of a file.
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Makes the directory's entries (creations, renames, removals) durable.
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// An exclusive lock on `path` (created if needed), refused if held.
+    fn lock(&self, path: &Path) -> io::Result<Self::Lock>;
+}
+
+/// An open file of an [`Fs`].
+pub trait FsFile: Send + Sync + 'static {
+    /// Writes all of `buf` at `offset` (not durable until synced).
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// `fdatasync`: the data (and the size needed to read it) is durable.
+    fn sync_data(&self) -> io::Result<()>;
+    /// `fsync`.
+    fn sync_all(&self) -> io::Result<()>;
+}
+
+/// The real filesystem.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsFs;
+
+impl FsFile for File {
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        FileExt::write_all_at(self, buf, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        File::sync_data(self)
+    }
+    fn sync_all(&self) -> io::Result<()> {
+        File::sync_all(self)
+    }
+}
+
+impl Fs for OsFs {
+    type File = File;
+    type Lock = File;
+    const BACKGROUND_PREPARE: bool = true;
+
+    fn is_dir(&self, path: &Path) -> bool {
+        path.is_dir()
+    }
+    fn create_dir(&self, path: &Path) -> io::Result<()> {
+        std::fs::create_dir(path)
+    }
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        let mut out = Vec::new();
+        for e in std::fs::read_dir(dir)? {
+            if let Ok(name) = e?.file_name().into_string() {
+                out.push(name);
+            }
+        }
+        Ok(out)
+    }
+    fn create(&self, path: &Path) -> io::Result<File> {
+        OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(path)
+    }
+    fn open(&self, path: &Path) -> io::Result<File> {
+        OpenOptions::new().write(true).open(path)
+    }
+    fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
+        let mut buf = Vec::new();
+        File::open(path)?.read_to_end(&mut buf)?;
+        Ok(buf)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        std::fs::rename(from, to)
+    }
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        std::fs::remove_file(path)
+    }
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+    fn lock(&self, path: &Path) -> io::Result<File> {
+        let f = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)?;
+        f.try_lock().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::WouldBlock,
+                format!(
+                    "{} is in use by another process",
+                    path.parent().unwrap_or(path).display()
+                ),
+            )
+        })?;
+        Ok(f)
+    }
+}
+
+/// `mkdir -p`, durably: each directory it creates is made durable by
+/// syncing its parent, so a power cut cannot take a fresh data directory
+/// (and the log inside it) away after writes to it were acknowledged.
+pub fn create_dir_all_durable<F: Fs>(fs: &F, path: &Path) -> io::Result<()> {
+    let mut missing = Vec::new();
+    let mut p = path;
+    while !fs.is_dir(p) {
+        missing.push(p);
+        match p.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => p = parent,
+            _ => break,
+        }
+    }
+    for dir in missing.into_iter().rev() {
+        match fs.create_dir(dir) {
+            Ok(()) => {}
+            // Created concurrently: still sync its parent below.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let parent = match dir.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        fs.sync_dir(parent)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,499 @@
+//! Recovery: the index as of its last checkpoint, then every whole frame of
+//! the log after it.
+//!
+//! Recovery first reads and judges everything without changing anything;
+//! only a store it accepts gets its log tidied ([`Recovered::apply`]). A
+//! refused store is left exactly as found, for the operator (and `settle
+//! check`, which never applies anything).
+//!
+//! What a crash can leave, and so what is accepted (docs/design.md):
+//! * segments numbered consecutively after the checkpoint's; frames in them
+//!   numbered consecutively after the checkpoint's batch;
+//! * in the last segment only, one torn write after the last whole frame:
+//!   non-zero bytes only within that frame's extent (known from its header
+//!   if the header survived, else up to the end of the segment), and no
+//!   intact frame after it. Anything else is damage to acknowledged data.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use settle_ledger::StoreError;
+
+use crate::codec::{
+    EntityKey, FRAME_MAGIC_V1, Frames, Value, decode_frames, decode_value, find_frame_header,
+};
+use crate::engine::{Hasher, Slot};
+use crate::fs::Fs;
+use crate::index::{Index, Meta};
+use crate::wal::{self, first_nonzero, last_nonzero};
+
+/// The state recovered from the index and the log.
+pub struct Recovered {
+    /// Every open record, plus every entity the log changed after the checkpoint.
+    pub map: DashMap<Box<[u8]>, Slot, Hasher>,
+    /// The index's checkpoint.
+    pub meta: Meta,
+    /// The last batch on record.
+    pub lsn: u64,
+    pub next_fence: u64,
+    /// Records marked disputed, store-wide.
+    pub disputed: u64,
+    /// The highest segment number seen.
+    pub last_seq: u64,
+    /// The last segment after the checkpoint and where its whole frames end.
+    pub resume: Option<(u64, u64)>,
+    /// Keys whose stored value does not decode.
+    pub undecodable: Vec<Box<[u8]>>,
+    /// A torn tail that was cut (segment, from, to), for the log.
+    pub torn: Option<(PathBuf, u64, u64)>,
+    plan: Plan,
+}
+
+/// What an accepted store needs tidied before it is written to.
+#[derive(Default)]
+struct Plan {
+    /// Segments the checkpoint covers whose deletion did not complete.
+    covered: Vec<PathBuf>,
+    /// Leftover `.prep` files.
+    prepared: Vec<PathBuf>,
+    /// The last whole frame: rewritten and synced, because after a failed
+    /// fsync in this boot the page cache may show bytes the disk lacks.
+    rewrite: Option<(PathBuf, u64, Vec<u8>)>,
+}
+
+fn corrupt(msg: String) -> StoreError {
+    StoreError::Corrupt(msg)
+}
+
+fn decode_slot(key: &[u8], bytes: &[u8], lsn: u64, undecodable: &mut Vec<Box<[u8]>>) -> Slot {
+    let value = match decode_value(bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            tracing::error!(key = %String::from_utf8_lossy(key), error = %e, "stored value does not decode; its key is refused");
+            undecodable.push(key.into());
+            Value::Undecodable(e.to_string().into())
+        }
+    };
+    Slot {
+        lsn,
+        value: Arc::new(value),
+    }
+}
+
+/// Judges the tail of a segment after its whole frames. `Ok(Some(range))`
+/// is a torn tail to cut; an error is damage no crash explains.
+fn check_tail(
+    buf: &[u8],
+    seq: u64,
+    f: &Frames<'_>,
+    is_last: bool,
+    path: &Path,
+) -> Result<Option<(u64, u64)>, StoreError> {
+    let v = f.valid;
+    let Some(first) = first_nonzero(buf, v) else {
+        return Ok(None);
+    };
+    if buf.len() >= v + 4 && buf[v..v + 4] == FRAME_MAGIC_V1.to_le_bytes() {
+        return Err(corrupt(format!(
+            "{} holds a log frame of format 1 at byte {v}, written by an older settle: \
+             open the store with that version and close it cleanly (which checkpoints the log), then upgrade",
+            path.display()
+        )));
+    }
+    if !is_last {
+        return Err(corrupt(format!(
+            "log segment {} is damaged at byte {v} (non-zero byte at {first}) and later segments exist: \
+             this is not a torn write; the store is left untouched",
+            path.display()
+        )));
+    }
+    // The write in progress at the crash started at `v`. Its extent is
+    // known if its header survived; otherwise it may reach the segment's end.
+    let window_end = match f.bad_extent {
+        Some(ext) => (v + ext).min(buf.len()),
+        None => buf.len(),
+    };
+    if let Some(x) = first_nonzero(buf, window_end) {
+        return Err(corrupt(format!(
+            "log segment {} is damaged at byte {v}: non-zero byte at {x}, after the end ({window_end}) \
+             of the one write a crash could have torn; the store is left untouched",
+            path.display()
+        )));
+    }
+    if let Some(x) = find_frame_header(buf, seq, v + 1) {
+        return Err(corrupt(format!(
+            "log segment {} is damaged at byte {v}: a frame at byte {x} follows it, \
+             so acknowledged data is damaged; the store is left untouched",
+            path.display()
+        )));
+    }
+    let end = last_nonzero(buf).map_or(v, |l| l + 1);
+    Ok(Some((v as u64, end as u64)))
+}
+
+/// Reads the index and the log after its checkpoint into memory, changing nothing.
+pub fn recover<F: Fs, I: Index>(
+    fs: &F,
+    wal_dir: &Path,
+    index: &I,
+) -> Result<Recovered, StoreError> {
+    let meta = index.meta()?;
+    let map: DashMap<Box<[u8]>, Slot, Hasher> = DashMap::default();
+    let mut undecodable = Vec::new();
+    for (k, bytes) in index.open_records()? {
+        let slot = decode_slot(&k, bytes.as_ref(), meta.checkpoint_lsn, &mut undecodable);
+        let keep = match &*slot.value {
+            // A stale id: the record settled or went since.
+            Value::Record(r) => !r.status.is_terminal(),
+            Value::Undecodable(_) => true,
+            _ => false,
+        };
+        if keep {
+            map.insert(k.into_boxed_slice(), slot);
+        }
+    }
+
+    let io = |e: std::io::Error| StoreError::Io(format!("{}: {e}", wal_dir.display()));
+    let mut plan = Plan {
+        prepared: wal::prepared(fs, wal_dir).map_err(io)?,
+        ..Plan::default()
+    };
+    let segments = wal::segments(fs, wal_dir).map_err(io)?;
+    let mut last_seq = meta.checkpoint_seq;
+    let mut live = Vec::new();
+    for (seq, path) in segments {
+        last_seq = last_seq.max(seq);
+        if seq <= meta.checkpoint_seq {
+            plan.covered.push(path);
+        } else {
+            live.push((seq, path));
+        }
+    }
+    for (i, (seq, path)) in live.iter().enumerate() {
+        let expected = meta.checkpoint_seq + 1 + i as u64;
+        if *seq != expected {
+            return Err(corrupt(format!(
+                "log segment {expected} is missing before {} (the index checkpoint covers segments up to {})",
+                path.display(),
+                meta.checkpoint_seq
+            )));
+        }
+    }
+
+    let mut lsn = meta.checkpoint_lsn;
+    let mut next_fence = meta.next_fence;
+    let mut frames_disputed = None;
+    let mut resume = None;
+    let mut torn = None;
+    for (i, (seq, path)) in live.iter().enumerate() {
+        let buf = wal::read_segment(fs, path)?;
+        let frames =
+            decode_frames(&buf, *seq).map_err(|e| corrupt(format!("{}: {e}", path.display())))?;
+        let is_last = i + 1 == live.len();
+        if let Some((from, to)) = check_tail(&buf, *seq, &frames, is_last, path)? {
+            torn = Some((path.clone(), from, to));
+        }
+        for (b, start) in frames.batches.iter().zip(&frames.starts) {
+            if b.lsn != lsn + 1 {
+                return Err(corrupt(format!(
+                    "{}: batch {} at byte {start} where batch {} was expected",
+                    path.display(),
+                    b.lsn,
+                    lsn + 1
+                )));
+            }
+            lsn = b.lsn;
+            next_fence = next_fence.max(b.next_fence);
+            frames_disputed = Some(b.disputed);
+            for e in &b.entries {
+                let value = if e.value.is_empty() {
+                    Slot {
+                        lsn,
+                        value: Arc::new(Value::Gone),
+                    }
+                } else {
+                    decode_slot(e.key, e.value, lsn, &mut undecodable)
+                };
+                map.insert(e.key.into(), value);
+            }
+        }
+        if let Some(start) = frames.starts.last() {
+            plan.rewrite = Some((
+                path.clone(),
+                *start as u64,
+                buf[*start..frames.valid].to_vec(),
+            ));
+        }
+        if is_last {
+            resume = Some((*seq, frames.valid as u64));
+        }
+    }
+
+    // Fences are never reused: the counter is past every fence on record.
+    for s in map.iter() {
+        if let Value::Record(r) = &*s.value
+            && let Some(f) = r.last_fence()
+            && f.0 >= next_fence
+        {
+            return Err(corrupt(format!(
+                "fence {} on record but the counter is at {next_fence}",
+                f.0
+            )));
+        }
+    }
+
+    let disputed = match (frames_disputed, meta.disputed) {
+        (Some(d), _) | (None, Some(d)) => d,
+        // An index from before the count: count once (then kept in every frame).
+        (None, None) => {
+            let mut n = 0u64;
+            index.for_each(&mut |_, v| {
+                if let Ok(Value::Record(r)) = decode_value(v)
+                    && r.disputed
+                {
+                    n += 1;
+                }
+            })?;
+            n
+        }
+    };
+
+    Ok(Recovered {
+        map,
+        meta,
+        lsn,
+        next_fence,
+        disputed,
+        last_seq,
+        resume,
+        undecodable,
+        torn,
+        plan,
+    })
+}
+
+impl Recovered {
+    /// Tidies the log of an accepted store: the checkpoint's `meta` is
+    /// written afresh before the segments it covers are deleted, leftover
+    /// preparations go, a torn tail is zeroed, the last frame is rewritten,
+    /// each durably. Then the directory is synced.
+    pub fn apply<F: Fs, I: Index>(
+        &mut self,
+        fs: &F,
+        wal_dir: &Path,
+        index: &I,
+    ) -> Result<(), StoreError> {
+        let io = |what: &str, p: &Path, e: std::io::Error| {
+            StoreError::Io(format!("{what} {}: {e}", p.display()))
+        };
+        let plan = std::mem::take(&mut self.plan);
+        if !plan.covered.is_empty() {
+            // After a failed persist in this boot the page cache may show a
+            // `meta` the disk lacks; write it again before relying on it.
+            index.commit_meta(&self.meta)?;
+            for p in &plan.covered {
+                fs.remove(p).map_err(|e| io("removing", p, e))?;
+            }
+        }
+        for p in &plan.prepared {
+            fs.remove(p).map_err(|e| io("removing", p, e))?;
+        }
+        if let Some((path, from, to)) = &self.torn {
+            // Never acknowledged: zeroed so that later appends follow whole
+            // frames and a later recovery does not mistake it for damage.
+            tracing::warn!(segment = %path.display(), from, to, "zeroing a torn log tail");
+            let f = fs.open(path).map_err(|e| io("opening", path, e))?;
+            crate::fs::FsFile::write_at(&f, &vec![0u8; (to - from) as usize], *from)
+                .and_then(|_| crate::fs::FsFile::sync_data(&f))
+                .map_err(|e| io("zeroing the torn tail of", path, e))?;
+        }
+        if let Some((path, at, bytes)) = &plan.rewrite {
+            let f = fs.open(path).map_err(|e| io("opening", path, e))?;
+            crate::fs::FsFile::write_at(&f, bytes, *at)
+                .and_then(|_| crate::fs::FsFile::sync_data(&f))
+                .map_err(|e| io("rewriting the last frame of", path, e))?;
+        }
+        fs.sync_dir(wal_dir)
+            .map_err(|e| io("syncing", wal_dir, e))?;
+        Ok(())
+    }
+
+    /// The entity keys that did not decode, for reports.
+    pub fn describe(key: &[u8]) -> String {
+        match EntityKey::from_bytes(key) {
+            Ok(EntityKey::Record(t, k)) => format!("{t}/{k}"),
+            Ok(EntityKey::Principal(t, p)) => format!("{t} principal {p}"),
+            Ok(EntityKey::Task(t, task)) => format!("{t} task {task}"),
+            Err(_) => String::from_utf8_lossy(key).into_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::{Batch, Entry, FRAME_VERSION, encode_for_log, encode_frame, place_frame};
+    use crate::fs::FsFile;
+    use crate::sim::{MemIndex, SimDisk};
+    use settle_core::TenantId;
+
+    const WAL: &str = "/d/wal";
+
+    /// A segment file of frames with the given batch numbers, preallocated.
+    fn segment(disk: &SimDisk, seq: u64, lsns: &[u64]) -> Vec<usize> {
+        let k = EntityKey::Record(
+            TenantId::default_tenant(),
+            settle_core::Key::new("k").unwrap(),
+        )
+        .to_bytes();
+        let mut buf = Vec::new();
+        let mut starts = Vec::new();
+        for &lsn in lsns {
+            let start = buf.len();
+            starts.push(start);
+            let v = Value::Gone;
+            let blob = encode_for_log(&v);
+            encode_frame(
+                &Batch {
+                    version: FRAME_VERSION,
+                    lsn,
+                    next_fence: 1,
+                    disputed: 0,
+                    entries: vec![Entry::new(&k, &v, &blob)],
+                },
+                &mut buf,
+            );
+            place_frame(&mut buf[start..], seq, start as u64);
+        }
+        buf.resize(8192, 0);
+        let f = disk
+            .create(&wal::segment_path(Path::new(WAL), seq))
+            .unwrap();
+        f.write_at(&buf, 0).unwrap();
+        f.sync_all().unwrap();
+        starts
+    }
+
+    fn disk() -> SimDisk {
+        let d = SimDisk::new();
+        for p in ["/d", WAL] {
+            d.create_dir(Path::new(p)).unwrap();
+        }
+        d
+    }
+
+    fn recover_sim(disk: &SimDisk) -> Result<Recovered, StoreError> {
+        recover(disk, Path::new(WAL), &MemIndex::new(disk, "/d"))
+    }
+
+    fn refused(disk: &SimDisk, what: &str) -> String {
+        match recover_sim(disk) {
+            Err(StoreError::Corrupt(m)) => m,
+            Err(e) => panic!("{what}: {e}"),
+            Ok(_) => panic!("{what}: accepted"),
+        }
+    }
+
+    #[test]
+    fn consecutive_batches_and_segments_are_accepted() {
+        let d = disk();
+        segment(&d, 1, &[1, 2, 3]);
+        segment(&d, 2, &[4, 5]);
+        let r = recover_sim(&d).unwrap();
+        assert_eq!((r.lsn, r.resume), (5, Some((2, r.resume.unwrap().1))));
+        assert!(r.torn.is_none());
+    }
+
+    #[test]
+    fn a_gap_in_batch_numbers_is_refused() {
+        let d = disk();
+        segment(&d, 1, &[1, 2, 4]);
+        let m = refused(&d, "gap in a segment");
+        assert!(
+            m.contains("batch 4") && m.contains("batch 3 was expected"),
+            "{m}"
+        );
+
+        let d = disk();
+        segment(&d, 1, &[1, 2]);
+        segment(&d, 2, &[4]);
+        let m = refused(&d, "gap across segments");
+        assert!(m.contains("00000000000000000002.log"), "{m}");
+
+        // The first batch must follow the checkpoint's.
+        let d = disk();
+        segment(&d, 1, &[2, 3]);
+        refused(&d, "first batch after the checkpoint");
+    }
+
+    #[test]
+    fn a_missing_segment_is_refused() {
+        let d = disk();
+        segment(&d, 1, &[1]);
+        segment(&d, 3, &[2]);
+        let m = refused(&d, "missing segment");
+        assert!(m.contains("log segment 2 is missing"), "{m}");
+        let d = disk();
+        segment(&d, 2, &[1]);
+        refused(&d, "first segment missing");
+    }
+
+    #[test]
+    fn a_frame_after_zeros_is_damage_not_a_torn_tail() {
+        // Frame 2 lost entirely (zeros), frame 3 intact after it.
+        let d = disk();
+        let starts = segment(&d, 1, &[1, 2, 3]);
+        let path = wal::segment_path(Path::new(WAL), 1);
+        let f = d.open(&path).unwrap();
+        f.write_at(&vec![0u8; starts[2] - starts[1]], starts[1] as u64)
+            .unwrap();
+        f.sync_data().unwrap();
+        let m = refused(&d, "zeroed frame");
+        assert!(
+            m.contains(&format!("damaged at byte {}", starts[1]))
+                && m.contains(&format!("a frame at byte {}", starts[2])),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_format_1_frame_is_refused_not_cut() {
+        let d = disk();
+        let path = wal::segment_path(Path::new(WAL), 1);
+        let f = d.create(&path).unwrap();
+        let mut buf = FRAME_MAGIC_V1.to_le_bytes().to_vec();
+        buf.extend_from_slice(&[9, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        buf.resize(8192, 0);
+        f.write_at(&buf, 0).unwrap();
+        f.sync_all().unwrap();
+        let m = refused(&d, "format 1");
+        assert!(m.contains("format 1"), "{m}");
+    }
+
+    #[test]
+    fn a_torn_tail_is_judged_by_its_header() {
+        // The last frame torn after its (intact) header: its extent is known.
+        let d = disk();
+        let starts = segment(&d, 1, &[1, 2, 3]);
+        let path = wal::segment_path(Path::new(WAL), 1);
+        let all = d.contents(&path).unwrap();
+        let end = crate::wal::last_nonzero(&all).unwrap() + 1;
+        let f = d.open(&path).unwrap();
+        // Lose the end of frame 3 (a torn write).
+        f.write_at(&vec![0u8; end - starts[2] - 20], starts[2] as u64 + 20)
+            .unwrap();
+        f.sync_data().unwrap();
+        let r = recover_sim(&d).unwrap();
+        assert_eq!(r.lsn, 2);
+        assert_eq!(r.torn.as_ref().map(|t| t.1), Some(starts[2] as u64));
+        // A byte beyond that frame's extent is not explained by tearing it.
+        f.write_at(&[7], end as u64 + 100).unwrap();
+        f.sync_data().unwrap();
+        let m = refused(&d, "byte beyond the torn frame");
+        assert!(
+            m.contains(&format!("non-zero byte at {}", end + 100)),
+            "{m}"
+        );
+    }
+}
