@@ -93,7 +93,7 @@ fn recover_engine<F: Fs, I: Index>(
     dir: &Path,
     index: I,
     opts: &EmbeddedOptions,
-    sealed: SealSink,
+    mut sealed: SealSink,
 ) -> Result<Engine<F, I>, StoreError> {
     let wal_dir = dir.join("wal");
     let mut rec = recovery::recover(fs, &wal_dir, &index)?;
@@ -107,6 +107,19 @@ fn recover_engine<F: Fs, I: Index>(
         _ => wal::Wal::create(fs, &wal_dir, rec.last_seq + 1, size, opts.faults.clone()),
     }
     .map_err(io)?;
+    // Segments before the one being written are sealed: a backlog left by a
+    // crash (or by halted checkpoints) is checkpointed now, not only when
+    // the next segment fills, so it never lingers across reopens.
+    let sealed_upto = wal.seq() - 1;
+    if sealed_upto > rec.meta.checkpoint_seq {
+        match &mut sealed {
+            SealSink::Channel(tx) => {
+                // The channel is new, empty and holds at least one message.
+                let _ = tx.try_send(CkptMsg::Sealed(sealed_upto));
+            }
+            SealSink::Queue(q) => q.push(sealed_upto),
+        }
+    }
     let map = std::mem::take(&mut rec.map);
     let shared = Arc::new(Shared::new(index, map, opts.clock.clone(), opts.limits));
     for k in &rec.undecodable {
@@ -184,7 +197,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         index: I,
         opts: EmbeddedOptions,
     ) -> Result<Arc<Self>, StoreError> {
-        let (ctx, crx) = crossbeam_channel::bounded::<CkptMsg>(opts.max_checkpoint_backlog);
+        let (ctx, crx) = crossbeam_channel::bounded::<CkptMsg>(opts.max_checkpoint_backlog.max(1));
         let (core, ckpt) = recover_engine(fs, dir, index, &opts, SealSink::Channel(ctx))?;
         let shared = core.shared.clone();
         let (tx, rx) = crossbeam_channel::unbounded();

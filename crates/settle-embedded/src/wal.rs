@@ -304,6 +304,11 @@ impl<F: Fs> Wal<F> {
         }));
     }
 
+    /// The segment being written.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
     pub fn bytes(&self) -> u64 {
         self.bytes
     }

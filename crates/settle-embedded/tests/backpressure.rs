@@ -184,13 +184,17 @@ async fn a_backlog_is_checkpointed_one_segment_at_a_time() {
     drop(store);
     let backlog = logs(dir.path());
     assert!(backlog >= 3, "{backlog} segments");
+    let last = dir.path().join(format!("wal/{backlog:020}.log"));
     let faults = Arc::new(Faults::default());
     let store = EmbeddedStore::open(dir.path(), o(faults.clone())).unwrap();
     store.close();
+    // The last segment is sealed too unless the reopened store went on
+    // writing into its preallocated space (then it is the live segment).
+    let sealed = if last.exists() { backlog - 1 } else { backlog };
     assert_eq!(
         faults.checkpoints.load(std::sync::atomic::Ordering::SeqCst) as usize,
-        backlog,
-        "one checkpoint per segment"
+        sealed,
+        "one checkpoint per sealed segment, without waiting for a new one to fill"
     );
-    assert_eq!(logs(dir.path()), 1, "only the new, empty segment is left");
+    assert_eq!(logs(dir.path()), 1, "only the live segment is left");
 }
