@@ -7,10 +7,11 @@
 use tokio_postgres::Client;
 
 use crate::PgError;
+use crate::codec;
 use crate::lock::lock_key;
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Migration `i` (1-based) brings the schema from version `i - 1` to `i`.
 /// `{s}` is the quoted schema name. Never edit a released step: add one.
@@ -63,6 +64,25 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (tenant, task)
     );
     "#,
+    // 2: commit tokens (in-doubt commits are resolved by a token that cannot
+    // be reused, never by transaction id), and the disputed flag as a column
+    // so the gauge is counted from the store (filled in by `backfill_2`).
+    r#"
+    CREATE TABLE {s}.settle_commits (
+        -- The database clock (ms) when the transaction read it; tokens are
+        -- deleted by the sweep some minutes later.
+        at bigint NOT NULL,
+        -- 16 random bytes, written by the transaction it identifies.
+        token bytea NOT NULL,
+        -- Written by an in-doubt probe that found no such token: the
+        -- transaction did not commit and now never can.
+        aborted boolean NOT NULL DEFAULT false,
+        PRIMARY KEY (at, token)
+    );
+
+    ALTER TABLE {s}.settle_records ADD COLUMN disputed boolean;
+    CREATE INDEX settle_records_disputed ON {s}.settle_records (tenant) WHERE disputed;
+    "#,
 ];
 
 /// Quotes a schema name that [`crate::PgOptions`] already validated.
@@ -108,6 +128,9 @@ pub async fn migrate(client: &mut Client, schema: &str) -> Result<(), PgError> {
             continue;
         }
         tx.batch_execute(&step.replace("{s}", &s)).await?;
+        if version == 2 {
+            backfill_2(&tx, &s).await?;
+        }
         tx.execute(
             &format!("INSERT INTO {s}.settle_schema_version (version) VALUES ($1)"),
             &[&version],
@@ -116,6 +139,45 @@ pub async fn migrate(client: &mut Client, schema: &str) -> Result<(), PgError> {
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// Fills `disputed` for the records written before version 2, in key
+/// order and in chunks (memory stays bounded on a large table). A record
+/// that does not decode keeps NULL (it is counted as undecodable instead).
+async fn backfill_2(tx: &tokio_postgres::Transaction<'_>, s: &str) -> Result<(), PgError> {
+    const CHUNK: i64 = 5000;
+    let read = tx
+        .prepare(&format!(
+            "SELECT tenant, key, format, value FROM {s}.settle_records \
+             WHERE value IS NOT NULL AND (tenant, key) > ($1, $2) \
+             ORDER BY tenant, key LIMIT $3"
+        ))
+        .await?;
+    let write = tx
+        .prepare(&format!(
+            "UPDATE {s}.settle_records r SET disputed = u.d \
+             FROM unnest($1::text[], $2::text[], $3::bool[]) AS u(t, k, d) \
+             WHERE r.tenant = u.t AND r.key = u.k"
+        ))
+        .await?;
+    let (mut after_t, mut after_k) = (String::new(), String::new());
+    loop {
+        let rows = tx.query(&read, &[&after_t, &after_k, &CHUNK]).await?;
+        let Some(last) = rows.last() else {
+            return Ok(());
+        };
+        after_t = last.get(0);
+        after_k = last.get(1);
+        let (mut tenants, mut keys, mut flags) = (Vec::new(), Vec::new(), Vec::new());
+        for r in &rows {
+            if let Ok(Some(rec)) = codec::decode_record(r.get(2), r.get::<_, Option<&[u8]>>(3)) {
+                tenants.push(r.get::<_, String>(0));
+                keys.push(r.get::<_, String>(1));
+                flags.push(rec.disputed);
+            }
+        }
+        tx.execute(&write, &[&tenants, &keys, &flags]).await?;
+    }
 }
 
 #[cfg(test)]

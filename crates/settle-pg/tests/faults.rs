@@ -432,34 +432,211 @@ async fn a_record_from_the_future_is_refused_and_counted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreadable_record_fails_closed() {
-    let (store, _clock, g) = common::store_at(&common::url(), "corrupt").await;
-    let f = exec_fence(&store, "k").await;
+async fn an_unreadable_record_is_refused_counted_and_skipped_by_the_sweep() {
+    unreadable_records(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_record_is_refused_without_group_commit() {
+    unreadable_records(false).await;
+}
+
+/// Issue 8 item 10: a record that does not decode (an unknown format, or
+/// garbage in the known one) is never treated as absent — every call on its
+/// key is refused with `record_refused` — nothing is written over it, it is
+/// counted, and the sweep skips it and goes on.
+async fn unreadable_records(group: bool) {
+    let (store, clock, g) =
+        common::store_with(&common::url(), "corrupt", |o| o.group_commit = group).await;
     let side = common::side_client().await;
+    // Three leases that will all be due: two get damaged, one stays healthy.
+    let f_alien = exec_fence(&store, "alien").await;
+    let f_garbled = exec_fence(&store, "garbled").await;
+    exec_fence(&store, "healthy").await;
     side.execute(
-        &format!("UPDATE \"{}\".settle_records SET format = 99", g.schema),
+        &format!(
+            "UPDATE \"{}\".settle_records SET format = 99 WHERE key = 'alien'",
+            g.schema
+        ),
         &[],
     )
     .await
     .unwrap();
-    assert!(matches!(
-        store.get(&acme(), &key("k")).await,
-        Err(StoreError::Corrupt(_))
-    ));
-    assert!(matches!(
-        store.execute(&acme(), settle_k("k", f)).await,
-        Err(StoreError::Corrupt(_))
-    ));
-    // Nothing was written over it.
-    let format: i16 = side
-        .query_one(
-            &format!("SELECT format FROM \"{}\".settle_records", g.schema),
+    side.execute(
+        &format!(
+            "UPDATE \"{}\".settle_records SET value = '\\xffffffff' WHERE key = 'garbled'",
+            g.schema
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+
+    for (k, f) in [("alien", f_alien), ("garbled", f_garbled)] {
+        assert_eq!(
+            store.get(&acme(), &key(k)).await.unwrap(),
+            Err(RefusalCode::RecordRefused),
+            "{k}: get"
+        );
+        assert_eq!(
+            store.execute(&acme(), settle_k(k, f)).await.unwrap(),
+            Reply::Refused(RefusalCode::RecordRefused),
+            "{k}: settle"
+        );
+        assert_eq!(
+            store
+                .execute(&acme(), claim(k, 1, binding("alice", 0)))
+                .await
+                .unwrap(),
+            Reply::Refused(RefusalCode::RecordRefused),
+            "{k}: a claim must not take the key as free"
+        );
+        assert_eq!(
+            store
+                .execute(&acme(), heartbeat(k, f, Some(5000)))
+                .await
+                .unwrap(),
+            Reply::Refused(RefusalCode::RecordRefused),
+            "{k}: heartbeat"
+        );
+    }
+    assert_eq!(store.stats(1000).await.unwrap().undecodable, 2);
+
+    // Every lease is past due: the sweep ends the healthy one and skips the two others.
+    clock.advance(3_600_000);
+    let report = store
+        .sweep()
+        .await
+        .expect("the sweep goes on past unreadable records");
+    assert_eq!(report.expired, 1);
+    assert_eq!(record(&store, "healthy").await.status, Status::Unknown);
+    assert_eq!(store.sweep().await.unwrap().expired, 0);
+
+    // Nothing was written over them.
+    let rows = side
+        .query(
+            &format!(
+                "SELECT key, format, value FROM \"{}\".settle_records \
+                 WHERE key IN ('alien', 'garbled') ORDER BY key",
+                g.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows[0].get::<_, i16>(1), 99);
+    assert_eq!(rows[1].get::<_, Vec<u8>>(2), vec![0xff; 4]);
+
+    // Repaired by an operator (here: deleted), it is no longer counted.
+    side.execute(
+        &format!(
+            "DELETE FROM \"{}\".settle_records WHERE key IN ('alien', 'garbled')",
+            g.schema
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.stats(1000).await.unwrap().undecodable, 0);
+}
+
+/// Issue 8 item 15: the disputed gauge is counted from the store, so it
+/// survives a restart of the server (a new store on the same schema).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disputed_gauge_is_counted_from_the_store() {
+    disputed_gauge(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disputed_gauge_is_counted_without_group_commit() {
+    disputed_gauge(false).await;
+}
+
+async fn disputed_gauge(group: bool) {
+    let (store, _clock, g) =
+        common::store_with(&common::url(), "disputed", |o| o.group_commit = group).await;
+    for i in 0..2 {
+        let k = format!("d-{i}");
+        let f = exec_fence(&store, &k).await;
+        receipt(store.execute(&acme(), settle_k(&k, f)).await.unwrap());
+        assert_eq!(
+            store
+                .execute(&acme(), settle(&k, f, 1, binding("alice", 0), completed(2)))
+                .await
+                .unwrap(),
+            Reply::Refused(RefusalCode::ResultMismatch)
+        );
+        assert!(record(&store, &k).await.disputed);
+        assert_eq!(store.stats(1000).await.unwrap().disputed, i + 1);
+    }
+    let f = exec_fence(&store, "calm").await;
+    receipt(store.execute(&acme(), settle_k("calm", f)).await.unwrap());
+    store.close();
+    let reopened = PgStore::connect(&common::url(), {
+        let mut o = common::options(&g.schema, settle_ledger::Clock::system());
+        o.group_commit = group;
+        o
+    })
+    .await
+    .unwrap();
+    assert_eq!(reopened.stats(1000).await.unwrap().disputed, 2);
+}
+
+/// Migration 2 fills the new `disputed` column from the records already stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_2_backfills_the_disputed_column() {
+    let (store, _clock, g) = common::store_at(&common::url(), "backfill").await;
+    let f = exec_fence(&store, "d").await;
+    receipt(store.execute(&acme(), settle_k("d", f)).await.unwrap());
+    store
+        .execute(
+            &acme(),
+            settle("d", f, 1, binding("alice", 0), completed(2)),
+        )
+        .await
+        .unwrap();
+    let f = exec_fence(&store, "calm").await;
+    receipt(store.execute(&acme(), settle_k("calm", f)).await.unwrap());
+    exec_fence(&store, "open").await;
+    store.close();
+    // Back to the shape of version 1.
+    let side = common::side_client().await;
+    side.batch_execute(&format!(
+        "DROP TABLE \"{s}\".settle_commits; \
+         ALTER TABLE \"{s}\".settle_records DROP COLUMN disputed; \
+         DELETE FROM \"{s}\".settle_schema_version WHERE version = 2;",
+        s = g.schema
+    ))
+    .await
+    .unwrap();
+    let reopened = PgStore::connect(
+        &common::url(),
+        common::options(&g.schema, settle_ledger::Clock::system()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reopened.stats(1000).await.unwrap().disputed, 1);
+    let flags: Vec<(String, Option<bool>)> = side
+        .query(
+            &format!(
+                "SELECT key, disputed FROM \"{}\".settle_records ORDER BY key",
+                g.schema
+            ),
             &[],
         )
         .await
         .unwrap()
-        .get(0);
-    assert_eq!(format, 99);
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        flags,
+        vec![
+            ("calm".to_string(), Some(false)),
+            ("d".to_string(), Some(true)),
+            ("open".to_string(), Some(false))
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,7 +645,7 @@ async fn a_row_changed_under_a_batch_is_never_overwritten() {
     // xmin. Change the row between the batch's read and its write: the
     // batch must notice, write nothing, and rerun the command on the
     // locking path, which then sees the change (here: an unreadable row,
-    // so the caller gets an error instead of a receipt over it).
+    // so the caller is refused instead of getting a receipt over it).
     let (store, _clock, g) = common::store_at(&common::url(), "cas").await;
     let f = exec_fence(&store, "k").await;
     let mut side = common::side_client().await;
@@ -492,7 +669,7 @@ async fn a_row_changed_under_a_batch_is_never_overwritten() {
     lock_waiter(&watcher, &g.schema).await;
     tx.commit().await.unwrap();
     let r = pending.await.unwrap();
-    assert!(matches!(r, Err(StoreError::Corrupt(_))), "{r:?}");
+    assert_eq!(r.unwrap(), Reply::Refused(RefusalCode::RecordRefused));
     let format: i16 = watcher
         .query_one(
             &format!("SELECT format FROM \"{}\".settle_records", g.schema),
