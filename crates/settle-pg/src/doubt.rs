@@ -25,6 +25,7 @@
 //! to refuse deciding against a different cluster or a standby, and for the
 //! log: the postmaster start time does not even change on a crash-restart.
 
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tokio_postgres::error::SqlState;
@@ -176,7 +177,7 @@ async fn probe_once(
         !aborted
     };
     // COMMIT may wait for a synchronous standby; bounded by the caller's deadline.
-    match c.batch_execute(sql.commit).await {
+    match crate::engine::commit(c, sql).await {
         Ok(()) => {
             conn.done();
             Ok(Probe::Decided(committed))
@@ -226,7 +227,14 @@ pub(crate) async fn finish<W>(
     // COMMIT on it could still arrive; the probe's marker defeats it) and ask.
     drop(conn);
     tracing::warn!(error = %lost, "COMMIT got no answer; resolving it by its token");
-    match resolve(inner, token, before).await {
+    let r = resolve(inner, token, before).await;
+    let slot = match &r {
+        Ok(true) => 0,
+        Ok(false) => 1,
+        Err(_) => 2,
+    };
+    inner.in_doubt[slot].fetch_add(1, Ordering::Relaxed);
+    match r {
         Ok(true) => Ok(Commit::Committed),
         Ok(false) => Ok(Commit::NotCommitted(PgError::NotCommitted(lost))),
         Err(reason) => Err(PgError::InDoubt {

@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
@@ -58,6 +59,9 @@ pub struct Inner {
     /// Records of format 1 that failed to decode (seen by any call or the
     /// sweep since this process started): skipped by the sweep, counted.
     pub undecodable: Mutex<HashSet<(TenantId, Key)>>,
+    /// In-doubt commits so far: resolved committed, resolved not
+    /// committed, left unresolved (answered `InDoubt`).
+    pub in_doubt: [AtomicU64; 3],
 }
 
 impl Inner {
@@ -74,6 +78,7 @@ impl Inner {
             max_retries: opts.max_retries,
             seen,
             undecodable: Mutex::new(HashSet::new()),
+            in_doubt: Default::default(),
         }
     }
 
@@ -603,9 +608,7 @@ async fn attempt(
     labels.push("commit token");
     futs.push(Box::pin(c.execute(&token_st, &token_params)));
     let r = conn
-        .within(async {
-            futures::join!(futures::future::join_all(futs), c.batch_execute(sql.commit))
-        })
+        .within(async { futures::join!(futures::future::join_all(futs), commit(c, sql)) })
         .await;
 
     match doubt::finish(inner, conn, r, &token, seen.as_ref()).await? {
@@ -630,6 +633,16 @@ async fn attempt(
         Commit::Committed => Ok(Step::Done(applied.reply)),
         Commit::NotCommitted(e) => Ok(Step::Retry(e)),
     }
+}
+
+/// `COMMIT`, with the statement timeout lifted by a message of its own
+/// first (see `Sql::lift_statement_timeout`); both are sent at once.
+pub(crate) async fn commit(c: &Client, sql: &Sql) -> Result<(), tokio_postgres::Error> {
+    let (_, committed) = futures::join!(
+        c.batch_execute(sql.lift_statement_timeout),
+        c.batch_execute(sql.commit)
+    );
+    committed
 }
 
 /// Refuses a transaction that would not be durable: `durability` is

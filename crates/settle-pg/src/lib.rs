@@ -213,7 +213,7 @@ pub enum PgError {
     NotDurable(String),
     #[error("the database accepts no writes: {0}")]
     NotWritable(String),
-    #[error("database: {0}")]
+    #[error("database: {}", db_message(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("corrupt data: {0}")]
     Corrupt(String),
@@ -234,6 +234,15 @@ pub enum PgError {
     Exhausted(u32, String),
 }
 
+/// The server's message and SQLSTATE (tokio-postgres shows only "db error");
+/// never its DETAIL, which can carry row values.
+fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
 impl From<PgError> for StoreError {
     fn from(e: PgError) -> StoreError {
         match e {
@@ -245,6 +254,17 @@ impl From<PgError> for StoreError {
             other => StoreError::Database(other.to_string()),
         }
     }
+}
+
+/// COMMITs whose answer was lost, by how their token resolved them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InDoubtCounts {
+    /// Found committed (the reply was returned).
+    pub committed: u64,
+    /// Found not committed (the command ran again).
+    pub not_committed: u64,
+    /// Not known within `in_doubt_timeout`: the caller got `InDoubt`.
+    pub unresolved: u64,
 }
 
 /// The PostgreSQL [`Store`]. Cheap to clone; clones share the pool.
@@ -332,6 +352,16 @@ impl PgStore {
     /// The schema this store uses.
     pub fn schema(&self) -> &str {
         &self.inner.schema
+    }
+
+    /// How the in-doubt commits of this store ended so far.
+    pub fn in_doubt(&self) -> InDoubtCounts {
+        let n = |i: usize| self.inner.in_doubt[i].load(std::sync::atomic::Ordering::Relaxed);
+        InDoubtCounts {
+            committed: n(0),
+            not_committed: n(1),
+            unresolved: n(2),
+        }
     }
 
     /// Closes the pools: in-flight commands finish, later ones fail.

@@ -31,9 +31,12 @@ pub struct Sql {
     /// The same for in-doubt probes: a short lock timeout, so a probe that
     /// meets the interrupted transaction still running gives up and asks again.
     pub probe_begin: String,
-    /// `COMMIT`, with the statement timeout lifted first: a statement
-    /// timeout that fires while COMMIT waits for a synchronous standby
-    /// cancels the wait and keeps the commit locally, unreplicated.
+    /// Sent (as its own message) right before `COMMIT`: a statement
+    /// timeout that fired while COMMIT waits for a synchronous standby would
+    /// cancel the wait and keep the commit locally, unreplicated. In a
+    /// transaction that already failed it fails too, and COMMIT (a separate
+    /// message, so it still runs) rolls back.
+    pub lift_statement_timeout: &'static str,
     pub commit: &'static str,
     pub rollback: &'static str,
     /// `$1` keys (int8[]), `$2` exclusive? (bool[]), locked in array order.
@@ -111,7 +114,8 @@ impl Sql {
         Sql {
             begin: begin(settings.lock_timeout_ms, settings),
             probe_begin: begin(settings.probe_lock_timeout_ms, settings),
-            commit: "SET LOCAL statement_timeout = 0; COMMIT",
+            lift_statement_timeout: "SET LOCAL statement_timeout = 0",
+            commit: "COMMIT",
             rollback: "ROLLBACK",
             lock_principals: "SELECT CASE WHEN x THEN pg_advisory_xact_lock(k) \
                  ELSE pg_advisory_xact_lock_shared(k) END \

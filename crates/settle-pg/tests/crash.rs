@@ -236,13 +236,18 @@ async fn fault_under_load(name: &str, fault: Fault) {
     let outcomes_s = load_s.finish().await;
     let (rg, gg, fg) = verify(&grouped, &outcomes_g).await;
     let (rs, gs, fs) = verify(&single, &outcomes_s).await;
+    let (dg, ds) = (grouped.in_doubt(), single.in_doubt());
     eprintln!(
         "{name}: {n} x {fault:?} in {:.1} s; receipts checked {} (group {rg}, single {rs}), \
-         grants without receipt {} ({gg}/{gs}), failed claims {} ({fg}/{fs})",
+         grants without receipt {} ({gg}/{gs}), failed claims {} ({fg}/{fs}); \
+         in-doubt commits: {} committed, {} not committed, {} unresolved",
         started.elapsed().as_secs_f64(),
         rg + rs,
         gg + gs,
-        fg + fs
+        fg + fs,
+        dg.committed + ds.committed,
+        dg.not_committed + ds.not_committed,
+        dg.unresolved + ds.unresolved,
     );
     grouped.close();
     single.close();
@@ -446,7 +451,8 @@ async fn a_server_without_fsync_is_refused() {
     let side = cluster.client().await.unwrap();
     set_fsync(&side, "on").await;
     let url = cluster.url();
-    let store = wait_for(|| PgStore::connect(&url, common::options(name, Default::default()))).await;
+    let store =
+        wait_for(|| PgStore::connect(&url, common::options(name, Default::default()))).await;
     let f = match store
         .execute(&acme(), claim("k", 1, binding("alice", 0)))
         .await
@@ -469,7 +475,10 @@ async fn a_server_without_fsync_is_refused() {
     for group in [true, false] {
         let s = if group { &store } else { &single };
         let r = s
-            .execute(&acme(), settle("k", f, 1, binding("alice", 0), completed(1)))
+            .execute(
+                &acme(),
+                settle("k", f, 1, binding("alice", 0), completed(1)),
+            )
             .await;
         assert!(
             matches!(&r, Err(StoreError::Database(m)) if m.contains("fsync")),

@@ -790,3 +790,238 @@ async fn a_panicking_batch_fails_its_callers_and_group_commit_goes_on() {
         .await
         .expect("group commit stopped after a panic");
 }
+
+/// Issue 8 item 3: the network goes silent in the middle of a transaction
+/// (the COMMIT is swallowed; nothing is closed). The call must come back
+/// (client-side deadline), and the silent session must not keep its locks
+/// (the server ends it after `idle_in_transaction_timeout`): the token then
+/// shows the transaction did not commit, the command runs again and settles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_before_commit_neither_hangs_nor_keeps_its_locks() {
+    silent(true, Cut::SilentBeforeCommit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_before_commit_without_group_commit() {
+    silent(false, Cut::SilentBeforeCommit).await;
+}
+
+/// The COMMIT got through and committed, then the network went silent: the
+/// call comes back at its deadline, and the token shows it committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_after_commit_is_resolved_as_committed() {
+    silent(true, Cut::SilentAfterCommit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_after_commit_without_group_commit() {
+    silent(false, Cut::SilentAfterCommit).await;
+}
+
+async fn silent(group: bool, cut: Cut) {
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let (store, _clock, _g) = common::store_with(&proxy.url(&common::url()), "silent", |o| {
+        o.group_commit = group;
+        o.client_timeout = Duration::from_millis(1000);
+        o.idle_in_transaction_timeout = Duration::from_millis(1000);
+        o.in_doubt_timeout = Duration::from_secs(10);
+    })
+    .await;
+    let f = exec_fence(&store, "k").await;
+    proxy.arm(cut);
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.execute(&acme(), settle_k("k", f)),
+    )
+    .await
+    .expect("a silent connection stalled the call");
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let rc = receipt(r.unwrap());
+    let rec = record(&store, "k").await;
+    assert_eq!(rec.receipt, Some(rc));
+    assert_eq!(rec.attempts[0].observations.len(), 1, "settled once");
+    let d = store.in_doubt();
+    match cut {
+        Cut::SilentAfterCommit => assert_eq!((d.committed, d.not_committed), (1, 0)),
+        _ => assert_eq!((d.committed, d.not_committed), (0, 1)),
+    }
+    eprintln!(
+        "{cut:?} (group {group}): answered after {:?}",
+        started.elapsed()
+    );
+    proxy.release();
+}
+
+/// Issue 8 item 3: a row lock held elsewhere (a stuck session) makes a
+/// command fail after `lock_timeout`, or after `statement_timeout` when that
+/// is shorter, instead of waiting for as long as the lock is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_fails_the_command_after_the_configured_timeouts() {
+    for group in [true, false] {
+        let (store, _clock, g) = common::store_with(&common::url(), "locktimeout", |o| {
+            o.group_commit = group;
+            o.lock_timeout = Duration::from_millis(300);
+            o.max_retries = 1;
+        })
+        .await;
+        let by_statement = PgStore::connect(&common::url(), {
+            let mut o = common::options(&g.schema, settle_ledger::Clock::system());
+            o.group_commit = group;
+            o.lock_timeout = Duration::from_secs(60);
+            o.statement_timeout = Duration::from_millis(300);
+            o.max_retries = 0;
+            o
+        })
+        .await
+        .unwrap();
+        let f = exec_fence(&store, "k").await;
+        let mut side = common::side_client().await;
+        let tx = block_row(&mut side, &g.schema, "k").await;
+        for (s, what) in [
+            (&store, "lock timeout"),
+            (&by_statement, "statement timeout"),
+        ] {
+            let r = tokio::time::timeout(
+                Duration::from_secs(20),
+                s.execute(&acme(), settle_k("k", f)),
+            )
+            .await
+            .expect("the command waited for the lock");
+            assert!(
+                matches!(&r, Err(StoreError::Database(m)) if m.contains(what)),
+                "group {group}: {r:?}"
+            );
+        }
+        tx.rollback().await.unwrap();
+        receipt(store.execute(&acme(), settle_k("k", f)).await.unwrap());
+    }
+}
+
+/// Issue 8 item 3: in-doubt checks have a reserved connection. Here every
+/// pooled connection is busy (one command waits for a lock, another queues
+/// for the pool) when a COMMIT's answer is lost: the check still answers at
+/// once, instead of queueing behind them until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_doubt_checks_do_not_queue_behind_the_pool() {
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let (store, _clock, g) = common::store_with(&proxy.url(&common::url()), "reserved", |o| {
+        o.group_commit = false;
+        o.pool_size = 2;
+        o.lock_timeout = Duration::from_secs(60);
+        o.statement_timeout = Duration::from_secs(60);
+        o.client_timeout = Duration::from_secs(60);
+        o.in_doubt_timeout = Duration::from_secs(3);
+    })
+    .await;
+    let fa = exec_fence(&store, "a").await;
+    let fb = exec_fence(&store, "b").await;
+    let mut side = common::side_client().await;
+    let watcher = common::side_client().await;
+    let tx = block_row(&mut side, &g.schema, "b").await;
+    // Connection 1: waits for the lock on b.
+    let s = store.clone();
+    let blocked = tokio::spawn(async move { s.execute(&acme(), settle_k("b", fb)).await });
+    lock_waiter(&watcher, &g.schema).await;
+    // Connection 2: a's COMMIT goes through, its answer never comes back.
+    proxy.arm(Cut::SilentAfterCommit);
+    let s = store.clone();
+    let lost = tokio::spawn(async move { s.execute(&acme(), settle_k("a", fa)).await });
+    // Committed on the server (closing the proxy's sockets before the
+    // server read the COMMIT would lose it: then it did not commit).
+    let settled = format!(
+        "SELECT 1 FROM \"{}\".settle_records WHERE key = 'a' AND status >= 3",
+        g.schema
+    );
+    let t0 = Instant::now();
+    while watcher.query_opt(&settled, &[]).await.unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "a never committed");
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // A third command queues for the pool.
+    let s = store.clone();
+    let queued =
+        tokio::spawn(async move { s.execute(&acme(), heartbeat("b", fb, Some(5000))).await });
+    let t0 = Instant::now();
+    while store.pool().status().waiting == 0 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            store.pool().status()
+        );
+        tokio::task::yield_now().await;
+    }
+    // Now the answer is lost for good: a's connection closes.
+    proxy.release();
+    let answer = tokio::time::timeout(Duration::from_secs(20), lost)
+        .await
+        .expect("answered")
+        .unwrap()
+        .expect("resolved through the reserved connection");
+    // Only now is the pool free again.
+    tx.rollback().await.unwrap();
+    receipt(blocked.await.unwrap().unwrap());
+    queued.await.unwrap().unwrap();
+    assert_eq!(record(&store, "a").await.receipt, Some(receipt(answer)));
+    assert_eq!(store.in_doubt().committed, 1);
+}
+
+/// Issue 8 item 3: the group-commit queue is bounded. With its worker
+/// stuck (its batch waits for a row lock), calls beyond the bound answer
+/// `Overloaded` at once, with a retry hint, instead of queueing without end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_group_commit_queue_answers_overloaded() {
+    let (store, _clock, g) = common::store_with(&common::url(), "queue", |o| {
+        o.group_commit_queue = 4;
+        o.max_batch = 1;
+        o.lock_timeout = Duration::from_secs(60);
+        o.statement_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let f = exec_fence(&store, "k").await;
+    let mut side = common::side_client().await;
+    let watcher = common::side_client().await;
+    let tx = block_row(&mut side, &g.schema, "k").await;
+    let s = store.clone();
+    let stuck = tokio::spawn(async move { s.execute(&acme(), settle_k("k", f)).await });
+    lock_waiter(&watcher, &g.schema).await;
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let s = store.clone();
+            tokio::spawn(async move {
+                s.execute(&acme(), claim(&format!("q-{i}"), 1, binding("alice", 0)))
+                    .await
+            })
+        })
+        .collect();
+    // The overloaded ones come back while the worker is still stuck.
+    tokio::time::sleep(Duration::from_millis(0)).await;
+    let mut overloaded = 0;
+    let mut waiting = Vec::new();
+    for c in calls {
+        if c.is_finished() {
+            match c.await.unwrap() {
+                Err(StoreError::Overloaded { retry_after_ms }) => {
+                    assert!((10..=5000).contains(&retry_after_ms));
+                    overloaded += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        } else {
+            waiting.push(c);
+        }
+    }
+    // Not finished yet: they may still be on their way to the queue.
+    let mut queued = 0;
+    tx.rollback().await.unwrap();
+    receipt(stuck.await.unwrap().unwrap());
+    for c in waiting {
+        match c.await.unwrap() {
+            Err(StoreError::Overloaded { .. }) => overloaded += 1,
+            Ok(Reply::Claim(ClaimDecision::Execute(_))) => queued += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((queued, overloaded), (4, 16));
+}

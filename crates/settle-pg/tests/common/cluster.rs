@@ -294,7 +294,14 @@ impl Cluster {
         self.pg
             .run(
                 "pg_ctl",
-                &["-D", self.data.to_str().unwrap(), "-w", "-t", "60", "promote"],
+                &[
+                    "-D",
+                    self.data.to_str().unwrap(),
+                    "-w",
+                    "-t",
+                    "60",
+                    "promote",
+                ],
             )
             .unwrap_or_else(|e| panic!("{}: promote: {e}", self.name));
     }
