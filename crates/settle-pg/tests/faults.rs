@@ -939,17 +939,16 @@ async fn in_doubt_checks_do_not_queue_behind_the_pool() {
         tokio::task::yield_now().await;
     }
     assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
-    // A third command queues for the pool.
-    let s = store.clone();
-    let queued =
-        tokio::spawn(async move { s.execute(&acme(), heartbeat("b", fb, Some(5000))).await });
+    // More commands queue for the pool (each will wait for b's lock too).
+    let queued: Vec<_> = (0..3)
+        .map(|_| {
+            let s = store.clone();
+            tokio::spawn(async move { s.execute(&acme(), heartbeat("b", fb, Some(5000))).await })
+        })
+        .collect();
     let t0 = Instant::now();
-    while store.pool().status().waiting == 0 {
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{:?}",
-            store.pool().status()
-        );
+    while store.pool().status().waiting < 3 {
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", store.pool().status());
         tokio::task::yield_now().await;
     }
     // Now the answer is lost for good: a's connection closes.
@@ -962,7 +961,9 @@ async fn in_doubt_checks_do_not_queue_behind_the_pool() {
     // Only now is the pool free again.
     tx.rollback().await.unwrap();
     receipt(blocked.await.unwrap().unwrap());
-    queued.await.unwrap().unwrap();
+    for q in queued {
+        q.await.unwrap().unwrap();
+    }
     assert_eq!(record(&store, "a").await.receipt, Some(receipt(answer)));
     assert_eq!(store.in_doubt().committed, 1);
 }
