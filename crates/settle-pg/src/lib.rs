@@ -9,13 +9,19 @@
 //!    target row (`INSERT … ON CONFLICT DO NOTHING` of a placeholder for a
 //!    key that may not exist yet, then `SELECT … FOR UPDATE`).
 //! 2. In the same round trip, read the principal rows, the database clock
-//!    (`clock_timestamp()`), the transaction id (for in-doubt commits) and,
-//!    for a claim, the next fence from a sequence — all after the locks.
-//! 3. Call the core, then send the writes and `COMMIT` in one round trip,
-//!    with `synchronous_commit=on` forced on every connection.
-//! 4. Answer only after `COMMIT` returned. A connection lost during the
-//!    commit is resolved with `pg_xact_status` on a fresh connection: the
-//!    reply is returned only if the transaction is known to have committed.
+//!    (`clock_timestamp()`), the durability settings in force and, for a
+//!    claim, the next fence from a sequence — all after the locks. Every
+//!    transaction sets `synchronous_commit=on` and its timeouts itself
+//!    (`SET LOCAL`) and is refused unless `fsync` and `synchronous_commit`
+//!    read back `on`.
+//! 3. Call the core, then send the writes, a unique commit token and
+//!    `COMMIT` in one round trip.
+//! 4. Answer only after `COMMIT` returned. A COMMIT whose answer is lost
+//!    (connection dropped, silent past `client_timeout`) is resolved on a
+//!    reserved connection by its token — never by transaction id, which
+//!    PostgreSQL reuses after a crash: the reply is returned only if the
+//!    token shows the transaction committed, and after a later commit of
+//!    the probe's own made that durable; otherwise `StoreError::InDoubt`.
 //!
 //! With group commit (the default, [`PgOptions::group_commit`]), concurrent
 //! claims and settlements share one transaction: the same principal locks,

@@ -236,6 +236,27 @@ async fn fault_under_load(name: &str, fault: Fault) {
     let outcomes_s = load_s.finish().await;
     let (rg, gg, fg) = verify(&grouped, &outcomes_g).await;
     let (rs, gs, fs) = verify(&single, &outcomes_s).await;
+    // Fences go on increasing past every one handed out before the faults
+    // (each schema has its own sequence).
+    for (s, outcomes) in [(&grouped, &outcomes_g), (&single, &outcomes_s)] {
+        let highest = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Receipt(_, rc) => Some(rc.fence),
+                Outcome::Granted(_, f) => Some(*f),
+                Outcome::Failed => None,
+            })
+            .max()
+            .unwrap();
+        match s
+            .execute(&acme(), claim("after", 1, binding("alice", 0)))
+            .await
+            .unwrap()
+        {
+            Reply::Claim(ClaimDecision::Execute(g)) => assert!(g.fence > highest),
+            other => panic!("{other:?}"),
+        }
+    }
     let (dg, ds) = (grouped.in_doubt(), single.in_doubt());
     eprintln!(
         "{name}: {n} x {fault:?} in {:.1} s; receipts checked {} (group {rg}, single {rs}), \
@@ -489,6 +510,12 @@ async fn a_server_without_fsync_is_refused() {
     let (t, k) = (acme(), key("k"));
     let rec = wait_for(|| store.get(&t, &k)).await.unwrap().unwrap();
     assert!(rec.receipt.is_none(), "nothing was written without fsync");
+
+    // Unreachable: not ready.
+    store.health().await.expect("healthy again");
+    tokio::task::block_in_place(|| cluster.stop("immediate"));
+    let e = store.health().await.expect_err("ready without a database");
+    eprintln!("health without a database: {e}");
 }
 
 async fn set_fsync(side: &tokio_postgres::Client, value: &str) {

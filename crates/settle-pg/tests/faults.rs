@@ -133,7 +133,8 @@ async fn commit_that_never_arrives_is_retried_when_known_aborted() {
     let (store, _clock, _g) = common::store_at(&proxy.url(&common::url()), "retrycommit").await;
     let f = exec_fence(&store, "k").await;
     proxy.arm(Cut::BeforeCommit);
-    // pg_xact_status says aborted, so the command runs again from scratch.
+    // The commit token is not there: it did not commit, so the command
+    // runs again from scratch.
     let rc = receipt(store.execute(&acme(), settle_k("k", f)).await.unwrap());
     assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
     let rec = record(&store, "k").await;
@@ -948,7 +949,11 @@ async fn in_doubt_checks_do_not_queue_behind_the_pool() {
         .collect();
     let t0 = Instant::now();
     while store.pool().status().waiting < 3 {
-        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", store.pool().status());
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            store.pool().status()
+        );
         tokio::task::yield_now().await;
     }
     // Now the answer is lost for good: a's connection closes.

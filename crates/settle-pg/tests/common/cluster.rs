@@ -7,6 +7,7 @@
 //! `SETTLE_PG_BINDIR`, else the newest `/usr/lib/postgresql/*/bin`, else
 //! `pg_config --bindir`. When they cannot be used, [`Pg::find`] says why and
 //! the test skips with that message.
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -192,10 +193,15 @@ impl Cluster {
 
     /// Appends lines to postgresql.conf (later lines win).
     pub fn append_conf(&self, lines: &[String]) {
+        self.append_to("postgresql.conf", lines);
+    }
+
+    /// Appends lines to a configuration file of the data directory.
+    fn append_to(&self, file: &str, lines: &[String]) {
         use std::io::Write;
         let mut f = std::fs::OpenOptions::new()
             .append(true)
-            .open(self.data.join("postgresql.conf"))
+            .open(self.data.join(file))
             .unwrap();
         writeln!(f, "\n# settle test settings").unwrap();
         for l in lines {
@@ -290,6 +296,27 @@ impl Cluster {
         }
     }
 
+    /// SIGKILL to the postmaster and every one of its processes at once: the
+    /// machine is gone (no orphaned backend finishes anything).
+    pub fn kill9_all(&self) {
+        let pid = self.postmaster_pid().expect("the postmaster is running");
+        let children: Vec<i32> =
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default()
+                .split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect();
+        kill9(pid);
+        for c in children {
+            // Some may have exited already.
+            let _ = Command::new("kill").args(["-9", &c.to_string()]).status();
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Path::new(&format!("/proc/{pid}")).exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn promote(&self) {
         self.pg
             .run(
@@ -338,7 +365,9 @@ impl Cluster {
             data,
             port: spare_port(),
         };
-        c.append_conf(&[
+        // postgresql.auto.conf is read last: its primary_conninfo (written
+        // by -R) is replaced there.
+        c.append_to("postgresql.auto.conf", &[
             format!("port = {}", c.port),
             format!("unix_socket_directories = '{}'", c.dir.display()),
             format!(
