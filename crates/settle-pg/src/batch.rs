@@ -525,7 +525,7 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
             let (write, mark, commit) = futures::join!(
                 c.query_one(&write_st, &write_params),
                 c.execute(&token_st, &token_params),
-                engine::commit(c, sql)
+                c.batch_execute(sql.commit)
             );
             ((write, mark), commit)
         })

@@ -177,7 +177,7 @@ async fn probe_once(
         !aborted
     };
     // COMMIT may wait for a synchronous standby; bounded by the caller's deadline.
-    match crate::engine::commit(c, sql).await {
+    match c.batch_execute(sql.commit).await {
         Ok(()) => {
             conn.done();
             Ok(Probe::Decided(committed))

@@ -608,7 +608,9 @@ async fn attempt(
     labels.push("commit token");
     futs.push(Box::pin(c.execute(&token_st, &token_params)));
     let r = conn
-        .within(async { futures::join!(futures::future::join_all(futs), commit(c, sql)) })
+        .within(async {
+            futures::join!(futures::future::join_all(futs), c.batch_execute(sql.commit))
+        })
         .await;
 
     match doubt::finish(inner, conn, r, &token, seen.as_ref()).await? {
@@ -633,16 +635,6 @@ async fn attempt(
         Commit::Committed => Ok(Step::Done(applied.reply)),
         Commit::NotCommitted(e) => Ok(Step::Retry(e)),
     }
-}
-
-/// `COMMIT`, with the statement timeout lifted by a message of its own
-/// first (see `Sql::lift_statement_timeout`); both are sent at once.
-pub(crate) async fn commit(c: &Client, sql: &Sql) -> Result<(), tokio_postgres::Error> {
-    let (_, committed) = futures::join!(
-        c.batch_execute(sql.lift_statement_timeout),
-        c.batch_execute(sql.commit)
-    );
-    committed
 }
 
 /// Refuses a transaction that would not be durable: `durability` is

@@ -83,9 +83,9 @@ pub struct PgOptions {
     /// COMMIT that never reached the server is known to have failed only
     /// once the server ended that session.
     pub in_doubt_timeout: Duration,
-    /// Server-side `statement_timeout` of every statement but COMMIT (a
-    /// COMMIT waiting for a synchronous standby must not be cancelled:
-    /// PostgreSQL would keep it committed locally, unreplicated).
+    /// Server-side `statement_timeout` of every statement. PostgreSQL lifts
+    /// it before the commit itself, so it never cuts short a COMMIT waiting
+    /// for a synchronous standby (which would keep the commit "locally").
     pub statement_timeout: Duration,
     /// Server-side `lock_timeout`: a command waiting longer for a row or
     /// principal lock fails (and is retried, up to `max_retries`).
@@ -209,9 +209,9 @@ pub enum PgError {
     Option(String),
     #[error("connection pool: {0}")]
     Pool(String),
-    /// Every pooled connection stayed busy for the whole wait.
-    #[error("every connection stayed busy for {0:?}")]
-    Busy(Duration),
+    /// Every pooled connection stayed busy for the whole wait (`client_timeout`).
+    #[error("every pooled connection stayed busy for the whole wait")]
+    Busy,
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     /// The server does not store commits durably; nothing was written.
@@ -254,8 +254,8 @@ impl From<PgError> for StoreError {
         match e {
             PgError::Corrupt(m) => StoreError::Corrupt(m),
             PgError::InDoubt { reason } => StoreError::InDoubt(reason),
-            PgError::Busy(d) => StoreError::Overloaded {
-                retry_after_ms: (d.as_millis() as u64 / 10).clamp(10, 1000),
+            PgError::Busy => StoreError::Overloaded {
+                retry_after_ms: 1000,
             },
             other => StoreError::Database(other.to_string()),
         }
@@ -326,13 +326,18 @@ impl PgStore {
 
         let seen = session::Seen::default();
         {
+            // Every round trip bounded: a database that hangs (a COMMIT
+            // waiting for an absent synchronous standby) fails `connect`.
+            let d = opts.client_timeout;
             let (mut client, task) = session::connect(&cfg).await?;
-            let server = session::Server::read(&client, sql::SERVER).await?;
+            let server = tokio::time::timeout(d, session::Server::read(&client, sql::SERVER))
+                .await
+                .map_err(|_| PgError::Timeout(d))??;
             if let Some(refusal) = server.refusal() {
                 return Err(PgError::NotDurable(refusal));
             }
             seen.set(server);
-            schema::migrate(&mut client, &opts.schema).await?;
+            schema::migrate(&mut client, &opts.schema, d).await?;
             drop(client);
             let _ = task.await;
         }
@@ -424,7 +429,7 @@ fn build_pool(
 impl PgError {
     pub(crate) fn from_pool(e: PoolError) -> PgError {
         match e {
-            PoolError::Timeout(TimeoutType::Wait) => PgError::Busy(Duration::ZERO),
+            PoolError::Timeout(TimeoutType::Wait) => PgError::Busy,
             // A connection that cannot be made is a database error (and
             // transient: the command is retried a few times).
             PoolError::Backend(e) => PgError::Db(e),

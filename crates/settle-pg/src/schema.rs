@@ -4,6 +4,9 @@
 //! advisory lock for the schema, so several servers starting at once apply
 //! each step exactly once (the others wait, then see it done).
 
+use std::future::Future;
+use std::time::Duration;
+
 use tokio_postgres::Client;
 
 use crate::PgError;
@@ -90,31 +93,41 @@ pub fn quoted(schema: &str) -> String {
     format!("\"{schema}\"")
 }
 
-/// Brings `schema` to [`SCHEMA_VERSION`]; idempotent and safe to race.
-pub async fn migrate(client: &mut Client, schema: &str) -> Result<(), PgError> {
+/// One round trip of the migration, under the client-side deadline (a
+/// COMMIT waiting for an absent synchronous standby must not hang `connect`).
+async fn within<T>(
+    d: Duration,
+    fut: impl Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, PgError> {
+    Ok(tokio::time::timeout(d, fut)
+        .await
+        .map_err(|_| PgError::Timeout(d))??)
+}
+
+/// Brings `schema` to [`SCHEMA_VERSION`]; idempotent and safe to race. Each
+/// round trip is bounded by `d`.
+pub async fn migrate(client: &mut Client, schema: &str, d: Duration) -> Result<(), PgError> {
     let s = quoted(schema);
-    let tx = client.transaction().await?;
+    let tx = within(d, client.transaction()).await?;
     // Serialises concurrent starters; released at commit.
-    tx.execute(
-        "SELECT pg_advisory_xact_lock($1)",
-        &[&lock_key(&["settle-migrate", schema])],
+    within(
+        d,
+        tx.execute(
+            "SELECT pg_advisory_xact_lock($1)",
+            &[&lock_key(&["settle-migrate", schema])],
+        ),
     )
     .await?;
-    tx.batch_execute(&format!(
+    let create = format!(
         "CREATE SCHEMA IF NOT EXISTS {s};
          CREATE TABLE IF NOT EXISTS {s}.settle_schema_version (
              version integer PRIMARY KEY,
              applied_at timestamptz NOT NULL DEFAULT clock_timestamp()
          );"
-    ))
-    .await?;
-    let current: i32 = tx
-        .query_one(
-            &format!("SELECT coalesce(max(version), 0) FROM {s}.settle_schema_version"),
-            &[],
-        )
-        .await?
-        .get(0);
+    );
+    within(d, tx.batch_execute(&create)).await?;
+    let version_sql = format!("SELECT coalesce(max(version), 0) FROM {s}.settle_schema_version");
+    let current: i32 = within(d, tx.query_one(&version_sql, &[])).await?.get(0);
     if current > SCHEMA_VERSION {
         // A newer build migrated this database; this one must not write to it.
         return Err(PgError::SchemaTooNew {
@@ -127,42 +140,41 @@ pub async fn migrate(client: &mut Client, schema: &str) -> Result<(), PgError> {
         if version <= current {
             continue;
         }
-        tx.batch_execute(&step.replace("{s}", &s)).await?;
+        within(d, tx.batch_execute(&step.replace("{s}", &s))).await?;
         if version == 2 {
-            backfill_2(&tx, &s).await?;
+            backfill_2(&tx, &s, d).await?;
         }
-        tx.execute(
-            &format!("INSERT INTO {s}.settle_schema_version (version) VALUES ($1)"),
-            &[&version],
-        )
-        .await?;
+        let record = format!("INSERT INTO {s}.settle_schema_version (version) VALUES ($1)");
+        within(d, tx.execute(&record, &[&version])).await?;
     }
-    tx.commit().await?;
+    within(d, tx.commit()).await?;
     Ok(())
 }
 
 /// Fills `disputed` for the records written before version 2, in key
 /// order and in chunks (memory stays bounded on a large table). A record
 /// that does not decode keeps NULL (it is counted as undecodable instead).
-async fn backfill_2(tx: &tokio_postgres::Transaction<'_>, s: &str) -> Result<(), PgError> {
+async fn backfill_2(
+    tx: &tokio_postgres::Transaction<'_>,
+    s: &str,
+    d: Duration,
+) -> Result<(), PgError> {
     const CHUNK: i64 = 5000;
-    let read = tx
-        .prepare(&format!(
-            "SELECT tenant, key, format, value FROM {s}.settle_records \
-             WHERE value IS NOT NULL AND (tenant, key) > ($1, $2) \
-             ORDER BY tenant, key LIMIT $3"
-        ))
-        .await?;
-    let write = tx
-        .prepare(&format!(
-            "UPDATE {s}.settle_records r SET disputed = u.d \
-             FROM unnest($1::text[], $2::text[], $3::bool[]) AS u(t, k, d) \
-             WHERE r.tenant = u.t AND r.key = u.k"
-        ))
-        .await?;
+    let read = format!(
+        "SELECT tenant, key, format, value FROM {s}.settle_records \
+         WHERE value IS NOT NULL AND (tenant, key) > ($1, $2) \
+         ORDER BY tenant, key LIMIT $3"
+    );
+    let read = within(d, tx.prepare(&read)).await?;
+    let write = format!(
+        "UPDATE {s}.settle_records r SET disputed = u.d \
+         FROM unnest($1::text[], $2::text[], $3::bool[]) AS u(t, k, d) \
+         WHERE r.tenant = u.t AND r.key = u.k"
+    );
+    let write = within(d, tx.prepare(&write)).await?;
     let (mut after_t, mut after_k) = (String::new(), String::new());
     loop {
-        let rows = tx.query(&read, &[&after_t, &after_k, &CHUNK]).await?;
+        let rows = within(d, tx.query(&read, &[&after_t, &after_k, &CHUNK])).await?;
         let Some(last) = rows.last() else {
             return Ok(());
         };
@@ -176,7 +188,7 @@ async fn backfill_2(tx: &tokio_postgres::Transaction<'_>, s: &str) -> Result<(),
                 flags.push(rec.disputed);
             }
         }
-        tx.execute(&write, &[&tenants, &keys, &flags]).await?;
+        within(d, tx.execute(&write, &[&tenants, &keys, &flags])).await?;
     }
 }
 

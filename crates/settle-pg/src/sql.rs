@@ -31,12 +31,10 @@ pub struct Sql {
     /// The same for in-doubt probes: a short lock timeout, so a probe that
     /// meets the interrupted transaction still running gives up and asks again.
     pub probe_begin: String,
-    /// Sent (as its own message) right before `COMMIT`: a statement
-    /// timeout that fired while COMMIT waits for a synchronous standby would
-    /// cancel the wait and keep the commit locally, unreplicated. In a
-    /// transaction that already failed it fails too, and COMMIT (a separate
-    /// message, so it still runs) rolls back.
-    pub lift_statement_timeout: &'static str,
+    /// `COMMIT`, as its own message (after a failed statement it still
+    /// runs, and rolls back). PostgreSQL disables the statement timeout
+    /// before it commits, so a COMMIT waiting for a synchronous standby is
+    /// never cut short by it (checked by `tests/crash.rs`).
     pub commit: &'static str,
     pub rollback: &'static str,
     /// `$1` keys (int8[]), `$2` exclusive? (bool[]), locked in array order.
@@ -94,12 +92,13 @@ pub struct Settings {
 fn begin(lock_timeout_ms: u64, s: &Settings) -> String {
     // READ COMMITTED explicitly: the locking argument relies on each
     // statement seeing what committed before it started.
+    // set_config(…, true) is SET LOCAL; one statement for all four.
     format!(
         "BEGIN ISOLATION LEVEL READ COMMITTED; \
-         SET LOCAL synchronous_commit = on; \
-         SET LOCAL lock_timeout = {lock_timeout_ms}; \
-         SET LOCAL statement_timeout = {}; \
-         SET LOCAL idle_in_transaction_session_timeout = {}",
+         SELECT set_config('synchronous_commit', 'on', true), \
+                set_config('lock_timeout', '{lock_timeout_ms}', true), \
+                set_config('statement_timeout', '{}', true), \
+                set_config('idle_in_transaction_session_timeout', '{}', true)",
         s.statement_timeout_ms, s.idle_in_transaction_timeout_ms
     )
 }
@@ -114,7 +113,6 @@ impl Sql {
         Sql {
             begin: begin(settings.lock_timeout_ms, settings),
             probe_begin: begin(settings.probe_lock_timeout_ms, settings),
-            lift_statement_timeout: "SET LOCAL statement_timeout = 0",
             commit: "COMMIT",
             rollback: "ROLLBACK",
             lock_principals: "SELECT CASE WHEN x THEN pg_advisory_xact_lock(k) \

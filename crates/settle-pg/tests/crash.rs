@@ -581,3 +581,99 @@ async fn a_pooler_cannot_drop_synchronous_commit() {
         store.close();
     }
 }
+
+/// Waits until a backend of `application_name` waits for a synchronous
+/// standby (its COMMIT is flushed locally); returns its pid.
+async fn syncrep_waiter(side: &tokio_postgres::Client, application_name: &str) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let rows = side
+            .query(
+                "SELECT pid FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event = 'SyncRep'",
+                &[&application_name],
+            )
+            .await
+            .unwrap();
+        if let Some(r) = rows.first() {
+            return r.get(0);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no COMMIT waited for the standby"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Issue 8 items 1–3: a COMMIT waiting for a synchronous standby that does
+/// not answer is never turned into a reply. PostgreSQL ends such a wait
+/// with success and a WARNING ("committed locally, might not have been
+/// replicated") when the backend is cancelled (`pg_cancel_backend`): that
+/// WARNING closes settle's connection, so the commit is in doubt, not
+/// acknowledged. The statement timeout (shorter here than the wait) does
+/// not cut the wait short: PostgreSQL disables it before committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_waiting_for_the_standby_is_never_acknowledged_early() {
+    let name = "syncwait";
+    let Some(pg) = tools_or_skip(name) else {
+        return;
+    };
+    let cluster = tokio::task::block_in_place(|| Cluster::create(&pg, name, &[]));
+    let side = cluster.client().await.unwrap();
+    let timeout_name = format!("{name}_timeout");
+    let store = common::store_on(&cluster.url(), &timeout_name, |o| {
+        o.group_commit = false;
+        o.max_retries = 0;
+        o.statement_timeout = Duration::from_millis(200);
+        o.client_timeout = Duration::from_secs(3);
+        o.in_doubt_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let cancel_name = format!("{name}_cancel");
+    let cancelled = common::store_on(&cluster.url(), &cancel_name, |o| {
+        o.group_commit = false;
+        o.max_retries = 0;
+        o.in_doubt_timeout = Duration::from_secs(1);
+    })
+    .await;
+    // From now on every commit waits for a standby that never answers.
+    side.batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody_here'")
+        .await
+        .unwrap();
+    side.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+
+    // A statement timeout far shorter than the wait: the COMMIT goes on waiting.
+    let s = store.clone();
+    let pending =
+        tokio::spawn(async move { s.execute(&acme(), claim("k", 1, binding("alice", 0))).await });
+    let pid = syncrep_waiter(&side, &timeout_name).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        syncrep_waiter(&side, &timeout_name).await,
+        pid,
+        "the COMMIT stopped waiting for the standby after the statement timeout"
+    );
+    let r = tokio::time::timeout(Duration::from_secs(30), pending)
+        .await
+        .expect("answered")
+        .unwrap();
+    assert!(matches!(r, Err(StoreError::InDoubt(_))), "{r:?}");
+
+    // The wait cancelled from outside: success plus a WARNING on the wire.
+    let s = cancelled.clone();
+    let pending =
+        tokio::spawn(async move { s.execute(&acme(), claim("k", 1, binding("alice", 0))).await });
+    let pid = syncrep_waiter(&side, &cancel_name).await;
+    side.execute("SELECT pg_cancel_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(30), pending)
+        .await
+        .expect("answered")
+        .unwrap();
+    assert!(
+        matches!(r, Err(StoreError::InDoubt(_))),
+        "a grant the standby never acknowledged: {r:?}"
+    );
+}
