@@ -656,9 +656,17 @@ where
     F: Fn(Conn) -> Fut,
     Fut: Future<Output = Result<T, PgError>>,
 {
+    read_on(inner, &inner.pool, f).await
+}
+
+async fn read_on<T, F, Fut>(inner: &Inner, pool: &Pool, f: F) -> Result<T, PgError>
+where
+    F: Fn(Conn) -> Fut,
+    Fut: Future<Output = Result<T, PgError>>,
+{
     let mut retries = 0;
     loop {
-        let r = match Conn::get(&inner.pool, inner.client_timeout).await {
+        let r = match Conn::get(pool, inner.client_timeout).await {
             Ok(conn) => f(conn).await,
             Err(e) => Err(e),
         };
@@ -742,9 +750,10 @@ pub async fn now(inner: &Inner) -> Result<Timestamp, PgError> {
 
 /// Readiness: the database answers within the deadline, is writable (not a
 /// standby), runs with `fsync=on`, and a transaction of this store really
-/// runs with `synchronous_commit=on`.
+/// runs with `synchronous_commit=on`. Asked on a reserved connection: a
+/// pool busy with commands is overloaded, not unready.
 pub async fn health(inner: &Inner) -> Result<(), PgError> {
-    let server = read(inner, |conn| async move {
+    let server = read_on(inner, &inner.doubt_pool, |conn| async move {
         let c = conn.client();
         let (b, server, durability) = conn
             .within(async {

@@ -98,8 +98,8 @@ pub struct PgOptions {
     /// the connection is dropped, and a COMMIT in flight is resolved as in
     /// doubt. Covers what the server-side timeouts cannot: a silent network.
     pub client_timeout: Duration,
-    /// Connections reserved for resolving in-doubt commits, so that those
-    /// checks never queue behind commands in the pool.
+    /// Connections reserved for resolving in-doubt commits (and for
+    /// `health`), so that those checks never queue behind commands in the pool.
     pub in_doubt_connections: usize,
     /// Retries of a command that failed before its commit was sent
     /// (lost connection, deadlock, serialization failure).

@@ -1031,3 +1031,30 @@ async fn a_full_group_commit_queue_answers_overloaded() {
     }
     assert_eq!((queued, overloaded), (4, 16));
 }
+
+/// Readiness is asked on a reserved connection: a pool whose every
+/// connection is busy (here: waiting for a lock) is overloaded, not unready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_while_every_pooled_connection_is_busy() {
+    let (store, _clock, g) = common::store_with(&common::url(), "health", |o| {
+        o.group_commit = false;
+        o.pool_size = 1;
+        o.lock_timeout = Duration::from_secs(60);
+        o.statement_timeout = Duration::from_secs(60);
+        o.client_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let f = exec_fence(&store, "k").await;
+    let mut side = common::side_client().await;
+    let watcher = common::side_client().await;
+    let tx = block_row(&mut side, &g.schema, "k").await;
+    let s = store.clone();
+    let blocked = tokio::spawn(async move { s.execute(&acme(), settle_k("k", f)).await });
+    lock_waiter(&watcher, &g.schema).await;
+    tokio::time::timeout(Duration::from_secs(10), store.health())
+        .await
+        .expect("health waited for the busy pool")
+        .expect("ready");
+    tx.rollback().await.unwrap();
+    receipt(blocked.await.unwrap().unwrap());
+}
