@@ -199,7 +199,7 @@ async fn failover_once(pg: &cluster::Pg, run: usize) {
         .get(0);
     signal(receiver, "STOP");
     let before_lag = load.ok.load(Ordering::SeqCst);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let during_lag = load.ok.load(Ordering::SeqCst) - before_lag;
     // Then the primary's machine dies, with commits in flight.
     tokio::task::block_in_place(|| primary.kill9_all());
