@@ -52,15 +52,17 @@ pub(crate) async fn resolve(
     before: Option<&Server>,
 ) -> Result<bool, String> {
     let deadline = Instant::now() + inner.in_doubt_timeout;
+    let mut why = String::from("no answer in time");
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
-        let why = match tokio::time::timeout(left, probe(inner, token, before)).await {
+        match tokio::time::timeout(left, probe(inner, token, before)).await {
             Ok(Probe::Decided(committed)) => {
                 tracing::info!(committed, "in-doubt commit resolved by its token");
                 return Ok(committed);
             }
-            Ok(Probe::Undecided(why)) => why,
-            Err(_) => "no answer in time".to_string(),
+            Ok(Probe::Undecided(reason)) => why = reason,
+            // Cut short by the deadline: the previous reason stands.
+            Err(_) => {}
         };
         if Instant::now() >= deadline {
             tracing::error!(reason = %why, "in-doubt commit left unresolved");

@@ -690,3 +690,67 @@ async fn a_commit_waiting_for_the_standby_is_never_acknowledged_early() {
         "a grant the standby never acknowledged: {r:?}"
     );
 }
+
+/// Issue 8 item 1: an in-doubt COMMIT is never decided against another
+/// cluster. The settlement commits on A and its answer is lost; by then the
+/// address leads to B, another cluster (its own system identifier) that
+/// has the same schema but not the commit token. Deciding there would say
+/// "not committed" and run the settlement again on the wrong database: the
+/// store answers `InDoubt` instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_doubt_commit_is_never_decided_on_another_cluster() {
+    let name = "othercluster";
+    let Some(pg) = tools_or_skip(name) else {
+        return;
+    };
+    let (a, b) = tokio::task::block_in_place(|| {
+        (
+            Cluster::create(&pg, "cluster_a", &[]),
+            Cluster::create(&pg, "cluster_b", &[]),
+        )
+    });
+    // B gets the same schema.
+    common::store_on(&b.url(), name, |_| {}).await.close();
+    let proxy = Proxy::start(&a.addr()).await;
+    let store = common::store_on(&proxy.url(&a.url()), name, |o| {
+        o.group_commit = false;
+        o.client_timeout = Duration::from_secs(2);
+        o.in_doubt_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let f = match store
+        .execute(&acme(), claim("k", 1, binding("alice", 0)))
+        .await
+        .unwrap()
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("{other:?}"),
+    };
+    proxy.arm(Cut::SilentAfterCommit);
+    proxy.set_upstream(&b.addr());
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.execute(
+            &acme(),
+            settle("k", f, 1, binding("alice", 0), completed(1)),
+        ),
+    )
+    .await
+    .expect("answered");
+    assert!(
+        matches!(&r, Err(StoreError::InDoubt(m)) if m.contains("another cluster")),
+        "{r:?}"
+    );
+    // It did commit, on A.
+    let on_a = common::store_on(&a.url(), name, |_| {}).await;
+    assert!(
+        on_a.get(&acme(), &key("k"))
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+            .receipt
+            .is_some()
+    );
+    proxy.release();
+}

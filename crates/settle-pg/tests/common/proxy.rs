@@ -37,6 +37,7 @@ pub enum Cut {
 
 pub struct Proxy {
     pub port: u16,
+    upstream: Arc<Mutex<String>>,
     mode: Arc<Mutex<Cut>>,
     /// Connections cut, held or silenced so far.
     pub cuts: Arc<AtomicU64>,
@@ -61,7 +62,8 @@ impl Proxy {
     /// `strip_options`: remove the `options` parameter from every startup
     /// message (what a pooler that does not pass startup options through does).
     pub async fn start_with(upstream: &str, strip_options: bool) -> Proxy {
-        let upstream = upstream.to_string();
+        let upstream = Arc::new(Mutex::new(upstream.to_string()));
+        let up = upstream.clone();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let mode = Arc::new(Mutex::new(Cut::Off));
@@ -70,7 +72,8 @@ impl Proxy {
         let (m, c, r) = (mode.clone(), cuts.clone(), release.clone());
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(&upstream).await else {
+                let to = up.lock().unwrap().clone();
+                let Ok(server) = TcpStream::connect(&to).await else {
                     continue;
                 };
                 tokio::spawn(pump_pair(
@@ -85,6 +88,7 @@ impl Proxy {
         });
         Proxy {
             port,
+            upstream,
             mode,
             cuts,
             release,
@@ -96,6 +100,12 @@ impl Proxy {
         let (head, rest) = base.split_once('@').expect("postgres://user@host:port/db");
         let (_, db) = rest.split_once('/').expect("a database name");
         format!("{head}@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Sends new connections to another server (as a moved DNS name or
+    /// virtual IP would).
+    pub fn set_upstream(&self, upstream: &str) {
+        *self.upstream.lock().unwrap() = upstream.to_string();
     }
 
     /// Arms a cut for the next COMMIT on any connection (one shot).
