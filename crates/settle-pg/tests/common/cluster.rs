@@ -167,7 +167,7 @@ impl Cluster {
             ],
         )
         .unwrap_or_else(|e| panic!("initdb failed: {e}"));
-        let c = Cluster {
+        let mut c = Cluster {
             pg: pg.clone(),
             name: name.to_string(),
             dir,
@@ -187,8 +187,41 @@ impl Cluster {
         ];
         settings.extend(conf.iter().map(|s| s.to_string()));
         c.append_conf(&settings);
-        c.start();
+        c.first_start("postgresql.conf");
         c
+    }
+
+    /// Starts a new cluster; if another process took its port meanwhile,
+    /// moves it to another one (`conf`: the file that sets the port).
+    fn first_start(&mut self, conf: &str) {
+        for _ in 0..5 {
+            match self.try_start() {
+                Ok(()) => return,
+                Err(e) if self.log_tail().contains("could not bind") => {
+                    eprintln!("{}: port {} taken, moving: {e}", self.name, self.port);
+                    self.port = spare_port();
+                    self.append_to(conf, &[format!("port = {}", self.port)]);
+                }
+                Err(e) => panic!("{}: could not start: {e}\n{}", self.name, self.log_tail()),
+            }
+        }
+        panic!("{}: no free port\n{}", self.name, self.log_tail());
+    }
+
+    fn try_start(&self) -> Result<(), String> {
+        self.pg.run(
+            "pg_ctl",
+            &[
+                "-D",
+                self.data.to_str().unwrap(),
+                "-l",
+                self.log().to_str().unwrap(),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ],
+        )
     }
 
     /// Appends lines to postgresql.conf (later lines win).
@@ -226,20 +259,7 @@ impl Cluster {
     pub fn start(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            let r = self.pg.run(
-                "pg_ctl",
-                &[
-                    "-D",
-                    self.data.to_str().unwrap(),
-                    "-l",
-                    self.log().to_str().unwrap(),
-                    "-w",
-                    "-t",
-                    "60",
-                    "start",
-                ],
-            );
-            match r {
+            match self.try_start() {
                 Ok(()) => return,
                 Err(e) if Instant::now() < deadline => {
                     eprintln!("{}: start failed, retrying: {e}", self.name);
@@ -358,7 +378,7 @@ impl Cluster {
                 ],
             )
             .unwrap_or_else(|e| panic!("pg_basebackup: {e}"));
-        let c = Cluster {
+        let mut c = Cluster {
             pg: self.pg.clone(),
             name: name.to_string(),
             dir,
@@ -376,7 +396,7 @@ impl Cluster {
             ),
             "hot_standby = on".to_string(),
         ]);
-        c.start();
+        c.first_start("postgresql.auto.conf");
         c
     }
 
