@@ -2,9 +2,10 @@
 //!
 //! Round trips of a command (each a pipeline of statements):
 //! - (only for commands without a binding principal) peek the record's owner;
-//! - `BEGIN`; lock principals; [insert placeholder]; lock+read the row;
-//!   read clock, xid, fence and principal rows;
-//! - writes; `COMMIT`.
+//! - `BEGIN` and the transaction's settings; lock principals; [insert
+//!   placeholder]; lock+read the row; read clock, durability settings,
+//!   fence and principal rows;
+//! - writes; commit token; `COMMIT` (a lost answer: `doubt.rs`).
 
 use std::collections::HashSet;
 use std::future::Future;
