@@ -297,12 +297,13 @@ async fn clean_restart_under_load_loses_no_acknowledged_receipt() {
 /// Issue 8 item 1: PostgreSQL crashes while a settlement's COMMIT is held
 /// back (it never reached the server), before anything made its
 /// transaction id durable. After the restart that id is handed out again
-/// (checked: `pg_xact_status` first answers "in the future", 22023), and
-/// another transaction takes it and commits (checked: "committed"). A
-/// store that resolves the lost COMMIT by transaction id now returns a
-/// receipt for a settlement that never happened; with commit tokens the
-/// settlement is known not to have committed, runs again, and the receipt
-/// returned is the one in the database.
+/// to other transactions, which commit (checked: the burned ids reach it,
+/// and `pg_xact_status` of it then answers, no longer "in the future").
+/// A store that resolves the lost COMMIT by transaction id returns a
+/// receipt for a settlement that never happened (the code before issue 8
+/// did, in both paths); with commit tokens the settlement is known not to
+/// have committed, runs again, and the receipt returned is the one in the
+/// database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_transaction_id_never_confirms_a_lost_commit() {
     xid_reuse("xidreuse_s", false).await;
