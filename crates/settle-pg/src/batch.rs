@@ -25,11 +25,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use settle_core::{
-    Command, Ctx, Fence, Key, OpState, Principal, PrincipalState, Principals, Record, Reply,
-    TenantId, apply, principals_needed,
+    Command, Ctx, Fence, Key, OpState, Principal, PrincipalState, Principals, Record, RefusalCode,
+    Reply, TenantId, apply, principals_needed,
 };
 use settle_ledger::StoreError;
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -37,8 +38,10 @@ use tokio_postgres::types::ToSql;
 
 use crate::PgError;
 use crate::codec::{self, FORMAT, RecordColumns};
-use crate::engine::{self, Conn, Inner, now_from, principal_state, resolve_in_doubt, transient};
+use crate::doubt::{self, Commit};
+use crate::engine::{self, Conn, Inner, check_durability, now_from, principal_state, transient};
 use crate::lock::principal_key;
+use crate::session::Token;
 use crate::sql::STALE;
 
 /// Scheduler turns a worker waits at most for a batch to fill up.
@@ -67,32 +70,68 @@ pub fn batchable(cmd: &Command) -> bool {
     matches!(cmd, Command::Claim(_) | Command::Settle(_))
 }
 
-/// The queue in front of the workers. Dropping it stops them once the
-/// queue is drained.
+/// The queue in front of the workers: bounded, so a stalled database
+/// answers `Overloaded` instead of growing memory. Dropping it stops the
+/// workers once the queue is drained.
 pub struct Batcher {
-    tx: mpsc::UnboundedSender<Item>,
+    tx: mpsc::Sender<Item>,
+    max_batch: usize,
+    workers: usize,
+    /// How long the latest batch took (µs), for the retry hint.
+    last_batch_us: Arc<AtomicU64>,
 }
 
 impl Batcher {
-    pub fn start(inner: Arc<Inner>, workers: usize, max_batch: usize) -> Batcher {
-        let (tx, rx) = mpsc::unbounded_channel();
+    pub fn start(inner: Arc<Inner>, workers: usize, max_batch: usize, queue: usize) -> Batcher {
+        let (tx, rx) = mpsc::channel(queue.max(1));
         let rx = Arc::new(Mutex::new(rx));
+        let last_batch_us = Arc::new(AtomicU64::new(0));
         for _ in 0..workers.max(1) {
-            tokio::spawn(worker(inner.clone(), rx.clone(), max_batch.max(1)));
+            tokio::spawn(worker(
+                inner.clone(),
+                rx.clone(),
+                max_batch.max(1),
+                last_batch_us.clone(),
+            ));
         }
-        Batcher { tx }
+        Batcher {
+            tx,
+            max_batch: max_batch.max(1),
+            workers: workers.max(1),
+            last_batch_us,
+        }
     }
 
     pub async fn submit(&self, tenant: TenantId, cmd: Command) -> Result<Reply, StoreError> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Item { tenant, cmd, reply })
-            .map_err(|_| StoreError::Closed)?;
+        match self.tx.try_send(Item { tenant, cmd, reply }) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                return Err(StoreError::Overloaded {
+                    retry_after_ms: self.retry_after_ms(),
+                });
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return Err(StoreError::Closed),
+        }
         rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// About how long the queue takes to drain: its batches at the latest
+    /// batch's duration (at least 10 ms, at most 5 s).
+    fn retry_after_ms(&self) -> u64 {
+        let queued = (self.tx.max_capacity() - self.tx.capacity()) as u64;
+        let batches = queued.div_ceil((self.max_batch * self.workers) as u64);
+        let per_batch_ms = self.last_batch_us.load(Ordering::Relaxed).div_ceil(1000);
+        (batches * per_batch_ms).clamp(10, 5000)
     }
 }
 
-async fn worker(inner: Arc<Inner>, rx: Arc<Mutex<mpsc::UnboundedReceiver<Item>>>, max: usize) {
+async fn worker(
+    inner: Arc<Inner>,
+    rx: Arc<Mutex<mpsc::Receiver<Item>>>,
+    max: usize,
+    last_batch_us: Arc<AtomicU64>,
+) {
     loop {
         let mut items = Vec::new();
         {
@@ -128,9 +167,11 @@ async fn worker(inner: Arc<Inner>, rx: Arc<Mutex<mpsc::UnboundedReceiver<Item>>>
         // slipped through) must fail only this batch's callers, whose reply
         // channels drop, and not stop the worker every later claim needs.
         let batch_inner = inner.clone();
+        let started = Instant::now();
         if let Err(e) = tokio::spawn(async move { run(&batch_inner, items).await }).await {
             tracing::error!(error = %e, "a group-commit batch panicked; its callers get an error");
         }
+        last_batch_us.store(started.elapsed().as_micros() as u64, Ordering::Relaxed);
     }
 }
 
@@ -193,8 +234,9 @@ fn record_key(cmd: &Command) -> &Key {
 
 async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
     let sql = &inner.sql;
-    let conn = Conn::get(&inner.pool).await?;
+    let conn = Conn::get(&inner.pool, inner.client_timeout).await?;
     let c = conn.client();
+    let seen = inner.seen.get();
 
     // What to lock (the binding principals, shared) and what to read.
     let mut principals: Vec<(TenantId, Principal)> = Vec::new();
@@ -236,18 +278,21 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
 
     let load_st = conn.prepare(&sql.batch_load).await?;
     let write_st = conn.prepare(&sql.batch_write).await?;
+    let token_st = conn.prepare(&sql.insert_token).await?;
 
     // Round trip 1: BEGIN and the principal locks (one simple-query
     // message; the statements run in order, so the locks are taken in key
     // order), then one statement reading everything else. It starts after
     // the locks are held, so its snapshot has every committed generation.
-    let mut begin = String::from(sql.begin);
+    let mut begin = sql.begin.clone();
     for k in &lock_keys {
         begin.push_str(&format!("; SELECT pg_advisory_xact_lock_shared({k})"));
     }
     let load_params: [&(dyn ToSql + Sync); 5] = [&id_t, &id_k, &claims, &pr_t, &pr_n];
-    let (r_begin, r_load) =
-        futures::join!(c.batch_execute(&begin), c.query(&load_st, &load_params));
+    // Past the deadline nothing has committed: the connection is dropped.
+    let (r_begin, r_load) = conn
+        .within(async { futures::join!(c.batch_execute(&begin), c.query(&load_st, &load_params)) })
+        .await?;
     let rows = match r_begin.and(r_load) {
         Ok(rows) => rows,
         Err(e) => {
@@ -262,7 +307,11 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
         .ok_or_else(|| PgError::Corrupt("the load returned no row".into()))?;
     let db_now: i64 = first.get(0);
     let now = now_from(inner, db_now);
-    let xid: i64 = first.get(1);
+    let durability: String = first.get(1);
+    if let Err(e) = check_durability(&durability) {
+        conn.rollback(sql).await;
+        return Err(e);
+    }
     let mut fences: Vec<i64> = first.get(2);
     fences.sort_unstable();
     let mut fences = fences.into_iter().map(|f| Fence(f as u64));
@@ -278,8 +327,8 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
     }
 
     // Current state of each record, with the xmin it was read at; a record
-    // that does not decode fails its own commands only.
-    let mut state: HashMap<Id, Result<Option<Record>, StoreError>> = HashMap::new();
+    // that does not decode refuses its own commands only (record_refused).
+    let mut state: HashMap<Id, Result<Option<Record>, PgError>> = HashMap::new();
     let mut read_at: HashMap<Id, String> = HashMap::new();
     for r in &rows {
         let (Some(t), Some(k)) = (r.get::<_, Option<String>>(7), r.get::<_, Option<String>>(8))
@@ -290,8 +339,10 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
             TenantId::new(t).map_err(|e| PgError::Corrupt(format!("stored tenant: {e}")))?,
             Key::new(k).map_err(|e| PgError::Corrupt(format!("stored key: {e}")))?,
         );
-        let rec =
-            codec::decode_record(r.get(9), r.get::<_, Option<&[u8]>>(10)).map_err(StoreError::from);
+        let rec = codec::decode_record(r.get(9), r.get::<_, Option<&[u8]>>(10));
+        if let Err(e) = &rec {
+            inner.refuse_undecodable(&id.0, &id.1, e);
+        }
         read_at.insert(id.clone(), r.get(11));
         state.insert(id, rec);
     }
@@ -306,8 +357,8 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
         let id = (it.tenant.clone(), record_key(&it.cmd).clone());
         let current = match state.get(&id).expect("loaded") {
             Ok(r) => r.clone(),
-            Err(e) => {
-                fates.push(Fate::Failed(e.clone()));
+            Err(_) => {
+                fates.push(Fate::Reply(Reply::Refused(RefusalCode::RecordRefused)));
                 continue;
             }
         };
@@ -393,6 +444,7 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
     let mut w_upd: Vec<Option<i64>> = Vec::new();
     let mut w_coll: Vec<Option<i64>> = Vec::new();
     let mut w_rcpt: Vec<Option<i64>> = Vec::new();
+    let mut w_disp: Vec<Option<bool>> = Vec::new();
     for id in &changed {
         let v = read_at.get(id).cloned();
         let after = match state.get(id).expect("changed") {
@@ -423,6 +475,7 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
                 w_upd.push(Some(cols.updated_at));
                 w_coll.push(cols.collect_at);
                 w_rcpt.push(cols.receipt_at);
+                w_disp.push(Some(cols.disputed));
             }
             None => {
                 w_fmt.push(None);
@@ -435,6 +488,7 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
                 w_upd.push(None);
                 w_coll.push(None);
                 w_rcpt.push(None);
+                w_disp.push(None);
             }
         }
     }
@@ -444,7 +498,7 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
     }
     let expected = w_t.len() as i64;
     let insert_deadline = db_now + INSERT_WINDOW_MS;
-    let write_params: [&(dyn ToSql + Sync); 16] = [
+    let write_params: [&(dyn ToSql + Sync); 17] = [
         &w_t,
         &w_k,
         &w_op,
@@ -459,39 +513,48 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
         &w_upd,
         &w_coll,
         &w_rcpt,
+        &w_disp,
         &insert_deadline,
         &expected,
     ];
-    let (write_result, commit_result) = futures::join!(
-        c.query_one(&write_st, &write_params),
-        c.batch_execute(sql.commit)
-    );
-    match commit_result {
-        Ok(()) => {
-            conn.done();
+    // The batch's commit token: after a lost COMMIT answer its presence
+    // (never the transaction id) says whether the batch committed.
+    let token = Token::new(db_now);
+    let token_bytes: &[u8] = &token.bytes;
+    let token_params: [&(dyn ToSql + Sync); 2] = [&token.at, &token_bytes];
+    let r = conn
+        .within(async {
+            let (write, mark, commit) = futures::join!(
+                c.query_one(&write_st, &write_params),
+                c.execute(&token_st, &token_params),
+                c.batch_execute(sql.commit)
+            );
+            ((write, mark), commit)
+        })
+        .await;
+    match doubt::finish(inner, conn, r, &token, seen.as_ref()).await? {
+        Commit::Answered((write_result, mark_result)) => {
             match write_result {
-                Ok(row) if row.get::<_, i64>(0) == expected => Ok(fates),
-                Ok(row) => Err(PgError::Corrupt(format!(
-                    "a batch write reported {} rows, expected {expected}",
-                    row.get::<_, i64>(0)
-                ))),
+                Ok(row) if row.get::<_, i64>(0) == expected => {}
+                Ok(row) => {
+                    return Err(PgError::Corrupt(format!(
+                        "a batch write reported {} rows, expected {expected}",
+                        row.get::<_, i64>(0)
+                    )));
+                }
                 // The COMMIT was a rollback: nothing happened.
-                Err(e) if stale(&e) => Err(PgError::Raced(e.to_string())),
+                Err(e) if stale(&e) => return Err(PgError::Raced(e.to_string())),
+                Err(e) => return Err(e.into()),
+            }
+            match mark_result {
+                Ok(1) => Ok(fates),
+                Ok(n) => Err(PgError::Corrupt(format!(
+                    "the commit token write touched {n} rows, expected 1"
+                ))),
                 Err(e) => Err(e.into()),
             }
         }
-        Err(e) => {
-            if let Some(db) = e.as_db_error()
-                && db.code().code().starts_with("40")
-            {
-                return Err(e.into());
-            }
-            drop(conn);
-            match resolve_in_doubt(inner, xid).await {
-                Ok(true) => Ok(fates),
-                Ok(false) => Err(e.into()),
-                Err(reason) => Err(PgError::InDoubt { xid, reason }),
-            }
-        }
+        Commit::Committed => Ok(fates),
+        Commit::NotCommitted(e) => Err(e),
     }
 }

@@ -65,6 +65,8 @@ pub struct RecordColumns {
     pub collect_at: Option<i64>,
     /// The latest receipt's `committed_at` (SPEC §6.9 detection in stats).
     pub receipt_at: Option<i64>,
+    /// The record is disputed (the gauge counted from the store).
+    pub disputed: bool,
 }
 
 fn ms(t: settle_core::Timestamp) -> i64 {
@@ -87,6 +89,7 @@ impl RecordColumns {
                 None
             },
             receipt_at: r.latest_receipt_at().map(ms),
+            disputed: r.disputed,
         }
     }
 }

@@ -2,13 +2,17 @@
 //!
 //! Round trips of a command (each a pipeline of statements):
 //! - (only for commands without a binding principal) peek the record's owner;
-//! - `BEGIN`; lock principals; [insert placeholder]; lock+read the row;
-//!   read clock, xid, fence and principal rows;
-//! - writes; `COMMIT`.
+//! - `BEGIN` and the transaction's settings; lock principals; [insert
+//!   placeholder]; lock+read the row; read clock, durability settings,
+//!   fence and principal rows;
+//! - writes; commit token; `COMMIT` (a lost answer: `doubt.rs`).
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
 use settle_core::{
@@ -22,33 +26,73 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
 use crate::codec::{self, FORMAT, RecordColumns};
+use crate::doubt::{self, Commit};
 use crate::lock::principal_key;
+use crate::session::{Seen, Server, Token};
 use crate::sql::Sql;
 use crate::{PgError, PgOptions};
 
 /// Candidates examined per sweep pass and kind.
 const SWEEP_BATCH: i64 = 1000;
 
+/// How long commit tokens are kept: far longer than any transaction can
+/// live after its client gave up (statement, lock and idle-in-transaction
+/// timeouts, each at most `MAX_TIMEOUT`) and than any probe looks for one.
+pub const TOKEN_RETENTION_MS: i64 = 10 * 60 * 1000;
+
+/// Tokens deleted per sweep pass.
+const TOKEN_SWEEP_BATCH: i64 = 20_000;
+
 pub struct Inner {
     pub pool: Pool,
+    /// Reserved for in-doubt probes, so they never queue behind commands.
+    pub doubt_pool: Pool,
     pub schema: String,
     pub sql: Sql,
     pub clock: Clock,
     pub limits: Limits,
     pub in_doubt_timeout: Duration,
+    /// Client-side deadline of each round trip.
+    pub client_timeout: Duration,
     pub max_retries: u32,
+    /// The server as last seen by a new connection.
+    pub seen: Seen,
+    /// Records of format 1 that failed to decode (seen by any call or the
+    /// sweep since this process started): skipped by the sweep, counted.
+    pub undecodable: Mutex<HashSet<(TenantId, Key)>>,
+    /// In-doubt commits so far: resolved committed, resolved not
+    /// committed, left unresolved (answered `InDoubt`).
+    pub in_doubt: [AtomicU64; 3],
 }
 
 impl Inner {
-    pub fn new(pool: Pool, opts: PgOptions) -> Inner {
+    pub fn new(pool: Pool, doubt_pool: Pool, seen: Seen, opts: PgOptions) -> Inner {
         Inner {
             pool,
-            sql: Sql::new(&opts.schema),
+            doubt_pool,
+            sql: Sql::new(&opts.schema, &opts.settings()),
             schema: opts.schema,
             clock: opts.clock,
             limits: opts.limits,
             in_doubt_timeout: opts.in_doubt_timeout,
+            client_timeout: opts.client_timeout,
             max_retries: opts.max_retries,
+            seen,
+            undecodable: Mutex::new(HashSet::new()),
+            in_doubt: Default::default(),
+        }
+    }
+
+    fn undecodable(&self) -> std::sync::MutexGuard<'_, HashSet<(TenantId, Key)>> {
+        self.undecodable.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes a record that does not decode: every call on its key is then
+    /// refused (`record_refused`), never treated as absent.
+    pub(crate) fn refuse_undecodable(&self, tenant: &TenantId, key: &Key, e: &PgError) {
+        if self.undecodable().insert((tenant.clone(), key.clone())) {
+            tracing::error!(tenant = tenant.as_str(), key = key.as_str(), error = %e,
+                "a stored record does not decode; calls on its key are refused");
         }
     }
 }
@@ -59,14 +103,17 @@ impl Inner {
 pub(crate) struct Conn {
     obj: Option<Object>,
     clean: bool,
+    /// Client-side deadline of each round trip on this connection.
+    timeout: Duration,
 }
 
 impl Conn {
-    pub(crate) async fn get(pool: &Pool) -> Result<Conn, PgError> {
-        let obj = pool.get().await.map_err(|e| PgError::Pool(e.to_string()))?;
+    pub(crate) async fn get(pool: &Pool, timeout: Duration) -> Result<Conn, PgError> {
+        let obj = pool.get().await.map_err(PgError::from_pool)?;
         Ok(Conn {
             obj: Some(obj),
             clean: false,
+            timeout,
         })
     }
     fn obj(&self) -> &Object {
@@ -75,8 +122,16 @@ impl Conn {
     pub(crate) fn client(&self) -> &Client {
         self.obj()
     }
+    /// Runs one round trip under the client-side deadline. Past it the
+    /// caller gets `PgError::Timeout` and must drop the connection (a
+    /// silent server or network is never waited on for longer).
+    pub(crate) async fn within<T>(&self, fut: impl Future<Output = T>) -> Result<T, PgError> {
+        tokio::time::timeout(self.timeout, fut)
+            .await
+            .map_err(|_| PgError::Timeout(self.timeout))
+    }
     pub(crate) async fn prepare(&self, sql: &str) -> Result<tokio_postgres::Statement, PgError> {
-        Ok(self.obj().prepare_cached(sql).await?)
+        Ok(self.within(self.obj().prepare_cached(sql)).await??)
     }
     /// Marks the connection reusable (no transaction open).
     pub(crate) fn done(mut self) {
@@ -84,7 +139,7 @@ impl Conn {
     }
     /// Rolls back; the connection is reused only if that worked.
     pub(crate) async fn rollback(self, sql: &Sql) {
-        if self.client().batch_execute(sql.rollback).await.is_ok() {
+        if let Ok(Ok(())) = self.within(self.client().batch_execute(sql.rollback)).await {
             self.done();
         }
     }
@@ -117,7 +172,7 @@ pub(crate) fn transient(e: &PgError) -> bool {
                     || c.code().starts_with("08")
             }
         },
-        PgError::Raced(_) => true,
+        PgError::Raced(_) | PgError::Timeout(_) | PgError::NotCommitted(_) => true,
         _ => false,
     }
 }
@@ -262,10 +317,12 @@ async fn attempt(
     plan: &mut Plan,
 ) -> Result<Step, PgError> {
     let sql = &inner.sql;
-    let conn = Conn::get(&inner.pool).await?;
+    let conn = Conn::get(&inner.pool, inner.client_timeout).await?;
     let c = conn.client();
     let t = tenant.as_str();
     let target = cmd.target();
+    // The server this transaction runs on, as far as the store knows.
+    let seen = inner.seen.get();
     let (row_key, is_record) = match target {
         Target::Record(k) => (Some(k.as_str()), true),
         Target::Task(task) => (Some(task.as_str()), false),
@@ -277,7 +334,7 @@ async fn attempt(
         // again under the row lock.
         let st = conn.prepare(&sql.peek_owner).await?;
         let key = row_key.expect("record target");
-        match c.query_opt(&st, &[&t, &key]).await {
+        match conn.within(c.query_opt(&st, &[&t, &key])).await? {
             Ok(row) => {
                 if let Some(owner) = row.and_then(|r| r.get::<_, Option<String>>(0)) {
                     let p = Principal::new(owner)
@@ -324,28 +381,35 @@ async fn attempt(
     // locks are held, which is what makes the reads current.
     let key_param = row_key.unwrap_or("");
     let ctx_params: [&(dyn ToSql + Sync); 3] = [&t, &names, &wants_fence];
-    let (r_begin, r_lock, r_ins, r_sel, r_ctx) = futures::join!(
-        c.batch_execute(sql.begin),
-        async {
-            match &lock_st {
-                Some(st) => c.execute(st, &[&keys, &modes]).await.map(Some),
-                None => Ok(None),
-            }
-        },
-        async {
-            match &ins_st {
-                Some(st) => c.execute(st, &[&t, &key_param]).await.map(Some),
-                None => Ok(None),
-            }
-        },
-        async {
-            match &sel_st {
-                Some(st) => c.query_opt(st, &[&t, &key_param]).await.map(Some),
-                None => Ok(None),
-            }
-        },
-        c.query(&ctx_st, &ctx_params),
-    );
+    let round1 = conn.within(async {
+        futures::join!(
+            c.batch_execute(&sql.begin),
+            async {
+                match &lock_st {
+                    Some(st) => c.execute(st, &[&keys, &modes]).await.map(Some),
+                    None => Ok(None),
+                }
+            },
+            async {
+                match &ins_st {
+                    Some(st) => c.execute(st, &[&t, &key_param]).await.map(Some),
+                    None => Ok(None),
+                }
+            },
+            async {
+                match &sel_st {
+                    Some(st) => c.query_opt(st, &[&t, &key_param]).await.map(Some),
+                    None => Ok(None),
+                }
+            },
+            c.query(&ctx_st, &ctx_params),
+        )
+    });
+    // Past the deadline nothing has committed: drop the connection, run again.
+    let (r_begin, r_lock, r_ins, r_sel, r_ctx) = match round1.await {
+        Ok(r) => r,
+        Err(e) => return Ok(Step::Retry(e)),
+    };
     let loaded = (|| -> Result<(Option<Option<Row>>, Vec<Row>), tokio_postgres::Error> {
         r_begin?;
         r_lock?;
@@ -366,17 +430,30 @@ async fn attempt(
         .first()
         .ok_or_else(|| PgError::Corrupt("context query returned no row".into()))?;
     let db_now: i64 = first.get(0);
-    let xid: i64 = first.get(1);
+    let durability: String = first.get(1);
     let fence: Option<i64> = first.get(2);
     let now = now_from(inner, db_now);
+    if let Err(e) = check_durability(&durability) {
+        conn.rollback(sql).await;
+        return Err(e);
+    }
 
     let mut state = OpState::default();
     let (format, value): (Option<i16>, Option<Vec<u8>>) = match sel_row.flatten() {
         Some(r) => (r.get(0), r.get(1)),
         None => (None, None),
     };
-    if is_record {
-        state.record = codec::decode_record(format, value.as_deref())?;
+    if let Target::Record(key) = target {
+        match codec::decode_record(format, value.as_deref()) {
+            Ok(r) => state.record = r,
+            Err(e) => {
+                // Never treated as absent (the key could be claimed again),
+                // never written over: refused.
+                inner.refuse_undecodable(tenant, key, &e);
+                conn.rollback(sql).await;
+                return Ok(Step::Done(Reply::Refused(RefusalCode::RecordRefused)));
+            }
+        }
     } else if matches!(target, Target::Task(_)) {
         state.warnings = codec::decode_warnings(format, value.as_deref())?;
     }
@@ -484,6 +561,7 @@ async fn attempt(
     let del_st = conn.prepare(&sql.delete_record).await?;
     let raise_st = conn.prepare(&sql.raise_principal).await?;
     let warn_st = conn.prepare(&sql.update_warnings).await?;
+    let token_st = conn.prepare(&sql.insert_token).await?;
     let fmt = FORMAT;
     let key_params: [&(dyn ToSql + Sync); 2] = [&t, &key_param];
     let rec_params: Vec<&(dyn ToSql + Sync)> = match &record_write {
@@ -500,6 +578,7 @@ async fn attempt(
             &cols.updated_at,
             &cols.collect_at,
             &cols.receipt_at,
+            &cols.disputed,
         ],
         _ => Vec::new(),
     };
@@ -511,6 +590,12 @@ async fn attempt(
         .iter()
         .map(|(p, g, m, v)| [&t as _, p as _, g as _, m as _, v as _])
         .collect();
+
+    // The commit token, written with the writes: after a lost COMMIT answer
+    // its presence (never the transaction id) says whether this committed.
+    let token = Token::new(db_now);
+    let token_bytes: &[u8] = &token.bytes;
+    let token_params: [&(dyn ToSql + Sync); 2] = [&token.at, &token_bytes];
 
     let mut labels: Vec<&'static str> = Vec::new();
     let mut futs: Vec<Pending<'_, u64>> = Vec::new();
@@ -533,11 +618,16 @@ async fn attempt(
         labels.push("principal generation");
         futs.push(Box::pin(c.execute(&raise_st, p)));
     }
-    let (write_results, commit_result) =
-        futures::join!(futures::future::join_all(futs), c.batch_execute(sql.commit));
+    labels.push("commit token");
+    futs.push(Box::pin(c.execute(&token_st, &token_params)));
+    let r = conn
+        .within(async {
+            futures::join!(futures::future::join_all(futs), c.batch_execute(sql.commit))
+        })
+        .await;
 
-    match commit_result {
-        Ok(()) => {
+    match doubt::finish(inner, conn, r, &token, seen.as_ref()).await? {
+        Commit::Answered(write_results) => {
             // The server answered COMMIT. If a write had failed, that COMMIT
             // was a rollback: the command did not happen.
             for (r, label) in write_results.into_iter().zip(&labels) {
@@ -545,77 +635,30 @@ async fn attempt(
                     Ok(1) => {}
                     Ok(n) => {
                         // Cannot happen under the locks held; fail closed.
-                        conn.done();
                         return Err(PgError::Corrupt(format!(
                             "{label} write touched {n} rows, expected 1"
                         )));
                     }
-                    Err(e) => {
-                        conn.done();
-                        return Ok(Step::Retry(e.into()));
-                    }
+                    Err(e) => return Ok(Step::Retry(e.into())),
                 }
             }
-            conn.done();
             Ok(Step::Done(applied.reply))
         }
-        Err(e) => {
-            if let Some(db) = e.as_db_error()
-                && db.code().code().starts_with("40")
-            {
-                // A rollback class error on COMMIT: definitely not committed.
-                return Ok(Step::Retry(e.into()));
-            }
-            // The connection died (or the server ended the session) while
-            // COMMIT was in flight: it may have committed. Ask.
-            drop(conn);
-            match resolve_in_doubt(inner, xid).await {
-                Ok(true) => {
-                    // Committed, so every write in it succeeded.
-                    Ok(Step::Done(applied.reply))
-                }
-                Ok(false) => Ok(Step::Retry(e.into())),
-                Err(reason) => Err(PgError::InDoubt { xid, reason }),
-            }
-        }
+        // Committed, so every write in it succeeded.
+        Commit::Committed => Ok(Step::Done(applied.reply)),
+        Commit::NotCommitted(e) => Ok(Step::Retry(e)),
     }
 }
 
-/// Asks a fresh connection whether transaction `xid` committed. Returns
-/// `Ok(true)` only when PostgreSQL says `committed` — then the commit is
-/// durable, since with `synchronous_commit=on` a transaction becomes
-/// visible as committed only after its commit record is flushed.
-pub(crate) async fn resolve_in_doubt(inner: &Inner, xid: i64) -> Result<bool, String> {
-    let deadline = Instant::now() + inner.in_doubt_timeout;
-    let mut last: String;
-    loop {
-        match Conn::get(&inner.pool).await {
-            Ok(conn) => {
-                let r = conn
-                    .client()
-                    .query_one(inner.sql.xact_status, &[&xid.to_string()])
-                    .await;
-                match r {
-                    Ok(row) => {
-                        conn.done();
-                        match row.get::<_, Option<String>>(0).as_deref() {
-                            Some("committed") => return Ok(true),
-                            Some("aborted") => return Ok(false),
-                            // The old backend has not noticed the lost connection yet.
-                            Some("in progress") => last = "still in progress".into(),
-                            // Too old to know (wrapped around): cannot decide.
-                            _ => return Err("the transaction's status is no longer known".into()),
-                        }
-                    }
-                    Err(e) => last = e.to_string(),
-                }
-            }
-            Err(e) => last = e.to_string(),
-        }
-        if Instant::now() >= deadline {
-            return Err(last);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+/// Refuses a transaction that would not be durable: `durability` is
+/// `fsync/synchronous_commit` as read inside it (after `SET LOCAL`).
+pub(crate) fn check_durability(durability: &str) -> Result<(), PgError> {
+    match durability {
+        "on/on" => Ok(()),
+        other => Err(PgError::NotDurable(format!(
+            "a transaction ran with fsync/synchronous_commit = {other}: its commit would \
+             not survive a crash; settle refuses to serve until both are on"
+        ))),
     }
 }
 
@@ -626,9 +669,17 @@ where
     F: Fn(Conn) -> Fut,
     Fut: Future<Output = Result<T, PgError>>,
 {
+    read_on(inner, &inner.pool, f).await
+}
+
+async fn read_on<T, F, Fut>(inner: &Inner, pool: &Pool, f: F) -> Result<T, PgError>
+where
+    F: Fn(Conn) -> Fut,
+    Fut: Future<Output = Result<T, PgError>>,
+{
     let mut retries = 0;
     loop {
-        let r = match Conn::get(&inner.pool).await {
+        let r = match Conn::get(pool, inner.client_timeout).await {
             Ok(conn) => f(conn).await,
             Err(e) => Err(e),
         };
@@ -652,12 +703,20 @@ pub async fn get(
         // One statement, one snapshot: the record and its owner's
         // generation as of the same instant, and the clock read after it.
         let row = conn
-            .client()
-            .query_one(&st, &[&tenant.as_str(), &key.as_str()])
-            .await?;
+            .within(
+                conn.client()
+                    .query_one(&st, &[&tenant.as_str(), &key.as_str()]),
+            )
+            .await??;
         conn.done();
         let now = now_from(inner, row.get(0));
-        let record = codec::decode_record(row.get(1), row.get::<_, Option<&[u8]>>(2))?;
+        let record = match codec::decode_record(row.get(1), row.get::<_, Option<&[u8]>>(2)) {
+            Ok(r) => r,
+            Err(e) => {
+                inner.refuse_undecodable(tenant, key, &e);
+                return Ok(Err(RefusalCode::RecordRefused));
+            }
+        };
         let mut principals = Principals::new();
         if let Some(r) = &record {
             principals.insert(
@@ -678,9 +737,11 @@ pub async fn warnings(
     read(inner, |conn| async move {
         let st = conn.prepare(&inner.sql.warnings).await?;
         let row = conn
-            .client()
-            .query_opt(&st, &[&tenant.as_str(), &task.as_str()])
-            .await?;
+            .within(
+                conn.client()
+                    .query_opt(&st, &[&tenant.as_str(), &task.as_str()]),
+            )
+            .await??;
         conn.done();
         match row {
             Some(r) => codec::decode_warnings(r.get(0), r.get::<_, Option<&[u8]>>(1)),
@@ -693,11 +754,46 @@ pub async fn warnings(
 pub async fn now(inner: &Inner) -> Result<Timestamp, PgError> {
     read(inner, |conn| async move {
         let st = conn.prepare(&inner.sql.now).await?;
-        let row = conn.client().query_one(&st, &[]).await?;
+        let row = conn.within(conn.client().query_one(&st, &[])).await??;
         conn.done();
         Ok(now_from(inner, row.get(0)))
     })
     .await
+}
+
+/// Readiness: the database answers within the deadline, is writable (not a
+/// standby), runs with `fsync=on`, and a transaction of this store really
+/// runs with `synchronous_commit=on`. Asked on a reserved connection: a
+/// pool busy with commands is overloaded, not unready.
+pub async fn health(inner: &Inner) -> Result<(), PgError> {
+    let server = read_on(inner, &inner.doubt_pool, |conn| async move {
+        let c = conn.client();
+        let (b, server, durability) = conn
+            .within(async {
+                futures::join!(
+                    c.batch_execute(&inner.sql.begin),
+                    Server::read(c, inner.sql.server),
+                    c.query_one(&inner.sql.durability, &[]),
+                )
+            })
+            .await?;
+        b?;
+        let server = server?;
+        let durability: String = durability?.get(0);
+        conn.rollback(&inner.sql).await;
+        check_durability(&durability)?;
+        Ok(server)
+    })
+    .await?;
+    if let Some(refusal) = server.refusal() {
+        return Err(PgError::NotDurable(refusal));
+    }
+    if server.in_recovery {
+        return Err(PgError::NotWritable(
+            "the server is a standby in recovery".into(),
+        ));
+    }
+    Ok(())
 }
 
 fn ids(rows: Vec<Row>) -> Result<Vec<(TenantId, Key)>, PgError> {
@@ -714,65 +810,141 @@ fn ids(rows: Vec<Row>) -> Result<Vec<(TenantId, Key)>, PgError> {
 
 /// Finds candidates with indexed queries, then runs `expire`/`collect`
 /// through the core, each in its own transaction (the core decides; a
-/// candidate that changed meanwhile is simply left alone).
+/// candidate that changed meanwhile is simply left alone). A record that
+/// does not decode is skipped (and counted in `stats`), never a reason to
+/// stop; commit tokens past their retention are deleted.
 pub async fn sweep(inner: &Inner) -> Result<SweepReport, PgError> {
     let skew = inner.clock.skew_ms();
+    let bad: HashSet<(TenantId, Key)> = inner.undecodable().clone();
+    // Records in an unknown format are never candidates (the queries ask
+    // for format 1); known undecodable ones are fetched over and skipped.
+    let limit = SWEEP_BATCH + bad.len() as i64;
     let (due, revoked, collect) = read(inner, |conn| async move {
         let c = conn.client();
-        let due = c
-            .query(&inner.sql.due_leases, &[&skew, &SWEEP_BATCH])
+        let with_skew: [&(dyn ToSql + Sync); 2] = [&skew, &limit];
+        let only_limit: [&(dyn ToSql + Sync); 1] = [&limit];
+        let (due, revoked, collect) = conn
+            .within(async {
+                futures::join!(
+                    c.query(&inner.sql.due_leases, &with_skew),
+                    c.query(&inner.sql.revoked_leases, &only_limit),
+                    c.query(&inner.sql.due_collections, &with_skew),
+                )
+            })
             .await?;
-        let revoked = c.query(&inner.sql.revoked_leases, &[&SWEEP_BATCH]).await?;
-        let collect = c
-            .query(&inner.sql.due_collections, &[&skew, &SWEEP_BATCH])
-            .await?;
+        let (due, revoked, collect) = (due?, revoked?, collect?);
         conn.done();
         Ok((ids(due)?, ids(revoked)?, ids(collect)?))
     })
     .await?;
     let mut report = SweepReport::default();
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     for (t, key) in due.into_iter().chain(revoked) {
-        if !seen.insert((t.clone(), key.clone())) {
+        if bad.contains(&(t.clone(), key.clone())) || !seen.insert((t.clone(), key.clone())) {
             continue;
         }
-        if let Reply::Expired { ended: true } = execute(inner, &t, &Command::Expire { key }).await?
+        if let Reply::Expired { ended: true } =
+            sweep_one(inner, &t, Command::Expire { key }).await?
         {
             report.expired += 1;
         }
     }
     for (t, key) in collect {
+        if bad.contains(&(t.clone(), key.clone())) {
+            continue;
+        }
         if let Reply::Collected { removed: true } =
-            execute(inner, &t, &Command::Collect { key }).await?
+            sweep_one(inner, &t, Command::Collect { key }).await?
         {
             report.collected += 1;
         }
     }
+    let expired_tokens = read(inner, |conn| async move {
+        let st = conn.prepare(&inner.sql.expire_tokens).await?;
+        let n = conn
+            .within(
+                conn.client()
+                    .execute(&st, &[&TOKEN_RETENTION_MS, &TOKEN_SWEEP_BATCH]),
+            )
+            .await??;
+        conn.done();
+        Ok(n)
+    })
+    .await?;
+    if expired_tokens > 0 {
+        tracing::debug!(expired_tokens, "sweep deleted old commit tokens");
+    }
     Ok(report)
+}
+
+/// One sweep command. A problem of this one record (it does not decode,
+/// a stored field is corrupt) is logged and skipped; anything else (the
+/// database is unreachable) stops the pass.
+async fn sweep_one(inner: &Inner, t: &TenantId, cmd: Command) -> Result<Reply, PgError> {
+    match execute(inner, t, &cmd).await {
+        Err(e @ PgError::Corrupt(_)) => {
+            tracing::error!(tenant = t.as_str(), command = cmd.name(), error = %e,
+                "the sweep skipped a record it cannot process");
+            Ok(Reply::Refused(RefusalCode::RecordRefused))
+        }
+        other => other,
+    }
 }
 
 pub async fn stats(inner: &Inner, stuck_after_ms: u64) -> Result<StoreStats, PgError> {
     let skew = inner.clock.skew_ms();
     let stuck = i64::try_from(stuck_after_ms).unwrap_or(i64::MAX);
-    read(inner, |conn| async move {
-        let row = conn
-            .client()
-            .query_one(&inner.sql.stats, &[&skew, &stuck])
-            .await?;
-        conn.done();
-        let n = |i: usize| row.get::<_, i64>(i).max(0) as u64;
-        Ok(StoreStats {
-            open: n(0),
-            pending: n(1),
-            unknown: n(2),
-            conflict: n(3),
-            reconcile_required: n(4),
-            stuck: n(5),
-            refused: n(6),
-            // Counted by the trust work (issue 8): a disputed gauge and the
-            // undecodable records skipped by the sweep.
-            ..StoreStats::default()
-        })
+    let (tenants, keys): (Vec<String>, Vec<String>) = inner
+        .undecodable()
+        .iter()
+        .map(|(t, k)| (t.as_str().to_string(), k.as_str().to_string()))
+        .unzip();
+    let (row, recheck) = read(inner, |conn| {
+        let (tenants, keys) = (&tenants, &keys);
+        async move {
+            let c = conn.client();
+            let stats_params: [&(dyn ToSql + Sync); 2] = [&skew, &stuck];
+            let recheck_params: [&(dyn ToSql + Sync); 2] = [tenants, keys];
+            let (row, recheck) = conn
+                .within(async {
+                    futures::join!(
+                        c.query_one(&inner.sql.stats, &stats_params),
+                        c.query(&inner.sql.recheck, &recheck_params),
+                    )
+                })
+                .await?;
+            let (row, recheck) = (row?, recheck?);
+            conn.done();
+            Ok((row, recheck))
+        }
     })
-    .await
+    .await?;
+    // Known undecodable records of the current format (others are counted by
+    // SQL): dropped from the set once fixed or deleted by an operator.
+    let mut still_bad = HashSet::new();
+    for r in &recheck {
+        if r.get::<_, Option<i16>>(2) == Some(FORMAT)
+            && codec::decode_record(r.get(2), r.get::<_, Option<&[u8]>>(3)).is_err()
+            && let (Ok(t), Ok(k)) = (
+                TenantId::new(r.get::<_, String>(0)),
+                Key::new(r.get::<_, String>(1)),
+            )
+        {
+            still_bad.insert((t, k));
+        }
+    }
+    let garbled = still_bad.len() as u64;
+    inner.undecodable().retain(|id| still_bad.contains(id));
+    let n = |i: usize| row.get::<_, i64>(i).max(0) as u64;
+    Ok(StoreStats {
+        open: n(0),
+        pending: n(1),
+        unknown: n(2),
+        conflict: n(3),
+        reconcile_required: n(4),
+        stuck: n(5),
+        refused: n(6),
+        disputed: n(7),
+        undecodable: n(8) + garbled,
+    })
 }

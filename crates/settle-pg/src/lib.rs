@@ -9,13 +9,19 @@
 //!    target row (`INSERT … ON CONFLICT DO NOTHING` of a placeholder for a
 //!    key that may not exist yet, then `SELECT … FOR UPDATE`).
 //! 2. In the same round trip, read the principal rows, the database clock
-//!    (`clock_timestamp()`), the transaction id (for in-doubt commits) and,
-//!    for a claim, the next fence from a sequence — all after the locks.
-//! 3. Call the core, then send the writes and `COMMIT` in one round trip,
-//!    with `synchronous_commit=on` forced on every connection.
-//! 4. Answer only after `COMMIT` returned. A connection lost during the
-//!    commit is resolved with `pg_xact_status` on a fresh connection: the
-//!    reply is returned only if the transaction is known to have committed.
+//!    (`clock_timestamp()`), the durability settings in force and, for a
+//!    claim, the next fence from a sequence — all after the locks. Every
+//!    transaction sets `synchronous_commit=on` and its timeouts itself
+//!    (`SET LOCAL`) and is refused unless `fsync` and `synchronous_commit`
+//!    read back `on`.
+//! 3. Call the core, then send the writes, a unique commit token and
+//!    `COMMIT` in one round trip.
+//! 4. Answer only after `COMMIT` returned. A COMMIT whose answer is lost
+//!    (connection dropped, silent past `client_timeout`) is resolved on a
+//!    reserved connection by its token — never by transaction id, which
+//!    PostgreSQL reuses after a crash: the reply is returned only if the
+//!    token shows the transaction committed, and after a later commit of
+//!    the probe's own made that durable; otherwise `StoreError::InDoubt`.
 //!
 //! With group commit (the default, [`PgOptions::group_commit`]), concurrent
 //! claims and settlements share one transaction: the same principal locks,
@@ -36,21 +42,24 @@
 mod batch;
 pub mod bench;
 mod codec;
+mod doubt;
 mod engine;
 mod lock;
 mod schema;
+mod session;
 mod sql;
 
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime, TimeoutType,
+};
 use settle_core::{
     Command, Key, Limits, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning,
 };
 use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
-use tokio_postgres::NoTls;
 
 pub use codec::{FORMAT, FORMAT_POSTCARD_V1, FORMAT_POSTCARD_V2};
 pub use schema::SCHEMA_VERSION;
@@ -69,8 +78,29 @@ pub struct PgOptions {
     /// Shown in `pg_stat_activity`.
     pub application_name: String,
     pub connect_timeout: Duration,
-    /// How long to keep asking whether an in-doubt commit committed.
+    /// How long to keep asking whether an in-doubt commit committed (at
+    /// most 2 minutes). Keep it above `idle_in_transaction_timeout`: a
+    /// COMMIT that never reached the server is known to have failed only
+    /// once the server ended that session.
     pub in_doubt_timeout: Duration,
+    /// Server-side `statement_timeout` of every statement. PostgreSQL lifts
+    /// it before the commit itself, so it never cuts short a COMMIT waiting
+    /// for a synchronous standby (which would keep the commit "locally").
+    pub statement_timeout: Duration,
+    /// Server-side `lock_timeout`: a command waiting longer for a row or
+    /// principal lock fails (and is retried, up to `max_retries`).
+    pub lock_timeout: Duration,
+    /// Server-side `idle_in_transaction_session_timeout`: a session whose
+    /// client went silent in the middle of a transaction is ended, and its
+    /// locks released, after this long.
+    pub idle_in_transaction_timeout: Duration,
+    /// Client-side deadline of each round trip (COMMIT included): past it
+    /// the connection is dropped, and a COMMIT in flight is resolved as in
+    /// doubt. Covers what the server-side timeouts cannot: a silent network.
+    pub client_timeout: Duration,
+    /// Connections reserved for resolving in-doubt commits (and for
+    /// `health`), so that those checks never queue behind commands in the pool.
+    pub in_doubt_connections: usize,
     /// Retries of a command that failed before its commit was sent
     /// (lost connection, deadlock, serialization failure).
     pub max_retries: u32,
@@ -84,6 +114,63 @@ pub struct PgOptions {
     pub group_commit_workers: usize,
     /// At most this many commands per grouped transaction.
     pub max_batch: usize,
+    /// Commands waiting for group commit at most; past it calls answer
+    /// `StoreError::Overloaded` (503 with Retry-After) instead of queueing.
+    pub group_commit_queue: usize,
+}
+
+/// The most any timeout may be: commit tokens are kept far longer
+/// (`engine::TOKEN_RETENTION_MS`) than a transaction can outlive its client.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(120);
+
+impl PgOptions {
+    pub(crate) fn settings(&self) -> sql::Settings {
+        let ms = |d: Duration| d.as_millis() as u64;
+        sql::Settings {
+            statement_timeout_ms: ms(self.statement_timeout),
+            lock_timeout_ms: ms(self.lock_timeout),
+            idle_in_transaction_timeout_ms: ms(self.idle_in_transaction_timeout),
+            // A probe that meets the interrupted transaction still running
+            // gives up soon and asks again.
+            probe_lock_timeout_ms: ms(self.lock_timeout.min(Duration::from_millis(500))),
+        }
+    }
+
+    fn validate(&self) -> Result<(), PgError> {
+        if self.pool_size == 0 {
+            return Err(PgError::Option("pool_size must be at least 1".into()));
+        }
+        if self.in_doubt_connections == 0 {
+            return Err(PgError::Option(
+                "in_doubt_connections must be at least 1".into(),
+            ));
+        }
+        if self.group_commit_queue == 0 {
+            return Err(PgError::Option(
+                "group_commit_queue must be at least 1".into(),
+            ));
+        }
+        for (name, d) in [
+            ("connect_timeout", self.connect_timeout),
+            ("in_doubt_timeout", self.in_doubt_timeout),
+            ("statement_timeout", self.statement_timeout),
+            ("lock_timeout", self.lock_timeout),
+            (
+                "idle_in_transaction_timeout",
+                self.idle_in_transaction_timeout,
+            ),
+            ("client_timeout", self.client_timeout),
+        ] {
+            // 0 would mean "no timeout" to PostgreSQL: never.
+            if d < Duration::from_millis(1) || d > MAX_TIMEOUT {
+                return Err(PgError::Option(format!(
+                    "{name} must be between 1 ms and {} s, not {d:?}",
+                    MAX_TIMEOUT.as_secs()
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for PgOptions {
@@ -95,11 +182,17 @@ impl Default for PgOptions {
             schema: "settle".to_string(),
             application_name: "settle".to_string(),
             connect_timeout: Duration::from_secs(5),
-            in_doubt_timeout: Duration::from_secs(10),
+            in_doubt_timeout: Duration::from_secs(15),
+            statement_timeout: Duration::from_secs(10),
+            lock_timeout: Duration::from_secs(5),
+            idle_in_transaction_timeout: Duration::from_secs(5),
+            client_timeout: Duration::from_secs(15),
+            in_doubt_connections: 1,
             max_retries: 5,
             group_commit: true,
             group_commit_workers: 1,
             max_batch: 64,
+            group_commit_queue: 4096,
         }
     }
 }
@@ -116,7 +209,17 @@ pub enum PgError {
     Option(String),
     #[error("connection pool: {0}")]
     Pool(String),
-    #[error("database: {0}")]
+    /// Every pooled connection stayed busy for the whole wait (`client_timeout`).
+    #[error("every pooled connection stayed busy for the whole wait")]
+    Busy,
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The server does not store commits durably; nothing was written.
+    #[error("not durable: {0}")]
+    NotDurable(String),
+    #[error("the database accepts no writes: {0}")]
+    NotWritable(String),
+    #[error("database: {}", db_message(.0))]
     Db(#[from] tokio_postgres::Error),
     #[error("corrupt data: {0}")]
     Corrupt(String),
@@ -125,8 +228,11 @@ pub enum PgError {
     /// The connection died while COMMIT was in flight and its outcome could
     /// not be learned in time. The command may or may not have taken effect;
     /// retrying it is safe (the rules make every call idempotent or refuse it).
-    #[error("commit outcome unknown (transaction {xid}): {reason}")]
-    InDoubt { xid: i64, reason: String },
+    #[error("commit outcome unknown: {reason}")]
+    InDoubt { reason: String },
+    /// COMMIT's answer was lost, and its token shows it did not commit.
+    #[error("the commit did not happen: {0}")]
+    NotCommitted(String),
     /// A concurrent transaction created a row this one needed; run again.
     #[error("raced with a concurrent insert of {0}")]
     Raced(String),
@@ -134,13 +240,37 @@ pub enum PgError {
     Exhausted(u32, String),
 }
 
+/// The server's message and SQLSTATE (tokio-postgres shows only "db error");
+/// never its DETAIL, which can carry row values.
+fn db_message(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => e.to_string(),
+    }
+}
+
 impl From<PgError> for StoreError {
     fn from(e: PgError) -> StoreError {
         match e {
             PgError::Corrupt(m) => StoreError::Corrupt(m),
+            PgError::InDoubt { reason } => StoreError::InDoubt(reason),
+            PgError::Busy => StoreError::Overloaded {
+                retry_after_ms: 1000,
+            },
             other => StoreError::Database(other.to_string()),
         }
     }
+}
+
+/// COMMITs whose answer was lost, by how their token resolved them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InDoubtCounts {
+    /// Found committed (the reply was returned).
+    pub committed: u64,
+    /// Found not committed (the command ran again).
+    pub not_committed: u64,
+    /// Not known within `in_doubt_timeout`: the caller got `InDoubt`.
+    pub unresolved: u64,
 }
 
 /// The PostgreSQL [`Store`]. Cheap to clone; clones share the pool.
@@ -174,14 +304,12 @@ impl PgStore {
         if !valid_schema(&opts.schema) {
             return Err(PgError::Schema(opts.schema));
         }
-        if opts.pool_size == 0 {
-            return Err(PgError::Option("pool_size must be at least 1".into()));
-        }
+        opts.validate()?;
         let mut cfg =
             tokio_postgres::Config::from_str(url).map_err(|e| PgError::Url(e.to_string()))?;
-        // Durability is this store's contract, whatever the server's default:
-        // COMMIT returns only after the WAL is flushed (and, with a
-        // synchronous standby configured, acknowledged by it).
+        // Durability and the timeouts are set per transaction (SET LOCAL),
+        // where no pooler can drop them, and verified inside it; the
+        // startup option is only a default for anything else.
         // Every statement of the store is a key lookup. Prepared statements
         // keep their plan; one planned while a table was nearly empty would
         // otherwise stay a sequential scan as the table grows (until the
@@ -196,37 +324,34 @@ impl PgStore {
             .keepalives(true)
             .keepalives_idle(Duration::from_secs(30));
 
-        let mut client = {
-            let (client, conn) = cfg.connect(NoTls).await?;
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            client
-        };
-        schema::migrate(&mut client, &opts.schema).await?;
-        drop(client);
+        let seen = session::Seen::default();
+        {
+            // Every round trip bounded: a database that hangs (a COMMIT
+            // waiting for an absent synchronous standby) fails `connect`.
+            let d = opts.client_timeout;
+            let (mut client, task) = session::connect(&cfg).await?;
+            let server = tokio::time::timeout(d, session::Server::read(&client, sql::SERVER))
+                .await
+                .map_err(|_| PgError::Timeout(d))??;
+            if let Some(refusal) = server.refusal() {
+                return Err(PgError::NotDurable(refusal));
+            }
+            seen.set(server);
+            schema::migrate(&mut client, &opts.schema, d).await?;
+            drop(client);
+            let _ = task.await;
+        }
 
-        let mgr = Manager::from_config(
-            cfg,
-            NoTls,
-            ManagerConfig {
-                // Dead connections (terminated backend, restart) report
-                // `is_closed` and are dropped when handed back or taken out.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(mgr)
-            .max_size(opts.pool_size)
-            .runtime(Runtime::Tokio1)
-            .create_timeout(Some(opts.connect_timeout))
-            .wait_timeout(Some(opts.connect_timeout * 6))
-            .build()
-            .map_err(|e| PgError::Pool(e.to_string()))?;
-        let group = opts
-            .group_commit
-            .then_some((opts.group_commit_workers, opts.max_batch));
-        let inner = Arc::new(engine::Inner::new(pool, opts));
-        let batcher = group.map(|(w, m)| Arc::new(batch::Batcher::start(inner.clone(), w, m)));
+        let pool = build_pool(&cfg, &opts, opts.pool_size, &seen)?;
+        let doubt_pool = build_pool(&cfg, &opts, opts.in_doubt_connections, &seen)?;
+        let group = opts.group_commit.then_some((
+            opts.group_commit_workers,
+            opts.max_batch,
+            opts.group_commit_queue,
+        ));
+        let inner = Arc::new(engine::Inner::new(pool, doubt_pool, seen, opts));
+        let batcher =
+            group.map(|(w, m, q)| Arc::new(batch::Batcher::start(inner.clone(), w, m, q)));
         Ok(PgStore { inner, batcher })
     }
 
@@ -240,9 +365,78 @@ impl PgStore {
         &self.inner.schema
     }
 
-    /// Closes the pool: in-flight commands finish, later ones fail.
+    /// How the in-doubt commits of this store ended so far.
+    pub fn in_doubt(&self) -> InDoubtCounts {
+        let n = |i: usize| self.inner.in_doubt[i].load(std::sync::atomic::Ordering::Relaxed);
+        InDoubtCounts {
+            committed: n(0),
+            not_committed: n(1),
+            unresolved: n(2),
+        }
+    }
+
+    /// Closes the pools: in-flight commands finish, later ones fail.
     pub fn close(&self) {
         self.inner.pool.close();
+        self.inner.doubt_pool.close();
+    }
+}
+
+/// A pool whose every new connection is watched (`session::Connector`) and
+/// checked: a server running with `fsync=off` is refused.
+fn build_pool(
+    cfg: &tokio_postgres::Config,
+    opts: &PgOptions,
+    size: usize,
+    seen: &session::Seen,
+) -> Result<Pool, PgError> {
+    let mgr = Manager::from_connect(
+        cfg.clone(),
+        session::Connector,
+        ManagerConfig {
+            // Dead connections (terminated backend, restart) report
+            // `is_closed` and are dropped when handed back or taken out.
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let seen = seen.clone();
+    let timeout = opts.client_timeout;
+    Pool::builder(mgr)
+        .max_size(size)
+        .runtime(Runtime::Tokio1)
+        .create_timeout(Some(opts.connect_timeout))
+        .wait_timeout(Some(opts.client_timeout))
+        .post_create(Hook::async_fn(move |client, _| {
+            let seen = seen.clone();
+            Box::pin(async move {
+                let server =
+                    tokio::time::timeout(timeout, session::Server::read(client, sql::SERVER))
+                        .await
+                        .map_err(|_| HookError::message("the new connection did not answer"))?
+                        .map_err(HookError::Backend)?;
+                if let Some(refusal) = server.refusal() {
+                    tracing::error!(%refusal, "refusing a connection");
+                    return Err(HookError::message(refusal));
+                }
+                seen.set(server);
+                Ok(())
+            })
+        }))
+        .build()
+        .map_err(|e| PgError::Pool(e.to_string()))
+}
+
+impl PgError {
+    pub(crate) fn from_pool(e: PoolError) -> PgError {
+        match e {
+            PoolError::Timeout(TimeoutType::Wait) => PgError::Busy,
+            // A connection that cannot be made is a database error (and
+            // transient: the command is retried a few times).
+            PoolError::Backend(e) => PgError::Db(e),
+            PoolError::PostCreateHook(HookError::Backend(e)) => PgError::Db(e),
+            PoolError::PostCreateHook(HookError::Message(m)) => PgError::NotDurable(m.into()),
+            other => PgError::Pool(other.to_string()),
+        }
     }
 }
 
@@ -299,12 +493,7 @@ impl Store for PgStore {
     }
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move {
-            engine::now(&self.inner)
-                .await
-                .map(|_| ())
-                .map_err(Into::into)
-        })
+        Box::pin(async move { Ok(engine::health(&self.inner).await?) })
     }
 }
 

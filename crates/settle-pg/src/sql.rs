@@ -1,6 +1,7 @@
 //! The statements, schema-qualified once at connect. Each is prepared once
 //! per connection (deadpool's statement cache).
 
+use crate::codec::FORMAT;
 use crate::schema::quoted;
 
 /// How the batch write statement says that a row changed under it.
@@ -9,8 +10,31 @@ pub const STALE: &str = "settle: stale batch write:";
 /// The database clock in Unix milliseconds.
 const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
+/// The durability settings in force for this transaction, as
+/// `fsync/synchronous_commit`; anything but `on/on` is refused.
+const DURABILITY: &str = "current_setting('fsync') || '/' || current_setting('synchronous_commit')";
+
+/// The server's durability settings and identity: system identifier (kept
+/// by a promoted standby), postmaster start time (NOT changed by a
+/// crash-restart), whether it is in recovery, and its current timeline
+/// (the first 8 hex digits of the current WAL file name; none on a standby).
+pub const SERVER: &str = "SELECT current_setting('fsync'), current_setting('synchronous_commit'), \
+       (SELECT system_identifier FROM pg_control_system())::text, \
+       pg_postmaster_start_time()::text, pg_is_in_recovery(), \
+       CASE WHEN pg_is_in_recovery() THEN NULL \
+            ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END";
+
 pub struct Sql {
-    pub begin: &'static str,
+    /// `BEGIN` and the settings every transaction runs under (SET LOCAL, so
+    /// that a pooler in front of PostgreSQL cannot drop them).
+    pub begin: String,
+    /// The same for in-doubt probes: a short lock timeout, so a probe that
+    /// meets the interrupted transaction still running gives up and asks again.
+    pub probe_begin: String,
+    /// `COMMIT`, as its own message (after a failed statement it still
+    /// runs, and rolls back). PostgreSQL disables the statement timeout
+    /// before it commits, so a COMMIT waiting for a synchronous standby is
+    /// never cut short by it (checked by `tests/crash.rs`).
     pub commit: &'static str,
     pub rollback: &'static str,
     /// `$1` keys (int8[]), `$2` exclusive? (bool[]), locked in array order.
@@ -20,8 +44,26 @@ pub struct Sql {
     pub lock_record: String,
     pub insert_warnings_placeholder: String,
     pub lock_warnings: String,
-    /// The clock, the transaction id, a fence when `$3`, and the principal rows named in `$2`.
+    /// The clock, the durability settings in force, a fence when `$3`, and
+    /// the principal rows named in `$2`.
     pub context: String,
+    /// This transaction's commit token (`settle_commits`).
+    pub insert_token: String,
+    /// In-doubt probe: claims the token for an abort (`aborted`) unless the
+    /// interrupted transaction wrote it; waits for that transaction if it is
+    /// still running.
+    pub probe_claim: String,
+    /// In-doubt probe: whether the token present is the transaction's own or
+    /// an abort marker.
+    pub probe_read: String,
+    /// Deletes commit tokens older than `$1` ms (at most `$2` of them).
+    pub expire_tokens: String,
+    /// The server's durability settings and identity.
+    pub server: &'static str,
+    /// The durability settings in force for the current transaction.
+    pub durability: String,
+    /// The current rows of records (`$1` tenants, `$2` keys) known not to decode.
+    pub recheck: String,
     pub update_record: String,
     pub delete_record: String,
     pub raise_principal: String,
@@ -29,7 +71,6 @@ pub struct Sql {
     pub get: String,
     pub warnings: String,
     pub now: String,
-    pub xact_status: &'static str,
     pub due_leases: String,
     pub revoked_leases: String,
     pub due_collections: String,
@@ -39,16 +80,39 @@ pub struct Sql {
     pub batch_write: String,
 }
 
+/// What every transaction runs under (see `PgOptions`), in milliseconds.
+pub struct Settings {
+    pub statement_timeout_ms: u64,
+    pub lock_timeout_ms: u64,
+    pub idle_in_transaction_timeout_ms: u64,
+    /// The lock timeout of an in-doubt probe.
+    pub probe_lock_timeout_ms: u64,
+}
+
+fn begin(lock_timeout_ms: u64, s: &Settings) -> String {
+    // READ COMMITTED explicitly: the locking argument relies on each
+    // statement seeing what committed before it started.
+    // set_config(…, true) is SET LOCAL; one statement for all four.
+    format!(
+        "BEGIN ISOLATION LEVEL READ COMMITTED; \
+         SELECT set_config('synchronous_commit', 'on', true), \
+                set_config('lock_timeout', '{lock_timeout_ms}', true), \
+                set_config('statement_timeout', '{}', true), \
+                set_config('idle_in_transaction_session_timeout', '{}', true)",
+        s.statement_timeout_ms, s.idle_in_transaction_timeout_ms
+    )
+}
+
 impl Sql {
-    pub fn new(schema: &str) -> Sql {
+    pub fn new(schema: &str, settings: &Settings) -> Sql {
         let s = quoted(schema);
+        let com = format!("{s}.settle_commits");
         let rec = format!("{s}.settle_records");
         let pri = format!("{s}.settle_principals");
         let war = format!("{s}.settle_warnings");
         Sql {
-            // READ COMMITTED explicitly: the locking argument relies on each
-            // statement seeing what committed before it started.
-            begin: "BEGIN ISOLATION LEVEL READ COMMITTED",
+            begin: begin(settings.lock_timeout_ms, settings),
+            probe_begin: begin(settings.probe_lock_timeout_ms, settings),
             commit: "COMMIT",
             rollback: "ROLLBACK",
             lock_principals: "SELECT CASE WHEN x THEN pg_advisory_xact_lock(k) \
@@ -71,15 +135,33 @@ impl Sql {
             // OFFSET 0 keeps the volatile calls in a subquery evaluated once,
             // whatever the number of principal rows joined to it.
             context: format!(
-                "SELECT c.now_ms, c.xid, c.fence, p.principal, p.generation::text, p.moved_at, p.moves \
-                 FROM (SELECT {NOW_MS} AS now_ms, pg_current_xact_id()::text::int8 AS xid, \
+                "SELECT c.now_ms, c.durability, c.fence, p.principal, p.generation::text, p.moved_at, p.moves \
+                 FROM (SELECT {NOW_MS} AS now_ms, {DURABILITY} AS durability, \
                        CASE WHEN $3 THEN nextval('{s}.settle_fence') END AS fence OFFSET 0) c \
                  LEFT JOIN {pri} p ON p.tenant = $1 AND p.principal = ANY($2::text[])"
+            ),
+            insert_token: format!("INSERT INTO {com} (at, token) VALUES ($1, $2)"),
+            probe_claim: format!(
+                "WITH ins AS (INSERT INTO {com} (at, token, aborted) VALUES ($1, $2, true) \
+                   ON CONFLICT DO NOTHING RETURNING 1) \
+                 SELECT EXISTS (SELECT 1 FROM ins)"
+            ),
+            probe_read: format!("SELECT aborted FROM {com} WHERE at = $1 AND token = $2"),
+            // `at` is the database's own clock (unskewed), as is NOW_MS.
+            expire_tokens: format!(
+                "DELETE FROM {com} WHERE (at, token) IN \
+                   (SELECT at, token FROM {com} WHERE at < {NOW_MS} - $1 ORDER BY at LIMIT $2)"
+            ),
+            server: SERVER,
+            durability: format!("SELECT {DURABILITY}"),
+            recheck: format!(
+                "SELECT tenant, key, format, value FROM {rec} \
+                 WHERE (tenant, key) IN (SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k))"
             ),
             update_record: format!(
                 "UPDATE {rec} SET format = $3, value = $4, owner = $5, status = $6, \
                  reconcile = $7, lease_expires_at = $8, lease_generation = $9::text::numeric, \
-                 updated_at = $10, collect_at = $11, receipt_at = $12 \
+                 updated_at = $10, collect_at = $11, receipt_at = $12, disputed = $13 \
                  WHERE tenant = $1 AND key = $2"
             ),
             delete_record: format!("DELETE FROM {rec} WHERE tenant = $1 AND key = $2"),
@@ -104,20 +186,22 @@ impl Sql {
             ),
             warnings: format!("SELECT format, value FROM {war} WHERE tenant = $1 AND task = $2"),
             now: format!("SELECT {NOW_MS}"),
-            xact_status: "SELECT pg_xact_status($1::text::xid8)",
             due_leases: format!(
                 "SELECT tenant, key FROM {rec} \
-                 WHERE lease_expires_at <= {NOW_MS} + $1 ORDER BY lease_expires_at LIMIT $2"
+                 WHERE lease_expires_at <= {NOW_MS} + $1 AND format = {FORMAT} \
+                 ORDER BY lease_expires_at LIMIT $2"
             ),
             revoked_leases: format!(
                 "SELECT r.tenant, r.key FROM {rec} r \
                  JOIN {pri} p ON p.tenant = r.tenant AND p.principal = r.owner \
                  WHERE r.lease_expires_at IS NOT NULL AND r.lease_generation < p.generation \
+                   AND r.format = {FORMAT} \
                  LIMIT $1"
             ),
             due_collections: format!(
                 "SELECT tenant, key FROM {rec} \
-                 WHERE collect_at <= {NOW_MS} + $1 ORDER BY collect_at LIMIT $2"
+                 WHERE collect_at <= {NOW_MS} + $1 AND format = {FORMAT} \
+                 ORDER BY collect_at LIMIT $2"
             ),
             stats: format!(
                 "WITH c AS (SELECT {NOW_MS} + $1 AS now_ms OFFSET 0) \
@@ -129,15 +213,17 @@ impl Sql {
                    (SELECT count(*) FROM {rec} WHERE status < 3 AND reconcile), \
                    (SELECT count(*) FROM {rec}, c WHERE status < 3 \
                       AND lease_expires_at IS NULL AND greatest(c.now_ms - updated_at, 0) >= $2), \
-                   (SELECT count(*) FROM {rec}, c WHERE receipt_at > c.now_ms)"
+                   (SELECT count(*) FROM {rec}, c WHERE receipt_at > c.now_ms), \
+                   (SELECT count(*) FROM {rec} WHERE disputed), \
+                   (SELECT count(*) FROM {rec} WHERE format <> {FORMAT})"
             ),
             // Group commit reads without row locks (one snapshot, taken
             // after the principal locks) and validates at write time: each
             // row is written only if its xmin is still the one read.
             batch_load: format!(
-                "SELECT c.now_ms, c.xid, c.fences, p.pt, p.pn, p.pg, p.pm, \
+                "SELECT c.now_ms, c.durability, c.fences, p.pt, p.pn, p.pg, p.pm, \
                         r.tenant, r.key, r.format, r.value, r.xmin::text, p.pv \
-                 FROM (SELECT {NOW_MS} AS now_ms, pg_current_xact_id()::text::int8 AS xid, \
+                 FROM (SELECT {NOW_MS} AS now_ms, {DURABILITY} AS durability, \
                        ARRAY(SELECT nextval('{s}.settle_fence') \
                              FROM generate_series(1, $3::int4)) AS fences OFFSET 0) c \
                  CROSS JOIN (SELECT array_agg(tenant) AS pt, array_agg(principal) AS pn, \
@@ -158,26 +244,29 @@ impl Sql {
             batch_write: format!(
                 "WITH w AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], \
                        $4::text[], $5::int2[], $6::bytea[], $7::text[], $8::int2[], $9::bool[], \
-                       $10::int8[], $11::text[], $12::int8[], $13::int8[], $14::int8[]) \
+                       $10::int8[], $11::text[], $12::int8[], $13::int8[], $14::int8[], \
+                       $15::bool[]) \
                      AS w(tenant, key, op, v, format, value, owner, status, reconcile, \
-                          lease_expires_at, lease_generation, updated_at, collect_at, receipt_at)), \
+                          lease_expires_at, lease_generation, updated_at, collect_at, receipt_at, \
+                          disputed)), \
                  upd AS (UPDATE {rec} AS r SET format = w.format, value = w.value, \
                        owner = w.owner, status = w.status, reconcile = w.reconcile, \
                        lease_expires_at = w.lease_expires_at, \
                        lease_generation = w.lease_generation::numeric, updated_at = w.updated_at, \
-                       collect_at = w.collect_at, receipt_at = w.receipt_at \
+                       collect_at = w.collect_at, receipt_at = w.receipt_at, disputed = w.disputed \
                      FROM w WHERE w.op = 'u' AND r.tenant = w.tenant AND r.key = w.key \
                        AND r.xmin::text = w.v RETURNING 1), \
                  ins AS (INSERT INTO {rec} (tenant, key, format, value, owner, status, reconcile, \
-                       lease_expires_at, lease_generation, updated_at, collect_at, receipt_at) \
+                       lease_expires_at, lease_generation, updated_at, collect_at, receipt_at, \
+                       disputed) \
                      SELECT tenant, key, format, value, owner, status, reconcile, lease_expires_at, \
-                       lease_generation::numeric, updated_at, collect_at, receipt_at FROM w \
-                     WHERE op = 'i' AND {NOW_MS} < $15 \
+                       lease_generation::numeric, updated_at, collect_at, receipt_at, disputed \
+                     FROM w WHERE op = 'i' AND {NOW_MS} < $16 \
                      ON CONFLICT DO NOTHING RETURNING 1), \
                  del AS (DELETE FROM {rec} AS r USING w WHERE w.op = 'd' AND r.tenant = w.tenant \
                        AND r.key = w.key AND r.xmin::text = w.v RETURNING 1) \
-                 SELECT CASE WHEN n = $16 THEN n \
-                        ELSE ('{STALE} ' || n || ' of ' || $16 || ' rows')::int8 END \
+                 SELECT CASE WHEN n = $17 THEN n \
+                        ELSE ('{STALE} ' || n || ' of ' || $17 || ' rows')::int8 END \
                  FROM (SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins) \
                             + (SELECT count(*) FROM del) AS n) x"
             ),

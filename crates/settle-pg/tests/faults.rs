@@ -133,7 +133,8 @@ async fn commit_that_never_arrives_is_retried_when_known_aborted() {
     let (store, _clock, _g) = common::store_at(&proxy.url(&common::url()), "retrycommit").await;
     let f = exec_fence(&store, "k").await;
     proxy.arm(Cut::BeforeCommit);
-    // pg_xact_status says aborted, so the command runs again from scratch.
+    // The commit token is not there: it did not commit, so the command
+    // runs again from scratch.
     let rc = receipt(store.execute(&acme(), settle_k("k", f)).await.unwrap());
     assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
     let rec = record(&store, "k").await;
@@ -432,34 +433,211 @@ async fn a_record_from_the_future_is_refused_and_counted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unreadable_record_fails_closed() {
-    let (store, _clock, g) = common::store_at(&common::url(), "corrupt").await;
-    let f = exec_fence(&store, "k").await;
+async fn an_unreadable_record_is_refused_counted_and_skipped_by_the_sweep() {
+    unreadable_records(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_record_is_refused_without_group_commit() {
+    unreadable_records(false).await;
+}
+
+/// Issue 8 item 10: a record that does not decode (an unknown format, or
+/// garbage in the known one) is never treated as absent — every call on its
+/// key is refused with `record_refused` — nothing is written over it, it is
+/// counted, and the sweep skips it and goes on.
+async fn unreadable_records(group: bool) {
+    let (store, clock, g) =
+        common::store_with(&common::url(), "corrupt", |o| o.group_commit = group).await;
     let side = common::side_client().await;
+    // Three leases that will all be due: two get damaged, one stays healthy.
+    let f_alien = exec_fence(&store, "alien").await;
+    let f_garbled = exec_fence(&store, "garbled").await;
+    exec_fence(&store, "healthy").await;
     side.execute(
-        &format!("UPDATE \"{}\".settle_records SET format = 99", g.schema),
+        &format!(
+            "UPDATE \"{}\".settle_records SET format = 99 WHERE key = 'alien'",
+            g.schema
+        ),
         &[],
     )
     .await
     .unwrap();
-    assert!(matches!(
-        store.get(&acme(), &key("k")).await,
-        Err(StoreError::Corrupt(_))
-    ));
-    assert!(matches!(
-        store.execute(&acme(), settle_k("k", f)).await,
-        Err(StoreError::Corrupt(_))
-    ));
-    // Nothing was written over it.
-    let format: i16 = side
-        .query_one(
-            &format!("SELECT format FROM \"{}\".settle_records", g.schema),
+    side.execute(
+        &format!(
+            "UPDATE \"{}\".settle_records SET value = '\\xffffffff' WHERE key = 'garbled'",
+            g.schema
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+
+    for (k, f) in [("alien", f_alien), ("garbled", f_garbled)] {
+        assert_eq!(
+            store.get(&acme(), &key(k)).await.unwrap(),
+            Err(RefusalCode::RecordRefused),
+            "{k}: get"
+        );
+        assert_eq!(
+            store.execute(&acme(), settle_k(k, f)).await.unwrap(),
+            Reply::Refused(RefusalCode::RecordRefused),
+            "{k}: settle"
+        );
+        assert_eq!(
+            store
+                .execute(&acme(), claim(k, 1, binding("alice", 0)))
+                .await
+                .unwrap(),
+            Reply::Refused(RefusalCode::RecordRefused),
+            "{k}: a claim must not take the key as free"
+        );
+        assert_eq!(
+            store
+                .execute(&acme(), heartbeat(k, f, Some(5000)))
+                .await
+                .unwrap(),
+            Reply::Refused(RefusalCode::RecordRefused),
+            "{k}: heartbeat"
+        );
+    }
+    assert_eq!(store.stats(1000).await.unwrap().undecodable, 2);
+
+    // Every lease is past due: the sweep ends the healthy one and skips the two others.
+    clock.advance(3_600_000);
+    let report = store
+        .sweep()
+        .await
+        .expect("the sweep goes on past unreadable records");
+    assert_eq!(report.expired, 1);
+    assert_eq!(record(&store, "healthy").await.status, Status::Unknown);
+    assert_eq!(store.sweep().await.unwrap().expired, 0);
+
+    // Nothing was written over them.
+    let rows = side
+        .query(
+            &format!(
+                "SELECT key, format, value FROM \"{}\".settle_records \
+                 WHERE key IN ('alien', 'garbled') ORDER BY key",
+                g.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows[0].get::<_, i16>(1), 99);
+    assert_eq!(rows[1].get::<_, Vec<u8>>(2), vec![0xff; 4]);
+
+    // Repaired by an operator (here: deleted), it is no longer counted.
+    side.execute(
+        &format!(
+            "DELETE FROM \"{}\".settle_records WHERE key IN ('alien', 'garbled')",
+            g.schema
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.stats(1000).await.unwrap().undecodable, 0);
+}
+
+/// Issue 8 item 15: the disputed gauge is counted from the store, so it
+/// survives a restart of the server (a new store on the same schema).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disputed_gauge_is_counted_from_the_store() {
+    disputed_gauge(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_disputed_gauge_is_counted_without_group_commit() {
+    disputed_gauge(false).await;
+}
+
+async fn disputed_gauge(group: bool) {
+    let (store, _clock, g) =
+        common::store_with(&common::url(), "disputed", |o| o.group_commit = group).await;
+    for i in 0..2 {
+        let k = format!("d-{i}");
+        let f = exec_fence(&store, &k).await;
+        receipt(store.execute(&acme(), settle_k(&k, f)).await.unwrap());
+        assert_eq!(
+            store
+                .execute(&acme(), settle(&k, f, 1, binding("alice", 0), completed(2)))
+                .await
+                .unwrap(),
+            Reply::Refused(RefusalCode::ResultMismatch)
+        );
+        assert!(record(&store, &k).await.disputed);
+        assert_eq!(store.stats(1000).await.unwrap().disputed, i + 1);
+    }
+    let f = exec_fence(&store, "calm").await;
+    receipt(store.execute(&acme(), settle_k("calm", f)).await.unwrap());
+    store.close();
+    let reopened = PgStore::connect(&common::url(), {
+        let mut o = common::options(&g.schema, settle_ledger::Clock::system());
+        o.group_commit = group;
+        o
+    })
+    .await
+    .unwrap();
+    assert_eq!(reopened.stats(1000).await.unwrap().disputed, 2);
+}
+
+/// Migration 2 fills the new `disputed` column from the records already stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_2_backfills_the_disputed_column() {
+    let (store, _clock, g) = common::store_at(&common::url(), "backfill").await;
+    let f = exec_fence(&store, "d").await;
+    receipt(store.execute(&acme(), settle_k("d", f)).await.unwrap());
+    store
+        .execute(
+            &acme(),
+            settle("d", f, 1, binding("alice", 0), completed(2)),
+        )
+        .await
+        .unwrap();
+    let f = exec_fence(&store, "calm").await;
+    receipt(store.execute(&acme(), settle_k("calm", f)).await.unwrap());
+    exec_fence(&store, "open").await;
+    store.close();
+    // Back to the shape of version 1.
+    let side = common::side_client().await;
+    side.batch_execute(&format!(
+        "DROP TABLE \"{s}\".settle_commits; \
+         ALTER TABLE \"{s}\".settle_records DROP COLUMN disputed; \
+         DELETE FROM \"{s}\".settle_schema_version WHERE version = 2;",
+        s = g.schema
+    ))
+    .await
+    .unwrap();
+    let reopened = PgStore::connect(
+        &common::url(),
+        common::options(&g.schema, settle_ledger::Clock::system()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(reopened.stats(1000).await.unwrap().disputed, 1);
+    let flags: Vec<(String, Option<bool>)> = side
+        .query(
+            &format!(
+                "SELECT key, disputed FROM \"{}\".settle_records ORDER BY key",
+                g.schema
+            ),
             &[],
         )
         .await
         .unwrap()
-        .get(0);
-    assert_eq!(format, 99);
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(
+        flags,
+        vec![
+            ("calm".to_string(), Some(false)),
+            ("d".to_string(), Some(true)),
+            ("open".to_string(), Some(false))
+        ]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -468,7 +646,7 @@ async fn a_row_changed_under_a_batch_is_never_overwritten() {
     // xmin. Change the row between the batch's read and its write: the
     // batch must notice, write nothing, and rerun the command on the
     // locking path, which then sees the change (here: an unreadable row,
-    // so the caller gets an error instead of a receipt over it).
+    // so the caller is refused instead of getting a receipt over it).
     let (store, _clock, g) = common::store_at(&common::url(), "cas").await;
     let f = exec_fence(&store, "k").await;
     let mut side = common::side_client().await;
@@ -492,7 +670,7 @@ async fn a_row_changed_under_a_batch_is_never_overwritten() {
     lock_waiter(&watcher, &g.schema).await;
     tx.commit().await.unwrap();
     let r = pending.await.unwrap();
-    assert!(matches!(r, Err(StoreError::Corrupt(_))), "{r:?}");
+    assert_eq!(r.unwrap(), Reply::Refused(RefusalCode::RecordRefused));
     let format: i16 = watcher
         .query_one(
             &format!("SELECT format FROM \"{}\".settle_records", g.schema),
@@ -617,4 +795,271 @@ async fn a_panicking_batch_fails_its_callers_and_group_commit_goes_on() {
     tokio::time::timeout(Duration::from_secs(20), after)
         .await
         .expect("group commit stopped after a panic");
+}
+
+/// Issue 8 item 3: the network goes silent in the middle of a transaction
+/// (the COMMIT is swallowed; nothing is closed). The call must come back
+/// (client-side deadline), and the silent session must not keep its locks
+/// (the server ends it after `idle_in_transaction_timeout`): the token then
+/// shows the transaction did not commit, the command runs again and settles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_before_commit_neither_hangs_nor_keeps_its_locks() {
+    silent(true, Cut::SilentBeforeCommit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_before_commit_without_group_commit() {
+    silent(false, Cut::SilentBeforeCommit).await;
+}
+
+/// The COMMIT got through and committed, then the network went silent: the
+/// call comes back at its deadline, and the token shows it committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_after_commit_is_resolved_as_committed() {
+    silent(true, Cut::SilentAfterCommit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_after_commit_without_group_commit() {
+    silent(false, Cut::SilentAfterCommit).await;
+}
+
+async fn silent(group: bool, cut: Cut) {
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let (store, _clock, _g) = common::store_with(&proxy.url(&common::url()), "silent", |o| {
+        o.group_commit = group;
+        o.client_timeout = Duration::from_millis(1000);
+        o.idle_in_transaction_timeout = Duration::from_millis(1000);
+        o.in_doubt_timeout = Duration::from_secs(10);
+    })
+    .await;
+    let f = exec_fence(&store, "k").await;
+    proxy.arm(cut);
+    let started = Instant::now();
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.execute(&acme(), settle_k("k", f)),
+    )
+    .await
+    .expect("a silent connection stalled the call");
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let rc = receipt(r.unwrap());
+    let rec = record(&store, "k").await;
+    assert_eq!(rec.receipt, Some(rc));
+    assert_eq!(rec.attempts[0].observations.len(), 1, "settled once");
+    let d = store.in_doubt();
+    match cut {
+        Cut::SilentAfterCommit => assert_eq!((d.committed, d.not_committed), (1, 0)),
+        _ => assert_eq!((d.committed, d.not_committed), (0, 1)),
+    }
+    eprintln!(
+        "{cut:?} (group {group}): answered after {:?}",
+        started.elapsed()
+    );
+    proxy.release();
+}
+
+/// Issue 8 item 3: a row lock held elsewhere (a stuck session) makes a
+/// command fail after `lock_timeout`, or after `statement_timeout` when that
+/// is shorter, instead of waiting for as long as the lock is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_fails_the_command_after_the_configured_timeouts() {
+    for group in [true, false] {
+        let (store, _clock, g) = common::store_with(&common::url(), "locktimeout", |o| {
+            o.group_commit = group;
+            o.lock_timeout = Duration::from_millis(300);
+            o.max_retries = 1;
+        })
+        .await;
+        let by_statement = PgStore::connect(&common::url(), {
+            let mut o = common::options(&g.schema, settle_ledger::Clock::system());
+            o.group_commit = group;
+            o.lock_timeout = Duration::from_secs(60);
+            o.statement_timeout = Duration::from_millis(300);
+            o.max_retries = 0;
+            o
+        })
+        .await
+        .unwrap();
+        let f = exec_fence(&store, "k").await;
+        let mut side = common::side_client().await;
+        let tx = block_row(&mut side, &g.schema, "k").await;
+        for (s, what) in [
+            (&store, "lock timeout"),
+            (&by_statement, "statement timeout"),
+        ] {
+            let r = tokio::time::timeout(
+                Duration::from_secs(20),
+                s.execute(&acme(), settle_k("k", f)),
+            )
+            .await
+            .expect("the command waited for the lock");
+            assert!(
+                matches!(&r, Err(StoreError::Database(m)) if m.contains(what)),
+                "group {group}: {r:?}"
+            );
+        }
+        tx.rollback().await.unwrap();
+        receipt(store.execute(&acme(), settle_k("k", f)).await.unwrap());
+    }
+}
+
+/// Issue 8 item 3: in-doubt checks have a reserved connection. Here every
+/// pooled connection is busy (one command waits for a lock, another queues
+/// for the pool) when a COMMIT's answer is lost: the check still answers at
+/// once, instead of queueing behind them until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_doubt_checks_do_not_queue_behind_the_pool() {
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let (store, _clock, g) = common::store_with(&proxy.url(&common::url()), "reserved", |o| {
+        o.group_commit = false;
+        o.pool_size = 2;
+        o.lock_timeout = Duration::from_secs(60);
+        o.statement_timeout = Duration::from_secs(60);
+        o.client_timeout = Duration::from_secs(60);
+        o.in_doubt_timeout = Duration::from_secs(3);
+    })
+    .await;
+    let fa = exec_fence(&store, "a").await;
+    let fb = exec_fence(&store, "b").await;
+    let mut side = common::side_client().await;
+    let watcher = common::side_client().await;
+    let tx = block_row(&mut side, &g.schema, "b").await;
+    // Connection 1: waits for the lock on b.
+    let s = store.clone();
+    let blocked = tokio::spawn(async move { s.execute(&acme(), settle_k("b", fb)).await });
+    lock_waiter(&watcher, &g.schema).await;
+    // Connection 2: a's COMMIT goes through, its answer never comes back.
+    proxy.arm(Cut::SilentAfterCommit);
+    let s = store.clone();
+    let lost = tokio::spawn(async move { s.execute(&acme(), settle_k("a", fa)).await });
+    // Committed on the server (closing the proxy's sockets before the
+    // server read the COMMIT would lose it: then it did not commit).
+    let settled = format!(
+        "SELECT 1 FROM \"{}\".settle_records WHERE key = 'a' AND status >= 3",
+        g.schema
+    );
+    let t0 = Instant::now();
+    while watcher.query_opt(&settled, &[]).await.unwrap().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "a never committed");
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(proxy.cuts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // More commands queue for the pool (each will wait for b's lock too).
+    let queued: Vec<_> = (0..3)
+        .map(|_| {
+            let s = store.clone();
+            tokio::spawn(async move { s.execute(&acme(), heartbeat("b", fb, Some(5000))).await })
+        })
+        .collect();
+    let t0 = Instant::now();
+    while store.pool().status().waiting < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            store.pool().status()
+        );
+        tokio::task::yield_now().await;
+    }
+    // Now the answer is lost for good: a's connection closes.
+    proxy.release();
+    let answer = tokio::time::timeout(Duration::from_secs(20), lost)
+        .await
+        .expect("answered")
+        .unwrap()
+        .expect("resolved through the reserved connection");
+    // Only now is the pool free again.
+    tx.rollback().await.unwrap();
+    receipt(blocked.await.unwrap().unwrap());
+    for q in queued {
+        q.await.unwrap().unwrap();
+    }
+    assert_eq!(record(&store, "a").await.receipt, Some(receipt(answer)));
+    assert_eq!(store.in_doubt().committed, 1);
+}
+
+/// Issue 8 item 3: the group-commit queue is bounded. With its worker
+/// stuck (its batch waits for a row lock), calls beyond the bound answer
+/// `Overloaded` at once, with a retry hint, instead of queueing without end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_group_commit_queue_answers_overloaded() {
+    let (store, _clock, g) = common::store_with(&common::url(), "queue", |o| {
+        o.group_commit_queue = 4;
+        o.max_batch = 1;
+        o.lock_timeout = Duration::from_secs(60);
+        o.statement_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let f = exec_fence(&store, "k").await;
+    let mut side = common::side_client().await;
+    let watcher = common::side_client().await;
+    let tx = block_row(&mut side, &g.schema, "k").await;
+    let s = store.clone();
+    let stuck = tokio::spawn(async move { s.execute(&acme(), settle_k("k", f)).await });
+    lock_waiter(&watcher, &g.schema).await;
+    let calls: Vec<_> = (0..20)
+        .map(|i| {
+            let s = store.clone();
+            tokio::spawn(async move {
+                s.execute(&acme(), claim(&format!("q-{i}"), 1, binding("alice", 0)))
+                    .await
+            })
+        })
+        .collect();
+    // The overloaded ones come back while the worker is still stuck.
+    tokio::time::sleep(Duration::from_millis(0)).await;
+    let mut overloaded = 0;
+    let mut waiting = Vec::new();
+    for c in calls {
+        if c.is_finished() {
+            match c.await.unwrap() {
+                Err(StoreError::Overloaded { retry_after_ms }) => {
+                    assert!((10..=5000).contains(&retry_after_ms));
+                    overloaded += 1;
+                }
+                other => panic!("{other:?}"),
+            }
+        } else {
+            waiting.push(c);
+        }
+    }
+    // Not finished yet: they may still be on their way to the queue.
+    let mut queued = 0;
+    tx.rollback().await.unwrap();
+    receipt(stuck.await.unwrap().unwrap());
+    for c in waiting {
+        match c.await.unwrap() {
+            Err(StoreError::Overloaded { .. }) => overloaded += 1,
+            Ok(Reply::Claim(ClaimDecision::Execute(_))) => queued += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((queued, overloaded), (4, 16));
+}
+
+/// Readiness is asked on a reserved connection: a pool whose every
+/// connection is busy (here: waiting for a lock) is overloaded, not unready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_while_every_pooled_connection_is_busy() {
+    let (store, _clock, g) = common::store_with(&common::url(), "health", |o| {
+        o.group_commit = false;
+        o.pool_size = 1;
+        o.lock_timeout = Duration::from_secs(60);
+        o.statement_timeout = Duration::from_secs(60);
+        o.client_timeout = Duration::from_secs(60);
+    })
+    .await;
+    let f = exec_fence(&store, "k").await;
+    let mut side = common::side_client().await;
+    let watcher = common::side_client().await;
+    let tx = block_row(&mut side, &g.schema, "k").await;
+    let s = store.clone();
+    let blocked = tokio::spawn(async move { s.execute(&acme(), settle_k("k", f)).await });
+    lock_waiter(&watcher, &g.schema).await;
+    tokio::time::timeout(Duration::from_secs(10), store.health())
+        .await
+        .expect("health waited for the busy pool")
+        .expect("ready");
+    tx.rollback().await.unwrap();
+    receipt(blocked.await.unwrap().unwrap());
 }

@@ -2,6 +2,7 @@
 //! (also when the test panics), on the PostgreSQL of DEVELOPERS.md.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod proxy;
 
 use std::sync::Arc;
@@ -163,4 +164,14 @@ pub async fn side_client() -> tokio_postgres::Client {
     let (client, conn) = tokio_postgres::connect(&url(), NoTls).await.unwrap();
     tokio::spawn(conn);
     client
+}
+
+/// A store on `schema` of the database at `url` (a throwaway cluster: no
+/// guard, the cluster goes away with the test).
+pub async fn store_on(url: &str, schema: &str, adjust: impl FnOnce(&mut PgOptions)) -> PgStore {
+    let mut opts = options(schema, Clock::system());
+    adjust(&mut opts);
+    PgStore::connect(url, opts)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {url}: {e}"))
 }

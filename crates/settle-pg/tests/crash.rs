@@ -1,0 +1,757 @@
+//! PostgreSQL itself failing, on throwaway clusters (never the shared one on
+//! 5432): `pg_ctl stop -m immediate`, kill -9 of a backend (the postmaster
+//! then restarts every backend and replays the WAL), kill -9 of the
+//! postmaster, and a clean restart, each under load through a store with
+//! group commit and one without; the transaction-id reuse of issue 8 item 1;
+//! durability the server or a pooler would turn off (item 2).
+//!
+//! The invariant: every grant and receipt the store returned is in the
+//! database afterwards (errors are allowed, wrong answers are not).
+//!
+//! Short by default (one fault of each kind). `SETTLE_PG_CRASH_CYCLES=N`
+//! repeats each fault N times (docs/postgres.md has measured figures).
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::cluster::{Cluster, kill9, tools_or_skip};
+use common::proxy::{Cut, Proxy};
+use settle_core::testkit::*;
+use settle_core::*;
+use settle_ledger::{Store, StoreError};
+use settle_pg::PgStore;
+
+fn acme() -> TenantId {
+    TenantId::new("acme").unwrap()
+}
+
+fn cycles() -> usize {
+    std::env::var("SETTLE_PG_CRASH_CYCLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// What one claim+settle pair of the load got.
+#[derive(Debug)]
+enum Outcome {
+    /// Both acknowledged: this receipt was returned.
+    Receipt(String, Receipt),
+    /// The claim returned a grant; the settlement then failed.
+    Granted(String, Fence),
+    /// The claim failed: nothing was acknowledged.
+    Failed,
+}
+
+struct Load {
+    stop: Arc<AtomicBool>,
+    /// Pairs that got their receipt.
+    ok: Arc<AtomicU64>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<Outcome>>>,
+}
+
+/// `clients` tasks, each running claim+settle pairs on fresh keys until stopped.
+fn start_load(store: &PgStore, clients: usize, prefix: &str) -> Load {
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicU64::new(0));
+    let tasks = (0..clients)
+        .map(|c| {
+            let (store, stop, ok) = (store.clone(), stop.clone(), ok.clone());
+            let prefix = format!("{prefix}-{c}");
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                let mut i = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let k = format!("{prefix}-{i}");
+                    i += 1;
+                    let b = binding("alice", 0);
+                    match store.execute(&acme(), claim(&k, 1, b.clone())).await {
+                        Ok(Reply::Claim(ClaimDecision::Execute(g))) => {
+                            let s = settle(&k, g.fence, 1, b, completed(1));
+                            match store.execute(&acme(), s).await {
+                                Ok(Reply::Receipt(rc)) => {
+                                    ok.fetch_add(1, Ordering::SeqCst);
+                                    out.push(Outcome::Receipt(k, rc));
+                                }
+                                Ok(other) => panic!("{k}: the settlement answered {other:?}"),
+                                Err(_) => out.push(Outcome::Granted(k, g.fence)),
+                            }
+                        }
+                        // A fresh key: anything else means a claim ran twice
+                        // after its first run had committed.
+                        Ok(other) => panic!("{k}: a first claim answered {other:?}"),
+                        Err(_) => {
+                            out.push(Outcome::Failed);
+                            // Do not spin while the database is down.
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+                out
+            })
+        })
+        .collect();
+    Load { stop, ok, tasks }
+}
+
+impl Load {
+    /// Waits until `n` more pairs got their receipt (bounded).
+    async fn progress(&self, n: u64, what: &str) {
+        let target = self.ok.load(Ordering::SeqCst) + n;
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while self.ok.load(Ordering::SeqCst) < target {
+            assert!(Instant::now() < deadline, "no progress {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn finish(self) -> Vec<Outcome> {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut all = Vec::new();
+        for t in self.tasks {
+            all.extend(t.await.expect("a load task panicked"));
+        }
+        all
+    }
+}
+
+/// Checks every acknowledged grant and receipt against the database.
+/// Returns (receipts, grants without receipt, failed claims).
+async fn verify(store: &PgStore, outcomes: &[Outcome]) -> (usize, usize, usize) {
+    let (mut receipts, mut grants, mut failed) = (0, 0, 0);
+    for o in outcomes {
+        match o {
+            Outcome::Receipt(k, rc) => {
+                let rec = store
+                    .get(&acme(), &key(k))
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("{k}: a receipt was returned for a lost record"));
+                assert_eq!(rec.receipt.as_ref(), Some(rc), "{k}: the receipt returned");
+                receipts += 1;
+            }
+            Outcome::Granted(k, f) => {
+                let rec = store
+                    .get(&acme(), &key(k))
+                    .await
+                    .unwrap()
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("{k}: a grant was returned for a lost record"));
+                assert!(
+                    rec.attempts.iter().any(|a| a.lease.fence == *f),
+                    "{k}: the granted lease {f:?} is not in the record"
+                );
+                grants += 1;
+            }
+            Outcome::Failed => failed += 1,
+        }
+    }
+    (receipts, grants, failed)
+}
+
+fn options(o: &mut settle_pg::PgOptions, group: bool) {
+    o.group_commit = group;
+    o.client_timeout = Duration::from_secs(5);
+    o.in_doubt_timeout = Duration::from_secs(10);
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// `pg_ctl stop -m immediate`, then start.
+    StopImmediate,
+    /// kill -9 of one of the stores' backends: the postmaster ends every
+    /// backend and replays the WAL (its start time does not change).
+    KillBackend,
+    /// kill -9 of the postmaster, then start.
+    KillPostmaster,
+    /// `pg_ctl restart -m fast`.
+    Restart,
+}
+
+async fn inject(cluster: &Arc<Cluster>, fault: Fault, schemas: &[String]) {
+    match fault {
+        Fault::KillBackend => {
+            let side = cluster.client().await.unwrap();
+            let pid: i32 = side
+                .query_one(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = ANY($1) \
+                     ORDER BY state = 'active' DESC, random() LIMIT 1",
+                    &[&schemas],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            kill9(pid);
+        }
+        other => {
+            let c = cluster.clone();
+            tokio::task::spawn_blocking(move || match other {
+                Fault::StopImmediate => {
+                    c.stop("immediate");
+                    c.start();
+                }
+                Fault::KillPostmaster => {
+                    c.kill9_postmaster();
+                    c.start();
+                }
+                Fault::Restart => c.restart("fast"),
+                Fault::KillBackend => unreachable!(),
+            })
+            .await
+            .unwrap();
+        }
+    }
+    cluster.wait_ready().await;
+}
+
+async fn fault_under_load(name: &str, fault: Fault) {
+    let Some(pg) = tools_or_skip(name) else {
+        return;
+    };
+    let cluster = Arc::new(tokio::task::block_in_place(|| {
+        Cluster::create(&pg, name, &[])
+    }));
+    let url = cluster.url();
+    let schemas = vec![format!("{name}_g"), format!("{name}_s")];
+    let grouped = common::store_on(&url, &schemas[0], |o| options(o, true)).await;
+    let single = common::store_on(&url, &schemas[1], |o| options(o, false)).await;
+    let load_g = start_load(&grouped, 6, "g");
+    let load_s = start_load(&single, 4, "s");
+    let started = Instant::now();
+    let n = cycles();
+    for i in 0..n {
+        load_g.progress(50, "before the fault").await;
+        load_s.progress(20, "before the fault").await;
+        inject(&cluster, fault, &schemas).await;
+        // Back: both stores recover on their own.
+        load_g.progress(50, &format!("after {fault:?} #{i}")).await;
+        load_s.progress(20, &format!("after {fault:?} #{i}")).await;
+    }
+    let outcomes_g = load_g.finish().await;
+    let outcomes_s = load_s.finish().await;
+    let (rg, gg, fg) = verify(&grouped, &outcomes_g).await;
+    let (rs, gs, fs) = verify(&single, &outcomes_s).await;
+    // Fences go on increasing past every one handed out before the faults
+    // (each schema has its own sequence).
+    for (s, outcomes) in [(&grouped, &outcomes_g), (&single, &outcomes_s)] {
+        let highest = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                Outcome::Receipt(_, rc) => Some(rc.fence),
+                Outcome::Granted(_, f) => Some(*f),
+                Outcome::Failed => None,
+            })
+            .max()
+            .unwrap();
+        match s
+            .execute(&acme(), claim("after", 1, binding("alice", 0)))
+            .await
+            .unwrap()
+        {
+            Reply::Claim(ClaimDecision::Execute(g)) => assert!(g.fence > highest),
+            other => panic!("{other:?}"),
+        }
+    }
+    let (dg, ds) = (grouped.in_doubt(), single.in_doubt());
+    eprintln!(
+        "{name}: {n} x {fault:?} in {:.1} s; receipts checked {} (group {rg}, single {rs}), \
+         grants without receipt {} ({gg}/{gs}), failed claims {} ({fg}/{fs}); \
+         in-doubt commits: {} committed, {} not committed, {} unresolved",
+        started.elapsed().as_secs_f64(),
+        rg + rs,
+        gg + gs,
+        fg + fs,
+        dg.committed + ds.committed,
+        dg.not_committed + ds.not_committed,
+        dg.unresolved + ds.unresolved,
+    );
+    grouped.close();
+    single.close();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn immediate_stop_under_load_loses_no_acknowledged_receipt() {
+    fault_under_load("immediate", Fault::StopImmediate).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_a_backend_under_load_loses_no_acknowledged_receipt() {
+    fault_under_load("killbackend", Fault::KillBackend).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_postmaster_under_load_loses_no_acknowledged_receipt() {
+    fault_under_load("killpostmaster", Fault::KillPostmaster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clean_restart_under_load_loses_no_acknowledged_receipt() {
+    fault_under_load("restart", Fault::Restart).await;
+}
+
+/// Issue 8 item 1: PostgreSQL crashes while a settlement's COMMIT is held
+/// back (it never reached the server), before anything made its
+/// transaction id durable. After the restart that id is handed out again
+/// to other transactions, which commit (checked: the burned ids reach it,
+/// and `pg_xact_status` of it then answers, no longer "in the future").
+/// A store that resolves the lost COMMIT by transaction id returns a
+/// receipt for a settlement that never happened (the code before issue 8
+/// did, in both paths); with commit tokens the settlement is known not to
+/// have committed, runs again, and the receipt returned is the one in the
+/// database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_transaction_id_never_confirms_a_lost_commit() {
+    xid_reuse("xidreuse_s", false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_transaction_id_never_confirms_a_lost_batch_commit() {
+    xid_reuse("xidreuse_g", true).await;
+}
+
+async fn xid_reuse(name: &str, group: bool) {
+    let Some(pg) = tools_or_skip(name) else {
+        return;
+    };
+    // Nothing may write the WAL out behind the test's back: no WAL writer
+    // rounds, background writer, autovacuum or checkpoint during the test.
+    let cluster = Arc::new(tokio::task::block_in_place(|| {
+        Cluster::create(
+            &pg,
+            name,
+            &[
+                "wal_writer_delay = '10s'",
+                "bgwriter_lru_maxpages = 0",
+                "autovacuum = off",
+                "checkpoint_timeout = '1h'",
+            ],
+        )
+    }));
+    let proxy = Proxy::start(&cluster.addr()).await;
+    let store = common::store_on(&proxy.url(&cluster.url()), name, |o| {
+        o.group_commit = group;
+        o.in_doubt_timeout = Duration::from_secs(30);
+        o.client_timeout = Duration::from_secs(30);
+    })
+    .await;
+    let f = match store
+        .execute(&acme(), claim("k", 1, binding("alice", 0)))
+        .await
+        .unwrap()
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("{other:?}"),
+    };
+
+    proxy.arm(Cut::HoldCommit);
+    let s2 = store.clone();
+    let pending = tokio::spawn(async move {
+        s2.execute(
+            &acme(),
+            settle("k", f, 1, binding("alice", 0), completed(1)),
+        )
+        .await
+    });
+    // The settlement's transaction waits for its COMMIT, which the proxy holds.
+    let side = cluster.client().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let xid: Option<i64> = loop {
+        let rows = side
+            .query(
+                "SELECT backend_xid::text::int8 FROM pg_stat_activity \
+                 WHERE application_name = $1 AND state = 'idle in transaction'",
+                &[&name],
+            )
+            .await
+            .unwrap();
+        if proxy.cuts.load(Ordering::SeqCst) == 1
+            && let Some(r) = rows.first()
+        {
+            break r.get(0);
+        }
+        assert!(Instant::now() < deadline, "the COMMIT was never held");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    drop(side);
+
+    // Crash: the transaction's WAL (if any) was still in memory.
+    let c = cluster.clone();
+    tokio::task::spawn_blocking(move || {
+        c.stop("immediate");
+        c.start();
+    })
+    .await
+    .unwrap();
+    let side = cluster.wait_ready().await;
+    match xid {
+        Some(x) => {
+            // Hand the lost id out again, to transactions that commit.
+            let mut burned = 0;
+            loop {
+                let next: i64 = side
+                    .query_one("SELECT pg_current_xact_id()::text::int8", &[])
+                    .await
+                    .unwrap()
+                    .get(0);
+                burned += 1;
+                if next >= x {
+                    break;
+                }
+                assert!(burned < 10_000, "xid {x} is far ahead of {next}");
+            }
+            // Reused: no longer "in the future" (22023). Usually by one of
+            // the transactions above, which committed; it can also be the
+            // store's own retry, once the token showed the settlement had
+            // not committed.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            let status = loop {
+                let status: String = side
+                    .query_one("SELECT pg_xact_status($1::text::xid8)", &[&x.to_string()])
+                    .await
+                    .expect("transaction id {x} reused")
+                    .get(0);
+                if status != "in progress" {
+                    break status;
+                }
+                assert!(Instant::now() < deadline, "xid {x} stays in progress");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            };
+            eprintln!(
+                "{name}: xid {x} lost in the crash, reused after {burned} transactions: {status}"
+            );
+        }
+        None => {
+            // This transaction had no id yet (group commit takes one only
+            // when it writes): other transactions commit anyway.
+            for _ in 0..20 {
+                side.query_one("SELECT pg_current_xact_id()::text::int8", &[])
+                    .await
+                    .unwrap();
+            }
+            eprintln!("{name}: the held transaction had no id yet");
+        }
+    }
+
+    let reply = tokio::time::timeout(Duration::from_secs(60), pending)
+        .await
+        .expect("the settlement got an answer")
+        .unwrap();
+    let rec = store
+        .get(&acme(), &key("k"))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    match reply {
+        Ok(Reply::Receipt(rc)) => {
+            assert_eq!(
+                rec.receipt.as_ref(),
+                Some(&rc),
+                "a receipt was returned for a settlement that is not in the database"
+            );
+            assert_eq!(rec.attempts[0].observations.len(), 1, "settled once");
+        }
+        // Not resolved in time: an error, never a receipt. (Not expected:
+        // the token shows the commit did not happen, and the retry settles.)
+        other => panic!("expected the retried settlement's receipt, got {other:?}"),
+    }
+    store.close();
+}
+
+/// Issue 8 item 2: a server running with `fsync=off` is refused: at
+/// connect, and — if it is switched off while the store runs — on every
+/// transaction (nothing is written) and by `health`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_fsync_is_refused() {
+    let name = "nofsync";
+    let Some(pg) = tools_or_skip(name) else {
+        return;
+    };
+    let cluster = tokio::task::block_in_place(|| Cluster::create(&pg, name, &["fsync = off"]));
+    let err = PgStore::connect(&cluster.url(), common::options(name, Default::default()))
+        .await
+        .err()
+        .expect("a store on a server without fsync");
+    assert!(err.to_string().contains("fsync"), "{err}");
+
+    // Turned off while serving.
+    let side = cluster.client().await.unwrap();
+    set_fsync(&side, "on").await;
+    let url = cluster.url();
+    let store =
+        wait_for(|| PgStore::connect(&url, common::options(name, Default::default()))).await;
+    let f = match store
+        .execute(&acme(), claim("k", 1, binding("alice", 0)))
+        .await
+        .unwrap()
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("{other:?}"),
+    };
+    let single = common::store_on(&cluster.url(), name, |o| o.group_commit = false).await;
+    store.health().await.expect("healthy with fsync on");
+    set_fsync(&side, "off").await;
+    // The reload reaches the backends between two statements; once the
+    // health check's backend has it, the postmaster has signalled them all.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while store.health().await.is_ok() {
+        assert!(Instant::now() < deadline, "health ignored fsync=off");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let e = store.health().await.unwrap_err();
+    assert!(e.to_string().contains("fsync"), "{e}");
+    for group in [true, false] {
+        let s = if group { &store } else { &single };
+        let r = s
+            .execute(
+                &acme(),
+                settle("k", f, 1, binding("alice", 0), completed(1)),
+            )
+            .await;
+        assert!(
+            matches!(&r, Err(StoreError::Database(m)) if m.contains("fsync")),
+            "group {group}: {r:?}"
+        );
+    }
+    set_fsync(&side, "on").await;
+    let (t, k) = (acme(), key("k"));
+    let rec = wait_for(|| store.get(&t, &k)).await.unwrap().unwrap();
+    assert!(rec.receipt.is_none(), "nothing was written without fsync");
+
+    // Unreachable: not ready.
+    wait_for(|| store.health()).await;
+    tokio::task::block_in_place(|| cluster.stop("immediate"));
+    let e = store.health().await.expect_err("ready without a database");
+    eprintln!("health without a database: {e}");
+}
+
+async fn set_fsync(side: &tokio_postgres::Client, value: &str) {
+    side.batch_execute(&format!("ALTER SYSTEM SET fsync = {value}"))
+        .await
+        .unwrap();
+    side.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+}
+
+/// Retries `f` until it succeeds (bounded).
+async fn wait_for<T, E: std::fmt::Debug, Fut: std::future::Future<Output = Result<T, E>>>(
+    f: impl Fn() -> Fut,
+) -> T {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match f().await {
+            Ok(v) => return v,
+            Err(e) => assert!(Instant::now() < deadline, "{e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 8 item 2: `synchronous_commit=on` is set in every transaction, so
+/// a pooler that drops the startup options cannot weaken it. The server
+/// here defaults to `synchronous_commit=local` and names a synchronous
+/// standby that does not exist: a commit that really runs with `on` waits
+/// for it (the caller gets an error, in doubt), one with `local` returns at
+/// once — a receipt on one machine only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pooler_cannot_drop_synchronous_commit() {
+    let name = "syncpooler";
+    let Some(pg) = tools_or_skip(name) else {
+        return;
+    };
+    let cluster = tokio::task::block_in_place(|| {
+        Cluster::create(
+            &pg,
+            name,
+            &[
+                "synchronous_commit = local",
+                "synchronous_standby_names = 'nobody_here'",
+            ],
+        )
+    });
+    let pooler = Proxy::start_with(&cluster.addr(), true).await;
+    for group in [true, false] {
+        let schema = format!("{name}_{group}");
+        let store = common::store_on(&pooler.url(&cluster.url()), &schema, |o| {
+            o.group_commit = group;
+            o.max_retries = 0;
+            o.client_timeout = Duration::from_millis(1500);
+            o.in_doubt_timeout = Duration::from_millis(1500);
+        })
+        .await;
+        let r = store
+            .execute(&acme(), claim("k", 1, binding("alice", 0)))
+            .await;
+        assert!(
+            matches!(r, Err(StoreError::InDoubt(_))),
+            "group {group}: a grant without the standby's acknowledgement: {r:?}"
+        );
+        store.close();
+    }
+}
+
+/// Waits until a backend of `application_name` waits for a synchronous
+/// standby (its COMMIT is flushed locally); returns its pid.
+async fn syncrep_waiter(side: &tokio_postgres::Client, application_name: &str) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let rows = side
+            .query(
+                "SELECT pid FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event = 'SyncRep'",
+                &[&application_name],
+            )
+            .await
+            .unwrap();
+        if let Some(r) = rows.first() {
+            return r.get(0);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no COMMIT waited for the standby"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Issue 8 items 1–3: a COMMIT waiting for a synchronous standby that does
+/// not answer is never turned into a reply. PostgreSQL ends such a wait
+/// with success and a WARNING ("committed locally, might not have been
+/// replicated") when the backend is cancelled (`pg_cancel_backend`): that
+/// WARNING closes settle's connection, so the commit is in doubt, not
+/// acknowledged. The statement timeout (shorter here than the wait) does
+/// not cut the wait short: PostgreSQL disables it before committing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_waiting_for_the_standby_is_never_acknowledged_early() {
+    let name = "syncwait";
+    let Some(pg) = tools_or_skip(name) else {
+        return;
+    };
+    let cluster = tokio::task::block_in_place(|| Cluster::create(&pg, name, &[]));
+    let timeout_name = format!("{name}_timeout");
+    let store = common::store_on(&cluster.url(), &timeout_name, |o| {
+        o.group_commit = false;
+        o.max_retries = 2;
+        o.statement_timeout = Duration::from_millis(200);
+        o.client_timeout = Duration::from_secs(3);
+        o.in_doubt_timeout = Duration::from_secs(1);
+    })
+    .await;
+    let cancel_name = format!("{name}_cancel");
+    let cancelled = common::store_on(&cluster.url(), &cancel_name, |o| {
+        o.group_commit = false;
+        o.max_retries = 2;
+        o.in_doubt_timeout = Duration::from_secs(1);
+    })
+    .await;
+    // From now on every commit waits for a standby that never answers (a
+    // restart, not a reload, so that it surely is in force; the stores
+    // reconnect on their own).
+    tokio::task::block_in_place(|| {
+        cluster.append_conf(&["synchronous_standby_names = 'nobody_here'".to_string()]);
+        cluster.restart("fast");
+    });
+    let side = cluster.wait_ready().await;
+
+    // A statement timeout far shorter than the wait: the COMMIT goes on waiting.
+    let s = store.clone();
+    let pending =
+        tokio::spawn(async move { s.execute(&acme(), claim("k", 1, binding("alice", 0))).await });
+    let pid = syncrep_waiter(&side, &timeout_name).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        syncrep_waiter(&side, &timeout_name).await,
+        pid,
+        "the COMMIT stopped waiting for the standby after the statement timeout"
+    );
+    let r = tokio::time::timeout(Duration::from_secs(30), pending)
+        .await
+        .expect("answered")
+        .unwrap();
+    assert!(matches!(r, Err(StoreError::InDoubt(_))), "{r:?}");
+
+    // The wait cancelled from outside: success plus a WARNING on the wire.
+    let s = cancelled.clone();
+    let pending =
+        tokio::spawn(async move { s.execute(&acme(), claim("k", 1, binding("alice", 0))).await });
+    let pid = syncrep_waiter(&side, &cancel_name).await;
+    side.execute("SELECT pg_cancel_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(30), pending)
+        .await
+        .expect("answered")
+        .unwrap();
+    assert!(
+        matches!(r, Err(StoreError::InDoubt(_))),
+        "a grant the standby never acknowledged: {r:?}"
+    );
+}
+
+/// Issue 8 item 1: an in-doubt COMMIT is never decided against another
+/// cluster. The settlement commits on A and its answer is lost; by then the
+/// address leads to B, another cluster (its own system identifier) that
+/// has the same schema but not the commit token. Deciding there would say
+/// "not committed" and run the settlement again on the wrong database: the
+/// store answers `InDoubt` instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_doubt_commit_is_never_decided_on_another_cluster() {
+    let name = "othercluster";
+    let Some(pg) = tools_or_skip(name) else {
+        return;
+    };
+    let (a, b) = tokio::task::block_in_place(|| {
+        (
+            Cluster::create(&pg, "cluster_a", &[]),
+            Cluster::create(&pg, "cluster_b", &[]),
+        )
+    });
+    // B gets the same schema.
+    common::store_on(&b.url(), name, |_| {}).await.close();
+    let proxy = Proxy::start(&a.addr()).await;
+    let store = common::store_on(&proxy.url(&a.url()), name, |o| {
+        o.group_commit = false;
+        o.client_timeout = Duration::from_secs(2);
+        o.in_doubt_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let f = match store
+        .execute(&acme(), claim("k", 1, binding("alice", 0)))
+        .await
+        .unwrap()
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("{other:?}"),
+    };
+    proxy.arm(Cut::SilentAfterCommit);
+    proxy.set_upstream(&b.addr());
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        store.execute(
+            &acme(),
+            settle("k", f, 1, binding("alice", 0), completed(1)),
+        ),
+    )
+    .await
+    .expect("answered");
+    assert!(
+        matches!(&r, Err(StoreError::InDoubt(m)) if m.contains("another cluster")),
+        "{r:?}"
+    );
+    // It did commit, on A.
+    let on_a = common::store_on(&a.url(), name, |_| {}).await;
+    assert!(
+        on_a.get(&acme(), &key("k"))
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+            .receipt
+            .is_some()
+    );
+    proxy.release();
+}
