@@ -605,6 +605,7 @@ async fn migration_2_backfills_the_disputed_column() {
     side.batch_execute(&format!(
         "DROP TABLE \"{s}\".settle_commits; \
          ALTER TABLE \"{s}\".settle_records DROP COLUMN disputed; \
+         ALTER TABLE \"{s}\".settle_principals DROP COLUMN moves; \
          DELETE FROM \"{s}\".settle_schema_version WHERE version = 2;",
         s = g.schema
     ))
