@@ -64,6 +64,12 @@ pub struct FileConfig {
     pub sweep_interval_ms: Option<u64>,
     pub default_retention_s: Option<u64>,
     pub request_timeout_ms: Option<u64>,
+    pub max_queue: Option<usize>,
+    pub segment_bytes: Option<u64>,
+    pub pg_statement_timeout_ms: Option<u64>,
+    pub pg_lock_timeout_ms: Option<u64>,
+    pub pg_idle_in_transaction_timeout_ms: Option<u64>,
+    pub pg_client_timeout_ms: Option<u64>,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
 }
@@ -128,6 +134,26 @@ pub struct ServeArgs {
     /// Slow-client limit: time to send the request head, and then the body [default: 10000].
     #[arg(long, env = "SETTLE_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
+    /// Commands waiting for the store's writer (embedded) or group commit
+    /// (PostgreSQL) beyond this answer 503 with Retry-After [default: 65536 embedded, 4096 PostgreSQL].
+    #[arg(long, env = "SETTLE_MAX_QUEUE")]
+    pub max_queue: Option<usize>,
+    /// Size of each preallocated log segment of the embedded store; a new
+    /// store takes about twice this on disk [default: 67108864].
+    #[arg(long, env = "SETTLE_SEGMENT_BYTES")]
+    pub segment_bytes: Option<u64>,
+    /// PostgreSQL: server-side statement_timeout per transaction [default: 10000].
+    #[arg(long, env = "SETTLE_PG_STATEMENT_TIMEOUT_MS")]
+    pub pg_statement_timeout_ms: Option<u64>,
+    /// PostgreSQL: lock_timeout for row and principal locks [default: 5000].
+    #[arg(long, env = "SETTLE_PG_LOCK_TIMEOUT_MS")]
+    pub pg_lock_timeout_ms: Option<u64>,
+    /// PostgreSQL: idle_in_transaction_session_timeout [default: 5000].
+    #[arg(long, env = "SETTLE_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS")]
+    pub pg_idle_in_transaction_timeout_ms: Option<u64>,
+    /// PostgreSQL: client-side deadline for each round trip [default: 15000].
+    #[arg(long, env = "SETTLE_PG_CLIENT_TIMEOUT_MS")]
+    pub pg_client_timeout_ms: Option<u64>,
     /// Testing only: moves the store's clock by this many milliseconds.
     #[arg(
         long,
@@ -172,6 +198,19 @@ pub struct Config {
     pub request_timeout_ms: u64,
     /// Testing only (hidden flag): skew of the store's clock.
     pub clock_skew_ms: i64,
+    /// Engine tuning; `None` keeps the engine's default.
+    pub tuning: Tuning,
+}
+
+/// Engine settings that have good defaults in the engines themselves.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tuning {
+    pub max_queue: Option<usize>,
+    pub segment_bytes: Option<u64>,
+    pub pg_statement_timeout_ms: Option<u64>,
+    pub pg_lock_timeout_ms: Option<u64>,
+    pub pg_idle_in_transaction_timeout_ms: Option<u64>,
+    pub pg_client_timeout_ms: Option<u64>,
 }
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
@@ -193,6 +232,7 @@ impl Config {
             default_retention: RetentionS::DEFAULT,
             request_timeout_ms: 10_000,
             clock_skew_ms: 0,
+            tuning: Tuning::default(),
         }
     }
 
@@ -323,6 +363,44 @@ impl Config {
         if request_timeout_ms < 100 {
             return Err(invalid("request_timeout_ms", "must be at least 100"));
         }
+        let tuning = Tuning {
+            max_queue: args.max_queue.or(file.max_queue),
+            segment_bytes: args.segment_bytes.or(file.segment_bytes),
+            pg_statement_timeout_ms: args
+                .pg_statement_timeout_ms
+                .or(file.pg_statement_timeout_ms),
+            pg_lock_timeout_ms: args.pg_lock_timeout_ms.or(file.pg_lock_timeout_ms),
+            pg_idle_in_transaction_timeout_ms: args
+                .pg_idle_in_transaction_timeout_ms
+                .or(file.pg_idle_in_transaction_timeout_ms),
+            pg_client_timeout_ms: args.pg_client_timeout_ms.or(file.pg_client_timeout_ms),
+        };
+        if tuning.max_queue == Some(0) {
+            return Err(invalid("max_queue", "must be at least 1"));
+        }
+        if let Some(b) = tuning.segment_bytes
+            && !(65_536..=1 << 30).contains(&b)
+        {
+            return Err(invalid(
+                "segment_bytes",
+                "must be within [65536, 1073741824]",
+            ));
+        }
+        for (name, v) in [
+            ("pg_statement_timeout_ms", tuning.pg_statement_timeout_ms),
+            ("pg_lock_timeout_ms", tuning.pg_lock_timeout_ms),
+            (
+                "pg_idle_in_transaction_timeout_ms",
+                tuning.pg_idle_in_transaction_timeout_ms,
+            ),
+            ("pg_client_timeout_ms", tuning.pg_client_timeout_ms),
+        ] {
+            if let Some(ms) = v
+                && !(1..=120_000).contains(&ms)
+            {
+                return Err(invalid(name, "must be within [1, 120000] ms"));
+            }
+        }
         Ok(Config {
             listen,
             store,
@@ -336,6 +414,7 @@ impl Config {
             default_retention,
             request_timeout_ms,
             clock_skew_ms: args.clock_skew_ms.unwrap_or(0),
+            tuning,
         })
     }
 
@@ -371,6 +450,47 @@ mod tests {
         assert_eq!(c.max_result_bytes, 64 << 10);
         assert_eq!(c.warning_cap, 1000);
         assert_eq!(c.stuck_after_s, 3600);
+    }
+
+    #[test]
+    fn engine_tuning_comes_from_the_file_and_flags_and_is_checked() {
+        let file: FileConfig =
+            toml::from_str("max_queue = 10\nsegment_bytes = 1048576\npg_lock_timeout_ms = 250")
+                .unwrap();
+        let mut a = args();
+        a.pg_statement_timeout_ms = Some(900);
+        let c = Config::merge(file, &a).unwrap();
+        assert_eq!(
+            c.tuning,
+            Tuning {
+                max_queue: Some(10),
+                segment_bytes: Some(1 << 20),
+                pg_statement_timeout_ms: Some(900),
+                pg_lock_timeout_ms: Some(250),
+                ..Tuning::default()
+            }
+        );
+        assert_eq!(
+            Config::merge(FileConfig::default(), &args())
+                .unwrap()
+                .tuning,
+            Tuning::default()
+        );
+        for bad in [
+            "max_queue = 0",
+            "segment_bytes = 4096",
+            "pg_lock_timeout_ms = 0",
+            "pg_client_timeout_ms = 600000",
+        ] {
+            let file: FileConfig = toml::from_str(bad).unwrap();
+            assert!(
+                matches!(
+                    Config::merge(file, &args()),
+                    Err(ConfigError::Invalid { .. })
+                ),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

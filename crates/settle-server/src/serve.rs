@@ -55,6 +55,33 @@ impl OpenedStore {
     }
 }
 
+fn embedded_options(t: &crate::config::Tuning) -> EmbeddedOptions {
+    let d = EmbeddedOptions::default();
+    EmbeddedOptions {
+        max_queue: t.max_queue.unwrap_or(d.max_queue),
+        segment_bytes: t.segment_bytes.unwrap_or(d.segment_bytes),
+        ..d
+    }
+}
+
+fn pg_options(t: &crate::config::Tuning) -> settle_pg::PgOptions {
+    let d = settle_pg::PgOptions::default();
+    let ms = |v: Option<u64>, default: std::time::Duration| {
+        v.map_or(default, std::time::Duration::from_millis)
+    };
+    settle_pg::PgOptions {
+        group_commit_queue: t.max_queue.unwrap_or(d.group_commit_queue),
+        statement_timeout: ms(t.pg_statement_timeout_ms, d.statement_timeout),
+        lock_timeout: ms(t.pg_lock_timeout_ms, d.lock_timeout),
+        idle_in_transaction_timeout: ms(
+            t.pg_idle_in_transaction_timeout_ms,
+            d.idle_in_transaction_timeout,
+        ),
+        client_timeout: ms(t.pg_client_timeout_ms, d.client_timeout),
+        ..d
+    }
+}
+
 /// The one place that turns configuration into a store: `--data DIR` is
 /// the embedded store, `--store postgres://…` the PostgreSQL store.
 pub async fn open_store(config: &Config) -> Result<OpenedStore, ServeError> {
@@ -69,7 +96,7 @@ pub async fn open_store(config: &Config) -> Result<OpenedStore, ServeError> {
                         clock.advance(config.clock_skew_ms);
                         clock
                     },
-                    ..EmbeddedOptions::default()
+                    ..embedded_options(&config.tuning)
                 },
             )?;
             let closer = store.clone();
@@ -86,7 +113,7 @@ pub async fn open_store(config: &Config) -> Result<OpenedStore, ServeError> {
                     limits: config.limits(),
                     clock,
                     application_name: format!("settle serve {}", config.listen),
-                    ..settle_pg::PgOptions::default()
+                    ..pg_options(&config.tuning)
                 },
             )
             .await?;
