@@ -753,7 +753,7 @@ async fn two_stores_racing_on_shared_keys_keep_every_invariant() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_panicking_batch_fails_its_callers_and_group_commit_goes_on() {
+async fn a_record_breaking_an_invariant_is_refused_and_group_commit_goes_on() {
     let (store, _clock, g) = common::store_at(&common::url(), "panicky").await;
     let f = exec_fence(&store, "k").await;
     assert!(matches!(
