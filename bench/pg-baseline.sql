@@ -7,9 +7,9 @@
 --   pgbench -h 127.0.0.1 -U postgres -n -M prepared -c 64 -j 2 -T 10 -f bench/pg-baseline.sql test
 --
 -- The same two statements are driven from Rust, through the same client
--- and pool as settle, by the pgbench example of settle-pg (which is what
--- the reported ratio uses):
---   cargo run --release -p settle-pg --example pgbench -- --clients 8,16,32,64 --duration 10 --json
+-- and pool as settle, by `settle bench --store` (which is what the
+-- reported ratio uses):
+--   settle bench --store postgres://postgres@127.0.0.1:5432/test --concurrency 8,16,32,64 --duration 10 --json
 \set k random(1, 2000000000)
 INSERT INTO bench_baseline.ops (tenant, key, fence)
     VALUES ('bench', :client_id || '-' || :k, nextval('bench_baseline.fence'))

@@ -1,15 +1,23 @@
-//! The in-process claim+settle pair benchmark, generic over any [`Store`].
+//! The claim+settle pair benchmark loop, generic over what runs a pair.
 //!
-//! `concurrency` workers loop for `duration`: claim a fresh key, settle it
-//! `completed`, and record the pair's latency. Used by `settle bench` for
-//! the embedded store and for PostgreSQL, so both are measured the same way.
+//! `concurrency` workers loop until the run's [`Limit`]: claim a fresh key,
+//! settle it `completed`, and record the pair's latency. [`run_pairs`] runs
+//! it over any [`Store`] (the embedded store, PostgreSQL); `settle bench`
+//! also runs it over HTTP with a [`PairWorker`] of its own, so every mode
+//! is measured the same way. It is a product feature (`settle bench`): it
+//! builds its inputs with the validating constructors and answers errors,
+//! never panics.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use settle_core::testkit::{binding, completed};
-use settle_core::{Claim, ClaimDecision, Command, Digest, Key, Reply, Settle, TenantId};
+use settle_core::{
+    Binding, Claim, ClaimDecision, Command, Digest, InvalidInput, Key, Outcome, Principal, Reply,
+    ResultJson, Scopes, Settle, TenantId,
+};
+use tokio::sync::Notify;
 
 use crate::store::{Store, StoreError};
 
@@ -51,8 +59,213 @@ pub fn summarize(concurrency: usize, elapsed: Duration, mut lat_us: Vec<u32>) ->
     }
 }
 
-/// Runs claim+settle pairs against `store`. `progress` is bumped once per
-/// completed pair (for a progress bar). Keys are `{prefix}-{worker}-{n}`.
+/// When a run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    /// After this long (workers finish the call they are in).
+    For(Duration),
+    /// After this many calls of the workers in total.
+    Calls(u64),
+}
+
+/// One benchmark worker (one connection, one in-process client).
+pub trait PairWorker: Send + 'static {
+    /// An error that ends the run.
+    type Error: Send + 'static;
+    /// One call on fresh keys: usually one claim+settle pair; a worker may
+    /// settle several pairs per call (a batch). `n` counts this worker's
+    /// calls from 0. Returns how many pairs it settled, each timed with the
+    /// call's latency; `Ok(0)` counts nothing and the run goes on (a worker
+    /// that tolerates failures counts them itself); `Err` ends the run.
+    fn call(&mut self, n: u64) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+}
+
+/// Runs `workers` concurrently until `limit`, and summarises the settled
+/// pairs. `progress` is bumped once per settled pair (for a progress bar).
+/// The first error of any worker stops the others and is returned.
+pub async fn run_workers<W: PairWorker>(
+    workers: Vec<W>,
+    limit: Limit,
+    progress: Arc<AtomicU64>,
+) -> Result<PairStats, W::Error> {
+    let concurrency = workers.len();
+    let stop = Arc::new(AtomicBool::new(false));
+    let failed = Arc::new(Notify::new());
+    let tickets = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let mut tasks = Vec::with_capacity(concurrency);
+    for mut worker in workers {
+        let (stop, failed, tickets, progress) = (
+            stop.clone(),
+            failed.clone(),
+            tickets.clone(),
+            progress.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut lat: Vec<u32> = Vec::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if let Limit::Calls(total) = limit
+                    && tickets.fetch_add(1, Ordering::Relaxed) >= total
+                {
+                    break;
+                }
+                let t0 = Instant::now();
+                let settled = match worker.call(n).await {
+                    Ok(k) => k,
+                    Err(e) => {
+                        stop.store(true, Ordering::Relaxed);
+                        failed.notify_one();
+                        return Err(e);
+                    }
+                };
+                n += 1;
+                let us = t0.elapsed().as_micros().min(u32::MAX as u128) as u32;
+                lat.extend(std::iter::repeat_n(us, settled as usize));
+                progress.fetch_add(settled, Ordering::Relaxed);
+                // A store that answers without awaiting (in-memory) would
+                // otherwise starve the timer that stops the run.
+                tokio::task::yield_now().await;
+            }
+            Ok(lat)
+        }));
+    }
+    if let Limit::For(duration) = limit {
+        tokio::select! {
+            _ = tokio::time::sleep(duration) => {}
+            _ = failed.notified() => {}
+        }
+        stop.store(true, Ordering::Relaxed);
+    }
+    let mut all = Vec::new();
+    let mut first_error = None;
+    for t in tasks {
+        match t.await {
+            Ok(Ok(lat)) => all.extend(lat),
+            Ok(Err(e)) => first_error = first_error.or(Some(e)),
+            // A worker panicked: a bug, not a measurement; pass it on.
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(summarize(concurrency, start.elapsed(), all)),
+    }
+}
+
+/// Why an in-process run stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The store answered something a fresh key cannot get (e.g. the key
+    /// was not fresh: the run's prefix was used before).
+    #[error("unexpected answer for {key}: {answer}")]
+    Unexpected { key: String, answer: String },
+    #[error(transparent)]
+    Input(#[from] InvalidInput),
+}
+
+/// The request every benchmark pair claims and settles.
+#[derive(Debug, Clone)]
+pub struct PairInput {
+    pub fingerprint: Digest,
+    pub binding: Binding,
+    pub outcome: Outcome,
+}
+
+impl PairInput {
+    /// Principal `bench`, scope `pay`, result `{"charge":1}`.
+    pub fn standard() -> Result<PairInput, InvalidInput> {
+        Ok(PairInput {
+            fingerprint: Digest([7; 32]),
+            binding: Binding {
+                principal: Principal::new("bench")?,
+                scopes: Scopes::from_strs(["pay"])?,
+                generation: 0,
+            },
+            outcome: Outcome::completed(
+                ResultJson::from_text(r#"{"charge":1}"#, 1024)?,
+                Digest([101; 32]),
+            ),
+        })
+    }
+}
+
+/// A worker that claims and settles over a [`Store`]; keys are
+/// `{prefix}-{worker}-{n}`.
+pub struct StoreWorker {
+    store: Arc<dyn Store>,
+    tenant: TenantId,
+    prefix: String,
+    input: Arc<PairInput>,
+}
+
+impl StoreWorker {
+    /// Worker number `w` of a run whose keys start with `prefix`.
+    pub fn new(
+        store: Arc<dyn Store>,
+        tenant: TenantId,
+        prefix: &str,
+        w: usize,
+        input: Arc<PairInput>,
+    ) -> StoreWorker {
+        StoreWorker {
+            store,
+            tenant,
+            prefix: format!("{prefix}-{w}"),
+            input,
+        }
+    }
+
+    /// The pair on key `key`: claim (must execute), then settle.
+    pub async fn pair(&self, key: Key) -> Result<(), BenchError> {
+        let input = &self.input;
+        let claim = Claim::new(key.clone(), input.fingerprint, input.binding.clone());
+        let fence = match self
+            .store
+            .execute(&self.tenant, Command::Claim(claim))
+            .await?
+        {
+            Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+            other => return Err(unexpected(&key, &other)),
+        };
+        let settle = Settle {
+            key: key.clone(),
+            fence,
+            fingerprint: input.fingerprint,
+            binding: input.binding.clone(),
+            outcome: input.outcome.clone(),
+        };
+        match self
+            .store
+            .execute(&self.tenant, Command::Settle(settle))
+            .await?
+        {
+            Reply::Receipt(_) => Ok(()),
+            other => Err(unexpected(&key, &other)),
+        }
+    }
+}
+
+fn unexpected(key: &Key, reply: &Reply) -> BenchError {
+    BenchError::Unexpected {
+        key: key.to_string(),
+        answer: format!("{reply:?}"),
+    }
+}
+
+impl PairWorker for StoreWorker {
+    type Error = BenchError;
+    async fn call(&mut self, n: u64) -> Result<u64, BenchError> {
+        let key = Key::new(format!("{}-{n}", self.prefix))?;
+        self.pair(key).await.map(|()| 1)
+    }
+}
+
+/// Runs claim+settle pairs against `store` for `duration`. `progress` is
+/// bumped once per completed pair (for a progress bar). Keys are
+/// `{prefix}-{worker}-{n}`.
 pub async fn run_pairs(
     store: Arc<dyn Store>,
     tenant: TenantId,
@@ -60,64 +273,33 @@ pub async fn run_pairs(
     concurrency: usize,
     duration: Duration,
     progress: Arc<AtomicU64>,
-) -> Result<PairStats, StoreError> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Instant::now();
-    let mut tasks = Vec::with_capacity(concurrency);
-    for w in 0..concurrency {
-        let store = store.clone();
-        let tenant = tenant.clone();
-        let stop = stop.clone();
-        let progress = progress.clone();
-        let prefix = prefix.to_string();
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::new();
-            let b = binding("bench", 0);
-            let fp = Digest([7; 32]);
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let key = Key::new(format!("{prefix}-{w}-{n}")).expect("valid key");
-                n += 1;
-                let t0 = Instant::now();
-                let reply = store
-                    .execute(
-                        &tenant,
-                        Command::Claim(Claim::new(key.clone(), fp, b.clone())),
-                    )
-                    .await?;
-                let fence = match reply {
-                    Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-                    other => panic!("bench key {key} was not fresh: {other:?}"),
-                };
-                let reply = store
-                    .execute(
-                        &tenant,
-                        Command::Settle(Settle {
-                            key,
-                            fence,
-                            fingerprint: fp,
-                            binding: b.clone(),
-                            outcome: completed(1),
-                        }),
-                    )
-                    .await?;
-                assert!(matches!(reply, Reply::Receipt(_)), "{reply:?}");
-                lat.push(t0.elapsed().as_micros().min(u32::MAX as u128) as u32);
-                progress.fetch_add(1, Ordering::Relaxed);
-                // A store that answers without awaiting (in-memory) would
-                // otherwise starve the timer that stops the run.
-                tokio::task::yield_now().await;
-            }
-            Ok::<_, StoreError>(lat)
-        }));
-    }
-    tokio::time::sleep(duration).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.expect("bench worker panicked")?);
-    }
-    Ok(summarize(concurrency, start.elapsed(), all))
+) -> Result<PairStats, BenchError> {
+    run_store(
+        store,
+        tenant,
+        prefix,
+        concurrency,
+        Limit::For(duration),
+        progress,
+    )
+    .await
+}
+
+/// [`run_pairs`] with any [`Limit`]: `Limit::Calls(n)` settles exactly `n`
+/// pairs (fills a store).
+pub async fn run_store(
+    store: Arc<dyn Store>,
+    tenant: TenantId,
+    prefix: &str,
+    concurrency: usize,
+    limit: Limit,
+    progress: Arc<AtomicU64>,
+) -> Result<PairStats, BenchError> {
+    let input = Arc::new(PairInput::standard()?);
+    let workers = (0..concurrency.max(1))
+        .map(|w| StoreWorker::new(store.clone(), tenant.clone(), prefix, w, input.clone()))
+        .collect();
+    run_workers(workers, limit, progress).await
 }
 
 #[cfg(test)]
@@ -156,5 +338,55 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(r.status, settle_core::Status::Completed);
+    }
+
+    #[tokio::test]
+    async fn a_call_limit_settles_exactly_that_many_pairs() {
+        let store: Arc<dyn Store> = Arc::new(crate::MemStore::default());
+        let s = run_store(
+            store.clone(),
+            TenantId::default_tenant(),
+            "f",
+            3,
+            Limit::Calls(10),
+            Arc::new(AtomicU64::new(0)),
+        )
+        .await
+        .unwrap();
+        assert_eq!(s.pairs, 10);
+        let mut stored = 0;
+        for w in 0..3 {
+            for n in 0..11 {
+                let k = Key::new(format!("f-{w}-{n}")).unwrap();
+                let r = store.get(&TenantId::default_tenant(), &k).await.unwrap();
+                stored += r.unwrap().is_some() as u32;
+            }
+        }
+        assert_eq!(stored, 10);
+    }
+
+    /// A reused prefix is an error of the run, not a panic of a worker.
+    #[tokio::test]
+    async fn a_key_that_is_not_fresh_ends_the_run_with_an_error() {
+        let store: Arc<dyn Store> = Arc::new(crate::MemStore::default());
+        let tenant = TenantId::default_tenant();
+        let progress = Arc::new(AtomicU64::new(0));
+        run_store(
+            store.clone(),
+            tenant.clone(),
+            "r",
+            1,
+            Limit::Calls(1),
+            progress.clone(),
+        )
+        .await
+        .unwrap();
+        let e = run_pairs(store, tenant, "r", 2, Duration::from_secs(30), progress)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, BenchError::Unexpected { ref key, .. } if key == "r-0-0"),
+            "{e}"
+        );
     }
 }

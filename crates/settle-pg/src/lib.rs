@@ -40,7 +40,6 @@
 //! ```
 
 mod batch;
-pub mod bench;
 mod codec;
 mod doubt;
 mod engine;

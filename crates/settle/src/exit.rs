@@ -1,0 +1,61 @@
+//! Exit codes (also in README.md) and the one line a failure prints.
+//!
+//! 0 success · 1 local failure (cannot open the store, bad config, ...) ·
+//! 2 usage error · 3 the server cannot be reached · 4 the request was
+//! refused as invalid (400, 401, 404, 408, 413, 422) · 5 protocol refusal
+//! (409) · 6 the server is unavailable (503 and other 5xx).
+
+use std::fmt::Display;
+
+pub const LOCAL: u8 = 1;
+pub const USAGE: u8 = 2;
+pub const UNREACHABLE: u8 = 3;
+pub const INVALID: u8 = 4;
+pub const REFUSED: u8 = 5;
+pub const UNAVAILABLE: u8 = 6;
+
+/// Why a subcommand failed: its exit code and what to tell the user on
+/// stderr (nothing when the output already said it).
+#[derive(Debug)]
+pub struct Failure {
+    pub code: u8,
+    pub message: Option<String>,
+}
+
+impl Failure {
+    /// Exit `code`, printing `message` as it is.
+    pub fn new(code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: Some(message.into()),
+        }
+    }
+    /// Exit `code` without a message (the output already says why).
+    pub fn silent(code: u8) -> Failure {
+        Failure {
+            code,
+            message: None,
+        }
+    }
+    /// Exit 1: `error: <e>`.
+    pub fn local(e: impl Display) -> Failure {
+        Failure::new(LOCAL, format!("error: {e}"))
+    }
+    /// Exit 2: `error: <e>`.
+    pub fn usage(e: impl Display) -> Failure {
+        Failure::new(USAGE, format!("error: {e}"))
+    }
+    /// Exit 3: `error: <e>`.
+    pub fn unreachable(e: impl Display) -> Failure {
+        Failure::new(UNREACHABLE, format!("error: {e}"))
+    }
+}
+
+/// The exit code of an HTTP error status.
+pub fn for_status(status: u16) -> u8 {
+    match status {
+        409 => REFUSED,
+        s if s >= 500 => UNAVAILABLE,
+        _ => INVALID,
+    }
+}

@@ -1,0 +1,202 @@
+//! The CLI as a new user meets it (issue 9 item 8): one clean line per
+//! error, `inspect`/`check` sorted, limited
+//! and telling what to do when the store is in use; and `settle bench
+//! --store` on PostgreSQL.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::*;
+use serde_json::Value;
+
+fn settle(args: &[&str], url: &str) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("SETTLE_URL", url)
+        .env_remove("SETTLE_TOKEN")
+        .output()
+        .unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+/// `HTTP 409 stale_fence: stale_fence: …` became one line that names the
+/// status and the code once.
+#[tokio::test]
+async fn errors_are_one_line_that_names_the_code_once() {
+    let dir = TempDir::new("cli-errors");
+    let s = Server::start(dir.path(), &[]);
+    let f = fp(1);
+    let id = ["--fingerprint", &f, "--principal", "svc", "--scope", "pay"];
+    let out = settle(&[&["claim", "k"][..], &id].concat(), &s.url());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    // Another claim moves the store's fences on: fence 1 is stale for `k`.
+    execute(&s.ep(), "other", 1, &binding("svc", 0)).await;
+    let out = settle(&["heartbeat", "k", "--fence", "2"], &s.url());
+    assert_eq!(out.status.code(), Some(5));
+    let err = stderr(&out);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("refused (409 stale_fence): "), "{err}");
+    assert_eq!(err.matches("stale_fence").count(), 1, "{err}");
+
+    let out = settle(&["get", "missing"], &s.url());
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(
+        stderr(&out).trim_end(),
+        "invalid (404 not_found): no record for this key"
+    );
+    // With --json the problem goes to stdout as the server sent it.
+    let out = settle(&["get", "missing", "--json"], &s.url());
+    assert_eq!(out.status.code(), Some(4));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["code"], "not_found");
+}
+
+/// Fills a store with `n` settled keys through a server, then stops it.
+async fn store_with_keys(dir: &std::path::Path, keys: &[&str]) {
+    let mut s = Server::start(dir, &[]);
+    let b = binding("svc", 0);
+    for k in keys {
+        let fence = execute(&s.ep(), k, 1, &b).await;
+        let r = op(&s.ep(), k, "settle", settle_body(fence, 1, &b, unknown())).await;
+        assert_eq!(r.status, 200, "{:?}", r.json());
+    }
+    assert!(s.terminate().success());
+}
+
+fn unknown() -> Value {
+    serde_json::json!({"status": "unknown"})
+}
+
+#[tokio::test]
+async fn inspect_lists_keys_sorted_and_limited() {
+    let dir = TempDir::new("inspect-limit");
+    store_with_keys(dir.path(), &["k3", "k1", "k5", "k2", "k4"]).await;
+    let data = dir.path().to_str().unwrap();
+    let out = settle(&["inspect", "--data", data, "--limit", "2"], "");
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    let unknown: Vec<&str> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("unknown: 5"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .map(str::trim)
+        .collect();
+    assert_eq!(
+        unknown,
+        [
+            "default/k1",
+            "default/k2",
+            "… and 3 more (--limit N shows more, --json lists all)"
+        ],
+        "{text}"
+    );
+    // --json lists every key, sorted.
+    let out = settle(&["inspect", "--json", "--data", data, "--limit", "2"], "");
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let keys: Vec<&str> = v["unknown"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "default/k1",
+            "default/k2",
+            "default/k3",
+            "default/k4",
+            "default/k5"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn inspect_and_check_say_what_to_do_when_the_store_is_in_use() {
+    let dir = TempDir::new("inspect-in-use");
+    let _s = Server::start(dir.path(), &[]);
+    let data = dir.path().to_str().unwrap();
+    for cmd in ["inspect", "check"] {
+        let out = settle(&[cmd, "--data", data], "");
+        assert_eq!(out.status.code(), Some(1), "{cmd}");
+        let err = stderr(&out);
+        assert!(
+            err.contains("is in use: stop the server first, or use the live API"),
+            "{cmd}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}
+
+fn pg_url() -> String {
+    std::env::var("SETTLE_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// `settle bench --store` runs both sides (the raw protocol and settle on
+/// PostgreSQL), on scratch schemas it drops; `--only` runs one.
+#[tokio::test]
+async fn bench_on_postgres_compares_with_the_raw_protocol() {
+    let url = pg_url();
+    let args = [
+        "bench",
+        "--store",
+        &url,
+        "--concurrency",
+        "2",
+        "--duration",
+        "0.3",
+        "--rounds",
+        "1",
+        "--warmup",
+        "0",
+        "--json",
+    ];
+    let out = settle(&args, "");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["mode"], "postgres");
+    assert!(v["pairs"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["baseline"]["pairs"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["ratio"].as_f64().unwrap() > 0.0, "{v}");
+
+    let out = settle(
+        &[&args[..], &["--only", "settle", "--group-commit", "off"]].concat(),
+        "",
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["pairs"].as_u64().unwrap() > 0, "{v}");
+    assert!(v["baseline"].is_null() && v["ratio"].is_null(), "{v}");
+
+    // A database that does not answer is one error line, not a panic.
+    let out = settle(
+        &[
+            "bench",
+            "--store",
+            "postgres://postgres@127.0.0.1:1/test",
+            "--duration",
+            "0.1",
+            "--warmup",
+            "0",
+            "--concurrency",
+            "1",
+        ],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("error: ") && !err.contains("panicked"),
+        "{err}"
+    );
+}
