@@ -21,6 +21,9 @@ mod recovery;
 pub mod sim;
 mod wal;
 
+#[cfg(test)]
+mod format_tests;
+
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

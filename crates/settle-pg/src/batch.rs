@@ -37,9 +37,9 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 
 use crate::PgError;
-use crate::codec::{self, FORMAT, RecordColumns};
+use crate::codec::{self, FORMAT, RecordColumns, principal_state};
 use crate::doubt::{self, Commit};
-use crate::engine::{self, Conn, Inner, check_durability, now_from, principal_state, transient};
+use crate::engine::{self, Conn, Inner, check_durability, now_from, transient};
 use crate::lock::principal_key;
 use crate::session::Token;
 use crate::sql::STALE;

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use settle_core::{Record, Warning};
+use settle_core::{Move, PrincipalState, Record, Timestamp, Warning};
 
 use crate::PgError;
 
@@ -91,6 +91,53 @@ impl RecordColumns {
             receipt_at: r.latest_receipt_at().map(ms),
             disputed: r.disputed,
         }
+    }
+}
+
+/// The columns of a principal's row: the generation as decimal text
+/// (`numeric(20,0)`: a u64 does not fit `bigint`), the latest move (ms) and
+/// the newest moves (a `Move` list in [`FORMAT`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PrincipalColumns {
+    pub generation: String,
+    pub moved_at: i64,
+    pub moves: Vec<u8>,
+}
+
+impl PrincipalColumns {
+    pub fn of(st: &PrincipalState) -> Result<PrincipalColumns, PgError> {
+        Ok(PrincipalColumns {
+            generation: st.generation.to_string(),
+            moved_at: st.moved_at.millis() as i64,
+            moves: encode(&st.moves())?,
+        })
+    }
+}
+
+/// A principal from its row's columns; no row is generation 0.
+pub fn principal_state(
+    gen_text: Option<String>,
+    moved_at: Option<i64>,
+    moves: Option<Vec<u8>>,
+) -> Result<PrincipalState, PgError> {
+    match (gen_text, moved_at) {
+        (Some(g), Some(m)) => {
+            let generation = g
+                .parse()
+                .map_err(|_| PgError::Corrupt(format!("principal generation {g:?}")))?;
+            // Rows written before schema version 2 have no moves: the
+            // latest move is then the only one known.
+            let moves: Vec<Move> = match moves {
+                Some(b) => decode("principal moves", FORMAT, &b)?,
+                None => Vec::new(),
+            };
+            Ok(PrincipalState::with_moves(
+                generation,
+                Timestamp(m.max(0) as u64),
+                &moves,
+            ))
+        }
+        _ => Ok(PrincipalState::default()),
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
 use settle_core::{
-    Command, Ctx, Fence, Key, Limits, Move, OpState, Principal, PrincipalState, Principals, Record,
+    Command, Ctx, Fence, Key, Limits, OpState, Principal, PrincipalState, Principals, Record,
     RefusalCode, Reply, Target, TaskId, TenantId, Timestamp, Warning, apply, principals_needed,
     view_at,
 };
@@ -25,7 +25,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
-use crate::codec::{self, FORMAT, RecordColumns};
+use crate::codec::{self, FORMAT, PrincipalColumns, RecordColumns, principal_state};
 use crate::doubt::{self, Commit};
 use crate::lock::principal_key;
 use crate::session::{Seen, Server, Token};
@@ -57,7 +57,7 @@ pub struct Inner {
     pub max_retries: u32,
     /// The server as last seen by a new connection.
     pub seen: Seen,
-    /// Records of format 1 that failed to decode (seen by any call or the
+    /// Records of the current format that failed to decode (seen by any call or the
     /// sweep since this process started): skipped by the sweep, counted.
     pub undecodable: Mutex<HashSet<(TenantId, Key)>>,
     /// In-doubt commits so far: resolved committed, resolved not
@@ -279,32 +279,6 @@ pub async fn execute(inner: &Inner, tenant: &TenantId, cmd: &Command) -> Result<
 
 pub(crate) type Pending<'a, T> =
     Pin<Box<dyn Future<Output = Result<T, tokio_postgres::Error>> + Send + 'a>>;
-
-pub(crate) fn principal_state(
-    gen_text: Option<String>,
-    moved_at: Option<i64>,
-    moves: Option<Vec<u8>>,
-) -> Result<PrincipalState, PgError> {
-    match (gen_text, moved_at) {
-        (Some(g), Some(m)) => {
-            let generation = g
-                .parse()
-                .map_err(|_| PgError::Corrupt(format!("principal generation {g:?}")))?;
-            // Rows written before schema version 2 have no moves: the
-            // latest move is then the only one known.
-            let moves: Vec<Move> = match moves {
-                Some(b) => codec::decode("principal moves", FORMAT, &b)?,
-                None => Vec::new(),
-            };
-            Ok(PrincipalState::with_moves(
-                generation,
-                Timestamp(m.max(0) as u64),
-                &moves,
-            ))
-        }
-        _ => Ok(PrincipalState::default()),
-    }
-}
 
 pub(crate) fn now_from(inner: &Inner, db_ms: i64) -> Timestamp {
     inner.clock.from_source(Timestamp(db_ms.max(0) as u64))
@@ -545,17 +519,10 @@ async fn attempt(
     } else {
         None
     };
-    let raises: Vec<(String, String, i64, Vec<u8>)> = state
+    let raises: Vec<(String, PrincipalColumns)> = state
         .principals
         .dirty()
-        .map(|(p, st)| {
-            Ok((
-                p.as_str().to_string(),
-                st.generation.to_string(),
-                st.moved_at.millis() as i64,
-                codec::encode(&st.moves())?,
-            ))
-        })
+        .map(|(p, st)| Ok((p.as_str().to_string(), PrincipalColumns::of(st)?)))
         .collect::<Result<_, PgError>>()?;
     let upd_st = conn.prepare(&sql.update_record).await?;
     let del_st = conn.prepare(&sql.delete_record).await?;
@@ -588,7 +555,15 @@ async fn attempt(
     };
     let raise_params: Vec<[&(dyn ToSql + Sync); 5]> = raises
         .iter()
-        .map(|(p, g, m, v)| [&t as _, p as _, g as _, m as _, v as _])
+        .map(|(p, c)| {
+            [
+                &t as _,
+                p as _,
+                &c.generation as _,
+                &c.moved_at as _,
+                &c.moves as _,
+            ]
+        })
         .collect();
 
     // The commit token, written with the writes: after a lost COMMIT answer
@@ -817,7 +792,7 @@ pub async fn sweep(inner: &Inner) -> Result<SweepReport, PgError> {
     let skew = inner.clock.skew_ms();
     let bad: HashSet<(TenantId, Key)> = inner.undecodable().clone();
     // Records in an unknown format are never candidates (the queries ask
-    // for format 1); known undecodable ones are fetched over and skipped.
+    // for the current format); known undecodable ones are fetched over and skipped.
     let limit = SWEEP_BATCH + bad.len() as i64;
     let (due, revoked, collect) = read(inner, |conn| async move {
         let c = conn.client();

@@ -48,6 +48,9 @@ mod schema;
 mod session;
 mod sql;
 
+#[cfg(test)]
+mod format_tests;
+
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,105 @@
+//! The batch API of SPEC §10: the envelopes. The endpoint comes with the
+//! batch work; each call's fields are the single call's request body.
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+use serde_json::{Map, Value};
+use utoipa::ToSchema;
+
+use crate::problem::Problem;
+
+/// `POST /v1/batch`.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize, ToSchema)]
+pub struct BatchRequest {
+    /// At most the server's `max_batch_calls` (default 1000); applied in order.
+    pub calls: Vec<BatchCall>,
+}
+
+/// Which call a batch entry makes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum BatchOp {
+    Claim,
+    Heartbeat,
+    Dispatch,
+    Settle,
+    Release,
+    Reconcile,
+    Get,
+}
+
+/// One call: `op`, the raw `key` (not percent-encoded), and the single
+/// call's request fields beside them. (A server reads each call from its
+/// raw text, so that a result keeps its exact spelling; this type is how
+/// a client builds one.)
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchCall {
+    pub op: BatchOp,
+    pub key: String,
+    /// The fields of the call's request body (`ClaimRequest`, ...).
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub fields: Map<String, Value>,
+}
+
+impl BatchCall {
+    /// A call of `op` on `key` with `body` (a request body type of this
+    /// crate, or `EmptyRequest` for `get`).
+    pub fn new<T: Serialize>(op: BatchOp, key: impl Into<String>, body: &T) -> BatchCall {
+        let fields = match serde_json::to_value(body) {
+            Ok(Value::Object(m)) => m,
+            // Every request body of this crate is an object.
+            _ => Map::new(),
+        };
+        BatchCall {
+            op,
+            key: key.into(),
+            fields,
+        }
+    }
+}
+
+/// The answer to a batch: one result per call, in order.
+#[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize, ToSchema)]
+pub struct BatchResponse {
+    pub results: Vec<BatchResult>,
+}
+
+/// What the single call would have answered: its HTTP status and body
+/// (a problem object when the status is not 200).
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+pub struct BatchResult {
+    pub status: u16,
+    /// Kept as raw text, so a replayed result keeps its exact spelling.
+    #[schema(value_type = Object)]
+    pub body: Box<RawValue>,
+}
+
+impl PartialEq for BatchResult {
+    fn eq(&self, o: &BatchResult) -> bool {
+        self.status == o.status && self.body.get() == o.body.get()
+    }
+}
+
+impl BatchResult {
+    /// The body as `T` when the call succeeded, else the problem.
+    pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, BatchError> {
+        if self.status == 200 {
+            serde_json::from_str(self.body.get()).map_err(BatchError::Body)
+        } else {
+            match serde_json::from_str::<Problem>(self.body.get()) {
+                Ok(p) => Err(BatchError::Problem(Box::new(p))),
+                Err(e) => Err(BatchError::Body(e)),
+            }
+        }
+    }
+}
+
+/// Why a batch result is not the expected body.
+#[derive(Debug)]
+pub enum BatchError {
+    /// The call was refused or failed.
+    Problem(Box<Problem>),
+    /// The body does not have the expected shape.
+    Body(serde_json::Error),
+}

@@ -1,0 +1,584 @@
+//! Request bodies of SPEC §7 and their conversion into the core's commands.
+//!
+//! The bodies hold plain data; `into_*` validates every field (the key
+//! syntax, digests, ranges, the safe integer range of SPEC §2) and names
+//! the offending one. The reverse conversions (`From<&settle_core::Claim>`
+//! ...) are what a client sends for a command.
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::value::RawValue;
+use settle_core as core;
+use settle_core::{InvalidInput, Key, RetentionS};
+use utoipa::ToSchema;
+
+use crate::num::{check_safe, opt_whole, whole};
+
+/// Renames the field of a validation error to the wire's path.
+fn at<T>(field: &str, r: Result<T, InvalidInput>) -> Result<T, InvalidInput> {
+    r.map_err(|e| InvalidInput::new(field, e.reason))
+}
+
+fn digest(field: &str, s: &str) -> Result<core::Digest, InvalidInput> {
+    core::Digest::parse(field, s)
+}
+
+fn fence(v: u64) -> Result<core::Fence, InvalidInput> {
+    check_safe("fence", v).map(core::Fence)
+}
+
+/// The authorization an operation runs under (SPEC §2).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Binding {
+    /// 1–255 bytes of visible ASCII.
+    #[schema(min_length = 1, max_length = 255, pattern = "^[!-~]{1,255}$")]
+    pub principal: String,
+    /// Order irrelevant; stored sorted and de-duplicated; at most 64, each
+    /// 1–255 bytes of visible ASCII.
+    #[serde(default)]
+    #[schema(max_items = 64, inline, value_type = Vec<Token>)]
+    pub scopes: Vec<String>,
+    /// Raised by re-authentication; an integer in [0, 2^53 − 1].
+    #[serde(deserialize_with = "whole")]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
+    pub generation: u64,
+}
+
+/// The schema of a string of the key syntax (SPEC §2): 1–255 bytes of
+/// visible ASCII. Keys, principals, scopes, tasks and classes.
+pub struct Token;
+
+impl utoipa::PartialSchema for Token {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, Type};
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(255))
+            .pattern(Some("^[!-~]{1,255}$"))
+            .into()
+    }
+}
+impl ToSchema for Token {}
+
+impl Binding {
+    /// Validates into the core's binding; errors name `{prefix}.principal` ...
+    pub fn to_core(&self, prefix: &str) -> Result<core::Binding, InvalidInput> {
+        let principal = at(
+            &format!("{prefix}.principal"),
+            core::Principal::new(self.principal.clone()),
+        )?;
+        let scopes = core::Scopes::from_strs(self.scopes.iter().cloned())
+            .map_err(|e| InvalidInput::new(e.field.replacen("binding", prefix, 1), e.reason))?;
+        let generation = check_safe(&format!("{prefix}.generation"), self.generation)?;
+        Ok(core::Binding {
+            principal,
+            scopes,
+            generation,
+        })
+    }
+}
+
+impl From<&core::Binding> for Binding {
+    fn from(b: &core::Binding) -> Binding {
+        Binding {
+            principal: b.principal.to_string(),
+            scopes: b.scopes.as_slice().iter().map(|s| s.to_string()).collect(),
+            generation: b.generation,
+        }
+    }
+}
+
+/// What a worker may report in `settle`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum OutcomeStatus {
+    Completed,
+    Failed,
+    Unknown,
+}
+
+impl From<core::OutcomeStatus> for OutcomeStatus {
+    fn from(s: core::OutcomeStatus) -> OutcomeStatus {
+        match s {
+            core::OutcomeStatus::Completed => OutcomeStatus::Completed,
+            core::OutcomeStatus::Failed => OutcomeStatus::Failed,
+            core::OutcomeStatus::Unknown => OutcomeStatus::Unknown,
+        }
+    }
+}
+impl From<OutcomeStatus> for core::OutcomeStatus {
+    fn from(s: OutcomeStatus) -> core::OutcomeStatus {
+        match s {
+            OutcomeStatus::Completed => core::OutcomeStatus::Completed,
+            OutcomeStatus::Failed => core::OutcomeStatus::Failed,
+            OutcomeStatus::Unknown => core::OutcomeStatus::Unknown,
+        }
+    }
+}
+
+/// A reported outcome. `completed` and `failed` require `result` (JSON
+/// `null` is a result) and `response_sha256`; `unknown` refuses `result`
+/// and may carry `response_sha256` and `error`.
+#[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Outcome {
+    pub status: OutcomeStatus,
+    /// Any JSON document (`null` included): at most `max_result_bytes` of
+    /// compact text, arrays and objects nested at most 64 deep. Stored as
+    /// sent (whitespace between tokens removed) and replayed byte for byte.
+    /// Absent is "no result"; present `null` is the result `null`.
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<serde_json::Value>)]
+    pub result: Option<Box<RawValue>>,
+    /// Lowercase hex SHA-256 of the upstream's raw response.
+    #[schema(pattern = "^[0-9a-f]{64}$")]
+    pub response_sha256: Option<String>,
+    /// Any text of at most 4096 bytes (empty and multi-line included).
+    #[schema(max_length = 4096)]
+    pub error: Option<String>,
+}
+
+impl PartialEq for Outcome {
+    fn eq(&self, o: &Outcome) -> bool {
+        self.status == o.status
+            && self.result.as_ref().map(|r| r.get()) == o.result.as_ref().map(|r| r.get())
+            && self.response_sha256 == o.response_sha256
+            && self.error == o.error
+    }
+}
+
+/// A present `result` is a result, `null` included.
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Box<RawValue>>, D::Error> {
+    Box::<RawValue>::deserialize(d).map(Some)
+}
+
+impl Outcome {
+    /// Validates into the core's outcome. The result's size is checked
+    /// later against the server's configured `max_result_bytes`.
+    pub fn to_core(&self) -> Result<core::Outcome, InvalidInput> {
+        let result = match &self.result {
+            Some(raw) => Some(core::ResultJson::from_text(raw.get(), usize::MAX)?),
+            None => None,
+        };
+        let response_sha256 = match &self.response_sha256 {
+            Some(s) => Some(digest("outcome.response_sha256", s)?),
+            None => None,
+        };
+        let error = match &self.error {
+            Some(s) => Some(core::ErrorText::new("outcome.error", s.clone())?),
+            None => None,
+        };
+        core::Outcome::new(self.status.into(), result, response_sha256, error)
+    }
+}
+
+impl From<&core::Outcome> for Outcome {
+    fn from(o: &core::Outcome) -> Outcome {
+        Outcome {
+            status: o.status().into(),
+            result: o.result().map(raw),
+            response_sha256: o.response_sha256().map(|d| d.to_hex()),
+            error: o.error().map(|e| e.to_string()),
+        }
+    }
+}
+
+/// The settled text as a raw JSON value, byte for byte.
+pub(crate) fn raw(r: &core::ResultJson) -> Box<RawValue> {
+    RawValue::from_string(r.as_str().to_string())
+        .expect("a stored result is valid JSON (checked when it was built and decoded)")
+}
+
+/// `POST /v1/operations/{key}/claim`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// Lowercase hex SHA-256 of the effect-defining fields of the request.
+    #[schema(pattern = "^[0-9a-f]{64}$")]
+    pub fingerprint: String,
+    pub binding: Binding,
+    /// Lease duration in milliseconds; default 30000.
+    #[serde(
+        default,
+        deserialize_with = "opt_whole",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(minimum = 100, maximum = 3600000)]
+    pub lease_ms: Option<u64>,
+    /// Free text naming the worker (1–4096 bytes, no control characters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
+    )]
+    pub worker: Option<String>,
+    /// The worker will call `dispatch` before the remote write; default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub marks_dispatch: bool,
+    /// Kept this long after settlement, in seconds; default the server's
+    /// `default_retention_s` (86400).
+    #[serde(
+        default,
+        deserialize_with = "opt_whole",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(minimum = 1, maximum = 31536000)]
+    pub retention_s: Option<u64>,
+}
+
+impl ClaimRequest {
+    /// The claim on `key`; `default_retention` when the body names none.
+    pub fn into_claim(
+        self,
+        key: Key,
+        default_retention: RetentionS,
+    ) -> Result<core::Claim, InvalidInput> {
+        let fingerprint = digest("fingerprint", &self.fingerprint)?;
+        let binding = self.binding.to_core("binding")?;
+        let lease_ms = match self.lease_ms {
+            Some(ms) => core::LeaseMs::new(ms)?,
+            None => core::LeaseMs::DEFAULT,
+        };
+        let worker = match self.worker {
+            Some(w) => Some(core::Text::new("worker", w)?),
+            None => None,
+        };
+        let retention_s = match self.retention_s {
+            Some(s) => RetentionS::new(s)?,
+            None => default_retention,
+        };
+        Ok(core::Claim {
+            key,
+            fingerprint,
+            binding,
+            lease_ms,
+            worker,
+            marks_dispatch: self.marks_dispatch,
+            retention_s,
+        })
+    }
+}
+
+impl From<&core::Claim> for ClaimRequest {
+    fn from(c: &core::Claim) -> ClaimRequest {
+        ClaimRequest {
+            fingerprint: c.fingerprint.to_hex(),
+            binding: (&c.binding).into(),
+            lease_ms: Some(c.lease_ms.get()),
+            worker: c.worker.as_ref().map(|w| w.to_string()),
+            marks_dispatch: c.marks_dispatch,
+            retention_s: Some(c.retention_s.get()),
+        }
+    }
+}
+
+/// `POST /v1/operations/{key}/heartbeat`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRequest {
+    /// The fence of the lease to extend.
+    #[serde(deserialize_with = "whole")]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    /// New lease duration from now; default the lease's original `lease_ms`.
+    #[serde(
+        default,
+        deserialize_with = "opt_whole",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(minimum = 100, maximum = 3600000)]
+    pub lease_ms: Option<u64>,
+}
+
+impl HeartbeatRequest {
+    pub fn into_heartbeat(self, key: Key) -> Result<core::Heartbeat, InvalidInput> {
+        Ok(core::Heartbeat {
+            key,
+            fence: fence(self.fence)?,
+            lease_ms: self.lease_ms.map(core::LeaseMs::new).transpose()?,
+        })
+    }
+}
+
+impl From<&core::Heartbeat> for HeartbeatRequest {
+    fn from(h: &core::Heartbeat) -> HeartbeatRequest {
+        HeartbeatRequest {
+            fence: h.fence.0,
+            lease_ms: h.lease_ms.map(|m| m.get()),
+        }
+    }
+}
+
+/// `POST /v1/operations/{key}/dispatch`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchRequest {
+    #[serde(deserialize_with = "whole")]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+}
+
+impl DispatchRequest {
+    pub fn into_dispatch(self, key: Key) -> Result<core::Dispatch, InvalidInput> {
+        Ok(core::Dispatch {
+            key,
+            fence: fence(self.fence)?,
+        })
+    }
+}
+
+impl From<&core::Dispatch> for DispatchRequest {
+    fn from(d: &core::Dispatch) -> DispatchRequest {
+        DispatchRequest { fence: d.fence.0 }
+    }
+}
+
+/// `POST /v1/operations/{key}/settle`.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SettleRequest {
+    #[serde(deserialize_with = "whole")]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    #[schema(pattern = "^[0-9a-f]{64}$")]
+    pub fingerprint: String,
+    pub binding: Binding,
+    pub outcome: Outcome,
+}
+
+impl SettleRequest {
+    pub fn into_settle(self, key: Key) -> Result<core::Settle, InvalidInput> {
+        Ok(core::Settle {
+            key,
+            fence: fence(self.fence)?,
+            fingerprint: digest("fingerprint", &self.fingerprint)?,
+            binding: self.binding.to_core("binding")?,
+            outcome: self.outcome.to_core()?,
+        })
+    }
+}
+
+impl From<&core::Settle> for SettleRequest {
+    fn from(s: &core::Settle) -> SettleRequest {
+        SettleRequest {
+            fence: s.fence.0,
+            fingerprint: s.fingerprint.to_hex(),
+            binding: (&s.binding).into(),
+            outcome: (&s.outcome).into(),
+        }
+    }
+}
+
+/// Why a holder releases its `execute` lease without a receipt.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseReason {
+    /// Nothing was sent (`marks_dispatch` and no `dispatch`).
+    #[default]
+    NotDispatched,
+    /// The remote definitively refused the effect (a validation error,
+    /// 409, 425, 429); allowed after `dispatch`.
+    NotCommitted,
+}
+
+impl From<core::ReleaseReason> for ReleaseReason {
+    fn from(r: core::ReleaseReason) -> ReleaseReason {
+        match r {
+            core::ReleaseReason::NotDispatched => ReleaseReason::NotDispatched,
+            core::ReleaseReason::NotCommitted => ReleaseReason::NotCommitted,
+        }
+    }
+}
+impl From<ReleaseReason> for core::ReleaseReason {
+    fn from(r: ReleaseReason) -> core::ReleaseReason {
+        match r {
+            ReleaseReason::NotDispatched => core::ReleaseReason::NotDispatched,
+            ReleaseReason::NotCommitted => core::ReleaseReason::NotCommitted,
+        }
+    }
+}
+
+/// `POST /v1/operations/{key}/release`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseRequest {
+    #[serde(deserialize_with = "whole")]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    /// `not_dispatched` (default) or `not_committed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<ReleaseReason>,
+}
+
+impl ReleaseRequest {
+    pub fn into_release(self, key: Key) -> Result<core::Release, InvalidInput> {
+        Ok(core::Release {
+            key,
+            fence: fence(self.fence)?,
+            reason: self.reason.unwrap_or_default().into(),
+        })
+    }
+}
+
+impl From<&core::Release> for ReleaseRequest {
+    fn from(r: &core::Release) -> ReleaseRequest {
+        ReleaseRequest {
+            fence: r.fence.0,
+            reason: Some(r.reason.into()),
+        }
+    }
+}
+
+/// What a reconciling worker found out about the remote effect.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Finding {
+    /// The effect happened: `fingerprint`, `binding` and a terminal `outcome` are required.
+    Committed,
+    /// The remote confirms the effect did not happen.
+    NotCommitted,
+    /// The remote could not be asked.
+    Unavailable,
+}
+
+impl From<core::FindingKind> for Finding {
+    fn from(f: core::FindingKind) -> Finding {
+        match f {
+            core::FindingKind::Committed => Finding::Committed,
+            core::FindingKind::NotCommitted => Finding::NotCommitted,
+            core::FindingKind::Unavailable => Finding::Unavailable,
+        }
+    }
+}
+
+/// `POST /v1/operations/{key}/reconcile`. `fingerprint`, `binding` and a
+/// terminal `outcome` are required with `committed` and refused otherwise.
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReconcileRequest {
+    #[serde(deserialize_with = "whole")]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    pub finding: Finding,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[0-9a-f]{64}$")]
+    pub fingerprint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub binding: Option<Binding>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+}
+
+impl ReconcileRequest {
+    pub fn into_reconcile(self, key: Key) -> Result<core::Reconcile, InvalidInput> {
+        let fence = fence(self.fence)?;
+        let finding = match self.finding {
+            Finding::Committed => {
+                let missing = |f: &str| InvalidInput::new(f, "is required with finding committed");
+                let fingerprint = self.fingerprint.ok_or_else(|| missing("fingerprint"))?;
+                let binding = self.binding.ok_or_else(|| missing("binding"))?;
+                let outcome = self.outcome.ok_or_else(|| missing("outcome"))?;
+                core::Finding::committed(
+                    digest("fingerprint", &fingerprint)?,
+                    binding.to_core("binding")?,
+                    outcome.to_core()?,
+                )?
+            }
+            kind => {
+                let extra = [
+                    ("fingerprint", self.fingerprint.is_some()),
+                    ("binding", self.binding.is_some()),
+                    ("outcome", self.outcome.is_some()),
+                ];
+                if let Some((field, _)) = extra.iter().find(|(_, present)| *present) {
+                    return Err(InvalidInput::new(
+                        *field,
+                        "is only allowed with finding committed",
+                    ));
+                }
+                match kind {
+                    Finding::NotCommitted => core::Finding::NotCommitted,
+                    _ => core::Finding::Unavailable,
+                }
+            }
+        };
+        Ok(core::Reconcile {
+            key,
+            fence,
+            finding,
+        })
+    }
+}
+
+impl From<&core::Reconcile> for ReconcileRequest {
+    fn from(r: &core::Reconcile) -> ReconcileRequest {
+        let (finding, fingerprint, binding, outcome) = match &r.finding {
+            core::Finding::Committed(c) => (
+                Finding::Committed,
+                Some(c.fingerprint().to_hex()),
+                Some(c.binding().into()),
+                Some(c.outcome().into()),
+            ),
+            core::Finding::NotCommitted => (Finding::NotCommitted, None, None, None),
+            core::Finding::Unavailable => (Finding::Unavailable, None, None, None),
+        };
+        ReconcileRequest {
+            fence: r.fence.0,
+            finding,
+            fingerprint,
+            binding,
+            outcome,
+        }
+    }
+}
+
+/// `POST /v1/tasks/{task}/warnings/{class}`.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WarnRequest {
+    /// Replaces the stored detail; omitted keeps it. 1–4096 bytes, no
+    /// control characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(
+        min_length = 1,
+        max_length = 4096,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"
+    )]
+    pub detail: Option<String>,
+}
+
+impl WarnRequest {
+    pub fn into_warn(
+        self,
+        task: core::TaskId,
+        class: core::WarningClass,
+    ) -> Result<core::Warn, InvalidInput> {
+        Ok(core::Warn {
+            task,
+            class,
+            detail: self
+                .detail
+                .map(|d| core::Text::new("detail", d))
+                .transpose()?,
+        })
+    }
+}
+
+impl From<&core::Warn> for WarnRequest {
+    fn from(w: &core::Warn) -> WarnRequest {
+        WarnRequest {
+            detail: w.detail.as_ref().map(|d| d.to_string()),
+        }
+    }
+}
+
+/// A body with no fields (`revoke`); anything but `{}` or an empty body is refused.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EmptyRequest {}

@@ -1,0 +1,367 @@
+//! Response bodies of SPEC §7, built from the core's replies, and back.
+
+use serde::{Deserialize, Serialize};
+use settle_core as core;
+use settle_core::InvalidInput;
+use utoipa::ToSchema;
+
+use crate::record::Status;
+use crate::request::Outcome;
+use crate::time::Time;
+
+/// A granted lease: act under this fence.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Grant {
+    /// Pass it to the remote as its fencing token.
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    pub lease_expires_at: Time,
+    /// 1-based attempt number on this record.
+    pub attempt: u32,
+}
+
+/// The answer to a claim (and to `reconcile(not_committed)`, which answers `execute`).
+// Built once per answer; the size of the replay variant does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(
+    tag = "decision",
+    rename_all = "snake_case",
+    try_from = "DecisionFields"
+)]
+pub enum ClaimDecision {
+    /// Go ahead: perform the effect under this fence.
+    Execute(Grant),
+    /// Find out whether the remote effect happened before writing anything.
+    Reconcile(Grant),
+    /// Another worker holds a live lease; claim again after the hint.
+    InFlight {
+        /// Until that lease expires, capped at 1000, at least 10.
+        retry_after_ms: u64,
+    },
+    /// Already settled: the one true outcome.
+    Replay { outcome: Outcome, receipt: Receipt },
+}
+
+impl From<&core::Grant> for Grant {
+    fn from(g: &core::Grant) -> Grant {
+        Grant {
+            fence: g.fence.0,
+            lease_expires_at: g.lease_expires_at.into(),
+            attempt: g.attempt,
+        }
+    }
+}
+impl From<Grant> for core::Grant {
+    fn from(g: Grant) -> core::Grant {
+        core::Grant {
+            fence: core::Fence(g.fence),
+            lease_expires_at: g.lease_expires_at.into(),
+            attempt: g.attempt,
+        }
+    }
+}
+
+impl From<&core::ClaimDecision> for ClaimDecision {
+    fn from(d: &core::ClaimDecision) -> ClaimDecision {
+        match d {
+            core::ClaimDecision::Execute(g) => ClaimDecision::Execute(g.into()),
+            core::ClaimDecision::Reconcile(g) => ClaimDecision::Reconcile(g.into()),
+            core::ClaimDecision::InFlight { retry_after_ms } => ClaimDecision::InFlight {
+                retry_after_ms: *retry_after_ms,
+            },
+            core::ClaimDecision::Replay { outcome, receipt } => ClaimDecision::Replay {
+                outcome: outcome.into(),
+                receipt: receipt.into(),
+            },
+        }
+    }
+}
+
+impl TryFrom<ClaimDecision> for core::ClaimDecision {
+    type Error = InvalidInput;
+    /// What a client makes of the answer (validated like a request).
+    fn try_from(d: ClaimDecision) -> Result<core::ClaimDecision, InvalidInput> {
+        Ok(match d {
+            ClaimDecision::Execute(g) => core::ClaimDecision::Execute(g.into()),
+            ClaimDecision::Reconcile(g) => core::ClaimDecision::Reconcile(g.into()),
+            ClaimDecision::InFlight { retry_after_ms } => {
+                core::ClaimDecision::InFlight { retry_after_ms }
+            }
+            ClaimDecision::Replay { outcome, receipt } => core::ClaimDecision::Replay {
+                outcome: outcome.to_core()?,
+                receipt: receipt.try_into()?,
+            },
+        })
+    }
+}
+
+/// The durable proof of a settlement.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Receipt {
+    pub key: String,
+    /// Lowercase hex SHA-256.
+    pub fingerprint: String,
+    /// Lowercase hex SHA-256 of the upstream's raw response.
+    pub response_sha256: Option<String>,
+    pub status: Status,
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    pub committed_at: Time,
+    /// Always true: a receipt is only handed out after a durable commit.
+    pub durable: bool,
+}
+
+impl From<&core::Receipt> for Receipt {
+    fn from(r: &core::Receipt) -> Receipt {
+        Receipt {
+            key: r.key.to_string(),
+            fingerprint: r.fingerprint.to_hex(),
+            response_sha256: r.response_sha256.map(|d| d.to_hex()),
+            status: r.status.into(),
+            fence: r.fence.0,
+            committed_at: r.committed_at.into(),
+            durable: r.durable,
+        }
+    }
+}
+
+impl TryFrom<Receipt> for core::Receipt {
+    type Error = InvalidInput;
+    fn try_from(r: Receipt) -> Result<core::Receipt, InvalidInput> {
+        Ok(core::Receipt {
+            key: core::Key::new(r.key)?,
+            fingerprint: core::Digest::parse("receipt.fingerprint", &r.fingerprint)?,
+            response_sha256: r
+                .response_sha256
+                .map(|d| core::Digest::parse("receipt.response_sha256", &d))
+                .transpose()?,
+            status: r.status.into(),
+            fence: core::Fence(r.fence),
+            committed_at: r.committed_at.into(),
+            durable: r.durable,
+        })
+    }
+}
+
+/// The answer to settle and to `reconcile(committed)`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct ReceiptResponse {
+    pub receipt: Receipt,
+}
+
+/// A live lease after heartbeat.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct LeaseInfo {
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    pub lease_expires_at: Time,
+}
+
+impl From<&core::LeaseInfo> for LeaseInfo {
+    fn from(l: &core::LeaseInfo) -> LeaseInfo {
+        LeaseInfo {
+            fence: l.fence.0,
+            lease_expires_at: l.lease_expires_at.into(),
+        }
+    }
+}
+impl From<LeaseInfo> for core::LeaseInfo {
+    fn from(l: LeaseInfo) -> core::LeaseInfo {
+        core::LeaseInfo {
+            fence: core::Fence(l.fence),
+            lease_expires_at: l.lease_expires_at.into(),
+        }
+    }
+}
+
+/// The answer to dispatch.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Dispatched {
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    pub lease_expires_at: Time,
+    /// Always true.
+    pub dispatched: bool,
+}
+
+impl From<&core::LeaseInfo> for Dispatched {
+    fn from(l: &core::LeaseInfo) -> Dispatched {
+        Dispatched {
+            fence: l.fence.0,
+            lease_expires_at: l.lease_expires_at.into(),
+            dispatched: true,
+        }
+    }
+}
+
+/// The answer to release and to `reconcile(unavailable)`: the lease ended without a receipt.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Released {
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    pub fence: u64,
+    /// Always true.
+    pub released: bool,
+}
+
+impl Released {
+    pub fn new(fence: core::Fence) -> Released {
+        Released {
+            fence: fence.0,
+            released: true,
+        }
+    }
+}
+
+/// The answer to reconcile, by finding.
+// Built once per answer; the size of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(untagged, try_from = "DecisionFields")]
+pub enum ReconcileResponse {
+    /// `not_committed`: an execute lease under the same fence.
+    Execute(ClaimDecision),
+    /// `committed`.
+    Receipt(ReceiptResponse),
+    /// `unavailable`.
+    Released(Released),
+}
+
+/// The answer to revoke.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Revoked {
+    pub principal: String,
+    /// The principal's new generation. Within [0, 2^53 − 1] unless the
+    /// principal was revoked at 2^53 − 1: then no claim can carry it any
+    /// more (SPEC §2), and the principal stays revoked.
+    #[schema(minimum = 1)]
+    pub generation: u64,
+}
+
+/// One bounded durable warning per `(tenant, task, class)`.
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Warning {
+    pub task: String,
+    pub class: String,
+    /// Saturates at the server's `warning_cap`.
+    pub count: u64,
+    pub detail: Option<String>,
+    pub first_at: Time,
+    pub last_at: Time,
+    /// The count reached the cap.
+    pub saturated: bool,
+}
+
+impl From<&core::Warning> for Warning {
+    fn from(w: &core::Warning) -> Warning {
+        Warning {
+            task: w.task.to_string(),
+            class: w.class.to_string(),
+            count: w.count,
+            detail: w.detail.as_ref().map(|d| d.to_string()),
+            first_at: w.first_at.into(),
+            last_at: w.last_at.into(),
+            saturated: w.saturated,
+        }
+    }
+}
+
+/// The warnings of a task.
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize, ToSchema)]
+pub struct Warnings {
+    pub warnings: Vec<Warning>,
+}
+
+/// `/healthz` and `/readyz`.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: HealthStatus,
+}
+
+/// `ok` (the process answers) or `ready` (the store answers too).
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthStatus {
+    Ok,
+    Ready,
+}
+
+/// Every field a claim or reconcile answer may carry, read in one pass.
+///
+/// serde's tagged and untagged enums buffer their input, and a buffered
+/// `result` can no longer be read as raw JSON text; reading the fields
+/// directly keeps a replayed result byte for byte.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DecisionFields {
+    decision: Option<Decision>,
+    fence: Option<u64>,
+    lease_expires_at: Option<Time>,
+    attempt: Option<u32>,
+    retry_after_ms: Option<u64>,
+    outcome: Option<Outcome>,
+    receipt: Option<Receipt>,
+    released: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Decision {
+    Execute,
+    Reconcile,
+    InFlight,
+    Replay,
+}
+
+fn missing(field: &str) -> String {
+    format!("missing field `{field}`")
+}
+
+impl DecisionFields {
+    fn grant(&self) -> Result<Grant, String> {
+        Ok(Grant {
+            fence: self.fence.ok_or_else(|| missing("fence"))?,
+            lease_expires_at: self
+                .lease_expires_at
+                .ok_or_else(|| missing("lease_expires_at"))?,
+            attempt: self.attempt.ok_or_else(|| missing("attempt"))?,
+        })
+    }
+}
+
+impl TryFrom<DecisionFields> for ClaimDecision {
+    type Error = String;
+    fn try_from(f: DecisionFields) -> Result<ClaimDecision, String> {
+        Ok(
+            match f.decision.as_ref().ok_or_else(|| missing("decision"))? {
+                Decision::Execute => ClaimDecision::Execute(f.grant()?),
+                Decision::Reconcile => ClaimDecision::Reconcile(f.grant()?),
+                Decision::InFlight => ClaimDecision::InFlight {
+                    retry_after_ms: f.retry_after_ms.ok_or_else(|| missing("retry_after_ms"))?,
+                },
+                Decision::Replay => ClaimDecision::Replay {
+                    outcome: f.outcome.ok_or_else(|| missing("outcome"))?,
+                    receipt: f.receipt.ok_or_else(|| missing("receipt"))?,
+                },
+            },
+        )
+    }
+}
+
+impl TryFrom<DecisionFields> for ReconcileResponse {
+    type Error = String;
+    fn try_from(f: DecisionFields) -> Result<ReconcileResponse, String> {
+        if f.decision.is_some() {
+            return ClaimDecision::try_from(f).map(ReconcileResponse::Execute);
+        }
+        if let Some(receipt) = f.receipt {
+            return Ok(ReconcileResponse::Receipt(ReceiptResponse { receipt }));
+        }
+        match (f.fence, f.released) {
+            (Some(fence), Some(released)) => {
+                Ok(ReconcileResponse::Released(Released { fence, released }))
+            }
+            _ => Err("expected a decision, a receipt or a release".to_string()),
+        }
+    }
+}

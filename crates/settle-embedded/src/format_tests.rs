@@ -1,0 +1,457 @@
+//! The frozen on-disk formats: log frame format 2 carrying values of
+//! format 2 (`codec::FRAME_VERSION`, `codec::FORMAT_VERSION`).
+//!
+//! `tests/fixtures/` holds bytes written once by the build that introduced
+//! each version. Every later build must decode them to the values built
+//! here (as redb's backward-compatibility tests do), and while a version is
+//! the current one, encoding those values must give the same bytes. A
+//! change to a stored type (a field added, removed, renamed into another
+//! position, a serde attribute, an enum variant reordered) fails these
+//! tests: it is a format change, which needs a version bump and a
+//! converter (ARCHITECTURE.md, "Architecture invariant: stored formats").
+//!
+//! New fixtures are written deliberately, never by a normal test run:
+//! `cargo test -p settle-embedded --lib write_format_fixtures -- --ignored`
+//! writes the fixtures of the versions this build writes, and refuses to
+//! overwrite any that exists (see `tests/fixtures/README.md`).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use settle_core::{
+    Attempt, Binding, Call, Digest, Ended, ErrorText, Fence, FindingKind, Key, Lease, LeaseEnd,
+    LeaseMs, Move, Observation, Outcome, OutcomeStatus, Principal, PrincipalState, Purpose,
+    QuarantineEntry, Receipt, Record, RefusalCode, Reservation, ResultJson, RetentionS, Scopes,
+    Status, TaskId, TenantId, Text, Timestamp, Warning, WarningClass, invariants,
+};
+
+use crate::codec::{
+    Batch, EntityKey, Entry, FORMAT_VERSION, FRAME_VERSION, Frame, Value, decode_frame,
+    decode_value, encode_for_log, encode_frame, encode_value, place_frame,
+};
+
+/// Where the fixture frame lives: byte 4096 of segment 7 (the header
+/// checksum is bound to both).
+const FRAME_SEQ: u64 = 7;
+const FRAME_OFFSET: u64 = 4096;
+
+const FRAME_V2: &str = "log-frame-v2-values-v2.bin";
+const RECORD_V2: &str = "value-record-v2.bin";
+const WARNINGS_V2: &str = "value-warnings-v2.bin";
+const PRINCIPAL_V2: &str = "value-principal-v2.bin";
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    let p = fixture_dir().join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()))
+}
+
+const T0: u64 = 1_764_460_800_000; // 2025-11-30T00:00:00Z
+
+fn t(ms: u64) -> Timestamp {
+    Timestamp(T0 + ms)
+}
+fn d(n: u8) -> Digest {
+    Digest([n; 32])
+}
+fn tenant() -> TenantId {
+    TenantId::new("acme").unwrap()
+}
+fn alice() -> Principal {
+    Principal::new("alice").unwrap()
+}
+fn pay_refund() -> Scopes {
+    Scopes::from_strs(["pay", "refund"]).unwrap()
+}
+fn lease_ms() -> LeaseMs {
+    LeaseMs::new(30_000).unwrap()
+}
+
+fn receipt(key: &Key, fp: Digest, sha: Digest, status: Status, fence: u64, at: u64) -> Receipt {
+    Receipt {
+        key: key.clone(),
+        fingerprint: fp,
+        response_sha256: Some(sha),
+        status,
+        fence: Fence(fence),
+        committed_at: t(at),
+        durable: true,
+    }
+}
+
+/// A settled, disputed record: an execute attempt that settled `unknown`
+/// with an error, a reconcile attempt that committed the canonical outcome
+/// and later met disagreeing evidence, and quarantined evidence.
+fn settled_record() -> Record {
+    let key = Key::new("order-1").unwrap();
+    let fp = d(1);
+    Record {
+        key: key.clone(),
+        reservation: Reservation {
+            fingerprint: fp,
+            principal: alice(),
+            scopes: pay_refund(),
+            generation: 2,
+        },
+        status: Status::Completed,
+        outcome: Some(Outcome::completed(
+            ResultJson::from_text(r#"{"charge":"ch_1","amount":1250}"#, 1024).unwrap(),
+            d(101),
+        )),
+        receipt: Some(receipt(&key, fp, d(101), Status::Completed, 7, 2_000)),
+        reconcile_required: false,
+        disputed: true,
+        attempts: vec![
+            Attempt {
+                number: 1,
+                lease: Lease {
+                    fence: Fence(5),
+                    purpose: Purpose::Execute,
+                    generation: 2,
+                    granted_at: t(0),
+                    expires_at: t(30_000),
+                    lease_ms: lease_ms(),
+                    marks_dispatch: true,
+                    dispatched: true,
+                    worker: Some(Text::new("worker", "w-1").unwrap()),
+                    ended: Some(Ended {
+                        reason: LeaseEnd::Settled,
+                        at: t(1_000),
+                    }),
+                },
+                receipt: Some(receipt(&key, fp, d(150), Status::Unknown, 5, 1_000)),
+                error: Some(ErrorText::new("error", "connection reset after send").unwrap()),
+                observations: vec![Observation {
+                    at: t(1_000),
+                    call: Call::Settle,
+                    status: Some(OutcomeStatus::Unknown),
+                    finding: None,
+                    response_sha256: Some(d(150)),
+                    accepted: true,
+                    code: None,
+                }],
+                observations_total: 1,
+            },
+            Attempt {
+                number: 2,
+                lease: Lease {
+                    fence: Fence(7),
+                    purpose: Purpose::Reconcile,
+                    generation: 2,
+                    granted_at: t(1_500),
+                    expires_at: t(31_500),
+                    lease_ms: lease_ms(),
+                    marks_dispatch: false,
+                    dispatched: false,
+                    worker: None,
+                    ended: Some(Ended {
+                        reason: LeaseEnd::Settled,
+                        at: t(2_000),
+                    }),
+                },
+                receipt: Some(receipt(&key, fp, d(101), Status::Completed, 7, 2_000)),
+                error: None,
+                observations: vec![
+                    Observation {
+                        at: t(2_000),
+                        call: Call::Reconcile,
+                        status: Some(OutcomeStatus::Completed),
+                        finding: Some(FindingKind::Committed),
+                        response_sha256: Some(d(101)),
+                        accepted: true,
+                        code: None,
+                    },
+                    Observation {
+                        at: t(2_500),
+                        call: Call::Settle,
+                        status: Some(OutcomeStatus::Completed),
+                        finding: None,
+                        response_sha256: Some(d(102)),
+                        accepted: false,
+                        code: Some(RefusalCode::ResultMismatch),
+                    },
+                ],
+                // One older observation is no longer kept.
+                observations_total: 3,
+            },
+        ],
+        attempts_total: 2,
+        quarantine: vec![QuarantineEntry {
+            at: t(1_200),
+            fence: Fence(4),
+            reason: RefusalCode::StaleFence,
+            call: Call::Settle,
+            status: Some(OutcomeStatus::Failed),
+            finding: None,
+            fingerprint: Some(fp),
+            binding: Some(Binding {
+                principal: Principal::new("bob").unwrap(),
+                scopes: Scopes::from_strs(["pay"]).unwrap(),
+                generation: 0,
+            }),
+            response_sha256: Some(d(103)),
+        }],
+        quarantine_total: 2,
+        retention_s: RetentionS::new(604_800).unwrap(),
+        created_at: t(0),
+        updated_at: t(2_500),
+        settled_at: Some(t(2_000)),
+    }
+}
+
+/// A pending record holding an open execute lease.
+fn open_record() -> Record {
+    Record {
+        key: Key::new("order-2").unwrap(),
+        reservation: Reservation {
+            fingerprint: d(2),
+            principal: alice(),
+            scopes: pay_refund(),
+            generation: 2,
+        },
+        status: Status::Pending,
+        outcome: None,
+        receipt: None,
+        reconcile_required: false,
+        disputed: false,
+        attempts: vec![Attempt {
+            number: 1,
+            lease: Lease {
+                fence: Fence(8),
+                purpose: Purpose::Execute,
+                generation: 2,
+                granted_at: t(3_000),
+                expires_at: t(33_000),
+                lease_ms: lease_ms(),
+                marks_dispatch: false,
+                dispatched: false,
+                worker: None,
+                ended: None,
+            },
+            receipt: None,
+            error: None,
+            observations: Vec::new(),
+            observations_total: 0,
+        }],
+        attempts_total: 1,
+        quarantine: Vec::new(),
+        quarantine_total: 0,
+        retention_s: RetentionS::new(86_400).unwrap(),
+        created_at: t(3_000),
+        updated_at: t(3_000),
+        settled_at: None,
+    }
+}
+
+fn warnings() -> Vec<Warning> {
+    let task = TaskId::new("nightly-export").unwrap();
+    vec![
+        Warning {
+            task: task.clone(),
+            class: WarningClass::new("slow-remote").unwrap(),
+            count: 3,
+            detail: Some(Text::new("detail", "p99 above 2 s").unwrap()),
+            first_at: t(100),
+            last_at: t(900),
+            saturated: false,
+        },
+        Warning {
+            task,
+            class: WarningClass::new("retry-storm").unwrap(),
+            count: 1_000,
+            detail: None,
+            first_at: t(200),
+            last_at: t(800),
+            saturated: true,
+        },
+    ]
+}
+
+/// bob at generation 3, with the two moves that brought him there.
+fn principal() -> PrincipalState {
+    PrincipalState::with_moves(
+        3,
+        t(1_400),
+        &[
+            Move { left: 1, at: t(50) },
+            Move {
+                left: 2,
+                at: t(1_400),
+            },
+        ],
+    )
+}
+
+/// The frame's entities, with the `open` flag and `expires_at` each entry carries.
+fn frame_entities() -> Vec<(EntityKey, Value, bool, Option<u64>)> {
+    let settled = settled_record();
+    let expires = T0 + 2_000 + 604_800_000;
+    vec![
+        (
+            EntityKey::Record(tenant(), settled.key.clone()),
+            Value::Record(settled),
+            false,
+            Some(expires),
+        ),
+        (
+            EntityKey::Record(tenant(), Key::new("order-2").unwrap()),
+            Value::Record(open_record()),
+            true,
+            None,
+        ),
+        (
+            EntityKey::Principal(tenant(), Principal::new("bob").unwrap()),
+            Value::Principal(principal()),
+            false,
+            None,
+        ),
+        (
+            EntityKey::Task(tenant(), TaskId::new("nightly-export").unwrap()),
+            Value::Warnings(warnings()),
+            false,
+            None,
+        ),
+        // A collected record: an empty value.
+        (
+            EntityKey::Record(tenant(), Key::new("collected-1").unwrap()),
+            Value::Gone,
+            false,
+            None,
+        ),
+    ]
+}
+
+const LSN: u64 = 42;
+const NEXT_FENCE: u64 = 9;
+const DISPUTED: u64 = 1;
+
+/// The frame this build writes for [`frame_entities`] at the fixture's position.
+fn encode_fixture_frame() -> Vec<u8> {
+    let ents = frame_entities();
+    let keys: Vec<Vec<u8>> = ents.iter().map(|e| e.0.to_bytes()).collect();
+    let blobs: Vec<Vec<u8>> = ents.iter().map(|e| encode_for_log(&e.1)).collect();
+    let entries = ents
+        .iter()
+        .zip(keys.iter().zip(&blobs))
+        .map(|(e, (k, b))| Entry::new(k, &e.1, b))
+        .collect();
+    let batch = Batch {
+        version: FRAME_VERSION,
+        lsn: LSN,
+        next_fence: NEXT_FENCE,
+        disputed: DISPUTED,
+        entries,
+    };
+    let mut out = Vec::new();
+    encode_frame(&batch, &mut out);
+    place_frame(&mut out, FRAME_SEQ, FRAME_OFFSET);
+    out
+}
+
+/// (file name, bytes) of the fixtures of the versions this build writes.
+fn current_fixtures() -> Vec<(String, Vec<u8>)> {
+    vec![
+        (
+            format!("log-frame-v{FRAME_VERSION}-values-v{FORMAT_VERSION}.bin"),
+            encode_fixture_frame(),
+        ),
+        (
+            format!("value-record-v{FORMAT_VERSION}.bin"),
+            encode_value(&Value::Record(settled_record())),
+        ),
+        (
+            format!("value-warnings-v{FORMAT_VERSION}.bin"),
+            encode_value(&Value::Warnings(warnings())),
+        ),
+        (
+            format!("value-principal-v{FORMAT_VERSION}.bin"),
+            encode_value(&Value::Principal(principal())),
+        ),
+    ]
+}
+
+#[test]
+fn the_expected_records_are_valid_records() {
+    invariants::check_record(&settled_record()).unwrap();
+    invariants::check_record(&open_record()).unwrap();
+}
+
+#[test]
+fn log_frame_v2_fixture_decodes_to_the_expected_batch() {
+    let bytes = fixture(FRAME_V2);
+    let Frame::Ok(batch, len) = decode_frame(&bytes, FRAME_SEQ, FRAME_OFFSET).unwrap() else {
+        panic!("{FRAME_V2} is not a whole frame at segment {FRAME_SEQ} byte {FRAME_OFFSET}");
+    };
+    assert_eq!(len, bytes.len());
+    assert_eq!(
+        (batch.version, batch.lsn, batch.next_fence, batch.disputed),
+        (2, LSN, NEXT_FENCE, DISPUTED)
+    );
+    let expected = frame_entities();
+    assert_eq!(batch.entries.len(), expected.len());
+    for (e, (key, value, open, expires_at)) in batch.entries.iter().zip(&expected) {
+        assert_eq!(&EntityKey::from_bytes(e.key).unwrap(), key);
+        assert_eq!(&e.decode().unwrap(), value, "{key:?}");
+        assert_eq!((e.open, e.expires_at), (*open, *expires_at), "{key:?}");
+    }
+}
+
+#[test]
+fn value_v2_fixtures_decode_to_the_expected_values() {
+    for (name, want) in [
+        (RECORD_V2, Value::Record(settled_record())),
+        (WARNINGS_V2, Value::Warnings(warnings())),
+        (PRINCIPAL_V2, Value::Principal(principal())),
+    ] {
+        assert_eq!(decode_value(&fixture(name)).unwrap(), want, "{name}");
+    }
+}
+
+#[test]
+fn this_build_writes_the_v2_fixtures_byte_for_byte() {
+    // Version 2 is the one this build writes. After a deliberate bump,
+    // write the new version's fixtures (see the module docs), keep the v2
+    // files and their decode tests, and check the new files here instead.
+    assert_eq!((FRAME_VERSION, FORMAT_VERSION), (2, 2));
+    let names = [FRAME_V2, RECORD_V2, WARNINGS_V2, PRINCIPAL_V2];
+    for ((name, bytes), want) in current_fixtures().into_iter().zip(names) {
+        assert_eq!(name, want);
+        assert!(
+            bytes == fixture(&name),
+            "{name}: this build encodes the stored values differently from the frozen \
+             format; a change to a stored type is a format change (ARCHITECTURE.md)"
+        );
+    }
+}
+
+/// Writes the fixtures of the versions this build writes, once. Refuses
+/// to overwrite: a released version's fixture is frozen.
+#[test]
+#[ignore = "writes format fixtures; run deliberately after a format version bump"]
+fn write_format_fixtures() {
+    let dir = fixture_dir();
+    let files = current_fixtures();
+    for (name, _) in &files {
+        let p = dir.join(name);
+        assert!(
+            !p.exists(),
+            "{} exists: the fixtures of a released format version are frozen and never \
+             overwritten. A changed encoding needs a new version number (ARCHITECTURE.md).",
+            p.display()
+        );
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, bytes) in files {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(dir.join(&name))
+            .unwrap();
+        f.write_all(&bytes).unwrap();
+        f.sync_all().unwrap();
+        println!("wrote {}", dir.join(&name).display());
+    }
+}

@@ -1,0 +1,475 @@
+//! The frozen PostgreSQL row encoding: record format 2 (`codec::FORMAT`)
+//! in schema version 2 (`schema::SCHEMA_VERSION`).
+//!
+//! `tests/fixtures/` holds, as the engine writes them, the `value` bytea of
+//! a record and of a task's warnings, a principal's `moves`, and the
+//! derived columns of a record row and a principal row (as text, one
+//! `column=value` a line). Every later build must decode the bytes to the
+//! values built here (as redb's backward-compatibility tests do); while
+//! format 2 is the one written, encoding those values must give the same
+//! bytes and columns. A change to a stored type is a format change: a new
+//! format number and a converter, or a clear refusal (ARCHITECTURE.md,
+//! "Architecture invariant: stored formats"). `tests/format.rs` loads the
+//! same rows into a real schema and reads them through the store.
+//!
+//! New fixtures are written deliberately, never by a normal test run:
+//! `cargo test -p settle-pg --lib write_format_fixtures -- --ignored`
+//! writes the fixtures of the format and schema version this build writes,
+//! and refuses to overwrite any that exists (see `tests/fixtures/README.md`).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use settle_core::{
+    Attempt, Binding, Call, Digest, Ended, ErrorText, Fence, FindingKind, Key, Lease, LeaseEnd,
+    LeaseMs, Move, Observation, Outcome, OutcomeStatus, Principal, PrincipalState, Purpose,
+    QuarantineEntry, Receipt, Record, RefusalCode, Reservation, ResultJson, RetentionS, Scopes,
+    Status, TaskId, Text, Timestamp, Warning, WarningClass, invariants,
+};
+
+use crate::codec::{
+    FORMAT, FORMAT_POSTCARD_V2, PrincipalColumns, RecordColumns, decode_record, decode_warnings,
+    encode, principal_state,
+};
+use crate::schema::SCHEMA_VERSION;
+
+const RECORD_2: &str = "record-format2.bin";
+const RECORD_COLUMNS_2: &str = "record-columns-format2-schema2.txt";
+const OPEN_RECORD_2: &str = "open-record-format2.bin";
+const OPEN_RECORD_COLUMNS_2: &str = "open-record-columns-format2-schema2.txt";
+const WARNINGS_2: &str = "warnings-format2.bin";
+const MOVES_2: &str = "principal-moves-format2.bin";
+const PRINCIPAL_COLUMNS_2: &str = "principal-columns-schema2.txt";
+
+fn fixture_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    let p = fixture_dir().join(name);
+    std::fs::read(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()))
+}
+
+const T0: u64 = 1_764_460_800_000; // 2025-11-30T00:00:00Z
+
+fn t(ms: u64) -> Timestamp {
+    Timestamp(T0 + ms)
+}
+fn d(n: u8) -> Digest {
+    Digest([n; 32])
+}
+fn alice() -> Principal {
+    Principal::new("alice").unwrap()
+}
+fn pay_refund() -> Scopes {
+    Scopes::from_strs(["pay", "refund"]).unwrap()
+}
+fn lease_ms() -> LeaseMs {
+    LeaseMs::new(30_000).unwrap()
+}
+
+fn receipt(key: &Key, fp: Digest, sha: Digest, status: Status, fence: u64, at: u64) -> Receipt {
+    Receipt {
+        key: key.clone(),
+        fingerprint: fp,
+        response_sha256: Some(sha),
+        status,
+        fence: Fence(fence),
+        committed_at: t(at),
+        durable: true,
+    }
+}
+
+/// A settled, disputed record: an execute attempt that settled `unknown`
+/// with an error, a reconcile attempt that committed the canonical outcome
+/// and later met disagreeing evidence, and quarantined evidence.
+fn settled_record() -> Record {
+    let key = Key::new("order-1").unwrap();
+    let fp = d(1);
+    Record {
+        key: key.clone(),
+        reservation: Reservation {
+            fingerprint: fp,
+            principal: alice(),
+            scopes: pay_refund(),
+            generation: 2,
+        },
+        status: Status::Completed,
+        outcome: Some(Outcome::completed(
+            ResultJson::from_text(r#"{"charge":"ch_1","amount":1250}"#, 1024).unwrap(),
+            d(101),
+        )),
+        receipt: Some(receipt(&key, fp, d(101), Status::Completed, 7, 2_000)),
+        reconcile_required: false,
+        disputed: true,
+        attempts: vec![
+            Attempt {
+                number: 1,
+                lease: Lease {
+                    fence: Fence(5),
+                    purpose: Purpose::Execute,
+                    generation: 2,
+                    granted_at: t(0),
+                    expires_at: t(30_000),
+                    lease_ms: lease_ms(),
+                    marks_dispatch: true,
+                    dispatched: true,
+                    worker: Some(Text::new("worker", "w-1").unwrap()),
+                    ended: Some(Ended {
+                        reason: LeaseEnd::Settled,
+                        at: t(1_000),
+                    }),
+                },
+                receipt: Some(receipt(&key, fp, d(150), Status::Unknown, 5, 1_000)),
+                error: Some(ErrorText::new("error", "connection reset after send").unwrap()),
+                observations: vec![Observation {
+                    at: t(1_000),
+                    call: Call::Settle,
+                    status: Some(OutcomeStatus::Unknown),
+                    finding: None,
+                    response_sha256: Some(d(150)),
+                    accepted: true,
+                    code: None,
+                }],
+                observations_total: 1,
+            },
+            Attempt {
+                number: 2,
+                lease: Lease {
+                    fence: Fence(7),
+                    purpose: Purpose::Reconcile,
+                    generation: 2,
+                    granted_at: t(1_500),
+                    expires_at: t(31_500),
+                    lease_ms: lease_ms(),
+                    marks_dispatch: false,
+                    dispatched: false,
+                    worker: None,
+                    ended: Some(Ended {
+                        reason: LeaseEnd::Settled,
+                        at: t(2_000),
+                    }),
+                },
+                receipt: Some(receipt(&key, fp, d(101), Status::Completed, 7, 2_000)),
+                error: None,
+                observations: vec![
+                    Observation {
+                        at: t(2_000),
+                        call: Call::Reconcile,
+                        status: Some(OutcomeStatus::Completed),
+                        finding: Some(FindingKind::Committed),
+                        response_sha256: Some(d(101)),
+                        accepted: true,
+                        code: None,
+                    },
+                    Observation {
+                        at: t(2_500),
+                        call: Call::Settle,
+                        status: Some(OutcomeStatus::Completed),
+                        finding: None,
+                        response_sha256: Some(d(102)),
+                        accepted: false,
+                        code: Some(RefusalCode::ResultMismatch),
+                    },
+                ],
+                // One older observation is no longer kept.
+                observations_total: 3,
+            },
+        ],
+        attempts_total: 2,
+        quarantine: vec![QuarantineEntry {
+            at: t(1_200),
+            fence: Fence(4),
+            reason: RefusalCode::StaleFence,
+            call: Call::Settle,
+            status: Some(OutcomeStatus::Failed),
+            finding: None,
+            fingerprint: Some(fp),
+            binding: Some(Binding {
+                principal: Principal::new("bob").unwrap(),
+                scopes: Scopes::from_strs(["pay"]).unwrap(),
+                generation: 0,
+            }),
+            response_sha256: Some(d(103)),
+        }],
+        quarantine_total: 2,
+        retention_s: RetentionS::new(604_800).unwrap(),
+        created_at: t(0),
+        updated_at: t(2_500),
+        settled_at: Some(t(2_000)),
+    }
+}
+
+/// A pending record holding an open execute lease (derived lease columns).
+fn open_record() -> Record {
+    Record {
+        key: Key::new("order-2").unwrap(),
+        reservation: Reservation {
+            fingerprint: d(2),
+            principal: alice(),
+            scopes: pay_refund(),
+            generation: 2,
+        },
+        status: Status::Pending,
+        outcome: None,
+        receipt: None,
+        reconcile_required: false,
+        disputed: false,
+        attempts: vec![Attempt {
+            number: 1,
+            lease: Lease {
+                fence: Fence(8),
+                purpose: Purpose::Execute,
+                generation: 2,
+                granted_at: t(3_000),
+                expires_at: t(33_000),
+                lease_ms: lease_ms(),
+                marks_dispatch: false,
+                dispatched: false,
+                worker: None,
+                ended: None,
+            },
+            receipt: None,
+            error: None,
+            observations: Vec::new(),
+            observations_total: 0,
+        }],
+        attempts_total: 1,
+        quarantine: Vec::new(),
+        quarantine_total: 0,
+        retention_s: RetentionS::new(86_400).unwrap(),
+        created_at: t(3_000),
+        updated_at: t(3_000),
+        settled_at: None,
+    }
+}
+
+fn warnings() -> Vec<Warning> {
+    let task = TaskId::new("nightly-export").unwrap();
+    vec![
+        Warning {
+            task: task.clone(),
+            class: WarningClass::new("slow-remote").unwrap(),
+            count: 3,
+            detail: Some(Text::new("detail", "p99 above 2 s").unwrap()),
+            first_at: t(100),
+            last_at: t(900),
+            saturated: false,
+        },
+        Warning {
+            task,
+            class: WarningClass::new("retry-storm").unwrap(),
+            count: 1_000,
+            detail: None,
+            first_at: t(200),
+            last_at: t(800),
+            saturated: true,
+        },
+    ]
+}
+
+/// bob at generation 3, with the two moves that brought him there.
+fn principal() -> PrincipalState {
+    PrincipalState::with_moves(
+        3,
+        t(1_400),
+        &[
+            Move { left: 1, at: t(50) },
+            Move {
+                left: 2,
+                at: t(1_400),
+            },
+        ],
+    )
+}
+
+/// A record row's columns besides tenant, key and value, as the engine
+/// writes them (`format` and the derived columns), one `name=value` a line.
+fn record_columns_text(r: &Record) -> String {
+    let c = RecordColumns::of(r);
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "NULL".into());
+    [
+        format!("format={FORMAT}"),
+        format!("owner={}", c.owner),
+        format!("status={}", c.status),
+        format!("reconcile={}", c.reconcile),
+        format!(
+            "lease_expires_at={}",
+            opt(c.lease_expires_at.map(|v| v.to_string()))
+        ),
+        format!("lease_generation={}", opt(c.lease_generation)),
+        format!("updated_at={}", c.updated_at),
+        format!("collect_at={}", opt(c.collect_at.map(|v| v.to_string()))),
+        format!("receipt_at={}", opt(c.receipt_at.map(|v| v.to_string()))),
+        format!("disputed={}", c.disputed),
+        String::new(),
+    ]
+    .join("\n")
+}
+
+/// A principal row's `generation` and `moved_at` (its `moves` are [`MOVES_2`]).
+fn principal_columns_text(c: &PrincipalColumns) -> String {
+    format!("generation={}\nmoved_at={}\n", c.generation, c.moved_at)
+}
+
+/// `column=value` lines back into pairs.
+fn parse_columns(text: &[u8]) -> Vec<(String, String)> {
+    std::str::from_utf8(text)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let (k, v) = l.split_once('=').expect("column=value");
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+fn column<'a>(cols: &'a [(String, String)], name: &str) -> &'a str {
+    &cols.iter().find(|(k, _)| k == name).expect(name).1
+}
+
+/// (file name, bytes) of the fixtures of the format and schema this build writes.
+fn current_fixtures() -> Vec<(String, Vec<u8>)> {
+    let p = PrincipalColumns::of(&principal()).unwrap();
+    vec![
+        (
+            format!("record-format{FORMAT}.bin"),
+            encode(&settled_record()).unwrap(),
+        ),
+        (
+            format!("record-columns-format{FORMAT}-schema{SCHEMA_VERSION}.txt"),
+            record_columns_text(&settled_record()).into_bytes(),
+        ),
+        (
+            format!("open-record-format{FORMAT}.bin"),
+            encode(&open_record()).unwrap(),
+        ),
+        (
+            format!("open-record-columns-format{FORMAT}-schema{SCHEMA_VERSION}.txt"),
+            record_columns_text(&open_record()).into_bytes(),
+        ),
+        (
+            format!("warnings-format{FORMAT}.bin"),
+            encode(&warnings()).unwrap(),
+        ),
+        (
+            format!("principal-moves-format{FORMAT}.bin"),
+            p.moves.clone(),
+        ),
+        (
+            format!("principal-columns-schema{SCHEMA_VERSION}.txt"),
+            principal_columns_text(&p).into_bytes(),
+        ),
+    ]
+}
+
+#[test]
+fn the_expected_records_are_valid_records() {
+    invariants::check_record(&settled_record()).unwrap();
+    invariants::check_record(&open_record()).unwrap();
+}
+
+#[test]
+fn format_2_fixtures_decode_to_the_expected_values() {
+    let two = Some(FORMAT_POSTCARD_V2);
+    assert_eq!(
+        decode_record(two, Some(&fixture(RECORD_2))).unwrap(),
+        Some(settled_record())
+    );
+    assert_eq!(
+        decode_record(two, Some(&fixture(OPEN_RECORD_2))).unwrap(),
+        Some(open_record())
+    );
+    assert_eq!(
+        decode_warnings(two, Some(&fixture(WARNINGS_2))).unwrap(),
+        warnings()
+    );
+    let cols = fixture(PRINCIPAL_COLUMNS_2);
+    let cols = parse_columns(&cols);
+    let st = principal_state(
+        Some(column(&cols, "generation").to_string()),
+        Some(column(&cols, "moved_at").parse().unwrap()),
+        Some(fixture(MOVES_2)),
+    )
+    .unwrap();
+    assert_eq!(st, principal());
+}
+
+#[test]
+fn the_record_columns_fixtures_describe_the_expected_records() {
+    // The derived columns are written, never read back into a record: what
+    // is frozen is what the sweep's and the stats' SQL find in them.
+    let cols = fixture(RECORD_COLUMNS_2);
+    let cols = parse_columns(&cols);
+    let r = settled_record();
+    assert_eq!(column(&cols, "format"), "2");
+    assert_eq!(column(&cols, "owner"), r.reservation.principal.as_str());
+    assert_eq!(column(&cols, "status"), "4", "the rank of completed");
+    assert_eq!(column(&cols, "lease_expires_at"), "NULL", "no open lease");
+    let collect_at = r.settled_at.unwrap().millis() + r.retention_s.get() * 1000;
+    assert_eq!(column(&cols, "collect_at"), collect_at.to_string());
+    assert_eq!(column(&cols, "disputed"), "true");
+    let cols = fixture(OPEN_RECORD_COLUMNS_2);
+    let cols = parse_columns(&cols);
+    let lease = open_record().open_lease().unwrap().clone();
+    assert_eq!(column(&cols, "status"), "0", "the rank of pending");
+    let expires = lease.expires_at.millis().to_string();
+    assert_eq!(column(&cols, "lease_expires_at"), expires);
+    assert_eq!(column(&cols, "lease_generation"), "2");
+    assert_eq!(column(&cols, "collect_at"), "NULL");
+    assert_eq!(column(&cols, "disputed"), "false");
+}
+
+#[test]
+fn this_build_writes_the_format_2_fixtures_byte_for_byte() {
+    // Format 2 in schema 2 is what this build writes. After a deliberate
+    // bump, write the new fixtures (see the module docs), keep these files
+    // and their decode test, and check the new files here instead.
+    assert_eq!((FORMAT, SCHEMA_VERSION), (2, 2));
+    let names = [
+        RECORD_2,
+        RECORD_COLUMNS_2,
+        OPEN_RECORD_2,
+        OPEN_RECORD_COLUMNS_2,
+        WARNINGS_2,
+        MOVES_2,
+        PRINCIPAL_COLUMNS_2,
+    ];
+    for ((name, bytes), want) in current_fixtures().into_iter().zip(names) {
+        assert_eq!(name, want);
+        assert!(
+            bytes == fixture(&name),
+            "{name}: this build writes rows differently from the frozen format; a \
+             change to a stored type is a format change (ARCHITECTURE.md)"
+        );
+    }
+}
+
+/// Writes the fixtures of the format and schema this build writes, once.
+/// Refuses to overwrite: a released version's fixture is frozen.
+#[test]
+#[ignore = "writes format fixtures; run deliberately after a format or schema version bump"]
+fn write_format_fixtures() {
+    let dir = fixture_dir();
+    let files = current_fixtures();
+    for (name, _) in &files {
+        let p = dir.join(name);
+        assert!(
+            !p.exists(),
+            "{} exists: the fixtures of a released format version are frozen and never \
+             overwritten. A changed encoding needs a new version number (ARCHITECTURE.md).",
+            p.display()
+        );
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, bytes) in files {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(dir.join(&name))
+            .unwrap();
+        f.write_all(&bytes).unwrap();
+        f.sync_all().unwrap();
+        println!("wrote {}", dir.join(&name).display());
+    }
+}
