@@ -1,0 +1,384 @@
+//! The connection pool, timeouts and the bearer token; the typed calls.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::{Method, Request, Uri};
+use hyper_util::client::legacy::Client as Pool;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde::de::DeserializeOwned;
+use settle_api::{
+    BatchRequest, BatchResponse, ClaimDecision, ClaimRequest, DispatchRequest, Dispatched, Health,
+    HeartbeatRequest, LeaseInfo, ReceiptResponse, ReconcileRequest, ReconcileResponse, RecordView,
+    ReleaseRequest, Released, Revoked, SettleRequest, WarnRequest, Warning, Warnings,
+};
+
+use crate::call::{self, Call};
+use crate::error::ClientError;
+use crate::reply::Reply;
+
+/// Defaults of [`ClientBuilder`].
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A settle call answers after one durable commit; 30 s is far beyond it.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Idle pooled connections are closed after this long.
+pub const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Settings of a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    url: String,
+    token: Option<String>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    pool_idle_timeout: Duration,
+    pool_max_idle: usize,
+}
+
+impl ClientBuilder {
+    /// The bearer token of the caller's tenant (none: a server without
+    /// tenants on loopback). An empty token is none.
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        let t = token.into();
+        self.token = (!t.is_empty()).then_some(t);
+        self
+    }
+    /// How long to wait for a TCP connection.
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+    /// How long a call may take from sending to the last byte of the answer.
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+    /// How long an idle keep-alive connection stays in the pool.
+    pub fn pool_idle_timeout(mut self, d: Duration) -> Self {
+        self.pool_idle_timeout = d;
+        self
+    }
+    /// At most this many idle connections are kept (default: no limit;
+    /// connections are opened as concurrent calls need them). A client
+    /// used by one task at a time keeps exactly one connection.
+    pub fn pool_max_idle(mut self, n: usize) -> Self {
+        self.pool_max_idle = n;
+        self
+    }
+
+    /// Checks the URL and the token and builds the client. Needs a tokio
+    /// runtime when calls are made, not here.
+    pub fn build(self) -> Result<Client, ClientError> {
+        let (authority, base) = parse_url(&self.url)?;
+        let auth = match &self.token {
+            Some(t) => Some(HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
+                ClientError::Request("the token is not a valid header value".into())
+            })?),
+            None => None,
+        };
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(self.connect_timeout));
+        // Requests are small and answered at once: no Nagle delay.
+        connector.set_nodelay(true);
+        let pool = Pool::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(self.pool_idle_timeout)
+            .pool_max_idle_per_host(self.pool_max_idle)
+            .build(connector);
+        Ok(Client {
+            inner: Arc::new(Inner {
+                pool,
+                base,
+                authority,
+                auth,
+                request_timeout: self.request_timeout,
+            }),
+        })
+    }
+}
+
+/// `http://HOST[:PORT][/PREFIX]` → (`HOST:PORT`, `http://HOST:PORT/PREFIX`).
+fn parse_url(url: &str) -> Result<(String, String), ClientError> {
+    let bad = |reason| ClientError::Url {
+        url: url.to_string(),
+        reason,
+    };
+    let uri: Uri = url.parse().map_err(|_| bad("expected http://HOST:PORT"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(bad(
+                "https is not supported: reach the server over http, through a TLS-terminating proxy if needed",
+            ));
+        }
+        _ => return Err(bad("expected http://HOST:PORT")),
+    }
+    let Some(a) = uri.authority() else {
+        return Err(bad("expected http://HOST:PORT"));
+    };
+    if a.host().is_empty() || a.as_str().contains('@') {
+        return Err(bad("expected http://HOST:PORT"));
+    }
+    if uri.query().is_some() {
+        return Err(bad("a server URL has no query"));
+    }
+    let authority = format!("{}:{}", a.host(), a.port_u16().unwrap_or(80));
+    let prefix = uri.path().trim_end_matches('/');
+    Ok((authority.clone(), format!("http://{authority}{prefix}")))
+}
+
+/// A settle server: cheap to clone (clones share one pool of keep-alive
+/// HTTP/1.1 connections), safe to use from many tasks at once.
+///
+/// Calls come in three forms: typed methods (`claim`, `settle`, ...),
+/// [`Client::call`] with a [`Call`] value, and [`Client::send`] /
+/// [`Client::send_raw`] for the answer as received. Errors are
+/// [`ClientError`]: transport (no answer) or HTTP (the server's problem).
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool<HttpConnector, Full<Bytes>>,
+    /// `http://host:port/prefix`.
+    base: String,
+    authority: String,
+    auth: Option<HeaderValue>,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for Client {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the token.
+        f.debug_struct("Client")
+            .field("base", &self.inner.base)
+            .field("token", &self.inner.auth.as_ref().map(|_| "…"))
+            .field("request_timeout", &self.inner.request_timeout)
+            .finish()
+    }
+}
+
+impl Client {
+    /// A client for `url` (`http://HOST:PORT`, optionally with a path
+    /// prefix) with the default settings and no token.
+    pub fn new(url: &str) -> Result<Client, ClientError> {
+        Client::builder(url).build()
+    }
+
+    /// Settings for a client of `url`.
+    pub fn builder(url: &str) -> ClientBuilder {
+        ClientBuilder {
+            url: url.to_string(),
+            token: None,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
+            pool_max_idle: usize::MAX,
+        }
+    }
+
+    /// `host:port` of the server.
+    pub fn authority(&self) -> &str {
+        &self.inner.authority
+    }
+
+    /// Sends `call` and reads its answer; an error status is a
+    /// [`ClientError::Http`].
+    pub async fn call<T: DeserializeOwned>(&self, call: &Call<T>) -> Result<T, ClientError> {
+        call.parse(&self.send(call).await?)
+    }
+
+    /// Sends `call` and returns the answer as received, whatever its
+    /// status; only a transport failure is an error.
+    pub async fn send<T>(&self, call: &Call<T>) -> Result<Reply, ClientError> {
+        self.send_raw(call.method.clone(), &call.path, call.body.clone())
+            .await
+    }
+
+    /// Sends any request (`path` starts with `/`, segments already
+    /// encoded; `body` is sent as `application/json`). For tools and tests
+    /// that need requests the typed calls do not make.
+    pub async fn send_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<Reply, ClientError> {
+        let i = &self.inner;
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", i.base));
+        if let Some(a) = &i.auth {
+            req = req.header(AUTHORIZATION, a.clone());
+        }
+        if body.is_some() {
+            req = req.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        let req = req
+            .body(Full::new(body.unwrap_or_default()))
+            .map_err(|e| ClientError::Request(e.to_string()))?;
+        match tokio::time::timeout(i.request_timeout, self.exchange(req)).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Timeout {
+                authority: i.authority.clone(),
+                after: i.request_timeout,
+            }),
+        }
+    }
+
+    /// One request and its whole answer.
+    async fn exchange(&self, req: Request<Full<Bytes>>) -> Result<Reply, ClientError> {
+        let i = &self.inner;
+        let resp = i.pool.request(req).await.map_err(|e| {
+            if e.is_connect() {
+                ClientError::Connect {
+                    authority: i.authority.clone(),
+                    source: e.into(),
+                }
+            } else {
+                ClientError::Transport {
+                    authority: i.authority.clone(),
+                    source: e.into(),
+                }
+            }
+        })?;
+        let status = resp.status().as_u16();
+        let header = |name| {
+            resp.headers()
+                .get(name)
+                .and_then(|v: &HeaderValue| v.to_str().ok())
+        };
+        let content_type = header(CONTENT_TYPE).unwrap_or("").to_string();
+        let retry_after = header(RETRY_AFTER)
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ClientError::Transport {
+                authority: i.authority.clone(),
+                source: e.into(),
+            })?
+            .to_bytes();
+        Ok(Reply {
+            status,
+            content_type,
+            retry_after,
+            body,
+        })
+    }
+
+    /// Reserves `key` and asks for permission to execute (SPEC §4 claim).
+    pub async fn claim(&self, key: &str, req: &ClaimRequest) -> Result<ClaimDecision, ClientError> {
+        self.call(&call::claim(key, req)?).await
+    }
+    /// Extends a lease.
+    pub async fn heartbeat(
+        &self,
+        key: &str,
+        req: &HeartbeatRequest,
+    ) -> Result<LeaseInfo, ClientError> {
+        self.call(&call::heartbeat(key, req)?).await
+    }
+    /// Records that the remote write is about to start.
+    pub async fn dispatch(
+        &self,
+        key: &str,
+        req: &DispatchRequest,
+    ) -> Result<Dispatched, ClientError> {
+        self.call(&call::dispatch(key, req)?).await
+    }
+    /// Records the outcome and releases the lease, in one durable commit.
+    pub async fn settle(
+        &self,
+        key: &str,
+        req: &SettleRequest,
+    ) -> Result<ReceiptResponse, ClientError> {
+        self.call(&call::settle(key, req)?).await
+    }
+    /// Releases an execute lease without a receipt.
+    pub async fn release(&self, key: &str, req: &ReleaseRequest) -> Result<Released, ClientError> {
+        self.call(&call::release(key, req)?).await
+    }
+    /// Reports what reconciliation found.
+    pub async fn reconcile(
+        &self,
+        key: &str,
+        req: &ReconcileRequest,
+    ) -> Result<ReconcileResponse, ClientError> {
+        self.call(&call::reconcile(key, req)?).await
+    }
+    /// The record of `key`.
+    pub async fn get(&self, key: &str) -> Result<RecordView, ClientError> {
+        self.call(&call::get(key)).await
+    }
+    /// Raises a principal's generation (revokes its older leases).
+    pub async fn revoke(&self, principal: &str) -> Result<Revoked, ClientError> {
+        self.call(&call::revoke(principal)?).await
+    }
+    /// Records a bounded warning.
+    pub async fn warn(
+        &self,
+        task: &str,
+        class: &str,
+        req: &WarnRequest,
+    ) -> Result<Warning, ClientError> {
+        self.call(&call::warn(task, class, req)?).await
+    }
+    /// A task's warnings.
+    pub async fn warnings(&self, task: &str) -> Result<Warnings, ClientError> {
+        self.call(&call::warnings(task)).await
+    }
+    /// Many calls in one request (SPEC §10); each result is what the
+    /// single call would have answered ([`settle_api::BatchResult::parse`]).
+    pub async fn batch(&self, req: &BatchRequest) -> Result<BatchResponse, ClientError> {
+        self.call(&call::batch(req)?).await
+    }
+    /// `/healthz`.
+    pub async fn health(&self) -> Result<Health, ClientError> {
+        self.call(&call::health()).await
+    }
+    /// `/readyz`.
+    pub async fn ready(&self) -> Result<Health, ClientError> {
+        self.call(&call::ready()).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_parse() {
+        let (a, base) = parse_url("http://127.0.0.1:7411").unwrap();
+        assert_eq!(
+            (a.as_str(), base.as_str()),
+            ("127.0.0.1:7411", "http://127.0.0.1:7411")
+        );
+        let (a, base) = parse_url("http://localhost/prefix/").unwrap();
+        assert_eq!(
+            (a.as_str(), base.as_str()),
+            ("localhost:80", "http://localhost:80/prefix")
+        );
+        for bad in [
+            "https://x",
+            "x:1",
+            "http://",
+            "http://u@h:1",
+            "http://h:1/?q",
+            "ftp://h",
+        ] {
+            assert!(
+                matches!(parse_url(bad), Err(ClientError::Url { .. })),
+                "{bad}"
+            );
+        }
+        assert!(Client::builder("http://h:1").token("a\nb").build().is_err());
+    }
+}

@@ -1,0 +1,64 @@
+//! # settle-client: a typed async client for a settle server
+//!
+//! Every call of the HTTP API (SPEC §7) and the batch call (§10), over the
+//! wire types of [`settle_api`] (re-exported as [`api`]):
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), settle_client::ClientError> {
+//! use settle_client::Client;
+//! use settle_client::api::{Binding, ClaimDecision, ClaimRequest};
+//!
+//! let client = Client::builder("http://127.0.0.1:7411").token("secret").build()?;
+//! let claim = ClaimRequest {
+//!     fingerprint: "07".repeat(32),
+//!     binding: Binding { principal: "svc-billing".into(), scopes: vec!["charge".into()], generation: 0 },
+//!     lease_ms: None, worker: None, marks_dispatch: false, retention_s: None,
+//! };
+//! match client.claim("order-42", &claim).await {
+//!     Ok(ClaimDecision::Execute(grant)) => { /* the effect, under grant.fence; then settle */ }
+//!     Ok(other) => { /* in_flight, replay or reconcile */ }
+//!     Err(e) if e.is_retryable() => { /* no answer or 503: retry the same call later */ }
+//!     Err(e) => eprintln!("{e}"), // e.g. `refused (409 fingerprint_mismatch): …`
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! * **One pool.** A [`Client`] is cheap to clone; clones share keep-alive
+//!   HTTP/1.1 connections, opened as concurrent calls need them.
+//! * **Timeouts.** A connect timeout and a per-request timeout
+//!   ([`ClientBuilder`]); a timeout is [`ClientError::Timeout`].
+//! * **Errors.** [`ClientError`] separates "no answer" (connect, timeout,
+//!   transport: [`ClientError::is_transport`]) from the server's answer
+//!   ([`ClientError::Http`]: status, the problem's `code`, `detail`,
+//!   `correlation_id`, `Retry-After`). Its `Display` is one line that names
+//!   the code once.
+//! * **Three levels.** Typed methods (`claim`, `settle`, ...); [`Call`]
+//!   values sent with [`Client::call`] (typed) or [`Client::send`] (the
+//!   answer as received, e.g. to print it); and [`Client::execute`], which
+//!   runs a `settle_core::Command` exactly as `Ledger::execute` does, so a
+//!   worker or middleware can run over either.
+
+mod call;
+mod client;
+mod core;
+mod error;
+mod reply;
+
+pub use call::{Call, encode_segment, operation_path};
+pub use client::{
+    Client, ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_IDLE_TIMEOUT,
+    DEFAULT_REQUEST_TIMEOUT,
+};
+pub use error::{BoxError, ClientError, HttpError};
+pub use hyper::Method;
+pub use hyper::body::Bytes;
+pub use reply::Reply;
+pub use settle_api as api;
+
+/// Constructors of every [`Call`]: `calls::claim(key, &body)`, ...
+pub mod calls {
+    pub use crate::call::{
+        batch, claim, dispatch, get, health, heartbeat, ready, reconcile, release, revoke, settle,
+        warn, warnings,
+    };
+}
