@@ -50,7 +50,7 @@ async fn errors_are_one_line_that_names_the_code_once() {
     assert_eq!(out.status.code(), Some(4));
     assert_eq!(
         stderr(&out).trim_end(),
-        "invalid (404 not_found): no record for this key"
+        "rejected (404 not_found): no record for this key"
     );
     // With --json the problem goes to stdout as the server sent it.
     let out = settle(&["get", "missing", "--json"], &s.url());

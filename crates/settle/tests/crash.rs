@@ -9,7 +9,7 @@ use ack::Acked;
 use common::*;
 use hyper::Method;
 use serde_json::Value;
-use settle::client::operation_path;
+use settle_client::operation_path;
 
 mod ack {
     use std::sync::Mutex;
@@ -46,7 +46,8 @@ async fn kill_9_under_load_loses_no_acknowledged_receipt() {
     });
     let mut workers = Vec::new();
     for w in 0..16 {
-        let mut conn = s.ep().connect().await.unwrap();
+        // A client of its own: one keep-alive connection per worker.
+        let conn = s.ep();
         let acked = acked.clone();
         let b = b.clone();
         workers.push(tokio::spawn(async move {
@@ -54,7 +55,11 @@ async fn kill_9_under_load_loses_no_acknowledged_receipt() {
                 let key = format!("crash-{w}-{n}");
                 let body = serde_json::to_vec(&claim_body(1, &b)).unwrap();
                 let Ok(r) = conn
-                    .send(Method::POST, &operation_path(&key, "claim"), Some(body))
+                    .send_raw(
+                        Method::POST,
+                        &operation_path(&key, "claim"),
+                        Some(body.into()),
+                    )
                     .await
                 else {
                     return;
@@ -64,7 +69,11 @@ async fn kill_9_under_load_loses_no_acknowledged_receipt() {
                 };
                 let body = serde_json::to_vec(&settle_body(fence, 1, &b, completed(1))).unwrap();
                 let Ok(r) = conn
-                    .send(Method::POST, &operation_path(&key, "settle"), Some(body))
+                    .send_raw(
+                        Method::POST,
+                        &operation_path(&key, "settle"),
+                        Some(body.into()),
+                    )
                     .await
                 else {
                     return;

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use hyper::Method;
 use serde_json::{Value, json};
-use settle::client::operation_path;
+use settle_client::operation_path;
 
 #[tokio::test]
 async fn claim_settle_replay_and_the_record() {
@@ -214,7 +214,7 @@ async fn revoke_and_warnings() {
     assert_eq!(r.json(), json!({"principal": "svc/a", "generation": 1}));
     // An empty body reads as {}.
     let r = ep
-        .send(Method::POST, "/v1/principals/svc%2Fa/revoke", None)
+        .send_raw(Method::POST, "/v1/principals/svc%2Fa/revoke", None)
         .await
         .unwrap();
     assert_eq!(r.json()["generation"], 2);
@@ -391,7 +391,7 @@ async fn not_found_for_unknown_keys_and_routes() {
         "not_found",
     );
     let r = ep
-        .send(Method::DELETE, "/v1/operations/k", None)
+        .send_raw(Method::DELETE, "/v1/operations/k", None)
         .await
         .unwrap();
     assert_problem(&r, 404, "not_found");
@@ -586,17 +586,19 @@ async fn racing_claims_on_a_fresh_key_execute_once() {
     // Connect first so the claims go out together.
     let mut conns = Vec::new();
     for _ in 0..24 {
-        conns.push(s.ep().connect().await.unwrap());
+        let c = s.ep();
+        c.health().await.unwrap();
+        conns.push(c);
     }
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(24));
     let mut tasks = Vec::new();
-    for mut c in conns {
+    for c in conns {
         let body = serde_json::to_vec(&claim_body(1, &b)).unwrap();
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             let r = c
-                .send(Method::POST, "/v1/operations/race/claim", Some(body))
+                .send_raw(Method::POST, "/v1/operations/race/claim", Some(body.into()))
                 .await
                 .unwrap();
             assert_eq!(r.status, 200);
@@ -839,9 +841,9 @@ async fn sigterm_stops_gracefully_and_the_data_survives() {
     .await;
     execute(&s.ep(), "r", 1, &b).await;
     // An idle keep-alive connection must not hold shutdown up.
-    let mut idle = s.ep().connect().await.unwrap();
+    let idle = s.ep();
     assert_eq!(
-        idle.send(Method::GET, "/healthz", None)
+        idle.send_raw(Method::GET, "/healthz", None)
             .await
             .unwrap()
             .status,

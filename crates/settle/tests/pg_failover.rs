@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use cluster::{Cluster, tools_or_skip};
 use common::*;
 use serde_json::Value;
-use settle::client::Endpoint;
+use settle_client::Client;
 
 /// What the load got for one key.
 enum Acked {
@@ -36,7 +36,7 @@ struct Load {
     tasks: Vec<tokio::task::JoinHandle<(HashMap<String, Acked>, u64)>>,
 }
 
-fn start_load(ep: &Endpoint, clients: usize, prefix: &str) -> Load {
+fn start_load(ep: &Client, clients: usize, prefix: &str) -> Load {
     let stop = Arc::new(AtomicBool::new(false));
     let ok = Arc::new(AtomicU64::new(0));
     let b = binding("svc", 0);
@@ -52,10 +52,10 @@ fn start_load(ep: &Endpoint, clients: usize, prefix: &str) -> Load {
                     let k = format!("{prefix}-{i}");
                     i += 1;
                     let r = ep
-                        .send(
+                        .send_raw(
                             hyper::Method::POST,
-                            &settle::client::operation_path(&k, "claim"),
-                            Some(serde_json::to_vec(&claim_body(1, &b)).unwrap()),
+                            &settle_client::operation_path(&k, "claim"),
+                            Some(serde_json::to_vec(&claim_body(1, &b)).unwrap().into()),
                         )
                         .await;
                     let fence = match r {
@@ -73,10 +73,10 @@ fn start_load(ep: &Endpoint, clients: usize, prefix: &str) -> Load {
                     };
                     let body = settle_body(fence, 1, &b, completed(1));
                     let r = ep
-                        .send(
+                        .send_raw(
                             hyper::Method::POST,
-                            &settle::client::operation_path(&k, "settle"),
-                            Some(serde_json::to_vec(&body).unwrap()),
+                            &settle_client::operation_path(&k, "settle"),
+                            Some(serde_json::to_vec(&body).unwrap().into()),
                         )
                         .await;
                     match r {
@@ -232,7 +232,7 @@ async fn failover_once(pg: &cluster::Pg, run: usize) {
                 receipts += 1;
             }
             Acked::Grant(f) => {
-                let r = get(&ep, &settle::client::operation_path(k, "")).await;
+                let r = get(&ep, &settle_client::operation_path(k, "")).await;
                 assert_eq!(r.status, 200, "{k}: an acknowledged grant was lost");
                 let v = r.json();
                 assert!(

@@ -1,72 +1,49 @@
 //! `settle bench --url`: `connections` keep-alive connections, each looping
-//! claim (fresh key) + settle `completed` through the generic pair loop.
+//! claim (fresh key) + settle `completed` through the generic pair loop,
+//! with the typed client (one client, hence one connection, per worker).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use hyper::Method;
-use settle::client::{ClientError, Conn, Endpoint, operation_path};
+use serde_json::value::RawValue;
+use settle_client::api::{
+    Binding, ClaimDecision, ClaimRequest, Outcome, OutcomeStatus, SettleRequest,
+};
+use settle_client::{Client, ClientError};
 use settle_ledger::bench::{Limit, PairStats, PairWorker, run_workers};
 
 use crate::exit::Failure;
 
 /// One connection's loop.
 struct HttpWorker {
-    conn: Conn,
+    client: Client,
     prefix: String,
-    claim_body: Arc<[u8]>,
+    claim: Arc<ClaimRequest>,
+    outcome: Arc<Outcome>,
     errors: Arc<AtomicU64>,
-}
-
-const FINGERPRINT: &str = "0707070707070707070707070707070707070707070707070707070707070707";
-const RESPONSE_SHA256: &str = "6565656565656565656565656565656565656565656565656565656565656565";
-const BINDING: &str = r#"{"principal":"bench","scopes":["pay"],"generation":0}"#;
-
-#[derive(serde::Deserialize)]
-struct ClaimAnswer {
-    decision: String,
-    fence: Option<u64>,
 }
 
 impl PairWorker for HttpWorker {
     type Error = ClientError;
     /// A refused or unexpected answer counts as an error and the run goes
-    /// on; a broken connection ends the run.
+    /// on; no answer at all (the server is gone) ends the run.
     async fn call(&mut self, n: u64) -> Result<u64, ClientError> {
         let key = format!("{}-{n}", self.prefix);
-        let r = self
-            .conn
-            .send(
-                Method::POST,
-                &operation_path(&key, "claim"),
-                Some(self.claim_body.to_vec()),
-            )
-            .await
-            .inspect_err(|_| {
-                self.fail();
-            })?;
-        let fence = match serde_json::from_slice::<ClaimAnswer>(&r.body) {
-            Ok(ClaimAnswer {
-                decision,
-                fence: Some(f),
-            }) if decision == "execute" => f,
-            _ => return Ok(self.fail()),
+        let fence = match self.client.claim(&key, &self.claim).await {
+            Ok(ClaimDecision::Execute(g)) => g.fence,
+            Ok(_) => return Ok(self.fail()),
+            Err(e) => return self.failed(e),
         };
-        let body = format!(
-            r#"{{"fence":{fence},"fingerprint":"{FINGERPRINT}","binding":{BINDING},"outcome":{{"status":"completed","result":{{"ok":true}},"response_sha256":"{RESPONSE_SHA256}"}}}}"#
-        );
-        let r = self
-            .conn
-            .send(
-                Method::POST,
-                &operation_path(&key, "settle"),
-                Some(body.into_bytes()),
-            )
-            .await
-            .inspect_err(|_| {
-                self.fail();
-            })?;
-        Ok(if r.status == 200 { 1 } else { self.fail() })
+        let settle = SettleRequest {
+            fence,
+            fingerprint: self.claim.fingerprint.clone(),
+            binding: self.claim.binding.clone(),
+            outcome: Outcome::clone(&self.outcome),
+        };
+        match self.client.settle(&key, &settle).await {
+            Ok(_) => Ok(1),
+            Err(e) => self.failed(e),
+        }
     }
 }
 
@@ -76,6 +53,35 @@ impl HttpWorker {
         self.errors.fetch_add(1, Ordering::Relaxed);
         0
     }
+    /// A failed call: counted; a transport failure ends the run.
+    fn failed(&self, e: ClientError) -> Result<u64, ClientError> {
+        self.fail();
+        if e.is_transport() { Err(e) } else { Ok(0) }
+    }
+}
+
+/// The request every pair claims and settles.
+fn inputs() -> Result<(ClaimRequest, Outcome), Failure> {
+    let claim = ClaimRequest {
+        fingerprint: "07".repeat(32),
+        binding: Binding {
+            principal: "bench".into(),
+            scopes: vec!["pay".into()],
+            generation: 0,
+        },
+        lease_ms: None,
+        worker: None,
+        marks_dispatch: false,
+        retention_s: None,
+    };
+    let result = RawValue::from_string(r#"{"ok":true}"#.into()).map_err(Failure::local)?;
+    let outcome = Outcome {
+        status: OutcomeStatus::Completed,
+        result: Some(result),
+        response_sha256: Some("65".repeat(32)),
+        error: None,
+    };
+    Ok((claim, outcome))
 }
 
 /// Runs the HTTP benchmark at `connections`; returns the stats and the
@@ -87,18 +93,24 @@ pub async fn run(
     limit: Limit,
     progress: Arc<AtomicU64>,
 ) -> Result<(PairStats, u64), Failure> {
-    let ep = Endpoint::new(url, token).map_err(Failure::usage)?;
     let run = super::run_id();
-    let claim_body: Arc<[u8]> = format!(r#"{{"fingerprint":"{FINGERPRINT}","binding":{BINDING}}}"#)
-        .into_bytes()
-        .into();
+    let (claim, outcome) = inputs()?;
+    let (claim, outcome) = (Arc::new(claim), Arc::new(outcome));
     let errors = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::with_capacity(connections);
     for c in 0..connections.max(1) {
+        let client = Client::builder(url)
+            .token(token.unwrap_or_default())
+            .pool_max_idle(1)
+            .build()
+            .map_err(Failure::usage)?;
+        // Connect before the clock starts.
+        client.health().await.map_err(Failure::unreachable)?;
         workers.push(HttpWorker {
-            conn: ep.connect().await.map_err(Failure::unreachable)?,
+            client,
             prefix: format!("bench-{run}-{c}"),
-            claim_body: claim_body.clone(),
+            claim: claim.clone(),
+            outcome: outcome.clone(),
             errors: errors.clone(),
         });
     }

@@ -1,18 +1,22 @@
 //! The client subcommands: one call of SPEC §7 each, against a running
-//! server. Without `--json` they print a summary; with it, the server's
-//! answer as received.
+//! server, through `settle-client` and the wire types of `settle-api`.
+//! Without `--json` they print a summary; with it, the server's answer as
+//! received.
 
 mod summary;
 
 use clap::Args;
-use hyper::Method;
+use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
-use serde_json::{Value, json};
-use settle::client::{Endpoint, HttpReply, encode_segment, operation_path};
+use settle_client::api::{
+    Binding, ClaimRequest, DispatchRequest, HeartbeatRequest, Outcome, ReconcileRequest,
+    ReleaseRequest, SettleRequest, WarnRequest,
+};
+use settle_client::{Call, Client, ClientError, calls};
 
 use crate::exit::{self, Failure};
+use summary::Summary;
 
-/// Where the server is, and how to print its answer.
 #[derive(Args)]
 pub struct Remote {
     /// Server URL.
@@ -56,8 +60,12 @@ pub struct BindingArgs {
 }
 
 impl BindingArgs {
-    fn json(&self) -> Value {
-        json!({"principal": self.principal, "scopes": self.scopes, "generation": self.generation})
+    fn wire(&self) -> Binding {
+        Binding {
+            principal: self.principal.clone(),
+            scopes: self.scopes.clone(),
+            generation: self.generation,
+        }
     }
 }
 
@@ -77,37 +85,6 @@ pub struct OutcomeArgs {
     /// Error text (any text; kept on the attempt, also with unknown).
     #[arg(long, value_name = "TEXT")]
     error: Option<String>,
-}
-
-/// An outcome on the wire. The result is raw JSON text: going through a
-/// parsed value would respell numbers (floats) before the server sees them.
-#[derive(serde::Serialize)]
-struct OutcomeBody {
-    status: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    result: Option<Box<RawValue>>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    response_sha256: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error: Option<String>,
-}
-
-impl OutcomeArgs {
-    fn body(&self) -> Result<OutcomeBody, Failure> {
-        let result = match &self.result {
-            Some(r) => Some(
-                RawValue::from_string(r.trim().to_string())
-                    .map_err(|e| Failure::usage(format!("--result is not JSON: {e}")))?,
-            ),
-            None => None,
-        };
-        Ok(OutcomeBody {
-            status: self.status.clone(),
-            result,
-            response_sha256: self.response_sha256.clone(),
-            error: self.error.clone(),
-        })
-    }
 }
 
 #[derive(Args)]
@@ -272,91 +249,115 @@ pub struct WarningsArgs {
     remote: Remote,
 }
 
-fn post<'a>(a: &'a Remote, path: &str, body: &impl serde::Serialize) -> Call<'a> {
-    Call {
-        remote: a,
-        method: Method::POST,
-        path: path.to_string(),
-        body: Some(serde_json::to_vec(body).unwrap_or_default()),
+impl Remote {
+    fn client(&self) -> Result<Client, Failure> {
+        Client::builder(&self.url)
+            .token(self.token.clone().unwrap_or_default())
+            .build()
+            .map_err(Failure::usage)
+    }
+
+    /// Sends `call` and prints its answer; the status becomes the exit code.
+    async fn run<T: DeserializeOwned + Summary>(
+        &self,
+        call: Result<Call<T>, ClientError>,
+    ) -> Result<(), Failure> {
+        let call = call.map_err(Failure::local)?;
+        let reply = self.client()?.send(&call).await.map_err(|e| match e {
+            ClientError::Url { .. } | ClientError::Request(_) => Failure::usage(e),
+            e => Failure::unreachable(e),
+        })?;
+        if self.json {
+            // The server's answer as sent: a replayed result keeps its exact text.
+            println!("{}", String::from_utf8_lossy(&reply.body));
+        }
+        if !reply.is_success() {
+            let code = exit::for_status(reply.status);
+            return Err(Failure::new(code, reply.error().to_string()));
+        }
+        if !self.json {
+            call.parse(&reply).map_err(Failure::local)?.print();
+        }
+        Ok(())
+    }
+}
+
+/// A value of a wire enum (`completed`, `not_committed`, ...) as the wire
+/// spells it. A bad one is refused as invalid (exit 4), as the server
+/// would refuse it.
+fn wire_value<T: DeserializeOwned>(flag: &str, v: &str) -> Result<T, Failure> {
+    serde_json::from_value(serde_json::Value::String(v.to_string()))
+        .map_err(|e| Failure::new(exit::INVALID, format!("error: invalid {flag}: {e}")))
+}
+
+impl OutcomeArgs {
+    /// The outcome; the result is sent as written (raw JSON text): going
+    /// through a parsed value would respell numbers before the server
+    /// sees them.
+    fn wire(&self) -> Result<Outcome, Failure> {
+        let result = match &self.result {
+            Some(r) => Some(
+                RawValue::from_string(r.trim().to_string())
+                    .map_err(|e| Failure::usage(format!("--result is not JSON: {e}")))?,
+            ),
+            None => None,
+        };
+        Ok(Outcome {
+            status: wire_value("--status", &self.status)?,
+            result,
+            response_sha256: self.response_sha256.clone(),
+            error: self.error.clone(),
+        })
     }
 }
 
 pub async fn claim(a: ClaimArgs) -> Result<(), Failure> {
-    let mut body = json!({"fingerprint": a.fingerprint, "binding": a.binding.json()});
-    if let Some(v) = a.lease_ms {
-        body["lease_ms"] = json!(v);
-    }
-    if let Some(v) = &a.worker {
-        body["worker"] = json!(v);
-    }
-    if a.marks_dispatch {
-        body["marks_dispatch"] = json!(true);
-    }
-    if let Some(v) = a.retention_s {
-        body["retention_s"] = json!(v);
-    }
-    post(&a.remote, &operation_path(&a.key.key, "claim"), &body)
-        .run()
-        .await
+    let req = ClaimRequest {
+        fingerprint: a.fingerprint.clone(),
+        binding: a.binding.wire(),
+        lease_ms: a.lease_ms,
+        worker: a.worker.clone(),
+        marks_dispatch: a.marks_dispatch,
+        retention_s: a.retention_s,
+    };
+    a.remote.run(calls::claim(&a.key.key, &req)).await
 }
 
 pub async fn heartbeat(a: HeartbeatArgs) -> Result<(), Failure> {
-    let mut body = json!({"fence": a.fence.fence});
-    if let Some(v) = a.lease_ms {
-        body["lease_ms"] = json!(v);
-    }
-    post(&a.remote, &operation_path(&a.key.key, "heartbeat"), &body)
-        .run()
-        .await
+    let req = HeartbeatRequest {
+        fence: a.fence.fence,
+        lease_ms: a.lease_ms,
+    };
+    a.remote.run(calls::heartbeat(&a.key.key, &req)).await
 }
 
 pub async fn dispatch(a: DispatchArgs) -> Result<(), Failure> {
-    let body = json!({"fence": a.fence.fence});
-    post(&a.remote, &operation_path(&a.key.key, "dispatch"), &body)
-        .run()
-        .await
+    let req = DispatchRequest {
+        fence: a.fence.fence,
+    };
+    a.remote.run(calls::dispatch(&a.key.key, &req)).await
 }
 
 pub async fn release(a: ReleaseArgs) -> Result<(), Failure> {
-    let mut body = json!({"fence": a.fence.fence});
-    if let Some(r) = &a.reason {
-        body["reason"] = json!(r);
-    }
-    post(&a.remote, &operation_path(&a.key.key, "release"), &body)
-        .run()
-        .await
-}
-
-#[derive(serde::Serialize)]
-struct SettleBody {
-    fence: u64,
-    fingerprint: String,
-    binding: Value,
-    outcome: OutcomeBody,
+    let reason = match &a.reason {
+        Some(r) => Some(wire_value("--reason", r)?),
+        None => None,
+    };
+    let req = ReleaseRequest {
+        fence: a.fence.fence,
+        reason,
+    };
+    a.remote.run(calls::release(&a.key.key, &req)).await
 }
 
 pub async fn settle(a: SettleArgs) -> Result<(), Failure> {
-    let body = SettleBody {
+    let req = SettleRequest {
         fence: a.fence.fence,
         fingerprint: a.fingerprint.clone(),
-        binding: a.binding.json(),
-        outcome: a.outcome.body()?,
+        binding: a.binding.wire(),
+        outcome: a.outcome.wire()?,
     };
-    post(&a.remote, &operation_path(&a.key.key, "settle"), &body)
-        .run()
-        .await
-}
-
-#[derive(serde::Serialize)]
-struct ReconcileBody {
-    fence: u64,
-    finding: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    fingerprint: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    binding: Option<Value>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    outcome: Option<OutcomeBody>,
+    a.remote.run(calls::settle(&a.key.key, &req)).await
 }
 
 pub async fn reconcile(a: ReconcileArgs) -> Result<(), Failure> {
@@ -368,122 +369,39 @@ pub async fn reconcile(a: ReconcileArgs) -> Result<(), Failure> {
                 response_sha256: a.response_sha256.clone(),
                 error: a.error.clone(),
             }
-            .body()?,
+            .wire()?,
         ),
         None => None,
     };
-    let body = ReconcileBody {
+    let req = ReconcileRequest {
         fence: a.fence,
-        finding: a.finding.clone(),
+        finding: wire_value("--finding", &a.finding)?,
         fingerprint: a.fingerprint.clone(),
-        binding: a
-            .principal
-            .as_ref()
-            .map(|p| json!({"principal": p, "scopes": a.scopes, "generation": a.generation})),
+        binding: a.principal.as_ref().map(|p| Binding {
+            principal: p.clone(),
+            scopes: a.scopes.clone(),
+            generation: a.generation,
+        }),
         outcome,
     };
-    post(&a.remote, &operation_path(&a.key.key, "reconcile"), &body)
-        .run()
-        .await
+    a.remote.run(calls::reconcile(&a.key.key, &req)).await
 }
 
 pub async fn get(a: GetArgs) -> Result<(), Failure> {
-    Call {
-        remote: &a.remote,
-        method: Method::GET,
-        path: operation_path(&a.key.key, ""),
-        body: None,
-    }
-    .run()
-    .await
+    a.remote.run(Ok(calls::get(&a.key.key))).await
 }
 
 pub async fn revoke(a: RevokeArgs) -> Result<(), Failure> {
-    let path = format!("/v1/principals/{}/revoke", encode_segment(&a.principal));
-    post(&a.remote, &path, &json!({})).run().await
+    a.remote.run(calls::revoke(&a.principal)).await
 }
 
 pub async fn warn(a: WarnArgs) -> Result<(), Failure> {
-    let path = format!(
-        "/v1/tasks/{}/warnings/{}",
-        encode_segment(&a.task),
-        encode_segment(&a.class)
-    );
-    let body = match &a.detail {
-        Some(d) => json!({"detail": d}),
-        None => json!({}),
+    let req = WarnRequest {
+        detail: a.detail.clone(),
     };
-    post(&a.remote, &path, &body).run().await
+    a.remote.run(calls::warn(&a.task, &a.class, &req)).await
 }
 
 pub async fn warnings(a: WarningsArgs) -> Result<(), Failure> {
-    Call {
-        remote: &a.remote,
-        method: Method::GET,
-        path: format!("/v1/tasks/{}/warnings", encode_segment(&a.task)),
-        body: None,
-    }
-    .run()
-    .await
-}
-
-/// One request, its answer printed; the status mapped to an exit code.
-struct Call<'a> {
-    remote: &'a Remote,
-    method: Method,
-    path: String,
-    body: Option<Vec<u8>>,
-}
-
-impl Call<'_> {
-    async fn run(self) -> Result<(), Failure> {
-        let r = self.remote;
-        let ep = Endpoint::new(&r.url, r.token.as_deref()).map_err(Failure::usage)?;
-        let reply = ep
-            .send(self.method, &self.path, self.body)
-            .await
-            .map_err(Failure::unreachable)?;
-        if reply.is_success() {
-            if r.json {
-                // The server's answer as sent: a replayed result keeps its exact text.
-                println!("{}", String::from_utf8_lossy(&reply.body));
-            } else {
-                summary::print(&reply.json(), summary::raw_result(&reply.body).as_deref());
-            }
-            return Ok(());
-        }
-        if r.json {
-            println!("{}", String::from_utf8_lossy(&reply.body));
-        }
-        Err(Failure::new(
-            exit::for_status(reply.status),
-            error_line(&reply),
-        ))
-    }
-}
-
-/// One line for an error answer: what kind of failure, the status and the
-/// code once, then the detail (`refused (409 stale_fence): the fence does
-/// not hold the current lease`).
-fn error_line(reply: &HttpReply) -> String {
-    let v = reply.json();
-    let code = v["code"].as_str().unwrap_or("error");
-    let detail = v["detail"].as_str().unwrap_or("");
-    // The server's detail may begin with the code itself; say it once.
-    let detail = detail
-        .strip_prefix(code)
-        .and_then(|d| d.strip_prefix(": "))
-        .unwrap_or(detail);
-    let kind = match reply.status {
-        409 => "refused",
-        s if s >= 500 => "unavailable",
-        _ => "invalid",
-    };
-    let mut line = format!("{kind} ({} {code}): {detail}", reply.status);
-    if let Some(id) = v["correlation_id"].as_str()
-        && !detail.contains(id)
-    {
-        line.push_str(&format!(" (correlation_id {id})"));
-    }
-    line
+    a.remote.run(Ok(calls::warnings(&a.task))).await
 }

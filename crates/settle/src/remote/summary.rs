@@ -1,160 +1,199 @@
-//! The human-readable rendering of each answer shape (without `--json`).
+//! The human-readable rendering of each answer (without `--json`).
 
-use serde_json::Value;
-use serde_json::value::RawValue;
+use std::fmt::Display;
 
-fn s(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".into(),
-        other => other.to_string(),
+use settle_client::api::{
+    ClaimDecision, Dispatched, LeaseInfo, Outcome, Receipt, ReceiptResponse, ReconcileResponse,
+    RecordView, Released, Revoked, Warning, Warnings,
+};
+
+/// An answer that can print itself as a short summary.
+pub trait Summary {
+    fn print(&self);
+}
+
+/// A present value as text, an absent one as `-`.
+fn or_dash<T: Display>(v: &Option<T>) -> String {
+    v.as_ref()
+        .map_or_else(|| "-".to_string(), ToString::to_string)
+}
+
+/// A wire enum as the wire spells it.
+fn wire<T: serde::Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        Ok(other) => other.to_string(),
+        Err(_) => "-".into(),
     }
 }
 
-fn receipt_line(r: &Value) -> String {
+fn receipt_line(r: &Receipt) -> String {
     format!(
         "receipt  status={} fence={} committed_at={} response_sha256={} durable={}",
-        s(&r["status"]),
-        s(&r["fence"]),
-        s(&r["committed_at"]),
-        s(&r["response_sha256"]),
-        s(&r["durable"])
+        wire(&r.status),
+        r.fence,
+        r.committed_at,
+        or_dash(&r.response_sha256),
+        r.durable
     )
 }
 
-/// The exact text of `outcome.result` in an answer (a replay or a record).
-pub fn raw_result(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Outer {
-        outcome: Option<Inner>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Inner {
-        // Not an Option: a JSON null result is the text `null`.
-        result: Box<RawValue>,
-    }
-    let o: Outer = serde_json::from_slice(body).ok()?;
-    Some(o.outcome?.result.get().to_string())
+/// The exact text of an outcome's result (`-` without one).
+fn result_text(o: Option<&Outcome>) -> &str {
+    o.and_then(|o| o.result.as_deref()).map_or("-", |r| r.get())
 }
 
-/// A short rendering of each answer shape; `result` is the exact text of
-/// the answer's `outcome.result`, if it has one.
-pub fn print(v: &Value, result: Option<&str>) {
-    let result = result.unwrap_or("-");
-    if let Some(d) = v["decision"].as_str() {
-        decision(d, v, result);
-    } else if v.get("receipt").is_some() && v.get("reservation").is_none() {
-        println!("{}", receipt_line(&v["receipt"]));
-    } else if v.get("released").is_some() {
-        println!("released  fence={}", s(&v["fence"]));
-    } else if v.get("reservation").is_some() {
-        record(v, result);
-    } else if let Some(ws) = v["warnings"].as_array() {
-        if ws.is_empty() {
-            println!("no warnings");
+impl Summary for ClaimDecision {
+    fn print(&self) {
+        match self {
+            ClaimDecision::Execute(g) | ClaimDecision::Reconcile(g) => println!(
+                "{}  fence={} attempt={} lease_expires_at={}",
+                if matches!(self, ClaimDecision::Execute(_)) {
+                    "execute"
+                } else {
+                    "reconcile"
+                },
+                g.fence,
+                g.attempt,
+                g.lease_expires_at
+            ),
+            ClaimDecision::InFlight { retry_after_ms } => {
+                println!("in_flight  retry_after_ms={retry_after_ms}")
+            }
+            ClaimDecision::Replay { outcome, receipt } => {
+                println!("replay  status={}", wire(&outcome.status));
+                println!("{}", receipt_line(receipt));
+                println!("result: {}", result_text(Some(outcome)));
+            }
         }
-        for w in ws {
-            warning(w);
-        }
-    } else if v.get("class").is_some() {
-        warning(v);
-    } else if v.get("generation").is_some() {
-        println!("{}  generation={}", s(&v["principal"]), s(&v["generation"]));
-    } else if v.get("lease_expires_at").is_some() {
+    }
+}
+
+impl Summary for LeaseInfo {
+    fn print(&self) {
+        println!(
+            "fence={} lease_expires_at={}",
+            self.fence, self.lease_expires_at
+        );
+    }
+}
+
+impl Summary for Dispatched {
+    fn print(&self) {
         println!(
             "fence={} lease_expires_at={}{}",
-            s(&v["fence"]),
-            s(&v["lease_expires_at"]),
-            if v["dispatched"] == Value::Bool(true) {
-                " dispatched"
-            } else {
-                ""
-            }
+            self.fence,
+            self.lease_expires_at,
+            if self.dispatched { " dispatched" } else { "" }
         );
-    } else {
-        println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
     }
 }
 
-fn decision(d: &str, v: &Value, result: &str) {
-    match d {
-        "execute" | "reconcile" => println!(
-            "{d}  fence={} attempt={} lease_expires_at={}",
-            s(&v["fence"]),
-            s(&v["attempt"]),
-            s(&v["lease_expires_at"])
-        ),
-        "in_flight" => println!("in_flight  retry_after_ms={}", s(&v["retry_after_ms"])),
-        "replay" => {
-            println!("replay  status={}", s(&v["outcome"]["status"]));
-            println!("{}", receipt_line(&v["receipt"]));
-            println!("result: {result}");
+impl Summary for ReceiptResponse {
+    fn print(&self) {
+        println!("{}", receipt_line(&self.receipt));
+    }
+}
+
+impl Summary for Released {
+    fn print(&self) {
+        println!("released  fence={}", self.fence);
+    }
+}
+
+impl Summary for ReconcileResponse {
+    fn print(&self) {
+        match self {
+            ReconcileResponse::Execute(d) => d.print(),
+            ReconcileResponse::Receipt(r) => r.print(),
+            ReconcileResponse::Released(r) => r.print(),
         }
-        _ => println!("{v}"),
     }
 }
 
-fn warning(w: &Value) {
-    println!(
-        "{}/{}  count={}{} last_at={} detail={}",
-        s(&w["task"]),
-        s(&w["class"]),
-        s(&w["count"]),
-        if w["saturated"] == Value::Bool(true) {
-            " (saturated)"
-        } else {
-            ""
-        },
-        s(&w["last_at"]),
-        s(&w["detail"])
-    );
+impl Summary for Revoked {
+    fn print(&self) {
+        println!("{}  generation={}", self.principal, self.generation);
+    }
 }
 
-fn record(v: &Value, result: &str) {
-    println!("key:                {}", s(&v["key"]));
-    println!("status:             {}", s(&v["status"]));
-    let r = &v["reservation"];
-    println!(
-        "reservation:        fingerprint={} principal={} scopes={} generation={}",
-        s(&r["fingerprint"]),
-        s(&r["principal"]),
-        r["scopes"],
-        s(&r["generation"])
-    );
-    let l = &v["lease"];
-    if l.is_object() {
-        let state = if l["ended"].is_null() {
-            "live".to_string()
-        } else {
-            format!("ended ({})", s(&l["ended"]["reason"]))
-        };
+impl Summary for Warning {
+    fn print(&self) {
         println!(
-            "lease:              fence={} purpose={} expires_at={} dispatched={} {state}",
-            s(&l["fence"]),
-            s(&l["purpose"]),
-            s(&l["expires_at"]),
-            s(&l["dispatched"])
+            "{}/{}  count={} saturated={} detail={}",
+            self.task,
+            self.class,
+            self.count,
+            self.saturated,
+            or_dash(&self.detail)
         );
     }
-    println!("reconcile_required: {}", s(&v["reconcile_required"]));
-    println!("disputed:           {}", s(&v["disputed"]));
-    println!("attempts:           {}", s(&v["attempts_total"]));
-    println!("quarantined:        {}", s(&v["quarantine_total"]));
-    if v["receipt"].is_object() {
-        println!("{}", receipt_line(&v["receipt"]));
-    }
-    if v["outcome"].is_object() {
-        println!("result: {result}");
-    }
-    for a in v["attempts"].as_array().into_iter().flatten() {
-        if !a["error"].is_null() || !a["receipt"].is_null() {
+}
+
+impl Summary for Warnings {
+    fn print(&self) {
+        if self.warnings.is_empty() {
+            println!("no warnings");
+        }
+        for w in &self.warnings {
             println!(
-                "attempt {}:          receipt={} error={:?}",
-                s(&a["number"]),
-                s(&a["receipt"]["status"]),
-                a["error"].as_str().unwrap_or("-")
+                "{}/{}  count={}{} last_at={} detail={}",
+                w.task,
+                w.class,
+                w.count,
+                if w.saturated { " (saturated)" } else { "" },
+                w.last_at,
+                or_dash(&w.detail)
             );
         }
     }
-    println!("expires_at:         {}", s(&v["expires_at"]));
+}
+
+impl Summary for RecordView {
+    fn print(&self) {
+        println!("key:                {}", self.key);
+        println!("status:             {}", self.status.as_str());
+        let r = &self.reservation;
+        println!(
+            "reservation:        fingerprint={} principal={} scopes={} generation={}",
+            r.fingerprint,
+            r.principal,
+            serde_json::to_string(&r.scopes).unwrap_or_default(),
+            r.generation
+        );
+        if let Some(l) = &self.lease {
+            let state = match &l.ended {
+                None => "live".to_string(),
+                Some(e) => format!("ended ({})", wire(&e.reason)),
+            };
+            println!(
+                "lease:              fence={} purpose={} expires_at={} dispatched={} {state}",
+                l.fence,
+                wire(&l.purpose),
+                l.expires_at,
+                l.dispatched
+            );
+        }
+        println!("reconcile_required: {}", self.reconcile_required);
+        println!("disputed:           {}", self.disputed);
+        println!("attempts:           {}", self.attempts_total);
+        println!("quarantined:        {}", self.quarantine_total);
+        if let Some(rc) = &self.receipt {
+            println!("{}", receipt_line(rc));
+        }
+        if self.outcome.is_some() {
+            println!("result: {}", result_text(self.outcome.as_ref()));
+        }
+        for a in &self.attempts {
+            if a.error.is_some() || a.receipt.is_some() {
+                println!(
+                    "attempt {}:          receipt={} error={:?}",
+                    a.number,
+                    a.receipt.as_ref().map_or("-".into(), |r| wire(&r.status)),
+                    a.error.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        println!("expires_at:         {}", or_dash(&self.expires_at));
+    }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use hyper::Method;
 use serde_json::{Value, json};
-use settle::client::{Endpoint, HttpReply, operation_path};
+use settle_client::{Bytes, Client, Reply, operation_path};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_settle");
 
@@ -87,12 +87,13 @@ impl Server {
         format!("http://{}", self.addr)
     }
 
-    pub fn ep(&self) -> Endpoint {
-        Endpoint::new(&self.url(), None).unwrap()
+    /// A client of its own (its own connections).
+    pub fn ep(&self) -> Client {
+        Client::new(&self.url()).unwrap()
     }
 
-    pub fn ep_token(&self, token: &str) -> Endpoint {
-        Endpoint::new(&self.url(), Some(token)).unwrap()
+    pub fn ep_token(&self, token: &str) -> Client {
+        Client::builder(&self.url()).token(token).build().unwrap()
     }
 
     /// SIGKILL, no chance to flush anything.
@@ -139,28 +140,27 @@ pub fn settle_body(fence: u64, f: u8, b: &Value, outcome: Value) -> Value {
     json!({"fence": fence, "fingerprint": fp(f), "binding": b, "outcome": outcome})
 }
 
-pub async fn post(ep: &Endpoint, path: &str, body: Value) -> HttpReply {
-    ep.send(Method::POST, path, Some(serde_json::to_vec(&body).unwrap()))
+pub async fn post(ep: &Client, path: &str, body: Value) -> Reply {
+    let body = Bytes::from(serde_json::to_vec(&body).unwrap());
+    ep.send_raw(Method::POST, path, Some(body)).await.unwrap()
+}
+
+pub async fn post_raw(ep: &Client, path: &str, body: &[u8]) -> Reply {
+    ep.send_raw(Method::POST, path, Some(Bytes::copy_from_slice(body)))
         .await
         .unwrap()
 }
 
-pub async fn post_raw(ep: &Endpoint, path: &str, body: &[u8]) -> HttpReply {
-    ep.send(Method::POST, path, Some(body.to_vec()))
-        .await
-        .unwrap()
+pub async fn get(ep: &Client, path: &str) -> Reply {
+    ep.send_raw(Method::GET, path, None).await.unwrap()
 }
 
-pub async fn get(ep: &Endpoint, path: &str) -> HttpReply {
-    ep.send(Method::GET, path, None).await.unwrap()
-}
-
-pub async fn op(ep: &Endpoint, key: &str, call: &str, body: Value) -> HttpReply {
+pub async fn op(ep: &Client, key: &str, call: &str, body: Value) -> Reply {
     post(ep, &operation_path(key, call), body).await
 }
 
 /// Claims `key` and expects `execute`; returns the fence.
-pub async fn execute(ep: &Endpoint, key: &str, f: u8, b: &Value) -> u64 {
+pub async fn execute(ep: &Client, key: &str, f: u8, b: &Value) -> u64 {
     let r = op(ep, key, "claim", claim_body(f, b)).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     let v = r.json();
@@ -170,9 +170,9 @@ pub async fn execute(ep: &Endpoint, key: &str, f: u8, b: &Value) -> u64 {
 
 /// Asserts a problem+json answer with this status and code.
 #[track_caller]
-pub fn assert_problem(r: &HttpReply, status: u16, code: &str) {
+pub fn assert_problem(r: &Reply, status: u16, code: &str) {
     assert_eq!(
-        (r.status, r.code().as_deref()),
+        (r.status, r.problem().map(|p| p.code.as_str())),
         (status, Some(code)),
         "body: {}",
         String::from_utf8_lossy(&r.body)
