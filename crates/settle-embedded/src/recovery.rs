@@ -28,10 +28,12 @@ use crate::fs::Fs;
 use crate::index::{Index, Meta};
 use crate::wal::{self, first_nonzero, last_nonzero};
 
+type Map = DashMap<Box<[u8]>, Slot, Hasher>;
+
 /// The state recovered from the index and the log.
 pub struct Recovered {
     /// Every open record, plus every entity the log changed after the checkpoint.
-    pub map: DashMap<Box<[u8]>, Slot, Hasher>,
+    pub map: Map,
     /// The index's checkpoint.
     pub meta: Meta,
     /// The last batch on record.
@@ -132,17 +134,52 @@ fn check_tail(
     Ok(Some((v as u64, end as u64)))
 }
 
-/// Reads the index and the log after its checkpoint into memory, changing nothing.
+/// Reads the index and the log after its checkpoint into memory, changing
+/// nothing: the open records of the index, then the segments after the
+/// checkpoint, judged and replayed in order.
 pub fn recover<F: Fs, I: Index>(
     fs: &F,
     wal_dir: &Path,
     index: &I,
 ) -> Result<Recovered, StoreError> {
     let meta = index.meta()?;
-    let map: DashMap<Box<[u8]>, Slot, Hasher> = DashMap::default();
     let mut undecodable = Vec::new();
+    let map = load_open_records(index, &meta, &mut undecodable)?;
+    let Segments {
+        mut plan,
+        live,
+        last_seq,
+    } = list_segments(fs, wal_dir, &meta)?;
+    let replayed = replay(fs, &live, &meta, &map, &mut undecodable, &mut plan)?;
+    check_fences(&map, replayed.next_fence)?;
+    let disputed = match (replayed.disputed, meta.disputed) {
+        (Some(d), _) | (None, Some(d)) => d,
+        // An index from before the count: count once (then kept in every frame).
+        (None, None) => count_disputed(index)?,
+    };
+    Ok(Recovered {
+        map,
+        meta,
+        lsn: replayed.lsn,
+        next_fence: replayed.next_fence,
+        disputed,
+        last_seq,
+        resume: replayed.resume,
+        undecodable,
+        torn: replayed.torn,
+        plan,
+    })
+}
+
+/// Every record the index lists as open, into the map.
+fn load_open_records<I: Index>(
+    index: &I,
+    meta: &Meta,
+    undecodable: &mut Vec<Box<[u8]>>,
+) -> Result<Map, StoreError> {
+    let map: Map = DashMap::default();
     for (k, bytes) in index.open_records()? {
-        let slot = decode_slot(&k, bytes.as_ref(), meta.checkpoint_lsn, &mut undecodable);
+        let slot = decode_slot(&k, bytes.as_ref(), meta.checkpoint_lsn, undecodable);
         let keep = match &*slot.value {
             // A stale id: the record settled or went since.
             Value::Record(r) => !r.status.is_terminal(),
@@ -153,7 +190,22 @@ pub fn recover<F: Fs, I: Index>(
             map.insert(k.into_boxed_slice(), slot);
         }
     }
+    Ok(map)
+}
 
+/// The log's segments as recovery sorts them.
+struct Segments {
+    /// The covered segments and leftover preparations, to tidy.
+    plan: Plan,
+    /// The segments after the checkpoint, in order.
+    live: Vec<(u64, PathBuf)>,
+    /// The highest segment number seen.
+    last_seq: u64,
+}
+
+/// Sorts the segments: those after the checkpoint must be numbered
+/// consecutively from it.
+fn list_segments<F: Fs>(fs: &F, wal_dir: &Path, meta: &Meta) -> Result<Segments, StoreError> {
     let io = |e: std::io::Error| StoreError::Io(format!("{}: {e}", wal_dir.display()));
     let mut plan = Plan {
         prepared: wal::prepared(fs, wal_dir).map_err(io)?,
@@ -180,40 +232,68 @@ pub fn recover<F: Fs, I: Index>(
             )));
         }
     }
+    Ok(Segments {
+        plan,
+        live,
+        last_seq,
+    })
+}
 
-    let mut lsn = meta.checkpoint_lsn;
-    let mut next_fence = meta.next_fence;
-    let mut frames_disputed = None;
-    let mut resume = None;
-    let mut torn = None;
+/// What replaying the log found.
+struct Replayed {
+    lsn: u64,
+    next_fence: u64,
+    /// The last frame's disputed count, if any frame was replayed.
+    disputed: Option<u64>,
+    resume: Option<(u64, u64)>,
+    torn: Option<(PathBuf, u64, u64)>,
+}
+
+/// Replays every whole frame of the live segments into the map, in order,
+/// judging each segment's tail; notes the last frame for rewriting.
+fn replay<F: Fs>(
+    fs: &F,
+    live: &[(u64, PathBuf)],
+    meta: &Meta,
+    map: &Map,
+    undecodable: &mut Vec<Box<[u8]>>,
+    plan: &mut Plan,
+) -> Result<Replayed, StoreError> {
+    let mut r = Replayed {
+        lsn: meta.checkpoint_lsn,
+        next_fence: meta.next_fence,
+        disputed: None,
+        resume: None,
+        torn: None,
+    };
     for (i, (seq, path)) in live.iter().enumerate() {
         let buf = wal::read_segment(fs, path)?;
         let frames =
             decode_frames(&buf, *seq).map_err(|e| corrupt(format!("{}: {e}", path.display())))?;
         let is_last = i + 1 == live.len();
         if let Some((from, to)) = check_tail(&buf, *seq, &frames, is_last, path)? {
-            torn = Some((path.clone(), from, to));
+            r.torn = Some((path.clone(), from, to));
         }
         for (b, start) in frames.batches.iter().zip(&frames.starts) {
-            if b.lsn != lsn + 1 {
+            if b.lsn != r.lsn + 1 {
                 return Err(corrupt(format!(
                     "{}: batch {} at byte {start} where batch {} was expected",
                     path.display(),
                     b.lsn,
-                    lsn + 1
+                    r.lsn + 1
                 )));
             }
-            lsn = b.lsn;
-            next_fence = next_fence.max(b.next_fence);
-            frames_disputed = Some(b.disputed);
+            r.lsn = b.lsn;
+            r.next_fence = r.next_fence.max(b.next_fence);
+            r.disputed = Some(b.disputed);
             for e in &b.entries {
                 let value = if e.value.is_empty() {
                     Slot {
-                        lsn,
+                        lsn: r.lsn,
                         value: Arc::new(Value::Gone),
                     }
                 } else {
-                    decode_slot(e.key, e.value, lsn, &mut undecodable)
+                    decode_slot(e.key, e.value, r.lsn, undecodable)
                 };
                 map.insert(e.key.into(), value);
             }
@@ -226,11 +306,14 @@ pub fn recover<F: Fs, I: Index>(
             ));
         }
         if is_last {
-            resume = Some((*seq, frames.valid as u64));
+            r.resume = Some((*seq, frames.valid as u64));
         }
     }
+    Ok(r)
+}
 
-    // Fences are never reused: the counter is past every fence on record.
+/// Fences are never reused: the counter must be past every fence on record.
+fn check_fences(map: &Map, next_fence: u64) -> Result<(), StoreError> {
     for s in map.iter() {
         if let Value::Record(r) = &*s.value
             && let Some(f) = r.last_fence()
@@ -242,35 +325,20 @@ pub fn recover<F: Fs, I: Index>(
             )));
         }
     }
+    Ok(())
+}
 
-    let disputed = match (frames_disputed, meta.disputed) {
-        (Some(d), _) | (None, Some(d)) => d,
-        // An index from before the count: count once (then kept in every frame).
-        (None, None) => {
-            let mut n = 0u64;
-            index.for_each(&mut |_, v| {
-                if let Ok(Value::Record(r)) = decode_value(v)
-                    && r.disputed
-                {
-                    n += 1;
-                }
-            })?;
-            n
+/// Records marked disputed in the whole index (one scan).
+fn count_disputed<I: Index>(index: &I) -> Result<u64, StoreError> {
+    let mut n = 0u64;
+    index.for_each(&mut |_, v| {
+        if let Ok(Value::Record(r)) = decode_value(v)
+            && r.disputed
+        {
+            n += 1;
         }
-    };
-
-    Ok(Recovered {
-        map,
-        meta,
-        lsn,
-        next_fence,
-        disputed,
-        last_seq,
-        resume,
-        undecodable,
-        torn,
-        plan,
-    })
+    })?;
+    Ok(n)
 }
 
 impl Recovered {

@@ -1,27 +1,33 @@
-//! Group commit for claims and settlements.
+//! The group-commit path, for claims and settlements.
 //!
 //! Concurrent claims and settlements are gathered by a few workers; each
-//! worker runs what it gathered as ONE transaction and answers every
-//! command only after that transaction's COMMIT. Each command is still
-//! atomic and durable; what is shared is the cost of the round trips and of
-//! the WAL flush. Two round trips per batch:
+//! worker runs what it gathered as ONE transaction ([`batch_transaction`])
+//! and answers every command only after that transaction's COMMIT. Each
+//! command is still atomic and durable; what is shared is the cost of the
+//! round trips and of the WAL flush. An invalid command is answered at
+//! [`Batcher::submit`], before it is queued. The transaction's phases:
 //!
-//! 1. `BEGIN` and the binding principals' advisory locks (shared, in key
-//!    order), then one statement that reads the records, the principal
-//!    rows, the database clock and the fences — after the locks, so its
-//!    snapshot holds every committed generation.
-//! 2. One statement writing every changed record — updates and deletes only
-//!    if the row's `xmin` is still the one read (compare-and-set), inserts
-//!    only if the key is still free and within 500 ms of the read — then
-//!    `COMMIT`. If any row fails its check the statement fails, the COMMIT
-//!    is a rollback, and the batch's commands run again one by one on the
-//!    locking path (`engine::execute`), which always makes progress.
-//!
-//! The core is applied to the commands in arrival order, each seeing the
-//! state the previous ones left. Commands that need more than the batch's
-//! locks (a principal other than their binding's, or a generation to raise)
-//! are taken out unapplied and run afterwards on the locking path. They
-//! were concurrent with the batch, so either order is linearizable.
+//! 1. **plan locks** ([`BatchPlan`]): the binding principals (shared, in
+//!    key order), the records, one fence per claim;
+//! 2. **load** ([`load_batch`], round trip 1): `BEGIN` and the principal
+//!    advisory locks, then one statement that reads the records, the
+//!    principal rows, the database clock and the fences — after the locks,
+//!    so its snapshot holds every committed generation;
+//! 3. **decide** ([`decide_batch`]): the core, applied to the commands in
+//!    arrival order, each seeing the state the previous ones left. Commands
+//!    that need more than the batch's locks (a principal other than their
+//!    binding's, or a generation to raise) are taken out unapplied and run
+//!    afterwards on the per-command path (`command::execute`). They were
+//!    concurrent with the batch, so either order is linearizable;
+//! 4. **write + commit** ([`write_and_commit_batch`], round trip 2): one
+//!    statement writing every changed record — updates and deletes only if
+//!    the row's `xmin` is still the one read (compare-and-set), inserts only
+//!    if the key is still free and within 500 ms of the read — the commit
+//!    token, then `COMMIT`. If any row fails its check the statement fails,
+//!    the COMMIT is a rollback, and the batch's commands run again one by
+//!    one on the per-command path, which always makes progress;
+//! 5. **resolve in doubt** ([`resolve_batch_commit`]): a COMMIT whose answer
+//!    was lost is resolved by its token (`doubt.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -29,8 +35,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use settle_core::{
-    Command, Ctx, Fence, Key, OpState, Principal, PrincipalState, Principals, Record, RefusalCode,
-    Reply, TenantId, apply, principals_needed,
+    Command, Ctx, Fence, Key, Limits, OpState, Principal, PrincipalState, Principals, Record,
+    RefusalCode, Reply, TenantId, Timestamp, apply, principals_needed,
 };
 use settle_ledger::StoreError;
 use tokio::sync::{Mutex, mpsc, oneshot};
@@ -38,10 +44,11 @@ use tokio_postgres::types::ToSql;
 
 use crate::PgError;
 use crate::codec::{self, FORMAT, RecordColumns, principal_state};
+use crate::command;
 use crate::doubt::{self, Commit};
-use crate::engine::{self, Conn, Inner, check_durability, now_from, transient};
+use crate::engine::{Conn, Inner, check_durability, now_from, transient};
 use crate::lock::principal_key;
-use crate::session::Token;
+use crate::session::{Server, Token};
 use crate::sql::STALE;
 
 /// Scheduler turns a worker waits at most for a batch to fill up.
@@ -75,6 +82,7 @@ pub fn batchable(cmd: &Command) -> bool {
 /// workers once the queue is drained.
 pub struct Batcher {
     tx: mpsc::Sender<Item>,
+    limits: Limits,
     max_batch: usize,
     workers: usize,
     /// How long the latest batch took (µs), for the retry hint.
@@ -96,6 +104,7 @@ impl Batcher {
         }
         Batcher {
             tx,
+            limits: inner.limits,
             max_batch: max_batch.max(1),
             workers: workers.max(1),
             last_batch_us,
@@ -103,6 +112,11 @@ impl Batcher {
     }
 
     pub async fn submit(&self, tenant: TenantId, cmd: Command) -> Result<Reply, StoreError> {
+        // An invalid command is answered at once: it costs no round trip,
+        // and no fence is taken for it (the batch takes one per claim).
+        if let Err(e) = cmd.validate(&self.limits) {
+            return Ok(Reply::Invalid(e));
+        }
         let (reply, rx) = oneshot::channel();
         match self.tx.try_send(Item { tenant, cmd, reply }) {
             Ok(()) => {}
@@ -186,10 +200,10 @@ enum Fate {
 async fn run(inner: &Arc<Inner>, items: Vec<Item>) {
     let mut retries = 0;
     let fates = loop {
-        match attempt(inner, &items).await {
+        match batch_transaction(inner, &items).await {
             Ok(f) => break f,
             // A row changed under the batch (contention on a key with another
-            // batch or server): the locking path serialises such commands.
+            // batch or server): the per-command path serialises such commands.
             Err(PgError::Raced(_)) => break items.iter().map(|_| Fate::Alone).collect(),
             Err(e) if transient(&e) && retries < inner.max_retries => {
                 retries += 1;
@@ -212,7 +226,7 @@ async fn run(inner: &Arc<Inner>, items: Vec<Item>) {
             Fate::Alone => {
                 let inner = inner.clone();
                 tokio::spawn(async move {
-                    let r = engine::execute(&inner, &item.tenant, &item.cmd)
+                    let r = command::execute(&inner, &item.tenant, &item.cmd)
                         .await
                         .map_err(StoreError::from);
                     let _ = item.reply.send(r);
@@ -232,90 +246,182 @@ fn record_key(cmd: &Command) -> &Key {
     }
 }
 
-async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
-    let sql = &inner.sql;
-    let conn = Conn::get(&inner.pool, inner.client_timeout).await?;
-    let c = conn.client();
-    let seen = inner.seen.get();
+/// Why a batch's transaction ends before its COMMIT: the error, after a
+/// rollback (the connection is reused if that works) or with the
+/// connection closed (a round trip failed, timed out or cannot be trusted).
+struct Abort {
+    rollback: bool,
+    error: PgError,
+}
 
-    // What to lock (the binding principals, shared) and what to read.
-    let mut principals: Vec<(TenantId, Principal)> = Vec::new();
-    let mut ids: Vec<Id> = Vec::new();
-    let mut claims = 0i32;
-    for it in items {
-        let p = it
-            .cmd
-            .binding_principal()
-            .expect("claims and settlements carry a binding");
-        let pid = (it.tenant.clone(), p.clone());
-        if !principals.contains(&pid) {
-            principals.push(pid);
+impl From<PgError> for Abort {
+    fn from(error: PgError) -> Abort {
+        Abort {
+            rollback: false,
+            error,
         }
-        let id = (it.tenant.clone(), record_key(&it.cmd).clone());
-        if matches!(it.cmd, Command::Claim(_)) {
-            claims += 1;
-        }
-        ids.push(id);
     }
-    ids.sort();
-    ids.dedup();
-    let mut lock_keys: Vec<i64> = principals
-        .iter()
-        .map(|(t, p)| principal_key(&inner.schema, t.as_str(), p.as_str()))
-        .collect();
-    lock_keys.sort();
-    lock_keys.dedup();
-    let split = |v: &[Id]| -> (Vec<String>, Vec<String>) {
-        v.iter()
-            .map(|(t, k)| (t.as_str().to_string(), k.as_str().to_string()))
-            .unzip()
+}
+
+impl Abort {
+    fn rollback(error: PgError) -> Abort {
+        Abort {
+            rollback: true,
+            error,
+        }
+    }
+    async fn finish(self, conn: Conn, inner: &Inner) -> PgError {
+        if self.rollback {
+            conn.rollback(&inner.sql).await;
+        } else {
+            drop(conn);
+        }
+        self.error
+    }
+}
+
+/// One transaction of the group-commit path, phase by phase: plan locks,
+/// load (round trip 1), decide (the core, command by command), write +
+/// commit (round trip 2), resolve in doubt. Returns each command's fate.
+async fn batch_transaction(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
+    let plan = BatchPlan::of(inner, items);
+    let conn = Conn::get(&inner.pool, inner.client_timeout).await?;
+    let seen = inner.seen.get();
+    let mut load = match load_batch(inner, &conn, &plan).await {
+        Ok(l) => l,
+        Err(abort) => return Err(abort.finish(conn, inner).await),
     };
-    let (id_t, id_k) = split(&ids);
-    let (pr_t, pr_n): (Vec<String>, Vec<String>) = principals
-        .iter()
-        .map(|(t, p)| (t.as_str().to_string(), p.as_str().to_string()))
-        .unzip();
+    let (fates, changed) = decide_batch(inner, items, &mut load);
+    let writes = match BatchWrites::of(&changed, &load) {
+        Ok(w) => w,
+        Err(e) => return Err(Abort::from(e).finish(conn, inner).await),
+    };
+    if writes.tenant.is_empty() {
+        // Nothing changed (refusals, in-flight answers, replays).
+        conn.rollback(&inner.sql).await;
+        return Ok(fates);
+    }
+    write_and_commit_batch(inner, conn, &writes, load.db_now, seen.as_ref()).await?;
+    Ok(fates)
+}
 
+/// Phase 1: what a batch locks (the binding principals, shared, in key
+/// order) and reads (the records and the principal rows, and one fence per claim).
+struct BatchPlan {
+    lock_keys: Vec<i64>,
+    /// The records, sorted, once each.
+    ids: Vec<Id>,
+    /// The same, as the load's parameters.
+    id_t: Vec<String>,
+    id_k: Vec<String>,
+    claims: i32,
+    /// The principals' tenants and names.
+    pr_t: Vec<String>,
+    pr_n: Vec<String>,
+}
+
+impl BatchPlan {
+    fn of(inner: &Inner, items: &[Item]) -> BatchPlan {
+        let mut principals: Vec<(TenantId, Principal)> = Vec::new();
+        let mut ids: Vec<Id> = Vec::new();
+        let mut claims = 0i32;
+        for it in items {
+            let p = it
+                .cmd
+                .binding_principal()
+                .expect("claims and settlements carry a binding");
+            let pid = (it.tenant.clone(), p.clone());
+            if !principals.contains(&pid) {
+                principals.push(pid);
+            }
+            if matches!(it.cmd, Command::Claim(_)) {
+                claims += 1;
+            }
+            ids.push((it.tenant.clone(), record_key(&it.cmd).clone()));
+        }
+        ids.sort();
+        ids.dedup();
+        let mut lock_keys: Vec<i64> = principals
+            .iter()
+            .map(|(t, p)| principal_key(&inner.schema, t.as_str(), p.as_str()))
+            .collect();
+        lock_keys.sort();
+        lock_keys.dedup();
+        let (id_t, id_k) = ids
+            .iter()
+            .map(|(t, k)| (t.as_str().to_string(), k.as_str().to_string()))
+            .unzip();
+        let (pr_t, pr_n) = principals
+            .iter()
+            .map(|(t, p)| (t.as_str().to_string(), p.as_str().to_string()))
+            .unzip();
+        BatchPlan {
+            lock_keys,
+            ids,
+            id_t,
+            id_k,
+            claims,
+            pr_t,
+            pr_n,
+        }
+    }
+}
+
+/// What a batch read, under its locks.
+struct BatchLoad {
+    /// The database clock (ms), as read.
+    db_now: i64,
+    /// The fences taken for the claims, in increasing order.
+    fences: std::vec::IntoIter<Fence>,
+    /// Generations by (tenant, principal).
+    gens: HashMap<(String, String), PrincipalState>,
+    /// Each record as read, then as the batch's commands leave it; a record
+    /// that does not decode refuses its own commands only (record_refused).
+    state: HashMap<Id, Result<Option<Record>, PgError>>,
+    /// The `xmin` each stored record was read at.
+    read_at: HashMap<Id, String>,
+}
+
+/// Phase 2, round trip 1: `BEGIN` and the principal locks (one
+/// simple-query message; the statements run in order, so the locks are
+/// taken in key order), then one statement reading everything else. It
+/// starts after the locks are held, so its snapshot has every committed
+/// generation.
+async fn load_batch(inner: &Inner, conn: &Conn, plan: &BatchPlan) -> Result<BatchLoad, Abort> {
+    let (sql, c) = (&inner.sql, conn.client());
     let load_st = conn.prepare(&sql.batch_load).await?;
-    let write_st = conn.prepare(&sql.batch_write).await?;
-    let token_st = conn.prepare(&sql.insert_token).await?;
-
-    // Round trip 1: BEGIN and the principal locks (one simple-query
-    // message; the statements run in order, so the locks are taken in key
-    // order), then one statement reading everything else. It starts after
-    // the locks are held, so its snapshot has every committed generation.
     let mut begin = sql.begin.clone();
-    for k in &lock_keys {
+    for k in &plan.lock_keys {
         begin.push_str(&format!("; SELECT pg_advisory_xact_lock_shared({k})"));
     }
-    let load_params: [&(dyn ToSql + Sync); 5] = [&id_t, &id_k, &claims, &pr_t, &pr_n];
+    let load_params: [&(dyn ToSql + Sync); 5] =
+        [&plan.id_t, &plan.id_k, &plan.claims, &plan.pr_t, &plan.pr_n];
     // Past the deadline nothing has committed: the connection is dropped.
     let (r_begin, r_load) = conn
         .within(async { futures::join!(c.batch_execute(&begin), c.query(&load_st, &load_params)) })
         .await?;
     let rows = match r_begin.and(r_load) {
         Ok(rows) => rows,
-        Err(e) => {
-            if e.as_db_error().is_some() {
-                conn.rollback(sql).await;
-            }
-            return Err(e.into());
-        }
+        Err(e) if e.as_db_error().is_some() => return Err(Abort::rollback(e.into())),
+        Err(e) => return Err(Abort::from(PgError::from(e))),
     };
+    read_batch(inner, &plan.ids, &rows)
+}
+
+/// Checks the durability settings read inside the transaction and decodes
+/// the load: clock, fences and principals from the first row, one record
+/// per row.
+fn read_batch(inner: &Inner, ids: &[Id], rows: &[tokio_postgres::Row]) -> Result<BatchLoad, Abort> {
     let first = rows
         .first()
         .ok_or_else(|| PgError::Corrupt("the load returned no row".into()))?;
     let db_now: i64 = first.get(0);
-    let now = now_from(inner, db_now);
     let durability: String = first.get(1);
-    if let Err(e) = check_durability(&durability) {
-        conn.rollback(sql).await;
-        return Err(e);
-    }
+    check_durability(&durability).map_err(Abort::rollback)?;
     let mut fences: Vec<i64> = first.get(2);
     fences.sort_unstable();
-    let mut fences = fences.into_iter().map(|f| Fence(f as u64));
-    let mut gens: HashMap<(String, String), PrincipalState> = HashMap::new();
+    let fences: Vec<Fence> = fences.into_iter().map(|f| Fence(f as u64)).collect();
+    let mut gens = HashMap::new();
     let pt: Vec<String> = first.get::<_, Option<Vec<String>>>(3).unwrap_or_default();
     let pn: Vec<String> = first.get::<_, Option<Vec<String>>>(4).unwrap_or_default();
     let pg: Vec<Option<String>> = first.get::<_, Option<_>>(5).unwrap_or_default();
@@ -325,12 +431,9 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
     for ((((t, p), g), m), v) in pt.into_iter().zip(pn).zip(pg).zip(pm).zip(pv) {
         gens.insert((t, p), principal_state(g, m, v)?);
     }
-
-    // Current state of each record, with the xmin it was read at; a record
-    // that does not decode refuses its own commands only (record_refused).
-    let mut state: HashMap<Id, Result<Option<Record>, PgError>> = HashMap::new();
-    let mut read_at: HashMap<Id, String> = HashMap::new();
-    for r in &rows {
+    let mut state = HashMap::new();
+    let mut read_at = HashMap::new();
+    for r in rows {
         let (Some(t), Some(k)) = (r.get::<_, Option<String>>(7), r.get::<_, Option<String>>(8))
         else {
             continue;
@@ -346,174 +449,243 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
         read_at.insert(id.clone(), r.get(11));
         state.insert(id, rec);
     }
-    for id in &ids {
+    for id in ids {
         state.entry(id.clone()).or_insert(Ok(None));
     }
+    Ok(BatchLoad {
+        db_now,
+        fences: fences.into_iter(),
+        gens,
+        state,
+        read_at,
+    })
+}
 
+/// What the core decided for one command of a batch.
+// Short-lived, one per command; boxing the record would cost an allocation each.
+#[allow(clippy::large_enum_variant)]
+enum Decided {
+    /// Answered without applying (refused, run alone, or failed).
+    Fate(Fate),
+    Applied {
+        reply: Reply,
+        fence_used: bool,
+        /// The record after it, when it changed.
+        changed: Option<Option<Record>>,
+    },
+}
+
+/// Phase 3: the core, applied to the commands in arrival order, each
+/// seeing the state the previous ones left. Returns each command's fate
+/// and the records that changed.
+fn decide_batch(inner: &Inner, items: &[Item], load: &mut BatchLoad) -> (Vec<Fate>, Vec<Id>) {
+    let now = now_from(inner, load.db_now);
     let mut fates = Vec::with_capacity(items.len());
     let mut changed: Vec<Id> = Vec::new();
-    let mut next = fences.next();
+    let mut next = load.fences.next();
     for it in items {
-        let id = (it.tenant.clone(), record_key(&it.cmd).clone());
-        let current = match state.get(&id).expect("loaded") {
-            Ok(r) => r.clone(),
-            Err(_) => {
-                fates.push(Fate::Reply(Reply::Refused(RefusalCode::RecordRefused)));
-                continue;
-            }
-        };
-        let own = it.cmd.binding_principal().expect("binding");
-        if principals_needed(&it.cmd, current.as_ref()).any(|p| p != own) {
-            // The owner is another principal, whose lock the batch lacks.
-            fates.push(Fate::Alone);
-            continue;
-        }
-        let mut ps = Principals::new();
-        let g = gens
-            .get(&(it.tenant.as_str().to_string(), own.as_str().to_string()))
-            .copied()
-            .unwrap_or_default();
-        ps.insert(own.clone(), g);
-        let mut st = OpState {
-            record: current,
-            principals: ps,
-            warnings: Vec::new(),
-        };
-        let is_claim = matches!(it.cmd, Command::Claim(_));
-        let next_fence = if is_claim {
-            next.unwrap_or(Fence(0))
-        } else {
-            Fence(0)
-        };
-        if is_claim
-            && let Some(last) = st.record.as_ref().and_then(|r| r.last_fence())
-            && next_fence <= last
-        {
-            fates.push(Fate::Failed(StoreError::Corrupt(format!(
-                "fence sequence at {} is not above the record's fence {}",
-                next_fence.0, last.0
-            ))));
-            continue;
-        }
-        let ctx = Ctx {
-            now,
-            next_fence,
-            limits: inner.limits,
-        };
-        let applied = apply(&mut st, &it.cmd, &ctx);
-        if st.principals.dirty().next().is_some() {
-            // Raising a generation needs the exclusive lock: on its own.
-            fates.push(Fate::Alone);
-            continue;
-        }
-        if applied.fence_used {
-            if !is_claim {
-                fates.push(Fate::Failed(StoreError::Corrupt(
-                    "a settlement granted a lease".into(),
-                )));
-                continue;
-            }
-            next = fences.next();
-        }
-        if applied.changed {
-            state.insert(id.clone(), Ok(st.record));
-            if !changed.contains(&id) {
-                changed.push(id);
+        match decide_one(inner, it, load, now, next) {
+            Decided::Fate(f) => fates.push(f),
+            Decided::Applied {
+                reply,
+                fence_used,
+                changed: after,
+            } => {
+                if fence_used {
+                    next = load.fences.next();
+                }
+                if let Some(record) = after {
+                    let id = (it.tenant.clone(), record_key(&it.cmd).clone());
+                    load.state.insert(id.clone(), Ok(record));
+                    if !changed.contains(&id) {
+                        changed.push(id);
+                    }
+                }
+                fates.push(Fate::Reply(reply));
             }
         }
-        fates.push(Fate::Reply(applied.reply));
+    }
+    (fates, changed)
+}
+
+/// One command of a batch, with `next` the fence a claim would get.
+fn decide_one(
+    inner: &Inner,
+    it: &Item,
+    load: &BatchLoad,
+    now: Timestamp,
+    next: Option<Fence>,
+) -> Decided {
+    let id = (it.tenant.clone(), record_key(&it.cmd).clone());
+    let current = match load.state.get(&id).expect("loaded") {
+        Ok(r) => r.clone(),
+        Err(_) => return Decided::Fate(Fate::Reply(Reply::Refused(RefusalCode::RecordRefused))),
+    };
+    let own = it.cmd.binding_principal().expect("binding");
+    if principals_needed(&it.cmd, current.as_ref()).any(|p| p != own) {
+        // The owner is another principal, whose lock the batch lacks.
+        return Decided::Fate(Fate::Alone);
+    }
+    let mut ps = Principals::new();
+    let g = load
+        .gens
+        .get(&(it.tenant.as_str().to_string(), own.as_str().to_string()))
+        .copied()
+        .unwrap_or_default();
+    ps.insert(own.clone(), g);
+    let mut st = OpState {
+        record: current,
+        principals: ps,
+        warnings: Vec::new(),
+    };
+    let is_claim = matches!(it.cmd, Command::Claim(_));
+    let next_fence = if is_claim {
+        next.unwrap_or(Fence(0))
+    } else {
+        Fence(0)
+    };
+    if is_claim
+        && let Some(last) = st.record.as_ref().and_then(|r| r.last_fence())
+        && next_fence <= last
+    {
+        return Decided::Fate(Fate::Failed(StoreError::Corrupt(format!(
+            "fence sequence at {} is not above the record's fence {}",
+            next_fence.0, last.0
+        ))));
+    }
+    let ctx = Ctx {
+        now,
+        next_fence,
+        limits: inner.limits,
+    };
+    let applied = apply(&mut st, &it.cmd, &ctx);
+    if st.principals.dirty().next().is_some() {
+        // Raising a generation needs the exclusive lock: on its own.
+        return Decided::Fate(Fate::Alone);
+    }
+    if applied.fence_used && !is_claim {
+        return Decided::Fate(Fate::Failed(StoreError::Corrupt(
+            "a settlement granted a lease".into(),
+        )));
+    }
+    Decided::Applied {
+        reply: applied.reply,
+        fence_used: applied.fence_used,
+        changed: applied.changed.then_some(st.record),
+    }
+}
+
+/// Every changed record of a batch as the columns of the one write
+/// statement (`sql::batch_write`): `op` is `u`pdate or `d`elete
+/// (compare-and-set on the `xmin` in `v`) or `i`nsert.
+#[derive(Default)]
+struct BatchWrites {
+    tenant: Vec<String>,
+    key: Vec<String>,
+    op: Vec<&'static str>,
+    v: Vec<Option<String>>,
+    format: Vec<Option<i16>>,
+    value: Vec<Option<Vec<u8>>>,
+    owner: Vec<Option<String>>,
+    status: Vec<Option<i16>>,
+    reconcile: Vec<Option<bool>>,
+    lease_expires_at: Vec<Option<i64>>,
+    lease_generation: Vec<Option<String>>,
+    updated_at: Vec<Option<i64>>,
+    collect_at: Vec<Option<i64>>,
+    receipt_at: Vec<Option<i64>>,
+    disputed: Vec<Option<bool>>,
+}
+
+impl BatchWrites {
+    fn of(changed: &[Id], load: &BatchLoad) -> Result<BatchWrites, PgError> {
+        let mut w = BatchWrites::default();
+        for id in changed {
+            let v = load.read_at.get(id).cloned();
+            let after = match load.state.get(id).expect("changed") {
+                Ok(r) => r.as_ref(),
+                Err(_) => unreachable!("a record that failed to load is never changed"),
+            };
+            let op = match (&v, after) {
+                (Some(_), Some(_)) => "u",
+                (None, Some(_)) => "i",
+                (Some(_), None) => "d",
+                // Created and removed within the batch: nothing to write.
+                (None, None) => continue,
+            };
+            w.tenant.push(id.0.as_str().to_string());
+            w.key.push(id.1.as_str().to_string());
+            w.op.push(op);
+            w.v.push(v);
+            match after {
+                Some(r) => w.push_record(r)?,
+                None => w.push_deletion(),
+            }
+        }
+        Ok(w)
     }
 
-    if changed.is_empty() {
-        conn.rollback(sql).await;
-        return Ok(fates);
+    fn push_record(&mut self, r: &Record) -> Result<(), PgError> {
+        let cols = RecordColumns::of(r);
+        self.format.push(Some(FORMAT));
+        self.value.push(Some(codec::encode(r)?));
+        self.owner.push(Some(cols.owner));
+        self.status.push(Some(cols.status));
+        self.reconcile.push(Some(cols.reconcile));
+        self.lease_expires_at.push(cols.lease_expires_at);
+        self.lease_generation.push(cols.lease_generation);
+        self.updated_at.push(Some(cols.updated_at));
+        self.collect_at.push(cols.collect_at);
+        self.receipt_at.push(cols.receipt_at);
+        self.disputed.push(Some(cols.disputed));
+        Ok(())
     }
 
-    // Round trip 2: every changed record in one statement, then COMMIT.
-    let mut w_t = Vec::new();
-    let mut w_k = Vec::new();
-    let mut w_op: Vec<&str> = Vec::new();
-    let mut w_v: Vec<Option<String>> = Vec::new();
-    let mut w_fmt: Vec<Option<i16>> = Vec::new();
-    let mut w_val: Vec<Option<Vec<u8>>> = Vec::new();
-    let mut w_owner: Vec<Option<String>> = Vec::new();
-    let mut w_status: Vec<Option<i16>> = Vec::new();
-    let mut w_rec: Vec<Option<bool>> = Vec::new();
-    let mut w_lease: Vec<Option<i64>> = Vec::new();
-    let mut w_lgen: Vec<Option<String>> = Vec::new();
-    let mut w_upd: Vec<Option<i64>> = Vec::new();
-    let mut w_coll: Vec<Option<i64>> = Vec::new();
-    let mut w_rcpt: Vec<Option<i64>> = Vec::new();
-    let mut w_disp: Vec<Option<bool>> = Vec::new();
-    for id in &changed {
-        let v = read_at.get(id).cloned();
-        let after = match state.get(id).expect("changed") {
-            Ok(r) => r.as_ref(),
-            Err(_) => unreachable!("a record that failed to load is never changed"),
-        };
-        let op = match (&v, after) {
-            (Some(_), Some(_)) => "u",
-            (None, Some(_)) => "i",
-            (Some(_), None) => "d",
-            // Created and removed within the batch: nothing to write.
-            (None, None) => continue,
-        };
-        w_t.push(id.0.as_str().to_string());
-        w_k.push(id.1.as_str().to_string());
-        w_op.push(op);
-        w_v.push(v);
-        match after {
-            Some(r) => {
-                let cols = RecordColumns::of(r);
-                w_fmt.push(Some(FORMAT));
-                w_val.push(Some(codec::encode(r)?));
-                w_owner.push(Some(cols.owner));
-                w_status.push(Some(cols.status));
-                w_rec.push(Some(cols.reconcile));
-                w_lease.push(cols.lease_expires_at);
-                w_lgen.push(cols.lease_generation);
-                w_upd.push(Some(cols.updated_at));
-                w_coll.push(cols.collect_at);
-                w_rcpt.push(cols.receipt_at);
-                w_disp.push(Some(cols.disputed));
-            }
-            None => {
-                w_fmt.push(None);
-                w_val.push(None);
-                w_owner.push(None);
-                w_status.push(None);
-                w_rec.push(None);
-                w_lease.push(None);
-                w_lgen.push(None);
-                w_upd.push(None);
-                w_coll.push(None);
-                w_rcpt.push(None);
-                w_disp.push(None);
-            }
-        }
+    fn push_deletion(&mut self) {
+        self.format.push(None);
+        self.value.push(None);
+        self.owner.push(None);
+        self.status.push(None);
+        self.reconcile.push(None);
+        self.lease_expires_at.push(None);
+        self.lease_generation.push(None);
+        self.updated_at.push(None);
+        self.collect_at.push(None);
+        self.receipt_at.push(None);
+        self.disputed.push(None);
     }
-    if w_t.is_empty() {
-        conn.rollback(sql).await;
-        return Ok(fates);
-    }
-    let expected = w_t.len() as i64;
+}
+
+/// Phase 4, round trip 2: every changed record in one statement, the
+/// batch's commit token, then `COMMIT`, pipelined; then phase 5.
+async fn write_and_commit_batch(
+    inner: &Inner,
+    conn: Conn,
+    w: &BatchWrites,
+    db_now: i64,
+    seen: Option<&Server>,
+) -> Result<(), PgError> {
+    let (sql, c) = (&inner.sql, conn.client());
+    let write_st = conn.prepare(&sql.batch_write).await?;
+    let token_st = conn.prepare(&sql.insert_token).await?;
+    let expected = w.tenant.len() as i64;
     let insert_deadline = db_now + INSERT_WINDOW_MS;
     let write_params: [&(dyn ToSql + Sync); 17] = [
-        &w_t,
-        &w_k,
-        &w_op,
-        &w_v,
-        &w_fmt,
-        &w_val,
-        &w_owner,
-        &w_status,
-        &w_rec,
-        &w_lease,
-        &w_lgen,
-        &w_upd,
-        &w_coll,
-        &w_rcpt,
-        &w_disp,
+        &w.tenant,
+        &w.key,
+        &w.op,
+        &w.v,
+        &w.format,
+        &w.value,
+        &w.owner,
+        &w.status,
+        &w.reconcile,
+        &w.lease_expires_at,
+        &w.lease_generation,
+        &w.updated_at,
+        &w.collect_at,
+        &w.receipt_at,
+        &w.disputed,
         &insert_deadline,
         &expected,
     ];
@@ -532,7 +704,31 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
             ((write, mark), commit)
         })
         .await;
-    match doubt::finish(inner, conn, r, &token, seen.as_ref()).await? {
+    resolve_batch_commit(inner, conn, r, &token, seen, expected).await
+}
+
+/// What the batch's commit round trip returns: the write's row, the token
+/// write's count, and COMMIT's answer.
+type BatchCommitRound = (
+    (
+        Result<tokio_postgres::Row, tokio_postgres::Error>,
+        Result<u64, tokio_postgres::Error>,
+    ),
+    Result<(), tokio_postgres::Error>,
+);
+
+/// Phase 5: what the commit round trip says. A lost answer is resolved by
+/// the token (`doubt.rs`); an answered COMMIT after a failed write was a
+/// rollback (a row changed under the batch: `Raced`).
+async fn resolve_batch_commit(
+    inner: &Inner,
+    conn: Conn,
+    r: Result<BatchCommitRound, PgError>,
+    token: &Token,
+    seen: Option<&Server>,
+    expected: i64,
+) -> Result<(), PgError> {
+    match doubt::finish(inner, conn, r, token, seen).await? {
         Commit::Answered((write_result, mark_result)) => {
             match write_result {
                 Ok(row) if row.get::<_, i64>(0) == expected => {}
@@ -547,14 +743,14 @@ async fn attempt(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
                 Err(e) => return Err(e.into()),
             }
             match mark_result {
-                Ok(1) => Ok(fates),
+                Ok(1) => Ok(()),
                 Ok(n) => Err(PgError::Corrupt(format!(
                     "the commit token write touched {n} rows, expected 1"
                 ))),
                 Err(e) => Err(e.into()),
             }
         }
-        Commit::Committed => Ok(fates),
+        Commit::Committed => Ok(()),
         Commit::NotCommitted(e) => Err(e),
     }
 }

@@ -83,6 +83,8 @@ fn receipt(key: &Key, fp: Digest, sha: Digest, status: Status, fence: u64, at: u
 /// A settled, disputed record: an execute attempt that settled `unknown`
 /// with an error, a reconcile attempt that committed the canonical outcome
 /// and later met disagreeing evidence, and quarantined evidence.
+// One literal of a stored record: test data, nothing to split.
+#[allow(clippy::too_many_lines)]
 fn settled_record() -> Record {
     let key = Key::new("order-1").unwrap();
     let fp = d(1);

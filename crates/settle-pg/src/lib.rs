@@ -2,7 +2,9 @@
 //!
 //! Several `settle` servers share one PostgreSQL database. Every decision
 //! is made by [`settle_core::apply`]; this crate only loads, locks and
-//! persists. The locking path runs one transaction per command:
+//! persists. A command is first validated against the store's limits (an
+//! invalid one is answered without touching the database). The per-command
+//! path (`command.rs`) then runs one transaction per command:
 //!
 //! 1. Lock the principals the command needs (transaction-scoped advisory
 //!    locks, shared to read a generation, exclusive to move it), then the
@@ -26,7 +28,8 @@
 //! With group commit (the default, [`PgOptions::group_commit`]), concurrent
 //! claims and settlements share one transaction: the same principal locks,
 //! records read from one snapshot and written compare-and-set on `xmin`,
-//! one COMMIT, and every command answered after it (see `batch.rs`).
+//! one COMMIT, and every command answered after it (the group-commit path,
+//! `batch.rs`).
 //!
 //! See `docs/postgres.md` for the locking argument, the in-doubt commit
 //! handling, the schema and the benchmark.
@@ -41,6 +44,7 @@
 
 mod batch;
 mod codec;
+mod command;
 mod doubt;
 mod engine;
 mod lock;
@@ -459,7 +463,7 @@ impl Store for PgStore {
         Box::pin(async move {
             // Run to completion even if the caller goes away: a transaction
             // is never abandoned halfway on a pooled connection.
-            tokio::spawn(async move { engine::execute(&inner, &tenant, &cmd).await })
+            tokio::spawn(async move { command::execute(&inner, &tenant, &cmd).await })
                 .await
                 .map_err(|e| StoreError::Database(format!("command task failed: {e}")))?
                 .map_err(StoreError::from)

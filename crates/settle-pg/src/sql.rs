@@ -104,6 +104,8 @@ fn begin(lock_timeout_ms: u64, s: &Settings) -> String {
 }
 
 impl Sql {
+    // The statement table: one entry per statement, nothing to split.
+    #[allow(clippy::too_many_lines)]
     pub fn new(schema: &str, settings: &Settings) -> Sql {
         let s = quoted(schema);
         let com = format!("{s}.settle_commits");
