@@ -7,9 +7,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Method, Request, Uri};
-use hyper_util::client::legacy::Client as Pool;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde::de::DeserializeOwned;
 use settle_api::{
     BatchRequest, BatchResponse, ClaimDecision, ClaimRequest, DispatchRequest, Dispatched, Health,
@@ -20,6 +17,7 @@ use settle_api::{
 use crate::call::{self, Call};
 use crate::error::ClientError;
 use crate::reply::Reply;
+use crate::transport::{Target, Transport};
 
 /// Defaults of [`ClientBuilder`].
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,6 +35,7 @@ pub struct ClientBuilder {
     request_timeout: Duration,
     pool_idle_timeout: Duration,
     pool_max_idle: usize,
+    single_connection: bool,
 }
 
 impl ClientBuilder {
@@ -70,30 +69,38 @@ impl ClientBuilder {
         self
     }
 
+    /// One dedicated connection instead of a pool: calls take turns on it
+    /// (concurrent calls wait for each other), with the least work per
+    /// call. For load generators and clients owned by one task; a
+    /// connection the server closed is replaced on the next call.
+    pub fn single_connection(mut self) -> Self {
+        self.single_connection = true;
+        self
+    }
+
     /// Checks the URL and the token and builds the client. Needs a tokio
     /// runtime when calls are made, not here.
     pub fn build(self) -> Result<Client, ClientError> {
-        let (authority, base) = parse_url(&self.url)?;
+        let (authority, prefix) = parse_url(&self.url)?;
         let auth = match &self.token {
             Some(t) => Some(HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
                 ClientError::Request("the token is not a valid header value".into())
             })?),
             None => None,
         };
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(self.connect_timeout));
-        // Requests are small and answered at once: no Nagle delay.
-        connector.set_nodelay(true);
-        let pool = Pool::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(self.pool_idle_timeout)
-            .pool_max_idle_per_host(self.pool_max_idle)
-            .build(connector);
+        let transport = if self.single_connection {
+            Transport::single(self.connect_timeout)
+        } else {
+            Transport::pooled(
+                self.connect_timeout,
+                self.pool_idle_timeout,
+                self.pool_max_idle,
+            )
+        };
         Ok(Client {
             inner: Arc::new(Inner {
-                pool,
-                base,
-                authority,
+                transport,
+                target: Target::new(authority, prefix)?,
                 auth,
                 request_timeout: self.request_timeout,
             }),
@@ -101,7 +108,7 @@ impl ClientBuilder {
     }
 }
 
-/// `http://HOST[:PORT][/PREFIX]` → (`HOST:PORT`, `http://HOST:PORT/PREFIX`).
+/// `http://HOST[:PORT][/PREFIX]` → (`HOST:PORT`, `/PREFIX` or empty).
 fn parse_url(url: &str) -> Result<(String, String), ClientError> {
     let bad = |reason| ClientError::Url {
         url: url.to_string(),
@@ -127,8 +134,8 @@ fn parse_url(url: &str) -> Result<(String, String), ClientError> {
         return Err(bad("a server URL has no query"));
     }
     let authority = format!("{}:{}", a.host(), a.port_u16().unwrap_or(80));
-    let prefix = uri.path().trim_end_matches('/');
-    Ok((authority.clone(), format!("http://{authority}{prefix}")))
+    let prefix = uri.path().trim_end_matches('/').to_string();
+    Ok((authority, prefix))
 }
 
 /// A settle server: cheap to clone (clones share one pool of keep-alive
@@ -144,10 +151,8 @@ pub struct Client {
 }
 
 struct Inner {
-    pool: Pool<HttpConnector, Full<Bytes>>,
-    /// `http://host:port/prefix`.
-    base: String,
-    authority: String,
+    transport: Transport,
+    target: Target,
     auth: Option<HeaderValue>,
     request_timeout: Duration,
 }
@@ -156,7 +161,7 @@ impl std::fmt::Debug for Client {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // Never the token.
         f.debug_struct("Client")
-            .field("base", &self.inner.base)
+            .field("server", &self.inner.target.authority)
             .field("token", &self.inner.auth.as_ref().map(|_| "…"))
             .field("request_timeout", &self.inner.request_timeout)
             .finish()
@@ -179,12 +184,13 @@ impl Client {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             pool_max_idle: usize::MAX,
+            single_connection: false,
         }
     }
 
     /// `host:port` of the server.
     pub fn authority(&self) -> &str {
-        &self.inner.authority
+        &self.inner.target.authority
     }
 
     /// Sends `call` and reads its answer; an error status is a
@@ -212,7 +218,7 @@ impl Client {
         let i = &self.inner;
         let mut req = Request::builder()
             .method(method)
-            .uri(format!("{}{path}", i.base));
+            .uri(i.transport.uri(&i.target, path));
         if let Some(a) = &i.auth {
             req = req.header(AUTHORIZATION, a.clone());
         }
@@ -225,7 +231,7 @@ impl Client {
         match tokio::time::timeout(i.request_timeout, self.exchange(req)).await {
             Ok(r) => r,
             Err(_) => Err(ClientError::Timeout {
-                authority: i.authority.clone(),
+                authority: i.target.authority.clone(),
                 after: i.request_timeout,
             }),
         }
@@ -234,19 +240,7 @@ impl Client {
     /// One request and its whole answer.
     async fn exchange(&self, req: Request<Full<Bytes>>) -> Result<Reply, ClientError> {
         let i = &self.inner;
-        let resp = i.pool.request(req).await.map_err(|e| {
-            if e.is_connect() {
-                ClientError::Connect {
-                    authority: i.authority.clone(),
-                    source: e.into(),
-                }
-            } else {
-                ClientError::Transport {
-                    authority: i.authority.clone(),
-                    source: e.into(),
-                }
-            }
-        })?;
+        let resp = i.transport.request(&i.target, req).await?;
         let status = resp.status().as_u16();
         let header = |name| {
             resp.headers()
@@ -262,7 +256,7 @@ impl Client {
             .collect()
             .await
             .map_err(|e| ClientError::Transport {
-                authority: i.authority.clone(),
+                authority: i.target.authority.clone(),
                 source: e.into(),
             })?
             .to_bytes();
@@ -356,16 +350,10 @@ mod tests {
 
     #[test]
     fn urls_parse() {
-        let (a, base) = parse_url("http://127.0.0.1:7411").unwrap();
-        assert_eq!(
-            (a.as_str(), base.as_str()),
-            ("127.0.0.1:7411", "http://127.0.0.1:7411")
-        );
-        let (a, base) = parse_url("http://localhost/prefix/").unwrap();
-        assert_eq!(
-            (a.as_str(), base.as_str()),
-            ("localhost:80", "http://localhost:80/prefix")
-        );
+        let (a, prefix) = parse_url("http://127.0.0.1:7411").unwrap();
+        assert_eq!((a.as_str(), prefix.as_str()), ("127.0.0.1:7411", ""));
+        let (a, prefix) = parse_url("http://localhost/prefix/").unwrap();
+        assert_eq!((a.as_str(), prefix.as_str()), ("localhost:80", "/prefix"));
         for bad in [
             "https://x",
             "x:1",

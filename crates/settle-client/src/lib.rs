@@ -24,7 +24,9 @@
 //! ```
 //!
 //! * **One pool.** A [`Client`] is cheap to clone; clones share keep-alive
-//!   HTTP/1.1 connections, opened as concurrent calls need them.
+//!   HTTP/1.1 connections, opened as concurrent calls need them. (Or one
+//!   dedicated connection, [`ClientBuilder::single_connection`], for load
+//!   generators.)
 //! * **Timeouts.** A connect timeout and a per-request timeout
 //!   ([`ClientBuilder`]); a timeout is [`ClientError::Timeout`].
 //! * **Errors.** [`ClientError`] separates "no answer" (connect, timeout,
@@ -43,6 +45,7 @@ mod client;
 mod core;
 mod error;
 mod reply;
+mod transport;
 
 pub use call::{Call, encode_segment, operation_path};
 pub use client::{

@@ -1,4 +1,5 @@
-//! The client's transport against scripted HTTP servers: connection reuse,
+//! The client's transports (the pool, and one dedicated connection)
+//! against scripted HTTP servers: connection reuse, replaced connections,
 //! timeouts, connect failures, the bearer token, and typed problems.
 //! (Every call against a real `settle serve`: crates/settle/tests/client.rs.)
 
@@ -7,20 +8,35 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use settle_client::api::{Code, HealthStatus};
-use settle_client::{Client, ClientError};
+use settle_client::{Client, ClientBuilder, ClientError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Mutex;
 
-/// A server that answers every request on a connection with `answer`,
-/// counting connections and recording each request's head.
+/// The two transports.
+const MODES: [&str; 2] = ["pool", "single"];
+
+/// A client of `url` on the transport `mode`.
+fn builder(url: &str, mode: &str) -> ClientBuilder {
+    let b = Client::builder(url);
+    if mode == "single" {
+        b.single_connection()
+    } else {
+        b
+    }
+}
+
+/// A server that answers every request with `answer`, counting
+/// connections and recording each request's head.
 struct Scripted {
     url: String,
     accepted: Arc<AtomicUsize>,
     heads: Arc<Mutex<Vec<String>>>,
 }
 
-async fn scripted(answer: &'static str) -> Scripted {
+/// `close`: the server closes each connection right after its first
+/// answer, without saying so (the client believes it is kept).
+async fn scripted(answer: &'static str, close: bool) -> Scripted {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let accepted = Arc::new(AtomicUsize::new(0));
@@ -30,7 +46,7 @@ async fn scripted(answer: &'static str) -> Scripted {
         loop {
             let (conn, _) = listener.accept().await.unwrap();
             a.fetch_add(1, Ordering::SeqCst);
-            tokio::spawn(serve(conn, answer, h.clone()));
+            tokio::spawn(serve(conn, answer, close, h.clone()));
         }
     });
     Scripted {
@@ -41,14 +57,12 @@ async fn scripted(answer: &'static str) -> Scripted {
 }
 
 /// Reads requests (head, then a Content-Length body) and answers each.
-async fn serve(mut conn: TcpStream, answer: &'static str, heads: Arc<Mutex<Vec<String>>>) {
+async fn serve(mut conn: TcpStream, answer: &str, close: bool, heads: Arc<Mutex<Vec<String>>>) {
     let mut buf = Vec::new();
     loop {
         let Some(end) = find(&buf, b"\r\n\r\n") else {
-            let mut chunk = [0u8; 4096];
-            match conn.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            if !read_more(&mut conn, &mut buf).await {
+                return;
             }
             continue;
         };
@@ -56,22 +70,31 @@ async fn serve(mut conn: TcpStream, answer: &'static str, heads: Arc<Mutex<Vec<S
         let len: usize = head
             .lines()
             .find_map(|l| {
-                l.to_ascii_lowercase()
-                    .strip_prefix("content-length:")
+                let l = l.to_ascii_lowercase();
+                l.strip_prefix("content-length:")
                     .map(|v| v.trim().parse().unwrap())
             })
             .unwrap_or(0);
         while buf.len() < end + 4 + len {
-            let mut chunk = [0u8; 4096];
-            match conn.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            if !read_more(&mut conn, &mut buf).await {
+                return;
             }
         }
         buf.drain(..end + 4 + len);
         heads.lock().await.push(head);
-        if conn.write_all(answer.as_bytes()).await.is_err() {
+        if conn.write_all(answer.as_bytes()).await.is_err() || close {
             return;
+        }
+    }
+}
+
+async fn read_more(conn: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 4096];
+    match conn.read(&mut chunk).await {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            true
         }
     }
 }
@@ -93,39 +116,68 @@ const OK: &str = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-l
 
 #[tokio::test]
 async fn sequential_calls_reuse_one_keep_alive_connection() {
-    let s = scripted(OK).await;
-    let client = Client::new(&s.url).unwrap();
-    for _ in 0..5 {
-        assert_eq!(client.health().await.unwrap().status, HealthStatus::Ok);
+    for mode in MODES {
+        let s = scripted(OK, false).await;
+        let client = builder(&s.url, mode).build().unwrap();
+        for _ in 0..5 {
+            assert_eq!(client.health().await.unwrap().status, HealthStatus::Ok);
+        }
+        // Clones share the connection(s).
+        client.clone().health().await.unwrap();
+        assert_eq!(s.accepted.load(Ordering::SeqCst), 1, "{mode}");
+        assert_eq!(s.heads.lock().await.len(), 6, "{mode}");
     }
-    // Clones share the pool.
-    client.clone().health().await.unwrap();
+}
+
+#[tokio::test]
+async fn concurrent_calls_on_one_connection_take_turns() {
+    let s = scripted(OK, false).await;
+    let client = Client::builder(&s.url).single_connection().build().unwrap();
+    let calls: Vec<_> = (0..8)
+        .map(|_| {
+            let c = client.clone();
+            tokio::spawn(async move { c.health().await })
+        })
+        .collect();
+    for c in calls {
+        c.await.unwrap().unwrap();
+    }
     assert_eq!(s.accepted.load(Ordering::SeqCst), 1);
-    assert_eq!(s.heads.lock().await.len(), 6);
+}
+
+/// A connection the server closed behind the client's back is replaced;
+/// no call fails for it.
+#[tokio::test]
+async fn a_connection_the_server_closed_is_replaced() {
+    for mode in MODES {
+        let s = scripted(OK, true).await;
+        let client = builder(&s.url, mode).build().unwrap();
+        for i in 0..4 {
+            let r = client.health().await;
+            assert!(r.is_ok(), "{mode}, call {i}: {r:?}");
+        }
+        assert_eq!(s.accepted.load(Ordering::SeqCst), 4, "{mode}");
+    }
 }
 
 #[tokio::test]
 async fn the_bearer_token_goes_with_every_call() {
-    let s = scripted(OK).await;
-    let client = Client::builder(&s.url).token("s3cret").build().unwrap();
-    client.health().await.unwrap();
-    let head = s.heads.lock().await[0].clone();
-    assert!(head.starts_with("GET /healthz HTTP/1.1"), "{head}");
-    assert!(
-        head.to_ascii_lowercase()
-            .contains("authorization: bearer s3cret"),
-        "{head}"
-    );
-    // And is never printed.
-    assert!(!format!("{client:?}").contains("s3cret"));
+    for mode in MODES {
+        let s = scripted(OK, false).await;
+        let client = builder(&s.url, mode).token("s3cret").build().unwrap();
+        client.health().await.unwrap();
+        let head = s.heads.lock().await[0].to_ascii_lowercase();
+        assert!(head.starts_with("get /healthz http/1.1"), "{mode}: {head}");
+        assert!(head.contains("authorization: bearer s3cret"), "{head}");
+        assert!(head.contains("host: 127.0.0.1:"), "{head}");
+        // And is never printed.
+        assert!(!format!("{client:?}").contains("s3cret"));
+    }
     // Without one, no header at all.
-    let s = scripted(OK).await;
+    let s = scripted(OK, false).await;
     Client::new(&s.url).unwrap().health().await.unwrap();
-    assert!(
-        !s.heads.lock().await[0]
-            .to_ascii_lowercase()
-            .contains("authorization")
-    );
+    let head = s.heads.lock().await[0].to_ascii_lowercase();
+    assert!(!head.contains("authorization"));
 }
 
 #[tokio::test]
@@ -133,19 +185,21 @@ async fn a_silent_server_is_a_timeout() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let held = tokio::spawn(async move {
-        let (conn, _) = listener.accept().await.unwrap();
-        // Hold the connection open without answering.
-        let mut conn = conn;
-        let mut sink = Vec::new();
-        let _ = conn.read_to_end(&mut sink).await;
+        let mut conns = Vec::new();
+        loop {
+            // Hold every connection open without answering.
+            conns.push(listener.accept().await.unwrap().0);
+        }
     });
-    let client = Client::builder(&url)
-        .request_timeout(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let e = client.health().await.unwrap_err();
-    assert!(matches!(e, ClientError::Timeout { .. }), "{e:?}");
-    assert!(e.is_transport() && e.is_retryable());
+    for mode in MODES {
+        let client = builder(&url, mode)
+            .request_timeout(Duration::from_millis(200))
+            .build()
+            .unwrap();
+        let e = client.health().await.unwrap_err();
+        assert!(matches!(e, ClientError::Timeout { .. }), "{mode}: {e:?}");
+        assert!(e.is_transport() && e.is_retryable());
+    }
     held.abort();
 }
 
@@ -155,15 +209,20 @@ async fn a_closed_port_is_a_connect_error() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let client = Client::new(&format!("http://127.0.0.1:{port}")).unwrap();
-    let e = client.get("k").await.unwrap_err();
-    assert!(matches!(e, ClientError::Connect { .. }), "{e:?}");
-    let line = e.to_string();
-    assert!(
-        line.starts_with(&format!("cannot connect to 127.0.0.1:{port}: ")),
-        "{line}"
-    );
-    assert!(line.to_lowercase().contains("refused"), "{line}");
+    for mode in MODES {
+        let url = format!("http://127.0.0.1:{port}");
+        let e = builder(&url, mode)
+            .build()
+            .unwrap()
+            .get("k")
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ClientError::Connect { .. }), "{mode}: {e:?}");
+        let line = e.to_string();
+        let start = format!("cannot connect to 127.0.0.1:{port}: ");
+        assert!(line.starts_with(&start), "{mode}: {line}");
+        assert!(line.to_lowercase().contains("refused"), "{mode}: {line}");
+    }
 }
 
 #[tokio::test]
@@ -173,7 +232,7 @@ async fn an_error_answer_is_a_typed_problem() {
         "content-type: application/problem+json\r\nretry-after: 2",
         r#"{"type":"urn:settle:problem:unavailable","title":"Service unavailable","status":503,"detail":"overloaded","code":"unavailable","correlation_id":"0000abcd-000001"}"#,
     );
-    let s = scripted(unavailable).await;
+    let s = scripted(unavailable, false).await;
     let e = Client::new(&s.url).unwrap().get("k").await.unwrap_err();
     let h = e.http().expect("an HTTP error");
     assert_eq!((h.status, h.code()), (503, Some(Code::Unavailable)));
@@ -187,7 +246,7 @@ async fn an_error_answer_is_a_typed_problem() {
     );
     // A body that is not a problem (a proxy) keeps its status and bytes.
     let proxy = answer("502 Bad Gateway", "content-type: text/html", "oops!");
-    let s = scripted(proxy).await;
+    let s = scripted(proxy, false).await;
     let e = Client::new(&s.url).unwrap().get("k").await.unwrap_err();
     let h = e.http().unwrap();
     assert_eq!(
@@ -198,7 +257,7 @@ async fn an_error_answer_is_a_typed_problem() {
 
 #[tokio::test]
 async fn a_success_that_is_not_the_answer_is_unexpected() {
-    let s = scripted(OK).await;
+    let s = scripted(OK, false).await;
     let e = Client::new(&s.url).unwrap().get("k").await.unwrap_err();
     assert!(
         matches!(e, ClientError::UnexpectedBody { status: 200, .. }),

@@ -52,6 +52,22 @@ async fn errors_are_one_line_that_names_the_code_once() {
         stderr(&out).trim_end(),
         "rejected (404 not_found): no record for this key"
     );
+    // A value no wire type has is refused as invalid (exit 4), as the
+    // server would refuse it, before anything is sent.
+    let out = settle(
+        &[
+            &["settle", "k", "--fence", "1", "--status", "done"][..],
+            &id,
+        ]
+        .concat(),
+        &s.url(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with("error: invalid --status: "),
+        "{}",
+        stderr(&out)
+    );
     // With --json the problem goes to stdout as the server sent it.
     let out = settle(&["get", "missing", "--json"], &s.url());
     assert_eq!(out.status.code(), Some(4));

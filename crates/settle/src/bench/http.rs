@@ -1,6 +1,6 @@
 //! `settle bench --url`: `connections` keep-alive connections, each looping
 //! claim (fresh key) + settle `completed` through the generic pair loop,
-//! with the typed client (one client, hence one connection, per worker).
+//! with the typed client (one dedicated connection per worker).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -101,7 +101,7 @@ pub async fn run(
     for c in 0..connections.max(1) {
         let client = Client::builder(url)
             .token(token.unwrap_or_default())
-            .pool_max_idle(1)
+            .single_connection()
             .build()
             .map_err(Failure::usage)?;
         // Connect before the clock starts.
