@@ -70,6 +70,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/operations/{key}/settle", post(settle))
         .route("/v1/operations/{key}/release", post(release))
         .route("/v1/operations/{key}/reconcile", post(reconcile))
+        .route("/v1/operations", get(crate::inspect::list))
+        .route("/v1/stats", get(crate::inspect::stats))
         .route("/v1/operations/{key}", get(get_record))
         .route("/v1/principals/{principal}/revoke", post(revoke))
         .route("/v1/tasks/{task}/warnings/{class}", post(warn))
@@ -96,7 +98,7 @@ fn json<T: Serialize + ?Sized>(value: &T) -> Response {
 }
 
 /// Counts the request and turns an error into problem+json.
-fn finish(route: Route, result: Result<Response, Problem>) -> Response {
+pub(crate) fn finish(route: Route, result: Result<Response, Problem>) -> Response {
     let resp = match result {
         Ok(r) => r,
         Err(p) => p.into_response(),
@@ -107,7 +109,7 @@ fn finish(route: Route, result: Result<Response, Problem>) -> Response {
 
 /// Index into [`m::ROUTES`] (the `route` label).
 #[derive(Clone, Copy)]
-enum Route {
+pub(crate) enum Route {
     Claim,
     Heartbeat,
     Dispatch,
@@ -118,6 +120,8 @@ enum Route {
     Revoke,
     Warn,
     Warnings,
+    List,
+    Stats,
     Healthz,
     Readyz,
     Metrics,
@@ -138,7 +142,7 @@ fn unexpected(call: &str, reply: &Reply) -> Problem {
 
 /// A storage failure: counted, logged with its cause under a fresh
 /// correlation id, answered without the cause (SPEC §7).
-fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
+pub(crate) fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
     metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
     let correlation_id = crate::problem::correlation_id();
     error!(call, key = ?key, %correlation_id, error = %e, "store failure");
@@ -248,7 +252,7 @@ async fn operation_call<T: serde::de::DeserializeOwned>(
 
 // ---- operations ----
 
-const PROBLEM: &str = "application/problem+json";
+pub(crate) const PROBLEM: &str = "application/problem+json";
 
 /// Reserve the key and get permission to execute (SPEC §4 claim).
 #[utoipa::path(

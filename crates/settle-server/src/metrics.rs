@@ -127,7 +127,7 @@ pub fn set_stats(s: &StoreStats) {
 }
 
 /// The `route` label values of [`REQUESTS`].
-pub const ROUTES: [&str; 15] = [
+pub const ROUTES: [&str; 17] = [
     "claim",
     "heartbeat",
     "dispatch",
@@ -138,6 +138,8 @@ pub const ROUTES: [&str; 15] = [
     "revoke",
     "warn",
     "warnings",
+    "list",
+    "stats",
     "healthz",
     "readyz",
     "metrics",

@@ -360,6 +360,8 @@ impl Modify for BearerAuth {
         crate::http::revoke,
         crate::http::warn,
         crate::http::warnings,
+        crate::inspect::list,
+        crate::inspect::stats,
         crate::http::healthz,
         crate::http::readyz,
         crate::http::metrics,
@@ -389,6 +391,14 @@ impl Modify for BearerAuth {
         WarningsSchema,
         ProblemSchema,
         HealthSchema,
+        settle_api::ListResponse,
+        settle_api::OperationSummary,
+        settle_api::LeaseSummary,
+        settle_api::Stats,
+        settle_api::StatusCounts,
+        settle_api::RecordStatus,
+        settle_api::Purpose,
+        settle_api::Time,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
@@ -700,6 +710,8 @@ mod tests {
             "/v1/principals/{principal}/revoke",
             "/v1/tasks/{task}/warnings/{class}",
             "/v1/tasks/{task}/warnings",
+            "/v1/operations",
+            "/v1/stats",
             "/healthz",
             "/readyz",
             "/metrics",
@@ -707,7 +719,7 @@ mod tests {
         ] {
             assert!(paths.contains_key(p), "{p} missing");
         }
-        assert_eq!(paths.len(), 14);
+        assert_eq!(paths.len(), 16);
     }
 }
 
@@ -732,7 +744,7 @@ mod common_error_tests {
                 }
             }
         }
-        assert_eq!(ops, 10, "all ten /v1 operations");
+        assert_eq!(ops, 12, "all twelve /v1 operations");
     }
 }
 
