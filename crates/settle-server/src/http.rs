@@ -649,6 +649,7 @@ pub async fn metrics(State(st): St) -> Response {
         Ok(s) => m::set_stats(&s),
         Err(e) => warn!(error = %e, "store stats unavailable for /metrics"),
     }
+    crate::inspect::publish_quarantine(&st).await;
     let result = match &st.metrics {
         Some(h) => {
             h.run_upkeep();

@@ -108,6 +108,15 @@ fn describe() {
          survives restarts; each stays until its retention collects it."
     );
     describe_gauge!(
+        "settle_records_quarantined",
+        "Quarantined evidence entries (refused terminal evidence kept for an operator), \
+         summed over the configured tenants."
+    );
+    describe_gauge!(
+        "settle_records_quarantined_records",
+        "Records holding quarantined evidence, summed over the configured tenants."
+    );
+    describe_gauge!(
         "settle_records_undecodable",
         "Stored records that cannot be decoded (every call on their key answers record_refused)."
     );
