@@ -209,6 +209,46 @@ async fn stats_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     Ok(json(&stats_body(&s)))
 }
 
+/// `/console` → `/console/` (the page's relative links need the slash).
+pub async fn console_redirect() -> Response {
+    let mut resp = Response::new(Body::empty());
+    *resp.status_mut() = axum::http::StatusCode::PERMANENT_REDIRECT;
+    resp.headers_mut()
+        .insert(header::LOCATION, HeaderValue::from_static("/console/"));
+    resp
+}
+
+/// The console's embedded files (SPEC §9). Public: the page holds no data;
+/// everything it shows comes from the authenticated `/v1` API.
+pub async fn console(req: Request) -> Response {
+    let path = req.uri().path();
+    let file = path.strip_prefix("/console/").unwrap_or("");
+    let Some(asset) = settle_console::asset(file) else {
+        return Problem::not_found(format!("no console file {file:?}")).into_response();
+    };
+    let mut resp = Response::new(Body::from(asset.bytes));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(asset.content_type),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(settle_console::CONTENT_SECURITY_POLICY),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    // The files change only with the binary.
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
 /// Publishes the quarantine gauges: the sum of the configured tenants'
 /// counts. Quarantined evidence is kept on terminal records too, which the
 /// engines' open-record gauges do not read, so this is a scan of every

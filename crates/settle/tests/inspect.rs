@@ -108,6 +108,7 @@ fn keys(ops: &[Value]) -> Vec<String> {
 }
 
 #[tokio::test]
+#[allow(clippy::too_many_lines)] // one scenario, kept whole
 async fn listing_and_stats_are_per_tenant_and_page_exactly_once() {
     let dir = TempDir::new("inspect");
     let acme = format!("acme={}", token_sha256("tok-acme"));
