@@ -8,12 +8,15 @@ use settle_core::{
 
 use crate::store::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 
+/// The in-memory [`Store`]: the reference engine (a [`World`]) behind a
+/// lock. Replies are "durable" for as long as the process lives.
 pub struct MemStore {
     world: Mutex<World>,
     clock: Clock,
 }
 
 impl MemStore {
+    /// An empty store with `limits`, reading time from `clock`.
     pub fn new(limits: Limits, clock: Clock) -> MemStore {
         MemStore {
             world: Mutex::new(World::new(limits)),
