@@ -724,6 +724,50 @@ async fn auth_off_needs_loopback() {
     assert_eq!(r.status, 200);
 }
 
+/// Records written with authentication off belong to tenant `default`; once
+/// `[[tenants]]` are configured, only a tenant named `default` reaches them
+/// (docs/http-api.md, "Authentication").
+#[tokio::test]
+async fn records_written_without_auth_belong_to_the_default_tenant() {
+    let dir = TempDir::new("default-tenant");
+    let data = dir.path().join("data");
+    let b = binding("svc", 0);
+    let mut s = Server::start(&data, &[]);
+    let fence = execute(&s.ep(), "k", 1, &b).await;
+    let r = op(
+        &s.ep(),
+        "k",
+        "settle",
+        settle_body(fence, 1, &b, completed(1)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    s.terminate();
+
+    // Auth on, without a `default` tenant: the record is out of every tenant's reach.
+    let acme = format!("acme={}", token_sha256("tok-acme"));
+    let mut s = Server::start(&data, &["--tenant", &acme]);
+    let r = get(&s.ep_token("tok-acme"), "/v1/operations/k").await;
+    assert_problem(&r, 404, "not_found");
+    s.terminate();
+
+    // A tenant named `default` brings it back, receipt intact; acme still sees nothing.
+    let default = format!("default={}", token_sha256("tok-default"));
+    let s = Server::start(&data, &["--tenant", &acme, "--tenant", &default]);
+    let r = get(&s.ep_token("tok-default"), "/v1/operations/k").await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json()["status"], "completed");
+    let r = op(&s.ep_token("tok-default"), "k", "claim", claim_body(1, &b)).await;
+    assert_eq!(
+        r.json()["outcome"]["result"],
+        json!({"charge": 1}),
+        "{}",
+        r.json()
+    );
+    let r = get(&s.ep_token("tok-acme"), "/v1/operations/k").await;
+    assert_problem(&r, 404, "not_found");
+}
+
 #[tokio::test]
 async fn metrics_count_requests_decisions_and_evidence() {
     let dir = TempDir::new("metrics");
