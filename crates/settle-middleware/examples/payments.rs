@@ -161,7 +161,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             };
             let s = settle_embedded::EmbeddedStore::open(&dir, Default::default())?;
             store = Some(s.clone());
-            let what = if temp.is_some() { " (temporary, removed on exit)" } else { "" };
+            let what = if temp.is_some() {
+                " (temporary, removed on exit)"
+            } else {
+                ""
+            };
             eprintln!("ledger: embedded in {}{what}", dir.display());
             IdempotencyLayer::embedded(
                 settle_ledger::Ledger::new(s),

@@ -14,9 +14,9 @@ use axum::http::{Method, Request, Response, StatusCode};
 use futures::FutureExt as _;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use settle_core::{
-    Binding, ClaimDecision, Command, Digest, Dispatch, ErrorText, Fence, Finding, Grant,
-    Heartbeat, Key, LeaseMs, Outcome, Principal, Reconcile, Release, ReleaseReason, Reply,
-    ResultJson, RetentionS, Scopes, Settle, Text,
+    Binding, ClaimDecision, Command, Digest, Dispatch, ErrorText, Fence, Finding, Grant, Heartbeat,
+    Key, LeaseMs, Outcome, Principal, Reconcile, Release, ReleaseReason, Reply, ResultJson,
+    RetentionS, Scopes, Settle, Text,
 };
 use settle_ledger::BoxFuture;
 use tower::{Layer, Service};
@@ -182,7 +182,10 @@ impl IdempotencyLayer {
     /// Response headers stored and replayed besides `content-type` and
     /// `location`.
     pub fn stored_headers<I: IntoIterator<Item = S>, S: Into<String>>(self, names: I) -> Self {
-        let names: Vec<String> = names.into_iter().map(|n| n.into().to_ascii_lowercase()).collect();
+        let names: Vec<String> = names
+            .into_iter()
+            .map(|n| n.into().to_ascii_lowercase())
+            .collect();
         self.with(|s| {
             for n in names {
                 if !s.stored_headers.contains(&n) {
@@ -193,11 +196,11 @@ impl IdempotencyLayer {
     }
 
     /// Request headers that are part of the fingerprint.
-    pub fn fingerprint_headers<I: IntoIterator<Item = S>, S: Into<String>>(
-        self,
-        names: I,
-    ) -> Self {
-        let names = names.into_iter().map(|n| n.into().to_ascii_lowercase()).collect();
+    pub fn fingerprint_headers<I: IntoIterator<Item = S>, S: Into<String>>(self, names: I) -> Self {
+        let names = names
+            .into_iter()
+            .map(|n| n.into().to_ascii_lowercase())
+            .collect();
         self.with(|s| s.fingerprint_headers = names)
     }
 
@@ -360,7 +363,10 @@ where
         };
         let policy = policy.expect("a wrapped request has a policy");
         let (parts, body) = req.into_parts();
-        let body = match Limited::new(body, self.settings.max_request_body).collect().await {
+        let body = match Limited::new(body, self.settings.max_request_body)
+            .collect()
+            .await
+        {
             Ok(c) => c.to_bytes(),
             Err(e) if e.is::<LengthLimitError>() => {
                 return Ok(refuse(&table::PAYLOAD_TOO_LARGE, Some(&key)));
@@ -449,7 +455,7 @@ where
             },
             s.canonical
                 .as_deref()
-                .map(|f| f as &dyn Fn(&[u8]) -> Option<Vec<u8>>),
+                .map(|f| f as layout::Canonicalize<'_>),
         );
         let built = (|| {
             Ok::<_, settle_core::InvalidInput>((
@@ -478,7 +484,11 @@ where
     async fn claim(self, policy: RoutePolicy, c: Claimed) -> Result<Response<Body>, S::Error> {
         let s = &self.settings;
         let principal = c.binding.principal.as_str();
-        let worker = Text::new("worker", format!("idempotency-key={} principal={principal}", c.key)).ok();
+        let worker = Text::new(
+            "worker",
+            format!("idempotency-key={} principal={principal}", c.key),
+        )
+        .ok();
         let claim = settle_core::Claim {
             key: c.lkey.clone(),
             fingerprint: c.fingerprint,
@@ -497,9 +507,7 @@ where
             },
             AfterClaim::Replay(stored) => Ok(replay(stored, &c.key)),
             AfterClaim::Refuse(p) => Ok(refuse(&p, Some(&c.key))),
-            AfterClaim::Unavailable(why) => {
-                self.unavailable(&policy, (c.parts, c.body), why).await
-            }
+            AfterClaim::Unavailable(why) => self.unavailable(&policy, (c.parts, c.body), why).await,
         }
     }
 
@@ -512,11 +520,24 @@ where
         let s = &self.settings;
         if policy.fail_open {
             note("fail_open");
-            tracing::warn!(error = why, path = parts.uri.path(), "idempotency: ledger unreachable; the request runs WITHOUT idempotency (fail_open)");
-            return self.pass(Request::from_parts(parts, Body::from(body))).await;
+            tracing::warn!(
+                error = why,
+                path = parts.uri.path(),
+                "idempotency: ledger unreachable; the request runs WITHOUT idempotency (fail_open)"
+            );
+            return self
+                .pass(Request::from_parts(parts, Body::from(body)))
+                .await;
         }
-        tracing::warn!(error = why, path = parts.uri.path(), "idempotency: ledger unreachable");
-        Ok(refuse(&table::unavailable(s.unavailable_retry_after_s), None))
+        tracing::warn!(
+            error = why,
+            path = parts.uri.path(),
+            "idempotency: ledger unreachable"
+        );
+        Ok(refuse(
+            &table::unavailable(s.unavailable_retry_after_s),
+            None,
+        ))
     }
 
     async fn execute(
@@ -539,7 +560,9 @@ where
                 reason: ReleaseReason::NotDispatched,
             });
             let _ = s.backend.execute(release).await;
-            return self.unavailable(&policy, (c.parts, c.body), e.to_string()).await;
+            return self
+                .unavailable(&policy, (c.parts, c.body), e.to_string())
+                .await;
         }
         let mut pending = Unsettled {
             settings: s.clone(),
@@ -639,7 +662,12 @@ async fn reconcile(s: &Settings, c: &Claimed, g: Grant) -> Option<Grant> {
 
 /// Heartbeats the lease every third of `lease_ms` until it is lost; never
 /// returns (the caller stops polling it when the handler is done).
-async fn heartbeat(backend: SharedBackend, key: Key, fence: Fence, lease_ms: LeaseMs) -> Infallible {
+async fn heartbeat(
+    backend: SharedBackend,
+    key: Key,
+    fence: Fence,
+    lease_ms: LeaseMs,
+) -> Infallible {
     let every = Duration::from_millis(lease_ms.get() / 3);
     loop {
         tokio::time::sleep(every).await;
@@ -691,7 +719,11 @@ impl Unsettled {
 
     async fn unknown(&mut self, why: &'static str) {
         note("outcome_unknown");
-        tracing::warn!(key = self.key, why, "idempotency: the handler failed; outcome unknown");
+        tracing::warn!(
+            key = self.key,
+            why,
+            "idempotency: the handler failed; outcome unknown"
+        );
         let cmd = self.settle_cmd(Outcome::unknown(
             ErrorText::new("error", format!("handler failed: {why}")).ok(),
         ));
@@ -709,11 +741,7 @@ impl Unsettled {
     }
 
     /// Records the handler's response and answers it.
-    async fn finish(
-        &mut self,
-        parts: axum::http::response::Parts,
-        body: Bytes,
-    ) -> Response<Body> {
+    async fn finish(&mut self, parts: axum::http::response::Parts, body: Bytes) -> Response<Body> {
         let s = self.settings.clone();
         let status = parts.status.as_u16();
         let cmd = match table::disposition(status, parts.extensions.get::<Retryable>().is_some()) {
@@ -753,7 +781,8 @@ impl Unsettled {
         self.record(cmd).await;
         let mut resp = Response::from_parts(parts, Body::from(body));
         // The body goes out whole: a framing header of a stream is wrong now.
-        resp.headers_mut().remove(axum::http::header::TRANSFER_ENCODING);
+        resp.headers_mut()
+            .remove(axum::http::header::TRANSFER_ENCODING);
         resp
     }
 }
@@ -777,7 +806,10 @@ impl Drop for Unsettled {
             return;
         };
         note("cancelled");
-        tracing::warn!(key = self.key, "idempotency: the request was cancelled (client gone); recording its outcome");
+        tracing::warn!(
+            key = self.key,
+            "idempotency: the request was cancelled (client gone); recording its outcome"
+        );
         let backend = self.settings.backend.clone();
         let deadline = Duration::from_millis(self.settings.lease_ms.get() + 1000);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -793,7 +825,11 @@ impl Drop for Unsettled {
 /// Sends `cmd` until it answers or `deadline` passes: only "no answer" is
 /// retried (SPEC §11: the same settle under the same fence; rule 0 returns
 /// the receipt of one that committed), with growing, jittered pauses.
-async fn retry(backend: &SharedBackend, cmd: Command, deadline: Duration) -> Result<Reply, CallError> {
+async fn retry(
+    backend: &SharedBackend,
+    cmd: Command,
+    deadline: Duration,
+) -> Result<Reply, CallError> {
     let start = Instant::now();
     let mut pause = Duration::from_millis(20);
     loop {
@@ -823,7 +859,12 @@ fn note(answer: &'static str) {
 
 fn refuse(p: &Problem, key: Option<&str>) -> Response<Body> {
     note(p.code);
-    tracing::info!(key, code = p.code, status = p.status, "idempotency: refused");
+    tracing::info!(
+        key,
+        code = p.code,
+        status = p.status,
+        "idempotency: refused"
+    );
     problem(p)
 }
 
@@ -832,7 +873,10 @@ fn problem(p: &Problem) -> Response<Body> {
     let mut r = Response::new(Body::from(body.clone()));
     *r.status_mut() = StatusCode::from_u16(p.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let h = r.headers_mut();
-    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
     h.insert(CONTENT_LENGTH, HeaderValue::from(body.len()));
     if let Some(ra) = &p.retry_after
         && let Ok(v) = HeaderValue::from_str(ra)
@@ -854,7 +898,10 @@ fn replay(stored: StoredResponse, key: &str) -> Response<Body> {
     *r.status_mut() = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
     let h = r.headers_mut();
     for (n, v) in stored.headers {
-        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(n.as_bytes()), HeaderValue::from_bytes(&v)) {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(n.as_bytes()),
+            HeaderValue::from_bytes(&v),
+        ) {
             h.append(n, v);
         }
     }

@@ -55,21 +55,15 @@ pub fn parse_idempotency_key(values: &[&[u8]]) -> Result<Option<String>, KeyInva
                 b'\\' => match it.next() {
                     Some(&e @ (b'"' | b'\\')) => out.push(e),
                     _ => {
-                        return Err(KeyInvalid(
-                            "bad escape in the Idempotency-Key sf-string",
-                        ));
+                        return Err(KeyInvalid("bad escape in the Idempotency-Key sf-string"));
                     }
                 },
                 b'"' => {
-                    return Err(KeyInvalid(
-                        "bad character in the Idempotency-Key sf-string",
-                    ));
+                    return Err(KeyInvalid("bad character in the Idempotency-Key sf-string"));
                 }
                 0x20..=0x7e => out.push(c),
                 _ => {
-                    return Err(KeyInvalid(
-                        "bad character in the Idempotency-Key sf-string",
-                    ));
+                    return Err(KeyInvalid("bad character in the Idempotency-Key sf-string"));
                 }
             }
         }
@@ -131,6 +125,9 @@ fn is_json_media(content_type: &[u8]) -> bool {
     media == b"application/json" || media.ends_with(b"+json")
 }
 
+/// Turns a JSON body into its canonical text (`None`: not JSON it accepts).
+pub type Canonicalize<'a> = &'a dyn Fn(&[u8]) -> Option<Vec<u8>>;
+
 /// What the request fingerprint is computed over (SPEC §8).
 #[derive(Debug, Clone, Copy)]
 pub struct FingerprintInput<'a> {
@@ -155,7 +152,7 @@ pub struct FingerprintInput<'a> {
 /// then the raw bytes count.
 pub fn request_fingerprint(
     input: FingerprintInput<'_>,
-    canonical: Option<&dyn Fn(&[u8]) -> Option<Vec<u8>>>,
+    canonical: Option<Canonicalize<'_>>,
 ) -> String {
     let canon = match canonical {
         Some(c) if !input.body.is_empty() && is_json_media(input.content_type) => c(input.body),

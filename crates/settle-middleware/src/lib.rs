@@ -28,7 +28,7 @@ pub mod table;
 
 pub use backend::{Backend, CallError};
 pub use layer::{
-    CanonicalFn, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
-    PrincipalFn, ReconcileFn, Resolution, Retryable, RoutesFn,
+    CanonicalFn, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer, PrincipalFn,
+    ReconcileFn, Resolution, Retryable, RoutesFn,
 };
 pub use table::RoutePolicy;

@@ -184,9 +184,9 @@ pub fn after_claim(answer: Result<Reply, CallError>) -> AfterClaim {
                 _ => AfterClaim::Refuse(RESPONSE_NOT_STORED),
             }
         }
-        Err(CallError::Refused(RefusalCode::FingerprintMismatch | RefusalCode::BindingMismatch)) => {
-            AfterClaim::Refuse(KEY_REUSED)
-        }
+        Err(CallError::Refused(
+            RefusalCode::FingerprintMismatch | RefusalCode::BindingMismatch,
+        )) => AfterClaim::Refuse(KEY_REUSED),
         // A revoked middleware principal (stale_binding), a record the
         // store refuses, a misconfigured claim, no answer: fail closed.
         Err(e) => AfterClaim::Unavailable(e.to_string()),
@@ -280,7 +280,10 @@ mod tests {
 
     #[test]
     fn row_different_request_is_422() {
-        for c in [RefusalCode::FingerprintMismatch, RefusalCode::BindingMismatch] {
+        for c in [
+            RefusalCode::FingerprintMismatch,
+            RefusalCode::BindingMismatch,
+        ] {
             assert_eq!(
                 after_claim(Err(CallError::Refused(c))),
                 AfterClaim::Refuse(KEY_REUSED)
@@ -336,7 +339,10 @@ mod tests {
     #[test]
     fn row_after_completion_without_a_stored_body_is_response_not_stored() {
         let (too_large, _) = layout::encode_response(200, &[], b"0123456789", &[], 4);
-        assert_eq!(replay_of(too_large), AfterClaim::Refuse(RESPONSE_NOT_STORED));
+        assert_eq!(
+            replay_of(too_large),
+            AfterClaim::Refuse(RESPONSE_NOT_STORED)
+        );
         assert_eq!(
             replay_of(serde_json::json!({"charge": 1})),
             AfterClaim::Refuse(RESPONSE_NOT_STORED)
