@@ -875,6 +875,38 @@ fn not_committed_retry(r: &Record, fence: Fence) -> bool {
         })
 }
 
+/// The holder of the reconcile lease reports that the remote never committed:
+/// the same lease turns into an execute lease under the same fence.
+fn not_committed_as_holder(
+    r: &mut Record,
+    kind: FindingKind,
+    now: Timestamp,
+    tx: &mut Tx,
+) -> Reply {
+    // The remote confirms nothing happened: execute under the same fence.
+    r.reconcile_required = false;
+    let att = r.current_attempt_mut().expect("holder");
+    att.observe(Observation {
+        at: now,
+        call: Call::Reconcile,
+        status: None,
+        finding: Some(kind),
+        response_sha256: None,
+        accepted: true,
+        code: None,
+    });
+    let lease = &mut att.lease;
+    lease.purpose = Purpose::Execute;
+    lease.dispatched = false;
+    lease.expires_at = lease.expires_at.max(now.plus_ms(lease.lease_ms.get()));
+    tx.touch();
+    Reply::Claim(ClaimDecision::Execute(Grant {
+        fence: lease.fence,
+        lease_expires_at: lease.expires_at,
+        attempt: att.number,
+    }))
+}
+
 fn reconcile_rules(state: &mut OpState, c: &Reconcile, ctx: &Ctx, tx: &mut Tx) -> Reply {
     let now = ctx.now;
     let owner_generation = match state.record.as_ref() {
@@ -948,30 +980,7 @@ fn reconcile_rules(state: &mut OpState, c: &Reconcile, ctx: &Ctx, tx: &mut Tx) -
                 tx,
             )
         }
-        Finding::NotCommitted => {
-            // The remote confirms nothing happened: execute under the same fence.
-            r.reconcile_required = false;
-            let att = r.current_attempt_mut().expect("holder");
-            att.observe(Observation {
-                at: now,
-                call: Call::Reconcile,
-                status: None,
-                finding: Some(kind),
-                response_sha256: None,
-                accepted: true,
-                code: None,
-            });
-            let lease = &mut att.lease;
-            lease.purpose = Purpose::Execute;
-            lease.dispatched = false;
-            lease.expires_at = lease.expires_at.max(now.plus_ms(lease.lease_ms.get()));
-            tx.touch();
-            Reply::Claim(ClaimDecision::Execute(Grant {
-                fence: lease.fence,
-                lease_expires_at: lease.expires_at,
-                attempt: att.number,
-            }))
-        }
+        Finding::NotCommitted => not_committed_as_holder(r, kind, now, tx),
         Finding::Unavailable => {
             // Released; the flag stays so later claims keep reconciling.
             let att = r.current_attempt_mut().expect("holder");
