@@ -134,6 +134,7 @@ struct Args {
 }
 
 #[allow(dead_code)] // the tests include this file for `app`
+#[allow(clippy::print_stdout, clippy::print_stderr)] // an example tells where it listens
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     use clap::Parser as _;
