@@ -55,6 +55,10 @@ pub enum QueryResult {
 struct KeyState {
     max_seen: Option<Fence>,
     applied: Vec<Applied>,
+    /// Fences whose write was refused definitively: a redelivered copy
+    /// gets the same refusal (SPEC §4 release(not_committed) relies on a
+    /// refusal that guarantees the write never happens).
+    refused: Vec<Fence>,
     /// Every fence seen, in order (writes and queries).
     seen: Vec<Fence>,
 }
@@ -99,7 +103,8 @@ impl Remote {
             // A redelivery of a write already applied: the same answer.
             return WriteResult::Applied(response_for(key, key_index));
         }
-        if refuse {
+        if refuse || st.refused.contains(&fence) {
+            st.refused.push(fence);
             return WriteResult::Refused;
         }
         st.applied.push(Applied { fence, at });

@@ -151,6 +151,10 @@ pub struct World {
     /// (an armed fsync error or power cut).
     armed: bool,
     restart_failures: u32,
+    /// The latest store clock reading so far (ms).
+    clock_high: u64,
+    /// The store restarted while its clock was behind `clock_high`.
+    restarted_behind: bool,
 }
 
 /// Probabilities (per mille) drawn once per seed, so seeds differ in kind.
@@ -214,6 +218,8 @@ impl World {
             knobs,
             armed: false,
             restart_failures: 0,
+            clock_high: 0,
+            restarted_behind: false,
         }
     }
 
@@ -243,9 +249,13 @@ impl World {
     }
 
     /// Moves the store's clock source to simulated time plus the offset.
-    fn set_clock(&self) {
+    fn set_clock(&mut self) {
         let t = (EPOCH_MS as i64 + self.now as i64 + self.clock_offset).max(0) as u64;
         self.clock_ms.store(t, Ordering::SeqCst);
+        if t >= self.clock_high {
+            self.clock_high = t;
+            self.restarted_behind = false;
+        }
     }
 
     /// A network delay: usually milliseconds, sometimes seconds (so
@@ -445,6 +455,14 @@ impl World {
                     self.unreported_effect(key, &r);
                 }
             }
+            // The embedded store's clock floor lives in memory only: after
+            // a restart behind a backward jump, a record settled later than
+            // the clock now reads is refused (SPEC §6.9, fail closed) until
+            // the clock catches up. Anywhere else a refusal is a violation.
+            Ok(Err(code)) if code == settle_core::RefusalCode::RecordRefused && self.restarted_behind => {
+                self.tally.fault("refused_after_restart_behind_clock");
+                self.log(Some(key), "get answered record_refused (restarted behind the clock)");
+            }
             Ok(Err(code)) => self.check.fail(Some(key), "record-refused", format!("get answered {}", code.code())),
             Err(e) => self.log(Some(key), format!("get failed: {e}")),
         }
@@ -530,6 +548,16 @@ impl World {
     fn restart(&mut self) {
         if self.engine.is_up() {
             return;
+        }
+        if self.engine.power_lost() {
+            // The power went during the last attempt's recovery.
+            let mode = self.crash_mode();
+            self.engine.crash(mode);
+        }
+        if self.store_ms() < self.clock_high {
+            // A restart forgets the time the store used before (see
+            // `observe`): records settled since may now be refused.
+            self.restarted_behind = true;
         }
         match self.engine.open() {
             Ok(()) => {
