@@ -4,6 +4,7 @@
 //! records that are not terminal, reloaded into memory at start), `expiry`
 //! (`[expires_at BE][id]` of terminal records, for collection) and `meta`.
 
+use std::ops::Bound;
 use std::path::Path;
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
@@ -49,6 +50,13 @@ pub trait Index: Send + Sync + 'static {
     /// Drops an expiry entry that no longer matches its record (not synced:
     /// it may come back after a crash, and is dropped again).
     fn forget_expiry(&self, t: u64, key: &[u8]) -> Result<(), StoreError>;
+    /// Keys in `data` within `range` (entities, deleted ones excluded), in
+    /// order, at most `limit` (the inspection listing).
+    fn keys_in(
+        &self,
+        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError>;
     /// Every stored entity, raw (offline inspection).
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError>;
 }
@@ -242,7 +250,6 @@ impl Index for FjallIndex {
         now_ms: u64,
         limit: usize,
     ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-        use std::ops::Bound;
         let end = expiry_key(now_ms.saturating_add(1), &[]);
         let start = match after {
             Some(a) => Bound::Excluded(a.to_vec()),
@@ -262,6 +269,19 @@ impl Index for FjallIndex {
 
     fn forget_expiry(&self, t: u64, key: &[u8]) -> Result<(), StoreError> {
         self.expiry.remove(expiry_key(t, key)).map_err(err)
+    }
+
+    fn keys_in(
+        &self,
+        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut out = Vec::new();
+        // A snapshot read: it never waits for the checkpointer or the writer.
+        for g in self.data.range(range).take(limit) {
+            out.push(g.key().map_err(err)?.to_vec());
+        }
+        Ok(out)
     }
 
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError> {

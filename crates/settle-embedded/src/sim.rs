@@ -804,6 +804,16 @@ impl Index for MemIndex {
         Ok(())
     }
 
+    fn keys_in(
+        &self,
+        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.check()?;
+        let s = self.inner.lock();
+        Ok(s.live.data.range(range).take(limit).map(|(k, _)| k.clone()).collect())
+    }
+
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError> {
         self.check()?;
         let data = self.inner.lock().live.data.clone();

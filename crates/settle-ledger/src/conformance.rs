@@ -17,6 +17,7 @@ use std::sync::Arc;
 use settle_core::testkit::*;
 use settle_core::*;
 
+use crate::inspect::{self, ListFilter, ListQuery, ListStatus, TenantStats};
 use crate::store::{Clock, Store};
 
 /// A fresh store for one test, its clock, and whatever must live as long as it.
@@ -87,7 +88,10 @@ macro_rules! conformance_tests {
             release_not_committed_and_attempt_errors_are_persisted,
             results_are_stored_as_sent,
             invalid_commands_write_nothing,
-            quarantine_does_not_move_updated_at
+            quarantine_does_not_move_updated_at,
+            listing_returns_every_record_once_per_tenant,
+            listing_while_records_change_returns_each_once,
+            listing_filters_and_tenant_stats_agree
         );
     };
     (@cases $make:expr; $($name:ident),* $(,)?) => {
@@ -651,4 +655,184 @@ pub async fn quarantine_does_not_move_updated_at(fx: &Fixture) {
     let after = fx.get("qz").await.unwrap();
     assert_eq!(after.quarantine_total, before.quarantine_total + 1);
     assert_eq!(after.updated_at, before.updated_at);
+}
+
+/// Every page of a listing with `filter`, keys in order of appearance.
+async fn list_all(fx: &Fixture, t: &TenantId, filter: ListFilter, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let q = ListQuery {
+            filter: filter.clone(),
+            after: after.take(),
+            limit,
+            stuck_after_ms: 1000,
+        };
+        let page = inspect::list(&*fx.store, t, &q).await.expect("store works");
+        assert!(page.records.len() <= limit);
+        out.extend(page.records.iter().map(|r| r.key.as_str().to_string()));
+        match page.next {
+            Some(k) => after = Some(k),
+            None => return out,
+        }
+    }
+}
+
+/// SPEC §9: keyset pages return every record exactly once, in key order,
+/// and only the caller's tenant's.
+pub async fn listing_returns_every_record_once_per_tenant(fx: &Fixture) {
+    let other = TenantId::new("globex").unwrap();
+    let mut ours = Vec::new();
+    for i in 0..23 {
+        let k = format!("l-{i:02}");
+        let f = fx.exec(claim(&k, 1, binding("alice", 0))).await;
+        if i % 3 == 0 {
+            receipt(fx.run(settle(&k, f, 1, binding("alice", 0), completed(1))).await);
+        }
+        ours.push(k);
+    }
+    for i in 0..5 {
+        fx.run_as(&other, claim(&format!("l-{i:02}x"), 1, binding("alice", 0)))
+            .await;
+    }
+    for limit in [1, 4, 7, 23, 100] {
+        let got = list_all(fx, &fx.tenant(), ListFilter::default(), limit).await;
+        assert_eq!(got, ours, "limit {limit}");
+    }
+    let theirs = list_all(fx, &other, ListFilter::default(), 2).await;
+    assert_eq!(theirs.len(), 5);
+    assert!(theirs.iter().all(|k| k.ends_with('x')));
+    let nobody = list_all(fx, &TenantId::new("initech").unwrap(), ListFilter::default(), 10).await;
+    assert!(nobody.is_empty());
+}
+
+/// Records created and settled between pages: each record that existed
+/// throughout appears exactly once, and no key appears twice.
+pub async fn listing_while_records_change_returns_each_once(fx: &Fixture) {
+    let t = fx.tenant();
+    let mut fences = Vec::new();
+    for i in 0..30 {
+        let k = format!("c-{:02}", i * 2);
+        fences.push((k.clone(), fx.exec(claim(&k, 1, binding("alice", 0))).await));
+    }
+    let mut seen = Vec::new();
+    let mut after = None;
+    let mut round = 0;
+    loop {
+        let q = ListQuery {
+            filter: ListFilter::default(),
+            after: after.take(),
+            limit: 4,
+            stuck_after_ms: 1000,
+        };
+        let page = inspect::list(&*fx.store, &t, &q).await.unwrap();
+        seen.extend(page.records.iter().map(|r| r.key.as_str().to_string()));
+        // Changes between pages: new keys on both sides of the cursor, and
+        // settles of records already listed and not yet listed.
+        fx.exec(claim(&format!("c-{:02}", round * 2 + 1), 1, binding("alice", 0)))
+            .await;
+        fx.exec(claim(&format!("b-{round:02}"), 1, binding("alice", 0)))
+            .await;
+        if let Some((k, f)) = fences.get(round * 3 % 30) {
+            fx.run(settle(k, *f, 1, binding("alice", 0), completed(1))).await;
+        }
+        round += 1;
+        match page.next {
+            Some(k) => after = Some(k),
+            None => break,
+        }
+    }
+    let unique: HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "no key twice: {seen:?}");
+    for (k, _) in &fences {
+        assert!(unique.contains(k), "{k} existed throughout and was listed");
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(sorted, seen, "key order");
+}
+
+/// Each filter selects exactly the records it names, and the tenant's
+/// counts agree with the listing.
+pub async fn listing_filters_and_tenant_stats_agree(fx: &Fixture) {
+    let t = fx.tenant();
+    let b = || binding("alice", 0);
+    // running: an open lease
+    fx.exec(claim("f-running", 1, b())).await;
+    // pending, stuck: released (nothing applied), then left alone
+    let f = fx.exec(claim("f-stuck", 1, b())).await;
+    fx.run(release_not_committed("f-stuck", f)).await;
+    // completed, then disputed by a different result
+    let f = fx.exec(claim("f-disputed", 1, b())).await;
+    receipt(fx.run(settle("f-disputed", f, 1, b(), completed(1))).await);
+    fx.run(settle("f-disputed", f, 1, b(), completed(2))).await;
+    // failed
+    let f = fx.exec(claim("f-failed", 1, b())).await;
+    receipt(fx.run(settle("f-failed", f, 1, b(), failed(1))).await);
+    // unknown, reconcile required
+    let f = fx.exec(claim("f-unknown", 1, b())).await;
+    fx.run(settle("f-unknown", f, 1, b(), unknown())).await;
+    // quarantined: evidence under a fence never granted
+    let f = fx.exec(claim("g-quarantined", 1, b())).await;
+    fx.run(settle("g-quarantined", Fence(f.0 + 1000), 1, b(), completed(1)))
+        .await;
+    fx.clock.advance(1500);
+
+    let by = |filter: ListFilter| list_all(fx, &t, filter, 2);
+    let st = |s: &[ListStatus]| ListFilter {
+        statuses: s.to_vec(),
+        ..ListFilter::default()
+    };
+    assert_eq!(by(st(&[ListStatus::Running])).await, ["f-running", "g-quarantined"]);
+    assert_eq!(
+        by(st(&[ListStatus::Pending])).await,
+        ["f-running", "f-stuck", "g-quarantined"],
+        "pending includes running"
+    );
+    assert_eq!(
+        by(st(&[ListStatus::Failed, ListStatus::Completed])).await,
+        ["f-disputed", "f-failed"]
+    );
+    let flag = |f: fn(&mut ListFilter)| {
+        let mut x = ListFilter::default();
+        f(&mut x);
+        x
+    };
+    assert_eq!(by(flag(|x| x.disputed = Some(true))).await, ["f-disputed"]);
+    assert_eq!(by(flag(|x| x.reconcile_required = Some(true))).await, ["f-unknown"]);
+    assert_eq!(by(flag(|x| x.stuck = Some(true))).await, ["f-stuck", "f-unknown"]);
+    // The disputing evidence was quarantined too.
+    assert_eq!(
+        by(flag(|x| x.quarantined = Some(true))).await,
+        ["f-disputed", "g-quarantined"]
+    );
+    assert_eq!(
+        by(flag(|x| x.key_prefix = Some("g-".into()))).await,
+        ["g-quarantined"]
+    );
+    assert_eq!(by(flag(|x| x.disputed = Some(false))).await.len(), 5);
+
+    let s = inspect::tenant_stats(&*fx.store, &t, 1000).await.unwrap();
+    assert_eq!(
+        s,
+        TenantStats {
+            pending: 1,
+            running: 2,
+            unknown: 1,
+            conflict: 0,
+            failed: 1,
+            completed: 1,
+            total: 6,
+            reconcile_required: 1,
+            disputed: 1,
+            stuck: 2,
+            quarantined: 2,
+            quarantined_records: 2,
+            refused: 0,
+        }
+    );
+    let other = inspect::tenant_stats(&*fx.store, &TenantId::new("globex").unwrap(), 1000)
+        .await
+        .unwrap();
+    assert_eq!(other, TenantStats::default());
 }

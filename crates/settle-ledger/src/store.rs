@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicI64, Ordering};
 
 use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
 
+use crate::inspect::Scan;
+
 /// A boxed, sendable future (keeps [`Store`] object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -151,6 +153,17 @@ pub trait Store: Send + Sync + 'static {
     /// The store's clock.
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>>;
 
+    /// At most `max` records of `tenant` in key order, strictly after
+    /// `after`, each as `get` shows it at the store's `now` (the inspection
+    /// API of SPEC §9 is built on this; see [`crate::inspect`]). Must not
+    /// hold up writes for longer than it takes to copy `max` records.
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>>;
+
     /// Readiness: `Ok` only if the store can accept writes right now (not
     /// poisoned by a failed fsync, its writer alive, its database reachable
     /// with durable settings). `/readyz` answers 503 on `Err`.
@@ -187,6 +200,14 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         (**self).now()
+    }
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        (**self).scan(tenant, after, max)
     }
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         (**self).health()

@@ -65,6 +65,7 @@ use deadpool_postgres::{
 use settle_core::{
     Command, Key, Limits, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning,
 };
+use settle_ledger::inspect::Scan;
 use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 
 pub use codec::{FORMAT, FORMAT_POSTCARD_V1, FORMAT_POSTCARD_V2};
@@ -519,6 +520,15 @@ impl Store for PgStore {
 
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         Box::pin(async move { Ok(engine::now(&self.inner).await?) })
+    }
+
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        Box::pin(async move { Ok(engine::scan(&self.inner, tenant, after, max).await?) })
     }
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
