@@ -12,8 +12,6 @@
 //! filesystem with fjall ([`EmbeddedStore::open`]), or on a simulated disk
 //! with an in-memory index ([`sim`]), threaded ([`EmbeddedStore::open_on`])
 //! or inline on the caller's thread ([`InlineStore`], deterministic).
-// Being documented item by item (issue 9); the workspace lint is on for new crates.
-#![allow(missing_docs)]
 
 mod codec;
 mod engine;
@@ -51,7 +49,9 @@ pub use crate::wal::{CheckpointStep, Faults};
 /// How the embedded store is opened.
 #[derive(Clone, Debug)]
 pub struct EmbeddedOptions {
+    /// The rules' limits (lease margin, warning cap, result size).
     pub limits: Limits,
+    /// The store's clock (tests skew it to move time without sleeping).
     pub clock: Clock,
     /// Most commands in one group commit.
     pub max_batch: usize,
@@ -247,6 +247,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         self.shared.poisoned.load(Ordering::SeqCst)
     }
 
+    /// The directory the store was opened on.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -700,6 +701,7 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
             .expect("one answer")
     }
 
+    /// The `get` view now, on the caller's thread (see [`Store::get`]).
     pub fn get_now(
         &self,
         tenant: &TenantId,
@@ -708,6 +710,7 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
         get_sync(&self.shared, tenant, key)
     }
 
+    /// The warnings of `task`, on the caller's thread.
     pub fn warnings_now(
         &self,
         tenant: &TenantId,
@@ -739,6 +742,7 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
         self.inner.lock().closed = true;
     }
 
+    /// Whether the store refuses writes after a storage failure.
     pub fn is_poisoned(&self) -> bool {
         self.shared.poisoned.load(Ordering::SeqCst)
     }

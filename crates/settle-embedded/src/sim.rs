@@ -52,9 +52,11 @@ pub enum Crash {
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator seeded with `seed` (any value, zero included).
     pub fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -286,6 +288,7 @@ impl SimDisk {
         self.inner.lock().powered = false;
     }
 
+    /// `false` once the power was cut: every operation on this handle fails.
     pub fn is_powered(&self) -> bool {
         self.inner.lock().powered
     }

@@ -22,13 +22,16 @@ use crate::store::{Clock, Store};
 
 /// A fresh store for one test, its clock, and whatever must live as long as it.
 pub struct Fixture {
+    /// The store under test, empty.
     pub store: Arc<dyn Store>,
+    /// The store's clock; cases advance it instead of sleeping.
     pub clock: Clock,
     /// Dropped after the test (e.g. a temporary directory or database).
     pub guard: Option<Box<dyn Any + Send + Sync>>,
 }
 
 impl Fixture {
+    /// A fixture with nothing to keep alive.
     pub fn new(store: Arc<dyn Store>, clock: Clock) -> Fixture {
         Fixture {
             store,
@@ -102,6 +105,9 @@ macro_rules! conformance_tests {
     };
 }
 
+/// Claim, settle `completed`, then a claim replays the same outcome and
+/// receipt, and a repeated settle (a lost acknowledgement) returns the same
+/// receipt; all of it as stored.
 pub async fn claim_settle_replay_roundtrip(fx: &Fixture) {
     let f = fx.exec(claim("order-1", 1, binding("alice", 0))).await;
     let r = fx.get("order-1").await.expect("record exists");
@@ -134,6 +140,8 @@ pub async fn claim_settle_replay_roundtrip(fx: &Fixture) {
     );
 }
 
+/// 24 racing first claims of one key: exactly one `execute`, the others
+/// `in_flight` (the reservation is one compare-and-set).
 pub async fn racing_first_claims_execute_exactly_once(fx: &Fixture) {
     let tasks: Vec<_> = (0..24)
         .map(|_| {
@@ -159,6 +167,7 @@ pub async fn racing_first_claims_execute_exactly_once(fx: &Fixture) {
     assert_eq!((executes, in_flight), (1, 23));
 }
 
+/// Fences strictly increase across keys (SPEC §6.3: store-wide).
 pub async fn fences_strictly_increase_across_keys(fx: &Fixture) {
     let mut last = Fence(0);
     for i in 0..50 {
@@ -170,6 +179,8 @@ pub async fn fences_strictly_increase_across_keys(fx: &Fixture) {
     }
 }
 
+/// 200 concurrent claim+settle pairs on distinct keys all settle, each
+/// under its own fence, and every receipt is stored.
 pub async fn concurrent_pairs_on_many_keys_all_settle(fx: &Fixture) {
     let tasks: Vec<_> = (0..200)
         .map(|i| {
@@ -204,6 +215,8 @@ pub async fn concurrent_pairs_on_many_keys_all_settle(fx: &Fixture) {
     }
 }
 
+/// Claims with another fingerprint, principal or scopes are refused and
+/// change nothing (SPEC §6.7).
 pub async fn mismatched_claim_changes_nothing(fx: &Fixture) {
     fx.exec(claim("m", 1, binding("alice", 0))).await;
     let before = fx.get("m").await.unwrap();
@@ -217,6 +230,8 @@ pub async fn mismatched_claim_changes_nothing(fx: &Fixture) {
     assert_eq!(fx.get("m").await.unwrap(), before);
 }
 
+/// Evidence under a stale fence is refused, quarantined durably, and the
+/// canonical status is unchanged.
 pub async fn refused_evidence_is_quarantined_durably(fx: &Fixture) {
     let f = fx.exec(claim("q", 1, binding("alice", 0))).await;
     let r = fx
@@ -236,6 +251,8 @@ pub async fn refused_evidence_is_quarantined_durably(fx: &Fixture) {
     assert_eq!(rec.status, Status::Pending);
 }
 
+/// A disagreeing terminal from the same fence gets `result_mismatch`, the
+/// record is stored `disputed`, the first receipt stays canonical (settle rule 0).
 pub async fn disputed_is_persisted(fx: &Fixture) {
     let f = fx.exec(claim("d", 1, binding("alice", 0))).await;
     let rc = receipt(
@@ -251,6 +268,8 @@ pub async fn disputed_is_persisted(fx: &Fixture) {
     assert_eq!(rec.receipt, Some(rc));
 }
 
+/// An expired lease moves the record to `unknown` with `reconcile_required`
+/// (applied lazily by `get`), and the next claim gets `reconcile`.
 pub async fn lease_expiry_moves_to_unknown_and_reconcile(fx: &Fixture) {
     fx.exec(claim_with("e", 1, binding("alice", 0), 1000, false))
         .await;
@@ -264,6 +283,8 @@ pub async fn lease_expiry_moves_to_unknown_and_reconcile(fx: &Fixture) {
     ));
 }
 
+/// The sweep ends lapsed leases and collects terminal records past their
+/// retention; a collected key can be reserved afresh.
 pub async fn sweep_expires_leases_and_collects_records(fx: &Fixture) {
     fx.exec(claim_with("s1", 1, binding("alice", 0), 1000, false))
         .await;
@@ -287,6 +308,9 @@ pub async fn sweep_expires_leases_and_collects_records(fx: &Fixture) {
     assert_eq!(fx.get("s2").await.unwrap().reservation.fingerprint, fp(2));
 }
 
+/// A heartbeat's new expiry is stored and keeps the lease live; release
+/// (not_dispatched) is stored; after `dispatch` the same release is
+/// `receipt_required`.
 pub async fn heartbeat_dispatch_release_are_persisted(fx: &Fixture) {
     let f = fx
         .exec(claim_with("h", 1, binding("alice", 0), 1000, true))
@@ -326,6 +350,9 @@ pub async fn heartbeat_dispatch_release_are_persisted(fx: &Fixture) {
     );
 }
 
+/// Reconcile findings are stored: `unavailable` releases and keeps
+/// `reconcile_required`, `not_committed` turns the lease into `execute` and
+/// clears the flag, and a settle under it is accepted.
 pub async fn reconcile_findings_are_persisted(fx: &Fixture) {
     let f = fx.exec(claim("r", 1, binding("alice", 0))).await;
     let u = receipt(
@@ -361,6 +388,9 @@ pub async fn reconcile_findings_are_persisted(fx: &Fixture) {
     assert_eq!(fx.get("r").await.unwrap().status, Status::Failed);
 }
 
+/// Revoke raises the generation durably: the holder's lease lapses
+/// (`lease_expired`), older bindings get `stale_binding`, and a claim at the
+/// new generation raises the reservation's.
 pub async fn revoke_is_persisted_and_lapses_leases(fx: &Fixture) {
     let f = fx.exec(claim("v", 1, binding("alice", 3))).await;
     assert_eq!(
@@ -386,6 +416,8 @@ pub async fn revoke_is_persisted_and_lapses_leases(fx: &Fixture) {
     assert_eq!(fx.get("v").await.unwrap().reservation.generation, 4);
 }
 
+/// Warnings count per task and class and keep their detail; the 65th class
+/// of a task is `too_many_classes`.
 pub async fn warnings_are_bounded_per_task(fx: &Fixture) {
     let warn = |class: &str, detail: Option<&str>| {
         Command::Warn(Warn {
@@ -425,6 +457,8 @@ pub async fn warnings_are_bounded_per_task(fx: &Fixture) {
     assert_eq!(ws.len(), 64);
 }
 
+/// The same key and principal name in another tenant is another operation;
+/// a revoke there does not reach ours (SPEC §6.8).
 pub async fn tenants_never_meet(fx: &Fixture) {
     let other = TenantId::new("globex").unwrap();
     let f = fx.exec(claim("shared", 1, binding("alice", 0))).await;
@@ -458,6 +492,7 @@ pub async fn tenants_never_meet(fx: &Fixture) {
     );
 }
 
+/// Calls on an unknown key are `not_found` and create nothing.
 pub async fn unknown_keys_are_not_found(fx: &Fixture) {
     assert!(fx.get("nope").await.is_none());
     for cmd in [
@@ -472,6 +507,8 @@ pub async fn unknown_keys_are_not_found(fx: &Fixture) {
     assert!(fx.get("nope").await.is_none(), "refusals create nothing");
 }
 
+/// [`crate::Store::stats`] counts open, `unknown`, `reconcile_required` and
+/// stuck records, not settled ones.
 pub async fn stats_count_open_records(fx: &Fixture) {
     fx.exec(claim_with("st1", 1, binding("alice", 0), 1000, false))
         .await;

@@ -40,8 +40,6 @@
 //! assert!(matches!(again, ClaimDecision::Replay { .. }));
 //! # });
 //! ```
-// Being documented item by item (issue 9); the workspace lint is on for new crates.
-#![allow(missing_docs)]
 
 pub mod bench;
 pub mod conformance;

@@ -39,7 +39,10 @@ pub enum StoreError {
     /// The engine is over its queue or backlog bound; nothing was written.
     /// The caller should retry after the hint.
     #[error("overloaded: retry after {retry_after_ms} ms")]
-    Overloaded { retry_after_ms: u64 },
+    Overloaded {
+        /// How long to wait before retrying, in ms.
+        retry_after_ms: u64,
+    },
 }
 
 impl StoreError {
@@ -66,9 +69,13 @@ pub struct SweepReport {
 pub struct StoreStats {
     /// Non-terminal records.
     pub open: u64,
+    /// Non-terminal records at `pending` (running ones included).
     pub pending: u64,
+    /// Non-terminal records at `unknown`.
     pub unknown: u64,
+    /// Non-terminal records at `conflict`.
     pub conflict: u64,
+    /// Records with `reconcile_required` set.
     pub reconcile_required: u64,
     /// Non-terminal, no live lease, untouched for `stuck_after_s`.
     pub stuck: u64,
@@ -241,6 +248,7 @@ impl Clock {
     pub fn advance(&self, ms: i64) {
         self.skew_ms.fetch_add(ms, Ordering::SeqCst);
     }
+    /// How far this clock is moved from its source, in ms.
     pub fn skew_ms(&self) -> i64 {
         self.skew_ms.load(Ordering::SeqCst)
     }

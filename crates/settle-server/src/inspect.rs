@@ -12,7 +12,8 @@ use settle_api::{ListResponse, OperationSummary, Stats, StatusCounts};
 use settle_core::Key;
 use settle_ledger::inspect::{self, ListFilter, ListQuery, ListStatus, MAX_LIMIT, TenantStats};
 
-use crate::http::{AppState, PROBLEM, Route, finish, store_error};
+use crate::http::{AppState, Route, finish, store_error};
+use crate::openapi::V1Errors;
 use crate::problem::Problem;
 use crate::wire::decode_segment;
 
@@ -134,9 +135,7 @@ fn parse_list_query(raw: Option<&str>, stuck_after_ms: u64) -> Result<ListQuery,
     ),
     responses(
         (status = 200, description = "One page in key order. A page may hold fewer than `limit` records while `next` is not null (a bounded scan); the listing ends when `next` is null.", body = ListResponse),
-        (status = 401, description = "unauthorized: missing or unknown token", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: a bad filter, limit or cursor", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, description = "unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        V1Errors,
     )
 )]
 pub async fn list(State(st): State<Arc<AppState>>, req: Request) -> Response {
@@ -186,8 +185,7 @@ pub fn stats_body(s: &TenantStats) -> Stats {
     get, path = "/v1/stats", tag = "inspection",
     responses(
         (status = 200, description = "The caller's tenant's counts", body = Stats),
-        (status = 401, description = "unauthorized: missing or unknown token", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, description = "unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        V1Errors,
     )
 )]
 pub async fn stats(State(st): State<Arc<AppState>>, req: Request) -> Response {
@@ -304,7 +302,7 @@ mod tests {
             "key_prefix=",
         ] {
             assert_eq!(
-                parse_list_query(Some(bad), 1).unwrap_err().status.as_u16(),
+                parse_list_query(Some(bad), 1).unwrap_err().status,
                 422,
                 "{bad}"
             );
