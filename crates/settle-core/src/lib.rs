@@ -33,8 +33,7 @@ pub use command::{
 };
 pub use record::{
     Attempt, Call, Ended, FindingKind, Lease, LeaseEnd, Move, Observation, Outcome, OutcomeStatus,
-    PrincipalState, Purpose, QuarantineEntry, Receipt, Record, RecordView, Reservation, Status,
-    Warning,
+    PrincipalState, Purpose, QuarantineEntry, Receipt, Record, Reservation, Status, Warning,
 };
 pub use refusal::RefusalCode;
 pub use rules::{Applied, Ctx, Limits, OpState, Principals, apply, principals_needed, view_at};

@@ -584,58 +584,11 @@ pub struct Warning {
     pub saturated: bool,
 }
 
-/// The `get` view: the record plus derived fields, as the wire shows it.
-#[derive(Serialize)]
-pub struct RecordView<'a> {
-    pub key: &'a Key,
-    /// `running` when pending with an open lease, else the canonical status.
-    pub status: &'static str,
-    pub rank: u8,
-    pub reservation: &'a Reservation,
-    pub lease: Option<&'a Lease>,
-    pub outcome: Option<&'a Outcome>,
-    pub receipt: Option<&'a Receipt>,
-    pub reconcile_required: bool,
-    pub disputed: bool,
-    pub attempts: &'a [Attempt],
-    pub attempts_total: u32,
-    pub quarantine: &'a [QuarantineEntry],
-    pub quarantine_total: u64,
-    pub retention_s: RetentionS,
-    pub created_at: Timestamp,
-    pub updated_at: Timestamp,
-    pub settled_at: Option<Timestamp>,
-    pub expires_at: Option<Timestamp>,
-}
-
 impl Record {
-    /// The inspection view of SPEC §4 `get`.
-    pub fn view(&self) -> RecordView<'_> {
-        let status = if self.status == Status::Pending && self.open_lease().is_some() {
-            "running"
-        } else {
-            self.status.as_str()
-        };
-        RecordView {
-            key: &self.key,
-            status,
-            rank: self.status.rank(),
-            reservation: &self.reservation,
-            lease: self.lease(),
-            outcome: self.outcome.as_ref(),
-            receipt: self.receipt.as_ref(),
-            reconcile_required: self.reconcile_required,
-            disputed: self.disputed,
-            attempts: &self.attempts,
-            attempts_total: self.attempts_total,
-            quarantine: &self.quarantine,
-            quarantine_total: self.quarantine_total,
-            retention_s: self.retention_s,
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-            settled_at: self.settled_at,
-            expires_at: self.expires_at(),
-        }
+    /// Pending with an open lease: what the inspection view calls `running`
+    /// (the same rank as `pending`).
+    pub fn is_running(&self) -> bool {
+        self.status == Status::Pending && self.open_lease().is_some()
     }
 }
 
