@@ -23,6 +23,8 @@ pub mod invariants;
 pub mod record;
 pub mod refusal;
 pub mod rules;
+/// Builders for tests (behind the `testkit` feature: not in production builds).
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod types;
 pub mod world;
