@@ -524,3 +524,58 @@ async fn step1_an_invalid_field_list_is_refused_before_anything_is_sent() {
     assert!(matches!(r, Err(RunError::Fingerprint(_))), "{r:?}");
     assert_eq!(tap.claims.load(Ordering::SeqCst), 0);
 }
+
+/// The value of a counter, by name and labels (0 when never recorded).
+fn counter(
+    snapshot: &[(
+        metrics_util::CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        metrics_util::debugging::DebugValue,
+    )],
+    name: &str,
+    labels: &[(&str, &str)],
+) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(k, ..)| {
+            k.key().name() == name
+                && labels
+                    .iter()
+                    .all(|(l, v)| k.key().labels().any(|x| x.key() == *l && x.value() == *v))
+        })
+        .map(|(.., v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => *n,
+            other => panic!("{name} is not a counter: {other:?}"),
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn step6_and_step7_metrics_count_replays_and_refusals() {
+    // A recorder for this thread only; the current-thread runtime polls
+    // every future of the test here.
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshots = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let l = TestLedger::in_process();
+    let t = &*l.transport;
+    let runs = AtomicUsize::new(0);
+    for _ in 0..3 {
+        run_counting(t, "order-m", &payment(1), json!(1), &runs, &options())
+            .await
+            .unwrap();
+    }
+    let r = run_counting(t, "order-m", &payment(2), json!(1), &runs, &options()).await;
+    assert!(r.is_err());
+    let snapshot = snapshots.snapshot().into_vec();
+    assert_eq!(counter(&snapshot, settle_worker::names::REPLAYS, &[]), 2);
+    assert_eq!(
+        counter(
+            &snapshot,
+            settle_worker::names::REFUSALS,
+            &[("call", "claim"), ("code", "fingerprint_mismatch")]
+        ),
+        1
+    );
+}
