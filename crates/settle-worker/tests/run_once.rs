@@ -497,7 +497,7 @@ async fn step7_refusals_are_typed_and_never_retried(l: &TestLedger) {
 }
 
 #[tokio::test]
-async fn step7_no_answer_backs_off_and_retries_until_the_deadline() {
+async fn step7_no_answer_backs_off_and_retries_the_same_claim_until_the_deadline() {
     let l = TestLedger::in_process();
     let tap = Tap::new(l.transport.clone());
     tap.black_hole.store(true, Ordering::SeqCst);
@@ -511,7 +511,40 @@ async fn step7_no_answer_backs_off_and_retries_until_the_deadline() {
         }) => {}
         other => panic!("{other:?}"),
     }
+    let claims = tap.claims.load(Ordering::SeqCst);
+    // The first wait is at most 50 ms, well inside the 400 ms deadline.
+    assert!(claims >= 2, "the claim was sent again: {claims}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn step3_an_effect_that_fails_before_dispatch_hands_the_lease_back() {
+    let l = TestLedger::in_process();
+    let tap = Tap::new(l.transport.clone());
+    let o = options().marks_dispatch(true);
+    let r = run_once(
+        &*tap,
+        "order-early",
+        &payment(1),
+        async |_ctx: &EffectContext<'_>| {
+            Err(EffectError::unknown("failed while building the request"))
+        },
+        &o,
+    )
+    .await;
+    assert!(matches!(r, Err(RunError::NotSent { .. })), "{r:?}");
+    assert_eq!(*tap.releases.lock().unwrap(), ["not_dispatched"]);
+    assert_eq!(
+        tap.settles.load(Ordering::SeqCst),
+        0,
+        "nothing settled unknown"
+    );
+    let runs = AtomicUsize::new(0);
+    let next = run_counting(&*tap, "order-early", &payment(1), json!(1), &runs, &o)
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the next run executes");
+    assert!(!next.replayed);
 }
 
 #[tokio::test]

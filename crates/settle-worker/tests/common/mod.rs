@@ -133,9 +133,6 @@ impl Tap {
     }
 
     async fn forward(&self, cmd: Command) -> Result<Reply, TransportError> {
-        if self.black_hole.load(Ordering::SeqCst) {
-            return Err(Tap::no_answer("request"));
-        }
         match &cmd {
             Command::Claim(_) => {
                 self.claims.fetch_add(1, Ordering::SeqCst);
@@ -156,6 +153,9 @@ impl Tap {
                     .push(r.reason.as_str().to_owned());
             }
             _ => {}
+        }
+        if self.black_hole.load(Ordering::SeqCst) {
+            return Err(Tap::no_answer("request"));
         }
         let is_settle = matches!(cmd, Command::Settle(_));
         let reply = self.inner.execute(cmd).await?;
