@@ -28,6 +28,17 @@ impl Auth {
         }
     }
 
+    /// Every tenant a token can act for (the per-tenant gauges sum over them).
+    pub fn tenants(&self) -> Vec<TenantId> {
+        let mut out: Vec<TenantId> = match self {
+            Auth::Off(t) => vec![t.clone()],
+            Auth::Tenants(ts) => ts.iter().map(|(_, t)| t.clone()).collect(),
+        };
+        out.sort();
+        out.dedup();
+        out
+    }
+
     pub fn is_off(&self) -> bool {
         matches!(self, Auth::Off(_))
     }

@@ -71,6 +71,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/operations/{key}/settle", post(settle))
         .route("/v1/operations/{key}/release", post(release))
         .route("/v1/operations/{key}/reconcile", post(reconcile))
+        .route("/v1/operations", get(crate::inspect::list))
+        .route("/v1/stats", get(crate::inspect::stats))
         .route("/v1/operations/{key}", get(get_record))
         .route("/v1/principals/{principal}/revoke", post(revoke))
         .route("/v1/tasks/{task}/warnings/{class}", post(warn))
@@ -79,6 +81,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
+        .route("/console", get(crate::inspect::console_redirect))
+        .route("/console/", get(crate::inspect::console))
+        .route("/console/{file}", get(crate::inspect::console))
         .fallback(no_route)
         .method_not_allowed_fallback(no_route)
         .with_state(state)
@@ -102,7 +107,7 @@ fn receipt(r: &settle_core::Receipt) -> Response {
 }
 
 /// Counts the request and turns an error into problem+json.
-fn finish(route: Route, result: Result<Response, Problem>) -> Response {
+pub(crate) fn finish(route: Route, result: Result<Response, Problem>) -> Response {
     let resp = match result {
         Ok(r) => r,
         Err(p) => p.into_response(),
@@ -113,7 +118,7 @@ fn finish(route: Route, result: Result<Response, Problem>) -> Response {
 
 /// Index into [`m::ROUTES`] (the `route` label).
 #[derive(Clone, Copy)]
-enum Route {
+pub(crate) enum Route {
     Claim,
     Heartbeat,
     Dispatch,
@@ -124,6 +129,8 @@ enum Route {
     Revoke,
     Warn,
     Warnings,
+    List,
+    Stats,
     Healthz,
     Readyz,
     Metrics,
@@ -144,7 +151,7 @@ fn unexpected(call: &str, reply: &Reply) -> Problem {
 
 /// A storage failure: counted, logged with its cause under a fresh
 /// correlation id, answered without the cause (SPEC §7).
-fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
+pub(crate) fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
     metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
     let correlation_id = crate::problem::correlation_id();
     error!(call, key = ?key, %correlation_id, error = %e, "store failure");
@@ -569,6 +576,7 @@ pub async fn metrics(State(st): St) -> Response {
         Ok(s) => m::set_stats(&s),
         Err(e) => warn!(error = %e, "store stats unavailable for /metrics"),
     }
+    crate::inspect::publish_quarantine(&st).await;
     let result = match &st.metrics {
         Some(h) => {
             h.run_upkeep();

@@ -108,6 +108,15 @@ fn describe() {
          survives restarts; each stays until its retention collects it."
     );
     describe_gauge!(
+        "settle_records_quarantined",
+        "Quarantined evidence entries (refused terminal evidence kept for an operator), \
+         summed over the configured tenants."
+    );
+    describe_gauge!(
+        "settle_records_quarantined_records",
+        "Records holding quarantined evidence, summed over the configured tenants."
+    );
+    describe_gauge!(
         "settle_records_undecodable",
         "Stored records that cannot be decoded (every call on their key answers record_refused)."
     );
@@ -127,7 +136,7 @@ pub fn set_stats(s: &StoreStats) {
 }
 
 /// The `route` label values of [`REQUESTS`].
-pub const ROUTES: [&str; 15] = [
+pub const ROUTES: [&str; 17] = [
     "claim",
     "heartbeat",
     "dispatch",
@@ -138,6 +147,8 @@ pub const ROUTES: [&str; 15] = [
     "revoke",
     "warn",
     "warnings",
+    "list",
+    "stats",
     "healthz",
     "readyz",
     "metrics",
