@@ -8,8 +8,11 @@ use settle_core::{
     Command, Key, Limits, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning, World,
 };
 
+use crate::inspect::Scan;
 use crate::store::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 
+/// The in-memory [`Store`]: the reference engine (a [`World`]) behind a
+/// lock. Replies are "durable" for as long as the process lives.
 pub struct MemStore {
     world: Mutex<World>,
     clock: Clock,
@@ -20,6 +23,7 @@ pub struct MemStore {
 }
 
 impl MemStore {
+    /// An empty store with `limits`, reading time from `clock`.
     pub fn new(limits: Limits, clock: Clock) -> MemStore {
         MemStore {
             world: Mutex::new(World::new(limits)),
@@ -123,6 +127,42 @@ impl Store for MemStore {
 
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         Box::pin(async move { Ok(MemStore::now(self)) })
+    }
+
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        Box::pin(async move {
+            let w = self.world.lock();
+            let now = self.clock.now();
+            // A test store: sorting the tenant's keys per call is fine here.
+            let mut keys: Vec<&Key> = w
+                .records
+                .keys()
+                .filter(|(t, k)| t == tenant && after.is_none_or(|a| k > a))
+                .map(|(_, k)| k)
+                .collect();
+            keys.sort_unstable();
+            let more = keys.len() > max;
+            keys.truncate(max);
+            let records: Vec<Record> = keys
+                .iter()
+                .filter_map(|k| match w.get(tenant, k, now) {
+                    Ok(r) => r,
+                    // Refused (from the future): listed as stored.
+                    Err(_) => w.records.get(&(tenant.clone(), (*k).clone())).cloned(),
+                })
+                .collect();
+            let next = if more {
+                keys.last().map(|k| (*k).clone())
+            } else {
+                None
+            };
+            Ok(Scan { records, next, now })
+        })
     }
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {

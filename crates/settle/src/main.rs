@@ -3,6 +3,7 @@
 //! its own module (`remote`: the client calls; `inspect`: inspect and
 //! check; `bench`), and every failure becomes one line on stderr and an
 //! exit code (`exit`).
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a CLI prints its answers
 
 #[cfg(feature = "bench")]
 mod bench;
