@@ -85,7 +85,11 @@ fn a_committed_finding_is_observed_as_one() {
     else {
         panic!()
     };
-    let r = h.run(reconcile("a", g.fence, committed(1, binding("alice", 0), completed(1))));
+    let r = h.run(reconcile(
+        "a",
+        g.fence,
+        committed(1, binding("alice", 0), completed(1)),
+    ));
     assert!(matches!(r, Reply::Receipt(_)), "{r:?}");
     let o = h.rec("a").attempts[1].observations.last().cloned().unwrap();
     assert_eq!(o.call, Call::Reconcile);
@@ -98,7 +102,13 @@ fn quarantined_settle_evidence_has_no_finding_and_committed_evidence_has_one() {
     let mut h = H::new();
     let f = settled(&mut h, "a");
     // A zombie's `unknown` from a settled fence: stale, quarantined.
-    let r = h.run(settle("a", Fence(f.0 + 100), 1, binding("alice", 0), unknown()));
+    let r = h.run(settle(
+        "a",
+        Fence(f.0 + 100),
+        1,
+        binding("alice", 0),
+        unknown(),
+    ));
     assert_eq!(refused(&r), Some(RefusalCode::StaleFence));
     let q = h.rec("a").quarantine.last().cloned().unwrap();
     assert_eq!(q.call, Call::Settle);
@@ -108,7 +118,11 @@ fn quarantined_settle_evidence_has_no_finding_and_committed_evidence_has_one() {
     // A committed finding from a fence that holds no reconcile lease.
     let mut h = H::new();
     let f = h.exec(claim("b", 1, binding("alice", 0)));
-    let r = h.run(reconcile("b", f, committed(1, binding("alice", 0), completed(1))));
+    let r = h.run(reconcile(
+        "b",
+        f,
+        committed(1, binding("alice", 0), completed(1)),
+    ));
     assert_eq!(refused(&r), Some(RefusalCode::WrongPurpose));
     let q = h.rec("b").quarantine.last().cloned().unwrap();
     assert_eq!(q.call, Call::Reconcile);
@@ -162,7 +176,10 @@ fn a_lease_is_not_ended_before_it_expires_or_is_revoked() {
     assert!(r.open_lease().is_some());
     h.advance(1);
     let r = h.get("a").unwrap().unwrap();
-    assert_eq!(r.attempts[0].lease.ended.map(|e| e.reason), Some(LeaseEnd::Expired));
+    assert_eq!(
+        r.attempts[0].lease.ended.map(|e| e.reason),
+        Some(LeaseEnd::Expired)
+    );
 }
 
 // ------------------------------------------------------------- Principals
@@ -194,7 +211,8 @@ fn needs_commit_is_a_changed_record_or_a_moved_principal() {
     let alice = Principal::new("alice").unwrap();
     let fresh = || {
         let mut s = OpState::default();
-        s.principals.insert(Principal::new("alice").unwrap(), PrincipalState::default());
+        s.principals
+            .insert(Principal::new("alice").unwrap(), PrincipalState::default());
         s
     };
     // A new record: changed.
@@ -208,7 +226,8 @@ fn needs_commit_is_a_changed_record_or_a_moved_principal() {
     assert!(a.needs_commit(&s));
     // A refusal that touches nothing: nothing to commit.
     let mut s = OpState::default();
-    s.principals.insert(alice, PrincipalState::at(5, Timestamp(T0)));
+    s.principals
+        .insert(alice, PrincipalState::at(5, Timestamp(T0)));
     let a = applied(&claim("a", 1, binding("alice", 0)), &mut s, T0);
     assert_eq!(refused(&a.reply), Some(RefusalCode::StaleBinding));
     assert!(!a.needs_commit(&s));
@@ -230,14 +249,21 @@ fn warning_counts_saturate_exactly_at_the_cap() {
     h.w.limits.warning_cap = 3;
     let mut seen = Vec::new();
     for _ in 0..5 {
-        let Reply::Warning(w) = h.run(warn_cmd("c")) else { panic!() };
+        let Reply::Warning(w) = h.run(warn_cmd("c")) else {
+            panic!()
+        };
         seen.push((w.count, w.saturated));
     }
-    assert_eq!(seen, [(1, false), (2, false), (3, true), (3, true), (3, true)]);
+    assert_eq!(
+        seen,
+        [(1, false), (2, false), (3, true), (3, true), (3, true)]
+    );
     // A cap of one saturates at the first warning.
     let mut h = H::new();
     h.w.limits.warning_cap = 1;
-    let Reply::Warning(w) = h.run(warn_cmd("c")) else { panic!() };
+    let Reply::Warning(w) = h.run(warn_cmd("c")) else {
+        panic!()
+    };
     assert_eq!((w.count, w.saturated), (1, true));
 }
 
@@ -245,16 +271,26 @@ fn warning_counts_saturate_exactly_at_the_cap() {
 fn warnings_of_different_classes_count_separately_up_to_64_classes() {
     let mut h = H::new();
     h.run(warn_cmd("a"));
-    let Reply::Warning(w) = h.run(warn_cmd("b")) else { panic!() };
+    let Reply::Warning(w) = h.run(warn_cmd("b")) else {
+        panic!()
+    };
     assert_eq!(w.count, 1, "another class starts its own count");
     for i in 2..64 {
         let r = h.run(warn_cmd(&format!("c{i}")));
         assert!(matches!(r, Reply::Warning(_)), "class {i}: {r:?}");
     }
-    assert_eq!(h.w.warnings(&h.tenant, &TaskId::new("t").unwrap()).len(), 64);
-    assert_eq!(refused(&h.run(warn_cmd("one-more"))), Some(RefusalCode::TooManyClasses));
+    assert_eq!(
+        h.w.warnings(&h.tenant, &TaskId::new("t").unwrap()).len(),
+        64
+    );
+    assert_eq!(
+        refused(&h.run(warn_cmd("one-more"))),
+        Some(RefusalCode::TooManyClasses)
+    );
     // An existing class still counts at the limit.
-    let Reply::Warning(w) = h.run(warn_cmd("a")) else { panic!() };
+    let Reply::Warning(w) = h.run(warn_cmd("a")) else {
+        panic!()
+    };
     assert_eq!(w.count, 2);
 }
 
@@ -266,10 +302,15 @@ fn a_claim_at_the_same_generation_changes_nothing_while_a_lease_is_live() {
     h.exec(claim("a", 1, binding("alice", 2)));
     let before = h.rec("a");
     h.advance(500);
-    let a = h
-        .w
-        .execute(&h.tenant.clone(), &claim("a", 1, binding("alice", 2)), Timestamp(h.now));
-    assert!(matches!(a.reply, Reply::Claim(ClaimDecision::InFlight { .. })), "{a:?}");
+    let a = h.w.execute(
+        &h.tenant.clone(),
+        &claim("a", 1, binding("alice", 2)),
+        Timestamp(h.now),
+    );
+    assert!(
+        matches!(a.reply, Reply::Claim(ClaimDecision::InFlight { .. })),
+        "{a:?}"
+    );
     assert!(!a.changed, "an in_flight answer writes nothing");
     assert_eq!(h.rec("a"), before);
 }
