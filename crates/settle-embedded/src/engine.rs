@@ -690,16 +690,14 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         Faults::step(&self.faults, CheckpointStep::SegmentDeleted);
         // Evict what was checkpointed unless a later batch changed it since.
         for (lsn, e) in &taken {
-            self.shared
-                .map
-                .remove_if(e.key, |k, s| {
-                    let evict = s.lsn == *lsn && s.evictable();
-                    if evict && k.first() == Some(&b'r') {
-                        // Under the shard lock: a writer cannot re-add it in between.
-                        self.shared.record_keys.write().remove(k);
-                    }
-                    evict
-                });
+            self.shared.map.remove_if(e.key, |k, s| {
+                let evict = s.lsn == *lsn && s.evictable();
+                if evict && k.first() == Some(&b'r') {
+                    // Under the shard lock: a writer cannot re-add it in between.
+                    self.shared.record_keys.write().remove(k);
+                }
+                evict
+            });
         }
         self.meta = meta;
         if let Some(f) = &self.faults {

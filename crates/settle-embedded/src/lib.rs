@@ -471,7 +471,11 @@ fn scan_sync<I: Index>(
     let next = match (more, keys.last()) {
         (true, Some(k)) => match EntityKey::from_bytes(k)? {
             EntityKey::Record(_, key) => Some(key),
-            _ => return Err(StoreError::Corrupt("a record key range held another entity".into())),
+            _ => {
+                return Err(StoreError::Corrupt(
+                    "a record key range held another entity".into(),
+                ));
+            }
         },
         _ => None,
     };

@@ -811,7 +811,12 @@ impl Index for MemIndex {
     ) -> Result<Vec<Vec<u8>>, StoreError> {
         self.check()?;
         let s = self.inner.lock();
-        Ok(s.live.data.range(range).take(limit).map(|(k, _)| k.clone()).collect())
+        Ok(s.live
+            .data
+            .range(range)
+            .take(limit)
+            .map(|(k, _)| k.clone())
+            .collect())
     }
 
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError> {

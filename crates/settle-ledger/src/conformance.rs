@@ -687,7 +687,10 @@ pub async fn listing_returns_every_record_once_per_tenant(fx: &Fixture) {
         let k = format!("l-{i:02}");
         let f = fx.exec(claim(&k, 1, binding("alice", 0))).await;
         if i % 3 == 0 {
-            receipt(fx.run(settle(&k, f, 1, binding("alice", 0), completed(1))).await);
+            receipt(
+                fx.run(settle(&k, f, 1, binding("alice", 0), completed(1)))
+                    .await,
+            );
         }
         ours.push(k);
     }
@@ -702,7 +705,13 @@ pub async fn listing_returns_every_record_once_per_tenant(fx: &Fixture) {
     let theirs = list_all(fx, &other, ListFilter::default(), 2).await;
     assert_eq!(theirs.len(), 5);
     assert!(theirs.iter().all(|k| k.ends_with('x')));
-    let nobody = list_all(fx, &TenantId::new("initech").unwrap(), ListFilter::default(), 10).await;
+    let nobody = list_all(
+        fx,
+        &TenantId::new("initech").unwrap(),
+        ListFilter::default(),
+        10,
+    )
+    .await;
     assert!(nobody.is_empty());
 }
 
@@ -729,12 +738,17 @@ pub async fn listing_while_records_change_returns_each_once(fx: &Fixture) {
         seen.extend(page.records.iter().map(|r| r.key.as_str().to_string()));
         // Changes between pages: new keys on both sides of the cursor, and
         // settles of records already listed and not yet listed.
-        fx.exec(claim(&format!("c-{:02}", round * 2 + 1), 1, binding("alice", 0)))
-            .await;
+        fx.exec(claim(
+            &format!("c-{:02}", round * 2 + 1),
+            1,
+            binding("alice", 0),
+        ))
+        .await;
         fx.exec(claim(&format!("b-{round:02}"), 1, binding("alice", 0)))
             .await;
         if let Some((k, f)) = fences.get(round * 3 % 30) {
-            fx.run(settle(k, *f, 1, binding("alice", 0), completed(1))).await;
+            fx.run(settle(k, *f, 1, binding("alice", 0), completed(1)))
+                .await;
         }
         round += 1;
         match page.next {
@@ -774,8 +788,14 @@ pub async fn listing_filters_and_tenant_stats_agree(fx: &Fixture) {
     fx.run(settle("f-unknown", f, 1, b(), unknown())).await;
     // quarantined: evidence under a fence never granted
     let f = fx.exec(claim("g-quarantined", 1, b())).await;
-    fx.run(settle("g-quarantined", Fence(f.0 + 1000), 1, b(), completed(1)))
-        .await;
+    fx.run(settle(
+        "g-quarantined",
+        Fence(f.0 + 1000),
+        1,
+        b(),
+        completed(1),
+    ))
+    .await;
     fx.clock.advance(1500);
 
     let by = |filter: ListFilter| list_all(fx, &t, filter, 2);
@@ -783,7 +803,10 @@ pub async fn listing_filters_and_tenant_stats_agree(fx: &Fixture) {
         statuses: s.to_vec(),
         ..ListFilter::default()
     };
-    assert_eq!(by(st(&[ListStatus::Running])).await, ["f-running", "g-quarantined"]);
+    assert_eq!(
+        by(st(&[ListStatus::Running])).await,
+        ["f-running", "g-quarantined"]
+    );
     assert_eq!(
         by(st(&[ListStatus::Pending])).await,
         ["f-running", "f-stuck", "g-quarantined"],
@@ -799,8 +822,14 @@ pub async fn listing_filters_and_tenant_stats_agree(fx: &Fixture) {
         x
     };
     assert_eq!(by(flag(|x| x.disputed = Some(true))).await, ["f-disputed"]);
-    assert_eq!(by(flag(|x| x.reconcile_required = Some(true))).await, ["f-unknown"]);
-    assert_eq!(by(flag(|x| x.stuck = Some(true))).await, ["f-stuck", "f-unknown"]);
+    assert_eq!(
+        by(flag(|x| x.reconcile_required = Some(true))).await,
+        ["f-unknown"]
+    );
+    assert_eq!(
+        by(flag(|x| x.stuck = Some(true))).await,
+        ["f-stuck", "f-unknown"]
+    );
     // The disputing evidence was quarantined too.
     assert_eq!(
         by(flag(|x| x.quarantined = Some(true))).await,

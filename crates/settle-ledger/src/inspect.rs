@@ -91,7 +91,9 @@ impl ListFilter {
             && self
                 .stuck
                 .is_none_or(|v| r.is_stuck(now, stuck_after_ms) == v)
-            && self.quarantined.is_none_or(|v| (r.quarantine_total > 0) == v)
+            && self
+                .quarantined
+                .is_none_or(|v| (r.quarantine_total > 0) == v)
             && self
                 .key_prefix
                 .as_deref()

@@ -253,7 +253,10 @@ mod tests {
                 panic!()
             };
             let settled = store
-                .execute(&t, settle("k", g.fence, 1, binding("alice", 0), completed(1)))
+                .execute(
+                    &t,
+                    settle("k", g.fence, 1, binding("alice", 0), completed(1)),
+                )
                 .await
                 .unwrap();
             clock.advance(-10_000);

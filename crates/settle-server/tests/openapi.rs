@@ -285,6 +285,7 @@ fn completed(n: u8) -> Value {
 /// Every route, every success shape and the problems a client can provoke
 /// without a failing store (those are in `tests/router.rs`).
 #[tokio::test]
+#[allow(clippy::too_many_lines)] // one walk through every route, kept whole
 async fn every_answer_validates_against_the_served_document() {
     let doc = served_document().await;
     let mut seen = std::collections::BTreeSet::new();

@@ -61,7 +61,10 @@ impl Checker {
                 self.fail(
                     Some(key),
                     "6.3-fence-reused",
-                    format!("granted fence {} after fence {} was acknowledged", g.fence.0, self.max_grant),
+                    format!(
+                        "granted fence {} after fence {} was acknowledged",
+                        g.fence.0, self.max_grant
+                    ),
                 );
             }
             self.max_grant = self.max_grant.max(g.fence.0);
@@ -71,7 +74,11 @@ impl Checker {
     /// The ledger answered with a receipt to a caller with `fingerprint`.
     pub fn on_receipt(&mut self, key: usize, fingerprint: &Digest, rc: &Receipt) {
         if &rc.fingerprint != fingerprint {
-            self.fail(Some(key), "6.7-mismatch-got-result", format!("a receipt for another request: {rc:?}"));
+            self.fail(
+                Some(key),
+                "6.7-mismatch-got-result",
+                format!("a receipt for another request: {rc:?}"),
+            );
         }
         if rc.status.is_terminal() {
             match &self.canonical[key] {
@@ -89,12 +96,26 @@ impl Checker {
     }
 
     /// A claim was answered `replay`: it must be the canonical receipt.
-    pub fn on_replay(&mut self, key: usize, fingerprint: &Digest, outcome_digest: Option<Digest>, rc: &Receipt) {
+    pub fn on_replay(
+        &mut self,
+        key: usize,
+        fingerprint: &Digest,
+        outcome_digest: Option<Digest>,
+        rc: &Receipt,
+    ) {
         if &rc.fingerprint != fingerprint {
-            self.fail(Some(key), "6.7-mismatch-got-result", format!("replayed to another request: {rc:?}"));
+            self.fail(
+                Some(key),
+                "6.7-mismatch-got-result",
+                format!("replayed to another request: {rc:?}"),
+            );
         }
         if outcome_digest != rc.response_sha256 || !rc.status.is_terminal() {
-            self.fail(Some(key), "replay-equals-receipt", format!("outcome digest {outcome_digest:?} with {rc:?}"));
+            self.fail(
+                Some(key),
+                "replay-equals-receipt",
+                format!("outcome digest {outcome_digest:?} with {rc:?}"),
+            );
         }
         match &self.canonical[key] {
             // Committed but never acknowledged (the power went during its
@@ -110,17 +131,34 @@ impl Checker {
 
     /// A caller with `fingerprint`/`binding` got a result (replay or
     /// receipt): the record's reservation must be theirs (SPEC §6.7).
-    pub fn result_owner(&mut self, key: usize, r: &Record, fingerprint: &Digest, binding: &Binding) {
+    pub fn result_owner(
+        &mut self,
+        key: usize,
+        r: &Record,
+        fingerprint: &Digest,
+        binding: &Binding,
+    ) {
         if let Some(code) = r.reservation.mismatch(fingerprint, binding) {
-            self.fail(Some(key), "6.7-mismatch-got-result", format!("{} caller got a result", code.code()));
+            self.fail(
+                Some(key),
+                "6.7-mismatch-got-result",
+                format!("{} caller got a result", code.code()),
+            );
         }
     }
 
     /// The record of `key` as `get` shows it now (`None`: absent).
     pub fn record(&mut self, key: usize, r: Option<&Record>) {
         let Some(r) = r else {
-            if self.canonical[key].is_some() || !self.acked[key].is_empty() || self.last[key].is_some() {
-                self.fail(Some(key), "6.5-acknowledged-record-lost", "the record is gone");
+            if self.canonical[key].is_some()
+                || !self.acked[key].is_empty()
+                || self.last[key].is_some()
+            {
+                self.fail(
+                    Some(key),
+                    "6.5-acknowledged-record-lost",
+                    "the record is gone",
+                );
             }
             return;
         };
@@ -141,7 +179,11 @@ impl Checker {
         if let (Some(o), Some(rc)) = (&r.outcome, &r.receipt)
             && o.response_sha256() != rc.response_sha256
         {
-            self.fail(Some(key), "outcome-matches-receipt", format!("{o:?} vs {rc:?}"));
+            self.fail(
+                Some(key),
+                "outcome-matches-receipt",
+                format!("{o:?} vs {rc:?}"),
+            );
         }
         self.acked_unknown_receipts(key, r);
         self.margins(key, r);
@@ -151,11 +193,17 @@ impl Checker {
     /// `unknown` receipts stay on their attempt (while it is kept).
     fn acked_unknown_receipts(&mut self, key: usize, r: &Record) {
         let mut bad = Vec::new();
-        for rc in self.acked[key].iter().filter(|rc| rc.status == Status::Unknown) {
+        for rc in self.acked[key]
+            .iter()
+            .filter(|rc| rc.status == Status::Unknown)
+        {
             if let Some(a) = r.attempt_for(rc.fence)
                 && a.receipt.as_ref() != Some(rc)
             {
-                bad.push(format!("acknowledged {rc:?}, attempt holds {:?}", a.receipt));
+                bad.push(format!(
+                    "acknowledged {rc:?}, attempt holds {:?}",
+                    a.receipt
+                ));
             }
         }
         for b in bad {

@@ -141,13 +141,21 @@ impl Engine {
     }
 
     /// Runs one command through [`Ledger::execute`].
-    pub fn execute(&self, tenant: &TenantId, cmd: Command) -> Result<Result<Reply, LedgerError>, Down> {
+    pub fn execute(
+        &self,
+        tenant: &TenantId,
+        cmd: Command,
+    ) -> Result<Result<Reply, LedgerError>, Down> {
         let ledger = self.ledger.as_ref().ok_or(Down::Crashed)?;
         Ok(ready(ledger.execute(tenant, cmd)))
     }
 
     /// The record as `get` shows it (`Ok(None)` when absent).
-    pub fn get(&self, tenant: &TenantId, key: &Key) -> Result<Result<Option<Record>, RefusalCode>, StoreError> {
+    pub fn get(
+        &self,
+        tenant: &TenantId,
+        key: &Key,
+    ) -> Result<Result<Option<Record>, RefusalCode>, StoreError> {
         let ledger = self.ledger.as_ref().ok_or(StoreError::Closed)?;
         match ready(ledger.get(tenant, key)) {
             Ok(r) => Ok(Ok(Some(r))),
@@ -165,12 +173,16 @@ impl Engine {
 
     /// Gauges over open records.
     pub fn stats(&self, stuck_after_ms: u64) -> Option<Result<StoreStats, StoreError>> {
-        self.ledger.as_ref().map(|l| ready(l.store().stats(stuck_after_ms)))
+        self.ledger
+            .as_ref()
+            .map(|l| ready(l.store().stats(stuck_after_ms)))
     }
 
     /// The store's clock as the store reads it.
     pub fn now(&self) -> Option<Timestamp> {
-        self.ledger.as_ref().and_then(|l| ready(l.store().now()).ok())
+        self.ledger
+            .as_ref()
+            .and_then(|l| ready(l.store().now()).ok())
     }
 
     /// Readiness (a poisoned store is not ready).
@@ -228,8 +240,13 @@ impl Engine {
     /// The log's files, for the history (embedded).
     pub fn wal_files(&self) -> String {
         use settle_embedded::fs::Fs;
-        let Some(d) = &self.disk else { return String::new() };
-        let mut names = d.disk.list(&Path::new(ROOT).join("wal")).unwrap_or_default();
+        let Some(d) = &self.disk else {
+            return String::new();
+        };
+        let mut names = d
+            .disk
+            .list(&Path::new(ROOT).join("wal"))
+            .unwrap_or_default();
         names.sort();
         names.join(" ")
     }

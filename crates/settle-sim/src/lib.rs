@@ -29,8 +29,8 @@ use settle_core::{Digest, LeaseMs, Scopes, Status};
 
 pub use crate::check::Violation;
 pub use crate::engine::EngineKind;
-use crate::world::{HORIZON_MS, STUCK_AFTER_MS, World};
 use crate::worker::WorkerSpec;
+use crate::world::{HORIZON_MS, STUCK_AFTER_MS, World};
 
 /// What one seed did.
 #[derive(Clone, Debug)]
@@ -76,11 +76,7 @@ pub fn run_seed(seed: u64, engine: Option<EngineKind>) -> SeedReport {
     match outcome {
         Ok(w) => report(seed, engine, w),
         Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_else(|| "a panic".into());
+            let msg = world::panic_message(panic.as_ref());
             SeedReport {
                 seed,
                 engine,
@@ -157,7 +153,11 @@ fn plan_workers(w: &mut World) {
             }
             let lease_ms = LEASES[w.rng.below(4) as usize];
             debug_assert!(LeaseMs::new(lease_ms).is_ok());
-            let start = if i == 0 { w.between(0, 2_000) } else { w.between(0, 20_000) };
+            let start = if i == 0 {
+                w.between(0, 2_000)
+            } else {
+                w.between(0, 20_000)
+            };
             let spec = WorkerSpec {
                 key,
                 principal,
@@ -195,7 +195,9 @@ fn finish(w: &mut World) {
     let mut expect_flagged = 0;
     for k in 0..w.keys.len() {
         w.observe(k);
-        let Some(r) = w.check.last(k).cloned() else { continue };
+        let Some(r) = w.check.last(k).cloned() else {
+            continue;
+        };
         if r.status.is_terminal() {
             continue;
         }
@@ -206,27 +208,35 @@ fn finish(w: &mut World) {
         if !live && now.ms_since(r.updated_at) >= STUCK_AFTER_MS {
             expect_stuck += 1;
         } else if !live && !r.reconcile_required {
-            w.check.fail(Some(k), "way-forward", format!("{:?} record neither stuck nor reconciling", r.status));
+            w.check.fail(
+                Some(k),
+                "way-forward",
+                format!("{:?} record neither stuck nor reconciling", r.status),
+            );
         }
-        if matches!(r.status, Status::Pending | Status::Conflict) && !r.reconcile_required && !w.remote.applied(r.key.as_str()).is_empty() {
-            w.check.fail(Some(k), "unreported-effect", "the remote applied a write; the ledger would execute again");
+        if matches!(r.status, Status::Pending | Status::Conflict)
+            && !r.reconcile_required
+            && !w.remote.applied(r.key.as_str()).is_empty()
+        {
+            w.check.fail(
+                Some(k),
+                "unreported-effect",
+                "the remote applied a write; the ledger would execute again",
+            );
         }
     }
     match w.engine.stats(STUCK_AFTER_MS) {
-        Some(Ok(s)) => {
-            if s.stuck != expect_stuck || s.reconcile_required != expect_flagged {
-                w.check.fail(
-                    None,
-                    "stuck-list",
-                    format!(
-                        "stats report {} stuck and {} reconciling, the records say {expect_stuck} and {expect_flagged}",
-                        s.stuck, s.reconcile_required
-                    ),
-                );
-            }
+        Some(Ok(s)) if s.stuck != expect_stuck || s.reconcile_required != expect_flagged => {
+            let detail = format!(
+                "stats report {} stuck and {} reconciling, the records say {expect_stuck} and {expect_flagged}",
+                s.stuck, s.reconcile_required
+            );
+            w.check.fail(None, "stuck-list", detail);
         }
-        Some(Err(e)) => w.check.fail(None, "stuck-list", format!("stats failed: {e}")),
-        None => {}
+        Some(Err(e)) => w
+            .check
+            .fail(None, "stuck-list", format!("stats failed: {e}")),
+        _ => {}
     }
 }
 

@@ -95,7 +95,14 @@ impl Remote {
     }
 
     /// A write for `key` under `fence` lands at `at`.
-    pub fn write(&mut self, key: &str, key_index: usize, fence: Fence, at: u64, refuse: bool) -> WriteResult {
+    pub fn write(
+        &mut self,
+        key: &str,
+        key_index: usize,
+        fence: Fence,
+        at: u64,
+        refuse: bool,
+    ) -> WriteResult {
         let Some(st) = self.see(key, fence) else {
             return WriteResult::StaleFence;
         };

@@ -97,7 +97,8 @@ impl Worker {
 
 /// The outcome a worker settles for the remote's response.
 pub fn outcome_for(key: usize, r: Response) -> Outcome {
-    let result = ResultJson::from_value(&serde_json::json!({ "op": key }), 1024).expect("small JSON");
+    let result =
+        ResultJson::from_value(&serde_json::json!({ "op": key }), 1024).expect("small JSON");
     if r.completed {
         Outcome::completed(result, r.digest)
     } else {
@@ -193,7 +194,11 @@ impl World {
     fn transmit(&mut self, w: usize, p: Pending) {
         let (key, call) = (self.workers[w].key, self.workers[w].call);
         let ev = match &p {
-            Pending::Ledger(cmd) => Ev::ToLedger { w, call, cmd: cmd.clone() },
+            Pending::Ledger(cmd) => Ev::ToLedger {
+                w,
+                call,
+                cmd: cmd.clone(),
+            },
             Pending::Remote(op) => Ev::ToRemote { w, call, op: *op },
         };
         let what = match &p {
@@ -214,7 +219,11 @@ impl World {
 
     fn claim(&mut self, w: usize) {
         let s = &self.workers[w].spec;
-        let mut c = Claim::new(self.keys[s.key].clone(), s.fingerprint, s.binding(s.generation));
+        let mut c = Claim::new(
+            self.keys[s.key].clone(),
+            s.fingerprint,
+            s.binding(s.generation),
+        );
         c.lease_ms = LeaseMs::new(s.lease_ms).expect("valid lease");
         c.marks_dispatch = s.marks_dispatch;
         c.retention_s = settle_core::RetentionS::new(settle_core::RetentionS::MAX).expect("valid");
@@ -237,10 +246,20 @@ impl World {
 
     /// The background heartbeat at a third of the lease (fire and forget).
     fn heartbeat(&mut self, w: usize) {
-        let Some((fence, _)) = self.workers[w].lease else { return };
+        let Some((fence, _)) = self.workers[w].lease else {
+            return;
+        };
         let key = self.workers[w].key;
-        let cmd = Command::Heartbeat(Heartbeat { key: self.keys[key].clone(), fence, lease_ms: None });
-        self.send(Ev::ToLedger { w, call: 0, cmd }, key, &format!("w{w}'s heartbeat"));
+        let cmd = Command::Heartbeat(Heartbeat {
+            key: self.keys[key].clone(),
+            fence,
+            lease_ms: None,
+        });
+        self.send(
+            Ev::ToLedger { w, call: 0, cmd },
+            key,
+            &format!("w{w}'s heartbeat"),
+        );
         let every = self.workers[w].spec.lease_ms / 3;
         let epoch = self.workers[w].hb_epoch;
         self.at(self.now + every, Ev::Heartbeat { w, epoch });
@@ -272,10 +291,19 @@ impl World {
                 self.execute(w, g.fence);
             }
             (_, Reply::Receipt(rc)) => {
-                self.finish(w, &format!("settled: receipt {} fence {}", rc.status.as_str(), rc.fence.0));
+                self.finish(
+                    w,
+                    &format!(
+                        "settled: receipt {} fence {}",
+                        rc.status.as_str(),
+                        rc.fence.0
+                    ),
+                );
             }
             (_, Reply::Released { .. }) => self.wait_then_claim(w, 200),
-            (Command::Claim(_), Reply::Refused(RefusalCode::StaleBinding)) if self.workers[w].reauths < 3 => {
+            (Command::Claim(_), Reply::Refused(RefusalCode::StaleBinding))
+                if self.workers[w].reauths < 3 =>
+            {
                 // The caller re-authenticates and runs again.
                 self.workers[w].reauths += 1;
                 let p = self.workers[w].spec.principal;
@@ -285,7 +313,11 @@ impl World {
             (_, Reply::Refused(code)) => self.finish(w, &format!("refused: {}", code.code())),
             (_, other) => {
                 let key = self.workers[w].key;
-                self.check.fail(Some(key), "protocol", format!("{} answered {other:?}", cmd.name()));
+                self.check.fail(
+                    Some(key),
+                    "protocol",
+                    format!("{} answered {other:?}", cmd.name()),
+                );
             }
         }
     }
@@ -315,11 +347,18 @@ impl World {
         if self.chance(50) {
             // The effect fails before anything is sent.
             let k = self.keys[key].clone();
-            let cmd = Command::Release(Release { key: k, fence, reason: ReleaseReason::NotDispatched });
+            let cmd = Command::Release(Release {
+                key: k,
+                fence,
+                reason: ReleaseReason::NotDispatched,
+            });
             self.call(w, Pending::Ledger(cmd));
             return;
         }
-        let cmd = Command::Dispatch(Dispatch { key: self.keys[key].clone(), fence });
+        let cmd = Command::Dispatch(Dispatch {
+            key: self.keys[key].clone(),
+            fence,
+        });
         self.call(w, Pending::Ledger(cmd));
     }
 
@@ -329,16 +368,22 @@ impl World {
         let s = self.workers[w].spec.clone();
         let binding = s.binding(s.generation);
         let cmd = match (op, res) {
-            (RemoteOp::Write(fence), RemoteRes::Write(WriteResult::Applied(r))) => Command::Settle(Settle {
-                key: k,
-                fence,
-                fingerprint: s.fingerprint,
-                binding,
-                outcome: outcome_for(key, r),
-            }),
+            (RemoteOp::Write(fence), RemoteRes::Write(WriteResult::Applied(r))) => {
+                Command::Settle(Settle {
+                    key: k,
+                    fence,
+                    fingerprint: s.fingerprint,
+                    binding,
+                    outcome: outcome_for(key, r),
+                })
+            }
             (RemoteOp::Write(fence), RemoteRes::Write(_)) => {
                 // The remote definitively refused: nothing was applied.
-                Command::Release(Release { key: k, fence, reason: ReleaseReason::NotCommitted })
+                Command::Release(Release {
+                    key: k,
+                    fence,
+                    reason: ReleaseReason::NotCommitted,
+                })
             }
             (RemoteOp::Write(fence), _) => Command::Settle(Settle {
                 key: k,
@@ -350,12 +395,17 @@ impl World {
             (RemoteOp::Query(fence), res) => {
                 let finding = match res {
                     RemoteRes::Query(QueryResult::Committed(r)) => {
-                        Finding::committed(s.fingerprint, binding, outcome_for(key, r)).expect("terminal")
+                        Finding::committed(s.fingerprint, binding, outcome_for(key, r))
+                            .expect("terminal")
                     }
                     RemoteRes::Query(QueryResult::NotCommitted) => Finding::NotCommitted,
                     _ => Finding::Unavailable,
                 };
-                Command::Reconcile(Reconcile { key: k, fence, finding })
+                Command::Reconcile(Reconcile {
+                    key: k,
+                    fence,
+                    finding,
+                })
             }
         };
         self.call(w, Pending::Ledger(cmd));

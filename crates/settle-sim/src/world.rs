@@ -56,7 +56,11 @@ pub enum Ev {
     /// A request reaches the ledger.
     ToLedger { w: usize, call: u64, cmd: Command },
     /// The ledger's answer reaches the worker (`Err`: 503).
-    FromLedger { w: usize, call: u64, reply: Result<Reply, String> },
+    FromLedger {
+        w: usize,
+        call: u64,
+        reply: Result<Reply, String>,
+    },
     /// A worker's write or query reaches the remote.
     ToRemote { w: usize, call: u64, op: RemoteOp },
     /// The remote's answer reaches the worker.
@@ -335,7 +339,21 @@ impl World {
             self.now = self.now.max(at);
             self.set_clock();
             self.tally.steps += 1;
-            self.step(ev);
+            let key = match &ev {
+                Ev::Wake { w, .. }
+                | Ev::Heartbeat { w, .. }
+                | Ev::ToLedger { w, .. }
+                | Ev::FromLedger { w, .. }
+                | Ev::ToRemote { w, .. }
+                | Ev::FromRemote { w, .. } => Some(self.workers[*w].key),
+                _ => None,
+            };
+            // A panic in the ledger (an assertion of the core) is a
+            // violation of this step: keep the history that led to it.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(ev)));
+            if let Err(panic) = r {
+                self.check.fail(key, "panic", panic_message(panic.as_ref()));
+            }
         }
     }
 
@@ -375,7 +393,11 @@ impl World {
             Ok(r) => Ok(r),
             Err(LedgerError::Store(e)) => Err(e.to_string()),
             Err(e) => {
-                self.check.fail(Some(key), "valid-requests", format!("{name} was refused as invalid: {e}"));
+                self.check.fail(
+                    Some(key),
+                    "valid-requests",
+                    format!("{name} was refused as invalid: {e}"),
+                );
                 return;
             }
         };
@@ -390,13 +412,18 @@ impl World {
     fn on_ledger_answer(&mut self, w: usize, cmd: &Command, reply: &Result<Reply, String>) {
         let (key, fp) = (self.workers[w].key, self.workers[w].spec.fingerprint);
         if self.armed && reply.is_ok() && self.engine.is_poisoned() {
-            self.check.fail(Some(key), "fail-closed", format!("{} answered after a failed sync", cmd.name()));
+            self.check.fail(
+                Some(key),
+                "fail-closed",
+                format!("{} answered after a failed sync", cmd.name()),
+            );
         }
         match reply {
             Ok(Reply::Claim(d)) if matches!(cmd, Command::Claim(_)) => {
                 self.check.on_grant(key, d);
                 if let settle_core::ClaimDecision::Replay { outcome, receipt } = d {
-                    self.check.on_replay(key, &fp, outcome.response_sha256(), receipt);
+                    self.check
+                        .on_replay(key, &fp, outcome.response_sha256(), receipt);
                     self.result_owner(w);
                 }
             }
@@ -412,7 +439,8 @@ impl World {
         let key = self.workers[w].key;
         if let Ok(Ok(Some(r))) = self.engine.get(&self.tenant, &self.keys[key]) {
             let spec = self.workers[w].spec.clone();
-            self.check.result_owner(key, &r, &spec.fingerprint, &spec.binding(spec.generation));
+            self.check
+                .result_owner(key, &r, &spec.fingerprint, &spec.binding(spec.generation));
         }
     }
 
@@ -420,7 +448,10 @@ impl World {
     fn after_store_call(&mut self) {
         if self.engine.power_lost() {
             let mode = self.crash_mode();
-            self.log(None, format!("power lost during a sync ({mode:?}); the store is down"));
+            self.log(
+                None,
+                format!("power lost during a sync ({mode:?}); the store is down"),
+            );
             self.engine.crash(mode);
             self.armed = false;
             let d = self.between(100, 3_000);
@@ -429,7 +460,8 @@ impl World {
             self.log(None, "the store failed closed; the supervisor restarts it");
             self.tally.fault("fail_closed_restart");
             if let Some(Ok(())) = self.engine.health() {
-                self.check.fail(None, "fail-closed", "a poisoned store reports ready");
+                self.check
+                    .fail(None, "fail-closed", "a poisoned store reports ready");
             }
             self.engine.stop();
             self.armed = false;
@@ -459,11 +491,20 @@ impl World {
             // a restart behind a backward jump, a record settled later than
             // the clock now reads is refused (SPEC §6.9, fail closed) until
             // the clock catches up. Anywhere else a refusal is a violation.
-            Ok(Err(code)) if code == settle_core::RefusalCode::RecordRefused && self.restarted_behind => {
+            Ok(Err(code))
+                if code == settle_core::RefusalCode::RecordRefused && self.restarted_behind =>
+            {
                 self.tally.fault("refused_after_restart_behind_clock");
-                self.log(Some(key), "get answered record_refused (restarted behind the clock)");
+                self.log(
+                    Some(key),
+                    "get answered record_refused (restarted behind the clock)",
+                );
             }
-            Ok(Err(code)) => self.check.fail(Some(key), "record-refused", format!("get answered {}", code.code())),
+            Ok(Err(code)) => self.check.fail(
+                Some(key),
+                "record-refused",
+                format!("get answered {}", code.code()),
+            ),
             Err(e) => self.log(Some(key), format!("get failed: {e}")),
         }
     }
@@ -481,7 +522,10 @@ impl World {
             self.check.fail(
                 Some(key),
                 "unreported-effect",
-                format!("the remote applied a write; the record is {:?} with no flag and no lease", r.status),
+                format!(
+                    "the remote applied a write; the record is {:?} with no flag and no lease",
+                    r.status
+                ),
             );
         }
     }
@@ -497,7 +541,10 @@ impl World {
                 let before = self.engine.wal_files();
                 self.engine.crash(mode);
                 let after = self.engine.wal_files();
-                self.log(None, format!("log before the crash: [{before}], after: [{after}]"));
+                self.log(
+                    None,
+                    format!("log before the crash: [{before}], after: [{after}]"),
+                );
                 self.armed = false;
                 let d = self.between(100, 3_000);
                 self.at(self.now + d, Ev::Restart);
@@ -531,7 +578,10 @@ impl World {
     /// An operator revokes a principal, mid-effect for whoever holds a lease.
     fn revoke(&mut self, p: usize) {
         let principal = self.principals[p].0.clone();
-        match self.engine.execute(&self.tenant, Command::Revoke(Revoke { principal })) {
+        match self
+            .engine
+            .execute(&self.tenant, Command::Revoke(Revoke { principal }))
+        {
             Ok(Ok(Reply::Revoked { generation, .. })) => {
                 self.tally.fault("revoke");
                 self.principals[p].1 = generation;
@@ -563,7 +613,10 @@ impl World {
             Ok(()) => {
                 self.restart_failures = 0;
                 let files = self.engine.wal_files();
-                self.log(None, format!("the store restarted (recovery ran): log [{files}]"));
+                self.log(
+                    None,
+                    format!("the store restarted (recovery ran): log [{files}]"),
+                );
                 for k in 0..self.keys.len() {
                     if self.check.touched(k) {
                         self.observe(k);
@@ -580,7 +633,9 @@ impl World {
                 let d = self.between(100, 1_000);
                 self.at(self.now + d, Ev::Restart);
             }
-            Err(e) => self.check.fail(None, "recovery", format!("the store does not reopen: {e}")),
+            Err(e) => self
+                .check
+                .fail(None, "recovery", format!("the store does not reopen: {e}")),
         }
     }
 
@@ -600,14 +655,19 @@ impl World {
             RemoteOp::Query(fence) => {
                 if self.chance(self.knobs.unavailable) {
                     self.tally.fault("reconcile_unavailable");
-                    self.log(Some(key), format!("w{w} query under fence {} cannot reach the remote", fence.0));
+                    self.log(
+                        Some(key),
+                        format!("w{w} query under fence {} cannot reach the remote", fence.0),
+                    );
                     return;
                 }
                 RemoteRes::Query(self.remote.query(&name, key, fence))
             }
         };
         self.log(Some(key), format!("remote: w{w} {op:?} -> {res:?}"));
-        if matches!(res, RemoteRes::Write(WriteResult::Applied(_))) && self.chance(self.knobs.apply_then_timeout) {
+        if matches!(res, RemoteRes::Write(WriteResult::Applied(_)))
+            && self.chance(self.knobs.apply_then_timeout)
+        {
             self.tally.fault("remote_applied_then_timed_out");
             self.log(Some(key), "remote applied, then its answer timed out");
             return;
@@ -622,11 +682,19 @@ impl World {
         let applied = self.remote.applied(name).to_vec();
         if applied.len() > 1 {
             let fences: Vec<u64> = applied.iter().map(|a| a.fence.0).collect();
-            self.check.fail(Some(key), "at-most-once", format!("the remote applied {} writes (fences {fences:?})", applied.len()));
+            self.check.fail(
+                Some(key),
+                "at-most-once",
+                format!(
+                    "the remote applied {} writes (fences {fences:?})",
+                    applied.len()
+                ),
+            );
         }
         let seen = self.remote.seen(name);
         if seen.windows(2).any(|w| w[1] < w[0]) {
-            self.check.fail(Some(key), "remote-fences-increase", format!("{seen:?}"));
+            self.check
+                .fail(Some(key), "remote-fences-increase", format!("{seen:?}"));
         }
     }
 
@@ -649,21 +717,38 @@ impl World {
     }
 }
 
+/// The message of a caught panic.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
+}
+
 /// A short description of an answer, for the history.
 pub fn describe(r: &Result<Reply, String>) -> String {
     match r {
         Ok(Reply::Claim(d)) => match d {
             settle_core::ClaimDecision::Execute(g) => format!("execute fence {}", g.fence.0),
             settle_core::ClaimDecision::Reconcile(g) => format!("reconcile fence {}", g.fence.0),
-            settle_core::ClaimDecision::InFlight { retry_after_ms } => format!("in_flight {retry_after_ms} ms"),
+            settle_core::ClaimDecision::InFlight { retry_after_ms } => {
+                format!("in_flight {retry_after_ms} ms")
+            }
             settle_core::ClaimDecision::Replay { receipt, .. } => {
-                format!("replay {} fence {}", receipt.status.as_str(), receipt.fence.0)
+                format!(
+                    "replay {} fence {}",
+                    receipt.status.as_str(),
+                    receipt.fence.0
+                )
             }
         },
         Ok(Reply::Receipt(rc)) => format!("receipt {} fence {}", rc.status.as_str(), rc.fence.0),
         Ok(Reply::Refused(c)) => format!("refused {}", c.code()),
         Ok(Reply::Released { fence }) => format!("released fence {}", fence.0),
-        Ok(Reply::Heartbeat(l)) | Ok(Reply::Dispatched(l)) => format!("ok, lease to {}", l.lease_expires_at.0),
+        Ok(Reply::Heartbeat(l)) | Ok(Reply::Dispatched(l)) => {
+            format!("ok, lease to {}", l.lease_expires_at.0)
+        }
         Ok(other) => other.label().to_string(),
         Err(e) => format!("503 ({e})"),
     }

@@ -35,10 +35,7 @@ fn seeds_pass_every_checker() {
         }
         panic!(
             "{} of {n} seeds failed; first: seed {} ({:?}); replay: settle sim --seed {}",
-            s.violations,
-            r.seed,
-            r.violation,
-            r.seed
+            s.violations, r.seed, r.violation, r.seed
         );
     }
     // The batch exercised what it claims to.
@@ -55,7 +52,10 @@ fn seeds_pass_every_checker() {
         "reconcile_unavailable",
         "remote_applied_then_timed_out",
     ] {
-        assert!(s.faults.get(kind).copied().unwrap_or(0) > 0, "no {kind} in {n} seeds");
+        assert!(
+            s.faults.get(kind).copied().unwrap_or(0) > 0,
+            "no {kind} in {n} seeds"
+        );
     }
 }
 
@@ -85,10 +85,19 @@ fn settled_record() -> (settle_core::Record, settle_core::Receipt) {
     let mut w = settle_core::World::default();
     let t = settle_core::TenantId::default_tenant();
     let now = settle_core::Timestamp(1_000);
-    let Reply::Claim(ClaimDecision::Execute(g)) = w.execute(&t, &claim("k", 1, binding("a", 0)), now).reply else {
+    let Reply::Claim(ClaimDecision::Execute(g)) =
+        w.execute(&t, &claim("k", 1, binding("a", 0)), now).reply
+    else {
         panic!()
     };
-    let rc = receipt(w.execute(&t, &settle("k", g.fence, 1, binding("a", 0), completed(1)), now).reply);
+    let rc = receipt(
+        w.execute(
+            &t,
+            &settle("k", g.fence, 1, binding("a", 0), completed(1)),
+            now,
+        )
+        .reply,
+    );
     (w.records.values().next().unwrap().clone(), rc)
 }
 
@@ -102,7 +111,13 @@ fn the_checker_flags_a_changed_receipt() {
     let mut changed = r.clone();
     changed.receipt.as_mut().unwrap().fence = Fence(9);
     c.record(0, Some(&changed));
-    assert!(c.violations.iter().any(|v| v.check == "6.5-receipt-unchanged"), "{:?}", c.violations);
+    assert!(
+        c.violations
+            .iter()
+            .any(|v| v.check == "6.5-receipt-unchanged"),
+        "{:?}",
+        c.violations
+    );
 }
 
 #[test]
@@ -112,10 +127,18 @@ fn the_checker_flags_a_lost_record_and_a_foreign_result() {
     c.on_receipt(0, &fp(1), &rc);
     c.record(0, Some(&r));
     c.record(0, None);
-    assert!(c.violations.iter().any(|v| v.check == "6.5-acknowledged-record-lost"));
+    assert!(
+        c.violations
+            .iter()
+            .any(|v| v.check == "6.5-acknowledged-record-lost")
+    );
     let mut c = Checker::new(1, 100);
     c.on_receipt(0, &fp(2), &rc);
-    assert!(c.violations.iter().any(|v| v.check == "6.7-mismatch-got-result"));
+    assert!(
+        c.violations
+            .iter()
+            .any(|v| v.check == "6.7-mismatch-got-result")
+    );
 }
 
 #[test]
@@ -126,13 +149,23 @@ fn the_checker_flags_a_receipt_without_the_margin() {
     assert_eq!(r.status, Status::Completed);
     let mut c = Checker::new(1, 100);
     c.record(0, Some(&r));
-    assert!(c.violations.iter().any(|v| v.check == "4-settle-margin"), "{:?}", c.violations);
+    assert!(
+        c.violations.iter().any(|v| v.check == "4-settle-margin"),
+        "{:?}",
+        c.violations
+    );
 }
 
 #[test]
 fn the_checker_flags_a_reused_fence() {
     let mut c = Checker::new(1, 100);
-    let g = |f| ClaimDecision::Execute(settle_core::Grant { fence: Fence(f), lease_expires_at: settle_core::Timestamp(0), attempt: 1 });
+    let g = |f| {
+        ClaimDecision::Execute(settle_core::Grant {
+            fence: Fence(f),
+            lease_expires_at: settle_core::Timestamp(0),
+            attempt: 1,
+        })
+    };
     c.on_grant(0, &g(3));
     c.on_grant(0, &g(4));
     assert!(c.violations.is_empty());

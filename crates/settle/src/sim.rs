@@ -63,7 +63,11 @@ fn print_failure(r: &SeedReport, history: bool) {
             eprintln!("  {line}");
         }
     }
-    eprintln!("replay: settle sim --seed {} --engine {}", r.seed, r.engine.name());
+    eprintln!(
+        "replay: settle sim --seed {} --engine {}",
+        r.seed,
+        r.engine.name()
+    );
 }
 
 pub fn run(a: SimArgs) -> Result<(), Failure> {
@@ -75,7 +79,11 @@ pub fn run(a: SimArgs) -> Result<(), Failure> {
             "seed {seed} ({}): {} steps, faults: {}",
             r.engine.name(),
             r.steps,
-            if faults.is_empty() { "none".into() } else { faults.join(" ") }
+            if faults.is_empty() {
+                "none".into()
+            } else {
+                faults.join(" ")
+            }
         );
         if r.violation.is_some() {
             print_failure(&r, true);
@@ -85,7 +93,10 @@ pub fn run(a: SimArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let Some(n) = a.seeds else {
-        return Err(Failure::new(USAGE, "settle sim needs --seed S or --seeds N"));
+        return Err(Failure::new(
+            USAGE,
+            "settle sim needs --seed S or --seeds N",
+        ));
     };
     let started = Instant::now();
     let mut s = settle_sim::Summary::default();
