@@ -30,20 +30,30 @@ use crate::wire::{parse_body, segment};
 
 /// Everything a handler needs; built once, shared by reference.
 pub struct AppState {
+    /// The ledger's store; handlers run commands on it.
     pub store: Arc<dyn Store>,
+    /// Token → tenant.
     pub auth: Auth,
+    /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
+    /// Larger outcome results are answered 422.
     pub max_result_bytes: usize,
+    /// The `retention_s` of a claim that gives none.
     pub default_retention: RetentionS,
+    /// When a record counts as stuck, in ms (`stuck_after_s` × 1000).
     pub stuck_after_ms: u64,
+    /// How long a request body may take to arrive (408 past it).
     pub body_timeout: Duration,
+    /// The Prometheus recorder; `None` when another recorder was installed first.
     pub metrics: Option<PrometheusHandle>,
+    /// The OpenAPI document served at `/openapi.json`, rendered once.
     pub openapi: Bytes,
     /// False once shutdown began (`/readyz` answers 503).
     pub ready: AtomicBool,
 }
 
 impl AppState {
+    /// The state for `config`, over `store`; installs the metrics recorder once per process.
     pub fn new(store: Arc<dyn Store>, config: &crate::config::Config) -> AppState {
         AppState {
             store,
