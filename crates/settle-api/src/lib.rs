@@ -27,6 +27,7 @@ mod problem;
 mod record;
 mod request;
 mod response;
+mod schema;
 mod time;
 
 pub use batch::{BatchCall, BatchOp, BatchRequest, BatchResponse, BatchResult};
@@ -39,12 +40,14 @@ pub use record::{
 };
 pub use request::{
     Binding, ClaimRequest, DispatchRequest, EmptyRequest, Finding, HeartbeatRequest, Outcome,
-    OutcomeStatus, ReconcileRequest, ReleaseReason, ReleaseRequest, SettleRequest, WarnRequest,
+    OutcomeStatus, ReconcileRequest, ReleaseReason, ReleaseRequest, SettleRequest, Token,
+    WarnRequest,
 };
 pub use response::{
     ClaimDecision, Dispatched, Grant, Health, HealthStatus, LeaseInfo, Receipt, ReceiptResponse,
     ReconcileResponse, Released, Revoked, Warning, Warnings,
 };
+pub use schema::CrossFieldRules;
 pub use time::Time;
 
 /// The media type of every error body (RFC 9457).

@@ -17,8 +17,6 @@
 //! - revoke, warn: [`rules::revoke`], [`rules::warn`]
 //! - retention: [`rules::collect`] and the prelude of every record rule
 //! - invariants of §6: [`invariants`], also asserted inside [`apply`]
-// Being documented item by item (issue 9); the workspace lint is on for new crates.
-#![allow(missing_docs)]
 
 pub mod command;
 pub mod invariants;

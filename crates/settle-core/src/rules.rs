@@ -49,6 +49,7 @@ pub struct Ctx {
     /// The fence to use if this command grants a lease. The store advances
     /// its counter only when [`Applied::fence_used`] says so.
     pub next_fence: Fence,
+    /// The configured limits.
     pub limits: Limits,
 }
 
@@ -60,6 +61,7 @@ pub struct Principals {
 }
 
 impl Principals {
+    /// No principals loaded yet.
     pub fn new() -> Principals {
         Principals::default()
     }
@@ -71,6 +73,7 @@ impl Principals {
             self.entries.push((principal, state, false));
         }
     }
+    /// Whether the engine supplied `principal`'s state.
     pub fn contains(&self, principal: &Principal) -> bool {
         self.entries.iter().any(|e| &e.0 == principal)
     }
@@ -139,6 +142,7 @@ pub struct OpState {
 /// The result of [`apply`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Applied {
+    /// What the rules decided, for the caller.
     pub reply: Reply,
     /// The record or the warnings changed and must be written (principals
     /// report their own changes through [`Principals::dirty`]).

@@ -40,11 +40,10 @@
 //! assert!(matches!(again, ClaimDecision::Replay { .. }));
 //! # });
 //! ```
-// Being documented item by item (issue 9); the workspace lint is on for new crates.
-#![allow(missing_docs)]
 
 pub mod bench;
 pub mod conformance;
+pub mod inspect;
 mod ledger;
 mod memory;
 mod store;

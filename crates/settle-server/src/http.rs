@@ -9,23 +9,24 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, header};
 use axum::response::Response;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
+use settle_api as api;
 use settle_core::{
-    Claim, ClaimDecision, Command, Dispatch, Finding, FindingKind, Heartbeat, Key, Principal,
-    Reconcile, RefusalCode, Release, Reply, RetentionS, Revoke, Settle, TaskId, TenantId, Warn,
-    WarningClass,
+    ClaimDecision, Command, Key, Principal, RefusalCode, Reply, RetentionS, Revoke, TaskId,
+    TenantId, WarningClass,
 };
 use settle_ledger::{Store, StoreError};
 use tracing::{debug, error, warn};
 
 use crate::auth::Auth;
 use crate::metrics as m;
-use crate::problem::Problem;
-use crate::wire::{self, parse_body, segment};
+use crate::openapi::V1Errors;
+use crate::problem::{PROBLEM_JSON, Problem};
+use crate::wire::{parse_body, segment};
 
 /// Everything a handler needs; built once, shared by reference.
 pub struct AppState {
@@ -93,6 +94,11 @@ fn json<T: Serialize + ?Sized>(value: &T) -> Response {
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+/// The answer to settle and to `reconcile(committed)`.
+fn receipt(r: &settle_core::Receipt) -> Response {
+    json(&api::ReceiptResponse { receipt: r.into() })
 }
 
 /// Counts the request and turns an error into problem+json.
@@ -182,11 +188,7 @@ impl AppState {
                     )))
                 }
             }
-            Err(_) => Err(Problem::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
-                "the request body did not arrive within request_timeout_ms",
-            )),
+            Err(_) => Err(Problem::request_timeout()),
         }
     }
 
@@ -248,21 +250,15 @@ async fn operation_call<T: serde::de::DeserializeOwned>(
 
 // ---- operations ----
 
-const PROBLEM: &str = "application/problem+json";
-
 /// Reserve the key and get permission to execute (SPEC §4 claim).
 #[utoipa::path(
     post, path = "/v1/operations/{key}/claim", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key, one percent-encoded segment")),
-    request_body = wire::ClaimRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key, one percent-encoded segment")),
+    request_body = api::ClaimRequest,
     responses(
-        (status = 200, description = "execute, reconcile, in_flight or replay", body = crate::openapi::ClaimDecisionSchema),
-        (status = 400, description = "bad_request: unparsable JSON, not an object, bad path segment", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 401, description = "unauthorized: missing or unknown token", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "fingerprint_mismatch, binding_mismatch, stale_binding", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 413, description = "payload_too_large", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, description = "record_refused, unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "execute, reconcile, in_flight or replay", body = api::ClaimDecision),
+        (status = 409, description = "fingerprint_mismatch, binding_mismatch, stale_binding", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn claim(State(st): St, req: Request) -> Response {
@@ -270,18 +266,10 @@ pub async fn claim(State(st): St, req: Request) -> Response {
 }
 
 async fn claim_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::ClaimRequest>(st, req).await?;
-    let cmd = Command::Claim(Claim {
-        key,
-        fingerprint: b.fingerprint,
-        binding: b.binding,
-        lease_ms: b.lease_ms.unwrap_or_default(),
-        worker: b.worker,
-        marks_dispatch: b.marks_dispatch,
-        retention_s: b.retention_s.unwrap_or(st.default_retention),
-    });
+    let (tenant, key, b) = operation_call::<api::ClaimRequest>(st, req).await?;
+    let cmd = Command::Claim(b.into_claim(key, st.default_retention)?);
     match st.execute(tenant, cmd).await? {
-        Reply::Claim(d) => Ok(json(&d)),
+        Reply::Claim(d) => Ok(json(&api::ClaimDecision::from(&d))),
         r => Err(unexpected("claim", &r)),
     }
 }
@@ -289,13 +277,13 @@ async fn claim_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
 /// Extend the lease held by `fence`.
 #[utoipa::path(
     post, path = "/v1/operations/{key}/heartbeat", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::HeartbeatRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key")),
+    request_body = api::HeartbeatRequest,
     responses(
-        (status = 200, description = "success", body = crate::openapi::LeaseInfoSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "stale_fence, lease_expired", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::LeaseInfo),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        (status = 409, description = "stale_fence, lease_expired", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn heartbeat(State(st): St, req: Request) -> Response {
@@ -303,14 +291,10 @@ pub async fn heartbeat(State(st): St, req: Request) -> Response {
 }
 
 async fn heartbeat_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::HeartbeatRequest>(st, req).await?;
-    let cmd = Command::Heartbeat(Heartbeat {
-        key,
-        fence: b.fence,
-        lease_ms: b.lease_ms,
-    });
+    let (tenant, key, b) = operation_call::<api::HeartbeatRequest>(st, req).await?;
+    let cmd = Command::Heartbeat(b.into_heartbeat(key)?);
     match st.execute(tenant, cmd).await? {
-        Reply::Heartbeat(l) => Ok(json(&l)),
+        Reply::Heartbeat(l) => Ok(json(&api::LeaseInfo::from(&l))),
         r => Err(unexpected("heartbeat", &r)),
     }
 }
@@ -318,12 +302,13 @@ async fn heartbeat_inner(st: &AppState, req: Request) -> Result<Response, Proble
 /// Record durably that the remote write is about to start.
 #[utoipa::path(
     post, path = "/v1/operations/{key}/dispatch", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::DispatchRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key")),
+    request_body = api::DispatchRequest,
     responses(
-        (status = 200, description = "success", body = crate::openapi::DispatchedSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::Dispatched),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        (status = 409, description = "stale_fence, lease_expired, wrong_purpose", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn dispatch(State(st): St, req: Request) -> Response {
@@ -331,22 +316,10 @@ pub async fn dispatch(State(st): St, req: Request) -> Response {
 }
 
 async fn dispatch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::DispatchRequest>(st, req).await?;
-    match st
-        .execute(
-            tenant,
-            Command::Dispatch(Dispatch {
-                key,
-                fence: b.fence,
-            }),
-        )
-        .await?
-    {
-        Reply::Dispatched(l) => Ok(json(&wire::DispatchedBody {
-            fence: l.fence,
-            lease_expires_at: l.lease_expires_at,
-            dispatched: true,
-        })),
+    let (tenant, key, b) = operation_call::<api::DispatchRequest>(st, req).await?;
+    let cmd = Command::Dispatch(b.into_dispatch(key)?);
+    match st.execute(tenant, cmd).await? {
+        Reply::Dispatched(l) => Ok(json(&api::Dispatched::from(&l))),
         r => Err(unexpected("dispatch", &r)),
     }
 }
@@ -354,14 +327,13 @@ async fn dispatch_inner(st: &AppState, req: Request) -> Result<Response, Problem
 /// Record the outcome and release the lease in one durable commit.
 #[utoipa::path(
     post, path = "/v1/operations/{key}/settle", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::SettleRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key")),
+    request_body = api::SettleRequest,
     responses(
-        (status = 200, description = "success", body = crate::openapi::ReceiptResponseSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "stale_fence, lease_expired, wrong_purpose, fingerprint_mismatch, binding_mismatch, stale_binding, result_mismatch", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, description = "record_refused or unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::ReceiptResponse),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        (status = 409, description = "stale_fence, lease_expired, wrong_purpose, fingerprint_mismatch, binding_mismatch, stale_binding, result_mismatch", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn settle(State(st): St, req: Request) -> Response {
@@ -369,16 +341,10 @@ pub async fn settle(State(st): St, req: Request) -> Response {
 }
 
 async fn settle_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::SettleRequest>(st, req).await?;
-    let cmd = Command::Settle(Settle {
-        key,
-        fence: b.fence,
-        fingerprint: b.fingerprint,
-        binding: b.binding,
-        outcome: b.outcome,
-    });
+    let (tenant, key, b) = operation_call::<api::SettleRequest>(st, req).await?;
+    let cmd = Command::Settle(b.into_settle(key)?);
     match st.execute(tenant, cmd).await? {
-        Reply::Receipt(receipt) => Ok(json(&wire::ReceiptBody { receipt: &receipt })),
+        Reply::Receipt(r) => Ok(receipt(&r)),
         r => Err(unexpected("settle", &r)),
     }
 }
@@ -386,12 +352,13 @@ async fn settle_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
 /// Release an execute lease that never dispatched.
 #[utoipa::path(
     post, path = "/v1/operations/{key}/release", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::ReleaseRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key")),
+    request_body = api::ReleaseRequest,
     responses(
-        (status = 200, description = "success", body = crate::openapi::ReleasedSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "receipt_required, stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::Released),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        (status = 409, description = "receipt_required, stale_fence, lease_expired, wrong_purpose", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn release(State(st): St, req: Request) -> Response {
@@ -399,17 +366,10 @@ pub async fn release(State(st): St, req: Request) -> Response {
 }
 
 async fn release_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::ReleaseRequest>(st, req).await?;
-    let cmd = Command::Release(Release {
-        key,
-        fence: b.fence,
-        reason: b.reason.unwrap_or_default(),
-    });
+    let (tenant, key, b) = operation_call::<api::ReleaseRequest>(st, req).await?;
+    let cmd = Command::Release(b.into_release(key)?);
     match st.execute(tenant, cmd).await? {
-        Reply::Released { fence } => Ok(json(&wire::ReleasedBody {
-            fence,
-            released: true,
-        })),
+        Reply::Released { fence } => Ok(json(&api::Released::new(fence))),
         r => Err(unexpected("release", &r)),
     }
 }
@@ -417,13 +377,13 @@ async fn release_inner(st: &AppState, req: Request) -> Result<Response, Problem>
 /// Report what a reconciling worker found out about the remote effect.
 #[utoipa::path(
     post, path = "/v1/operations/{key}/reconcile", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::ReconcileRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key")),
+    request_body = api::ReconcileRequest,
     responses(
-        (status = 200, description = "not_committed: execute; committed: receipt; unavailable: released", body = crate::openapi::ReconcileResponseSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "protocol refusal", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "not_committed: execute; committed: receipt; unavailable: released", body = api::ReconcileResponse),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        (status = 409, description = "stale_fence, lease_expired, wrong_purpose, fingerprint_mismatch, binding_mismatch, stale_binding, result_mismatch", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn reconcile(State(st): St, req: Request) -> Response {
@@ -431,50 +391,12 @@ pub async fn reconcile(State(st): St, req: Request) -> Response {
 }
 
 async fn reconcile_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::ReconcileRequest>(st, req).await?;
-    let finding = match b.finding {
-        FindingKind::Committed => {
-            let fingerprint = b.fingerprint.ok_or_else(|| {
-                Problem::invalid("fingerprint", "is required with finding committed")
-            })?;
-            let binding = b
-                .binding
-                .ok_or_else(|| Problem::invalid("binding", "is required with finding committed"))?;
-            let outcome = b
-                .outcome
-                .ok_or_else(|| Problem::invalid("outcome", "is required with finding committed"))?;
-            Finding::committed(fingerprint, binding, outcome)?
-        }
-        kind => {
-            let extra = [
-                ("fingerprint", b.fingerprint.is_some()),
-                ("binding", b.binding.is_some()),
-                ("outcome", b.outcome.is_some()),
-            ];
-            if let Some((field, _)) = extra.iter().find(|(_, present)| *present) {
-                return Err(Problem::invalid(
-                    *field,
-                    "is only allowed with finding committed",
-                ));
-            }
-            match kind {
-                FindingKind::NotCommitted => Finding::NotCommitted,
-                _ => Finding::Unavailable,
-            }
-        }
-    };
-    let cmd = Command::Reconcile(Reconcile {
-        key,
-        fence: b.fence,
-        finding,
-    });
+    let (tenant, key, b) = operation_call::<api::ReconcileRequest>(st, req).await?;
+    let cmd = Command::Reconcile(b.into_reconcile(key)?);
     match st.execute(tenant, cmd).await? {
-        Reply::Claim(d @ ClaimDecision::Execute(_)) => Ok(json(&d)),
-        Reply::Receipt(receipt) => Ok(json(&wire::ReceiptBody { receipt: &receipt })),
-        Reply::Released { fence } => Ok(json(&wire::ReleasedBody {
-            fence,
-            released: true,
-        })),
+        Reply::Claim(d @ ClaimDecision::Execute(_)) => Ok(json(&api::ClaimDecision::from(&d))),
+        Reply::Receipt(r) => Ok(receipt(&r)),
+        Reply::Released { fence } => Ok(json(&api::Released::new(fence))),
         r => Err(unexpected("reconcile", &r)),
     }
 }
@@ -482,11 +404,11 @@ async fn reconcile_inner(st: &AppState, req: Request) -> Result<Response, Proble
 /// The tenant's inspection view of one operation.
 #[utoipa::path(
     get, path = "/v1/operations/{key}", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
+    params(("key" = api::Token, Path, description = "The idempotency key")),
     responses(
-        (status = 200, description = "success", body = crate::openapi::RecordSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, description = "record_refused", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::RecordView),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn get_record(State(st): St, req: Request) -> Response {
@@ -498,7 +420,7 @@ async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let tenant = st.auth.tenant(&parts.headers)?;
     let key: Key = segment("key", raw_segment(&parts, 2))?;
     match st.store.get(tenant, &key).await {
-        Ok(Ok(Some(record))) => Ok(json(&record.view())),
+        Ok(Ok(Some(record))) => Ok(json(&api::RecordView::from(&record))),
         Ok(Ok(None)) => Err(Problem::refusal(RefusalCode::NotFound)),
         Ok(Err(code)) => Err(Problem::refusal(code)),
         Err(e) => Err(store_error("get", Some(&key), &e)),
@@ -508,11 +430,11 @@ async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
 /// Raise the principal's generation: every older lease and settlement is refused.
 #[utoipa::path(
     post, path = "/v1/principals/{principal}/revoke", tag = "principals",
-    params(("principal" = String, Path, description = "The principal, one percent-encoded segment")),
-    request_body(content = wire::EmptyRequest, description = "Empty, or {}"),
+    params(("principal" = api::Token, Path, description = "The principal, one percent-encoded segment")),
+    request_body(content = Option<api::EmptyRequest>, description = "Empty, or {}"),
     responses(
-        (status = 200, description = "success", body = crate::openapi::RevokedSchema),
-        (status = 422, description = "invalid principal, or generation exhausted", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::Revoked),
+        V1Errors,
     )
 )]
 pub async fn revoke(State(st): St, req: Request) -> Response {
@@ -524,7 +446,7 @@ async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
     let tenant = st.auth.tenant(&parts.headers)?;
     let principal: Principal = segment("principal", raw_segment(&parts, 2))?;
     let bytes = st.body(&parts, body).await?;
-    let _: wire::EmptyRequest = parse_body(&bytes)?;
+    let _: api::EmptyRequest = parse_body(&bytes)?;
     match st
         .execute(tenant, Command::Revoke(Revoke { principal }))
         .await?
@@ -532,8 +454,8 @@ async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
         Reply::Revoked {
             principal,
             generation,
-        } => Ok(json(&wire::RevokedBody {
-            principal: &principal,
+        } => Ok(json(&api::Revoked {
+            principal: principal.to_string(),
             generation,
         })),
         r => Err(unexpected("revoke", &r)),
@@ -544,14 +466,14 @@ async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
 #[utoipa::path(
     post, path = "/v1/tasks/{task}/warnings/{class}", tag = "warnings",
     params(
-        ("task" = String, Path, description = "The task, one percent-encoded segment"),
-        ("class" = String, Path, description = "The warning class, one percent-encoded segment"),
+        ("task" = api::Token, Path, description = "The task, one percent-encoded segment"),
+        ("class" = api::Token, Path, description = "The warning class, one percent-encoded segment"),
     ),
-    request_body = wire::WarnRequest,
+    request_body(content = Option<api::WarnRequest>, description = "Empty is `{}`"),
     responses(
-        (status = 200, description = "success", body = crate::openapi::WarningSchema),
-        (status = 409, description = "too_many_classes", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::Warning),
+        (status = 409, description = "too_many_classes", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn warn(State(st): St, req: Request) -> Response {
@@ -564,14 +486,10 @@ async fn warn_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let task: TaskId = segment("task", raw_segment(&parts, 2))?;
     let class: WarningClass = segment("class", raw_segment(&parts, 4))?;
     let bytes = st.body(&parts, body).await?;
-    let b: wire::WarnRequest = parse_body(&bytes)?;
-    let cmd = Command::Warn(Warn {
-        task,
-        class,
-        detail: b.detail,
-    });
+    let b: api::WarnRequest = parse_body(&bytes)?;
+    let cmd = Command::Warn(b.into_warn(task, class)?);
     match st.execute(tenant, cmd).await? {
-        Reply::Warning(w) => Ok(json(&w)),
+        Reply::Warning(w) => Ok(json(&api::Warning::from(&w))),
         r => Err(unexpected("warn", &r)),
     }
 }
@@ -579,10 +497,10 @@ async fn warn_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
 /// The warnings of a task.
 #[utoipa::path(
     get, path = "/v1/tasks/{task}/warnings", tag = "warnings",
-    params(("task" = String, Path, description = "The task, one percent-encoded segment")),
+    params(("task" = api::Token, Path, description = "The task, one percent-encoded segment")),
     responses(
-        (status = 200, description = "Empty list for a task without warnings", body = crate::openapi::WarningsSchema),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "Empty list for a task without warnings", body = api::Warnings),
+        V1Errors,
     )
 )]
 pub async fn warnings(State(st): St, req: Request) -> Response {
@@ -594,7 +512,9 @@ async fn warnings_inner(st: &AppState, req: Request) -> Result<Response, Problem
     let tenant = st.auth.tenant(&parts.headers)?;
     let task: TaskId = segment("task", raw_segment(&parts, 2))?;
     match st.store.warnings(tenant, &task).await {
-        Ok(w) => Ok(json(&wire::WarningsBody { warnings: &w })),
+        Ok(w) => Ok(json(&api::Warnings {
+            warnings: w.iter().map(Into::into).collect(),
+        })),
         Err(e) => Err(store_error("warnings", None, &e)),
     }
 }
@@ -603,26 +523,30 @@ async fn warnings_inner(st: &AppState, req: Request) -> Result<Response, Problem
 
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
-    responses((status = 200, description = "success", body = crate::openapi::HealthSchema)))]
+    responses((status = 200, description = "success", body = api::Health)))]
 pub async fn healthz() -> Response {
     finish(
         Route::Healthz,
-        Ok(json(&serde_json::json!({"status": "ok"}))),
+        Ok(json(&api::Health {
+            status: api::HealthStatus::Ok,
+        })),
     )
 }
 
 /// Readiness: the store answers and the server is not shutting down.
 #[utoipa::path(get, path = "/readyz", tag = "operations", security(()),
     responses(
-        (status = 200, description = "success", body = crate::openapi::HealthSchema),
-        (status = 503, description = "record_refused or unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::Health),
+        (status = 503, description = "record_refused or unavailable", body = api::Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn readyz(State(st): St) -> Response {
     let result = if !st.ready.load(Ordering::Relaxed) {
         Err(Problem::unavailable("shutting down"))
     } else {
         match st.store.health().await {
-            Ok(_) => Ok(json(&serde_json::json!({"status": "ready"}))),
+            Ok(_) => Ok(json(&api::Health {
+                status: api::HealthStatus::Ready,
+            })),
             Err(e) => {
                 // No token is needed here, so the cause stays in the log.
                 let correlation_id = crate::problem::correlation_id();
@@ -638,7 +562,7 @@ pub async fn readyz(State(st): St) -> Response {
 
 /// Prometheus text exposition.
 #[utoipa::path(get, path = "/metrics", tag = "operations", security(()),
-    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8")))]
 pub async fn metrics(State(st): St) -> Response {
     // Gauges are read at scrape time so they are never stale.
     match st.store.stats(st.stuck_after_ms).await {

@@ -10,6 +10,8 @@ mod bench;
 mod exit;
 mod inspect;
 mod remote;
+#[cfg(feature = "sim")]
+mod sim;
 
 use std::process::ExitCode;
 
@@ -66,6 +68,10 @@ enum Cmd {
     /// Measure claim+settle pairs per second.
     #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
+    /// Run the deterministic simulator: --seed S replays one seed, --seeds N
+    /// runs many and prints {"seeds", "steps", "faults", "violations"}.
+    #[cfg(feature = "sim")]
+    Sim(sim::SimArgs),
 }
 
 #[tokio::main]
@@ -99,6 +105,8 @@ async fn run(cmd: Cmd) -> Result<(), Failure> {
         Cmd::Check(a) => inspect::run(a, true),
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench::run(a).await,
+        #[cfg(feature = "sim")]
+        Cmd::Sim(a) => sim::run(a),
     }
 }
 

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use hyper::Method;
 use serde_json::{Value, json};
-use settle_client::operation_path;
+use settle_client::{api, operation_path};
 
 #[tokio::test]
 async fn claim_settle_replay_and_the_record() {
@@ -17,8 +17,12 @@ async fn claim_settle_replay_and_the_record() {
     let r = op(&ep, "order-1", "claim", claim_body(1, &b)).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.content_type, "application/json");
+    let api::ClaimDecision::Execute(grant) = typed(&r) else {
+        panic!("expected execute")
+    };
     let v = r.json();
     assert_eq!(v["decision"], "execute");
+    assert_eq!(v["fence"], grant.fence);
     assert_eq!(v["attempt"], 1);
     assert!(v["lease_expires_at"].as_str().unwrap().ends_with('Z'));
     let fence = v["fence"].as_u64().unwrap();
@@ -31,6 +35,8 @@ async fn claim_settle_replay_and_the_record() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.json());
+    let typed_receipt = typed::<api::ReceiptResponse>(&r).receipt;
+    assert_eq!(typed_receipt.status, api::Status::Completed);
     let receipt = r.json()["receipt"].clone();
     assert_eq!(receipt["status"], "completed");
     assert_eq!(receipt["fence"], fence);
@@ -40,6 +46,13 @@ async fn claim_settle_replay_and_the_record() {
 
     // The retry learns the one true outcome.
     let r = op(&ep, "order-1", "claim", claim_body(1, &b)).await;
+    let api::ClaimDecision::Replay {
+        receipt: replayed, ..
+    } = typed(&r)
+    else {
+        panic!("expected replay")
+    };
+    assert_eq!(replayed, typed_receipt);
     let v = r.json();
     assert_eq!(v["decision"], "replay");
     assert_eq!(v["outcome"]["result"], json!({"charge": 1}));
@@ -56,7 +69,8 @@ async fn claim_settle_replay_and_the_record() {
     assert_eq!(r.json()["receipt"], receipt);
 
     let r = get(&ep, &operation_path("order-1", "")).await;
-    assert_eq!(r.status, 200);
+    let view: api::RecordView = typed(&r);
+    assert_eq!(view.receipt, Some(typed_receipt));
     let rec = r.json();
     for f in [
         "key",
@@ -104,8 +118,7 @@ async fn heartbeat_dispatch_release_and_reconcile() {
         json!({"fence": fence, "lease_ms": 120_000}),
     )
     .await;
-    assert_eq!(r.status, 200);
-    assert_eq!(r.json()["fence"], fence);
+    assert_eq!(typed::<api::LeaseInfo>(&r).fence, fence);
     assert!(r.json()["lease_expires_at"].is_string());
     let r = op(
         &ep,
@@ -114,7 +127,13 @@ async fn heartbeat_dispatch_release_and_reconcile() {
         json!({"fence": fence, "reason": "not_dispatched"}),
     )
     .await;
-    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(
+        typed::<api::Released>(&r),
+        api::Released {
+            fence,
+            released: true
+        }
+    );
     assert_eq!(r.json(), json!({"fence": fence, "released": true}));
     // Nothing could have been sent: the next claim may execute again.
     let fence2 = execute(&ep, "k-rel", 1, &b).await;
@@ -124,7 +143,7 @@ async fn heartbeat_dispatch_release_and_reconcile() {
     let r = op(&ep, "k-disp", "claim", c.clone()).await;
     let fence = r.json()["fence"].as_u64().unwrap();
     let r = op(&ep, "k-disp", "dispatch", json!({"fence": fence})).await;
-    assert_eq!(r.status, 200);
+    assert!(typed::<api::Dispatched>(&r).dispatched);
     assert_eq!(r.json()["fence"], fence);
     assert_eq!(r.json()["dispatched"], true);
     let r = op(&ep, "k-disp", "release", json!({"fence": fence})).await;
@@ -211,7 +230,7 @@ async fn revoke_and_warnings() {
     let s = Server::start(dir.path(), &[]);
     let ep = s.ep();
     let r = post(&ep, "/v1/principals/svc%2Fa/revoke", json!({})).await;
-    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(typed::<api::Revoked>(&r).generation, 1);
     assert_eq!(r.json(), json!({"principal": "svc/a", "generation": 1}));
     // An empty body reads as {}.
     let r = ep
@@ -224,19 +243,30 @@ async fn revoke_and_warnings() {
     assert_problem(&r, 409, "stale_binding");
     execute(&ep, "k", 1, &binding("svc/a", 2)).await;
 
-    // At generation 2^64-1 revoke cannot raise it further: 422, nothing changes.
-    execute(&ep, "max", 1, &binding("maxed", u64::MAX)).await;
-    let r = post(&ep, "/v1/principals/maxed/revoke", json!({})).await;
-    assert_problem(&r, 422, "invalid_request");
-    assert!(r.json()["detail"].as_str().unwrap().contains("generation"));
+    // Generations are integers in [0, 2^53-1] (SPEC §2): the largest one
+    // claims, one more is a 422 naming the field, and nothing is written.
+    let max = settle_client::api::MAX_SAFE_INTEGER;
+    execute(&ep, "max", 1, &binding("maxed", max)).await;
     let r = op(
         &ep,
         "max2",
         "claim",
-        claim_body(1, &binding("maxed", u64::MAX)),
+        claim_body(1, &binding("maxed", max + 1)),
     )
     .await;
-    assert_eq!(r.json()["decision"], "execute");
+    assert_problem(&r, 422, "invalid_request");
+    assert_eq!(r.json()["field"], "binding.generation");
+    let r = ep
+        .send_raw(Method::GET, "/v1/operations/max2", None)
+        .await
+        .unwrap();
+    assert_problem(&r, 404, "not_found");
+    // Revoking at 2^53-1 still works (only 2^64-1 cannot be raised, SPEC
+    // §2); no claim can then carry the new generation.
+    let r = post(&ep, "/v1/principals/maxed/revoke", json!({})).await;
+    assert_eq!(r.json()["generation"], max + 1);
+    let r = op(&ep, "max3", "claim", claim_body(1, &binding("maxed", max))).await;
+    assert_problem(&r, 409, "stale_binding");
 
     let r = post(
         &ep,

@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use hyper::Method;
-use serde_json::{Value, json};
-use settle_client::{Bytes, Client, Reply, operation_path};
+use serde_json::Value;
+use settle_client::{Bytes, Client, Reply, api, operation_path};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_settle");
 
@@ -124,20 +124,55 @@ pub fn fp(n: u8) -> String {
     hex::encode([n; 32])
 }
 
+/// The request bodies are built from the `settle-api` types (what every
+/// client sends) and handed to the tests as JSON values, so a test may
+/// still break one field on purpose.
+fn value<T: serde::Serialize>(body: &T) -> Value {
+    serde_json::to_value(body).unwrap()
+}
+
 pub fn binding(p: &str, generation: u64) -> Value {
-    json!({"principal": p, "scopes": ["pay"], "generation": generation})
+    value(&api::Binding {
+        principal: p.to_string(),
+        scopes: vec!["pay".to_string()],
+        generation,
+    })
+}
+
+fn api_binding(b: &Value) -> api::Binding {
+    serde_json::from_value(b.clone()).expect("a binding body")
 }
 
 pub fn claim_body(f: u8, b: &Value) -> Value {
-    json!({"fingerprint": fp(f), "binding": b})
+    value(&api::ClaimRequest {
+        fingerprint: fp(f),
+        binding: api_binding(b),
+        lease_ms: None,
+        worker: None,
+        marks_dispatch: false,
+        retention_s: None,
+    })
 }
 
 pub fn completed(n: u8) -> Value {
-    json!({"status": "completed", "result": {"charge": n}, "response_sha256": fp(100 + n)})
+    value(&api::Outcome {
+        status: api::OutcomeStatus::Completed,
+        result: Some(
+            serde_json::value::RawValue::from_string(format!(r#"{{"charge":{n}}}"#)).unwrap(),
+        ),
+        response_sha256: Some(fp(100 + n)),
+        error: None,
+    })
 }
 
 pub fn settle_body(fence: u64, f: u8, b: &Value, outcome: Value) -> Value {
-    json!({"fence": fence, "fingerprint": fp(f), "binding": b, "outcome": outcome})
+    let outcome: api::Outcome = serde_json::from_value(outcome).expect("an outcome body");
+    value(&api::SettleRequest {
+        fence,
+        fingerprint: fp(f),
+        binding: api_binding(b),
+        outcome,
+    })
 }
 
 pub async fn post(ep: &Client, path: &str, body: Value) -> Reply {
@@ -163,9 +198,10 @@ pub async fn op(ep: &Client, key: &str, call: &str, body: Value) -> Reply {
 pub async fn execute(ep: &Client, key: &str, f: u8, b: &Value) -> u64 {
     let r = op(ep, key, "claim", claim_body(f, b)).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
-    let v = r.json();
-    assert_eq!(v["decision"], "execute", "{v}");
-    v["fence"].as_u64().unwrap()
+    match r.parse::<api::ClaimDecision>() {
+        Ok(api::ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("expected execute, got {other:?}"),
+    }
 }
 
 /// Asserts a problem+json answer with this status and code.
@@ -201,4 +237,18 @@ pub async fn raw_status(addr: &str, request: &[u8]) -> (u16, String) {
 
 pub fn token_sha256(token: &str) -> String {
     settle_server::auth::token_sha256(token)
+}
+
+/// Reads a 200 answer as the `settle-api` type `T` and checks that the type
+/// writes it back byte for byte (the server's bodies are these types).
+#[track_caller]
+pub fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(r: &Reply) -> T {
+    assert_eq!(r.status, 200, "body: {}", String::from_utf8_lossy(&r.body));
+    let v: T = r.parse().expect("the body reads as its settle-api type");
+    assert_eq!(
+        serde_json::to_string(&v).unwrap(),
+        String::from_utf8_lossy(&r.body),
+        "the settle-api type writes the body back unchanged"
+    );
+    v
 }
