@@ -46,6 +46,7 @@ pub mod bench;
 /// production builds).
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod inspect;
 mod ledger;
 mod memory;
 mod store;

@@ -12,6 +12,7 @@
 pub mod auth;
 pub mod config;
 pub mod http;
+pub mod inspect;
 pub mod metrics;
 pub mod openapi;
 pub mod problem;

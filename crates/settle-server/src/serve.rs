@@ -21,11 +21,13 @@ use crate::http::{AppState, router};
 
 /// An open store and how to close it gracefully (the `Store` trait has no close).
 pub struct OpenedStore {
+    /// The store to serve.
     pub store: Arc<dyn Store>,
     close: Box<dyn FnOnce() + Send>,
 }
 
 impl OpenedStore {
+    /// `store`, and `close` to run at shutdown.
     pub fn new(store: Arc<dyn Store>, close: impl FnOnce() + Send + 'static) -> OpenedStore {
         OpenedStore {
             store,

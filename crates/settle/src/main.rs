@@ -3,6 +3,7 @@
 //! its own module (`remote`: the client calls; `inspect`: inspect and
 //! check; `bench`), and every failure becomes one line on stderr and an
 //! exit code (`exit`).
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a CLI prints its answers
 
 #[cfg(feature = "bench")]
 mod bench;
@@ -10,6 +11,8 @@ mod exit;
 mod inspect;
 mod remote;
 mod serve;
+#[cfg(feature = "sim")]
+mod sim;
 
 use std::process::ExitCode;
 
@@ -57,6 +60,10 @@ enum Cmd {
     Warn(remote::WarnArgs),
     /// List a task's warnings.
     Warnings(remote::WarningsArgs),
+    /// List the tenant's operations, live (docs/spec.md §9); one page per call.
+    List(remote::ListArgs),
+    /// The tenant's counts by status, stuck, disputed, quarantined (live).
+    Stats(remote::StatsArgs),
     /// Read a stopped embedded store offline.
     Inspect(inspect::InspectArgs),
     /// Check every record of a stopped embedded store against docs/spec.md
@@ -65,6 +72,10 @@ enum Cmd {
     /// Measure claim+settle pairs per second.
     #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
+    /// Run the deterministic simulator: --seed S replays one seed, --seeds N
+    /// runs many and prints {"seeds", "steps", "faults", "violations"}.
+    #[cfg(feature = "sim")]
+    Sim(sim::SimArgs),
 }
 
 #[tokio::main]
@@ -94,10 +105,14 @@ async fn run(cmd: Cmd) -> Result<(), Failure> {
         Cmd::Revoke(a) => remote::revoke(a).await,
         Cmd::Warn(a) => remote::warn(a).await,
         Cmd::Warnings(a) => remote::warnings(a).await,
+        Cmd::List(a) => remote::list(a).await,
+        Cmd::Stats(a) => remote::stats(a).await,
         Cmd::Inspect(a) => inspect::run(a, false),
         Cmd::Check(a) => inspect::run(a, true),
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench::run(a).await,
+        #[cfg(feature = "sim")]
+        Cmd::Sim(a) => sim::run(a),
     }
 }
 
