@@ -557,3 +557,34 @@ both!(
         assert_eq!(b.code(), "idempotency_key_reused");
     }
 );
+
+both!(
+    a_response_the_ledger_refuses_to_store_is_unknown_at_once,
+    |l: Ledgers| async move {
+        // A stored body above the ledger's max_result_bytes (64 KiB): the
+        // settle is invalid, so the record becomes unknown right away (not at
+        // lease expiry, an hour away here).
+        let runs = Arc::new(AtomicU64::new(0));
+        let r = runs.clone();
+        let layer = l
+            .layer()
+            .max_stored_body(1 << 20)
+            .lease(LeaseMs::new(3_600_000).unwrap());
+        let app = Router::new()
+            .route(
+                "/big",
+                post(move || {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    async { "x".repeat(100_000) }
+                }),
+            )
+            .layer(layer);
+        let a = send(&app, req("/big", Some("big"), "{}")).await;
+        assert_eq!(a.status, StatusCode::OK, "the response still goes out");
+        assert_eq!(a.body.len(), 100_000);
+        assert_eq!(l.record(&lkey("big")).await, ("unknown".into(), true));
+        let b = send(&app, req("/big", Some("big"), "{}")).await;
+        assert_eq!(b.code(), "outcome_unknown");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+);
