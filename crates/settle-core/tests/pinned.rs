@@ -339,3 +339,22 @@ fn a_call_under_fence_zero_is_invalid_and_changes_nothing() {
     }
     assert_eq!(h.rec("a"), before);
 }
+
+// ---------------------------------------------------------- PrincipalState
+
+#[test]
+fn a_principal_state_keeps_when_it_last_moved() {
+    let t = Timestamp(T0);
+    let st = PrincipalState::at(3, t);
+    assert_eq!((st.generation, st.moved_at), (3, t));
+    assert!(st.moves().is_empty());
+    let m = Move {
+        left: 2,
+        at: Timestamp(T0 - 5),
+    };
+    let st = PrincipalState::with_moves(3, t, &[m]);
+    assert_eq!((st.generation, st.moved_at), (3, t));
+    assert_eq!(st.moves(), &[m]);
+    // Revocation of generation 2 counts from its move, not from the latest.
+    assert_eq!(st.left_at(2), Some(Timestamp(T0 - 5)));
+}
