@@ -514,3 +514,46 @@ both!(
         assert_eq!(count(&app).await, 0);
     }
 );
+
+both!(
+    canonical_json_makes_key_order_and_whitespace_irrelevant,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer().canonical_json(true));
+        let first = send(
+            &app,
+            req("/payments", Some("c"), r#"{"amount":10,"currency":"EUR"}"#),
+        )
+        .await;
+        let same = send(
+            &app,
+            req(
+                "/payments",
+                Some("c"),
+                r#"{ "currency": "EUR", "amount": 10.0 }"#,
+            ),
+        )
+        .await;
+        assert!(same.replayed());
+        assert_eq!(same.body, first.body);
+        let other = send(
+            &app,
+            req("/payments", Some("c"), r#"{"currency":"EUR","amount":11}"#),
+        )
+        .await;
+        assert_eq!(other.code(), "idempotency_key_reused");
+        // Without the option the bytes count.
+        let (raw, _) = payments::app(l.layer());
+        let a = send(
+            &raw,
+            req("/payments", Some("c2"), r#"{"amount":10,"currency":"EUR"}"#),
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::CREATED);
+        let b = send(
+            &raw,
+            req("/payments", Some("c2"), r#"{"currency":"EUR","amount":10}"#),
+        )
+        .await;
+        assert_eq!(b.code(), "idempotency_key_reused");
+    }
+);

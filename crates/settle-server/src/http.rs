@@ -30,20 +30,30 @@ use crate::wire::{parse_body, segment};
 
 /// Everything a handler needs; built once, shared by reference.
 pub struct AppState {
+    /// The ledger's store; handlers run commands on it.
     pub store: Arc<dyn Store>,
+    /// Token → tenant.
     pub auth: Auth,
+    /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
+    /// Larger outcome results are answered 422.
     pub max_result_bytes: usize,
+    /// The `retention_s` of a claim that gives none.
     pub default_retention: RetentionS,
+    /// When a record counts as stuck, in ms (`stuck_after_s` × 1000).
     pub stuck_after_ms: u64,
+    /// How long a request body may take to arrive (408 past it).
     pub body_timeout: Duration,
+    /// The Prometheus recorder; `None` when another recorder was installed first.
     pub metrics: Option<PrometheusHandle>,
+    /// The OpenAPI document served at `/openapi.json`, rendered once.
     pub openapi: Bytes,
     /// False once shutdown began (`/readyz` answers 503).
     pub ready: AtomicBool,
 }
 
 impl AppState {
+    /// The state for `config`, over `store`; installs the metrics recorder once per process.
     pub fn new(store: Arc<dyn Store>, config: &crate::config::Config) -> AppState {
         AppState {
             store,
@@ -71,6 +81,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/operations/{key}/settle", post(settle))
         .route("/v1/operations/{key}/release", post(release))
         .route("/v1/operations/{key}/reconcile", post(reconcile))
+        .route("/v1/operations", get(crate::inspect::list))
+        .route("/v1/stats", get(crate::inspect::stats))
         .route("/v1/operations/{key}", get(get_record))
         .route("/v1/principals/{principal}/revoke", post(revoke))
         .route("/v1/tasks/{task}/warnings/{class}", post(warn))
@@ -79,6 +91,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
+        .route("/console", get(crate::inspect::console_redirect))
+        .route("/console/", get(crate::inspect::console))
+        .route("/console/{file}", get(crate::inspect::console))
         .fallback(no_route)
         .method_not_allowed_fallback(no_route)
         .with_state(state)
@@ -102,7 +117,7 @@ fn receipt(r: &settle_core::Receipt) -> Response {
 }
 
 /// Counts the request and turns an error into problem+json.
-fn finish(route: Route, result: Result<Response, Problem>) -> Response {
+pub(crate) fn finish(route: Route, result: Result<Response, Problem>) -> Response {
     let resp = match result {
         Ok(r) => r,
         Err(p) => p.into_response(),
@@ -113,7 +128,7 @@ fn finish(route: Route, result: Result<Response, Problem>) -> Response {
 
 /// Index into [`m::ROUTES`] (the `route` label).
 #[derive(Clone, Copy)]
-enum Route {
+pub(crate) enum Route {
     Claim,
     Heartbeat,
     Dispatch,
@@ -124,6 +139,8 @@ enum Route {
     Revoke,
     Warn,
     Warnings,
+    List,
+    Stats,
     Healthz,
     Readyz,
     Metrics,
@@ -144,7 +161,7 @@ fn unexpected(call: &str, reply: &Reply) -> Problem {
 
 /// A storage failure: counted, logged with its cause under a fresh
 /// correlation id, answered without the cause (SPEC §7).
-fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
+pub(crate) fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
     metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
     let correlation_id = crate::problem::correlation_id();
     error!(call, key = ?key, %correlation_id, error = %e, "store failure");
@@ -569,6 +586,7 @@ pub async fn metrics(State(st): St) -> Response {
         Ok(s) => m::set_stats(&s),
         Err(e) => warn!(error = %e, "store stats unavailable for /metrics"),
     }
+    crate::inspect::publish_quarantine(&st).await;
     let result = match &st.metrics {
         Some(h) => {
             h.run_upkeep();
