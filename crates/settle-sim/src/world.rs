@@ -388,6 +388,7 @@ impl World {
     fn ledger_call(&mut self, w: usize, call: u64, cmd: Command) {
         let key = self.workers[w].key;
         let name = cmd.name();
+        let poisoned_before = self.engine.is_poisoned();
         let Ok(res) = self.engine.execute(&self.tenant, cmd.clone()) else {
             self.log(Some(key), format!("w{w} {name} lost: the store is down"));
             return;
@@ -405,6 +406,10 @@ impl World {
             }
         };
         self.log(Some(key), format!("w{w} {name} -> {}", describe(&reply)));
+        if poisoned_before && reply.is_ok() {
+            let detail = format!("{name} answered by a store that failed closed");
+            self.check.fail(Some(key), "fail-closed", detail);
+        }
         self.on_ledger_answer(w, &cmd, &reply);
         self.after_store_call();
         self.observe(key);
@@ -414,13 +419,6 @@ impl World {
     /// Checks what the ledger answered (before the network sees it).
     fn on_ledger_answer(&mut self, w: usize, cmd: &Command, reply: &Result<Reply, String>) {
         let (key, fp) = (self.workers[w].key, self.workers[w].spec.fingerprint);
-        if self.armed && reply.is_ok() && self.engine.is_poisoned() {
-            self.check.fail(
-                Some(key),
-                "fail-closed",
-                format!("{} answered after a failed sync", cmd.name()),
-            );
-        }
         match reply {
             Ok(Reply::Claim(d)) if matches!(cmd, Command::Claim(_)) => {
                 self.check.on_grant(key, d);
