@@ -154,9 +154,6 @@ pub struct World {
     pub history: Vec<Line>,
     /// Per-seed knobs (probabilities in per mille).
     pub knobs: Knobs,
-    /// Whether a fault's effect on the store is still to be observed
-    /// (an armed fsync error or power cut).
-    armed: bool,
     restart_failures: u32,
     /// The latest store clock reading so far (ms).
     clock_high: u64,
@@ -223,7 +220,6 @@ impl World {
             tally: Tally::default(),
             history: Vec::new(),
             knobs,
-            armed: false,
             restart_failures: 0,
             clock_high: 0,
             restarted_behind: false,
@@ -454,7 +450,6 @@ impl World {
                 format!("power lost during a sync ({mode:?}); the store is down"),
             );
             self.engine.crash(mode);
-            self.armed = false;
             let d = self.between(100, 3_000);
             self.at(self.now + d, Ev::Restart);
         } else if self.engine.is_poisoned() {
@@ -465,7 +460,6 @@ impl World {
                     .fail(None, "fail-closed", "a poisoned store reports ready");
             }
             self.engine.stop();
-            self.armed = false;
             let d = self.between(50, 1_000);
             self.at(self.now + d, Ev::Restart);
         }
@@ -546,19 +540,16 @@ impl World {
                     None,
                     format!("log before the crash: [{before}], after: [{after}]"),
                 );
-                self.armed = false;
                 let d = self.between(100, 3_000);
                 self.at(self.now + d, Ev::Restart);
             }
             Fault::PowerCutDuringSync(n) => {
                 self.tally.fault("power_cut_during_sync");
                 self.engine.cut_power_after(n);
-                self.armed = true;
             }
             Fault::FsyncError => {
                 self.tally.fault("fsync_error");
                 self.engine.fail_next_sync();
-                self.armed = true;
             }
             Fault::IndexPersistError => {
                 self.tally.fault("index_persist_error");
