@@ -740,9 +740,26 @@ impl Unsettled {
 
     async fn record(&mut self, cmd: Command) {
         let deadline = Duration::from_millis(self.settings.lease_ms.get() + 1000);
-        if let Err(e) = retry(&self.settings.backend, cmd, deadline).await {
-            // The lease lapses after dispatch: the ledger marks it unknown.
-            tracing::error!(key = self.key, error = %e, "idempotency: the outcome could not be recorded");
+        let unknown_already =
+            matches!(&cmd, Command::Settle(st) if !st.outcome.status().is_terminal());
+        match retry(&self.settings.backend, cmd, deadline).await {
+            Ok(_) => {}
+            Err(CallError::Invalid(e)) if !unknown_already => {
+                // The ledger will not take this record (a stored response over
+                // its max_result_bytes, a server without release(not_committed)):
+                // the safe record is unknown, at once rather than at lease expiry.
+                tracing::error!(key = self.key, error = %e, "idempotency: the ledger refused the outcome; recording unknown");
+                let unknown = self.settle_cmd(Outcome::unknown(
+                    ErrorText::new("error", "outcome refused by the ledger").ok(),
+                ));
+                if let Err(e) = retry(&self.settings.backend, unknown, deadline).await {
+                    tracing::error!(key = self.key, error = %e, "idempotency: the outcome could not be recorded");
+                }
+            }
+            Err(e) => {
+                // The lease lapses after dispatch: the ledger marks it unknown.
+                tracing::error!(key = self.key, error = %e, "idempotency: the outcome could not be recorded");
+            }
         }
         self.state = None;
     }
