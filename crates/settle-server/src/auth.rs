@@ -19,6 +19,7 @@ pub enum Auth {
 }
 
 impl Auth {
+    /// The validated auth settings as the request path uses them.
     pub fn from_config(c: &AuthConfig) -> Auth {
         match c {
             AuthConfig::Off => Auth::Off(TenantId::default_tenant()),
@@ -39,6 +40,7 @@ impl Auth {
         out
     }
 
+    /// Whether every call is tenant `default` (no tenants configured, loopback only).
     pub fn is_off(&self) -> bool {
         matches!(self, Auth::Off(_))
     }

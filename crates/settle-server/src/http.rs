@@ -30,20 +30,30 @@ use crate::wire::{parse_body, segment};
 
 /// Everything a handler needs; built once, shared by reference.
 pub struct AppState {
+    /// The ledger's store; handlers run commands on it.
     pub store: Arc<dyn Store>,
+    /// Token → tenant.
     pub auth: Auth,
+    /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
+    /// Larger outcome results are answered 422.
     pub max_result_bytes: usize,
+    /// The `retention_s` of a claim that gives none.
     pub default_retention: RetentionS,
+    /// When a record counts as stuck, in ms (`stuck_after_s` × 1000).
     pub stuck_after_ms: u64,
+    /// How long a request body may take to arrive (408 past it).
     pub body_timeout: Duration,
+    /// The Prometheus recorder; `None` when another recorder was installed first.
     pub metrics: Option<PrometheusHandle>,
+    /// The OpenAPI document served at `/openapi.json`, rendered once.
     pub openapi: Bytes,
     /// False once shutdown began (`/readyz` answers 503).
     pub ready: AtomicBool,
 }
 
 impl AppState {
+    /// The state for `config`, over `store`; installs the metrics recorder once per process.
     pub fn new(store: Arc<dyn Store>, config: &crate::config::Config) -> AppState {
         AppState {
             store,
@@ -141,7 +151,12 @@ pub(crate) enum Route {
 /// The reply does not fit the command: a bug, answered 503 (never 500).
 fn unexpected(call: &str, reply: &Reply) -> Problem {
     let correlation_id = crate::problem::correlation_id();
-    error!(call, %correlation_id, ?reply, "the rules answered with an unexpected reply");
+    error!(
+        call,
+        %correlation_id,
+        reply = reply.label(),
+        "the rules answered with an unexpected reply"
+    );
     let mut p = Problem::unavailable(format!(
         "internal error (the server log has it under correlation_id {correlation_id})"
     ));
@@ -154,7 +169,7 @@ fn unexpected(call: &str, reply: &Reply) -> Problem {
 pub(crate) fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
     metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
     let correlation_id = crate::problem::correlation_id();
-    error!(call, key = ?key, %correlation_id, error = %e, "store failure");
+    error!(call, key = key.map(tracing::field::display), %correlation_id, error = %e, "store failure");
     Problem::store_failure(e, correlation_id)
 }
 
@@ -215,7 +230,12 @@ impl AppState {
         let reply = match self.store.execute(tenant, cmd).await {
             Ok(r) => r,
             Err(e) => {
-                debug!(call, key = ?key, fence = ?fence, "store failure");
+                debug!(
+                    call,
+                    key = key.as_ref().map(tracing::field::display),
+                    fence = fence.map(tracing::field::display),
+                    "store failure"
+                );
                 return Err(store_error(call, key.as_ref(), &e));
             }
         };
@@ -225,13 +245,30 @@ impl AppState {
             && reply.quarantined(ev)
         {
             metrics::counter!(m::QUARANTINED, "call" => call).increment(1);
-            warn!(call, key = ?key, fence = ?fence, code = decision, "evidence quarantined");
+            warn!(
+                call,
+                key = key.as_ref().map(tracing::field::display),
+                fence = fence.map(tracing::field::display),
+                code = decision,
+                "evidence quarantined"
+            );
         }
         if matches!(reply, Reply::Refused(RefusalCode::ResultMismatch)) {
             metrics::counter!(m::DISPUTED).increment(1);
-            warn!(call, key = ?key, fence = ?fence, "disputed: terminal results disagree");
+            warn!(
+                call,
+                key = key.as_ref().map(tracing::field::display),
+                fence = fence.map(tracing::field::display),
+                "disputed: terminal results disagree"
+            );
         }
-        debug!(call, key = ?key, fence = ?fence, decision, "ledger call");
+        debug!(
+            call,
+            key = key.as_ref().map(tracing::field::display),
+            fence = fence.map(tracing::field::display),
+            decision,
+            "ledger call"
+        );
         match reply {
             Reply::Refused(code) => Err(Problem::refusal(code)),
             // An argument rule of the store's limits (e.g. lease_ms not

@@ -9,14 +9,23 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use settle_ledger::StoreStats;
 
+/// Counter of HTTP requests, by `route` and `status`.
 pub const REQUESTS: &str = "settle_http_requests_total";
+/// Counter of the rules' answers, by `call` and `decision` (a decision, reply kind or refusal code).
 pub const DECISIONS: &str = "settle_decisions_total";
+/// Counter of refused evidence that was quarantined, by `call`.
 pub const QUARANTINED: &str = "settle_quarantined_total";
+/// Counter of `result_mismatch` answers (the record became or stayed disputed).
 pub const DISPUTED: &str = "settle_disputed_total";
+/// Counter of store failures, by `call`.
 pub const STORE_ERRORS: &str = "settle_store_errors_total";
+/// Counter of leases the sweep ended.
 pub const SWEEP_EXPIRED: &str = "settle_sweep_expired_total";
+/// Counter of records the sweep collected.
 pub const SWEEP_COLLECTED: &str = "settle_sweep_collected_total";
+/// Histogram of commands per group commit (recorded by the embedded store).
 pub const COMMIT_BATCH_SIZE: &str = "settle_commit_batch_size";
+/// Histogram of group commit durations in seconds (recorded by the embedded store).
 pub const COMMIT_DURATION: &str = "settle_commit_duration_seconds";
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
