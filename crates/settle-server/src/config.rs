@@ -58,6 +58,8 @@ pub struct FileConfig {
     pub store: Option<String>,
     pub lease_margin_ms: Option<u64>,
     pub max_body_bytes: Option<usize>,
+    pub max_batch_calls: Option<usize>,
+    pub max_batch_body_bytes: Option<usize>,
     pub max_result_bytes: Option<usize>,
     pub warning_cap: Option<u64>,
     pub stuck_after_s: Option<u64>,
@@ -116,6 +118,12 @@ pub struct ServeArgs {
     /// Larger request bodies get 413 [default: 1048576].
     #[arg(long, env = "SETTLE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// A batch (`POST /v1/batch`) with more calls gets 422 [default: 1000].
+    #[arg(long, env = "SETTLE_MAX_BATCH_CALLS")]
+    pub max_batch_calls: Option<usize>,
+    /// Larger batch bodies get 413 [default: 16777216].
+    #[arg(long, env = "SETTLE_MAX_BATCH_BODY_BYTES")]
+    pub max_batch_body_bytes: Option<usize>,
     /// Larger outcome results get 422 [default: 65536].
     #[arg(long, env = "SETTLE_MAX_RESULT_BYTES")]
     pub max_result_bytes: Option<usize>,
@@ -190,6 +198,10 @@ pub struct Config {
     pub auth: AuthConfig,
     pub lease_margin_ms: u64,
     pub max_body_bytes: usize,
+    /// Most calls in one batch (SPEC §10).
+    pub max_batch_calls: usize,
+    /// Largest batch body.
+    pub max_batch_body_bytes: usize,
     pub max_result_bytes: usize,
     pub warning_cap: u64,
     pub stuck_after_s: u64,
@@ -225,6 +237,8 @@ impl Config {
             auth: AuthConfig::Off,
             lease_margin_ms: 100,
             max_body_bytes: 1024 * 1024,
+            max_batch_calls: 1000,
+            max_batch_body_bytes: 16 * 1024 * 1024,
             max_result_bytes: settle_core::DEFAULT_MAX_RESULT_BYTES,
             warning_cap: 1000,
             stuck_after_s: 3600,
@@ -326,6 +340,20 @@ impl Config {
         if max_body_bytes < 1 {
             return Err(invalid("max_body_bytes", "must be at least 1"));
         }
+        let max_batch_calls = args
+            .max_batch_calls
+            .or(file.max_batch_calls)
+            .unwrap_or(defaults.max_batch_calls);
+        if max_batch_calls < 1 {
+            return Err(invalid("max_batch_calls", "must be at least 1"));
+        }
+        let max_batch_body_bytes = args
+            .max_batch_body_bytes
+            .or(file.max_batch_body_bytes)
+            .unwrap_or(defaults.max_batch_body_bytes);
+        if max_batch_body_bytes < 1 {
+            return Err(invalid("max_batch_body_bytes", "must be at least 1"));
+        }
         let max_result_bytes = args
             .max_result_bytes
             .or(file.max_result_bytes)
@@ -407,6 +435,8 @@ impl Config {
             auth,
             lease_margin_ms,
             max_body_bytes,
+            max_batch_calls,
+            max_batch_body_bytes,
             max_result_bytes,
             warning_cap,
             stuck_after_s,

@@ -32,6 +32,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     pub auth: Auth,
     pub max_body_bytes: usize,
+    pub max_batch_calls: usize,
+    pub max_batch_body_bytes: usize,
     pub max_result_bytes: usize,
     pub default_retention: RetentionS,
     pub stuck_after_ms: u64,
@@ -48,6 +50,8 @@ impl AppState {
             store,
             auth: Auth::from_config(&config.auth),
             max_body_bytes: config.max_body_bytes,
+            max_batch_calls: config.max_batch_calls,
+            max_batch_body_bytes: config.max_batch_body_bytes,
             max_result_bytes: config.max_result_bytes,
             default_retention: config.default_retention,
             stuck_after_ms: config.stuck_after_s.saturating_mul(1000),
@@ -74,6 +78,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/principals/{principal}/revoke", post(revoke))
         .route("/v1/tasks/{task}/warnings/{class}", post(warn))
         .route("/v1/tasks/{task}/warnings", get(warnings))
+        .route("/v1/batch", post(crate::batch::batch))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -85,8 +90,16 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 // ---- plumbing ----
 
+/// A response body's bytes.
+fn json_bytes<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("responses always serialize")
+}
+
 fn json<T: Serialize + ?Sized>(value: &T) -> Response {
-    let body = serde_json::to_vec(value).expect("responses always serialize");
+    json_response(json_bytes(value))
+}
+
+fn json_response(body: Vec<u8>) -> Response {
     let mut resp = Response::new(Body::from(body));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -96,7 +109,7 @@ fn json<T: Serialize + ?Sized>(value: &T) -> Response {
 }
 
 /// Counts the request and turns an error into problem+json.
-fn finish(route: Route, result: Result<Response, Problem>) -> Response {
+pub(crate) fn finish(route: Route, result: Result<Response, Problem>) -> Response {
     let resp = match result {
         Ok(r) => r,
         Err(p) => p.into_response(),
@@ -107,7 +120,7 @@ fn finish(route: Route, result: Result<Response, Problem>) -> Response {
 
 /// Index into [`m::ROUTES`] (the `route` label).
 #[derive(Clone, Copy)]
-enum Route {
+pub(crate) enum Route {
     Claim,
     Heartbeat,
     Dispatch,
@@ -123,6 +136,7 @@ enum Route {
     Metrics,
     Openapi,
     Unmatched,
+    Batch,
 }
 
 /// The reply does not fit the command: a bug, answered 503 (never 500).
@@ -138,7 +152,7 @@ fn unexpected(call: &str, reply: &Reply) -> Problem {
 
 /// A storage failure: counted, logged with its cause under a fresh
 /// correlation id, answered without the cause (SPEC §7).
-fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
+pub(crate) fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
     metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
     let correlation_id = crate::problem::correlation_id();
     error!(call, key = ?key, %correlation_id, error = %e, "store failure");
@@ -150,22 +164,37 @@ fn raw_segment(parts: &Parts, n: usize) -> &str {
     parts.uri.path().split('/').nth(n + 1).unwrap_or("")
 }
 
+/// What a command's answer is counted and logged with (the store consumes the command).
+pub(crate) struct Sent {
+    call: &'static str,
+    fence: Option<settle_core::Fence>,
+    key: Option<Key>,
+    /// Settle and reconcile carry evidence that may be quarantined; the
+    /// rule that says so needs the command.
+    evidence: Option<Command>,
+}
+
 impl AppState {
     async fn body(&self, parts: &Parts, body: Body) -> Result<Bytes, Problem> {
+        self.body_up_to(parts, body, self.max_body_bytes).await
+    }
+
+    /// The request body, refused with 413 beyond `limit` bytes.
+    pub(crate) async fn body_up_to(
+        &self,
+        parts: &Parts,
+        body: Body,
+        limit: usize,
+    ) -> Result<Bytes, Problem> {
         let declared = parts
             .headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
-            return Err(Problem::payload_too_large(self.max_body_bytes));
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(Problem::payload_too_large(limit));
         }
-        match tokio::time::timeout(
-            self.body_timeout,
-            axum::body::to_bytes(body, self.max_body_bytes),
-        )
-        .await
-        {
+        match tokio::time::timeout(self.body_timeout, axum::body::to_bytes(body, limit)).await {
             Ok(Ok(b)) => Ok(b),
             Ok(Err(e)) => {
                 // The limit error is wrapped by axum; look for it down the source chain.
@@ -175,7 +204,7 @@ impl AppState {
                     })
                     .any(|s| s.is::<http_body_util::LengthLimitError>());
                 if too_large {
-                    Err(Problem::payload_too_large(self.max_body_bytes))
+                    Err(Problem::payload_too_large(limit))
                 } else {
                     Err(Problem::bad_request(format!(
                         "could not read the request body: {e}"
@@ -192,18 +221,40 @@ impl AppState {
 
     /// Runs one command and keeps the counters. Refusals become problems.
     async fn execute(&self, tenant: &TenantId, cmd: Command) -> Result<Reply, Problem> {
+        let sent = self.prepare(&cmd)?;
+        let result = self.store.execute(tenant, cmd).await;
+        self.answer(sent, result)
+    }
+
+    /// Checks the server's limits on a command about to be sent to the store.
+    pub(crate) fn prepare(&self, cmd: &Command) -> Result<Sent, Problem> {
         cmd.check_limits(self.max_result_bytes)?;
-        let call = cmd.name();
-        let fence = cmd.fence();
-        let key: Option<Key> = match cmd.target() {
-            settle_core::Target::Record(k) => Some(k.clone()),
-            _ => None,
-        };
-        // Settle and reconcile carry evidence that may be quarantined; the
-        // rule that says so needs the command, which the store consumes.
-        let evidence =
-            matches!(cmd, Command::Settle(_) | Command::Reconcile(_)).then(|| cmd.clone());
-        let reply = match self.store.execute(tenant, cmd).await {
+        Ok(Sent {
+            call: cmd.name(),
+            fence: cmd.fence(),
+            key: match cmd.target() {
+                settle_core::Target::Record(k) => Some(k.clone()),
+                _ => None,
+            },
+            evidence: matches!(cmd, Command::Settle(_) | Command::Reconcile(_))
+                .then(|| cmd.clone()),
+        })
+    }
+
+    /// Counts and logs the store's answer to a sent command; refusals and
+    /// failures become problems.
+    pub(crate) fn answer(
+        &self,
+        sent: Sent,
+        result: Result<Reply, StoreError>,
+    ) -> Result<Reply, Problem> {
+        let Sent {
+            call,
+            fence,
+            key,
+            evidence,
+        } = sent;
+        let reply = match result {
             Ok(r) => r,
             Err(e) => {
                 debug!(call, key = ?key, fence = ?fence, "store failure");
@@ -233,45 +284,110 @@ impl AppState {
     }
 }
 
-/// Authenticates, decodes the key segment and parses the body of an operation call.
-async fn operation_call<T: serde::de::DeserializeOwned>(
-    st: &AppState,
-    req: Request,
-) -> Result<(&TenantId, Key, T), Problem> {
-    let (parts, body) = req.into_parts();
-    let tenant = st.auth.tenant(&parts.headers)?;
-    let key: Key = segment("key", raw_segment(&parts, 2))?;
-    let bytes = st.body(&parts, body).await?;
-    let dto = parse_body(&bytes)?;
-    Ok((tenant, key, dto))
+/// The operation calls on a key (SPEC §7): their routes and the batch
+/// (SPEC §10) turn a request body into a command and a reply into a
+/// response body through the same functions, so both answer alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeyOp {
+    Claim,
+    Heartbeat,
+    Dispatch,
+    Settle,
+    Release,
+    Reconcile,
 }
 
-// ---- operations ----
+impl KeyOp {
+    fn route(self) -> Route {
+        match self {
+            KeyOp::Claim => Route::Claim,
+            KeyOp::Heartbeat => Route::Heartbeat,
+            KeyOp::Dispatch => Route::Dispatch,
+            KeyOp::Settle => Route::Settle,
+            KeyOp::Release => Route::Release,
+            KeyOp::Reconcile => Route::Reconcile,
+        }
+    }
 
-const PROBLEM: &str = "application/problem+json";
+    /// The command a request body asks for (400/422 when it does not parse).
+    pub(crate) fn command(self, st: &AppState, key: Key, body: &[u8]) -> Result<Command, Problem> {
+        match self {
+            KeyOp::Claim => claim_command(st, key, parse_body(body)?),
+            KeyOp::Heartbeat => {
+                let b: wire::HeartbeatRequest = parse_body(body)?;
+                Ok(Command::Heartbeat(Heartbeat {
+                    key,
+                    fence: b.fence,
+                    lease_ms: b.lease_ms,
+                }))
+            }
+            KeyOp::Dispatch => {
+                let b: wire::DispatchRequest = parse_body(body)?;
+                Ok(Command::Dispatch(Dispatch {
+                    key,
+                    fence: b.fence,
+                }))
+            }
+            KeyOp::Settle => {
+                let b: wire::SettleRequest = parse_body(body)?;
+                Ok(Command::Settle(Settle {
+                    key,
+                    fence: b.fence,
+                    fingerprint: b.fingerprint,
+                    binding: b.binding,
+                    outcome: b.outcome,
+                }))
+            }
+            KeyOp::Release => {
+                let b: wire::ReleaseRequest = parse_body(body)?;
+                Ok(Command::Release(Release {
+                    key,
+                    fence: b.fence,
+                    reason: b.reason.unwrap_or_default(),
+                }))
+            }
+            KeyOp::Reconcile => reconcile_command(key, parse_body(body)?),
+        }
+    }
 
-/// Reserve the key and get permission to execute (SPEC §4 claim).
-#[utoipa::path(
-    post, path = "/v1/operations/{key}/claim", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key, one percent-encoded segment")),
-    request_body = wire::ClaimRequest,
-    responses(
-        (status = 200, description = "execute, reconcile, in_flight or replay", body = crate::openapi::ClaimDecisionSchema),
-        (status = 400, description = "bad_request: unparsable JSON, not an object, bad path segment", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 401, description = "unauthorized: missing or unknown token", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "fingerprint_mismatch, binding_mismatch, stale_binding", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 413, description = "payload_too_large", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, description = "record_refused, unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-    )
-)]
-pub async fn claim(State(st): St, req: Request) -> Response {
-    finish(Route::Claim, claim_inner(&st, req).await)
+    /// The response body of a reply (a reply that does not fit the call is a bug: 503).
+    pub(crate) fn body(self, reply: Reply) -> Result<Vec<u8>, Problem> {
+        match (self, reply) {
+            (KeyOp::Claim, Reply::Claim(d)) => Ok(json_bytes(&d)),
+            (KeyOp::Heartbeat, Reply::Heartbeat(l)) => Ok(json_bytes(&l)),
+            (KeyOp::Dispatch, Reply::Dispatched(l)) => Ok(json_bytes(&wire::DispatchedBody {
+                fence: l.fence,
+                lease_expires_at: l.lease_expires_at,
+                dispatched: true,
+            })),
+            (KeyOp::Settle | KeyOp::Reconcile, Reply::Receipt(receipt)) => {
+                Ok(json_bytes(&wire::ReceiptBody { receipt: &receipt }))
+            }
+            (KeyOp::Release | KeyOp::Reconcile, Reply::Released { fence }) => {
+                Ok(json_bytes(&wire::ReleasedBody {
+                    fence,
+                    released: true,
+                }))
+            }
+            (KeyOp::Reconcile, Reply::Claim(d @ ClaimDecision::Execute(_))) => Ok(json_bytes(&d)),
+            (op, r) => Err(unexpected(op.name(), &r)),
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            KeyOp::Claim => "claim",
+            KeyOp::Heartbeat => "heartbeat",
+            KeyOp::Dispatch => "dispatch",
+            KeyOp::Settle => "settle",
+            KeyOp::Release => "release",
+            KeyOp::Reconcile => "reconcile",
+        }
+    }
 }
 
-async fn claim_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::ClaimRequest>(st, req).await?;
-    let cmd = Command::Claim(Claim {
+fn claim_command(st: &AppState, key: Key, b: wire::ClaimRequest) -> Result<Command, Problem> {
+    Ok(Command::Claim(Claim {
         key,
         fingerprint: b.fingerprint,
         binding: b.binding,
@@ -279,159 +395,10 @@ async fn claim_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
         worker: b.worker,
         marks_dispatch: b.marks_dispatch,
         retention_s: b.retention_s.unwrap_or(st.default_retention),
-    });
-    match st.execute(tenant, cmd).await? {
-        Reply::Claim(d) => Ok(json(&d)),
-        r => Err(unexpected("claim", &r)),
-    }
+    }))
 }
 
-/// Extend the lease held by `fence`.
-#[utoipa::path(
-    post, path = "/v1/operations/{key}/heartbeat", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::HeartbeatRequest,
-    responses(
-        (status = 200, description = "success", body = crate::openapi::LeaseInfoSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "stale_fence, lease_expired", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-    )
-)]
-pub async fn heartbeat(State(st): St, req: Request) -> Response {
-    finish(Route::Heartbeat, heartbeat_inner(&st, req).await)
-}
-
-async fn heartbeat_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::HeartbeatRequest>(st, req).await?;
-    let cmd = Command::Heartbeat(Heartbeat {
-        key,
-        fence: b.fence,
-        lease_ms: b.lease_ms,
-    });
-    match st.execute(tenant, cmd).await? {
-        Reply::Heartbeat(l) => Ok(json(&l)),
-        r => Err(unexpected("heartbeat", &r)),
-    }
-}
-
-/// Record durably that the remote write is about to start.
-#[utoipa::path(
-    post, path = "/v1/operations/{key}/dispatch", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::DispatchRequest,
-    responses(
-        (status = 200, description = "success", body = crate::openapi::DispatchedSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-    )
-)]
-pub async fn dispatch(State(st): St, req: Request) -> Response {
-    finish(Route::Dispatch, dispatch_inner(&st, req).await)
-}
-
-async fn dispatch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::DispatchRequest>(st, req).await?;
-    match st
-        .execute(
-            tenant,
-            Command::Dispatch(Dispatch {
-                key,
-                fence: b.fence,
-            }),
-        )
-        .await?
-    {
-        Reply::Dispatched(l) => Ok(json(&wire::DispatchedBody {
-            fence: l.fence,
-            lease_expires_at: l.lease_expires_at,
-            dispatched: true,
-        })),
-        r => Err(unexpected("dispatch", &r)),
-    }
-}
-
-/// Record the outcome and release the lease in one durable commit.
-#[utoipa::path(
-    post, path = "/v1/operations/{key}/settle", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::SettleRequest,
-    responses(
-        (status = 200, description = "success", body = crate::openapi::ReceiptResponseSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "stale_fence, lease_expired, wrong_purpose, fingerprint_mismatch, binding_mismatch, stale_binding, result_mismatch", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, description = "record_refused or unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-    )
-)]
-pub async fn settle(State(st): St, req: Request) -> Response {
-    finish(Route::Settle, settle_inner(&st, req).await)
-}
-
-async fn settle_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::SettleRequest>(st, req).await?;
-    let cmd = Command::Settle(Settle {
-        key,
-        fence: b.fence,
-        fingerprint: b.fingerprint,
-        binding: b.binding,
-        outcome: b.outcome,
-    });
-    match st.execute(tenant, cmd).await? {
-        Reply::Receipt(receipt) => Ok(json(&wire::ReceiptBody { receipt: &receipt })),
-        r => Err(unexpected("settle", &r)),
-    }
-}
-
-/// Release an execute lease that never dispatched.
-#[utoipa::path(
-    post, path = "/v1/operations/{key}/release", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::ReleaseRequest,
-    responses(
-        (status = 200, description = "success", body = crate::openapi::ReleasedSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "receipt_required, stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-    )
-)]
-pub async fn release(State(st): St, req: Request) -> Response {
-    finish(Route::Release, release_inner(&st, req).await)
-}
-
-async fn release_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::ReleaseRequest>(st, req).await?;
-    let cmd = Command::Release(Release {
-        key,
-        fence: b.fence,
-        reason: b.reason.unwrap_or_default(),
-    });
-    match st.execute(tenant, cmd).await? {
-        Reply::Released { fence } => Ok(json(&wire::ReleasedBody {
-            fence,
-            released: true,
-        })),
-        r => Err(unexpected("release", &r)),
-    }
-}
-
-/// Report what a reconciling worker found out about the remote effect.
-#[utoipa::path(
-    post, path = "/v1/operations/{key}/reconcile", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::ReconcileRequest,
-    responses(
-        (status = 200, description = "not_committed: execute; committed: receipt; unavailable: released", body = crate::openapi::ReconcileResponseSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "protocol refusal", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-    )
-)]
-pub async fn reconcile(State(st): St, req: Request) -> Response {
-    finish(Route::Reconcile, reconcile_inner(&st, req).await)
-}
-
-async fn reconcile_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<wire::ReconcileRequest>(st, req).await?;
+fn reconcile_command(key: Key, b: wire::ReconcileRequest) -> Result<Command, Problem> {
     let finding = match b.finding {
         FindingKind::Committed => {
             let fingerprint = b.fingerprint.ok_or_else(|| {
@@ -463,20 +430,142 @@ async fn reconcile_inner(st: &AppState, req: Request) -> Result<Response, Proble
             }
         }
     };
-    let cmd = Command::Reconcile(Reconcile {
+    Ok(Command::Reconcile(Reconcile {
         key,
         fence: b.fence,
         finding,
-    });
-    match st.execute(tenant, cmd).await? {
-        Reply::Claim(d @ ClaimDecision::Execute(_)) => Ok(json(&d)),
-        Reply::Receipt(receipt) => Ok(json(&wire::ReceiptBody { receipt: &receipt })),
-        Reply::Released { fence } => Ok(json(&wire::ReleasedBody {
-            fence,
-            released: true,
-        })),
-        r => Err(unexpected("reconcile", &r)),
+    }))
+}
+
+/// One operation call on its route: authenticate, decode the key segment,
+/// read and parse the body, run the command, answer.
+async fn key_call(st: &AppState, req: Request, op: KeyOp) -> Response {
+    let result = async {
+        let (parts, body) = req.into_parts();
+        let tenant = st.auth.tenant(&parts.headers)?;
+        let key: Key = segment("key", raw_segment(&parts, 2))?;
+        let bytes = st.body(&parts, body).await?;
+        let cmd = op.command(st, key, &bytes)?;
+        let reply = st.execute(tenant, cmd).await?;
+        Ok(json_response(op.body(reply)?))
     }
+    .await;
+    finish(op.route(), result)
+}
+
+/// The `get` answer for a key (shared with the batch).
+pub(crate) fn record_body(
+    key: &Key,
+    found: Result<Result<Option<settle_core::Record>, RefusalCode>, StoreError>,
+) -> Result<Vec<u8>, Problem> {
+    match found {
+        Ok(Ok(Some(record))) => Ok(json_bytes(&record.view())),
+        Ok(Ok(None)) => Err(Problem::refusal(RefusalCode::NotFound)),
+        Ok(Err(code)) => Err(Problem::refusal(code)),
+        Err(e) => Err(store_error("get", Some(key), &e)),
+    }
+}
+
+// ---- operations ----
+
+const PROBLEM: &str = "application/problem+json";
+
+/// Reserve the key and get permission to execute (SPEC §4 claim).
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/claim", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key, one percent-encoded segment")),
+    request_body = wire::ClaimRequest,
+    responses(
+        (status = 200, description = "execute, reconcile, in_flight or replay", body = crate::openapi::ClaimDecisionSchema),
+        (status = 400, description = "bad_request: unparsable JSON, not an object, bad path segment", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 401, description = "unauthorized: missing or unknown token", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "fingerprint_mismatch, binding_mismatch, stale_binding", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 413, description = "payload_too_large", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 503, description = "record_refused, unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn claim(State(st): St, req: Request) -> Response {
+    key_call(&st, req, KeyOp::Claim).await
+}
+
+/// Extend the lease held by `fence`.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/heartbeat", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    request_body = wire::HeartbeatRequest,
+    responses(
+        (status = 200, description = "success", body = crate::openapi::LeaseInfoSchema),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "stale_fence, lease_expired", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn heartbeat(State(st): St, req: Request) -> Response {
+    key_call(&st, req, KeyOp::Heartbeat).await
+}
+
+/// Record durably that the remote write is about to start.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/dispatch", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    request_body = wire::DispatchRequest,
+    responses(
+        (status = 200, description = "success", body = crate::openapi::DispatchedSchema),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn dispatch(State(st): St, req: Request) -> Response {
+    key_call(&st, req, KeyOp::Dispatch).await
+}
+
+/// Record the outcome and release the lease in one durable commit.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/settle", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    request_body = wire::SettleRequest,
+    responses(
+        (status = 200, description = "success", body = crate::openapi::ReceiptResponseSchema),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "stale_fence, lease_expired, wrong_purpose, fingerprint_mismatch, binding_mismatch, stale_binding, result_mismatch", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 503, description = "record_refused or unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn settle(State(st): St, req: Request) -> Response {
+    key_call(&st, req, KeyOp::Settle).await
+}
+
+/// Release an execute lease that never dispatched.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/release", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    request_body = wire::ReleaseRequest,
+    responses(
+        (status = 200, description = "success", body = crate::openapi::ReleasedSchema),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "receipt_required, stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn release(State(st): St, req: Request) -> Response {
+    key_call(&st, req, KeyOp::Release).await
+}
+
+/// Report what a reconciling worker found out about the remote effect.
+#[utoipa::path(
+    post, path = "/v1/operations/{key}/reconcile", tag = "operations",
+    params(("key" = String, Path, description = "The idempotency key")),
+    request_body = wire::ReconcileRequest,
+    responses(
+        (status = 200, description = "not_committed: execute; committed: receipt; unavailable: released", body = crate::openapi::ReconcileResponseSchema),
+        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 409, description = "protocol refusal", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+    )
+)]
+pub async fn reconcile(State(st): St, req: Request) -> Response {
+    key_call(&st, req, KeyOp::Reconcile).await
 }
 
 /// The tenant's inspection view of one operation.
@@ -497,12 +586,8 @@ async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, _body) = req.into_parts();
     let tenant = st.auth.tenant(&parts.headers)?;
     let key: Key = segment("key", raw_segment(&parts, 2))?;
-    match st.store.get(tenant, &key).await {
-        Ok(Ok(Some(record))) => Ok(json(&record.view())),
-        Ok(Ok(None)) => Err(Problem::refusal(RefusalCode::NotFound)),
-        Ok(Err(code)) => Err(Problem::refusal(code)),
-        Err(e) => Err(store_error("get", Some(&key), &e)),
-    }
+    let found = st.store.get(tenant, &key).await;
+    Ok(json_response(record_body(&key, found)?))
 }
 
 /// Raise the principal's generation: every older lease and settlement is refused.
@@ -706,6 +791,7 @@ mod tests {
             (Route::Metrics, "metrics"),
             (Route::Openapi, "openapi"),
             (Route::Unmatched, "unmatched"),
+            (Route::Batch, "batch"),
         ];
         for (r, label) in pairs {
             assert_eq!(m::ROUTES[r as usize], label);

@@ -9,6 +9,7 @@
 //! written down in `docs/http-api.md`.
 
 pub mod auth;
+pub mod batch;
 pub mod config;
 pub mod http;
 pub mod metrics;

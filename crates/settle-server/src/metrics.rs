@@ -127,7 +127,7 @@ pub fn set_stats(s: &StoreStats) {
 }
 
 /// The `route` label values of [`REQUESTS`].
-pub const ROUTES: [&str; 15] = [
+pub const ROUTES: [&str; 16] = [
     "claim",
     "heartbeat",
     "dispatch",
@@ -143,6 +143,7 @@ pub const ROUTES: [&str; 15] = [
     "metrics",
     "openapi",
     "unmatched",
+    "batch",
 ];
 
 const STATUSES: [&str; 10] = [

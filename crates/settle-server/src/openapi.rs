@@ -330,6 +330,53 @@ pub struct HealthSchema {
     status: String,
 }
 
+/// `POST /v1/batch` (SPEC §10): at most `max_batch_calls` calls (default
+/// 1000), applied in order; a key may appear more than once.
+#[derive(Serialize, ToSchema)]
+#[schema(as = BatchRequest)]
+pub struct BatchRequestSchema {
+    calls: Vec<BatchCallSchema>,
+}
+
+/// One call: `op`, the raw `key` (a JSON string, not percent-encoded) and
+/// the fields of that call's request body beside them (`get` has none).
+#[derive(Serialize, ToSchema)]
+#[schema(as = BatchCall)]
+pub struct BatchCallSchema {
+    op: BatchOpSchema,
+    key: String,
+}
+
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[schema(as = BatchOp)]
+pub enum BatchOpSchema {
+    Claim,
+    Heartbeat,
+    Dispatch,
+    Settle,
+    Release,
+    Reconcile,
+    Get,
+}
+
+/// One result per call, in order.
+#[derive(Serialize, ToSchema)]
+#[schema(as = BatchResponse)]
+pub struct BatchResponseSchema {
+    results: Vec<BatchResultSchema>,
+}
+
+/// What the single call would have answered.
+#[derive(Serialize, ToSchema)]
+#[schema(as = BatchResult)]
+pub struct BatchResultSchema {
+    /// 200, or the problem's status (4xx, 503).
+    status: u16,
+    /// The single call's response body, or a problem object.
+    body: serde_json::Value,
+}
+
 struct BearerAuth;
 
 impl Modify for BearerAuth {
@@ -364,6 +411,7 @@ impl Modify for BearerAuth {
         crate::http::readyz,
         crate::http::metrics,
         crate::http::openapi_json,
+        crate::batch::batch,
     ),
     components(schemas(
         wire::ClaimRequest,
@@ -389,6 +437,10 @@ impl Modify for BearerAuth {
         WarningsSchema,
         ProblemSchema,
         HealthSchema,
+        BatchRequestSchema,
+        BatchCallSchema,
+        BatchResponseSchema,
+        BatchResultSchema,
     )),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
@@ -704,10 +756,11 @@ mod tests {
             "/readyz",
             "/metrics",
             "/openapi.json",
+            "/v1/batch",
         ] {
             assert!(paths.contains_key(p), "{p} missing");
         }
-        assert_eq!(paths.len(), 14);
+        assert_eq!(paths.len(), 15);
     }
 }
 
@@ -732,7 +785,7 @@ mod common_error_tests {
                 }
             }
         }
-        assert_eq!(ops, 10, "all ten /v1 operations");
+        assert_eq!(ops, 11, "all eleven /v1 operations");
     }
 }
 

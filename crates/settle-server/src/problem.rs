@@ -184,8 +184,9 @@ impl Problem {
         }
     }
 
-    pub fn into_response(self) -> Response {
-        let body = serde_json::to_vec(&Wire {
+    /// The problem object's JSON (the body of its response, and of a batch slot).
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&Wire {
             kind: format!("urn:settle:problem:{}", self.code),
             title: self.title(),
             status: self.status.as_u16(),
@@ -194,8 +195,11 @@ impl Problem {
             field: self.field.as_deref(),
             correlation_id: self.correlation_id.as_deref(),
         })
-        .expect("a problem always serializes");
-        let mut resp = Response::new(Body::from(body));
+        .expect("a problem always serializes")
+    }
+
+    pub fn into_response(self) -> Response {
+        let mut resp = Response::new(Body::from(self.to_json()));
         *resp.status_mut() = self.status;
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
