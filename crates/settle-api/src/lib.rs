@@ -17,6 +17,8 @@
 //! Validation happens in the conversions into the core, and every error
 //! names the field in the wire's naming (`binding.generation`,
 //! `outcome.result`, ...), ready for a 422 problem.
+// Being documented item by item (issue 9); the workspace lint is on for new crates.
+#![allow(missing_docs)]
 
 mod batch;
 mod inspect;
@@ -25,6 +27,7 @@ mod problem;
 mod record;
 mod request;
 mod response;
+mod schema;
 mod time;
 
 pub use batch::{BatchCall, BatchOp, BatchRequest, BatchResponse, BatchResult};
@@ -37,12 +40,14 @@ pub use record::{
 };
 pub use request::{
     Binding, ClaimRequest, DispatchRequest, EmptyRequest, Finding, HeartbeatRequest, Outcome,
-    OutcomeStatus, ReconcileRequest, ReleaseReason, ReleaseRequest, SettleRequest, WarnRequest,
+    OutcomeStatus, ReconcileRequest, ReleaseReason, ReleaseRequest, SettleRequest, Token,
+    WarnRequest,
 };
 pub use response::{
     ClaimDecision, Dispatched, Grant, Health, HealthStatus, LeaseInfo, Receipt, ReceiptResponse,
     ReconcileResponse, Released, Revoked, Warning, Warnings,
 };
+pub use schema::CrossFieldRules;
 pub use time::Time;
 
 /// The media type of every error body (RFC 9457).

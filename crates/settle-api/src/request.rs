@@ -284,7 +284,7 @@ impl From<&core::Claim> for ClaimRequest {
 pub struct HeartbeatRequest {
     /// The fence of the lease to extend.
     #[serde(deserialize_with = "whole")]
-    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
     /// New lease duration from now; default the lease's original `lease_ms`.
     #[serde(
@@ -320,7 +320,7 @@ impl From<&core::Heartbeat> for HeartbeatRequest {
 #[serde(deny_unknown_fields)]
 pub struct DispatchRequest {
     #[serde(deserialize_with = "whole")]
-    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
 }
 
@@ -344,7 +344,7 @@ impl From<&core::Dispatch> for DispatchRequest {
 #[serde(deny_unknown_fields)]
 pub struct SettleRequest {
     #[serde(deserialize_with = "whole")]
-    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
     #[schema(pattern = "^[0-9a-f]{64}$")]
     pub fingerprint: String,
@@ -409,7 +409,7 @@ impl From<ReleaseReason> for core::ReleaseReason {
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
     #[serde(deserialize_with = "whole")]
-    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
     /// `not_dispatched` (default) or `not_committed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -463,7 +463,7 @@ impl From<core::FindingKind> for Finding {
 #[serde(deny_unknown_fields)]
 pub struct ReconcileRequest {
     #[serde(deserialize_with = "whole")]
-    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
+    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
     pub finding: Finding,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -13,12 +13,20 @@ use crate::types::{
 /// `claim(key, fingerprint, binding, lease_ms, worker?, marks_dispatch, retention_s)`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Claim {
+    /// The operation's idempotency key.
     pub key: Key,
+    /// SHA-256 of the request's effect-defining fields; fixed by the reservation.
     pub fingerprint: Digest,
+    /// The authorization the caller runs under (checked by claim rules 1, 3, 4).
     pub binding: Binding,
+    /// How long the granted lease lasts.
     pub lease_ms: LeaseMs,
+    /// A free label of the worker, kept on the attempt for inspection.
     pub worker: Option<Text>,
+    /// Promise to call `dispatch` before the remote write, so an expiry before
+    /// it sets no `reconcile_required` and `release(not_dispatched)` is allowed.
     pub marks_dispatch: bool,
+    /// How long the record is kept once terminal; only the creating claim's counts.
     pub retention_s: RetentionS,
 }
 
@@ -40,25 +48,36 @@ impl Claim {
 /// `heartbeat(key, fence, lease_ms?)`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Heartbeat {
+    /// The operation's idempotency key.
     pub key: Key,
+    /// The fence of the lease to extend.
     pub fence: Fence,
+    /// The lease length from now (`None`: the lease's own `lease_ms`); a
+    /// heartbeat extends and never shortens the lease.
     pub lease_ms: Option<LeaseMs>,
 }
 
 /// `dispatch(key, fence)`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Dispatch {
+    /// The operation's idempotency key.
     pub key: Key,
+    /// The fence of the `execute` lease whose holder is about to write remotely.
     pub fence: Fence,
 }
 
 /// `settle(key, fence, fingerprint, binding, outcome)`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Settle {
+    /// The operation's idempotency key.
     pub key: Key,
+    /// The fence of the lease the outcome was produced under (settle rule 1).
     pub fence: Fence,
+    /// The fingerprint of the request that was executed (settle rule 2).
     pub fingerprint: Digest,
+    /// The binding it ran under (settle rules 2 and 3).
     pub binding: Binding,
+    /// What happened upstream.
     pub outcome: Outcome,
 }
 
@@ -76,6 +95,7 @@ pub enum ReleaseReason {
 }
 
 impl ReleaseReason {
+    /// The wire name (`not_dispatched`, `not_committed`).
     pub fn as_str(self) -> &'static str {
         match self {
             ReleaseReason::NotDispatched => "not_dispatched",
@@ -87,8 +107,11 @@ impl ReleaseReason {
 /// `release(key, fence, reason)`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Release {
+    /// The operation's idempotency key.
     pub key: Key,
+    /// The fence of the `execute` lease to release.
     pub fence: Fence,
+    /// Why no receipt is needed.
     pub reason: ReleaseReason,
 }
 
@@ -138,12 +161,15 @@ impl CommittedFinding {
         }
         Ok(())
     }
+    /// The fingerprint of the request the remote effect belongs to.
     pub fn fingerprint(&self) -> &Digest {
         &self.fingerprint
     }
+    /// The binding it ran under.
     pub fn binding(&self) -> &Binding {
         &self.binding
     }
+    /// The terminal outcome (`completed` or `failed`).
     pub fn outcome(&self) -> &Outcome {
         &self.outcome
     }
@@ -163,42 +189,59 @@ impl Finding {
 /// `reconcile(key, fence, finding, ...)`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Reconcile {
+    /// The operation's idempotency key.
     pub key: Key,
+    /// The fence of the `reconcile` lease.
     pub fence: Fence,
+    /// What the worker found out.
     pub finding: Finding,
 }
 
 /// `revoke(principal)`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Revoke {
+    /// The principal whose generation moves up by one.
     pub principal: Principal,
 }
 
 /// `warn(task, class, detail?)`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Warn {
+    /// The task the warning belongs to.
     pub task: TaskId,
+    /// The warning's class; one record per task and class.
     pub class: WarningClass,
+    /// The newest detail; `None` keeps the stored one.
     pub detail: Option<Text>,
 }
 
 /// Every state-changing call of SPEC §4, plus the two time-driven housekeeping commands.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub enum Command {
+    /// SPEC §4 claim.
     Claim(Claim),
+    /// SPEC §4 heartbeat.
     Heartbeat(Heartbeat),
+    /// SPEC §4 dispatch.
     Dispatch(Dispatch),
+    /// SPEC §4 settle.
     Settle(Settle),
+    /// SPEC §4 release.
     Release(Release),
+    /// SPEC §4 reconcile.
     Reconcile(Reconcile),
+    /// SPEC §4 revoke.
     Revoke(Revoke),
+    /// SPEC §4 warn.
     Warn(Warn),
     /// End a lapsed lease (background sweep; the same rule runs lazily on every access).
     Expire {
+        /// The record whose lease may have lapsed.
         key: Key,
     },
     /// Collect a terminal record past its retention.
     Collect {
+        /// The record to collect.
         key: Key,
     },
 }
@@ -206,12 +249,16 @@ pub enum Command {
 /// Which state a command works on; an engine loads exactly that.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Target<'a> {
+    /// The operation record of a key (and the generations of its principals).
     Record(&'a Key),
+    /// The generation of a principal.
     Principal(&'a Principal),
+    /// The warnings of a task.
     Task(&'a TaskId),
 }
 
 impl Command {
+    /// The state this command reads and writes.
     pub fn target(&self) -> Target<'_> {
         match self {
             Command::Claim(c) => Target::Record(&c.key),
@@ -329,8 +376,12 @@ impl Command {
 /// A granted lease as the caller sees it.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Grant {
+    /// The fence of the lease; present it on every later call.
     pub fence: Fence,
+    /// When the lease expires (store clock), unless extended by heartbeat.
     pub lease_expires_at: Timestamp,
+    /// The attempt's number on the record, counting from 1 (also past attempts
+    /// no longer kept).
     pub attempt: u32,
 }
 
@@ -343,12 +394,21 @@ pub enum ClaimDecision {
     /// Find out whether the remote effect happened before writing anything.
     Reconcile(Grant),
     /// Another worker holds a live lease; retry after the hint.
-    InFlight { retry_after_ms: u64 },
+    InFlight {
+        /// Milliseconds until the holding lease expires, within [10, 1000].
+        retry_after_ms: u64,
+    },
     /// Already settled: here is the one true outcome.
-    Replay { outcome: Outcome, receipt: Receipt },
+    Replay {
+        /// The canonical (terminal) outcome.
+        outcome: Outcome,
+        /// Its durable receipt.
+        receipt: Receipt,
+    },
 }
 
 impl ClaimDecision {
+    /// The wire name of the decision (`execute`, `reconcile`, `in_flight`, `replay`).
     pub fn name(&self) -> &'static str {
         match self {
             ClaimDecision::Execute(_) => "execute",
@@ -357,6 +417,7 @@ impl ClaimDecision {
             ClaimDecision::Replay { .. } => "replay",
         }
     }
+    /// The lease granted by `execute` or `reconcile`, else `None`.
     pub fn grant(&self) -> Option<&Grant> {
         match self {
             ClaimDecision::Execute(g) | ClaimDecision::Reconcile(g) => Some(g),
@@ -368,7 +429,9 @@ impl ClaimDecision {
 /// A live lease after heartbeat or dispatch.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct LeaseInfo {
+    /// The fence of the live lease.
     pub fence: Fence,
+    /// When it now expires (store clock).
     pub lease_expires_at: Timestamp,
 }
 
@@ -384,18 +447,29 @@ pub enum Reply {
     /// `settle`, `reconcile(committed)`.
     Receipt(Receipt),
     /// `release`, `reconcile(unavailable)`: the lease ended without a receipt.
-    Released { fence: Fence },
+    Released {
+        /// The fence of the lease that ended.
+        fence: Fence,
+    },
     /// `revoke`.
     Revoked {
+        /// The revoked principal.
         principal: Principal,
+        /// Its current generation after the revocation.
         generation: u64,
     },
     /// `warn`.
     Warning(Warning),
     /// `expire`: whether a lease ended.
-    Expired { ended: bool },
+    Expired {
+        /// `true` when a lapsed lease ended; `false` when there was nothing to do.
+        ended: bool,
+    },
     /// `collect`: whether the record was removed.
-    Collected { removed: bool },
+    Collected {
+        /// `true` when the record was past its retention and is gone.
+        removed: bool,
+    },
     /// A protocol refusal.
     Refused(RefusalCode),
     /// The command breaks an argument rule (e.g. a lease not longer than

@@ -10,7 +10,9 @@ use crate::record::{MAX_ATTEMPTS, MAX_OBSERVATIONS, MAX_QUARANTINE, Purpose, Rec
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("{rule}: {detail}")]
 pub struct Violation {
+    /// A short kebab-case name of the broken rule (`receipt-matches-reservation`, ...).
     pub rule: &'static str,
+    /// What was seen, for the operator.
     pub detail: String,
 }
 

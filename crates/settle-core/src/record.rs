@@ -21,10 +21,18 @@ pub const MAX_WARNING_CLASSES: usize = 64;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
+    /// Reserved, nothing may have reached the outside world (rank 0). With an
+    /// open lease it is shown as `running`, at the same rank.
     Pending,
+    /// An effect may have been dispatched and no terminal evidence arrived
+    /// (rank 1). Never read as a rollback.
     Unknown,
+    /// The current lease holder reported an outcome for a request that does not
+    /// match the reservation (rank 2). Transient: matching terminal evidence upgrades it.
     Conflict,
+    /// Terminal: a definitive failure from the upstream (rank 3).
     Failed,
+    /// Terminal: the effect happened, result recorded (rank 4).
     Completed,
 }
 
@@ -39,6 +47,7 @@ impl Status {
             Status::Completed => 4,
         }
     }
+    /// `completed` or `failed`: the record holds a receipt and is replayed.
     pub fn is_terminal(self) -> bool {
         matches!(self, Status::Completed | Status::Failed)
     }
@@ -50,6 +59,7 @@ impl Status {
             self
         }
     }
+    /// The wire name (`pending`, `unknown`, ...).
     pub fn as_str(self) -> &'static str {
         match self {
             Status::Pending => "pending",
@@ -65,12 +75,16 @@ impl Status {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeStatus {
+    /// The effect happened.
     Completed,
+    /// The upstream definitively failed it.
     Failed,
+    /// The worker may have sent and does not know what happened.
     Unknown,
 }
 
 impl OutcomeStatus {
+    /// The lattice status this outcome moves the record to.
     pub fn status(self) -> Status {
         match self {
             OutcomeStatus::Completed => Status::Completed,
@@ -78,6 +92,7 @@ impl OutcomeStatus {
             OutcomeStatus::Unknown => Status::Unknown,
         }
     }
+    /// `completed` or `failed`.
     pub fn is_terminal(self) -> bool {
         self.status().is_terminal()
     }
@@ -212,15 +227,20 @@ impl Outcome {
             error,
         }
     }
+    /// The reported status.
     pub fn status(&self) -> OutcomeStatus {
         self.status
     }
+    /// The result; present exactly when the status is terminal.
     pub fn result(&self) -> Option<&ResultJson> {
         self.result.as_ref()
     }
+    /// SHA-256 of the upstream's raw response; present when terminal, optional
+    /// for `unknown`.
     pub fn response_sha256(&self) -> Option<Digest> {
         self.response_sha256
     }
+    /// The upstream's error message, if the worker gave one.
     pub fn error(&self) -> Option<&ErrorText> {
         self.error.as_ref()
     }
@@ -229,9 +249,13 @@ impl Outcome {
 /// The immutable reservation recorded by the first claim. Only `generation` moves, and only up.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Reservation {
+    /// SHA-256 of the effect-defining request fields, fixed for the record's lifetime.
     pub fingerprint: Digest,
+    /// The principal, fixed for the record's lifetime.
     pub principal: Principal,
+    /// The scopes, fixed for the record's lifetime.
     pub scopes: Scopes,
+    /// The binding generation; only moves up (claim rule 4).
     pub generation: u64,
 }
 
@@ -252,7 +276,9 @@ impl Reservation {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Purpose {
+    /// Perform the effect.
     Execute,
+    /// Find out whether an earlier attempt's effect happened (claim rule 7).
     Reconcile,
 }
 
@@ -288,22 +314,32 @@ impl LeaseEnd {
 /// How and when a lease ended.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Ended {
+    /// Why it ended.
     pub reason: LeaseEnd,
+    /// When it ended (store clock; for a revocation, the generation move).
     pub at: Timestamp,
 }
 
 /// The right to act on an operation, held by one worker at a time.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Lease {
+    /// The fencing token: store-wide unique, strictly increasing.
     pub fence: Fence,
+    /// What the lease allows.
     pub purpose: Purpose,
     /// The binding generation it was granted under.
     pub generation: u64,
+    /// When the lease was granted (store clock).
     pub granted_at: Timestamp,
+    /// When it expires unless a heartbeat extends it (store clock).
     pub expires_at: Timestamp,
+    /// The length a heartbeat without `lease_ms` extends by.
     pub lease_ms: LeaseMs,
+    /// The claim promised to call `dispatch` before the remote write.
     pub marks_dispatch: bool,
+    /// `dispatch` was called: the remote write may have started.
     pub dispatched: bool,
+    /// The worker label the claim gave.
     pub worker: Option<Text>,
     /// `None` while the lease is live.
     pub ended: Option<Ended>,
@@ -323,11 +359,18 @@ impl Lease {
 /// The durable proof of a settlement.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Receipt {
+    /// The operation's key.
     pub key: Key,
+    /// The reservation's fingerprint.
     pub fingerprint: Digest,
+    /// SHA-256 of the upstream's response; always present on a terminal receipt.
     pub response_sha256: Option<Digest>,
+    /// The settled status: `completed`, `failed`, or `unknown` (kept per attempt only).
     pub status: Status,
+    /// The fence of the lease that settled.
     pub fence: Fence,
+    /// When the settlement committed (store clock). A date after the store's
+    /// clock makes the record refused (SPEC §6.9).
     pub committed_at: Timestamp,
     /// Always true: a receipt is only ever handed out after a durable commit.
     pub durable: bool,
@@ -337,7 +380,9 @@ pub struct Receipt {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Call {
+    /// `settle`.
     Settle,
+    /// `reconcile`.
     Reconcile,
 }
 
@@ -345,19 +390,29 @@ pub enum Call {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum FindingKind {
+    /// The remote effect happened (terminal evidence attached).
     Committed,
+    /// The remote confirms the effect did not happen.
     NotCommitted,
+    /// The remote could not be asked.
     Unavailable,
 }
 
 /// What one attempt (one fence) reported in one call, accepted or not.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Observation {
+    /// When it was reported (store clock).
     pub at: Timestamp,
+    /// Which call reported it.
     pub call: Call,
+    /// The reported outcome status, if the call carried an outcome.
     pub status: Option<OutcomeStatus>,
+    /// The reconcile finding, for `reconcile` calls.
     pub finding: Option<FindingKind>,
+    /// The reported response digest, if any.
     pub response_sha256: Option<Digest>,
+    /// Whether the evidence was accepted; a refused one is also quarantined
+    /// on the record (except `not_found`/`record_refused`).
     pub accepted: bool,
     /// The refusal, when not accepted.
     pub code: Option<RefusalCode>,
@@ -368,13 +423,16 @@ pub struct Observation {
 pub struct Attempt {
     /// 1-based attempt number on this record.
     pub number: u32,
+    /// The lease this attempt held.
     pub lease: Lease,
     /// The receipt this attempt obtained (terminal or `unknown`).
     pub receipt: Option<Receipt>,
     /// The `error` the attempt reported with its receipt (kept for an
     /// `unknown` settlement too: it is what a reconciling operator needs).
     pub error: Option<ErrorText>,
+    /// The newest [`MAX_OBSERVATIONS`] observations, oldest first.
     pub observations: Vec<Observation>,
+    /// Every observation ever made on this attempt, kept or not.
     pub observations_total: u32,
 }
 
@@ -393,21 +451,32 @@ impl Attempt {
 /// The `result` body is not kept (only its digest) so a record stays small.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct QuarantineEntry {
+    /// When the evidence was refused (store clock).
     pub at: Timestamp,
+    /// The fence it was presented under.
     pub fence: Fence,
+    /// Why it was refused.
     pub reason: RefusalCode,
+    /// Which call presented it.
     pub call: Call,
+    /// The outcome status it carried, if any.
     pub status: Option<OutcomeStatus>,
+    /// The reconcile finding, for `reconcile` calls.
     pub finding: Option<FindingKind>,
+    /// The fingerprint it carried, if any.
     pub fingerprint: Option<Digest>,
+    /// The binding it carried, if any.
     pub binding: Option<Binding>,
+    /// The response digest it carried, if any.
     pub response_sha256: Option<Digest>,
 }
 
 /// The durable operation record.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Record {
+    /// The operation's idempotency key (unique per tenant).
     pub key: Key,
+    /// What the first claim reserved.
     pub reservation: Reservation,
     /// The canonical status; only ever moves up the lattice.
     pub status: Status,
@@ -415,16 +484,29 @@ pub struct Record {
     pub outcome: Option<Outcome>,
     /// The canonical terminal receipt.
     pub receipt: Option<Receipt>,
+    /// An effect may have been dispatched and no terminal evidence arrived:
+    /// no `execute` lease is granted while set (SPEC §6.10).
     pub reconcile_required: bool,
+    /// Two matching terminal results disagreed (settle rule 0); the first
+    /// stays canonical.
     pub disputed: bool,
     /// Newest attempts, oldest first; the last one holds the current lease.
     pub attempts: Vec<Attempt>,
+    /// Every attempt ever made on this record, kept or not; also the number
+    /// of the latest.
     pub attempts_total: u32,
+    /// The newest [`MAX_QUARANTINE`] refused pieces of evidence, oldest first.
     pub quarantine: Vec<QuarantineEntry>,
+    /// Every piece of evidence ever quarantined on this record, kept or not.
     pub quarantine_total: u64,
+    /// How long the record is kept once terminal (set by the creating claim).
     pub retention_s: RetentionS,
+    /// When the creating claim reserved it (store clock).
     pub created_at: Timestamp,
+    /// The last progress (claim, heartbeat, lease end, settlement). Quarantine
+    /// is audit, not progress, and leaves it.
     pub updated_at: Timestamp,
+    /// When the record became terminal; retention counts from here.
     pub settled_at: Option<Timestamp>,
 }
 
@@ -440,6 +522,7 @@ impl Record {
     pub(crate) fn current_attempt_mut(&mut self) -> Option<&mut Attempt> {
         self.attempts.last_mut()
     }
+    /// The kept attempt that holds (or held) the lease of `fence`.
     pub fn attempt_for(&self, fence: Fence) -> Option<&Attempt> {
         self.attempts.iter().rev().find(|a| a.lease.fence == fence)
     }
@@ -495,7 +578,9 @@ pub const MAX_MOVES: usize = 8;
 /// One move of a principal's generation: the generation it left, and when.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct Move {
+    /// The generation the principal left.
     pub left: u64,
+    /// When it left it (store clock).
     pub at: Timestamp,
 }
 
@@ -503,10 +588,13 @@ pub struct Move {
 /// moves (revocation counts from the move that ended a lease).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct PrincipalState {
+    /// The principal's current generation: raised by claims, plus one by revoke.
     pub generation: u64,
+    /// When `generation` last moved (store clock).
     pub moved_at: Timestamp,
     /// The newest moves, oldest first; `moves_len` of them are used.
     pub moves: [Move; MAX_MOVES],
+    /// How many entries of `moves` are in use (at most [`MAX_MOVES`]).
     pub moves_len: u8,
 }
 
@@ -575,36 +663,60 @@ impl PrincipalState {
 /// One bounded durable warning per `(tenant, task, class)`.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct Warning {
+    /// The task the warning belongs to.
     pub task: TaskId,
+    /// The warning's class; one warning per task and class.
     pub class: WarningClass,
+    /// How many times it was raised, capped at the configured cap (default 1000).
     pub count: u64,
+    /// The newest detail given; a call without one keeps it.
     pub detail: Option<Text>,
+    /// When it was first raised (store clock).
     pub first_at: Timestamp,
+    /// When it was last raised (store clock).
     pub last_at: Timestamp,
+    /// `count` reached the cap and no longer grows.
     pub saturated: bool,
 }
 
 /// The `get` view: the record plus derived fields, as the wire shows it.
 #[derive(Serialize)]
 pub struct RecordView<'a> {
+    /// See [`Record::key`].
     pub key: &'a Key,
     /// `running` when pending with an open lease, else the canonical status.
     pub status: &'static str,
+    /// The lattice rank of `status` (SPEC §3).
     pub rank: u8,
+    /// See [`Record::reservation`].
     pub reservation: &'a Reservation,
+    /// The current lease, open or ended.
     pub lease: Option<&'a Lease>,
+    /// See [`Record::outcome`].
     pub outcome: Option<&'a Outcome>,
+    /// See [`Record::receipt`].
     pub receipt: Option<&'a Receipt>,
+    /// See [`Record::reconcile_required`].
     pub reconcile_required: bool,
+    /// See [`Record::disputed`].
     pub disputed: bool,
+    /// See [`Record::attempts`].
     pub attempts: &'a [Attempt],
+    /// See [`Record::attempts_total`].
     pub attempts_total: u32,
+    /// See the `quarantine` field of [`Record`].
     pub quarantine: &'a [QuarantineEntry],
+    /// See [`Record::quarantine_total`].
     pub quarantine_total: u64,
+    /// See [`Record::retention_s`].
     pub retention_s: RetentionS,
+    /// See [`Record::created_at`].
     pub created_at: Timestamp,
+    /// See [`Record::updated_at`].
     pub updated_at: Timestamp,
+    /// See [`Record::settled_at`].
     pub settled_at: Option<Timestamp>,
+    /// When the terminal record may be collected: `settled_at` + `retention_s`.
     pub expires_at: Option<Timestamp>,
 }
 

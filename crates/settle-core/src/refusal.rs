@@ -74,6 +74,7 @@ impl RefusalCode {
         }
     }
 
+    /// Every refusal code, in declaration order (for exhaustive tests and metrics).
     pub const ALL: [RefusalCode; 12] = [
         RefusalCode::FingerprintMismatch,
         RefusalCode::BindingMismatch,

@@ -49,6 +49,7 @@ pub struct Ctx {
     /// The fence to use if this command grants a lease. The store advances
     /// its counter only when [`Applied::fence_used`] says so.
     pub next_fence: Fence,
+    /// The configured limits.
     pub limits: Limits,
 }
 
@@ -60,6 +61,7 @@ pub struct Principals {
 }
 
 impl Principals {
+    /// No principals loaded yet.
     pub fn new() -> Principals {
         Principals::default()
     }
@@ -71,6 +73,7 @@ impl Principals {
             self.entries.push((principal, state, false));
         }
     }
+    /// Whether the engine supplied `principal`'s state.
     pub fn contains(&self, principal: &Principal) -> bool {
         self.entries.iter().any(|e| &e.0 == principal)
     }
@@ -139,6 +142,7 @@ pub struct OpState {
 /// The result of [`apply`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Applied {
+    /// What the rules decided, for the caller.
     pub reply: Reply,
     /// The record or the warnings changed and must be written (principals
     /// report their own changes through [`Principals::dirty`]).
@@ -875,6 +879,38 @@ fn not_committed_retry(r: &Record, fence: Fence) -> bool {
         })
 }
 
+/// The holder of the reconcile lease reports that the remote never committed:
+/// the same lease turns into an execute lease under the same fence.
+fn not_committed_as_holder(
+    r: &mut Record,
+    kind: FindingKind,
+    now: Timestamp,
+    tx: &mut Tx,
+) -> Reply {
+    // The remote confirms nothing happened: execute under the same fence.
+    r.reconcile_required = false;
+    let att = r.current_attempt_mut().expect("holder");
+    att.observe(Observation {
+        at: now,
+        call: Call::Reconcile,
+        status: None,
+        finding: Some(kind),
+        response_sha256: None,
+        accepted: true,
+        code: None,
+    });
+    let lease = &mut att.lease;
+    lease.purpose = Purpose::Execute;
+    lease.dispatched = false;
+    lease.expires_at = lease.expires_at.max(now.plus_ms(lease.lease_ms.get()));
+    tx.touch();
+    Reply::Claim(ClaimDecision::Execute(Grant {
+        fence: lease.fence,
+        lease_expires_at: lease.expires_at,
+        attempt: att.number,
+    }))
+}
+
 fn reconcile_rules(state: &mut OpState, c: &Reconcile, ctx: &Ctx, tx: &mut Tx) -> Reply {
     let now = ctx.now;
     let owner_generation = match state.record.as_ref() {
@@ -948,30 +984,7 @@ fn reconcile_rules(state: &mut OpState, c: &Reconcile, ctx: &Ctx, tx: &mut Tx) -
                 tx,
             )
         }
-        Finding::NotCommitted => {
-            // The remote confirms nothing happened: execute under the same fence.
-            r.reconcile_required = false;
-            let att = r.current_attempt_mut().expect("holder");
-            att.observe(Observation {
-                at: now,
-                call: Call::Reconcile,
-                status: None,
-                finding: Some(kind),
-                response_sha256: None,
-                accepted: true,
-                code: None,
-            });
-            let lease = &mut att.lease;
-            lease.purpose = Purpose::Execute;
-            lease.dispatched = false;
-            lease.expires_at = lease.expires_at.max(now.plus_ms(lease.lease_ms.get()));
-            tx.touch();
-            Reply::Claim(ClaimDecision::Execute(Grant {
-                fence: lease.fence,
-                lease_expires_at: lease.expires_at,
-                attempt: att.number,
-            }))
-        }
+        Finding::NotCommitted => not_committed_as_holder(r, kind, now, tx),
         Finding::Unavailable => {
             // Released; the flag stays so later claims keep reconciling.
             let att = r.current_attempt_mut().expect("holder");

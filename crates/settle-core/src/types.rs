@@ -21,6 +21,7 @@ pub struct InvalidInput {
 }
 
 impl InvalidInput {
+    /// An input error for `field` (wire naming) with a human-readable `reason`.
     pub fn new(field: impl Into<String>, reason: impl Into<String>) -> Self {
         InvalidInput {
             field: field.into(),
@@ -64,6 +65,7 @@ macro_rules! token_type {
                 check_token($field, &s)?;
                 Ok($name(s.into()))
             }
+            /// The validated text.
             pub fn as_str(&self) -> &str {
                 &self.0
             }
@@ -170,6 +172,7 @@ impl Digest {
         hex::decode_to_slice(s, &mut out).map_err(|e| InvalidInput::new(field, e.to_string()))?;
         Ok(Digest(out))
     }
+    /// The 64 lowercase hex characters of the wire form.
     pub fn to_hex(&self) -> String {
         hex::encode(self.0)
     }
@@ -304,6 +307,7 @@ impl Scopes {
         }
         Scopes::new(v)
     }
+    /// The scopes, sorted and de-duplicated.
     pub fn as_slice(&self) -> &[Scope] {
         &self.0
     }
@@ -326,9 +330,13 @@ impl<'de> Deserialize<'de> for Scopes {
 #[derive(Clone, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Binding {
+    /// Who the operation runs as; fixed by the reservation (SPEC §2).
     pub principal: Principal,
+    /// The granted scopes; fixed by the reservation. Absent on the wire means none.
     #[serde(default)]
     pub scopes: Scopes,
+    /// The principal generation the caller authenticated under, in [0, 2^53 − 1]
+    /// at the API (SPEC §2). Only moves up on the reservation (claim rule 4).
     #[serde(deserialize_with = "whole_u64")]
     pub generation: u64,
 }
@@ -339,9 +347,13 @@ pub struct Binding {
 pub struct LeaseMs(u32);
 
 impl LeaseMs {
+    /// The shortest lease, in ms.
     pub const MIN: u64 = 100;
+    /// The longest lease, in ms (one hour).
     pub const MAX: u64 = 3_600_000;
+    /// The lease granted when a claim names none: 30 000 ms (SPEC §4 claim).
     pub const DEFAULT: LeaseMs = LeaseMs(30_000);
+    /// Validates `ms` against [[`LeaseMs::MIN`], [`LeaseMs::MAX`]] (field `lease_ms`).
     pub fn new(ms: u64) -> Result<LeaseMs, InvalidInput> {
         if !(Self::MIN..=Self::MAX).contains(&ms) {
             return Err(InvalidInput::new(
@@ -351,6 +363,7 @@ impl LeaseMs {
         }
         Ok(LeaseMs(ms as u32))
     }
+    /// The duration in ms.
     pub fn get(self) -> u64 {
         self.0 as u64
     }
@@ -384,9 +397,13 @@ impl Default for LeaseMs {
 pub struct RetentionS(u32);
 
 impl RetentionS {
+    /// The shortest retention, in seconds.
     pub const MIN: u64 = 1;
+    /// The longest retention, in seconds (365 days).
     pub const MAX: u64 = 31_536_000;
+    /// The retention when a claim names none: 86 400 s (one day, SPEC §4 claim).
     pub const DEFAULT: RetentionS = RetentionS(86_400);
+    /// Validates `s` against [[`RetentionS::MIN`], [`RetentionS::MAX`]] (field `retention_s`).
     pub fn new(s: u64) -> Result<RetentionS, InvalidInput> {
         if !(Self::MIN..=Self::MAX).contains(&s) {
             return Err(InvalidInput::new(
@@ -396,6 +413,7 @@ impl RetentionS {
         }
         Ok(RetentionS(s as u32))
     }
+    /// The retention in seconds.
     pub fn get(self) -> u64 {
         self.0 as u64
     }
@@ -430,7 +448,9 @@ impl Default for RetentionS {
 pub struct Text(Arc<str>);
 
 impl Text {
+    /// The longest label, in bytes of UTF-8.
     pub const MAX_BYTES: usize = 4096;
+    /// Validates `s` as a label; errors name `field`.
     pub fn new(field: &str, s: impl Into<String>) -> Result<Text, InvalidInput> {
         let s = s.into();
         if s.is_empty() {
@@ -454,6 +474,7 @@ impl Text {
         }
         Ok(Text(s.into()))
     }
+    /// The validated text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -489,7 +510,9 @@ impl fmt::Display for Text {
 pub struct ErrorText(Arc<str>);
 
 impl ErrorText {
+    /// The longest error text, in bytes of UTF-8 (the same as [`Text::MAX_BYTES`]).
     pub const MAX_BYTES: usize = Text::MAX_BYTES;
+    /// Checks only the length of `s`; errors name `field`.
     pub fn new(field: &str, s: impl Into<String>) -> Result<ErrorText, InvalidInput> {
         let s = s.into();
         if s.len() > Self::MAX_BYTES {
@@ -504,6 +527,7 @@ impl ErrorText {
         }
         Ok(ErrorText(s.into()))
     }
+    /// The text as given (it may be empty).
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -638,6 +662,7 @@ impl ResultJson {
         }
         Ok(())
     }
+    /// The compact JSON text, exactly as settled and as it is replayed.
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -647,9 +672,12 @@ impl ResultJson {
         // Construction validated the text and its depth, so this parses.
         serde_json::from_str(&self.0).unwrap_or(serde_json::Value::Null)
     }
+    /// The length of the compact text in bytes (what `max_result_bytes` limits).
     pub fn len(&self) -> usize {
         self.0.len()
     }
+    /// Never true for a constructed result (valid JSON is at least one byte);
+    /// the companion of [`ResultJson::len`].
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
@@ -724,12 +752,15 @@ impl<'de> Deserialize<'de> for ResultJson {
 pub struct Timestamp(pub u64);
 
 impl Timestamp {
+    /// The instant `ms` milliseconds after the Unix epoch.
     pub fn from_millis(ms: u64) -> Timestamp {
         Timestamp(ms)
     }
+    /// Milliseconds since the Unix epoch.
     pub fn millis(self) -> u64 {
         self.0
     }
+    /// `ms` milliseconds later, saturating at the end of time instead of wrapping.
     pub fn plus_ms(self, ms: u64) -> Timestamp {
         Timestamp(self.0.saturating_add(ms))
     }
@@ -737,9 +768,12 @@ impl Timestamp {
     pub fn ms_since(self, earlier: Timestamp) -> u64 {
         self.0.saturating_sub(earlier.0)
     }
+    /// The same instant as a [`SystemTime`].
     pub fn to_system_time(self) -> SystemTime {
         UNIX_EPOCH + Duration::from_millis(self.0)
     }
+    /// The instant `t`, truncated to whole milliseconds; instants before the
+    /// epoch become the epoch itself.
     pub fn from_system_time(t: SystemTime) -> Timestamp {
         Timestamp(
             t.duration_since(UNIX_EPOCH)
@@ -747,6 +781,7 @@ impl Timestamp {
                 .unwrap_or(0),
         )
     }
+    /// RFC 3339 in UTC with milliseconds (`2023-11-14T22:13:20.123Z`), the JSON form.
     pub fn to_rfc3339(self) -> String {
         humantime::format_rfc3339_millis(self.to_system_time()).to_string()
     }

@@ -15,11 +15,15 @@ use crate::types::{Fence, Key, Principal, TaskId, TenantId, Timestamp};
 /// All state of a ledger, in memory.
 #[derive(Clone, Debug)]
 pub struct World {
+    /// Every tenant's operation records.
     pub records: HashMap<(TenantId, Key), Record>,
+    /// Every tenant's principal generations; absent means generation 0.
     pub principals: HashMap<(TenantId, Principal), PrincipalState>,
+    /// Every tenant's warnings, per task.
     pub warnings: HashMap<(TenantId, TaskId), Vec<Warning>>,
     /// The next fence to grant (fences start at 1).
     pub next_fence: u64,
+    /// The limits every command runs under.
     pub limits: Limits,
 }
 
@@ -30,6 +34,7 @@ impl Default for World {
 }
 
 impl World {
+    /// An empty ledger whose first lease gets fence 1.
     pub fn new(limits: Limits) -> World {
         World {
             records: HashMap::new(),

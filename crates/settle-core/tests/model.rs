@@ -230,6 +230,7 @@ impl Model {
         }
     }
 
+    #[allow(clippy::too_many_lines)] // one scenario, kept whole
     fn command(&self, op: &Op) -> Option<(TenantId, Command)> {
         let t = |i: &u8| self.tenants[*i as usize].clone();
         let k = |i: &u8| Key::new(KEYS[*i as usize]).unwrap();
@@ -383,6 +384,7 @@ impl Model {
         self.check(&before, &tn, &cmd, &applied, now)
     }
 
+    #[allow(clippy::too_many_lines)] // one scenario, kept whole
     fn check(
         &mut self,
         before: &World,

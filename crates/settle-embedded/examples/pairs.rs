@@ -1,5 +1,6 @@
 //! Quick in-process pair benchmark for profiling: `cargo run --release -p
 //! settle-embedded --example pairs -- DIR CONCURRENCY SECONDS`.
+#![allow(clippy::print_stdout)] // an example prints its figures
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;

@@ -17,7 +17,7 @@
 //! them from two threads, [`crate::InlineStore`] from the caller's thread
 //! (deterministic, for power-loss tests and simulation).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use dashmap::DashMap;
+use parking_lot::RwLock;
 use settle_core::{
     Command, Ctx, Fence, Limits, OpState, PrincipalState, Principals, RefusalCode, Reply, Target,
     TenantId, Timestamp, apply, principals_needed,
@@ -67,6 +68,10 @@ impl Slot {
 pub struct Shared<I> {
     /// Durable state changed since the last checkpoint, plus every open record.
     pub map: DashMap<Box<[u8]>, Slot, Hasher>,
+    /// The record keys of `map`, sorted (the inspection listing merges them
+    /// with the index's). Changed only while the key's map shard is locked,
+    /// so it never disagrees with `map` about a key.
+    pub record_keys: RwLock<BTreeSet<Box<[u8]>>>,
     pub index: I,
     /// Set on any write, fsync or checkpoint failure: the store fails closed.
     pub poisoned: AtomicBool,
@@ -91,8 +96,14 @@ impl<I: Index> Shared<I> {
         clock: Clock,
         limits: Limits,
     ) -> Self {
+        let record_keys = map
+            .iter()
+            .filter(|s| s.key().first() == Some(&b'r'))
+            .map(|s| s.key().clone())
+            .collect();
         Shared {
             map,
+            record_keys: RwLock::new(record_keys),
             index,
             poisoned: AtomicBool::new(false),
             clock,
@@ -339,6 +350,9 @@ impl<F: Fs, I: Index> Core<F, I> {
                         s.value = value;
                     }
                     dashmap::Entry::Vacant(e) => {
+                        if e.key().first() == Some(&b'r') {
+                            self.shared.record_keys.write().insert(e.key().clone());
+                        }
                         e.insert(Slot { lsn, value });
                     }
                 }
@@ -757,9 +771,14 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         Faults::step(&self.faults, CheckpointStep::SegmentDeleted);
         // Evict what was checkpointed unless a later batch changed it since.
         for (lsn, e) in &taken {
-            self.shared
-                .map
-                .remove_if(e.key, |_, s| s.lsn == *lsn && s.evictable());
+            self.shared.map.remove_if(e.key, |k, s| {
+                let evict = s.lsn == *lsn && s.evictable();
+                if evict && k.first() == Some(&b'r') {
+                    // Under the shard lock: a writer cannot re-add it in between.
+                    self.shared.record_keys.write().remove(k);
+                }
+                evict
+            });
         }
         self.meta = meta;
         if let Some(f) = &self.faults {

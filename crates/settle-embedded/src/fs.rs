@@ -13,6 +13,7 @@ use std::path::Path;
 
 /// A filesystem as the log sees it.
 pub trait Fs: Clone + Send + Sync + 'static {
+    /// An open file.
     type File: FsFile;
     /// Held while a store has its directory open.
     type Lock: Send + Sync + 'static;
@@ -20,6 +21,7 @@ pub trait Fs: Clone + Send + Sync + 'static {
     /// thread (the simulated disk prepares it inline, to stay deterministic).
     const BACKGROUND_PREPARE: bool;
 
+    /// Whether `path` is an existing directory.
     fn is_dir(&self, path: &Path) -> bool;
     /// Creates one directory (its parent must exist). Not durable until the
     /// parent directory is synced.
@@ -32,7 +34,9 @@ pub trait Fs: Clone + Send + Sync + 'static {
     fn open(&self, path: &Path) -> io::Result<Self::File>;
     /// The whole content of a file.
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// Renames a file (atomic; not durable until the directory is synced).
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes a file (not durable until the directory is synced).
     fn remove(&self, path: &Path) -> io::Result<()>;
     /// Makes the directory's entries (creations, renames, removals) durable.
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;

@@ -4,26 +4,31 @@
 //! records that are not terminal, reloaded into memory at start), `expiry`
 //! (`[expires_at BE][id]` of terminal records, for collection) and `meta`.
 
+use std::ops::Bound;
 use std::path::Path;
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use settle_ledger::StoreError;
 
+/// Ids and stored values of open records.
+pub type OpenRecords<B> = Vec<(Vec<u8>, B)>;
+
 /// The durable index as the engine sees it: the state as of the last
-/// checkpoint. Values are the encoded bytes of the log ([`crate::codec::encode_value`]);
+/// checkpoint. Values are the encoded bytes of the log (`codec::encode_value`);
 /// decoding them is the engine's business, so an undecodable value is
 /// handled the same way whatever holds it.
 ///
 /// [`FjallIndex`] is the real one; [`crate::sim::MemIndex`] keeps it in
 /// memory, with the same durability points, for power-loss tests and
 /// simulation (fjall has no pluggable filesystem).
-/// Ids and stored values of open records.
-pub type OpenRecords<B> = Vec<(Vec<u8>, B)>;
-
 pub trait Index: Send + Sync + 'static {
+    /// A stored value as the index hands it out (a fjall slice, or owned bytes).
     type Bytes: AsRef<[u8]> + Send + 'static;
 
+    /// The stored value of entity `key` in `data`, if any.
     fn get(&self, key: &[u8]) -> Result<Option<Self::Bytes>, StoreError>;
+    /// The meta of the last completed checkpoint (a fresh index reports
+    /// nothing checkpointed).
     fn meta(&self) -> Result<Meta, StoreError>;
     /// The ids and values of the records listed as open (to reload at start;
     /// the list may hold records that settled since: the caller filters).
@@ -45,6 +50,13 @@ pub trait Index: Send + Sync + 'static {
     /// Drops an expiry entry that no longer matches its record (not synced:
     /// it may come back after a crash, and is dropped again).
     fn forget_expiry(&self, t: u64, key: &[u8]) -> Result<(), StoreError>;
+    /// Keys in `data` within `range` (entities, deleted ones excluded), in
+    /// order, at most `limit` (the inspection listing).
+    fn keys_in(
+        &self,
+        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError>;
     /// Every stored entity, raw (offline inspection).
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError>;
 }
@@ -78,6 +90,7 @@ pub struct Meta {
 
 /// One entity written by a checkpoint (its newest state in the covered log).
 pub struct CheckpointItem<'a> {
+    /// The entity's key in `data` (an encoded entity key).
     pub key: &'a [u8],
     /// A record that is not terminal.
     pub open: bool,
@@ -87,6 +100,8 @@ pub struct CheckpointItem<'a> {
     pub value: &'a [u8],
 }
 
+/// The key of an `expiry` entry: `expires_at_ms` big-endian, then the record
+/// key, so entries sort by time.
 pub fn expiry_key(expires_at_ms: u64, key: &[u8]) -> Vec<u8> {
     let mut k = Vec::with_capacity(8 + key.len());
     k.extend_from_slice(&expires_at_ms.to_be_bytes());
@@ -104,6 +119,7 @@ pub fn split_expiry_key(k: &[u8]) -> Result<(u64, &[u8]), StoreError> {
 }
 
 impl FjallIndex {
+    /// Opens (or creates) the index in the directory `path`.
     pub fn open(path: &Path) -> Result<FjallIndex, StoreError> {
         let db = Database::builder(path)
             // We persist explicitly at each checkpoint; the log covers the rest.
@@ -234,7 +250,6 @@ impl Index for FjallIndex {
         now_ms: u64,
         limit: usize,
     ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
-        use std::ops::Bound;
         let end = expiry_key(now_ms.saturating_add(1), &[]);
         let start = match after {
             Some(a) => Bound::Excluded(a.to_vec()),
@@ -254,6 +269,19 @@ impl Index for FjallIndex {
 
     fn forget_expiry(&self, t: u64, key: &[u8]) -> Result<(), StoreError> {
         self.expiry.remove(expiry_key(t, key)).map_err(err)
+    }
+
+    fn keys_in(
+        &self,
+        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut out = Vec::new();
+        // A snapshot read: it never waits for the checkpointer or the writer.
+        for g in self.data.range(range).take(limit) {
+            out.push(g.key().map_err(err)?.to_vec());
+        }
+        Ok(out)
     }
 
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError> {

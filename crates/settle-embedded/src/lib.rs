@@ -36,6 +36,7 @@ use settle_core::{
     Command, Key, Limits, Principals, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp,
     Warning, view_at,
 };
+use settle_ledger::inspect::Scan;
 use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 
 use crate::codec::{EntityKey, Value, decode_value};
@@ -48,7 +49,9 @@ pub use crate::wal::{CheckpointStep, Faults};
 /// How the embedded store is opened.
 #[derive(Clone, Debug)]
 pub struct EmbeddedOptions {
+    /// The rules' limits (lease margin, warning cap, result size).
     pub limits: Limits,
+    /// The store's clock (tests skew it to move time without sleeping).
     pub clock: Clock,
     /// Most commands in one group commit.
     pub max_batch: usize,
@@ -244,6 +247,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         self.shared.poisoned.load(Ordering::SeqCst)
     }
 
+    /// The directory the store was opened on.
     pub fn dir(&self) -> &Path {
         &self.dir
     }
@@ -388,6 +392,94 @@ fn stats_sync<I: Index>(shared: &Shared<I>, stuck_after_ms: u64) -> StoreStats {
     s.disputed = shared.disputed.load(Ordering::SeqCst);
     s.undecodable = shared.undecodable.len() as u64;
     s
+}
+
+/// The next `max` records of `tenant` after `after`: the sorted keys of
+/// the records in memory merged with the index's, each loaded and viewed
+/// like `get`. Holds the key set's read lock only to copy `max` keys, so
+/// the writer waits at most that long.
+fn scan_sync<I: Index>(
+    shared: &Shared<I>,
+    tenant: &TenantId,
+    after: Option<&Key>,
+    max: usize,
+) -> Result<Scan, StoreError> {
+    use std::ops::Bound;
+    let max = max.max(1);
+    let now = shared.now();
+    let prefix = EntityKey::Record(tenant.clone(), Key::new("!").expect("valid key")).to_bytes();
+    let prefix = &prefix[..prefix.len() - 1];
+    let start = match after {
+        Some(k) => Bound::Excluded(EntityKey::Record(tenant.clone(), k.clone()).to_bytes()),
+        None => Bound::Included(prefix.to_vec()),
+    };
+    // The tenant's record keys end before `r<tenant>\x01`.
+    let mut end = prefix.to_vec();
+    *end.last_mut().expect("separator") = 1;
+    let end = Bound::Excluded(end);
+    let mem: Vec<Vec<u8>> = shared
+        .record_keys
+        .read()
+        .range::<[u8], _>((
+            start.as_ref().map(Vec::as_slice),
+            end.as_ref().map(Vec::as_slice),
+        ))
+        .take(max)
+        .map(|k| k.to_vec())
+        .collect();
+    let idx = shared.index.keys_in((start, end), max)?;
+    // Each list holds every key up to its last one; a full list may stop
+    // early, so the merge is only complete up to the smaller full last key.
+    let mut bound: Option<&Vec<u8>> = None;
+    for l in [&mem, &idx] {
+        if l.len() == max {
+            let last = l.last().expect("non-empty");
+            bound = Some(bound.map_or(last, |b| b.min(last)));
+        }
+    }
+    let mut keys: Vec<&Vec<u8>> = mem.iter().chain(idx.iter()).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    if let Some(b) = bound {
+        keys.retain(|k| *k <= b);
+    }
+    let more = bound.is_some() || keys.len() > max;
+    keys.truncate(max);
+    let mut records = Vec::with_capacity(keys.len());
+    let mut principals = Principals::new();
+    for k in &keys {
+        let Some(v) = shared.load(k)? else { continue };
+        // Collected (`Gone`) or undecodable (counted by the gauges): not listed.
+        let Value::Record(r) = &*v else { continue };
+        let p = &r.reservation.principal;
+        if !principals.contains(p) {
+            match shared.principal(tenant, p)? {
+                Ok(st) => principals.insert(p.clone(), st),
+                Err(_) => {
+                    records.push(r.clone());
+                    continue;
+                }
+            };
+        }
+        match view_at(Some(r), &principals, now) {
+            Ok(Some(view)) => records.push(view),
+            Ok(None) => {}
+            // Refused under §6.9: listed as stored.
+            Err(_) => records.push(r.clone()),
+        }
+    }
+    let next = match (more, keys.last()) {
+        (true, Some(k)) => match EntityKey::from_bytes(k)? {
+            EntityKey::Record(_, key) => Some(key),
+            _ => {
+                return Err(StoreError::Corrupt(
+                    "a record key range held another entity".into(),
+                ));
+            }
+        },
+        _ => None,
+    };
+    Ok(Scan { records, next, now })
 }
 
 fn health_sync<I: Index>(shared: &Shared<I>, closed: bool) -> Result<(), StoreError> {
@@ -558,6 +650,19 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
         Box::pin(async move { Ok(self.shared.now()) })
     }
 
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        let shared = self.shared.clone();
+        let (tenant, after) = (tenant.clone(), after.cloned());
+        Box::pin(async move {
+            blocking(move || scan_sync(&shared, &tenant, after.as_ref(), max)).await?
+        })
+    }
+
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move { health_sync(&self.shared, self.closed.load(Ordering::SeqCst)) })
     }
@@ -646,6 +751,7 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
             .expect("one answer")
     }
 
+    /// The `get` view now, on the caller's thread (see [`Store::get`]).
     pub fn get_now(
         &self,
         tenant: &TenantId,
@@ -654,6 +760,7 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
         get_sync(&self.shared, tenant, key)
     }
 
+    /// The warnings of `task`, on the caller's thread.
     pub fn warnings_now(
         &self,
         tenant: &TenantId,
@@ -685,6 +792,7 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
         self.inner.lock().closed = true;
     }
 
+    /// Whether the store refuses writes after a storage failure.
     pub fn is_poisoned(&self) -> bool {
         self.shared.poisoned.load(Ordering::SeqCst)
     }
@@ -781,6 +889,16 @@ impl<F: Fs, I: Index> Store for InlineStore<F, I> {
 
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         Box::pin(async move { Ok(self.shared.now()) })
+    }
+
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        // Inline: deterministic, on the caller's thread.
+        Box::pin(async move { scan_sync(&self.shared, tenant, after, max) })
     }
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {

@@ -52,9 +52,11 @@ pub enum Crash {
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator seeded with `seed` (any value, zero included).
     pub fn new(seed: u64) -> Rng {
         Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
     }
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
@@ -286,6 +288,7 @@ impl SimDisk {
         self.inner.lock().powered = false;
     }
 
+    /// `false` once the power was cut: every operation on this handle fails.
     pub fn is_powered(&self) -> bool {
         self.inner.lock().powered
     }
@@ -799,6 +802,21 @@ impl Index for MemIndex {
         s.live.apply(&op);
         s.pending.push(op);
         Ok(())
+    }
+
+    fn keys_in(
+        &self,
+        range: (Bound<Vec<u8>>, Bound<Vec<u8>>),
+        limit: usize,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        self.check()?;
+        let s = self.inner.lock();
+        Ok(s.live
+            .data
+            .range(range)
+            .take(limit)
+            .map(|(k, _)| k.clone())
+            .collect())
     }
 
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError> {

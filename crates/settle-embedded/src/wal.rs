@@ -99,6 +99,7 @@ impl Faults {
     pub fn hold_checkpoints(&self) {
         self.gate.lock().held = true;
     }
+    /// Lets held checkpoints go on (see [`Faults::hold_checkpoints`]).
     pub fn release_checkpoints(&self) {
         self.gate.lock().held = false;
         self.changed.notify_all();

@@ -36,6 +36,7 @@ impl Drop for Release {
     }
 }
 
+#[allow(clippy::too_many_lines)] // one scenario, kept whole
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_checkpointer_bounds_the_log_and_the_queue() {
     let dir = tempfile::tempdir().unwrap();

@@ -24,13 +24,22 @@ use crate::store::{Store, StoreError};
 /// What one run measured.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PairStats {
+    /// How many workers ran at once.
     pub concurrency: usize,
+    /// Wall time of the run, in seconds.
     pub duration_s: f64,
+    /// Pairs settled.
     pub pairs: u64,
+    /// Settled pairs per second of wall time.
     pub pairs_per_s: f64,
+    /// Median pair latency, in ms (µs samples; a batch call's latency counts for
+    /// each of its pairs).
     pub p50_ms: f64,
+    /// 99th percentile pair latency, in ms.
     pub p99_ms: f64,
+    /// 99.9th percentile pair latency, in ms.
     pub p999_ms: f64,
+    /// Slowest pair, in ms.
     pub max_ms: f64,
 }
 
@@ -157,12 +166,19 @@ pub async fn run_workers<W: PairWorker>(
 /// Why an in-process run stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
+    /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
     /// The store answered something a fresh key cannot get (e.g. the key
     /// was not fresh: the run's prefix was used before).
     #[error("unexpected answer for {key}: {answer}")]
-    Unexpected { key: String, answer: String },
+    Unexpected {
+        /// The pair's key.
+        key: String,
+        /// The store's answer, in `Debug` form.
+        answer: String,
+    },
+    /// The pair's input did not validate.
     #[error(transparent)]
     Input(#[from] InvalidInput),
 }
@@ -170,8 +186,11 @@ pub enum BenchError {
 /// The request every benchmark pair claims and settles.
 #[derive(Debug, Clone)]
 pub struct PairInput {
+    /// The fingerprint every pair's claim and settle carry.
     pub fingerprint: Digest,
+    /// The binding every pair runs under.
     pub binding: Binding,
+    /// The outcome every pair settles.
     pub outcome: Outcome,
 }
 

@@ -17,17 +17,21 @@ use std::sync::Arc;
 use settle_core::testkit::*;
 use settle_core::*;
 
+use crate::inspect::{self, ListFilter, ListQuery, ListStatus, TenantStats};
 use crate::store::{Clock, Store};
 
 /// A fresh store for one test, its clock, and whatever must live as long as it.
 pub struct Fixture {
+    /// The store under test, empty.
     pub store: Arc<dyn Store>,
+    /// The store's clock; cases advance it instead of sleeping.
     pub clock: Clock,
     /// Dropped after the test (e.g. a temporary directory or database).
     pub guard: Option<Box<dyn Any + Send + Sync>>,
 }
 
 impl Fixture {
+    /// A fixture with nothing to keep alive.
     pub fn new(store: Arc<dyn Store>, clock: Clock) -> Fixture {
         Fixture {
             store,
@@ -85,7 +89,10 @@ macro_rules! conformance_tests {
             results_are_stored_as_sent,
             invalid_commands_write_nothing,
             quarantine_does_not_move_updated_at,
-            batches_apply_in_order
+            batches_apply_in_order,
+            listing_returns_every_record_once_per_tenant,
+            listing_while_records_change_returns_each_once,
+            listing_filters_and_tenant_stats_agree
         );
     };
     (@cases $make:expr; $($name:ident),* $(,)?) => {
@@ -99,6 +106,9 @@ macro_rules! conformance_tests {
     };
 }
 
+/// Claim, settle `completed`, then a claim replays the same outcome and
+/// receipt, and a repeated settle (a lost acknowledgement) returns the same
+/// receipt; all of it as stored.
 pub async fn claim_settle_replay_roundtrip(fx: &Fixture) {
     let f = fx.exec(claim("order-1", 1, binding("alice", 0))).await;
     let r = fx.get("order-1").await.expect("record exists");
@@ -131,6 +141,8 @@ pub async fn claim_settle_replay_roundtrip(fx: &Fixture) {
     );
 }
 
+/// 24 racing first claims of one key: exactly one `execute`, the others
+/// `in_flight` (the reservation is one compare-and-set).
 pub async fn racing_first_claims_execute_exactly_once(fx: &Fixture) {
     let tasks: Vec<_> = (0..24)
         .map(|_| {
@@ -156,6 +168,7 @@ pub async fn racing_first_claims_execute_exactly_once(fx: &Fixture) {
     assert_eq!((executes, in_flight), (1, 23));
 }
 
+/// Fences strictly increase across keys (SPEC §6.3: store-wide).
 pub async fn fences_strictly_increase_across_keys(fx: &Fixture) {
     let mut last = Fence(0);
     for i in 0..50 {
@@ -167,6 +180,8 @@ pub async fn fences_strictly_increase_across_keys(fx: &Fixture) {
     }
 }
 
+/// 200 concurrent claim+settle pairs on distinct keys all settle, each
+/// under its own fence, and every receipt is stored.
 pub async fn concurrent_pairs_on_many_keys_all_settle(fx: &Fixture) {
     let tasks: Vec<_> = (0..200)
         .map(|i| {
@@ -201,6 +216,8 @@ pub async fn concurrent_pairs_on_many_keys_all_settle(fx: &Fixture) {
     }
 }
 
+/// Claims with another fingerprint, principal or scopes are refused and
+/// change nothing (SPEC §6.7).
 pub async fn mismatched_claim_changes_nothing(fx: &Fixture) {
     fx.exec(claim("m", 1, binding("alice", 0))).await;
     let before = fx.get("m").await.unwrap();
@@ -214,6 +231,8 @@ pub async fn mismatched_claim_changes_nothing(fx: &Fixture) {
     assert_eq!(fx.get("m").await.unwrap(), before);
 }
 
+/// Evidence under a stale fence is refused, quarantined durably, and the
+/// canonical status is unchanged.
 pub async fn refused_evidence_is_quarantined_durably(fx: &Fixture) {
     let f = fx.exec(claim("q", 1, binding("alice", 0))).await;
     let r = fx
@@ -233,6 +252,8 @@ pub async fn refused_evidence_is_quarantined_durably(fx: &Fixture) {
     assert_eq!(rec.status, Status::Pending);
 }
 
+/// A disagreeing terminal from the same fence gets `result_mismatch`, the
+/// record is stored `disputed`, the first receipt stays canonical (settle rule 0).
 pub async fn disputed_is_persisted(fx: &Fixture) {
     let f = fx.exec(claim("d", 1, binding("alice", 0))).await;
     let rc = receipt(
@@ -248,6 +269,8 @@ pub async fn disputed_is_persisted(fx: &Fixture) {
     assert_eq!(rec.receipt, Some(rc));
 }
 
+/// An expired lease moves the record to `unknown` with `reconcile_required`
+/// (applied lazily by `get`), and the next claim gets `reconcile`.
 pub async fn lease_expiry_moves_to_unknown_and_reconcile(fx: &Fixture) {
     fx.exec(claim_with("e", 1, binding("alice", 0), 1000, false))
         .await;
@@ -261,6 +284,8 @@ pub async fn lease_expiry_moves_to_unknown_and_reconcile(fx: &Fixture) {
     ));
 }
 
+/// The sweep ends lapsed leases and collects terminal records past their
+/// retention; a collected key can be reserved afresh.
 pub async fn sweep_expires_leases_and_collects_records(fx: &Fixture) {
     fx.exec(claim_with("s1", 1, binding("alice", 0), 1000, false))
         .await;
@@ -284,6 +309,9 @@ pub async fn sweep_expires_leases_and_collects_records(fx: &Fixture) {
     assert_eq!(fx.get("s2").await.unwrap().reservation.fingerprint, fp(2));
 }
 
+/// A heartbeat's new expiry is stored and keeps the lease live; release
+/// (not_dispatched) is stored; after `dispatch` the same release is
+/// `receipt_required`.
 pub async fn heartbeat_dispatch_release_are_persisted(fx: &Fixture) {
     let f = fx
         .exec(claim_with("h", 1, binding("alice", 0), 1000, true))
@@ -323,6 +351,9 @@ pub async fn heartbeat_dispatch_release_are_persisted(fx: &Fixture) {
     );
 }
 
+/// Reconcile findings are stored: `unavailable` releases and keeps
+/// `reconcile_required`, `not_committed` turns the lease into `execute` and
+/// clears the flag, and a settle under it is accepted.
 pub async fn reconcile_findings_are_persisted(fx: &Fixture) {
     let f = fx.exec(claim("r", 1, binding("alice", 0))).await;
     let u = receipt(
@@ -358,6 +389,9 @@ pub async fn reconcile_findings_are_persisted(fx: &Fixture) {
     assert_eq!(fx.get("r").await.unwrap().status, Status::Failed);
 }
 
+/// Revoke raises the generation durably: the holder's lease lapses
+/// (`lease_expired`), older bindings get `stale_binding`, and a claim at the
+/// new generation raises the reservation's.
 pub async fn revoke_is_persisted_and_lapses_leases(fx: &Fixture) {
     let f = fx.exec(claim("v", 1, binding("alice", 3))).await;
     assert_eq!(
@@ -383,6 +417,8 @@ pub async fn revoke_is_persisted_and_lapses_leases(fx: &Fixture) {
     assert_eq!(fx.get("v").await.unwrap().reservation.generation, 4);
 }
 
+/// Warnings count per task and class and keep their detail; the 65th class
+/// of a task is `too_many_classes`.
 pub async fn warnings_are_bounded_per_task(fx: &Fixture) {
     let warn = |class: &str, detail: Option<&str>| {
         Command::Warn(Warn {
@@ -422,6 +458,8 @@ pub async fn warnings_are_bounded_per_task(fx: &Fixture) {
     assert_eq!(ws.len(), 64);
 }
 
+/// The same key and principal name in another tenant is another operation;
+/// a revoke there does not reach ours (SPEC §6.8).
 pub async fn tenants_never_meet(fx: &Fixture) {
     let other = TenantId::new("globex").unwrap();
     let f = fx.exec(claim("shared", 1, binding("alice", 0))).await;
@@ -455,6 +493,7 @@ pub async fn tenants_never_meet(fx: &Fixture) {
     );
 }
 
+/// Calls on an unknown key are `not_found` and create nothing.
 pub async fn unknown_keys_are_not_found(fx: &Fixture) {
     assert!(fx.get("nope").await.is_none());
     for cmd in [
@@ -469,6 +508,8 @@ pub async fn unknown_keys_are_not_found(fx: &Fixture) {
     assert!(fx.get("nope").await.is_none(), "refusals create nothing");
 }
 
+/// [`crate::Store::stats`] counts open, `unknown`, `reconcile_required` and
+/// stuck records, not settled ones.
 pub async fn stats_count_open_records(fx: &Fixture) {
     fx.exec(claim_with("st1", 1, binding("alice", 0), 1000, false))
         .await;
@@ -677,4 +718,213 @@ pub async fn batches_apply_in_order(fx: &Fixture) {
     let bb = fx.get("bb").await.unwrap();
     assert!(bb.receipt.is_none() && !bb.status.is_terminal(), "{bb:?}");
     assert!(fx.store.execute_batch(&t, Vec::new()).await.is_empty());
+}
+
+/// Every page of a listing with `filter`, keys in order of appearance.
+async fn list_all(fx: &Fixture, t: &TenantId, filter: ListFilter, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let q = ListQuery {
+            filter: filter.clone(),
+            after: after.take(),
+            limit,
+            stuck_after_ms: 1000,
+        };
+        let page = inspect::list(&*fx.store, t, &q).await.expect("store works");
+        assert!(page.records.len() <= limit);
+        out.extend(page.records.iter().map(|r| r.key.as_str().to_string()));
+        match page.next {
+            Some(k) => after = Some(k),
+            None => return out,
+        }
+    }
+}
+
+/// SPEC §9: keyset pages return every record exactly once, in key order,
+/// and only the caller's tenant's.
+pub async fn listing_returns_every_record_once_per_tenant(fx: &Fixture) {
+    let other = TenantId::new("globex").unwrap();
+    let mut ours = Vec::new();
+    for i in 0..23 {
+        let k = format!("l-{i:02}");
+        let f = fx.exec(claim(&k, 1, binding("alice", 0))).await;
+        if i % 3 == 0 {
+            receipt(
+                fx.run(settle(&k, f, 1, binding("alice", 0), completed(1)))
+                    .await,
+            );
+        }
+        ours.push(k);
+    }
+    for i in 0..5 {
+        fx.run_as(&other, claim(&format!("l-{i:02}x"), 1, binding("alice", 0)))
+            .await;
+    }
+    for limit in [1, 4, 7, 23, 100] {
+        let got = list_all(fx, &fx.tenant(), ListFilter::default(), limit).await;
+        assert_eq!(got, ours, "limit {limit}");
+    }
+    let theirs = list_all(fx, &other, ListFilter::default(), 2).await;
+    assert_eq!(theirs.len(), 5);
+    assert!(theirs.iter().all(|k| k.ends_with('x')));
+    let nobody = list_all(
+        fx,
+        &TenantId::new("initech").unwrap(),
+        ListFilter::default(),
+        10,
+    )
+    .await;
+    assert!(nobody.is_empty());
+}
+
+/// Records created and settled between pages: each record that existed
+/// throughout appears exactly once, and no key appears twice.
+pub async fn listing_while_records_change_returns_each_once(fx: &Fixture) {
+    let t = fx.tenant();
+    let mut fences = Vec::new();
+    for i in 0..30 {
+        let k = format!("c-{:02}", i * 2);
+        fences.push((k.clone(), fx.exec(claim(&k, 1, binding("alice", 0))).await));
+    }
+    let mut seen = Vec::new();
+    let mut after = None;
+    let mut round = 0;
+    loop {
+        let q = ListQuery {
+            filter: ListFilter::default(),
+            after: after.take(),
+            limit: 4,
+            stuck_after_ms: 1000,
+        };
+        let page = inspect::list(&*fx.store, &t, &q).await.unwrap();
+        seen.extend(page.records.iter().map(|r| r.key.as_str().to_string()));
+        // Changes between pages: new keys on both sides of the cursor, and
+        // settles of records already listed and not yet listed.
+        fx.exec(claim(
+            &format!("c-{:02}", round * 2 + 1),
+            1,
+            binding("alice", 0),
+        ))
+        .await;
+        fx.exec(claim(&format!("b-{round:02}"), 1, binding("alice", 0)))
+            .await;
+        if let Some((k, f)) = fences.get(round * 3 % 30) {
+            fx.run(settle(k, *f, 1, binding("alice", 0), completed(1)))
+                .await;
+        }
+        round += 1;
+        match page.next {
+            Some(k) => after = Some(k),
+            None => break,
+        }
+    }
+    let unique: HashSet<&String> = seen.iter().collect();
+    assert_eq!(unique.len(), seen.len(), "no key twice: {seen:?}");
+    for (k, _) in &fences {
+        assert!(unique.contains(k), "{k} existed throughout and was listed");
+    }
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(sorted, seen, "key order");
+}
+
+/// Each filter selects exactly the records it names, and the tenant's
+/// counts agree with the listing.
+pub async fn listing_filters_and_tenant_stats_agree(fx: &Fixture) {
+    let t = fx.tenant();
+    let b = || binding("alice", 0);
+    // running: an open lease
+    fx.exec(claim("f-running", 1, b())).await;
+    // pending, stuck: released (nothing applied), then left alone
+    let f = fx.exec(claim("f-stuck", 1, b())).await;
+    fx.run(release_not_committed("f-stuck", f)).await;
+    // completed, then disputed by a different result
+    let f = fx.exec(claim("f-disputed", 1, b())).await;
+    receipt(fx.run(settle("f-disputed", f, 1, b(), completed(1))).await);
+    fx.run(settle("f-disputed", f, 1, b(), completed(2))).await;
+    // failed
+    let f = fx.exec(claim("f-failed", 1, b())).await;
+    receipt(fx.run(settle("f-failed", f, 1, b(), failed(1))).await);
+    // unknown, reconcile required
+    let f = fx.exec(claim("f-unknown", 1, b())).await;
+    fx.run(settle("f-unknown", f, 1, b(), unknown())).await;
+    // quarantined: evidence under a fence never granted
+    let f = fx.exec(claim("g-quarantined", 1, b())).await;
+    fx.run(settle(
+        "g-quarantined",
+        Fence(f.0 + 1000),
+        1,
+        b(),
+        completed(1),
+    ))
+    .await;
+    fx.clock.advance(1500);
+
+    let by = |filter: ListFilter| list_all(fx, &t, filter, 2);
+    let st = |s: &[ListStatus]| ListFilter {
+        statuses: s.to_vec(),
+        ..ListFilter::default()
+    };
+    assert_eq!(
+        by(st(&[ListStatus::Running])).await,
+        ["f-running", "g-quarantined"]
+    );
+    assert_eq!(
+        by(st(&[ListStatus::Pending])).await,
+        ["f-running", "f-stuck", "g-quarantined"],
+        "pending includes running"
+    );
+    assert_eq!(
+        by(st(&[ListStatus::Failed, ListStatus::Completed])).await,
+        ["f-disputed", "f-failed"]
+    );
+    let flag = |f: fn(&mut ListFilter)| {
+        let mut x = ListFilter::default();
+        f(&mut x);
+        x
+    };
+    assert_eq!(by(flag(|x| x.disputed = Some(true))).await, ["f-disputed"]);
+    assert_eq!(
+        by(flag(|x| x.reconcile_required = Some(true))).await,
+        ["f-unknown"]
+    );
+    assert_eq!(
+        by(flag(|x| x.stuck = Some(true))).await,
+        ["f-stuck", "f-unknown"]
+    );
+    // The disputing evidence was quarantined too.
+    assert_eq!(
+        by(flag(|x| x.quarantined = Some(true))).await,
+        ["f-disputed", "g-quarantined"]
+    );
+    assert_eq!(
+        by(flag(|x| x.key_prefix = Some("g-".into()))).await,
+        ["g-quarantined"]
+    );
+    assert_eq!(by(flag(|x| x.disputed = Some(false))).await.len(), 5);
+
+    let s = inspect::tenant_stats(&*fx.store, &t, 1000).await.unwrap();
+    assert_eq!(
+        s,
+        TenantStats {
+            pending: 1,
+            running: 2,
+            unknown: 1,
+            conflict: 0,
+            failed: 1,
+            completed: 1,
+            total: 6,
+            reconcile_required: 1,
+            disputed: 1,
+            stuck: 2,
+            quarantined: 2,
+            quarantined_records: 2,
+            refused: 0,
+        }
+    );
+    let other = inspect::tenant_stats(&*fx.store, &TenantId::new("globex").unwrap(), 1000)
+        .await
+        .unwrap();
+    assert_eq!(other, TenantStats::default());
 }

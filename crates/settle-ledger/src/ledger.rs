@@ -25,6 +25,7 @@ pub enum LedgerError {
 }
 
 impl LedgerError {
+    /// The protocol refusal, if this is one.
     pub fn refusal(&self) -> Option<RefusalCode> {
         match self {
             LedgerError::Refused(c) => Some(*c),
@@ -47,6 +48,8 @@ pub enum Reconciled {
 /// Settings the ledger checks before a command reaches the store.
 #[derive(Debug, Clone, Copy)]
 pub struct LedgerConfig {
+    /// The largest settled result accepted, in bytes of compact JSON (SPEC
+    /// `max_result_bytes`, default 64 KiB).
     pub max_result_bytes: usize,
 }
 
@@ -71,15 +74,19 @@ fn unexpected(reply: Reply) -> LedgerError {
 }
 
 impl Ledger {
+    /// A ledger over `store` with the default [`LedgerConfig`].
     pub fn new(store: Arc<dyn Store>) -> Ledger {
         Ledger::with_config(store, LedgerConfig::default())
     }
+    /// A ledger over `store` with `config`.
     pub fn with_config(store: Arc<dyn Store>, config: LedgerConfig) -> Ledger {
         Ledger { store, config }
     }
+    /// The store the ledger runs on.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
     }
+    /// The settings it checks.
     pub fn config(&self) -> LedgerConfig {
         self.config
     }
@@ -103,6 +110,8 @@ impl Ledger {
         }
     }
 
+    /// SPEC §4 claim. Refusals (`fingerprint_mismatch`, `stale_binding`, ...)
+    /// come back as [`LedgerError::Refused`].
     pub async fn claim(&self, tenant: &TenantId, c: Claim) -> Result<ClaimDecision, LedgerError> {
         match self.run(tenant, Command::Claim(c)).await? {
             Reply::Claim(d) => Ok(d),
@@ -110,6 +119,7 @@ impl Ledger {
         }
     }
 
+    /// SPEC §4 heartbeat: extends the lease held by the command's fence.
     pub async fn heartbeat(
         &self,
         tenant: &TenantId,
@@ -121,6 +131,8 @@ impl Ledger {
         }
     }
 
+    /// SPEC §4 dispatch: records durably that the holder of the `execute`
+    /// lease of `fence` is about to write remotely.
     pub async fn dispatch(
         &self,
         tenant: &TenantId,
@@ -136,6 +148,8 @@ impl Ledger {
         }
     }
 
+    /// SPEC §4 settle: the durable receipt, or the refusal (refused evidence is
+    /// quarantined on the record).
     pub async fn settle(&self, tenant: &TenantId, s: Settle) -> Result<Receipt, LedgerError> {
         match self.run(tenant, Command::Settle(s)).await? {
             Reply::Receipt(rc) => Ok(rc),
@@ -143,6 +157,7 @@ impl Ledger {
         }
     }
 
+    /// SPEC §4 release: ends the `execute` lease without a receipt; returns its fence.
     pub async fn release(&self, tenant: &TenantId, c: Release) -> Result<Fence, LedgerError> {
         match self.run(tenant, Command::Release(c)).await? {
             Reply::Released { fence } => Ok(fence),
@@ -150,6 +165,7 @@ impl Ledger {
         }
     }
 
+    /// SPEC §4 reconcile, for the holder of a `reconcile` lease.
     pub async fn reconcile(
         &self,
         tenant: &TenantId,
@@ -190,6 +206,7 @@ impl Ledger {
         }
     }
 
+    /// SPEC §4 warn: the warning after this call.
     pub async fn warn(&self, tenant: &TenantId, w: Warn) -> Result<Warning, LedgerError> {
         match self.run(tenant, Command::Warn(w)).await? {
             Reply::Warning(w) => Ok(w),
@@ -197,6 +214,7 @@ impl Ledger {
         }
     }
 
+    /// The warnings of `task` (SPEC §4 warnings).
     pub async fn warnings(
         &self,
         tenant: &TenantId,

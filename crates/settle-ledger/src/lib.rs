@@ -43,6 +43,7 @@
 
 pub mod bench;
 pub mod conformance;
+pub mod inspect;
 mod ledger;
 mod memory;
 mod store;

@@ -1,24 +1,41 @@
 //! The in-memory store: the pure [`World`] behind a lock. For tests and
 //! examples; it keeps nothing across restarts.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use parking_lot::Mutex;
 use settle_core::{
     Command, Key, Limits, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning, World,
 };
 
+use crate::inspect::Scan;
 use crate::store::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 
+/// The in-memory [`Store`]: the reference engine (a [`World`]) behind a
+/// lock. Replies are "durable" for as long as the process lives.
 pub struct MemStore {
     world: Mutex<World>,
     clock: Clock,
+    /// The latest time used: the store's clock never goes backwards (a
+    /// wall clock stepped back would otherwise make every record settled
+    /// since look as if it came from the future, SPEC §6.9).
+    last_now: AtomicU64,
 }
 
 impl MemStore {
+    /// An empty store with `limits`, reading time from `clock`.
     pub fn new(limits: Limits, clock: Clock) -> MemStore {
         MemStore {
             world: Mutex::new(World::new(limits)),
             clock,
+            last_now: AtomicU64::new(0),
         }
+    }
+
+    /// The store's clock: the configured clock, never earlier than a time already used.
+    fn now(&self) -> Timestamp {
+        let t = self.clock.now().0;
+        Timestamp(self.last_now.fetch_max(t, Ordering::SeqCst).max(t))
     }
 }
 
@@ -39,7 +56,7 @@ impl Store for MemStore {
             // order of their times (read before it, a later command could
             // apply first and make an earlier one see the future).
             let mut w = self.world.lock();
-            let now = self.clock.now();
+            let now = self.now();
             Ok(w.execute(tenant, &cmd, now).reply)
         })
     }
@@ -51,7 +68,7 @@ impl Store for MemStore {
     ) -> BoxFuture<'a, Result<Result<Option<Record>, RefusalCode>, StoreError>> {
         Box::pin(async move {
             let w = self.world.lock();
-            let now = self.clock.now();
+            let now = self.now();
             Ok(w.get(tenant, key, now))
         })
     }
@@ -67,7 +84,7 @@ impl Store for MemStore {
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
         Box::pin(async move {
             let mut w = self.world.lock();
-            let now = self.clock.now();
+            let now = self.now();
             let ids: Vec<(TenantId, Key, bool)> = w
                 .records
                 .iter()
@@ -93,7 +110,7 @@ impl Store for MemStore {
     fn stats(&self, stuck_after_ms: u64) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
         Box::pin(async move {
             let w = self.world.lock();
-            let now = self.clock.now();
+            let now = self.now();
             let mut s = StoreStats::default();
             for r in w.records.values() {
                 if r.is_from_the_future(now) || settle_core::invariants::check_record(r).is_err() {
@@ -109,7 +126,43 @@ impl Store for MemStore {
     }
 
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
-        Box::pin(async move { Ok(self.clock.now()) })
+        Box::pin(async move { Ok(MemStore::now(self)) })
+    }
+
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        Box::pin(async move {
+            let w = self.world.lock();
+            let now = self.clock.now();
+            // A test store: sorting the tenant's keys per call is fine here.
+            let mut keys: Vec<&Key> = w
+                .records
+                .keys()
+                .filter(|(t, k)| t == tenant && after.is_none_or(|a| k > a))
+                .map(|(_, k)| k)
+                .collect();
+            keys.sort_unstable();
+            let more = keys.len() > max;
+            keys.truncate(max);
+            let records: Vec<Record> = keys
+                .iter()
+                .filter_map(|k| match w.get(tenant, k, now) {
+                    Ok(r) => r,
+                    // Refused (from the future): listed as stored.
+                    Err(_) => w.records.get(&(tenant.clone(), (*k).clone())).cloned(),
+                })
+                .collect();
+            let next = if more {
+                keys.last().map(|k| (*k).clone())
+            } else {
+                None
+            };
+            Ok(Scan { records, next, now })
+        })
     }
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
@@ -177,5 +230,46 @@ mod tests {
         });
         assert!(reads.load(Ordering::SeqCst) >= 5);
         assert_eq!(unlocked_reads.load(Ordering::SeqCst), 0);
+    }
+
+    /// The store's clock never goes backwards: a wall clock stepped back
+    /// (NTP, a VM restored) must not make a just-settled record look as
+    /// if it came from the future (found by settle-sim: `get` and every
+    /// claim answered `record_refused` after a 10 s step back).
+    #[test]
+    fn a_clock_stepped_back_is_absorbed() {
+        let clock = Clock::system();
+        let store = MemStore::new(Limits::default(), clock.clone());
+        let t = TenantId::default_tenant();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let Reply::Claim(ClaimDecision::Execute(g)) = store
+                .execute(&t, claim("k", 1, binding("alice", 0)))
+                .await
+                .unwrap()
+            else {
+                panic!()
+            };
+            let settled = store
+                .execute(
+                    &t,
+                    settle("k", g.fence, 1, binding("alice", 0), completed(1)),
+                )
+                .await
+                .unwrap();
+            clock.advance(-10_000);
+            let r = store.get(&t, &key("k")).await.unwrap();
+            assert!(matches!(r, Ok(Some(_))), "{r:?}");
+            let again = store
+                .execute(&t, claim("k", 1, binding("alice", 0)))
+                .await
+                .unwrap();
+            let Reply::Claim(ClaimDecision::Replay { receipt, .. }) = again else {
+                panic!("{again:?}")
+            };
+            assert_eq!(Reply::Receipt(receipt), settled);
+        });
     }
 }

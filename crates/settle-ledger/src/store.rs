@@ -10,6 +10,8 @@ use settle_core::{
     Command, Key, Record, RefusalCode, Reply, Target, TaskId, TenantId, Timestamp, Warning,
 };
 
+use crate::inspect::Scan;
+
 /// A boxed, sendable future (keeps [`Store`] object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -40,7 +42,10 @@ pub enum StoreError {
     /// The engine is over its queue or backlog bound; nothing was written.
     /// The caller should retry after the hint.
     #[error("overloaded: retry after {retry_after_ms} ms")]
-    Overloaded { retry_after_ms: u64 },
+    Overloaded {
+        /// How long to wait before retrying, in ms.
+        retry_after_ms: u64,
+    },
 }
 
 impl StoreError {
@@ -67,9 +72,13 @@ pub struct SweepReport {
 pub struct StoreStats {
     /// Non-terminal records.
     pub open: u64,
+    /// Non-terminal records at `pending` (running ones included).
     pub pending: u64,
+    /// Non-terminal records at `unknown`.
     pub unknown: u64,
+    /// Non-terminal records at `conflict`.
     pub conflict: u64,
+    /// Records with `reconcile_required` set.
     pub reconcile_required: u64,
     /// Non-terminal, no live lease, untouched for `stuck_after_s`.
     pub stuck: u64,
@@ -175,6 +184,17 @@ pub trait Store: Send + Sync + 'static {
     /// The store's clock.
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>>;
 
+    /// At most `max` records of `tenant` in key order, strictly after
+    /// `after`, each as `get` shows it at the store's `now` (the inspection
+    /// API of SPEC §9 is built on this; see [`crate::inspect`]). Must not
+    /// hold up writes for longer than it takes to copy `max` records.
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>>;
+
     /// Readiness: `Ok` only if the store can accept writes right now (not
     /// poisoned by a failed fsync, its writer alive, its database reachable
     /// with durable settings). `/readyz` answers 503 on `Err`.
@@ -254,6 +274,14 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         (**self).now()
     }
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        (**self).scan(tenant, after, max)
+    }
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         (**self).health()
     }
@@ -293,6 +321,7 @@ impl Clock {
     pub fn advance(&self, ms: i64) {
         self.skew_ms.fetch_add(ms, Ordering::SeqCst);
     }
+    /// How far this clock is moved from its source, in ms.
     pub fn skew_ms(&self) -> i64 {
         self.skew_ms.load(Ordering::SeqCst)
     }

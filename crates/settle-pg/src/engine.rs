@@ -16,6 +16,7 @@ use settle_core::{
     Command, Key, Limits, Principals, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp,
     Warning, view_at,
 };
+use settle_ledger::inspect::Scan;
 use settle_ledger::{Clock, StoreStats, SweepReport};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
@@ -253,6 +254,63 @@ pub async fn get(
             );
         }
         Ok(view_at(record.as_ref(), &principals, now))
+    })
+    .await
+}
+
+/// The inspection scan ([`settle_ledger::Store::scan`]): one statement,
+/// one snapshot, over the primary key's index.
+pub async fn scan(
+    inner: &Inner,
+    tenant: &TenantId,
+    after: Option<&Key>,
+    max: usize,
+) -> Result<Scan, PgError> {
+    let max = max.clamp(1, 10_000);
+    let limit = max as i64;
+    // Keys are never empty, so '' is before every key.
+    let after = after.map_or("", Key::as_str);
+    read(inner, |conn| async move {
+        let st = conn.prepare(&inner.sql.scan).await?;
+        let rows = conn
+            .within(
+                conn.client()
+                    .query(&st, &[&tenant.as_str(), &after, &limit]),
+            )
+            .await??;
+        conn.done();
+        let now = now_from(inner, rows.first().map_or(0, |r| r.get(0)));
+        let mut records = Vec::with_capacity(rows.len());
+        let mut last = None;
+        for row in &rows {
+            let Some(k) = row.get::<_, Option<String>>(1) else {
+                continue;
+            };
+            let key = Key::new(k).map_err(|e| PgError::Corrupt(format!("stored key: {e}")))?;
+            last = Some(key.clone());
+            let record = match codec::decode_record(row.get(2), row.get::<_, Option<&[u8]>>(3)) {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                // Not listed; counted by the gauges and refused on access.
+                Err(e) => {
+                    inner.refuse_undecodable(tenant, &key, &e);
+                    continue;
+                }
+            };
+            let mut principals = Principals::new();
+            principals.insert(
+                record.reservation.principal.clone(),
+                principal_state(row.get(4), row.get(5), row.get(6))?,
+            );
+            match view_at(Some(&record), &principals, now) {
+                Ok(Some(view)) => records.push(view),
+                Ok(None) => {}
+                // Refused under §6.9: listed as stored.
+                Err(_) => records.push(record),
+            }
+        }
+        let next = if rows.len() >= max { last } else { None };
+        Ok(Scan { records, next, now })
     })
     .await
 }

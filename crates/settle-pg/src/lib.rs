@@ -65,6 +65,7 @@ use deadpool_postgres::{
 use settle_core::{
     Command, Key, Limits, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning,
 };
+use settle_ledger::inspect::Scan;
 use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 
 pub use codec::{FORMAT, FORMAT_POSTCARD_V1, FORMAT_POSTCARD_V2};
@@ -73,6 +74,7 @@ pub use schema::SCHEMA_VERSION;
 /// How to run the PostgreSQL store.
 #[derive(Clone, Debug)]
 pub struct PgOptions {
+    /// The rules' limits (lease margin, warning cap, result size).
     pub limits: Limits,
     /// `now` = the database clock + `clock.skew_ms()` (tests move it).
     pub clock: Clock,
@@ -83,6 +85,7 @@ pub struct PgOptions {
     pub schema: String,
     /// Shown in `pg_stat_activity`.
     pub application_name: String,
+    /// How long connecting (and preparing a new connection) may take.
     pub connect_timeout: Duration,
     /// How long to keep asking whether an in-doubt commit committed (at
     /// most 2 minutes). Keep it above `idle_in_transaction_timeout`: a
@@ -207,41 +210,62 @@ impl Default for PgOptions {
 /// [`StoreError`]: never a receipt.
 #[derive(Debug, thiserror::Error)]
 pub enum PgError {
+    /// The connection URL does not parse; nothing was connected.
     #[error("invalid PostgreSQL URL: {0}")]
     Url(String),
+    /// [`PgOptions::schema`] is not a valid schema name.
     #[error("invalid schema name {0:?}: use lowercase ASCII letters, digits and '_' (at most 63)")]
     Schema(String),
+    /// An option is out of range (the message names it).
     #[error("invalid option: {0}")]
     Option(String),
+    /// The connection pool could not be built or failed otherwise.
     #[error("connection pool: {0}")]
     Pool(String),
     /// Every pooled connection stayed busy for the whole wait (`client_timeout`).
     #[error("every pooled connection stayed busy for the whole wait")]
     Busy,
+    /// A round trip got no answer within this client-side deadline
+    /// (`client_timeout`); the connection is not used again.
     #[error("no answer within {0:?}")]
     Timeout(Duration),
     /// The server does not store commits durably; nothing was written.
     #[error("not durable: {0}")]
     NotDurable(String),
+    /// The server is a standby in recovery: it accepts no writes.
     #[error("the database accepts no writes: {0}")]
     NotWritable(String),
+    /// The database (or the connection to it) reported an error.
     #[error("database: {}", db_message(.0))]
     Db(#[from] tokio_postgres::Error),
+    /// A stored row does not decode; the command fails closed.
     #[error("corrupt data: {0}")]
     Corrupt(String),
+    /// The schema was migrated by a newer build; this one refuses it rather
+    /// than misread it.
     #[error("the schema is at version {found}; this build supports up to {supported}")]
-    SchemaTooNew { found: i32, supported: i32 },
+    SchemaTooNew {
+        /// The schema version in the database.
+        found: i32,
+        /// The newest schema version this build knows ([`SCHEMA_VERSION`]).
+        supported: i32,
+    },
     /// The connection died while COMMIT was in flight and its outcome could
     /// not be learned in time. The command may or may not have taken effect;
     /// retrying it is safe (the rules make every call idempotent or refuse it).
     #[error("commit outcome unknown: {reason}")]
-    InDoubt { reason: String },
+    InDoubt {
+        /// Why the outcome could not be learned.
+        reason: String,
+    },
     /// COMMIT's answer was lost, and its token shows it did not commit.
     #[error("the commit did not happen: {0}")]
     NotCommitted(String),
     /// A concurrent transaction created a row this one needed; run again.
     #[error("raced with a concurrent insert of {0}")]
     Raced(String),
+    /// A command failed on every try: the count, and the last error (retries
+    /// after transient errors, or re-locks because the record's principal moved).
     #[error("gave up after {0} attempts: {1}")]
     Exhausted(u32, String),
 }
@@ -496,6 +520,15 @@ impl Store for PgStore {
 
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         Box::pin(async move { Ok(engine::now(&self.inner).await?) })
+    }
+
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        Box::pin(async move { Ok(engine::scan(&self.inner, tenant, after, max).await?) })
     }
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {

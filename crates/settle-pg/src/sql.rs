@@ -75,6 +75,10 @@ pub struct Sql {
     pub revoked_leases: String,
     pub due_collections: String,
     pub stats: String,
+    /// The inspection scan: the clock, then up to `$3` records of tenant
+    /// `$1` after key `$2` in key order (the primary key's index) with
+    /// their owners' generations.
+    pub scan: String,
     // Group commit: the same steps for many commands at once.
     pub batch_load: String,
     pub batch_write: String,
@@ -218,6 +222,15 @@ impl Sql {
                    (SELECT count(*) FROM {rec}, c WHERE receipt_at > c.now_ms), \
                    (SELECT count(*) FROM {rec} WHERE disputed), \
                    (SELECT count(*) FROM {rec} WHERE format <> {FORMAT})"
+            ),
+            scan: format!(
+                "SELECT c.now_ms, r.key, r.format, r.value, p.generation::text, p.moved_at, p.moves \
+                 FROM (SELECT {NOW_MS} AS now_ms OFFSET 0) c \
+                 LEFT JOIN LATERAL (SELECT key, format, value, owner FROM {rec} \
+                     WHERE tenant = $1 AND key > $2 AND value IS NOT NULL \
+                     ORDER BY key LIMIT $3) r ON true \
+                 LEFT JOIN {pri} p ON p.tenant = $1 AND p.principal = r.owner \
+                 ORDER BY r.key"
             ),
             // Group commit reads without row locks (one snapshot, taken
             // after the principal locks) and validates at write time: each

@@ -10,6 +10,7 @@
 //!
 //! Short by default (one fault of each kind). `SETTLE_PG_CRASH_CYCLES=N`
 //! repeats each fault N times (docs/postgres.md has measured figures).
+#![allow(clippy::print_stderr)] // crash tests report what they observed
 
 mod common;
 
@@ -314,6 +315,7 @@ async fn a_reused_transaction_id_never_confirms_a_lost_batch_commit() {
     xid_reuse("xidreuse_g", true).await;
 }
 
+#[allow(clippy::too_many_lines)] // one scenario, kept whole
 async fn xid_reuse(name: &str, group: bool) {
     let Some(pg) = tools_or_skip(name) else {
         return;

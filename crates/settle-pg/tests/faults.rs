@@ -3,6 +3,7 @@
 //!
 //! The invariant under every fault: the caller gets an error or a correct
 //! answer, never a receipt for a write that did not commit.
+#![allow(clippy::print_stderr)] // crash tests report what they observed
 
 mod common;
 

@@ -109,23 +109,29 @@ mod tests {
             "beta"
         );
         assert_eq!(
-            a.tenant(&headers("Bearer nope")).unwrap_err().code,
+            a.tenant(&headers("Bearer nope")).unwrap_err().code.as_str(),
             "unauthorized"
         );
         assert_eq!(
-            a.tenant(&headers("Basic tok-acme")).unwrap_err().code,
+            a.tenant(&headers("Basic tok-acme"))
+                .unwrap_err()
+                .code
+                .as_str(),
             "unauthorized"
         );
         assert_eq!(
-            a.tenant(&headers("Bearertok-acme")).unwrap_err().code,
+            a.tenant(&headers("Bearertok-acme"))
+                .unwrap_err()
+                .code
+                .as_str(),
             "unauthorized"
         );
         assert_eq!(
-            a.tenant(&headers("Bearer ")).unwrap_err().code,
+            a.tenant(&headers("Bearer ")).unwrap_err().code.as_str(),
             "unauthorized"
         );
         assert_eq!(
-            a.tenant(&HeaderMap::new()).unwrap_err().code,
+            a.tenant(&HeaderMap::new()).unwrap_err().code.as_str(),
             "unauthorized"
         );
     }

@@ -18,9 +18,12 @@ use serde::de::{MapAccess, Visitor};
 use serde_json::value::RawValue;
 use settle_core::{Command, Key, TenantId};
 
+use settle_api as api;
+
 use crate::http::{AppState, KeyOp, Route, Sent, finish, record_body};
+use crate::openapi::V1Errors;
 use crate::problem::Problem;
-use crate::wire::{self, parse_body};
+use crate::wire::parse_body;
 
 /// The request envelope; each call is kept as raw text and parsed on its own.
 #[derive(Deserialize)]
@@ -39,15 +42,22 @@ enum Call {
 type Slot = Option<Result<Vec<u8>, Problem>>;
 
 /// Run many operation calls in order; one result per call.
+/// Run many operation calls in order; one result per call (SPEC §10).
+///
+/// At most `max_batch_calls` calls (default 1000; more: 422 for the whole
+/// request, field `calls`) in at most `max_batch_body_bytes` (default
+/// 16 MiB; more: 413). Each call is `op`, the raw `key` and the fields of
+/// that call's request body; its result is the status and the body the
+/// single call would have answered (a problem object when not 200), and a
+/// malformed call answers 400/422 in its own slot. Calls are applied in
+/// order (a key may appear more than once); the batch is not atomic, but
+/// every result is durable before the response is sent.
 #[utoipa::path(
     post, path = "/v1/batch", tag = "operations",
-    request_body = crate::openapi::BatchRequestSchema,
+    request_body = api::BatchRequest,
     responses(
-        (status = 200, description = "One result per call, in order: each the status and body the single call would have answered (a problem object when not 200). Every result is durable.", body = crate::openapi::BatchResponseSchema),
-        (status = 400, description = "bad_request: unparsable JSON or not an object", body = crate::openapi::ProblemSchema, content_type = "application/problem+json"),
-        (status = 401, description = "unauthorized: missing or unknown token", body = crate::openapi::ProblemSchema, content_type = "application/problem+json"),
-        (status = 413, description = "payload_too_large: the body exceeds max_batch_body_bytes", body = crate::openapi::ProblemSchema, content_type = "application/problem+json"),
-        (status = 422, description = "invalid_request: `calls` missing or not an array, or more than max_batch_calls calls", body = crate::openapi::ProblemSchema, content_type = "application/problem+json"),
+        (status = 200, description = "one result per call, in order", body = api::BatchResponse),
+        V1Errors,
     )
 )]
 pub async fn batch(State(st): State<Arc<AppState>>, req: Request) -> Response {
@@ -127,7 +137,7 @@ fn render(slots: Vec<Slot>) -> Vec<u8> {
         }
         let (status, body) = match slot.expect("every call is answered") {
             Ok(body) => (200, body),
-            Err(p) => (p.status.as_u16(), p.to_json()),
+            Err(p) => (p.status, p.to_json()),
         };
         out.extend_from_slice(format!("{{\"status\":{status},\"body\":").as_bytes());
         out.extend_from_slice(&body);
@@ -223,7 +233,7 @@ fn parse_call(st: &AppState, raw: &RawValue) -> Result<Call, Problem> {
     match op {
         Op::Key(op) => Ok(Call::Command(op, op.command(st, key, body.as_bytes())?)),
         Op::Get => {
-            let _: wire::EmptyRequest = parse_body(body.as_bytes())?;
+            let _: api::EmptyRequest = parse_body(body.as_bytes())?;
             Ok(Call::Get(key))
         }
     }

@@ -260,6 +260,8 @@ impl Config {
     }
 
     /// Flags and variables win over the file; the file wins over defaults.
+    // A table of settings, one block each (it moves with clap to the binary).
+    #[allow(clippy::too_many_lines)]
     pub fn merge(file: FileConfig, args: &ServeArgs) -> Result<Config, ConfigError> {
         let listen_s = args
             .listen

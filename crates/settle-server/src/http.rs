@@ -9,23 +9,24 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::request::Parts;
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderValue, Method, header};
 use axum::response::Response;
 use axum::routing::{get, post};
 use metrics_exporter_prometheus::PrometheusHandle;
 use serde::Serialize;
+use settle_api as api;
 use settle_core::{
-    Claim, ClaimDecision, Command, Dispatch, Finding, FindingKind, Heartbeat, Key, Principal,
-    Reconcile, RefusalCode, Release, Reply, RetentionS, Revoke, Settle, TaskId, TenantId, Warn,
-    WarningClass,
+    ClaimDecision, Command, Key, Principal, RefusalCode, Reply, RetentionS, Revoke, TaskId,
+    TenantId, WarningClass,
 };
 use settle_ledger::{Store, StoreError};
 use tracing::{debug, error, warn};
 
 use crate::auth::Auth;
 use crate::metrics as m;
-use crate::problem::Problem;
-use crate::wire::{self, parse_body, segment};
+use crate::openapi::V1Errors;
+use crate::problem::{PROBLEM_JSON, Problem};
+use crate::wire::{parse_body, segment};
 
 /// Everything a handler needs; built once, shared by reference.
 pub struct AppState {
@@ -108,6 +109,11 @@ fn json_response(body: Vec<u8>) -> Response {
     resp
 }
 
+/// The answer to settle and to `reconcile(committed)`.
+fn receipt(r: &settle_core::Receipt) -> Vec<u8> {
+    json_bytes(&api::ReceiptResponse { receipt: r.into() })
+}
+
 /// Counts the request and turns an error into problem+json.
 pub(crate) fn finish(route: Route, result: Result<Response, Problem>) -> Response {
     let resp = match result {
@@ -152,7 +158,7 @@ fn unexpected(call: &str, reply: &Reply) -> Problem {
 
 /// A storage failure: counted, logged with its cause under a fresh
 /// correlation id, answered without the cause (SPEC §7).
-pub(crate) fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
+fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
     metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
     let correlation_id = crate::problem::correlation_id();
     error!(call, key = ?key, %correlation_id, error = %e, "store failure");
@@ -211,11 +217,7 @@ impl AppState {
                     )))
                 }
             }
-            Err(_) => Err(Problem::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "request_timeout",
-                "the request body did not arrive within request_timeout_ms",
-            )),
+            Err(_) => Err(Problem::request_timeout()),
         }
     }
 
@@ -311,65 +313,41 @@ impl KeyOp {
 
     /// The command a request body asks for (400/422 when it does not parse).
     pub(crate) fn command(self, st: &AppState, key: Key, body: &[u8]) -> Result<Command, Problem> {
-        match self {
-            KeyOp::Claim => claim_command(st, key, parse_body(body)?),
+        Ok(match self {
+            KeyOp::Claim => Command::Claim(
+                parse_body::<api::ClaimRequest>(body)?.into_claim(key, st.default_retention)?,
+            ),
             KeyOp::Heartbeat => {
-                let b: wire::HeartbeatRequest = parse_body(body)?;
-                Ok(Command::Heartbeat(Heartbeat {
-                    key,
-                    fence: b.fence,
-                    lease_ms: b.lease_ms,
-                }))
+                Command::Heartbeat(parse_body::<api::HeartbeatRequest>(body)?.into_heartbeat(key)?)
             }
             KeyOp::Dispatch => {
-                let b: wire::DispatchRequest = parse_body(body)?;
-                Ok(Command::Dispatch(Dispatch {
-                    key,
-                    fence: b.fence,
-                }))
+                Command::Dispatch(parse_body::<api::DispatchRequest>(body)?.into_dispatch(key)?)
             }
             KeyOp::Settle => {
-                let b: wire::SettleRequest = parse_body(body)?;
-                Ok(Command::Settle(Settle {
-                    key,
-                    fence: b.fence,
-                    fingerprint: b.fingerprint,
-                    binding: b.binding,
-                    outcome: b.outcome,
-                }))
+                Command::Settle(parse_body::<api::SettleRequest>(body)?.into_settle(key)?)
             }
             KeyOp::Release => {
-                let b: wire::ReleaseRequest = parse_body(body)?;
-                Ok(Command::Release(Release {
-                    key,
-                    fence: b.fence,
-                    reason: b.reason.unwrap_or_default(),
-                }))
+                Command::Release(parse_body::<api::ReleaseRequest>(body)?.into_release(key)?)
             }
-            KeyOp::Reconcile => reconcile_command(key, parse_body(body)?),
-        }
+            KeyOp::Reconcile => {
+                Command::Reconcile(parse_body::<api::ReconcileRequest>(body)?.into_reconcile(key)?)
+            }
+        })
     }
 
     /// The response body of a reply (a reply that does not fit the call is a bug: 503).
     pub(crate) fn body(self, reply: Reply) -> Result<Vec<u8>, Problem> {
         match (self, reply) {
-            (KeyOp::Claim, Reply::Claim(d)) => Ok(json_bytes(&d)),
-            (KeyOp::Heartbeat, Reply::Heartbeat(l)) => Ok(json_bytes(&l)),
-            (KeyOp::Dispatch, Reply::Dispatched(l)) => Ok(json_bytes(&wire::DispatchedBody {
-                fence: l.fence,
-                lease_expires_at: l.lease_expires_at,
-                dispatched: true,
-            })),
-            (KeyOp::Settle | KeyOp::Reconcile, Reply::Receipt(receipt)) => {
-                Ok(json_bytes(&wire::ReceiptBody { receipt: &receipt }))
-            }
+            (KeyOp::Claim, Reply::Claim(d)) => Ok(json_bytes(&api::ClaimDecision::from(&d))),
+            (KeyOp::Heartbeat, Reply::Heartbeat(l)) => Ok(json_bytes(&api::LeaseInfo::from(&l))),
+            (KeyOp::Dispatch, Reply::Dispatched(l)) => Ok(json_bytes(&api::Dispatched::from(&l))),
+            (KeyOp::Settle | KeyOp::Reconcile, Reply::Receipt(r)) => Ok(receipt(&r)),
             (KeyOp::Release | KeyOp::Reconcile, Reply::Released { fence }) => {
-                Ok(json_bytes(&wire::ReleasedBody {
-                    fence,
-                    released: true,
-                }))
+                Ok(json_bytes(&api::Released::new(fence)))
             }
-            (KeyOp::Reconcile, Reply::Claim(d @ ClaimDecision::Execute(_))) => Ok(json_bytes(&d)),
+            (KeyOp::Reconcile, Reply::Claim(d @ ClaimDecision::Execute(_))) => {
+                Ok(json_bytes(&api::ClaimDecision::from(&d)))
+            }
             (op, r) => Err(unexpected(op.name(), &r)),
         }
     }
@@ -384,57 +362,6 @@ impl KeyOp {
             KeyOp::Reconcile => "reconcile",
         }
     }
-}
-
-fn claim_command(st: &AppState, key: Key, b: wire::ClaimRequest) -> Result<Command, Problem> {
-    Ok(Command::Claim(Claim {
-        key,
-        fingerprint: b.fingerprint,
-        binding: b.binding,
-        lease_ms: b.lease_ms.unwrap_or_default(),
-        worker: b.worker,
-        marks_dispatch: b.marks_dispatch,
-        retention_s: b.retention_s.unwrap_or(st.default_retention),
-    }))
-}
-
-fn reconcile_command(key: Key, b: wire::ReconcileRequest) -> Result<Command, Problem> {
-    let finding = match b.finding {
-        FindingKind::Committed => {
-            let fingerprint = b.fingerprint.ok_or_else(|| {
-                Problem::invalid("fingerprint", "is required with finding committed")
-            })?;
-            let binding = b
-                .binding
-                .ok_or_else(|| Problem::invalid("binding", "is required with finding committed"))?;
-            let outcome = b
-                .outcome
-                .ok_or_else(|| Problem::invalid("outcome", "is required with finding committed"))?;
-            Finding::committed(fingerprint, binding, outcome)?
-        }
-        kind => {
-            let extra = [
-                ("fingerprint", b.fingerprint.is_some()),
-                ("binding", b.binding.is_some()),
-                ("outcome", b.outcome.is_some()),
-            ];
-            if let Some((field, _)) = extra.iter().find(|(_, present)| *present) {
-                return Err(Problem::invalid(
-                    *field,
-                    "is only allowed with finding committed",
-                ));
-            }
-            match kind {
-                FindingKind::NotCommitted => Finding::NotCommitted,
-                _ => Finding::Unavailable,
-            }
-        }
-    };
-    Ok(Command::Reconcile(Reconcile {
-        key,
-        fence: b.fence,
-        finding,
-    }))
 }
 
 /// One operation call on its route: authenticate, decode the key segment,
@@ -459,7 +386,7 @@ pub(crate) fn record_body(
     found: Result<Result<Option<settle_core::Record>, RefusalCode>, StoreError>,
 ) -> Result<Vec<u8>, Problem> {
     match found {
-        Ok(Ok(Some(record))) => Ok(json_bytes(&record.view())),
+        Ok(Ok(Some(record))) => Ok(json_bytes(&api::RecordView::from(&record))),
         Ok(Ok(None)) => Err(Problem::refusal(RefusalCode::NotFound)),
         Ok(Err(code)) => Err(Problem::refusal(code)),
         Err(e) => Err(store_error("get", Some(key), &e)),
@@ -468,21 +395,15 @@ pub(crate) fn record_body(
 
 // ---- operations ----
 
-const PROBLEM: &str = "application/problem+json";
-
 /// Reserve the key and get permission to execute (SPEC §4 claim).
 #[utoipa::path(
     post, path = "/v1/operations/{key}/claim", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key, one percent-encoded segment")),
-    request_body = wire::ClaimRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key, one percent-encoded segment")),
+    request_body = api::ClaimRequest,
     responses(
-        (status = 200, description = "execute, reconcile, in_flight or replay", body = crate::openapi::ClaimDecisionSchema),
-        (status = 400, description = "bad_request: unparsable JSON, not an object, bad path segment", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 401, description = "unauthorized: missing or unknown token", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "fingerprint_mismatch, binding_mismatch, stale_binding", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 413, description = "payload_too_large", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, description = "record_refused, unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "execute, reconcile, in_flight or replay", body = api::ClaimDecision),
+        (status = 409, description = "fingerprint_mismatch, binding_mismatch, stale_binding", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn claim(State(st): St, req: Request) -> Response {
@@ -492,13 +413,13 @@ pub async fn claim(State(st): St, req: Request) -> Response {
 /// Extend the lease held by `fence`.
 #[utoipa::path(
     post, path = "/v1/operations/{key}/heartbeat", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::HeartbeatRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key")),
+    request_body = api::HeartbeatRequest,
     responses(
-        (status = 200, description = "success", body = crate::openapi::LeaseInfoSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "stale_fence, lease_expired", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::LeaseInfo),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        (status = 409, description = "stale_fence, lease_expired", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn heartbeat(State(st): St, req: Request) -> Response {
@@ -508,12 +429,13 @@ pub async fn heartbeat(State(st): St, req: Request) -> Response {
 /// Record durably that the remote write is about to start.
 #[utoipa::path(
     post, path = "/v1/operations/{key}/dispatch", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::DispatchRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key")),
+    request_body = api::DispatchRequest,
     responses(
-        (status = 200, description = "success", body = crate::openapi::DispatchedSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::Dispatched),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        (status = 409, description = "stale_fence, lease_expired, wrong_purpose", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn dispatch(State(st): St, req: Request) -> Response {
@@ -523,14 +445,13 @@ pub async fn dispatch(State(st): St, req: Request) -> Response {
 /// Record the outcome and release the lease in one durable commit.
 #[utoipa::path(
     post, path = "/v1/operations/{key}/settle", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::SettleRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key")),
+    request_body = api::SettleRequest,
     responses(
-        (status = 200, description = "success", body = crate::openapi::ReceiptResponseSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "stale_fence, lease_expired, wrong_purpose, fingerprint_mismatch, binding_mismatch, stale_binding, result_mismatch", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, description = "record_refused or unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::ReceiptResponse),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        (status = 409, description = "stale_fence, lease_expired, wrong_purpose, fingerprint_mismatch, binding_mismatch, stale_binding, result_mismatch", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn settle(State(st): St, req: Request) -> Response {
@@ -540,12 +461,13 @@ pub async fn settle(State(st): St, req: Request) -> Response {
 /// Release an execute lease that never dispatched.
 #[utoipa::path(
     post, path = "/v1/operations/{key}/release", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::ReleaseRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key")),
+    request_body = api::ReleaseRequest,
     responses(
-        (status = 200, description = "success", body = crate::openapi::ReleasedSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "receipt_required, stale_fence, lease_expired, wrong_purpose", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::Released),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        (status = 409, description = "receipt_required, stale_fence, lease_expired, wrong_purpose", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn release(State(st): St, req: Request) -> Response {
@@ -555,13 +477,13 @@ pub async fn release(State(st): St, req: Request) -> Response {
 /// Report what a reconciling worker found out about the remote effect.
 #[utoipa::path(
     post, path = "/v1/operations/{key}/reconcile", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
-    request_body = wire::ReconcileRequest,
+    params(("key" = api::Token, Path, description = "The idempotency key")),
+    request_body = api::ReconcileRequest,
     responses(
-        (status = 200, description = "not_committed: execute; committed: receipt; unavailable: released", body = crate::openapi::ReconcileResponseSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 409, description = "protocol refusal", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "not_committed: execute; committed: receipt; unavailable: released", body = api::ReconcileResponse),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        (status = 409, description = "stale_fence, lease_expired, wrong_purpose, fingerprint_mismatch, binding_mismatch, stale_binding, result_mismatch", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn reconcile(State(st): St, req: Request) -> Response {
@@ -571,11 +493,11 @@ pub async fn reconcile(State(st): St, req: Request) -> Response {
 /// The tenant's inspection view of one operation.
 #[utoipa::path(
     get, path = "/v1/operations/{key}", tag = "operations",
-    params(("key" = String, Path, description = "The idempotency key")),
+    params(("key" = api::Token, Path, description = "The idempotency key")),
     responses(
-        (status = 200, description = "success", body = crate::openapi::RecordSchema),
-        (status = 404, description = "not_found: unknown key", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 503, description = "record_refused", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::RecordView),
+        (status = 404, description = "not_found: unknown key", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn get_record(State(st): St, req: Request) -> Response {
@@ -593,11 +515,11 @@ async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
 /// Raise the principal's generation: every older lease and settlement is refused.
 #[utoipa::path(
     post, path = "/v1/principals/{principal}/revoke", tag = "principals",
-    params(("principal" = String, Path, description = "The principal, one percent-encoded segment")),
-    request_body(content = wire::EmptyRequest, description = "Empty, or {}"),
+    params(("principal" = api::Token, Path, description = "The principal, one percent-encoded segment")),
+    request_body(content = Option<api::EmptyRequest>, description = "Empty, or {}"),
     responses(
-        (status = 200, description = "success", body = crate::openapi::RevokedSchema),
-        (status = 422, description = "invalid principal, or generation exhausted", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::Revoked),
+        V1Errors,
     )
 )]
 pub async fn revoke(State(st): St, req: Request) -> Response {
@@ -609,7 +531,7 @@ async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
     let tenant = st.auth.tenant(&parts.headers)?;
     let principal: Principal = segment("principal", raw_segment(&parts, 2))?;
     let bytes = st.body(&parts, body).await?;
-    let _: wire::EmptyRequest = parse_body(&bytes)?;
+    let _: api::EmptyRequest = parse_body(&bytes)?;
     match st
         .execute(tenant, Command::Revoke(Revoke { principal }))
         .await?
@@ -617,8 +539,8 @@ async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
         Reply::Revoked {
             principal,
             generation,
-        } => Ok(json(&wire::RevokedBody {
-            principal: &principal,
+        } => Ok(json(&api::Revoked {
+            principal: principal.to_string(),
             generation,
         })),
         r => Err(unexpected("revoke", &r)),
@@ -629,14 +551,14 @@ async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
 #[utoipa::path(
     post, path = "/v1/tasks/{task}/warnings/{class}", tag = "warnings",
     params(
-        ("task" = String, Path, description = "The task, one percent-encoded segment"),
-        ("class" = String, Path, description = "The warning class, one percent-encoded segment"),
+        ("task" = api::Token, Path, description = "The task, one percent-encoded segment"),
+        ("class" = api::Token, Path, description = "The warning class, one percent-encoded segment"),
     ),
-    request_body = wire::WarnRequest,
+    request_body(content = Option<api::WarnRequest>, description = "Empty is `{}`"),
     responses(
-        (status = 200, description = "success", body = crate::openapi::WarningSchema),
-        (status = 409, description = "too_many_classes", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::Warning),
+        (status = 409, description = "too_many_classes", body = api::Problem, content_type = PROBLEM_JSON),
+        V1Errors,
     )
 )]
 pub async fn warn(State(st): St, req: Request) -> Response {
@@ -649,14 +571,10 @@ async fn warn_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let task: TaskId = segment("task", raw_segment(&parts, 2))?;
     let class: WarningClass = segment("class", raw_segment(&parts, 4))?;
     let bytes = st.body(&parts, body).await?;
-    let b: wire::WarnRequest = parse_body(&bytes)?;
-    let cmd = Command::Warn(Warn {
-        task,
-        class,
-        detail: b.detail,
-    });
+    let b: api::WarnRequest = parse_body(&bytes)?;
+    let cmd = Command::Warn(b.into_warn(task, class)?);
     match st.execute(tenant, cmd).await? {
-        Reply::Warning(w) => Ok(json(&w)),
+        Reply::Warning(w) => Ok(json(&api::Warning::from(&w))),
         r => Err(unexpected("warn", &r)),
     }
 }
@@ -664,10 +582,10 @@ async fn warn_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
 /// The warnings of a task.
 #[utoipa::path(
     get, path = "/v1/tasks/{task}/warnings", tag = "warnings",
-    params(("task" = String, Path, description = "The task, one percent-encoded segment")),
+    params(("task" = api::Token, Path, description = "The task, one percent-encoded segment")),
     responses(
-        (status = 200, description = "Empty list for a task without warnings", body = crate::openapi::WarningsSchema),
-        (status = 422, description = "invalid_request: the body or a path segment violates the schema", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "Empty list for a task without warnings", body = api::Warnings),
+        V1Errors,
     )
 )]
 pub async fn warnings(State(st): St, req: Request) -> Response {
@@ -679,7 +597,9 @@ async fn warnings_inner(st: &AppState, req: Request) -> Result<Response, Problem
     let tenant = st.auth.tenant(&parts.headers)?;
     let task: TaskId = segment("task", raw_segment(&parts, 2))?;
     match st.store.warnings(tenant, &task).await {
-        Ok(w) => Ok(json(&wire::WarningsBody { warnings: &w })),
+        Ok(w) => Ok(json(&api::Warnings {
+            warnings: w.iter().map(Into::into).collect(),
+        })),
         Err(e) => Err(store_error("warnings", None, &e)),
     }
 }
@@ -688,26 +608,30 @@ async fn warnings_inner(st: &AppState, req: Request) -> Result<Response, Problem
 
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "operations", security(()),
-    responses((status = 200, description = "success", body = crate::openapi::HealthSchema)))]
+    responses((status = 200, description = "success", body = api::Health)))]
 pub async fn healthz() -> Response {
     finish(
         Route::Healthz,
-        Ok(json(&serde_json::json!({"status": "ok"}))),
+        Ok(json(&api::Health {
+            status: api::HealthStatus::Ok,
+        })),
     )
 }
 
 /// Readiness: the store answers and the server is not shutting down.
 #[utoipa::path(get, path = "/readyz", tag = "operations", security(()),
     responses(
-        (status = 200, description = "success", body = crate::openapi::HealthSchema),
-        (status = 503, description = "record_refused or unavailable", body = crate::openapi::ProblemSchema, content_type = PROBLEM),
+        (status = 200, description = "success", body = api::Health),
+        (status = 503, description = "record_refused or unavailable", body = api::Problem, content_type = PROBLEM_JSON),
     ))]
 pub async fn readyz(State(st): St) -> Response {
     let result = if !st.ready.load(Ordering::Relaxed) {
         Err(Problem::unavailable("shutting down"))
     } else {
         match st.store.health().await {
-            Ok(_) => Ok(json(&serde_json::json!({"status": "ready"}))),
+            Ok(_) => Ok(json(&api::Health {
+                status: api::HealthStatus::Ready,
+            })),
             Err(e) => {
                 // No token is needed here, so the cause stays in the log.
                 let correlation_id = crate::problem::correlation_id();
@@ -723,7 +647,7 @@ pub async fn readyz(State(st): St) -> Response {
 
 /// Prometheus text exposition.
 #[utoipa::path(get, path = "/metrics", tag = "operations", security(()),
-    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8")))]
 pub async fn metrics(State(st): St) -> Response {
     // Gauges are read at scrape time so they are never stale.
     match st.store.stats(st.stuck_after_ms).await {

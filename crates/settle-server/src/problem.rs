@@ -1,44 +1,50 @@
-//! RFC 9457 problem details with the extra `code` field of SPEC §7.
+//! Error answers: the `settle-api` problem body (RFC 9457 with the `code`
+//! of SPEC §7) plus what only the HTTP response carries (`Retry-After`).
 
-use axum::body::Body;
 use std::hash::{BuildHasher, Hasher};
+use std::ops::{Deref, DerefMut};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::Response;
-use serde::Serialize;
+use settle_api::Code;
 use settle_core::{InvalidInput, RefusalCode};
 use settle_ledger::StoreError;
 
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub use settle_api::PROBLEM_JSON;
 
-/// An error answer: HTTP status, the spec's `code`, a human detail and,
-/// for 422, the offending field.
+/// An error answer: the problem body the client reads, and the seconds of
+/// `Retry-After` for an overloaded store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Problem {
-    pub status: StatusCode,
-    pub code: &'static str,
-    pub detail: String,
-    pub field: Option<String>,
-    /// Names the server log line that holds the cause of a 503 (SPEC §7).
-    pub correlation_id: Option<String>,
+    /// The `application/problem+json` body (boxed: errors travel in
+    /// `Result`s on every request path and should stay small).
+    pub body: Box<settle_api::Problem>,
     /// Whole seconds for the `Retry-After` header (an overloaded store).
     pub retry_after_s: Option<u64>,
 }
 
-#[derive(Serialize)]
-struct Wire<'a> {
-    #[serde(rename = "type")]
-    kind: String,
-    title: &'static str,
-    status: u16,
-    detail: &'a str,
-    code: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    field: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    correlation_id: Option<&'a str>,
+impl Deref for Problem {
+    type Target = settle_api::Problem;
+    fn deref(&self) -> &settle_api::Problem {
+        &self.body
+    }
+}
+impl DerefMut for Problem {
+    fn deref_mut(&mut self) -> &mut settle_api::Problem {
+        &mut self.body
+    }
+}
+
+impl From<settle_api::Problem> for Problem {
+    fn from(body: settle_api::Problem) -> Problem {
+        Problem {
+            body: Box::new(body),
+            retry_after_s: None,
+        }
+    }
 }
 
 /// A new correlation id: unique within this process (a counter) and, with
@@ -62,54 +68,43 @@ pub fn correlation_id() -> String {
 }
 
 impl Problem {
-    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Problem {
-        Problem {
-            status,
-            code,
-            detail: detail.into(),
-            field: None,
-            correlation_id: None,
-            retry_after_s: None,
-        }
+    /// A problem with `code`'s status and title.
+    pub fn new(code: Code, detail: impl Into<String>) -> Problem {
+        settle_api::Problem::new(code, detail).into()
     }
+    /// 400 `bad_request`.
     pub fn bad_request(detail: impl Into<String>) -> Problem {
-        Problem::new(StatusCode::BAD_REQUEST, "bad_request", detail)
+        Problem::new(Code::BadRequest, detail)
     }
+    /// 401 `unauthorized`.
     pub fn unauthorized(detail: impl Into<String>) -> Problem {
-        Problem::new(StatusCode::UNAUTHORIZED, "unauthorized", detail)
+        Problem::new(Code::Unauthorized, detail)
     }
+    /// 404 `not_found`.
     pub fn not_found(detail: impl Into<String>) -> Problem {
-        Problem::new(StatusCode::NOT_FOUND, "not_found", detail)
+        Problem::new(Code::NotFound, detail)
     }
+    /// 408 `request_timeout`.
+    pub fn request_timeout() -> Problem {
+        Problem::new(
+            Code::RequestTimeout,
+            "the request body did not arrive within request_timeout_ms",
+        )
+    }
+    /// 413 `payload_too_large`.
     pub fn payload_too_large(limit: usize) -> Problem {
         Problem::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "payload_too_large",
+            Code::PayloadTooLarge,
             format!("the request body is larger than max_body_bytes ({limit} bytes)"),
         )
     }
+    /// 422 `invalid_request` naming `field` (empty: the body as a whole).
     pub fn invalid(field: impl Into<String>, reason: impl std::fmt::Display) -> Problem {
-        let field = field.into();
-        Problem {
-            status: StatusCode::UNPROCESSABLE_ENTITY,
-            code: "invalid_request",
-            detail: {
-                // Validation errors already start with a field name; don't repeat it.
-                let reason = reason.to_string();
-                if field.is_empty() || reason.split(':').next().is_some_and(|f| field.ends_with(f))
-                {
-                    reason
-                } else {
-                    format!("{field}: {reason}")
-                }
-            },
-            field: (!field.is_empty()).then_some(field),
-            correlation_id: None,
-            retry_after_s: None,
-        }
+        settle_api::Problem::invalid(field, reason).into()
     }
+    /// 503 `unavailable`.
     pub fn unavailable(detail: impl Into<String>) -> Problem {
-        Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail)
+        Problem::new(Code::Unavailable, detail)
     }
     /// A storage failure as a client may see it (SPEC §7): 503
     /// `unavailable` with a generic `detail` and a `correlation_id`; the
@@ -146,68 +141,31 @@ impl Problem {
     }
     /// A protocol refusal of the rules (409, or 404/422/503 for the few that are not conflicts).
     pub fn refusal(code: RefusalCode) -> Problem {
-        let status =
-            StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-        // `generation_exhausted` is an out-of-range request (SPEC §2: "→ 422"),
-        // so it carries the schema error's code.
-        let wire_code = match code {
-            RefusalCode::GenerationExhausted => "invalid_request",
-            c => c.code(),
-        };
-        let mut p = Problem::new(status, wire_code, code.to_string());
-        if code == RefusalCode::GenerationExhausted {
-            p.field = Some("principal".into());
-        }
-        p
+        settle_api::Problem::refusal(code).into()
     }
 
-    fn title(&self) -> &'static str {
-        match self.code {
-            "bad_request" => "Bad request",
-            "unauthorized" => "Unauthorized",
-            "not_found" => "Not found",
-            "payload_too_large" => "Payload too large",
-            "invalid_request" => "Invalid request",
-            "unavailable" => "Service unavailable",
-            "record_refused" => "Record refused",
-            "fingerprint_mismatch" => "Fingerprint mismatch",
-            "binding_mismatch" => "Binding mismatch",
-            "stale_binding" => "Stale binding",
-            "stale_fence" => "Stale fence",
-            "lease_expired" => "Lease expired",
-            "wrong_purpose" => "Wrong lease purpose",
-            "result_mismatch" => "Result mismatch",
-            "receipt_required" => "Receipt required",
-            "too_many_classes" => "Too many warning classes",
-            "request_timeout" => "Request timeout",
-            _ => "Error",
-        }
+    /// The HTTP status of the answer.
+    pub fn status_code(&self) -> StatusCode {
+        StatusCode::from_u16(self.body.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
     }
 
     /// The problem object's JSON (the body of its response, and of a batch slot).
     pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(&Wire {
-            kind: format!("urn:settle:problem:{}", self.code),
-            title: self.title(),
-            status: self.status.as_u16(),
-            detail: &self.detail,
-            code: self.code,
-            field: self.field.as_deref(),
-            correlation_id: self.correlation_id.as_deref(),
-        })
-        .expect("a problem always serializes")
+        serde_json::to_vec(&self.body).expect("a problem always serializes")
     }
 
+    /// The problem+json response, with `Retry-After` and `WWW-Authenticate` where due.
     pub fn into_response(self) -> Response {
+        let status = self.status_code();
         let mut resp = Response::new(Body::from(self.to_json()));
-        *resp.status_mut() = self.status;
+        *resp.status_mut() = status;
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(s) = self.retry_after_s {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
-        if self.status == StatusCode::UNAUTHORIZED {
+        if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }

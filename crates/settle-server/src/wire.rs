@@ -1,14 +1,10 @@
-//! The wire: path segments, request bodies and response bodies of SPEC §7.
+//! Reading the wire: path segments and request bodies of SPEC §7. The
+//! bodies themselves are the `settle-api` types; this module only turns
+//! bytes into them and every failure into the right problem (400 for
+//! syntax, 422 naming the field for the schema).
 
 use serde::de::{DeserializeOwned, IgnoredAny};
-use serde::{Deserialize, Serialize};
-use settle_core::{
-    Binding, Digest, Fence, FindingKind, LeaseMs, Outcome, Principal, Receipt, ReleaseReason,
-    RetentionS, Text, Timestamp, Warning,
-};
-use utoipa::ToSchema;
 
-use crate::openapi::{BindingSchema, OutcomeSchema};
 use crate::problem::Problem;
 
 /// Decodes one raw path segment (SPEC §7): `%XX` is decoded once; a
@@ -147,141 +143,11 @@ pub fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, Problem> {
     }
 }
 
-/// `POST /v1/operations/{key}/claim`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimRequest {
-    /// Lowercase hex SHA-256 of the effect-defining fields of the request.
-    #[schema(value_type = String, pattern = "^[0-9a-f]{64}$")]
-    pub fingerprint: Digest,
-    #[schema(value_type = BindingSchema)]
-    pub binding: Binding,
-    /// Lease duration; default 30000.
-    #[schema(value_type = Option<u64>, minimum = 100, maximum = 3600000)]
-    pub lease_ms: Option<LeaseMs>,
-    /// Free text naming the worker (1–4096 bytes, no control characters).
-    #[schema(value_type = Option<String>)]
-    pub worker: Option<Text>,
-    /// The worker will call `dispatch` before the remote write; default false.
-    #[serde(default)]
-    pub marks_dispatch: bool,
-    /// Kept this long after settlement; default from the server's `default_retention_s` (86400).
-    #[schema(value_type = Option<u64>, minimum = 1, maximum = 31536000)]
-    pub retention_s: Option<RetentionS>,
-}
-
-/// `POST /v1/operations/{key}/heartbeat`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct HeartbeatRequest {
-    #[schema(value_type = u64)]
-    pub fence: Fence,
-    /// New lease duration from now; default the lease's original `lease_ms`.
-    #[schema(value_type = Option<u64>, minimum = 100, maximum = 3600000)]
-    pub lease_ms: Option<LeaseMs>,
-}
-
-/// `POST /v1/operations/{key}/dispatch`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DispatchRequest {
-    #[schema(value_type = u64)]
-    pub fence: Fence,
-}
-
-/// `POST /v1/operations/{key}/settle`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SettleRequest {
-    #[schema(value_type = u64)]
-    pub fence: Fence,
-    #[schema(value_type = String, pattern = "^[0-9a-f]{64}$")]
-    pub fingerprint: Digest,
-    #[schema(value_type = BindingSchema)]
-    pub binding: Binding,
-    #[schema(value_type = OutcomeSchema)]
-    pub outcome: Outcome,
-}
-
-/// `POST /v1/operations/{key}/release`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReleaseRequest {
-    #[schema(value_type = u64)]
-    pub fence: Fence,
-    /// `not_dispatched` (default): nothing was sent (`marks_dispatch` and no
-    /// `dispatch`). `not_committed`: the remote definitively refused the
-    /// effect (a validation error, 409, 425, 429); allowed after `dispatch`.
-    #[schema(value_type = Option<String>, example = "not_committed")]
-    pub reason: Option<ReleaseReason>,
-}
-
-/// `POST /v1/operations/{key}/reconcile`. `fingerprint`, `binding` and a
-/// terminal `outcome` are required with `committed` and refused otherwise.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReconcileRequest {
-    #[schema(value_type = u64)]
-    pub fence: Fence,
-    #[schema(value_type = crate::openapi::FindingSchema)]
-    pub finding: FindingKind,
-    #[schema(value_type = Option<String>, pattern = "^[0-9a-f]{64}$")]
-    pub fingerprint: Option<Digest>,
-    #[schema(value_type = Option<BindingSchema>)]
-    pub binding: Option<Binding>,
-    #[schema(value_type = Option<OutcomeSchema>)]
-    pub outcome: Option<Outcome>,
-}
-
-/// `POST /v1/tasks/{task}/warnings/{class}`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct WarnRequest {
-    /// Replaces the stored detail; omitted keeps it.
-    #[schema(value_type = Option<String>)]
-    pub detail: Option<Text>,
-}
-
-/// A body with no fields (`revoke`); anything but `{}` or an empty body is refused.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct EmptyRequest {}
-
-// ---- responses (serialized from the core's types) ----
-
-#[derive(Serialize)]
-pub struct ReceiptBody<'a> {
-    pub receipt: &'a Receipt,
-}
-
-#[derive(Serialize)]
-pub struct DispatchedBody {
-    pub fence: Fence,
-    pub lease_expires_at: Timestamp,
-    pub dispatched: bool,
-}
-
-#[derive(Serialize)]
-pub struct ReleasedBody {
-    pub fence: Fence,
-    pub released: bool,
-}
-
-#[derive(Serialize)]
-pub struct RevokedBody<'a> {
-    pub principal: &'a Principal,
-    pub generation: u64,
-}
-
-#[derive(Serialize)]
-pub struct WarningsBody<'a> {
-    pub warnings: &'a [Warning],
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use settle_core::Key;
+    use settle_api::{ClaimRequest, DispatchRequest, EmptyRequest};
+    use settle_core::{Key, RetentionS};
 
     #[test]
     fn segments_decode_once() {
@@ -290,48 +156,41 @@ mod tests {
         assert_eq!(decode_segment("key", "%7e").unwrap(), b"~");
         for bad in ["a%2", "a%zz", "%+1x", "a#b", "a\u{7f}", "é"] {
             let p = decode_segment("key", bad).unwrap_err();
-            assert_eq!(p.status.as_u16(), 400, "{bad}");
+            assert_eq!(p.status, 400, "{bad}");
         }
         let p = segment::<Key>("key", "a%20b").unwrap_err();
-        assert_eq!((p.status.as_u16(), p.code), (422, "invalid_request"));
+        assert_eq!((p.status, p.code.as_str()), (422, "invalid_request"));
         let p = segment::<Key>("key", "%FF").unwrap_err();
-        assert_eq!(p.status.as_u16(), 422);
+        assert_eq!(p.status, 422);
         let long = "x".repeat(256);
-        assert_eq!(
-            segment::<Key>("key", &long).unwrap_err().status.as_u16(),
-            422
-        );
+        assert_eq!(segment::<Key>("key", &long).unwrap_err().status, 422);
         assert_eq!(segment::<Key>("key", "a%23b").unwrap().as_str(), "a#b");
     }
 
     #[test]
     fn bodies_separate_syntax_from_schema() {
         let e = parse_body::<DispatchRequest>(b"{").unwrap_err();
-        assert_eq!(e.status.as_u16(), 400);
+        assert_eq!(e.status, 400);
         let e = parse_body::<DispatchRequest>(b"[1]").unwrap_err();
-        assert_eq!(e.status.as_u16(), 400);
+        assert_eq!(e.status, 400);
         let e = parse_body::<DispatchRequest>(b"{\"fence\": \"x\", ").unwrap_err();
         assert_eq!(
-            e.status.as_u16(),
-            400,
+            e.status, 400,
             "broken JSON after a schema error is still 400"
         );
         let e = parse_body::<DispatchRequest>(b"{\"fence\": \"x\"}").unwrap_err();
-        assert_eq!(
-            (e.status.as_u16(), e.field.as_deref()),
-            (422, Some("fence"))
-        );
+        assert_eq!((e.status, e.field.as_deref()), (422, Some("fence")));
         let e = parse_body::<DispatchRequest>(b"{\"fence\": 1, \"x\": 2}").unwrap_err();
-        assert_eq!(e.status.as_u16(), 422);
+        assert_eq!(e.status, 422);
         assert!(e.detail.contains("unknown field"), "{}", e.detail);
         let e = parse_body::<DispatchRequest>(b"{}").unwrap_err();
         assert!(e.detail.contains("missing field"), "{}", e.detail);
         let e = parse_body::<DispatchRequest>(b"{\"fence\": 1} x").unwrap_err();
-        assert_eq!(e.status.as_u16(), 400);
+        assert_eq!(e.status, 400);
         assert!(parse_body::<EmptyRequest>(b"").is_ok());
         assert!(parse_body::<EmptyRequest>(b"  \n").is_ok());
         let ok: DispatchRequest = parse_body(b" {\"fence\": 3} ").unwrap();
-        assert_eq!(ok.fence, Fence(3));
+        assert_eq!(ok.fence, 3);
     }
 
     #[test]
@@ -343,7 +202,13 @@ mod tests {
         let e = parse_body::<ClaimRequest>(body.as_bytes()).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("binding.generation"));
         let body = r#"{"fingerprint":"ABC","binding":{"principal":"p","generation":0}}"#;
-        let e = parse_body::<ClaimRequest>(body.as_bytes()).unwrap_err();
+        // Well-formed JSON of the right shape: the conversion into the
+        // core's claim names the field.
+        let e: Problem = parse_body::<ClaimRequest>(body.as_bytes())
+            .unwrap()
+            .into_claim(Key::new("k").unwrap(), RetentionS::DEFAULT)
+            .unwrap_err()
+            .into();
         assert_eq!(e.field.as_deref(), Some("fingerprint"));
     }
 }
@@ -351,6 +216,13 @@ mod tests {
 #[cfg(test)]
 mod depth_tests {
     use super::*;
+    use settle_api::SettleRequest;
+    use settle_core::Key;
+
+    fn settle(body: &str) -> Result<settle_core::Settle, Problem> {
+        let b: SettleRequest = parse_body(body.as_bytes())?;
+        Ok(b.into_settle(Key::new("k").unwrap())?)
+    }
 
     fn settle_body(result: &str) -> String {
         format!(
@@ -368,12 +240,12 @@ mod depth_tests {
             "[".repeat(settle_core::MAX_RESULT_DEPTH),
             "]".repeat(settle_core::MAX_RESULT_DEPTH)
         );
-        assert!(parse_body::<SettleRequest>(settle_body(&ok).as_bytes()).is_ok());
+        assert!(settle(&settle_body(&ok)).is_ok());
         for depth in [settle_core::MAX_RESULT_DEPTH + 1, 127, 128, 129, 5000] {
             let deep = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
-            let e = parse_body::<SettleRequest>(settle_body(&deep).as_bytes()).unwrap_err();
+            let e = settle(&settle_body(&deep)).unwrap_err();
             assert_eq!(
-                (e.status.as_u16(), e.field.as_deref()),
+                (e.status, e.field.as_deref()),
                 (422, Some("outcome.result")),
                 "depth {depth}: {e:?}"
             );
@@ -384,7 +256,7 @@ mod depth_tests {
             "[".repeat(300),
             "]".repeat(300)
         );
-        let e = parse_body::<SettleRequest>(body.as_bytes()).unwrap_err();
-        assert_eq!(e.status.as_u16(), 422, "{e:?}");
+        let e = settle(&body).unwrap_err();
+        assert_eq!(e.status, 422, "{e:?}");
     }
 }

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
+use settle_ledger::inspect::Scan;
 use settle_ledger::{BoxFuture, MemStore, Store, StoreError, StoreStats, SweepReport};
 use settle_server::{AppState, Config, router};
 use tower::ServiceExt;
@@ -46,6 +47,14 @@ impl Store for FailingStore {
     }
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         Box::pin(async { Err(StoreError::Closed) })
+    }
+    fn scan<'a>(
+        &'a self,
+        _: &'a TenantId,
+        _: Option<&'a Key>,
+        _: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        Box::pin(async { Err(StoreError::Database("down".into())) })
     }
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async { Err(StoreError::Poisoned) })
@@ -178,6 +187,14 @@ impl Store for Scripted {
     }
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
         self.inner.now()
+    }
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        self.inner.scan(tenant, after, max)
     }
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         let healthy = self.healthy.load(Ordering::SeqCst);

@@ -3,12 +3,15 @@
 //! its own module (`remote`: the client calls; `inspect`: inspect and
 //! check; `bench`), and every failure becomes one line on stderr and an
 //! exit code (`exit`).
+#![allow(clippy::print_stdout, clippy::print_stderr)] // a CLI prints its answers
 
 #[cfg(feature = "bench")]
 mod bench;
 mod exit;
 mod inspect;
 mod remote;
+#[cfg(feature = "sim")]
+mod sim;
 
 use std::process::ExitCode;
 
@@ -65,6 +68,10 @@ enum Cmd {
     /// Measure claim+settle pairs per second.
     #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
+    /// Run the deterministic simulator: --seed S replays one seed, --seeds N
+    /// runs many and prints {"seeds", "steps", "faults", "violations"}.
+    #[cfg(feature = "sim")]
+    Sim(sim::SimArgs),
 }
 
 #[tokio::main]
@@ -98,6 +105,8 @@ async fn run(cmd: Cmd) -> Result<(), Failure> {
         Cmd::Check(a) => inspect::run(a, true),
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench::run(a).await,
+        #[cfg(feature = "sim")]
+        Cmd::Sim(a) => sim::run(a),
     }
 }
 

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use hyper::Method;
 use serde_json::{Value, json};
-use settle_client::operation_path;
+use settle_client::{api, operation_path};
 
 /// These scenarios run twice: through their single routes, and with every
 /// operation call and `get` sent through `POST /v1/batch` instead (one call
@@ -51,8 +51,12 @@ async fn claim_settle_replay_and_the_record() {
     let r = op(&ep, "order-1", "claim", claim_body(1, &b)).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.content_type, "application/json");
+    let api::ClaimDecision::Execute(grant) = typed(&r) else {
+        panic!("expected execute")
+    };
     let v = r.json();
     assert_eq!(v["decision"], "execute");
+    assert_eq!(v["fence"], grant.fence);
     assert_eq!(v["attempt"], 1);
     assert!(v["lease_expires_at"].as_str().unwrap().ends_with('Z'));
     let fence = v["fence"].as_u64().unwrap();
@@ -65,6 +69,8 @@ async fn claim_settle_replay_and_the_record() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.json());
+    let typed_receipt = typed::<api::ReceiptResponse>(&r).receipt;
+    assert_eq!(typed_receipt.status, api::Status::Completed);
     let receipt = r.json()["receipt"].clone();
     assert_eq!(receipt["status"], "completed");
     assert_eq!(receipt["fence"], fence);
@@ -74,6 +80,13 @@ async fn claim_settle_replay_and_the_record() {
 
     // The retry learns the one true outcome.
     let r = op(&ep, "order-1", "claim", claim_body(1, &b)).await;
+    let api::ClaimDecision::Replay {
+        receipt: replayed, ..
+    } = typed(&r)
+    else {
+        panic!("expected replay")
+    };
+    assert_eq!(replayed, typed_receipt);
     let v = r.json();
     assert_eq!(v["decision"], "replay");
     assert_eq!(v["outcome"]["result"], json!({"charge": 1}));
@@ -90,7 +103,8 @@ async fn claim_settle_replay_and_the_record() {
     assert_eq!(r.json()["receipt"], receipt);
 
     let r = get(&ep, &operation_path("order-1", "")).await;
-    assert_eq!(r.status, 200);
+    let view: api::RecordView = typed(&r);
+    assert_eq!(view.receipt, Some(typed_receipt));
     let rec = r.json();
     for f in [
         "key",
@@ -116,6 +130,7 @@ async fn claim_settle_replay_and_the_record() {
     assert_eq!(rec["disputed"], false);
 }
 
+#[allow(clippy::too_many_lines)] // one scenario, kept whole
 async fn heartbeat_dispatch_release_and_reconcile() {
     let dir = TempDir::new("calls");
     let s = Server::start(dir.path(), &[]);
@@ -136,8 +151,7 @@ async fn heartbeat_dispatch_release_and_reconcile() {
         json!({"fence": fence, "lease_ms": 120_000}),
     )
     .await;
-    assert_eq!(r.status, 200);
-    assert_eq!(r.json()["fence"], fence);
+    assert_eq!(typed::<api::LeaseInfo>(&r).fence, fence);
     assert!(r.json()["lease_expires_at"].is_string());
     let r = op(
         &ep,
@@ -146,7 +160,13 @@ async fn heartbeat_dispatch_release_and_reconcile() {
         json!({"fence": fence, "reason": "not_dispatched"}),
     )
     .await;
-    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(
+        typed::<api::Released>(&r),
+        api::Released {
+            fence,
+            released: true
+        }
+    );
     assert_eq!(r.json(), json!({"fence": fence, "released": true}));
     // Nothing could have been sent: the next claim may execute again.
     let fence2 = execute(&ep, "k-rel", 1, &b).await;
@@ -156,7 +176,7 @@ async fn heartbeat_dispatch_release_and_reconcile() {
     let r = op(&ep, "k-disp", "claim", c.clone()).await;
     let fence = r.json()["fence"].as_u64().unwrap();
     let r = op(&ep, "k-disp", "dispatch", json!({"fence": fence})).await;
-    assert_eq!(r.status, 200);
+    assert!(typed::<api::Dispatched>(&r).dispatched);
     assert_eq!(r.json()["fence"], fence);
     assert_eq!(r.json()["dispatched"], true);
     let r = op(&ep, "k-disp", "release", json!({"fence": fence})).await;
@@ -242,7 +262,7 @@ async fn revoke_and_warnings() {
     let s = Server::start(dir.path(), &[]);
     let ep = s.ep();
     let r = post(&ep, "/v1/principals/svc%2Fa/revoke", json!({})).await;
-    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(typed::<api::Revoked>(&r).generation, 1);
     assert_eq!(r.json(), json!({"principal": "svc/a", "generation": 1}));
     // An empty body reads as {}.
     let r = ep
@@ -255,19 +275,30 @@ async fn revoke_and_warnings() {
     assert_problem(&r, 409, "stale_binding");
     execute(&ep, "k", 1, &binding("svc/a", 2)).await;
 
-    // At generation 2^64-1 revoke cannot raise it further: 422, nothing changes.
-    execute(&ep, "max", 1, &binding("maxed", u64::MAX)).await;
-    let r = post(&ep, "/v1/principals/maxed/revoke", json!({})).await;
-    assert_problem(&r, 422, "invalid_request");
-    assert!(r.json()["detail"].as_str().unwrap().contains("generation"));
+    // Generations are integers in [0, 2^53-1] (SPEC §2): the largest one
+    // claims, one more is a 422 naming the field, and nothing is written.
+    let max = settle_client::api::MAX_SAFE_INTEGER;
+    execute(&ep, "max", 1, &binding("maxed", max)).await;
     let r = op(
         &ep,
         "max2",
         "claim",
-        claim_body(1, &binding("maxed", u64::MAX)),
+        claim_body(1, &binding("maxed", max + 1)),
     )
     .await;
-    assert_eq!(r.json()["decision"], "execute");
+    assert_problem(&r, 422, "invalid_request");
+    assert_eq!(r.json()["field"], "binding.generation");
+    let r = ep
+        .send_raw(Method::GET, "/v1/operations/max2", None)
+        .await
+        .unwrap();
+    assert_problem(&r, 404, "not_found");
+    // Revoking at 2^53-1 still works (only 2^64-1 cannot be raised, SPEC
+    // §2); no claim can then carry the new generation.
+    let r = post(&ep, "/v1/principals/maxed/revoke", json!({})).await;
+    assert_eq!(r.json()["generation"], max + 1);
+    let r = op(&ep, "max3", "claim", claim_body(1, &binding("maxed", max))).await;
+    assert_problem(&r, 409, "stale_binding");
 
     let r = post(
         &ep,
@@ -429,6 +460,7 @@ async fn not_found_for_unknown_keys_and_routes() {
     assert_problem(&get(&ep, "/v1/operations/k/claim").await, 404, "not_found");
 }
 
+#[allow(clippy::too_many_lines)] // one scenario, kept whole
 #[tokio::test]
 async fn bad_input_gets_4xx_and_writes_nothing() {
     let dir = TempDir::new("bad");
@@ -750,6 +782,50 @@ async fn auth_off_needs_loopback() {
     execute(&s.ep(), "k", 1, &b).await;
     let r = get(&s.ep_token("anything"), "/v1/operations/k").await;
     assert_eq!(r.status, 200);
+}
+
+/// Records written with authentication off belong to tenant `default`; once
+/// `[[tenants]]` are configured, only a tenant named `default` reaches them
+/// (docs/http-api.md, "Authentication").
+#[tokio::test]
+async fn records_written_without_auth_belong_to_the_default_tenant() {
+    let dir = TempDir::new("default-tenant");
+    let data = dir.path().join("data");
+    let b = binding("svc", 0);
+    let mut s = Server::start(&data, &[]);
+    let fence = execute(&s.ep(), "k", 1, &b).await;
+    let r = op(
+        &s.ep(),
+        "k",
+        "settle",
+        settle_body(fence, 1, &b, completed(1)),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    s.terminate();
+
+    // Auth on, without a `default` tenant: the record is out of every tenant's reach.
+    let acme = format!("acme={}", token_sha256("tok-acme"));
+    let mut s = Server::start(&data, &["--tenant", &acme]);
+    let r = get(&s.ep_token("tok-acme"), "/v1/operations/k").await;
+    assert_problem(&r, 404, "not_found");
+    s.terminate();
+
+    // A tenant named `default` brings it back, receipt intact; acme still sees nothing.
+    let default = format!("default={}", token_sha256("tok-default"));
+    let s = Server::start(&data, &["--tenant", &acme, "--tenant", &default]);
+    let r = get(&s.ep_token("tok-default"), "/v1/operations/k").await;
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(r.json()["status"], "completed");
+    let r = op(&s.ep_token("tok-default"), "k", "claim", claim_body(1, &b)).await;
+    assert_eq!(
+        r.json()["outcome"]["result"],
+        json!({"charge": 1}),
+        "{}",
+        r.json()
+    );
+    let r = get(&s.ep_token("tok-acme"), "/v1/operations/k").await;
+    assert_problem(&r, 404, "not_found");
 }
 
 #[tokio::test]
@@ -1355,6 +1431,7 @@ async fn release_not_committed_over_http_and_the_cli() {
     assert_eq!(out.status.code(), Some(2), "a usage error");
 }
 
+#[allow(clippy::too_many_lines)] // one scenario, kept whole
 /// Issue 8 item 14: a replay returns the compact text that was settled, byte
 /// for byte (floats too), and JSON `null` is a result. Over HTTP and the CLI.
 async fn results_replay_byte_for_byte_and_null_is_a_result() {

@@ -9,6 +9,7 @@
 //!
 //! One failover by default; `SETTLE_PG_FAILOVER_RUNS=N` runs N (each on a
 //! fresh pair of clusters). See docs/postgres.md for measured figures.
+#![allow(clippy::print_stderr)] // crash tests report what they observed
 
 #[path = "../../settle-pg/tests/common/cluster.rs"]
 mod cluster;

@@ -28,6 +28,7 @@ fn grant(r: &Reply) -> Grant {
     }
 }
 
+#[allow(clippy::too_many_lines)] // one scenario, kept whole
 pub fn scenario() -> Scenario {
     let t = TenantId::default_tenant();
     let mut w = World::default();

@@ -7,6 +7,7 @@
 //! `SETTLE_PG_BINDIR`, else the newest `/usr/lib/postgresql/*/bin`, else
 //! `pg_config --bindir`. When they cannot be used, [`Pg::find`] says why and
 //! the test skips with that message.
+#![allow(clippy::print_stderr)] // test support reports what it waits for
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};

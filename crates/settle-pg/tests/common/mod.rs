@@ -1,5 +1,6 @@
 //! Test databases: one uniquely named schema per test, dropped afterwards
 //! (also when the test panics), on the PostgreSQL of DEVELOPERS.md.
+#![allow(clippy::print_stderr)] // test support reports what it waits for
 #![allow(dead_code)]
 
 pub mod cluster;

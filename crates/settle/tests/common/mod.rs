@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use hyper::Method;
-use serde_json::{Value, json};
-use settle_client::{Bytes, Client, Reply, operation_path};
+use serde_json::Value;
+use settle_client::{Bytes, Client, Reply, api, operation_path};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_settle");
 
@@ -124,20 +124,55 @@ pub fn fp(n: u8) -> String {
     hex::encode([n; 32])
 }
 
+/// The request bodies are built from the `settle-api` types (what every
+/// client sends) and handed to the tests as JSON values, so a test may
+/// still break one field on purpose.
+fn value<T: serde::Serialize>(body: &T) -> Value {
+    serde_json::to_value(body).unwrap()
+}
+
 pub fn binding(p: &str, generation: u64) -> Value {
-    json!({"principal": p, "scopes": ["pay"], "generation": generation})
+    value(&api::Binding {
+        principal: p.to_string(),
+        scopes: vec!["pay".to_string()],
+        generation,
+    })
+}
+
+fn api_binding(b: &Value) -> api::Binding {
+    serde_json::from_value(b.clone()).expect("a binding body")
 }
 
 pub fn claim_body(f: u8, b: &Value) -> Value {
-    json!({"fingerprint": fp(f), "binding": b})
+    value(&api::ClaimRequest {
+        fingerprint: fp(f),
+        binding: api_binding(b),
+        lease_ms: None,
+        worker: None,
+        marks_dispatch: false,
+        retention_s: None,
+    })
 }
 
 pub fn completed(n: u8) -> Value {
-    json!({"status": "completed", "result": {"charge": n}, "response_sha256": fp(100 + n)})
+    value(&api::Outcome {
+        status: api::OutcomeStatus::Completed,
+        result: Some(
+            serde_json::value::RawValue::from_string(format!(r#"{{"charge":{n}}}"#)).unwrap(),
+        ),
+        response_sha256: Some(fp(100 + n)),
+        error: None,
+    })
 }
 
 pub fn settle_body(fence: u64, f: u8, b: &Value, outcome: Value) -> Value {
-    json!({"fence": fence, "fingerprint": fp(f), "binding": b, "outcome": outcome})
+    let outcome: api::Outcome = serde_json::from_value(outcome).expect("an outcome body");
+    value(&api::SettleRequest {
+        fence,
+        fingerprint: fp(f),
+        binding: api_binding(b),
+        outcome,
+    })
 }
 
 pub async fn post(ep: &Client, path: &str, body: Value) -> Reply {
@@ -157,7 +192,8 @@ pub async fn get(ep: &Client, path: &str) -> Reply {
         && !seg.contains('/')
         && let Some(key) = percent_decode(seg)
     {
-        return batch_one(ep, json!({"op": "get", "key": key})).await;
+        let call = api::BatchCall::new(api::BatchOp::Get, key, &api::EmptyRequest {});
+        return batch_one(ep, call).await;
     }
     ep.send_raw(Method::GET, path, None).await.unwrap()
 }
@@ -166,11 +202,14 @@ pub async fn op(ep: &Client, key: &str, call: &str, body: Value) -> Reply {
     if VIA_BATCH.try_with(|b| *b).unwrap_or(false)
         && let Value::Object(fields) = &body
     {
-        let mut c = json!({"op": call, "key": key});
-        for (k, v) in fields {
-            c[k] = v.clone();
-        }
-        return batch_one(ep, c).await;
+        let op: api::BatchOp =
+            serde_json::from_value(Value::String(call.into())).expect("a batch op");
+        let call = api::BatchCall {
+            op,
+            key: key.into(),
+            fields: fields.clone(),
+        };
+        return batch_one(ep, call).await;
     }
     post(ep, &operation_path(key, call), body).await
 }
@@ -183,12 +222,13 @@ tokio::task_local! {
 }
 
 /// Sends one call as a batch and returns its slot as if it were the single call's answer.
-pub async fn batch_one(ep: &Client, call: Value) -> Reply {
-    let r = post(ep, "/v1/batch", json!({"calls": [call]})).await;
+pub async fn batch_one(ep: &Client, call: api::BatchCall) -> Reply {
+    let req = api::BatchRequest { calls: vec![call] };
+    let r = post(ep, "/v1/batch", serde_json::to_value(&req).unwrap()).await;
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.content_type, "application/json");
     // Raw bodies: a slot keeps the single call's exact bytes.
-    let v: settle_client::api::BatchResponse = serde_json::from_slice(&r.body).unwrap();
+    let v: api::BatchResponse = serde_json::from_slice(&r.body).unwrap();
     assert_eq!(v.results.len(), 1, "{v:?}");
     let status = v.results[0].status;
     Reply {
@@ -225,9 +265,10 @@ fn percent_decode(seg: &str) -> Option<String> {
 pub async fn execute(ep: &Client, key: &str, f: u8, b: &Value) -> u64 {
     let r = op(ep, key, "claim", claim_body(f, b)).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
-    let v = r.json();
-    assert_eq!(v["decision"], "execute", "{v}");
-    v["fence"].as_u64().unwrap()
+    match r.parse::<api::ClaimDecision>() {
+        Ok(api::ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("expected execute, got {other:?}"),
+    }
 }
 
 /// Asserts a problem+json answer with this status and code.
@@ -263,4 +304,18 @@ pub async fn raw_status(addr: &str, request: &[u8]) -> (u16, String) {
 
 pub fn token_sha256(token: &str) -> String {
     settle_server::auth::token_sha256(token)
+}
+
+/// Reads a 200 answer as the `settle-api` type `T` and checks that the type
+/// writes it back byte for byte (the server's bodies are these types).
+#[track_caller]
+pub fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(r: &Reply) -> T {
+    assert_eq!(r.status, 200, "body: {}", String::from_utf8_lossy(&r.body));
+    let v: T = r.parse().expect("the body reads as its settle-api type");
+    assert_eq!(
+        serde_json::to_string(&v).unwrap(),
+        String::from_utf8_lossy(&r.body),
+        "the settle-api type writes the body back unchanged"
+    );
+    v
 }

@@ -1,0 +1,34 @@
+//! # settle-middleware: Stripe-style `Idempotency-Key` endpoints (SPEC §8)
+//!
+//! A tower [`Layer`](tower::Layer) for axum and hyper services that makes a
+//! route idempotent over the settle ledger, in-process
+//! ([`IdempotencyLayer::embedded`]) or on a remote `settle serve`
+//! ([`IdempotencyLayer::remote`]):
+//!
+//! * the first request with a key runs the handler once; its response is
+//!   captured, settled and sent unchanged;
+//! * the same request again gets the stored response, byte for byte, with
+//!   `Idempotent-Replayed: true`; the handler does not run;
+//! * the same key with another request: 422 `idempotency_key_reused`;
+//!   while the first still runs: 409 `request_in_progress` + `Retry-After`;
+//! * a panic, a timeout or a client disconnect after the handler started
+//!   leaves the record `unknown`: retries get 409 `outcome_unknown` until
+//!   it is reconciled (an operator, or the [`reconcile`](IdempotencyLayer::reconcile) hook);
+//! * the ledger unreachable: 503 `idempotency_unavailable`, the handler
+//!   does not run (fail closed).
+//!
+//! The byte layouts (ledger key, fingerprint, stored response) are those
+//! of the Python and TypeScript middlewares (`sdk/MIDDLEWARE-KEYS.md`), in
+//! [`layout`]; the table of answers is [`table`], as pure functions.
+
+pub mod backend;
+mod layer;
+pub mod layout;
+pub mod table;
+
+pub use backend::{Backend, CallError};
+pub use layer::{
+    CanonicalFn, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer, PrincipalFn,
+    ReconcileFn, Resolution, Retryable, RoutesFn,
+};
+pub use table::RoutePolicy;

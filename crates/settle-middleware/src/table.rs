@@ -1,0 +1,363 @@
+//! SPEC §8's table as pure functions: what the middleware answers for a
+//! request before the ledger is asked, for each claim decision, and what
+//! it does with the handler's response. The layer (`crate::layer`) only
+//! performs the calls these decide.
+
+use std::time::Duration;
+
+use settle_core::{ClaimDecision, Grant, RefusalCode, Reply};
+
+use crate::backend::CallError;
+use crate::layout::{self, NOT_COMMITTED_STATUSES, StoredResponse};
+
+/// How one route is wrapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoutePolicy {
+    /// A request without a key gets 400 `idempotency_key_missing` (else
+    /// it runs unwrapped).
+    pub required: bool,
+    /// When the ledger is unreachable, run the handler without
+    /// idempotency (logged) instead of answering 503.
+    pub fail_open: bool,
+    /// After this long the handler counts as failed: the record becomes
+    /// `unknown` (default: none).
+    pub timeout: Option<Duration>,
+}
+
+impl Default for RoutePolicy {
+    fn default() -> Self {
+        RoutePolicy {
+            required: true,
+            fail_open: false,
+            timeout: None,
+        }
+    }
+}
+
+/// A problem+json answer of the middleware.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// The HTTP status.
+    pub status: u16,
+    /// The problem's `code`.
+    pub code: &'static str,
+    /// The problem's `detail`.
+    pub detail: &'static str,
+    /// The `Retry-After` header, in whole seconds.
+    pub retry_after: Option<String>,
+}
+
+impl Problem {
+    const fn new(status: u16, code: &'static str, detail: &'static str) -> Problem {
+        Problem {
+            status,
+            code,
+            detail,
+            retry_after: None,
+        }
+    }
+}
+
+/// 400 `idempotency_key_missing`.
+pub const KEY_MISSING: Problem = Problem::new(
+    400,
+    "idempotency_key_missing",
+    "this route requires an Idempotency-Key header",
+);
+/// 422 `idempotency_key_reused`.
+pub const KEY_REUSED: Problem = Problem::new(
+    422,
+    "idempotency_key_reused",
+    "this Idempotency-Key was used for another request",
+);
+/// 409 `outcome_unknown`: an earlier request with the key failed.
+pub const OUTCOME_UNKNOWN: Problem = Problem::new(
+    409,
+    "outcome_unknown",
+    "an earlier request with this Idempotency-Key failed with an unknown outcome",
+);
+/// 500 `outcome_unknown`: this request's handler failed.
+pub const HANDLER_FAILED: Problem = Problem::new(
+    500,
+    "outcome_unknown",
+    "the request failed; its outcome is unknown and must be reconciled",
+);
+/// 409 `response_not_stored`.
+pub const RESPONSE_NOT_STORED: Problem = Problem::new(
+    409,
+    "response_not_stored",
+    "this request completed but its response was too large to store; it will not run again",
+);
+/// 413 `payload_too_large`.
+pub const PAYLOAD_TOO_LARGE: Problem = Problem::new(
+    413,
+    "payload_too_large",
+    "the request body is over the idempotency limit",
+);
+
+/// 503 `idempotency_unavailable` with `Retry-After`.
+pub fn unavailable(retry_after_s: u64) -> Problem {
+    Problem {
+        retry_after: Some(retry_after_s.max(1).to_string()),
+        ..Problem::new(
+            503,
+            "idempotency_unavailable",
+            "the idempotency ledger is unreachable; the request was not run",
+        )
+    }
+}
+
+/// 409 `request_in_progress` with `Retry-After` from `retry_after_ms`.
+pub fn in_progress(retry_after_ms: u64) -> Problem {
+    Problem {
+        retry_after: Some(layout::retry_after_header(retry_after_ms)),
+        ..Problem::new(
+            409,
+            "request_in_progress",
+            "a request with this Idempotency-Key is still being processed",
+        )
+    }
+}
+
+/// What happens to a request before the ledger is asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Arrival {
+    /// Not an idempotent route (or a key is optional and none came): the
+    /// handler runs as if there were no middleware.
+    Unwrapped,
+    /// Answered here; the handler does not run.
+    Refuse(Problem),
+    /// Claim this key.
+    Wrapped {
+        /// The unquoted `Idempotency-Key`.
+        key: String,
+    },
+}
+
+/// Rows "route requires a key and none is sent" and "malformed key, or the
+/// header sent twice". `key_lines` are the `Idempotency-Key` field lines.
+pub fn arrival(policy: Option<&RoutePolicy>, key_lines: &[&[u8]]) -> Arrival {
+    let Some(policy) = policy else {
+        return Arrival::Unwrapped;
+    };
+    match layout::parse_idempotency_key(key_lines) {
+        Err(e) => Arrival::Refuse(Problem::new(400, "idempotency_key_invalid", e.0)),
+        Ok(None) if policy.required => Arrival::Refuse(KEY_MISSING),
+        Ok(None) => Arrival::Unwrapped,
+        Ok(Some(key)) => Arrival::Wrapped { key },
+    }
+}
+
+/// What the claim's answer leads to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AfterClaim {
+    /// Run the handler under this lease (after `dispatch`).
+    Execute(Grant),
+    /// An earlier attempt may have dispatched: ask the reconcile hook, or
+    /// hand the lease back and answer 409 `outcome_unknown`.
+    Reconcile(Grant),
+    /// Replay this stored response (`Idempotent-Replayed: true`).
+    Replay(StoredResponse),
+    /// Answer this problem; the handler does not run.
+    Refuse(Problem),
+    /// The ledger cannot be asked: 503, or the route's fail-open.
+    Unavailable(String),
+}
+
+/// Rows "first request", "after completion", "different request", "still
+/// running" and "settle unreachable" (the claim's side).
+pub fn after_claim(answer: Result<Reply, CallError>) -> AfterClaim {
+    match answer {
+        Ok(Reply::Claim(ClaimDecision::Execute(g))) => AfterClaim::Execute(g),
+        Ok(Reply::Claim(ClaimDecision::Reconcile(g))) => AfterClaim::Reconcile(g),
+        Ok(Reply::Claim(ClaimDecision::InFlight { retry_after_ms })) => {
+            AfterClaim::Refuse(in_progress(retry_after_ms))
+        }
+        Ok(Reply::Claim(ClaimDecision::Replay { outcome, .. })) => {
+            match outcome
+                .result()
+                .and_then(|r| layout::decode_response(&r.to_value()))
+            {
+                Some(stored) if stored.body.is_some() => AfterClaim::Replay(stored),
+                // Too large to store, or written by something else: never
+                // run the handler a second time.
+                _ => AfterClaim::Refuse(RESPONSE_NOT_STORED),
+            }
+        }
+        Err(CallError::Refused(
+            RefusalCode::FingerprintMismatch | RefusalCode::BindingMismatch,
+        )) => AfterClaim::Refuse(KEY_REUSED),
+        // A revoked middleware principal (stale_binding), a record the
+        // store refuses, a misconfigured claim, no answer: fail closed.
+        Err(e) => AfterClaim::Unavailable(e.to_string()),
+        Ok(other) => AfterClaim::Unavailable(format!(
+            "the ledger answered a claim with {}",
+            other.label()
+        )),
+    }
+}
+
+/// What is done with a response the handler returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// 2xx, 3xx, 4xx: settled `completed` and replayed.
+    Completed,
+    /// 5xx the handler returned: settled `failed` and replayed.
+    Failed,
+    /// 408, 409, 425, 429, or marked retryable: nothing happened; released
+    /// with `not_committed`, the retry runs the handler.
+    NotCommitted,
+}
+
+/// Rows "first request" and "a 5xx the handler returns" (the settle side).
+pub fn disposition(status: u16, marked_retryable: bool) -> Disposition {
+    if marked_retryable || NOT_COMMITTED_STATUSES.contains(&status) {
+        Disposition::NotCommitted
+    } else if status >= 500 {
+        Disposition::Failed
+    } else {
+        Disposition::Completed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use settle_core::{Digest, Fence, Key, Outcome, Receipt, ResultJson, Status, Timestamp};
+
+    fn wrapped() -> RoutePolicy {
+        RoutePolicy::default()
+    }
+
+    #[test]
+    fn row_key_missing_on_a_required_route() {
+        assert_eq!(arrival(Some(&wrapped()), &[]), Arrival::Refuse(KEY_MISSING));
+        let optional = RoutePolicy {
+            required: false,
+            ..wrapped()
+        };
+        assert_eq!(arrival(Some(&optional), &[]), Arrival::Unwrapped);
+        assert_eq!(arrival(None, &[b"k"]), Arrival::Unwrapped);
+    }
+
+    #[test]
+    fn row_key_malformed_or_sent_twice() {
+        for lines in [&[b"a b".as_slice()][..], &[b"k", b"k"], &[b"\"k"]] {
+            let Arrival::Refuse(p) = arrival(Some(&wrapped()), lines) else {
+                panic!("{lines:?} accepted")
+            };
+            assert_eq!((p.status, p.code), (400, "idempotency_key_invalid"));
+        }
+        assert_eq!(
+            arrival(Some(&wrapped()), &[b"\"k-1\""]),
+            Arrival::Wrapped { key: "k-1".into() }
+        );
+    }
+
+    fn grant() -> Grant {
+        Grant {
+            fence: Fence(7),
+            lease_expires_at: Timestamp(0),
+            attempt: 1,
+        }
+    }
+
+    #[test]
+    fn row_first_request_executes() {
+        let r = after_claim(Ok(Reply::Claim(ClaimDecision::Execute(grant()))));
+        assert_eq!(r, AfterClaim::Execute(grant()));
+    }
+
+    #[test]
+    fn row_still_running_is_409_with_whole_seconds() {
+        let r = after_claim(Ok(Reply::Claim(ClaimDecision::InFlight {
+            retry_after_ms: 1001,
+        })));
+        let AfterClaim::Refuse(p) = r else { panic!() };
+        assert_eq!((p.status, p.code), (409, "request_in_progress"));
+        assert_eq!(p.retry_after.as_deref(), Some("2"));
+    }
+
+    #[test]
+    fn row_different_request_is_422() {
+        for c in [
+            RefusalCode::FingerprintMismatch,
+            RefusalCode::BindingMismatch,
+        ] {
+            assert_eq!(
+                after_claim(Err(CallError::Refused(c))),
+                AfterClaim::Refuse(KEY_REUSED)
+            );
+        }
+    }
+
+    #[test]
+    fn row_ledger_unreachable_fails_closed() {
+        for e in [
+            CallError::Unavailable("connection refused".into()),
+            CallError::Refused(RefusalCode::StaleBinding),
+            CallError::Refused(RefusalCode::RecordRefused),
+        ] {
+            assert!(matches!(after_claim(Err(e)), AfterClaim::Unavailable(_)));
+        }
+        let p = unavailable(0);
+        assert_eq!((p.status, p.retry_after.as_deref()), (503, Some("1")));
+    }
+
+    fn replay_of(result: serde_json::Value) -> AfterClaim {
+        let digest = Digest::parse("d", &"ab".repeat(32)).unwrap();
+        let outcome = Outcome::completed(ResultJson::from_value(&result, 65536).unwrap(), digest);
+        let receipt = Receipt {
+            key: Key::new("k").unwrap(),
+            fingerprint: digest,
+            response_sha256: Some(digest),
+            status: Status::Completed,
+            fence: Fence(1),
+            committed_at: Timestamp(0),
+            durable: true,
+        };
+        after_claim(Ok(Reply::Claim(ClaimDecision::Replay { outcome, receipt })))
+    }
+
+    #[test]
+    fn row_after_completion_replays_the_stored_response() {
+        let (stored, _) = layout::encode_response(
+            201,
+            &[("Location".into(), b"/p/1".to_vec())],
+            b"{}",
+            &["location".into()],
+            100,
+        );
+        let AfterClaim::Replay(r) = replay_of(stored) else {
+            panic!()
+        };
+        assert_eq!(r.status, 201);
+        assert_eq!(r.body.as_deref(), Some(&b"{}"[..]));
+        assert_eq!(r.headers, vec![("location".into(), b"/p/1".to_vec())]);
+    }
+
+    #[test]
+    fn row_after_completion_without_a_stored_body_is_response_not_stored() {
+        let (too_large, _) = layout::encode_response(200, &[], b"0123456789", &[], 4);
+        assert_eq!(
+            replay_of(too_large),
+            AfterClaim::Refuse(RESPONSE_NOT_STORED)
+        );
+        assert_eq!(
+            replay_of(serde_json::json!({"charge": 1})),
+            AfterClaim::Refuse(RESPONSE_NOT_STORED)
+        );
+    }
+
+    #[test]
+    fn row_stored_and_not_stored_statuses() {
+        assert_eq!(disposition(201, false), Disposition::Completed);
+        assert_eq!(disposition(400, false), Disposition::Completed);
+        assert_eq!(disposition(500, false), Disposition::Failed);
+        assert_eq!(disposition(503, false), Disposition::Failed);
+        for s in [408, 409, 425, 429] {
+            assert_eq!(disposition(s, false), Disposition::NotCommitted);
+        }
+        assert_eq!(disposition(201, true), Disposition::NotCommitted);
+    }
+}

@@ -1,0 +1,174 @@
+//! One service behind the middleware, over the embedded ledger in this
+//! process or over a real `settle serve` (the server's own `run`, on an
+//! ephemeral port, in this process), and the requests the tests send.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, Request, StatusCode};
+use serde_json::Value;
+use settle_client::Client;
+use settle_core::{Key, TenantId};
+use settle_embedded::EmbeddedStore;
+use settle_ledger::Ledger;
+use settle_middleware::IdempotencyLayer;
+use tower::ServiceExt as _;
+
+/// Which ledger the layer talks to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    Embedded,
+    Remote,
+}
+
+/// A ledger for one test, removed with it.
+pub struct Ledgers {
+    pub mode: Mode,
+    _dir: tempfile::TempDir,
+    embedded: Option<(Ledger, Arc<EmbeddedStore>)>,
+    remote: Option<(Client, tokio::sync::oneshot::Sender<()>, String)>,
+}
+
+impl Ledgers {
+    pub async fn start(mode: Mode) -> Ledgers {
+        let dir = tempfile::tempdir().unwrap();
+        match mode {
+            Mode::Embedded => {
+                let store = EmbeddedStore::open(dir.path(), Default::default()).unwrap();
+                Ledgers {
+                    mode,
+                    embedded: Some((Ledger::new(store.clone()), store)),
+                    remote: None,
+                    _dir: dir,
+                }
+            }
+            Mode::Remote => {
+                let (client, stop, url) = serve(dir.path().to_path_buf()).await;
+                Ledgers {
+                    mode,
+                    embedded: None,
+                    remote: Some((client, stop, url)),
+                    _dir: dir,
+                }
+            }
+        }
+    }
+
+    /// A layer over this ledger (the namespace of the example).
+    pub fn layer(&self) -> IdempotencyLayer {
+        let l = match (&self.embedded, &self.remote) {
+            (Some((ledger, _)), _) => {
+                IdempotencyLayer::embedded(ledger.clone(), TenantId::default_tenant())
+            }
+            (_, Some((client, _, _))) => IdempotencyLayer::remote(client.clone()),
+            _ => unreachable!(),
+        };
+        l.namespace("payments-example")
+    }
+
+    /// A layer whose ledger is unreachable: the embedded store closed
+    /// (every call fails as storage), or a server address nobody listens on.
+    pub async fn unreachable(&self) -> IdempotencyLayer {
+        if let Some((_, store)) = &self.embedded {
+            let s = store.clone();
+            tokio::task::spawn_blocking(move || s.close())
+                .await
+                .unwrap();
+            return self.layer();
+        }
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let dead = Client::new(&format!("http://127.0.0.1:{port}")).unwrap();
+        IdempotencyLayer::remote(dead).namespace("payments-example")
+    }
+
+    /// The record of a ledger key: `status` and `reconcile_required`.
+    pub async fn record(&self, lkey: &str) -> (String, bool) {
+        if let Some((ledger, _)) = &self.embedded {
+            let r = ledger
+                .get(&TenantId::default_tenant(), &Key::new(lkey).unwrap())
+                .await
+                .unwrap();
+            return (r.status.as_str().to_string(), r.reconcile_required);
+        }
+        let (client, _, _) = self.remote.as_ref().unwrap();
+        let v = serde_json::to_value(client.get(lkey).await.unwrap()).unwrap();
+        (
+            v["status"].as_str().unwrap().to_string(),
+            v["reconcile_required"].as_bool().unwrap(),
+        )
+    }
+}
+
+/// `settle serve` in this process on 127.0.0.1:0, until the sender fires.
+async fn serve(dir: PathBuf) -> (Client, tokio::sync::oneshot::Sender<()>, String) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr: SocketAddr = listener.local_addr().unwrap();
+    let config = settle_server::Config::local(addr, dir);
+    let opened = settle_server::open_store(&config).await.unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(settle_server::run(config, opened, listener, async {
+        let _ = rx.await;
+    }));
+    let url = format!("http://{addr}");
+    (Client::new(&url).unwrap(), tx, url)
+}
+
+/// An answer as the client sees it.
+#[derive(Debug, Clone)]
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+    pub fn code(&self) -> String {
+        self.json()["code"].as_str().unwrap_or("").to_string()
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+    pub fn replayed(&self) -> bool {
+        self.header("idempotent-replayed") == Some("true")
+    }
+}
+
+/// Sends one request to the router.
+pub async fn send(router: &Router, req: Request<Body>) -> Answer {
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// `POST path` with an `Idempotency-Key` (if any) and a JSON body.
+pub fn post(path: &str, key: Option<&str>, body: &str) -> Request<Body> {
+    let mut b = Request::post(path).header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("idempotency-key", k);
+    }
+    b.body(Body::from(body.to_string())).unwrap()
+}
+
+/// The ledger key of `key` for the default principal (no Authorization).
+pub fn lkey(key: &str) -> String {
+    settle_middleware::layout::ledger_key("payments-example", "anonymous", key)
+}

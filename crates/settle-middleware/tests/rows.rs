@@ -1,0 +1,516 @@
+//! Every row of SPEC §8's table, on the payments example's router (the
+//! same `app` the example binary serves) and on routers of its own where a
+//! row needs a handler the example does not have; each test runs over the
+//! embedded ledger and over a real `settle serve`.
+
+mod common;
+
+#[allow(dead_code)]
+#[path = "../examples/payments.rs"]
+mod payments;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use common::{Answer, Ledgers, Mode, lkey, post as req, send};
+use settle_core::LeaseMs;
+use settle_middleware::{IdempotencyLayer, Resolution, Retryable};
+use tokio::sync::Notify;
+
+const PAY: &str = r#"{"amount": 10, "currency": "EUR"}"#;
+
+/// Runs a test body once per ledger mode.
+macro_rules! both {
+    ($name:ident, $body:expr) => {
+        mod $name {
+            use super::*;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn embedded() {
+                ($body)(Ledgers::start(Mode::Embedded).await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn remote() {
+                ($body)(Ledgers::start(Mode::Remote).await).await
+            }
+        }
+    };
+}
+
+async fn count(router: &Router) -> u64 {
+    let a = send(
+        router,
+        Request::get("/executions").body(Body::empty()).unwrap(),
+    )
+    .await;
+    a.json()["count"].as_u64().unwrap()
+}
+
+/// Waits until the handler has started `n` times (the example counts
+/// first, before anything else).
+async fn started(router: &Router, n: u64) {
+    while count(router).await < n {
+        tokio::task::yield_now().await;
+    }
+}
+
+both!(
+    row_first_request_runs_the_handler_once,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer());
+        let a = send(&app, req("/payments", Some("k1"), PAY)).await;
+        assert_eq!(a.status, StatusCode::CREATED);
+        assert_eq!(a.header("location"), Some("/payments/pay_1"));
+        assert_eq!(
+            a.json(),
+            serde_json::json!({"id": "pay_1", "amount": 10, "currency": "EUR"})
+        );
+        assert!(!a.replayed());
+        assert_eq!(count(&app).await, 1);
+        assert_eq!(l.record(&lkey("k1")).await, ("completed".into(), false));
+    }
+);
+
+both!(
+    row_same_request_after_completion_is_replayed_byte_for_byte,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer());
+        let first = send(&app, req("/payments", Some("k1"), PAY)).await;
+        for _ in 0..2 {
+            let again = send(&app, req("/payments", Some("k1"), PAY)).await;
+            assert_eq!(again.status, first.status);
+            assert_eq!(again.body, first.body, "the same body bytes");
+            for h in ["content-type", "location"] {
+                assert_eq!(again.header(h), first.header(h), "{h}");
+            }
+            assert_eq!(
+                again.header("content-length"),
+                Some(first.body.len().to_string().as_str())
+            );
+            assert!(again.replayed());
+        }
+        assert_eq!(count(&app).await, 1);
+    }
+);
+
+both!(
+    row_50_concurrent_duplicates_execute_once,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer());
+        let body = r#"{"amount": 7, "currency": "EUR", "delay_ms": 300}"#;
+        let tasks: Vec<_> = (0..50)
+            .map(|_| {
+                let app = app.clone();
+                tokio::spawn(async move { send(&app, req("/payments", Some("dup"), body)).await })
+            })
+            .collect();
+        let mut answers: Vec<Answer> = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        assert_eq!(count(&app).await, 1, "exactly one execution");
+        let created: Vec<&Answer> = answers
+            .iter()
+            .filter(|a| a.status == StatusCode::CREATED)
+            .collect();
+        assert!(!created.is_empty());
+        assert_eq!(
+            created.iter().filter(|a| !a.replayed()).count(),
+            1,
+            "one original answer"
+        );
+        for a in &answers {
+            match a.status {
+                StatusCode::CREATED => assert_eq!(a.body, created[0].body),
+                StatusCode::CONFLICT => {
+                    assert_eq!(a.code(), "request_in_progress");
+                    let ra: u64 = a.header("retry-after").unwrap().parse().unwrap();
+                    assert!(ra >= 1);
+                }
+                s => panic!("unexpected {s}: {:?}", a.body),
+            }
+        }
+        // After the dust settles, every duplicate gets the replay.
+        let last = send(&app, req("/payments", Some("dup"), body)).await;
+        assert!(last.replayed());
+        assert_eq!(last.body, created[0].body);
+    }
+);
+
+both!(
+    row_same_key_different_request_is_422,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer());
+        let first = send(&app, req("/payments", Some("k1"), PAY)).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        for other in [
+            req(
+                "/payments",
+                Some("k1"),
+                r#"{"amount": 11, "currency": "EUR"}"#,
+            ),
+            req("/payments?x=1", Some("k1"), PAY),
+            Request::patch("/payments")
+                .header("content-type", "application/json")
+                .header("idempotency-key", "k1")
+                .body(Body::from(PAY))
+                .unwrap(),
+        ] {
+            let a = send(&app, other).await;
+            assert_eq!(a.status, StatusCode::UNPROCESSABLE_ENTITY);
+            assert_eq!(a.code(), "idempotency_key_reused");
+            assert!(!a.replayed());
+        }
+        assert_eq!(count(&app).await, 1);
+        // The original is untouched.
+        let again = send(&app, req("/payments", Some("k1"), PAY)).await;
+        assert_eq!(again.body, first.body);
+    }
+);
+
+both!(row_key_missing_or_invalid_is_400, |l: Ledgers| async move {
+    let (app, _) = payments::app(l.layer());
+    let a = send(&app, req("/payments", None, PAY)).await;
+    assert_eq!(
+        (a.status, a.code().as_str()),
+        (StatusCode::BAD_REQUEST, "idempotency_key_missing")
+    );
+    assert_eq!(a.header("content-type"), Some("application/problem+json"));
+    let twice = Request::post("/payments")
+        .header("idempotency-key", "a")
+        .header("idempotency-key", "a")
+        .body(Body::from(PAY))
+        .unwrap();
+    for r in [
+        twice,
+        req("/payments", Some("\"unterminated"), PAY),
+        req("/payments", Some("a b"), PAY),
+    ] {
+        let a = send(&app, r).await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (StatusCode::BAD_REQUEST, "idempotency_key_invalid")
+        );
+    }
+    assert_eq!(count(&app).await, 0, "the handler never ran");
+});
+
+both!(
+    row_while_running_is_409_request_in_progress,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer());
+        let body = r#"{"amount": 5, "currency": "EUR", "delay_ms": 500}"#;
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { send(&app, req("/payments", Some("slow"), body)).await }
+        });
+        started(&app, 1).await;
+        let a = send(&app, req("/payments", Some("slow"), body)).await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (StatusCode::CONFLICT, "request_in_progress")
+        );
+        assert!(a.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+        assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
+        assert_eq!(count(&app).await, 1);
+    }
+);
+
+both!(
+    row_handler_panic_is_unknown_then_409,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer());
+        let neg = r#"{"amount": -1, "currency": "EUR"}"#;
+        let a = send(&app, req("/payments", Some("neg"), neg)).await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, "outcome_unknown")
+        );
+        assert_eq!(l.record(&lkey("neg")).await, ("unknown".into(), true));
+        for _ in 0..2 {
+            let again = send(&app, req("/payments", Some("neg"), neg)).await;
+            assert_eq!(
+                (again.status, again.code().as_str()),
+                (StatusCode::CONFLICT, "outcome_unknown")
+            );
+        }
+        assert_eq!(count(&app).await, 1, "never a silent second run");
+    }
+);
+
+both!(row_handler_timeout_is_unknown, |l: Ledgers| async move {
+    let (app, _) = payments::app(l.layer().timeout(Duration::from_millis(100)));
+    let slow = r#"{"amount": 1, "currency": "EUR", "delay_ms": 10000}"#;
+    let a = send(&app, req("/payments", Some("t"), slow)).await;
+    assert_eq!(
+        (a.status, a.code().as_str()),
+        (StatusCode::INTERNAL_SERVER_ERROR, "outcome_unknown")
+    );
+    assert_eq!(l.record(&lkey("t")).await, ("unknown".into(), true));
+    let again = send(&app, req("/payments", Some("t"), slow)).await;
+    assert_eq!(again.code(), "outcome_unknown");
+    assert_eq!(count(&app).await, 1);
+});
+
+both!(
+    row_client_disconnect_after_the_handler_started_is_unknown,
+    |l: Ledgers| async move {
+        // An hour's lease: the record can only become unknown through the
+        // middleware noticing the cancellation, not through lease expiry.
+        let (app, _) = payments::app(l.layer().lease(LeaseMs::new(3_600_000).unwrap()));
+        let slow = r#"{"amount": 1, "currency": "EUR", "delay_ms": 10000}"#;
+        let request = tokio::spawn({
+            let app = app.clone();
+            async move { send(&app, req("/payments", Some("gone"), slow)).await }
+        });
+        started(&app, 1).await;
+        // What hyper does when the connection closes: drop the request's future.
+        request.abort();
+        assert!(request.await.unwrap_err().is_cancelled());
+        // The outcome is recorded by a task of its own; wait for it.
+        let recorded = async {
+            while l.record(&lkey("gone")).await.0 != "unknown" {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), recorded)
+            .await
+            .expect("the cancelled request was recorded unknown");
+        assert!(l.record(&lkey("gone")).await.1, "reconcile required");
+        let again = send(&app, req("/payments", Some("gone"), slow)).await;
+        assert_eq!(
+            (again.status, again.code().as_str()),
+            (StatusCode::CONFLICT, "outcome_unknown")
+        );
+        assert_eq!(count(&app).await, 1);
+    }
+);
+
+both!(
+    row_handler_400_is_stored_and_replayed,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer());
+        let zero = r#"{"amount": 0, "currency": "EUR"}"#;
+        let a = send(&app, req("/payments", Some("z"), zero)).await;
+        assert_eq!(a.status, StatusCode::BAD_REQUEST);
+        assert_eq!(a.json()["error"], "amount must not be zero");
+        let again = send(&app, req("/payments", Some("z"), zero)).await;
+        assert_eq!((again.status, &again.body), (a.status, &a.body));
+        assert!(again.replayed());
+        assert_eq!(count(&app).await, 1);
+    }
+);
+
+both!(
+    row_ledger_unreachable_fails_closed,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.unreachable().await);
+        let a = send(&app, req("/payments", Some("k"), PAY)).await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "idempotency_unavailable")
+        );
+        assert_eq!(a.header("retry-after"), Some("1"));
+        assert_eq!(count(&app).await, 0, "the handler did not run");
+        // The explicit fail-open option runs it, unwrapped.
+        let (open, _) = payments::app(l.unreachable().await.fail_open(true));
+        let a = send(&open, req("/payments", Some("k"), PAY)).await;
+        assert_eq!(a.status, StatusCode::CREATED);
+        assert_eq!(count(&open).await, 1);
+    }
+);
+
+both!(
+    row_response_too_large_to_store_is_not_replayed,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer().max_stored_body(10));
+        let a = send(&app, req("/payments", Some("big"), PAY)).await;
+        assert_eq!(
+            a.status,
+            StatusCode::CREATED,
+            "the first answer goes out whole"
+        );
+        assert!(a.body.len() > 10);
+        let again = send(&app, req("/payments", Some("big"), PAY)).await;
+        assert_eq!(
+            (again.status, again.code().as_str()),
+            (StatusCode::CONFLICT, "response_not_stored")
+        );
+        assert_eq!(count(&app).await, 1, "never run twice");
+    }
+);
+
+/// A handler whose answers a test scripts: the n-th run answers `script[n]`.
+fn scripted(layer: IdempotencyLayer, script: Vec<(u16, bool)>) -> (Router, Arc<AtomicU64>) {
+    let runs = Arc::new(AtomicU64::new(0));
+    let r = runs.clone();
+    let script = Arc::new(script);
+    let app = Router::new()
+        .route(
+            "/op",
+            post(move || {
+                let (r, script) = (r.clone(), script.clone());
+                async move {
+                    let n = r.fetch_add(1, Ordering::SeqCst) as usize;
+                    let (status, retryable) = script[n.min(script.len() - 1)];
+                    let mut resp: Response =
+                        (StatusCode::from_u16(status).unwrap(), format!("run {n}")).into_response();
+                    if retryable {
+                        resp.extensions_mut().insert(Retryable);
+                    }
+                    resp
+                }
+            }),
+        )
+        .layer(layer);
+    (app, runs)
+}
+
+both!(
+    row_responses_that_say_nothing_happened_are_not_stored,
+    |l: Ledgers| async move {
+        for first in [
+            (408, false),
+            (409, false),
+            (425, false),
+            (429, false),
+            (200, true),
+        ] {
+            let key = format!("nc-{}-{}", first.0, first.1);
+            let (app, runs) = scripted(l.layer(), vec![first, (201, false)]);
+            let a = send(&app, req("/op", Some(&key), "{}")).await;
+            assert_eq!(a.status.as_u16(), first.0);
+            assert!(!a.replayed());
+            let (status, flagged) = l.record(&lkey(&key)).await;
+            assert!(!flagged, "released not_committed: no reconcile needed");
+            assert!(status == "pending" || status == "running", "{status}");
+            let b = send(&app, req("/op", Some(&key), "{}")).await;
+            assert_eq!(b.status, StatusCode::CREATED, "the retry runs the handler");
+            assert_eq!(&b.body[..], b"run 1");
+            let c = send(&app, req("/op", Some(&key), "{}")).await;
+            assert!(c.replayed());
+            assert_eq!(runs.load(Ordering::SeqCst), 2);
+        }
+    }
+);
+
+both!(
+    row_returned_5xx_is_stored_failed_and_replayed,
+    |l: Ledgers| async move {
+        let (app, runs) = scripted(l.layer(), vec![(503, false), (201, false)]);
+        let a = send(&app, req("/op", Some("f"), "{}")).await;
+        assert_eq!(a.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(l.record(&lkey("f")).await, ("failed".into(), false));
+        let b = send(&app, req("/op", Some("f"), "{}")).await;
+        assert_eq!((b.status, &b.body), (a.status, &a.body));
+        assert!(b.replayed());
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+);
+
+both!(
+    lease_is_heartbeated_while_the_handler_runs,
+    |l: Ledgers| async move {
+        // A 300 ms lease and a 1 s handler: without heartbeats the lease lapses
+        // (a duplicate would be told `reconcile`, the settle refused).
+        let layer = l.layer().lease(LeaseMs::new(300).unwrap());
+        let (app, _) = payments::app(layer);
+        let body = r#"{"amount": 3, "currency": "EUR", "delay_ms": 1000}"#;
+        let first = tokio::spawn({
+            let app = app.clone();
+            async move { send(&app, req("/payments", Some("hb"), body)).await }
+        });
+        started(&app, 1).await;
+        let a = send(&app, req("/payments", Some("hb"), body)).await;
+        assert_eq!(a.code(), "request_in_progress");
+        let first = first.await.unwrap();
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert_eq!(l.record(&lkey("hb")).await, ("completed".into(), false));
+        let again = send(&app, req("/payments", Some("hb"), body)).await;
+        assert!(again.replayed());
+    }
+);
+
+both!(
+    reconcile_hook_not_committed_runs_the_handler_again,
+    |l: Ledgers| async move {
+        let asked = Arc::new(Notify::new());
+        let hook_asked = asked.clone();
+        let layer = l.layer().reconcile(move |_, _, _| {
+            hook_asked.notify_one();
+            Box::pin(async { Resolution::NotCommitted })
+        });
+        let (app, _) = payments::app(layer);
+        let neg = r#"{"amount": -1, "currency": "EUR"}"#;
+        let a = send(&app, req("/payments", Some("r"), neg)).await;
+        assert_eq!(a.code(), "outcome_unknown");
+        // The retry is reconciled (the hook says nothing happened) and runs again.
+        let b = send(&app, req("/payments", Some("r"), neg)).await;
+        asked.notified().await;
+        assert_eq!(
+            (b.status, b.code().as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, "outcome_unknown")
+        );
+        assert_eq!(count(&app).await, 2);
+    }
+);
+
+both!(
+    routes_not_selected_are_not_wrapped,
+    |l: Ledgers| async move {
+        let layer = l
+            .layer()
+            .routes(|m, p| (m == "POST" && p == "/payments").then(Default::default));
+        let (app, runs) = scripted(layer, vec![(201, false)]);
+        // /op is not selected: no key needed, every request runs.
+        for _ in 0..2 {
+            let a = send(&app, req("/op", Some("k"), "{}")).await;
+            assert_eq!(a.status, StatusCode::CREATED);
+            assert!(!a.replayed());
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
+);
+
+both!(principals_never_share_keys, |l: Ledgers| async move {
+    let (app, _) = payments::app(l.layer());
+    let with_auth = |token: &str| {
+        Request::post("/payments")
+            .header("content-type", "application/json")
+            .header("idempotency-key", "same")
+            .header("authorization", format!("Bearer {token}"))
+            .body(Body::from(PAY))
+            .unwrap()
+    };
+    let alice = send(&app, with_auth("alice")).await;
+    let bob = send(&app, with_auth("bob")).await;
+    assert_eq!(
+        (alice.status, bob.status),
+        (StatusCode::CREATED, StatusCode::CREATED)
+    );
+    assert!(
+        !bob.replayed(),
+        "another principal's key is another operation"
+    );
+    assert_ne!(alice.body, bob.body);
+    assert!(send(&app, with_auth("alice")).await.replayed());
+    assert_eq!(count(&app).await, 2);
+});
+
+both!(
+    request_body_over_the_limit_is_413,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer().max_request_body(8));
+        let a = send(&app, req("/payments", Some("k"), PAY)).await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+        );
+        assert_eq!(count(&app).await, 0);
+    }
+);

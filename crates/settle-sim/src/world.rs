@@ -1,0 +1,755 @@
+//! The simulated world: one seeded RNG, a virtual clock, an event queue
+//! that is the network (delays, drops, duplicates, reordering), the store
+//! process (crashes, restarts, fsync errors, clock jumps), the remote, and
+//! the checkers. Everything runs on one thread in event order.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use settle_core::{Command, Key, Limits, Principal, Reply, Revoke, TenantId};
+use settle_embedded::sim::{Crash, Rng};
+use settle_ledger::{LedgerError, StoreError};
+
+use crate::check::Checker;
+use crate::engine::{Engine, EngineKind};
+use crate::remote::{QueryResult, Remote, WriteResult};
+use crate::worker::{Worker, WorkerSpec};
+
+/// Where the simulated wall clock starts (2026-01-01, in ms).
+pub const EPOCH_MS: u64 = 1_767_225_600_000;
+/// The simulated run ends here (ms after the start) at the latest.
+pub const HORIZON_MS: u64 = 120_000;
+/// Records untouched this long are reported as stuck (SPEC default 3600 s).
+pub const STUCK_AFTER_MS: u64 = 3_600_000;
+/// The largest backward clock jump tested (see docs/testing.md).
+pub const MAX_BACKWARD_JUMP_MS: u64 = 10_000;
+/// The largest forward clock jump tested: 30 days (retention is a year).
+pub const MAX_FORWARD_JUMP_MS: u64 = 30 * 24 * 3_600_000;
+
+/// An injected fault (scheduled at a random time).
+#[derive(Clone, Copy, Debug)]
+pub enum Fault {
+    /// Power loss now: unsynced writes dropped, kept or torn.
+    Crash(Crash),
+    /// Power loss during one of the next few syncs.
+    PowerCutDuringSync(u64),
+    /// The next fsync fails: the store must fail closed.
+    FsyncError,
+    /// The next index persist (checkpoint) fails: fail closed too.
+    IndexPersistError,
+    /// The store's clock jumps forward by this much.
+    ClockForward(u64),
+    /// The store's clock jumps back by this much.
+    ClockBackward(u64),
+    /// An operator revokes principal `n`.
+    Revoke(usize),
+}
+
+/// Something that happens at a simulated instant.
+#[derive(Clone, Debug)]
+pub enum Ev {
+    /// A worker's timer (request timeout, back-off, retry-after).
+    Wake { w: usize, epoch: u64 },
+    /// A worker's background heartbeat.
+    Heartbeat { w: usize, epoch: u64 },
+    /// A request reaches the ledger.
+    ToLedger { w: usize, call: u64, cmd: Command },
+    /// The ledger's answer reaches the worker (`Err`: 503).
+    FromLedger {
+        w: usize,
+        call: u64,
+        reply: Result<Reply, String>,
+    },
+    /// A worker's write or query reaches the remote.
+    ToRemote { w: usize, call: u64, op: RemoteOp },
+    /// The remote's answer reaches the worker.
+    FromRemote { w: usize, call: u64, res: RemoteRes },
+    /// An injected fault.
+    Fault(Fault),
+    /// The supervisor restarts the store process.
+    Restart,
+    /// The background sweep.
+    Sweep,
+}
+
+/// A call to the remote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteOp {
+    /// The effect's write under a fence.
+    Write(settle_core::Fence),
+    /// A reconcile query under a fence.
+    Query(settle_core::Fence),
+}
+
+/// The remote's answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteRes {
+    /// To a write.
+    Write(WriteResult),
+    /// To a query.
+    Query(QueryResult),
+    /// No answer in time (the write may or may not have landed).
+    Timeout,
+}
+
+/// Counters of one run.
+#[derive(Clone, Debug, Default)]
+pub struct Tally {
+    /// Events processed.
+    pub steps: u64,
+    /// Faults injected, by kind.
+    pub faults: BTreeMap<&'static str, u64>,
+}
+
+impl Tally {
+    /// Counts one fault of `kind`.
+    pub fn fault(&mut self, kind: &'static str) {
+        *self.faults.entry(kind).or_default() += 1;
+    }
+}
+
+/// One line of a key's history.
+#[derive(Clone, Debug)]
+pub struct Line {
+    /// Simulated ms since the start.
+    pub at: u64,
+    /// The key it concerns (`None`: global, e.g. a crash).
+    pub key: Option<usize>,
+    /// What happened.
+    pub text: String,
+}
+
+/// The whole simulated world of one seed.
+pub struct World {
+    /// The one source of randomness.
+    pub rng: Rng,
+    /// Simulated time, ms since the start (never goes back).
+    pub now: u64,
+    /// The store's clock offset from simulated time (clock jumps).
+    pub clock_offset: i64,
+    clock_ms: Arc<AtomicU64>,
+    queue: BTreeMap<(u64, u64), Ev>,
+    seq: u64,
+    /// The store under test.
+    pub engine: Engine,
+    /// The remote.
+    pub remote: Remote,
+    /// The workers.
+    pub workers: Vec<Worker>,
+    /// The keys (index = key number).
+    pub keys: Vec<Key>,
+    /// The principals (index = principal number) and their current generation.
+    pub principals: Vec<(Principal, u64)>,
+    /// The tenant.
+    pub tenant: TenantId,
+    /// The checkers.
+    pub check: Checker,
+    /// Counters.
+    pub tally: Tally,
+    /// Everything that happened.
+    pub history: Vec<Line>,
+    /// Per-seed knobs (probabilities in per mille).
+    pub knobs: Knobs,
+    /// Whether a fault's effect on the store is still to be observed
+    /// (an armed fsync error or power cut).
+    armed: bool,
+    restart_failures: u32,
+    /// The latest store clock reading so far (ms).
+    clock_high: u64,
+    /// The store restarted while its clock was behind `clock_high`.
+    restarted_behind: bool,
+}
+
+/// Probabilities (per mille) drawn once per seed, so seeds differ in kind.
+#[derive(Clone, Copy, Debug)]
+pub struct Knobs {
+    /// A request or answer is lost.
+    pub drop: u64,
+    /// A request or answer is delivered twice.
+    pub dup: u64,
+    /// A delivery is slow (up to seconds: reordering).
+    pub slow: u64,
+    /// A worker pauses before a step.
+    pub pause: u64,
+    /// The remote applies a write and its answer is lost.
+    pub apply_then_timeout: u64,
+    /// The remote refuses a write definitively.
+    pub refuse: u64,
+    /// A reconcile query cannot reach the remote.
+    pub unavailable: u64,
+}
+
+impl World {
+    /// A world for `seed` against `engine`.
+    pub fn new(seed: u64, engine: EngineKind) -> World {
+        let mut rng = Rng::new(seed);
+        let knobs = Knobs {
+            drop: rng.below(120),
+            dup: rng.below(80),
+            slow: rng.below(150),
+            pause: rng.below(60),
+            apply_then_timeout: rng.below(150),
+            refuse: rng.below(80),
+            unavailable: rng.below(200),
+        };
+        let limits = Limits::default();
+        let clock_ms = Arc::new(AtomicU64::new(EPOCH_MS));
+        let engine = Engine::new(engine, clock_ms.clone(), limits);
+        let nkeys = 1 + rng.below(4) as usize;
+        let keys = (0..nkeys)
+            .map(|i| Key::new(format!("op-{i}")).expect("a valid key"))
+            .collect();
+        let principals = (0..1 + rng.below(2) as usize)
+            .map(|i| (Principal::new(format!("svc-{i}")).expect("valid"), 0))
+            .collect();
+        World {
+            rng,
+            now: 0,
+            clock_offset: 0,
+            clock_ms,
+            queue: BTreeMap::new(),
+            seq: 0,
+            engine,
+            remote: Remote::default(),
+            workers: Vec::new(),
+            keys,
+            principals,
+            tenant: TenantId::default_tenant(),
+            check: Checker::new(nkeys, limits.lease_margin_ms),
+            tally: Tally::default(),
+            history: Vec::new(),
+            knobs,
+            armed: false,
+            restart_failures: 0,
+            clock_high: 0,
+            restarted_behind: false,
+        }
+    }
+
+    /// A draw of `p` per mille.
+    pub fn chance(&mut self, p: u64) -> bool {
+        self.rng.below(1000) < p
+    }
+
+    /// Uniform in `lo..=hi`.
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.rng.below(hi - lo + 1)
+    }
+
+    /// Schedules `ev` at `at` (events at the same instant keep their order).
+    pub fn at(&mut self, at: u64, ev: Ev) {
+        self.seq += 1;
+        self.queue.insert((at.max(self.now), self.seq), ev);
+    }
+
+    /// Logs a line of history.
+    pub fn log(&mut self, key: Option<usize>, text: impl Into<String>) {
+        self.history.push(Line {
+            at: self.now,
+            key,
+            text: text.into(),
+        });
+    }
+
+    /// Moves the store's clock source to simulated time plus the offset.
+    fn set_clock(&mut self) {
+        let t = (EPOCH_MS as i64 + self.now as i64 + self.clock_offset).max(0) as u64;
+        self.clock_ms.store(t, Ordering::SeqCst);
+        if t >= self.clock_high {
+            self.clock_high = t;
+            self.restarted_behind = false;
+        }
+    }
+
+    /// A network delay: usually milliseconds, sometimes seconds (so
+    /// messages overtake each other).
+    pub fn delay(&mut self) -> u64 {
+        let slow = self.knobs.slow;
+        if self.chance(slow) {
+            self.between(200, 4_000)
+        } else {
+            self.between(1, 40)
+        }
+    }
+
+    /// Sends `ev` over the network: dropped, delayed, or duplicated.
+    pub fn send(&mut self, ev: Ev, key: usize, what: &str) {
+        let (drop, dup) = (self.knobs.drop, self.knobs.dup);
+        if self.chance(drop) {
+            self.tally.fault(match ev {
+                Ev::FromLedger { .. } => "lost_ack",
+                Ev::FromRemote { .. } => "lost_remote_answer",
+                _ => "lost_request",
+            });
+            self.log(Some(key), format!("network drops {what}"));
+            return;
+        }
+        if self.chance(dup) {
+            self.tally.fault("duplicated");
+            let d = self.delay();
+            self.at(self.now + d, ev.clone());
+        }
+        let d = self.delay();
+        self.at(self.now + d, ev);
+    }
+
+    /// Schedules the seed's faults over the run.
+    pub fn plan_faults(&mut self) {
+        let n = self.rng.below(6);
+        for _ in 0..n {
+            let at = self.rng.below(HORIZON_MS / 2);
+            let embedded = self.engine.kind() == EngineKind::Embedded;
+            let f = match self.rng.below(if embedded { 9 } else { 4 }) {
+                0 => Fault::ClockForward(self.forward_jump()),
+                1 => Fault::ClockBackward(self.between(1, MAX_BACKWARD_JUMP_MS)),
+                2 | 3 => Fault::Revoke(self.rng.below(self.principals.len() as u64) as usize),
+                4 => Fault::Crash(Crash::Drop),
+                5 => Fault::Crash(if self.rng.below(2) == 0 {
+                    Crash::Keep
+                } else {
+                    Crash::Tear(self.rng.next_u64())
+                }),
+                6 => Fault::PowerCutDuringSync(self.between(0, 4)),
+                7 => Fault::FsyncError,
+                _ => Fault::IndexPersistError,
+            };
+            self.at(at, Ev::Fault(f));
+        }
+        let mut t = 0;
+        while t < HORIZON_MS {
+            t += self.between(500, 5_000);
+            self.at(t, Ev::Sweep);
+        }
+    }
+
+    /// Forward jumps of any size up to 30 days, log-uniform.
+    fn forward_jump(&mut self) -> u64 {
+        let exp = self.rng.below(8) as u32; // 10^0 .. 10^7 s-ish
+        let base = 10u64.pow(exp) * 1000 / 10;
+        (base + self.rng.below(base.max(1) * 9)).clamp(1, MAX_FORWARD_JUMP_MS)
+    }
+
+    /// Runs the event loop until the queue is empty or the horizon passes.
+    pub fn run(&mut self) {
+        while let Some(((at, _), ev)) = self.queue.pop_first() {
+            if at > HORIZON_MS || !self.check.violations.is_empty() {
+                break;
+            }
+            self.now = self.now.max(at);
+            self.set_clock();
+            self.tally.steps += 1;
+            let key = match &ev {
+                Ev::Wake { w, .. }
+                | Ev::Heartbeat { w, .. }
+                | Ev::ToLedger { w, .. }
+                | Ev::FromLedger { w, .. }
+                | Ev::ToRemote { w, .. }
+                | Ev::FromRemote { w, .. } => Some(self.workers[*w].key),
+                _ => None,
+            };
+            // A panic in the ledger (an assertion of the core) is a
+            // violation of this step: keep the history that led to it.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.step(ev)));
+            if let Err(panic) = r {
+                self.check.fail(key, "panic", panic_message(panic.as_ref()));
+            }
+        }
+    }
+
+    fn step(&mut self, ev: Ev) {
+        match ev {
+            Ev::Wake { w, epoch } => self.worker_event(w, Ev::Wake { w, epoch }),
+            Ev::Heartbeat { w, epoch } => self.worker_event(w, Ev::Heartbeat { w, epoch }),
+            e @ (Ev::FromLedger { .. } | Ev::FromRemote { .. }) => {
+                let w = match e {
+                    Ev::FromLedger { w, .. } | Ev::FromRemote { w, .. } => w,
+                    _ => unreachable!(),
+                };
+                self.worker_event(w, e);
+            }
+            Ev::ToLedger { w, call, cmd } => self.ledger_call(w, call, cmd),
+            Ev::ToRemote { w, call, op } => self.remote_call(w, call, op),
+            Ev::Fault(f) => self.fault(f),
+            Ev::Restart => self.restart(),
+            Ev::Sweep => {
+                if let Some(Err(e)) = self.engine.sweep() {
+                    self.log(None, format!("sweep failed: {e}"));
+                }
+                self.after_store_call();
+            }
+        }
+    }
+
+    /// A request arrives at the ledger: run it, check, answer.
+    fn ledger_call(&mut self, w: usize, call: u64, cmd: Command) {
+        let key = self.workers[w].key;
+        let name = cmd.name();
+        let Ok(res) = self.engine.execute(&self.tenant, cmd.clone()) else {
+            self.log(Some(key), format!("w{w} {name} lost: the store is down"));
+            return;
+        };
+        let reply = match res {
+            Ok(r) => Ok(r),
+            Err(LedgerError::Store(e)) => Err(e.to_string()),
+            Err(e) => {
+                self.check.fail(
+                    Some(key),
+                    "valid-requests",
+                    format!("{name} was refused as invalid: {e}"),
+                );
+                return;
+            }
+        };
+        self.log(Some(key), format!("w{w} {name} -> {}", describe(&reply)));
+        self.on_ledger_answer(w, &cmd, &reply);
+        self.after_store_call();
+        self.observe(key);
+        self.send(Ev::FromLedger { w, call, reply }, key, "the answer");
+    }
+
+    /// Checks what the ledger answered (before the network sees it).
+    fn on_ledger_answer(&mut self, w: usize, cmd: &Command, reply: &Result<Reply, String>) {
+        let (key, fp) = (self.workers[w].key, self.workers[w].spec.fingerprint);
+        if self.armed && reply.is_ok() && self.engine.is_poisoned() {
+            self.check.fail(
+                Some(key),
+                "fail-closed",
+                format!("{} answered after a failed sync", cmd.name()),
+            );
+        }
+        match reply {
+            Ok(Reply::Claim(d)) if matches!(cmd, Command::Claim(_)) => {
+                self.check.on_grant(key, d);
+                if let settle_core::ClaimDecision::Replay { outcome, receipt } = d {
+                    self.check
+                        .on_replay(key, &fp, outcome.response_sha256(), receipt);
+                    self.result_owner(w);
+                }
+            }
+            Ok(Reply::Receipt(rc)) => {
+                self.check.on_receipt(key, &fp, rc);
+                self.result_owner(w);
+            }
+            _ => {}
+        }
+    }
+
+    fn result_owner(&mut self, w: usize) {
+        let key = self.workers[w].key;
+        if let Ok(Ok(Some(r))) = self.engine.get(&self.tenant, &self.keys[key]) {
+            let spec = self.workers[w].spec.clone();
+            self.check
+                .result_owner(key, &r, &spec.fingerprint, &spec.binding(spec.generation));
+        }
+    }
+
+    /// After any store call: a power cut or a failed sync takes the process down.
+    fn after_store_call(&mut self) {
+        if self.engine.power_lost() {
+            let mode = self.crash_mode();
+            self.log(
+                None,
+                format!("power lost during a sync ({mode:?}); the store is down"),
+            );
+            self.engine.crash(mode);
+            self.armed = false;
+            let d = self.between(100, 3_000);
+            self.at(self.now + d, Ev::Restart);
+        } else if self.engine.is_poisoned() {
+            self.log(None, "the store failed closed; the supervisor restarts it");
+            self.tally.fault("fail_closed_restart");
+            if let Some(Ok(())) = self.engine.health() {
+                self.check
+                    .fail(None, "fail-closed", "a poisoned store reports ready");
+            }
+            self.engine.stop();
+            self.armed = false;
+            let d = self.between(50, 1_000);
+            self.at(self.now + d, Ev::Restart);
+        }
+    }
+
+    fn crash_mode(&mut self) -> Crash {
+        match self.rng.below(3) {
+            0 => Crash::Drop,
+            1 => Crash::Keep,
+            _ => Crash::Tear(self.rng.next_u64()),
+        }
+    }
+
+    /// Checks the record of `key` as the ledger shows it now.
+    pub fn observe(&mut self, key: usize) {
+        match self.engine.get(&self.tenant, &self.keys[key]) {
+            Ok(Ok(r)) => {
+                self.check.record(key, r.as_ref());
+                if let Some(r) = r {
+                    self.unreported_effect(key, &r);
+                }
+            }
+            // The embedded store's clock floor lives in memory only: after
+            // a restart behind a backward jump, a record settled later than
+            // the clock now reads is refused (SPEC §6.9, fail closed) until
+            // the clock catches up. Anywhere else a refusal is a violation.
+            Ok(Err(code))
+                if code == settle_core::RefusalCode::RecordRefused && self.restarted_behind =>
+            {
+                self.tally.fault("refused_after_restart_behind_clock");
+                self.log(
+                    Some(key),
+                    "get answered record_refused (restarted behind the clock)",
+                );
+            }
+            Ok(Err(code)) => self.check.fail(
+                Some(key),
+                "record-refused",
+                format!("get answered {}", code.code()),
+            ),
+            Err(e) => self.log(Some(key), format!("get failed: {e}")),
+        }
+    }
+
+    /// A write the remote applied must leave the record terminal,
+    /// reconciling, or under a live lease: otherwise the next claim would
+    /// be told to execute again.
+    fn unreported_effect(&mut self, key: usize, r: &settle_core::Record) {
+        let live = r.open_lease().is_some();
+        if !r.status.is_terminal()
+            && !r.reconcile_required
+            && !live
+            && !self.remote.applied(self.keys[key].as_str()).is_empty()
+        {
+            self.check.fail(
+                Some(key),
+                "unreported-effect",
+                format!(
+                    "the remote applied a write; the record is {:?} with no flag and no lease",
+                    r.status
+                ),
+            );
+        }
+    }
+
+    fn fault(&mut self, f: Fault) {
+        self.log(None, format!("fault: {f:?}"));
+        match f {
+            Fault::Crash(mode) => {
+                if !self.engine.is_up() {
+                    return;
+                }
+                self.tally.fault("crash");
+                let before = self.engine.wal_files();
+                self.engine.crash(mode);
+                let after = self.engine.wal_files();
+                self.log(
+                    None,
+                    format!("log before the crash: [{before}], after: [{after}]"),
+                );
+                self.armed = false;
+                let d = self.between(100, 3_000);
+                self.at(self.now + d, Ev::Restart);
+            }
+            Fault::PowerCutDuringSync(n) => {
+                self.tally.fault("power_cut_during_sync");
+                self.engine.cut_power_after(n);
+                self.armed = true;
+            }
+            Fault::FsyncError => {
+                self.tally.fault("fsync_error");
+                self.engine.fail_next_sync();
+                self.armed = true;
+            }
+            Fault::IndexPersistError => {
+                self.tally.fault("index_persist_error");
+                self.engine.fail_next_persist();
+            }
+            Fault::ClockForward(ms) => {
+                self.tally.fault("clock_forward");
+                self.clock_offset += ms as i64;
+            }
+            Fault::ClockBackward(ms) => {
+                self.tally.fault("clock_backward");
+                self.clock_offset -= ms as i64;
+            }
+            Fault::Revoke(p) => self.revoke(p),
+        }
+    }
+
+    /// An operator revokes a principal, mid-effect for whoever holds a lease.
+    fn revoke(&mut self, p: usize) {
+        let principal = self.principals[p].0.clone();
+        match self
+            .engine
+            .execute(&self.tenant, Command::Revoke(Revoke { principal }))
+        {
+            Ok(Ok(Reply::Revoked { generation, .. })) => {
+                self.tally.fault("revoke");
+                self.principals[p].1 = generation;
+                self.log(None, format!("svc-{p} revoked: generation {generation}"));
+            }
+            Ok(other) => self.log(None, format!("revoke of svc-{p} failed: {other:?}")),
+            Err(_) => self.log(None, format!("revoke of svc-{p} lost: the store is down")),
+        }
+        self.after_store_call();
+    }
+
+    /// The supervisor restarts the store: recovery must succeed and lose
+    /// nothing that was acknowledged.
+    fn restart(&mut self) {
+        if self.engine.is_up() {
+            return;
+        }
+        if self.engine.power_lost() {
+            // The power went during the last attempt's recovery.
+            let mode = self.crash_mode();
+            self.engine.crash(mode);
+        }
+        if self.store_ms() < self.clock_high {
+            // A restart forgets the time the store used before (see
+            // `observe`): records settled since may now be refused.
+            self.restarted_behind = true;
+        }
+        match self.engine.open() {
+            Ok(()) => {
+                self.restart_failures = 0;
+                let files = self.engine.wal_files();
+                self.log(
+                    None,
+                    format!("the store restarted (recovery ran): log [{files}]"),
+                );
+                for k in 0..self.keys.len() {
+                    if self.check.touched(k) {
+                        self.observe(k);
+                    }
+                }
+            }
+            // A transient I/O error (an injected fault still armed) fails
+            // the open closed; the supervisor tries again. Anything else
+            // (corruption, a refused log) is a violation.
+            Err(StoreError::Io(e)) if self.restart_failures < 3 => {
+                self.restart_failures += 1;
+                self.tally.fault("restart_failed");
+                self.log(None, format!("the store does not reopen yet: {e}"));
+                let d = self.between(100, 1_000);
+                self.at(self.now + d, Ev::Restart);
+            }
+            Err(e) => self
+                .check
+                .fail(None, "recovery", format!("the store does not reopen: {e}")),
+        }
+    }
+
+    /// A write or query reaches the remote.
+    fn remote_call(&mut self, w: usize, call: u64, op: RemoteOp) {
+        let key = self.workers[w].key;
+        let name = self.keys[key].as_str().to_string();
+        let res = match op {
+            RemoteOp::Write(fence) => {
+                let refuse = self.chance(self.knobs.refuse);
+                let r = self.remote.write(&name, key, fence, self.now, refuse);
+                if let WriteResult::Applied(_) = r {
+                    self.check_remote(key);
+                }
+                RemoteRes::Write(r)
+            }
+            RemoteOp::Query(fence) => {
+                if self.chance(self.knobs.unavailable) {
+                    self.tally.fault("reconcile_unavailable");
+                    self.log(
+                        Some(key),
+                        format!("w{w} query under fence {} cannot reach the remote", fence.0),
+                    );
+                    return;
+                }
+                RemoteRes::Query(self.remote.query(&name, key, fence))
+            }
+        };
+        self.log(Some(key), format!("remote: w{w} {op:?} -> {res:?}"));
+        if matches!(res, RemoteRes::Write(WriteResult::Applied(_)))
+            && self.chance(self.knobs.apply_then_timeout)
+        {
+            self.tally.fault("remote_applied_then_timed_out");
+            self.log(Some(key), "remote applied, then its answer timed out");
+            return;
+        }
+        self.send(Ev::FromRemote { w, call, res }, key, "the remote's answer");
+    }
+
+    /// The remote's checkers: at most one applied write per key, fences
+    /// increasing.
+    fn check_remote(&mut self, key: usize) {
+        let name = self.keys[key].as_str();
+        let applied = self.remote.applied(name).to_vec();
+        if applied.len() > 1 {
+            let fences: Vec<u64> = applied.iter().map(|a| a.fence.0).collect();
+            self.check.fail(
+                Some(key),
+                "at-most-once",
+                format!(
+                    "the remote applied {} writes (fences {fences:?})",
+                    applied.len()
+                ),
+            );
+        }
+        let seen = self.remote.seen(name);
+        if seen.windows(2).any(|w| w[1] < w[0]) {
+            self.check
+                .fail(Some(key), "remote-fences-increase", format!("{seen:?}"));
+        }
+    }
+
+    /// The worker's spec for principal `p` at its current generation.
+    pub fn generation(&self, p: usize) -> u64 {
+        self.principals[p].1
+    }
+
+    /// The store's clock, ms.
+    pub fn store_ms(&self) -> u64 {
+        self.clock_ms.load(Ordering::SeqCst)
+    }
+
+    /// Adds a worker and schedules its first step.
+    pub fn add_worker(&mut self, spec: WorkerSpec) {
+        let w = self.workers.len();
+        let start = spec.start;
+        self.workers.push(Worker::new(w, spec));
+        self.at(start, Ev::Wake { w, epoch: 0 });
+    }
+}
+
+/// The message of a caught panic.
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
+}
+
+/// A short description of an answer, for the history.
+pub fn describe(r: &Result<Reply, String>) -> String {
+    match r {
+        Ok(Reply::Claim(d)) => match d {
+            settle_core::ClaimDecision::Execute(g) => format!("execute fence {}", g.fence.0),
+            settle_core::ClaimDecision::Reconcile(g) => format!("reconcile fence {}", g.fence.0),
+            settle_core::ClaimDecision::InFlight { retry_after_ms } => {
+                format!("in_flight {retry_after_ms} ms")
+            }
+            settle_core::ClaimDecision::Replay { receipt, .. } => {
+                format!(
+                    "replay {} fence {}",
+                    receipt.status.as_str(),
+                    receipt.fence.0
+                )
+            }
+        },
+        Ok(Reply::Receipt(rc)) => format!("receipt {} fence {}", rc.status.as_str(), rc.fence.0),
+        Ok(Reply::Refused(c)) => format!("refused {}", c.code()),
+        Ok(Reply::Released { fence }) => format!("released fence {}", fence.0),
+        Ok(Reply::Heartbeat(l)) | Ok(Reply::Dispatched(l)) => {
+            format!("ok, lease to {}", l.lease_expires_at.0)
+        }
+        Ok(other) => other.label().to_string(),
+        Err(e) => format!("503 ({e})"),
+    }
+}

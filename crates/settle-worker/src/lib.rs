@@ -1,0 +1,59 @@
+//! # settle-worker: the Rust worker SDK (SPEC §11)
+//!
+//! [`run_once`] performs an effect at most once per key, over any
+//! [`Transport`]: the in-process ledger ([`LedgerTransport`]) or a remote
+//! server (`settle_client::Client`).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), settle_worker::RunError> {
+//! use serde_json::json;
+//! use settle_worker::{Done, EffectContext, EffectError, RunOptions, run_once};
+//!
+//! let client = settle_client::Client::new("http://127.0.0.1:7411").expect("a valid URL");
+//! let request = json!({"amount": 1000, "currency": "EUR"});
+//! let run = run_once(
+//!     &client,
+//!     "order-42",
+//!     &request,
+//!     async |ctx: &EffectContext<'_>| {
+//!         // Pass ctx.key() and ctx.fence() to the remote as its idempotency
+//!         // key and fencing token; watch ctx.lease_lost().
+//!         let _ = (ctx.key(), ctx.fence());
+//!         Ok::<_, EffectError>(Done::completed(json!({"id": "pay_1"})))
+//!     },
+//!     &RunOptions::new("svc-billing").scopes(["charge"]),
+//! )
+//! .await?;
+//! println!("{:?} (replayed: {})", run.outcome, run.replayed);
+//! # Ok(()) }
+//! ```
+//!
+//! * [`fingerprint`](mod@fingerprint): the canonical fingerprint of a
+//!   request (SHA-256 of its RFC 8785 canonical JSON, or of chosen fields),
+//!   identical in the Rust, Python and TypeScript SDKs.
+//! * [`Transport`]: how the worker reaches the ledger; a test or simulator
+//!   can put a network in between.
+//! * [`names`]: the metrics it records. Tracing: every run is a `run_once`
+//!   span with `key` and `fence`.
+//!
+//! `docs/sdk.md` has the client contract and what happens when each step
+//! fails.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod error;
+pub mod fingerprint;
+pub mod names;
+mod retry;
+mod run;
+mod transport;
+
+pub use error::{BoxError, EffectError, RunError};
+pub use fingerprint::{
+    FingerprintError, canonicalize, fingerprint, fingerprint_fields, select_fields, sha256,
+};
+pub use run::{
+    DEFAULT_DEADLINE, Done, EffectContext, Finding, Reconciler, RunOptions, RunResult, run_once,
+};
+pub use transport::{LedgerTransport, Transport, TransportError};
