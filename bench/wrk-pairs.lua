@@ -29,7 +29,7 @@ function init(args)
   n = 0
   run = tostring(os.time()) .. "-" .. tostring(math.random(1, 1000000000))
   queue = {}    -- settlements ready to send: {key, fence}
-  sent = {}     -- what each in-flight request was, in send order per thread
+  last = nil    -- the request this thread's one connection sent last
   settled = 0
   failed = 0
 end
@@ -37,25 +37,25 @@ end
 function request()
   local s = table.remove(queue, 1)
   if s then
-    table.insert(sent, { kind = "settle" })
+    last = { kind = "settle" }
     local body = '{"fence":' .. s.fence .. ',"fingerprint":"' .. fp .. '","binding":' .. binding .. ',"outcome":' .. outcome .. '}'
     return wrk.format("POST", "/v1/operations/" .. s.key .. "/settle", headers, body)
   end
   n = n + 1
   local key = "wrk-" .. run .. "-" .. id .. "-" .. n
-  table.insert(sent, { kind = "claim", key = key })
+  last = { kind = "claim", key = key }
   return wrk.format("POST", "/v1/operations/" .. key .. "/claim", headers, claim_body)
 end
 
 function response(status, hdrs, body)
-  local r = table.remove(sent, 1)
+  local r = last
   if status ~= 200 then
     failed = failed + 1
     return
   end
   local fence = body:match('"fence":(%d+)')
-  if body:find('"decision":"execute"', 1, true) and fence then
-    table.insert(queue, { key = r and r.key or "?", fence = fence })
+  if r and r.kind == "claim" and body:find('"decision":"execute"', 1, true) and fence then
+    table.insert(queue, { key = r.key, fence = fence })
   elseif body:find('"receipt"', 1, true) then
     settled = settled + 1
   end
