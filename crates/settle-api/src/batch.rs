@@ -19,12 +19,19 @@ pub struct BatchRequest {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum BatchOp {
+    /// `claim` (SPEC §4); the fields of `ClaimRequest`.
     Claim,
+    /// `heartbeat`; the fields of `HeartbeatRequest`.
     Heartbeat,
+    /// `dispatch`; the fields of `DispatchRequest`.
     Dispatch,
+    /// `settle`; the fields of `SettleRequest`.
     Settle,
+    /// `release`; the fields of `ReleaseRequest`.
     Release,
+    /// `reconcile`; the fields of `ReconcileRequest`.
     Reconcile,
+    /// `get`: the record; no fields.
     Get,
 }
 
@@ -34,7 +41,9 @@ pub enum BatchOp {
 /// a client builds one.)
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct BatchCall {
+    /// Which call to make.
     pub op: BatchOp,
+    /// The operation's key as it is (not percent-encoded).
     pub key: String,
     /// The fields of the call's request body (`ClaimRequest`, ...).
     #[serde(flatten)]
@@ -62,6 +71,7 @@ impl BatchCall {
 /// The answer to a batch: one result per call, in order.
 #[derive(Clone, PartialEq, Debug, Default, Serialize, Deserialize, ToSchema)]
 pub struct BatchResponse {
+    /// One result per call, in the order of the calls.
     pub results: Vec<BatchResult>,
 }
 
@@ -69,6 +79,7 @@ pub struct BatchResponse {
 /// (a problem object when the status is not 200).
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 pub struct BatchResult {
+    /// The HTTP status the single call would have answered (200, 4xx or 503).
     pub status: u16,
     /// Kept as raw text, so a replayed result keeps its exact spelling.
     #[schema(value_type = Object)]

@@ -17,8 +17,6 @@
 //! Validation happens in the conversions into the core, and every error
 //! names the field in the wire's naming (`binding.generation`,
 //! `outcome.result`, ...), ready for a 422 problem.
-// Being documented item by item (issue 9); the workspace lint is on for new crates.
-#![allow(missing_docs)]
 
 mod batch;
 mod inspect;

@@ -155,11 +155,13 @@ pub struct Problem {
     /// `urn:settle:problem:<code>`.
     #[serde(rename = "type")]
     pub type_uri: String,
+    /// A short summary of the code, the same for every problem of that code.
     pub title: String,
     /// The HTTP status code.
     pub status: u16,
     /// What went wrong, for a human.
     pub detail: String,
+    /// The error code of SPEC §7; clients match on it.
     pub code: Code,
     /// The offending field (422), e.g. `binding.generation`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -243,17 +245,29 @@ impl From<RefusalCode> for Problem {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Refusal {
+    /// The fingerprint differs from the reservation's.
     FingerprintMismatch,
+    /// The principal or scopes differ from the reservation's.
     BindingMismatch,
+    /// The binding generation is older than the principal's or the reservation's.
     StaleBinding,
+    /// The fence does not hold the current lease.
     StaleFence,
+    /// The lease expired, was revoked, or had less than the lease margin left.
     LeaseExpired,
+    /// The lease was granted for the other purpose (execute vs reconcile).
     WrongPurpose,
+    /// Terminal evidence disagreed with the canonical outcome (the record is disputed).
     ResultMismatch,
+    /// The lease may have dispatched: it may only end with a receipt.
     ReceiptRequired,
+    /// The task already has 64 warning classes.
     TooManyClasses,
+    /// No record for this key.
     NotFound,
+    /// The record cannot be trusted (a receipt dated in the future, SPEC §6.9).
     RecordRefused,
+    /// The principal's generation cannot be raised further.
     GenerationExhausted,
 }
 

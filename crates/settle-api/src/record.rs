@@ -13,10 +13,15 @@ use crate::time::Time;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
+    /// Reserved; nothing may have reached the outside world (rank 0).
     Pending,
+    /// An effect may have been dispatched and no terminal evidence arrived (rank 1).
     Unknown,
+    /// The lease holder reported an outcome for a request that does not match the reservation (rank 2).
     Conflict,
+    /// Terminal: a definitive failure from the upstream (rank 3).
     Failed,
+    /// Terminal: the effect happened, result recorded (rank 4).
     Completed,
 }
 
@@ -48,11 +53,17 @@ impl From<Status> for core::Status {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RecordStatus {
+    /// Reserved, no live lease (rank 0).
     Pending,
+    /// Pending with a live lease (rank 0).
     Running,
+    /// An effect may have been dispatched and no terminal evidence arrived (rank 1).
     Unknown,
+    /// The lease holder reported an outcome for a request that does not match the reservation (rank 2).
     Conflict,
+    /// Terminal: a definitive failure from the upstream (rank 3).
     Failed,
+    /// Terminal: the effect happened, result recorded (rank 4).
     Completed,
 }
 
@@ -86,7 +97,9 @@ impl RecordStatus {
 pub struct Reservation {
     /// Lowercase hex SHA-256.
     pub fingerprint: String,
+    /// The principal; never changes for the record's lifetime.
     pub principal: String,
+    /// The scopes, sorted and de-duplicated; never change for the record's lifetime.
     pub scopes: Vec<String>,
     /// Only moves up (claim rule 4).
     #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
@@ -108,7 +121,9 @@ impl From<&core::Reservation> for Reservation {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Purpose {
+    /// Perform the effect.
     Execute,
+    /// Find out whether an earlier attempt's effect happened before writing anything.
     Reconcile,
 }
 
@@ -158,24 +173,34 @@ impl From<core::LeaseEnd> for LeaseEndReason {
 /// How and when a lease ended.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct LeaseEnded {
+    /// Why it ended.
     pub reason: LeaseEndReason,
+    /// When it ended (for a revocation: when the principal's generation moved).
     pub at: Time,
 }
 
 /// A lease: the right to act on the operation, held by one worker at a time.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Lease {
+    /// The fencing token: unique in the store, strictly increasing.
     #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
+    /// What the lease allows.
     pub purpose: Purpose,
     /// The binding generation it was granted under.
     #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
     pub generation: u64,
+    /// When it was granted.
     pub granted_at: Time,
+    /// When it expires unless a heartbeat extends it.
     pub expires_at: Time,
+    /// Its length in ms; a heartbeat without `lease_ms` extends by this much.
     pub lease_ms: u64,
+    /// The claim promised to call `dispatch` before the remote write.
     pub marks_dispatch: bool,
+    /// `dispatch` was called: the remote write may have started.
     pub dispatched: bool,
+    /// The worker label the claim gave.
     pub worker: Option<String>,
     /// Null while the lease is live.
     pub ended: Option<LeaseEnded>,
@@ -205,7 +230,9 @@ impl From<&core::Lease> for Lease {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Call {
+    /// `settle`.
     Settle,
+    /// `reconcile`.
     Reconcile,
 }
 
@@ -221,11 +248,17 @@ impl From<core::Call> for Call {
 /// What one attempt reported in one call, accepted or not.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Observation {
+    /// When it was reported.
     pub at: Time,
+    /// Which call reported it.
     pub call: Call,
+    /// The reported outcome status (`settle`, `reconcile(committed)`).
     pub status: Option<OutcomeStatus>,
+    /// The reconcile finding (`reconcile` only).
     pub finding: Option<Finding>,
+    /// The reported response digest, if any.
     pub response_sha256: Option<String>,
+    /// Whether the evidence was accepted; a refused one is also quarantined.
     pub accepted: bool,
     /// The refusal, when not accepted.
     pub code: Option<Refusal>,
@@ -250,6 +283,7 @@ impl From<&core::Observation> for Observation {
 pub struct Attempt {
     /// 1-based attempt number on this record.
     pub number: u32,
+    /// The lease this attempt held.
     pub lease: Lease,
     /// The receipt this attempt obtained (terminal or `unknown`).
     pub receipt: Option<Receipt>,
@@ -257,6 +291,7 @@ pub struct Attempt {
     pub error: Option<String>,
     /// The newest 32.
     pub observations: Vec<Observation>,
+    /// Every observation of this attempt, kept or not.
     pub observations_total: u32,
 }
 
@@ -277,16 +312,24 @@ impl From<&core::Attempt> for Attempt {
 /// body is not kept, only its digest).
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct QuarantineEntry {
+    /// When it was refused.
     pub at: Time,
+    /// The fence it was presented under.
     #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
     /// The refusal.
     pub reason: Refusal,
+    /// Which call presented it.
     pub call: Call,
+    /// The outcome status it carried, if any.
     pub status: Option<OutcomeStatus>,
+    /// The reconcile finding it carried (`reconcile` only).
     pub finding: Option<Finding>,
+    /// The fingerprint it carried, if any.
     pub fingerprint: Option<String>,
+    /// The binding it carried, if any.
     pub binding: Option<Binding>,
+    /// The response digest it carried, if any.
     pub response_sha256: Option<String>,
 }
 
@@ -310,11 +353,14 @@ impl From<&core::QuarantineEntry> for QuarantineEntry {
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
 #[schema(as = Record)]
 pub struct RecordView {
+    /// The operation's key.
     pub key: String,
+    /// The shown status (`running` is pending with a live lease).
     pub status: RecordStatus,
     /// Rank in the lattice (0–4).
     #[schema(minimum = 0, maximum = 4)]
     pub rank: u8,
+    /// What the first claim reserved.
     pub reservation: Reservation,
     /// The current lease, live or ended.
     pub lease: Option<Lease>,
@@ -322,17 +368,25 @@ pub struct RecordView {
     pub outcome: Option<Outcome>,
     /// The canonical terminal receipt.
     pub receipt: Option<Receipt>,
+    /// An effect may have been dispatched and no terminal evidence arrived: no `execute` lease is granted while set.
     pub reconcile_required: bool,
+    /// Two matching terminal results disagreed (settle rule 0); the first stays canonical.
     pub disputed: bool,
     /// The newest 32 attempts, oldest first.
     pub attempts: Vec<Attempt>,
+    /// Every attempt ever made, kept or not.
     pub attempts_total: u32,
     /// The newest 32 quarantine entries.
     pub quarantine: Vec<QuarantineEntry>,
+    /// Every quarantine entry ever made, kept or not.
     pub quarantine_total: u64,
+    /// How long the record is kept once terminal, in seconds.
     pub retention_s: u64,
+    /// When the first claim reserved the key.
     pub created_at: Time,
+    /// The last progress (claim, heartbeat, lease end, settlement); quarantine does not move it.
     pub updated_at: Time,
+    /// When the record became terminal; retention counts from here.
     pub settled_at: Option<Time>,
     /// When a terminal record will be collected.
     pub expires_at: Option<Time>,

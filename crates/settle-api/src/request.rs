@@ -93,8 +93,11 @@ impl From<&core::Binding> for Binding {
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum OutcomeStatus {
+    /// The effect happened; the result is attached.
     Completed,
+    /// The upstream definitively failed it; the result is attached.
     Failed,
+    /// The worker may have sent and does not know what happened.
     Unknown,
 }
 
@@ -123,6 +126,7 @@ impl From<OutcomeStatus> for core::OutcomeStatus {
 #[derive(Clone, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Outcome {
+    /// What happened upstream.
     pub status: OutcomeStatus,
     /// Any JSON document (`null` included): at most `max_result_bytes` of
     /// compact text, arrays and objects nested at most 64 deep. Stored as
@@ -201,6 +205,7 @@ pub struct ClaimRequest {
     /// Lowercase hex SHA-256 of the effect-defining fields of the request.
     #[schema(pattern = "^[0-9a-f]{64}$")]
     pub fingerprint: String,
+    /// The authorization the caller runs under; principal and scopes must match the reservation.
     pub binding: Binding,
     /// Lease duration in milliseconds; default 30000.
     #[serde(
@@ -297,6 +302,7 @@ pub struct HeartbeatRequest {
 }
 
 impl HeartbeatRequest {
+    /// Validates into the core's heartbeat on `key`; errors name the wire field.
     pub fn into_heartbeat(self, key: Key) -> Result<core::Heartbeat, InvalidInput> {
         Ok(core::Heartbeat {
             key,
@@ -319,12 +325,14 @@ impl From<&core::Heartbeat> for HeartbeatRequest {
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DispatchRequest {
+    /// The fence of the `execute` lease whose holder is about to write remotely.
     #[serde(deserialize_with = "whole")]
     #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
 }
 
 impl DispatchRequest {
+    /// Validates into the core's dispatch on `key`; errors name the wire field.
     pub fn into_dispatch(self, key: Key) -> Result<core::Dispatch, InvalidInput> {
         Ok(core::Dispatch {
             key,
@@ -343,16 +351,22 @@ impl From<&core::Dispatch> for DispatchRequest {
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SettleRequest {
+    /// The fence of the lease the outcome was produced under.
     #[serde(deserialize_with = "whole")]
     #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
+    /// Lowercase hex SHA-256 of the effect-defining fields of the executed request.
     #[schema(pattern = "^[0-9a-f]{64}$")]
     pub fingerprint: String,
+    /// The binding the effect ran under.
     pub binding: Binding,
+    /// What happened upstream.
     pub outcome: Outcome,
 }
 
 impl SettleRequest {
+    /// Validates into the core's settle on `key`; errors name the wire field. The
+    /// result's size is checked later against the server's `max_result_bytes`.
     pub fn into_settle(self, key: Key) -> Result<core::Settle, InvalidInput> {
         Ok(core::Settle {
             key,
@@ -408,6 +422,7 @@ impl From<ReleaseReason> for core::ReleaseReason {
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
+    /// The fence of the `execute` lease to release.
     #[serde(deserialize_with = "whole")]
     #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
@@ -417,6 +432,7 @@ pub struct ReleaseRequest {
 }
 
 impl ReleaseRequest {
+    /// Validates into the core's release on `key` (`not_dispatched` when no reason).
     pub fn into_release(self, key: Key) -> Result<core::Release, InvalidInput> {
         Ok(core::Release {
             key,
@@ -462,20 +478,27 @@ impl From<core::FindingKind> for Finding {
 #[derive(Clone, PartialEq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReconcileRequest {
+    /// The fence of the `reconcile` lease.
     #[serde(deserialize_with = "whole")]
     #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
+    /// What the worker found out.
     pub finding: Finding,
+    /// With `committed`: the fingerprint of the request the effect belongs to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[0-9a-f]{64}$")]
     pub fingerprint: Option<String>,
+    /// With `committed`: the binding it ran under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binding: Option<Binding>,
+    /// With `committed`: the terminal outcome (`completed` or `failed`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<Outcome>,
 }
 
 impl ReconcileRequest {
+    /// Validates into the core's reconcile on `key`, including the fields
+    /// `committed` requires and the others refuse; errors name the wire field.
     pub fn into_reconcile(self, key: Key) -> Result<core::Reconcile, InvalidInput> {
         let fence = fence(self.fence)?;
         let finding = match self.finding {
@@ -554,6 +577,7 @@ pub struct WarnRequest {
 }
 
 impl WarnRequest {
+    /// Validates into the core's warn of `class` on `task`; errors name the wire field.
     pub fn into_warn(
         self,
         task: core::TaskId,

@@ -15,6 +15,7 @@ pub struct Grant {
     /// Pass it to the remote as its fencing token.
     #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
+    /// When the lease expires unless a heartbeat extends it.
     pub lease_expires_at: Time,
     /// 1-based attempt number on this record.
     pub attempt: u32,
@@ -40,7 +41,12 @@ pub enum ClaimDecision {
         retry_after_ms: u64,
     },
     /// Already settled: the one true outcome.
-    Replay { outcome: Outcome, receipt: Receipt },
+    Replay {
+        /// The canonical (terminal) outcome.
+        outcome: Outcome,
+        /// Its durable receipt.
+        receipt: Receipt,
+    },
 }
 
 impl From<&core::Grant> for Grant {
@@ -99,14 +105,18 @@ impl TryFrom<ClaimDecision> for core::ClaimDecision {
 /// The durable proof of a settlement.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Receipt {
+    /// The operation's key.
     pub key: String,
     /// Lowercase hex SHA-256.
     pub fingerprint: String,
     /// Lowercase hex SHA-256 of the upstream's raw response.
     pub response_sha256: Option<String>,
+    /// The settled status: `completed`, `failed`, or `unknown` (an unknown receipt is kept on its attempt only).
     pub status: Status,
+    /// The fence of the lease that settled.
     #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
+    /// When the settlement committed (the store's clock).
     pub committed_at: Time,
     /// Always true: a receipt is only handed out after a durable commit.
     pub durable: bool,
@@ -147,14 +157,17 @@ impl TryFrom<Receipt> for core::Receipt {
 /// The answer to settle and to `reconcile(committed)`.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct ReceiptResponse {
+    /// The durable receipt.
     pub receipt: Receipt,
 }
 
 /// A live lease after heartbeat.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct LeaseInfo {
+    /// The fence of the live lease.
     #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
+    /// When it now expires.
     pub lease_expires_at: Time,
 }
 
@@ -178,8 +191,10 @@ impl From<LeaseInfo> for core::LeaseInfo {
 /// The answer to dispatch.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Dispatched {
+    /// The fence of the live `execute` lease.
     #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
+    /// When it expires unless a heartbeat extends it.
     pub lease_expires_at: Time,
     /// Always true.
     pub dispatched: bool,
@@ -198,6 +213,7 @@ impl From<&core::LeaseInfo> for Dispatched {
 /// The answer to release and to `reconcile(unavailable)`: the lease ended without a receipt.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Released {
+    /// The fence of the lease that ended.
     #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
     /// Always true.
@@ -205,6 +221,7 @@ pub struct Released {
 }
 
 impl Released {
+    /// The answer for the lease of `fence`.
     pub fn new(fence: core::Fence) -> Released {
         Released {
             fence: fence.0,
@@ -230,6 +247,7 @@ pub enum ReconcileResponse {
 /// The answer to revoke.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Revoked {
+    /// The revoked principal.
     pub principal: String,
     /// The principal's new generation. Within [0, 2^53 − 1] unless the
     /// principal was revoked at 2^53 − 1: then no claim can carry it any
@@ -241,12 +259,17 @@ pub struct Revoked {
 /// One bounded durable warning per `(tenant, task, class)`.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Warning {
+    /// The task the warning belongs to.
     pub task: String,
+    /// The warning's class; one warning per task and class.
     pub class: String,
     /// Saturates at the server's `warning_cap`.
     pub count: u64,
+    /// The newest detail given; a call without one keeps it.
     pub detail: Option<String>,
+    /// When it was first raised.
     pub first_at: Time,
+    /// When it was last raised.
     pub last_at: Time,
     /// The count reached the cap.
     pub saturated: bool,
@@ -269,12 +292,14 @@ impl From<&core::Warning> for Warning {
 /// The warnings of a task.
 #[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize, ToSchema)]
 pub struct Warnings {
+    /// One warning per class, at most 64.
     pub warnings: Vec<Warning>,
 }
 
 /// `/healthz` and `/readyz`.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Health {
+    /// `ok` or `ready`.
     pub status: HealthStatus,
 }
 
@@ -282,7 +307,9 @@ pub struct Health {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum HealthStatus {
+    /// The process answers (`/healthz`).
     Ok,
+    /// The store accepts writes too (`/readyz`).
     Ready,
 }
 

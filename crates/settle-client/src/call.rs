@@ -12,9 +12,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use settle_api::{
     BatchRequest, BatchResponse, ClaimDecision, ClaimRequest, DispatchRequest, Dispatched,
-    EmptyRequest, Health, HeartbeatRequest, LeaseInfo, ReceiptResponse, ReconcileRequest,
-    ReconcileResponse, RecordView, ReleaseRequest, Released, Revoked, SettleRequest, WarnRequest,
-    Warning, Warnings,
+    EmptyRequest, Health, HeartbeatRequest, LeaseInfo, ListResponse, ReceiptResponse,
+    ReconcileRequest, ReconcileResponse, RecordView, ReleaseRequest, Released, Revoked,
+    SettleRequest, Stats, WarnRequest, Warning, Warnings,
 };
 
 use crate::error::ClientError;
@@ -119,6 +119,74 @@ pub fn batch(req: &BatchRequest) -> Result<Call<BatchResponse>, ClientError> {
     Call::post("/v1/batch".to_string(), req)
 }
 
+/// The query of `GET /v1/operations` (SPEC §9); `None` fields are left out.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListParams {
+    /// Statuses (`pending` includes `running`).
+    pub status: Vec<String>,
+    /// Records that do or do not require reconciliation.
+    pub reconcile_required: Option<bool>,
+    /// Disputed or undisputed records.
+    pub disputed: Option<bool>,
+    /// Stuck or not stuck records.
+    pub stuck: Option<bool>,
+    /// Records with or without quarantined evidence.
+    pub quarantined: Option<bool>,
+    /// Keys starting with this.
+    pub key_prefix: Option<String>,
+    /// Page size, 1-1000.
+    pub limit: Option<u32>,
+    /// The previous page's `next`.
+    pub after: Option<String>,
+}
+
+impl ListParams {
+    /// The query string (without `?`), every value percent-encoded.
+    pub fn query(&self) -> String {
+        let mut q: Vec<String> = Vec::new();
+        if !self.status.is_empty() {
+            let s: Vec<String> = self.status.iter().map(|s| encode_segment(s)).collect();
+            q.push(format!("status={}", s.join(",")));
+        }
+        for (name, v) in [
+            ("reconcile_required", self.reconcile_required),
+            ("disputed", self.disputed),
+            ("stuck", self.stuck),
+            ("quarantined", self.quarantined),
+        ] {
+            if let Some(v) = v {
+                q.push(format!("{name}={v}"));
+            }
+        }
+        if let Some(p) = &self.key_prefix {
+            q.push(format!("key_prefix={}", encode_segment(p)));
+        }
+        if let Some(n) = self.limit {
+            q.push(format!("limit={n}"));
+        }
+        if let Some(a) = &self.after {
+            q.push(format!("after={}", encode_segment(a)));
+        }
+        q.join("&")
+    }
+}
+
+/// `GET /v1/operations`: one page of the tenant's operations (SPEC §9).
+pub fn list(params: &ListParams) -> Call<ListResponse> {
+    let q = params.query();
+    let path = if q.is_empty() {
+        "/v1/operations".to_string()
+    } else {
+        format!("/v1/operations?{q}")
+    };
+    Call::new(Method::GET, path, None)
+}
+
+/// `GET /v1/stats`: the tenant's counts (SPEC §9).
+pub fn stats() -> Call<Stats> {
+    Call::new(Method::GET, "/v1/stats".into(), None)
+}
+
 /// `GET /healthz`: the process answers.
 pub fn health() -> Call<Health> {
     Call::new(Method::GET, "/healthz".into(), None)
@@ -155,6 +223,23 @@ pub fn operation_path(key: &str, call: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn list_queries_are_encoded() {
+        assert_eq!(list(&ListParams::default()).path, "/v1/operations");
+        let p = ListParams {
+            status: vec!["pending".into(), "unknown".into()],
+            stuck: Some(true),
+            key_prefix: Some("a&b".into()),
+            limit: Some(5),
+            after: Some("6b".into()),
+            ..ListParams::default()
+        };
+        assert_eq!(
+            list(&p).path,
+            "/v1/operations?status=pending,unknown&stuck=true&key_prefix=a%26b&limit=5&after=6b"
+        );
+    }
 
     #[test]
     fn segments_are_encoded() {

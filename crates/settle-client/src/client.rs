@@ -10,8 +10,9 @@ use hyper::{Method, Request, Uri};
 use serde::de::DeserializeOwned;
 use settle_api::{
     BatchRequest, BatchResponse, ClaimDecision, ClaimRequest, DispatchRequest, Dispatched, Health,
-    HeartbeatRequest, LeaseInfo, ReceiptResponse, ReconcileRequest, ReconcileResponse, RecordView,
-    ReleaseRequest, Released, Revoked, SettleRequest, WarnRequest, Warning, Warnings,
+    HeartbeatRequest, LeaseInfo, ListResponse, ReceiptResponse, ReconcileRequest,
+    ReconcileResponse, RecordView, ReleaseRequest, Released, Revoked, SettleRequest, Stats,
+    WarnRequest, Warning, Warnings,
 };
 
 use crate::call::{self, Call};
@@ -333,6 +334,14 @@ impl Client {
     /// single call would have answered ([`settle_api::BatchResult::parse`]).
     pub async fn batch(&self, req: &BatchRequest) -> Result<BatchResponse, ClientError> {
         self.call(&call::batch(req)?).await
+    }
+    /// One page of the tenant's operations (SPEC §9).
+    pub async fn list(&self, params: &call::ListParams) -> Result<ListResponse, ClientError> {
+        self.call(&call::list(params)).await
+    }
+    /// The tenant's counts (SPEC §9).
+    pub async fn stats(&self) -> Result<Stats, ClientError> {
+        self.call(&call::stats()).await
     }
     /// `/healthz`.
     pub async fn health(&self) -> Result<Health, ClientError> {

@@ -47,7 +47,7 @@ mod error;
 mod reply;
 mod transport;
 
-pub use call::{Call, encode_segment, operation_path};
+pub use call::{Call, ListParams, encode_segment, operation_path};
 pub use client::{
     Client, ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_IDLE_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
@@ -61,7 +61,7 @@ pub use settle_api as api;
 /// Constructors of every [`Call`]: `calls::claim(key, &body)`, ...
 pub mod calls {
     pub use crate::call::{
-        batch, claim, dispatch, get, health, heartbeat, ready, reconcile, release, revoke, settle,
-        warn, warnings,
+        batch, claim, dispatch, get, health, heartbeat, list, ready, reconcile, release, revoke,
+        settle, stats, warn, warnings,
     };
 }

@@ -1,11 +1,13 @@
-//! The ledger the middleware talks to: the embedded `Ledger` in-process or
-//! a remote server through `settle-client`, both behind `Command` → `Reply`.
+//! The ledger the middleware talks to: any `settle_worker::Transport` —
+//! the in-process ledger (`LedgerTransport`) or a remote server
+//! (`settle_client::Client`) — with the answers split the way SPEC §8
+//! needs them.
 
-use std::sync::Arc;
+use std::time::Duration;
 
-use settle_client::Client;
-use settle_core::{Command, InvalidInput, RefusalCode, Reply, TenantId};
-use settle_ledger::{BoxFuture, Ledger, LedgerError};
+use settle_core::{Command, InvalidInput, RefusalCode, Reply};
+pub use settle_worker::Transport;
+use settle_worker::TransportError;
 
 /// Why a call to the ledger did not succeed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -18,69 +20,36 @@ pub enum CallError {
     Invalid(InvalidInput),
     /// No answer, or a ledger that cannot serve (storage failure, 503,
     /// 401): fail closed.
-    #[error("ledger unavailable: {0}")]
-    Unavailable(String),
+    #[error(transparent)]
+    Unavailable(TransportError),
 }
 
 impl CallError {
-    /// Whether the same call may succeed later (no answer, 503).
-    pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
-            CallError::Unavailable(_) | CallError::Refused(RefusalCode::RecordRefused)
-        )
+    /// Whether the same call may succeed later (no answer, 503, a record
+    /// the store refuses for now).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            CallError::Unavailable(e) => e.is_retryable(),
+            CallError::Refused(c) => *c == RefusalCode::RecordRefused,
+            CallError::Invalid(_) => false,
+        }
+    }
+
+    /// The ledger's hint of when to retry.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            CallError::Unavailable(e) => e.retry_after(),
+            _ => None,
+        }
     }
 }
 
-/// The calls the middleware makes: one command, its reply.
-pub trait Backend: Send + Sync + 'static {
-    /// Runs one command of the core (protocol refusals and invalid
-    /// commands are errors here).
-    fn execute(&self, cmd: Command) -> BoxFuture<'_, Result<Reply, CallError>>;
-}
-
-fn reply(r: Reply) -> Result<Reply, CallError> {
-    match r {
-        Reply::Refused(c) => Err(CallError::Refused(c)),
-        Reply::Invalid(e) => Err(CallError::Invalid(e)),
-        r => Ok(r),
+/// Runs one command; refusals and invalid commands are errors here.
+pub(crate) async fn call(t: &dyn Transport, cmd: Command) -> Result<Reply, CallError> {
+    match t.execute(cmd).await {
+        Ok(Reply::Refused(c)) => Err(CallError::Refused(c)),
+        Ok(Reply::Invalid(e)) => Err(CallError::Invalid(e)),
+        Ok(r) => Ok(r),
+        Err(e) => Err(CallError::Unavailable(e)),
     }
 }
-
-/// The embedded ledger, for one tenant.
-pub struct Embedded {
-    /// The ledger.
-    pub ledger: Ledger,
-    /// The tenant every key belongs to.
-    pub tenant: TenantId,
-}
-
-impl Backend for Embedded {
-    fn execute(&self, cmd: Command) -> BoxFuture<'_, Result<Reply, CallError>> {
-        Box::pin(async move {
-            match self.ledger.execute(&self.tenant, cmd).await {
-                Ok(r) => reply(r),
-                Err(LedgerError::Invalid(e)) => Err(CallError::Invalid(e)),
-                Err(LedgerError::Refused(c)) => Err(CallError::Refused(c)),
-                Err(LedgerError::Store(e)) => Err(CallError::Unavailable(e.to_string())),
-            }
-        })
-    }
-}
-
-/// A remote `settle serve`.
-pub struct Remote(pub Client);
-
-impl Backend for Remote {
-    fn execute(&self, cmd: Command) -> BoxFuture<'_, Result<Reply, CallError>> {
-        Box::pin(async move {
-            match self.0.execute(&cmd).await {
-                Ok(r) => reply(r),
-                Err(e) => Err(CallError::Unavailable(e.to_string())),
-            }
-        })
-    }
-}
-
-/// A shared backend.
-pub type SharedBackend = Arc<dyn Backend>;

@@ -21,7 +21,7 @@ use settle_core::{
 use settle_ledger::BoxFuture;
 use tower::{Layer, Service};
 
-use crate::backend::{Backend, CallError, SharedBackend};
+use crate::backend::{CallError, Transport, call};
 use crate::layout::{self, FingerprintInput, StoredResponse};
 use crate::table::{self, AfterClaim, Arrival, Disposition, Problem, RoutePolicy};
 
@@ -60,7 +60,7 @@ pub type CanonicalFn = Arc<dyn Fn(&[u8]) -> Option<Vec<u8>> + Send + Sync>;
 
 #[derive(Clone)]
 struct Settings {
-    backend: SharedBackend,
+    backend: Arc<dyn Transport>,
     namespace: String,
     methods: Vec<Method>,
     routes: Option<RoutesFn>,
@@ -101,13 +101,14 @@ pub struct IdempotencyLayer {
 }
 
 impl IdempotencyLayer {
-    /// Over any [`Backend`].
-    pub fn new(backend: impl Backend) -> IdempotencyLayer {
-        IdempotencyLayer::with_backend(Arc::new(backend))
+    /// Over any [`Transport`] of the worker SDK (the in-process ledger,
+    /// the HTTP client, a simulated network).
+    pub fn new(transport: impl Transport + 'static) -> IdempotencyLayer {
+        IdempotencyLayer::with_transport(Arc::new(transport))
     }
 
-    /// Over a shared [`Backend`].
-    pub fn with_backend(backend: SharedBackend) -> IdempotencyLayer {
+    /// Over a shared [`Transport`].
+    pub fn with_transport(backend: Arc<dyn Transport>) -> IdempotencyLayer {
         IdempotencyLayer {
             settings: Arc::new(Settings {
                 backend,
@@ -137,12 +138,12 @@ impl IdempotencyLayer {
         ledger: settle_ledger::Ledger,
         tenant: settle_core::TenantId,
     ) -> IdempotencyLayer {
-        IdempotencyLayer::new(crate::backend::Embedded { ledger, tenant })
+        IdempotencyLayer::new(settle_worker::LedgerTransport::for_tenant(ledger, tenant))
     }
 
     /// Over a remote `settle serve`.
     pub fn remote(client: settle_client::Client) -> IdempotencyLayer {
-        IdempotencyLayer::new(crate::backend::Remote(client))
+        IdempotencyLayer::new(client)
     }
 
     fn with(mut self, f: impl FnOnce(&mut Settings)) -> Self {
@@ -204,8 +205,14 @@ impl IdempotencyLayer {
         self.with(|s| s.fingerprint_headers = names)
     }
 
-    /// Fingerprints JSON bodies by this canonical form (RFC 8785 makes
-    /// key order and whitespace irrelevant).
+    /// Fingerprints JSON bodies (`application/json`, `*+json`) by their
+    /// RFC 8785 canonical form, so that key order and whitespace do not
+    /// make another request (default off: the raw bytes count).
+    pub fn canonical_json(self, yes: bool) -> Self {
+        self.with(|s| s.canonical = yes.then(|| Arc::new(crate::canonical_json) as CanonicalFn))
+    }
+
+    /// Fingerprints JSON bodies by this canonical form instead.
     pub fn canonical_body(
         self,
         f: impl Fn(&[u8]) -> Option<Vec<u8>> + Send + Sync + 'static,
@@ -498,7 +505,7 @@ where
             marks_dispatch: true,
             retention_s: s.retention_s,
         };
-        let answer = s.backend.execute(Command::Claim(claim)).await;
+        let answer = call(&*s.backend, Command::Claim(claim)).await;
         match table::after_claim(answer) {
             AfterClaim::Execute(g) => self.execute(policy, c, g).await,
             AfterClaim::Reconcile(g) => match reconcile(&self.settings, &c, g).await {
@@ -551,7 +558,7 @@ where
             key: c.lkey.clone(),
             fence: g.fence,
         });
-        if let Err(e) = s.backend.execute(dispatch).await {
+        if let Err(e) = call(&*s.backend, dispatch).await {
             // Nothing was sent: with marks_dispatch and no dispatch this
             // release is allowed (or the lease simply lapses, flag-free).
             let release = Command::Release(Release {
@@ -559,7 +566,7 @@ where
                 fence: g.fence,
                 reason: ReleaseReason::NotDispatched,
             });
-            let _ = s.backend.execute(release).await;
+            let _ = call(&*s.backend, release).await;
             return self
                 .unavailable(&policy, (c.parts, c.body), e.to_string())
                 .await;
@@ -650,7 +657,7 @@ async fn reconcile(s: &Settings, c: &Claimed, g: Grant) -> Option<Grant> {
         fence: g.fence,
         finding,
     });
-    match s.backend.execute(cmd).await {
+    match call(&*s.backend, cmd).await {
         Ok(Reply::Claim(ClaimDecision::Execute(g))) => Some(g),
         Ok(_) => None,
         Err(e) => {
@@ -663,7 +670,7 @@ async fn reconcile(s: &Settings, c: &Claimed, g: Grant) -> Option<Grant> {
 /// Heartbeats the lease every third of `lease_ms` until it is lost; never
 /// returns (the caller stops polling it when the handler is done).
 async fn heartbeat(
-    backend: SharedBackend,
+    backend: Arc<dyn Transport>,
     key: Key,
     fence: Fence,
     lease_ms: LeaseMs,
@@ -676,9 +683,9 @@ async fn heartbeat(
             fence,
             lease_ms: None,
         });
-        match backend.execute(cmd).await {
+        match call(&*backend, cmd).await {
             Ok(_) => {}
-            Err(e) if e.is_unavailable() => {
+            Err(e) if e.is_retryable() => {
                 tracing::debug!(key = key.as_str(), error = %e, "idempotency: heartbeat got no answer");
             }
             Err(e) => {
@@ -733,9 +740,26 @@ impl Unsettled {
 
     async fn record(&mut self, cmd: Command) {
         let deadline = Duration::from_millis(self.settings.lease_ms.get() + 1000);
-        if let Err(e) = retry(&self.settings.backend, cmd, deadline).await {
-            // The lease lapses after dispatch: the ledger marks it unknown.
-            tracing::error!(key = self.key, error = %e, "idempotency: the outcome could not be recorded");
+        let unknown_already =
+            matches!(&cmd, Command::Settle(st) if !st.outcome.status().is_terminal());
+        match retry(&self.settings.backend, cmd, deadline).await {
+            Ok(_) => {}
+            Err(CallError::Invalid(e)) if !unknown_already => {
+                // The ledger will not take this record (a stored response over
+                // its max_result_bytes, a server without release(not_committed)):
+                // the safe record is unknown, at once rather than at lease expiry.
+                tracing::error!(key = self.key, error = %e, "idempotency: the ledger refused the outcome; recording unknown");
+                let unknown = self.settle_cmd(Outcome::unknown(
+                    ErrorText::new("error", "outcome refused by the ledger").ok(),
+                ));
+                if let Err(e) = retry(&self.settings.backend, unknown, deadline).await {
+                    tracing::error!(key = self.key, error = %e, "idempotency: the outcome could not be recorded");
+                }
+            }
+            Err(e) => {
+                // The lease lapses after dispatch: the ledger marks it unknown.
+                tracing::error!(key = self.key, error = %e, "idempotency: the outcome could not be recorded");
+            }
         }
         self.state = None;
     }
@@ -826,16 +850,16 @@ impl Drop for Unsettled {
 /// retried (SPEC §11: the same settle under the same fence; rule 0 returns
 /// the receipt of one that committed), with growing, jittered pauses.
 async fn retry(
-    backend: &SharedBackend,
+    backend: &Arc<dyn Transport>,
     cmd: Command,
     deadline: Duration,
 ) -> Result<Reply, CallError> {
     let start = Instant::now();
     let mut pause = Duration::from_millis(20);
     loop {
-        match backend.execute(cmd.clone()).await {
-            Err(e) if e.is_unavailable() && start.elapsed() + pause < deadline => {
-                tokio::time::sleep(jitter(pause)).await;
+        match call(&**backend, cmd.clone()).await {
+            Err(e) if e.is_retryable() && start.elapsed() + pause < deadline => {
+                tokio::time::sleep(jitter(pause).max(e.retry_after().unwrap_or_default())).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
             r => return r,

@@ -26,9 +26,20 @@ mod layer;
 pub mod layout;
 pub mod table;
 
-pub use backend::{Backend, CallError};
+pub use backend::{CallError, Transport};
 pub use layer::{
     CanonicalFn, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer, PrincipalFn,
     ReconcileFn, Resolution, Retryable, RoutesFn,
 };
 pub use table::RoutePolicy;
+
+/// The RFC 8785 canonical text of a JSON body (the `canonical_json`
+/// option, SPEC §8), or `None` when the body is not strict UTF-8 JSON the
+/// fingerprint helper of `settle-worker` accepts (then the raw bytes count).
+pub fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(body).ok()?;
+    let value: serde_json::Value = serde_json::from_str(text).ok()?;
+    settle_worker::canonicalize(&value)
+        .ok()
+        .map(String::into_bytes)
+}

@@ -294,7 +294,9 @@ mod tests {
     #[test]
     fn row_ledger_unreachable_fails_closed() {
         for e in [
-            CallError::Unavailable("connection refused".into()),
+            CallError::Unavailable(settle_worker::TransportError::from(
+                settle_client::ClientError::Request("bad token".into()),
+            )),
             CallError::Refused(RefusalCode::StaleBinding),
             CallError::Refused(RefusalCode::RecordRefused),
         ] {

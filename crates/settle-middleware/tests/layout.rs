@@ -66,7 +66,12 @@ fn request_fingerprints() {
         };
         let canonical = c["canonical_json"].as_bool().unwrap();
         if canonical {
-            canonical_cases += 1; // CANONICAL-PENDING: needs the JCS of settle-worker
+            canonical_cases += 1;
+            let got = layout::request_fingerprint(
+                input,
+                Some(&|b: &[u8]| settle_middleware::canonical_json(b)),
+            );
+            assert_eq!(got, s(&c["sha256"]), "{c}");
         } else {
             assert_eq!(
                 layout::request_fingerprint(input, None),

@@ -200,24 +200,62 @@ both!(row_key_missing_or_invalid_is_400, |l: Ledgers| async move {
     assert_eq!(count(&app).await, 0, "the handler never ran");
 });
 
+/// A handler that says when it started and answers 201 only when the test
+/// opens its gate.
+struct Gated {
+    app: Router,
+    started: Arc<Notify>,
+    gate: Arc<Notify>,
+    runs: Arc<AtomicU64>,
+}
+
+fn gated(layer: IdempotencyLayer) -> Gated {
+    let (started, gate, runs) = (
+        Arc::new(Notify::new()),
+        Arc::new(Notify::new()),
+        Arc::new(AtomicU64::new(0)),
+    );
+    let (s, g, r) = (started.clone(), gate.clone(), runs.clone());
+    let app = Router::new()
+        .route(
+            "/op",
+            post(move || {
+                let (s, g, r) = (s.clone(), g.clone(), r.clone());
+                async move {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    s.notify_one();
+                    g.notified().await;
+                    (StatusCode::CREATED, "done")
+                }
+            }),
+        )
+        .layer(layer);
+    Gated {
+        app,
+        started,
+        gate,
+        runs,
+    }
+}
+
 both!(
     row_while_running_is_409_request_in_progress,
     |l: Ledgers| async move {
-        let (app, _) = payments::app(l.layer());
-        let body = r#"{"amount": 5, "currency": "EUR", "delay_ms": 500}"#;
+        let g = gated(l.layer());
         let first = tokio::spawn({
-            let app = app.clone();
-            async move { send(&app, req("/payments", Some("slow"), body)).await }
+            let app = g.app.clone();
+            async move { send(&app, req("/op", Some("slow"), "{}")).await }
         });
-        started(&app, 1).await;
-        let a = send(&app, req("/payments", Some("slow"), body)).await;
+        g.started.notified().await;
+        let a = send(&g.app, req("/op", Some("slow"), "{}")).await;
         assert_eq!(
             (a.status, a.code().as_str()),
             (StatusCode::CONFLICT, "request_in_progress")
         );
         assert!(a.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+        g.gate.notify_one();
         assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
-        assert_eq!(count(&app).await, 1);
+        assert_eq!(g.runs.load(Ordering::SeqCst), 1);
     }
 );
 
@@ -416,23 +454,26 @@ both!(
 both!(
     lease_is_heartbeated_while_the_handler_runs,
     |l: Ledgers| async move {
-        // A 300 ms lease and a 1 s handler: without heartbeats the lease lapses
-        // (a duplicate would be told `reconcile`, the settle refused).
-        let layer = l.layer().lease(LeaseMs::new(300).unwrap());
-        let (app, _) = payments::app(layer);
-        let body = r#"{"amount": 3, "currency": "EUR", "delay_ms": 1000}"#;
+        // A 300 ms lease and a handler held for 1 s: without heartbeats the
+        // lease lapses (a duplicate would be told `reconcile`, the settle
+        // refused, the record unknown).
+        let g = gated(l.layer().lease(LeaseMs::new(300).unwrap()));
         let first = tokio::spawn({
-            let app = app.clone();
-            async move { send(&app, req("/payments", Some("hb"), body)).await }
+            let app = g.app.clone();
+            async move { send(&app, req("/op", Some("hb"), "{}")).await }
         });
-        started(&app, 1).await;
-        let a = send(&app, req("/payments", Some("hb"), body)).await;
-        assert_eq!(a.code(), "request_in_progress");
+        g.started.notified().await;
+        // Time passing beyond the lease is what is tested here.
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let a = send(&g.app, req("/op", Some("hb"), "{}")).await;
+        assert_eq!(a.code(), "request_in_progress", "the lease is still held");
+        g.gate.notify_one();
         let first = first.await.unwrap();
         assert_eq!(first.status, StatusCode::CREATED);
         assert_eq!(l.record(&lkey("hb")).await, ("completed".into(), false));
-        let again = send(&app, req("/payments", Some("hb"), body)).await;
+        let again = send(&g.app, req("/op", Some("hb"), "{}")).await;
         assert!(again.replayed());
+        assert_eq!(g.runs.load(Ordering::SeqCst), 1);
     }
 );
 
@@ -512,5 +553,79 @@ both!(
             (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
         );
         assert_eq!(count(&app).await, 0);
+    }
+);
+
+both!(
+    canonical_json_makes_key_order_and_whitespace_irrelevant,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer().canonical_json(true));
+        let first = send(
+            &app,
+            req("/payments", Some("c"), r#"{"amount":10,"currency":"EUR"}"#),
+        )
+        .await;
+        let same = send(
+            &app,
+            req(
+                "/payments",
+                Some("c"),
+                r#"{ "currency": "EUR", "amount": 10.0 }"#,
+            ),
+        )
+        .await;
+        assert!(same.replayed());
+        assert_eq!(same.body, first.body);
+        let other = send(
+            &app,
+            req("/payments", Some("c"), r#"{"currency":"EUR","amount":11}"#),
+        )
+        .await;
+        assert_eq!(other.code(), "idempotency_key_reused");
+        // Without the option the bytes count.
+        let (raw, _) = payments::app(l.layer());
+        let a = send(
+            &raw,
+            req("/payments", Some("c2"), r#"{"amount":10,"currency":"EUR"}"#),
+        )
+        .await;
+        assert_eq!(a.status, StatusCode::CREATED);
+        let b = send(
+            &raw,
+            req("/payments", Some("c2"), r#"{"currency":"EUR","amount":10}"#),
+        )
+        .await;
+        assert_eq!(b.code(), "idempotency_key_reused");
+    }
+);
+
+both!(
+    a_response_the_ledger_refuses_to_store_is_unknown_at_once,
+    |l: Ledgers| async move {
+        // A stored body above the ledger's max_result_bytes (64 KiB): the
+        // settle is invalid, so the record becomes unknown right away (not at
+        // lease expiry, an hour away here).
+        let runs = Arc::new(AtomicU64::new(0));
+        let r = runs.clone();
+        let layer = l
+            .layer()
+            .max_stored_body(1 << 20)
+            .lease(LeaseMs::new(3_600_000).unwrap());
+        let app = Router::new()
+            .route(
+                "/big",
+                post(move || {
+                    r.fetch_add(1, Ordering::SeqCst);
+                    async { "x".repeat(100_000) }
+                }),
+            )
+            .layer(layer);
+        let a = send(&app, req("/big", Some("big"), "{}")).await;
+        assert_eq!(a.status, StatusCode::OK, "the response still goes out");
+        assert_eq!(a.body.len(), 100_000);
+        assert_eq!(l.record(&lkey("big")).await, ("unknown".into(), true));
+        let b = send(&app, req("/big", Some("big"), "{}")).await;
+        assert_eq!(b.code(), "outcome_unknown");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 );

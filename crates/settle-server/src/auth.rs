@@ -19,6 +19,7 @@ pub enum Auth {
 }
 
 impl Auth {
+    /// The validated auth settings as the request path uses them.
     pub fn from_config(c: &AuthConfig) -> Auth {
         match c {
             AuthConfig::Off => Auth::Off(TenantId::default_tenant()),
@@ -28,6 +29,18 @@ impl Auth {
         }
     }
 
+    /// Every tenant a token can act for (the per-tenant gauges sum over them).
+    pub fn tenants(&self) -> Vec<TenantId> {
+        let mut out: Vec<TenantId> = match self {
+            Auth::Off(t) => vec![t.clone()],
+            Auth::Tenants(ts) => ts.iter().map(|(_, t)| t.clone()).collect(),
+        };
+        out.sort();
+        out.dedup();
+        out
+    }
+
+    /// Whether every call is tenant `default` (no tenants configured, loopback only).
     pub fn is_off(&self) -> bool {
         matches!(self, Auth::Off(_))
     }

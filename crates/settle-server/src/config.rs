@@ -10,19 +10,28 @@ use settle_core::{Digest, RetentionS, TenantId};
 /// Why the server will not start with these settings.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The config file could not be read.
     #[error("cannot read config file {path}: {source}")]
     Read {
+        /// The file.
         path: PathBuf,
+        /// Why it could not be read.
         source: std::io::Error,
     },
+    /// The config file is not valid TOML of the expected keys.
     #[error("config file {path}: {source}")]
     Parse {
+        /// The file.
         path: PathBuf,
+        /// Where and why parsing failed.
         source: Box<toml::de::Error>,
     },
+    /// A setting is out of range or malformed.
     #[error("invalid setting {setting}: {reason}")]
     Invalid {
+        /// The setting's name (the file's key).
         setting: &'static str,
+        /// Why it was refused.
         reason: String,
     },
     #[error(
@@ -31,6 +40,8 @@ pub enum ConfigError {
          name and token_sha256 to the config file (or --tenant NAME=SHA256), or listen on \
          127.0.0.1 / [::1]"
     )]
+    /// A non-loopback listen address with no tenants configured: anyone who
+    /// can reach it could read and write every record.
     OpenWithoutTenants(SocketAddr),
 }
 
@@ -45,7 +56,10 @@ fn invalid(setting: &'static str, reason: impl Into<String>) -> ConfigError {
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
+    /// The tenant's name (key syntax); records of different tenants never meet.
     pub name: String,
+    /// Lowercase hex SHA-256 of the tenant's bearer token (the token itself is
+    /// never stored).
     pub token_sha256: String,
 }
 
@@ -53,30 +67,52 @@ pub struct TenantConfig {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
+    /// See `--listen`.
     pub listen: Option<String>,
+    /// See `--data`.
     pub data: Option<PathBuf>,
+    /// See `--store`.
     pub store: Option<String>,
+    /// See `--lease-margin-ms`.
     pub lease_margin_ms: Option<u64>,
+    /// See `--max-body-bytes`.
     pub max_body_bytes: Option<usize>,
+    /// See `--max-batch-calls`.
     pub max_batch_calls: Option<usize>,
+    /// See `--max-batch-body-bytes`.
     pub max_batch_body_bytes: Option<usize>,
+    /// See `--max-result-bytes`.
     pub max_result_bytes: Option<usize>,
+    /// See `--warning-cap`.
     pub warning_cap: Option<u64>,
+    /// See `--stuck-after-s`.
     pub stuck_after_s: Option<u64>,
+    /// See `--sweep-interval-ms`.
     pub sweep_interval_ms: Option<u64>,
+    /// See `--default-retention-s`.
     pub default_retention_s: Option<u64>,
+    /// See `--request-timeout-ms`.
     pub request_timeout_ms: Option<u64>,
+    /// See `--max-queue`.
     pub max_queue: Option<usize>,
+    /// See `--segment-bytes`.
     pub segment_bytes: Option<u64>,
+    /// See `--pg-statement-timeout-ms`.
     pub pg_statement_timeout_ms: Option<u64>,
+    /// See `--pg-lock-timeout-ms`.
     pub pg_lock_timeout_ms: Option<u64>,
+    /// See `--pg-idle-in-transaction-timeout-ms`.
     pub pg_idle_in_transaction_timeout_ms: Option<u64>,
+    /// See `--pg-client-timeout-ms`.
     pub pg_client_timeout_ms: Option<u64>,
+    /// The `[[tenants]]` tables; `--tenant` adds to them.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
 }
 
 impl FileConfig {
+    /// Reads and parses the file at `path` (values are checked later, by
+    /// [`Config::merge`]).
     pub fn load(path: &Path) -> Result<FileConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
@@ -104,7 +140,7 @@ pub struct ServeArgs {
     /// PostgreSQL URL instead of --data (postgres://USER@HOST:PORT/DB).
     #[arg(long, env = "SETTLE_STORE", value_name = "URL")]
     pub store: Option<String>,
-    /// A tenant as NAME=SHA256-OF-TOKEN (repeatable; added to the file's [[tenants]]).
+    /// A tenant as NAME=SHA256-OF-TOKEN (repeatable; added to the file's `[[tenants]]`).
     #[arg(
         long = "tenant",
         env = "SETTLE_TENANTS",
@@ -193,20 +229,31 @@ pub enum AuthConfig {
 /// The validated settings.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The address to listen on.
     pub listen: SocketAddr,
+    /// Where the records live.
     pub store: StoreConfig,
+    /// Who may call.
     pub auth: AuthConfig,
+    /// A settlement or dispatch needs at least this much lease left, in ms.
     pub lease_margin_ms: u64,
+    /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
     /// Most calls in one batch (SPEC §10).
     pub max_batch_calls: usize,
     /// Largest batch body.
     pub max_batch_body_bytes: usize,
+    /// Larger outcome results (compact JSON) are answered 422.
     pub max_result_bytes: usize,
+    /// Warning counts saturate here.
     pub warning_cap: u64,
+    /// A non-terminal record with no live lease, untouched this long (seconds), is stuck.
     pub stuck_after_s: u64,
+    /// How often the sweep ends lapsed leases and collects expired records, in ms.
     pub sweep_interval_ms: u64,
+    /// The `retention_s` of a claim that gives none.
     pub default_retention: RetentionS,
+    /// Slow-client limit in ms: to send the request head, and then the body.
     pub request_timeout_ms: u64,
     /// Testing only (hidden flag): skew of the store's clock.
     pub clock_skew_ms: i64,
@@ -217,15 +264,23 @@ pub struct Config {
 /// Engine settings that have good defaults in the engines themselves.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tuning {
+    /// Commands waiting for the store beyond this are answered 503 with Retry-After.
     pub max_queue: Option<usize>,
+    /// Size of each preallocated log segment of the embedded store, in bytes.
     pub segment_bytes: Option<u64>,
+    /// PostgreSQL `statement_timeout`, in ms.
     pub pg_statement_timeout_ms: Option<u64>,
+    /// PostgreSQL `lock_timeout` for row and principal locks, in ms.
     pub pg_lock_timeout_ms: Option<u64>,
+    /// PostgreSQL `idle_in_transaction_session_timeout`, in ms.
     pub pg_idle_in_transaction_timeout_ms: Option<u64>,
+    /// PostgreSQL client-side deadline of each round trip, in ms.
     pub pg_client_timeout_ms: Option<u64>,
 }
 
+/// Where `settle serve` listens by default (loopback: auth may be off).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
+/// Where the embedded store lives by default.
 pub const DEFAULT_DATA: &str = "./settle-data";
 
 impl Config {

@@ -30,22 +30,34 @@ use crate::wire::{parse_body, segment};
 
 /// Everything a handler needs; built once, shared by reference.
 pub struct AppState {
+    /// The ledger's store; handlers run commands on it.
     pub store: Arc<dyn Store>,
+    /// Token → tenant.
     pub auth: Auth,
+    /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
+    /// Most calls in one `POST /v1/batch` (422 past it).
     pub max_batch_calls: usize,
+    /// Largest `POST /v1/batch` body (413 past it).
     pub max_batch_body_bytes: usize,
+    /// Larger outcome results are answered 422.
     pub max_result_bytes: usize,
+    /// The `retention_s` of a claim that gives none.
     pub default_retention: RetentionS,
+    /// When a record counts as stuck, in ms (`stuck_after_s` × 1000).
     pub stuck_after_ms: u64,
+    /// How long a request body may take to arrive (408 past it).
     pub body_timeout: Duration,
+    /// The Prometheus recorder; `None` when another recorder was installed first.
     pub metrics: Option<PrometheusHandle>,
+    /// The OpenAPI document served at `/openapi.json`, rendered once.
     pub openapi: Bytes,
     /// False once shutdown began (`/readyz` answers 503).
     pub ready: AtomicBool,
 }
 
 impl AppState {
+    /// The state for `config`, over `store`; installs the metrics recorder once per process.
     pub fn new(store: Arc<dyn Store>, config: &crate::config::Config) -> AppState {
         AppState {
             store,
@@ -75,6 +87,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/operations/{key}/settle", post(settle))
         .route("/v1/operations/{key}/release", post(release))
         .route("/v1/operations/{key}/reconcile", post(reconcile))
+        .route("/v1/operations", get(crate::inspect::list))
+        .route("/v1/stats", get(crate::inspect::stats))
         .route("/v1/operations/{key}", get(get_record))
         .route("/v1/principals/{principal}/revoke", post(revoke))
         .route("/v1/tasks/{task}/warnings/{class}", post(warn))
@@ -84,6 +98,9 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .route("/openapi.json", get(openapi_json))
+        .route("/console", get(crate::inspect::console_redirect))
+        .route("/console/", get(crate::inspect::console))
+        .route("/console/{file}", get(crate::inspect::console))
         .fallback(no_route)
         .method_not_allowed_fallback(no_route)
         .with_state(state)
@@ -137,6 +154,8 @@ pub(crate) enum Route {
     Revoke,
     Warn,
     Warnings,
+    List,
+    Stats,
     Healthz,
     Readyz,
     Metrics,
@@ -158,7 +177,7 @@ fn unexpected(call: &str, reply: &Reply) -> Problem {
 
 /// A storage failure: counted, logged with its cause under a fresh
 /// correlation id, answered without the cause (SPEC §7).
-fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
+pub(crate) fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
     metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
     let correlation_id = crate::problem::correlation_id();
     error!(call, key = ?key, %correlation_id, error = %e, "store failure");
@@ -654,6 +673,7 @@ pub async fn metrics(State(st): St) -> Response {
         Ok(s) => m::set_stats(&s),
         Err(e) => warn!(error = %e, "store stats unavailable for /metrics"),
     }
+    crate::inspect::publish_quarantine(&st).await;
     let result = match &st.metrics {
         Some(h) => {
             h.run_upkeep();

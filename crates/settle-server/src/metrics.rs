@@ -9,14 +9,23 @@ use std::sync::OnceLock;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use settle_ledger::StoreStats;
 
+/// Counter of HTTP requests, by `route` and `status`.
 pub const REQUESTS: &str = "settle_http_requests_total";
+/// Counter of the rules' answers, by `call` and `decision` (a decision, reply kind or refusal code).
 pub const DECISIONS: &str = "settle_decisions_total";
+/// Counter of refused evidence that was quarantined, by `call`.
 pub const QUARANTINED: &str = "settle_quarantined_total";
+/// Counter of `result_mismatch` answers (the record became or stayed disputed).
 pub const DISPUTED: &str = "settle_disputed_total";
+/// Counter of store failures, by `call`.
 pub const STORE_ERRORS: &str = "settle_store_errors_total";
+/// Counter of leases the sweep ended.
 pub const SWEEP_EXPIRED: &str = "settle_sweep_expired_total";
+/// Counter of records the sweep collected.
 pub const SWEEP_COLLECTED: &str = "settle_sweep_collected_total";
+/// Histogram of commands per group commit (recorded by the embedded store).
 pub const COMMIT_BATCH_SIZE: &str = "settle_commit_batch_size";
+/// Histogram of group commit durations in seconds (recorded by the embedded store).
 pub const COMMIT_DURATION: &str = "settle_commit_duration_seconds";
 
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
@@ -108,6 +117,15 @@ fn describe() {
          survives restarts; each stays until its retention collects it."
     );
     describe_gauge!(
+        "settle_records_quarantined",
+        "Quarantined evidence entries (refused terminal evidence kept for an operator), \
+         summed over the configured tenants."
+    );
+    describe_gauge!(
+        "settle_records_quarantined_records",
+        "Records holding quarantined evidence, summed over the configured tenants."
+    );
+    describe_gauge!(
         "settle_records_undecodable",
         "Stored records that cannot be decoded (every call on their key answers record_refused)."
     );
@@ -127,7 +145,7 @@ pub fn set_stats(s: &StoreStats) {
 }
 
 /// The `route` label values of [`REQUESTS`].
-pub const ROUTES: [&str; 16] = [
+pub const ROUTES: [&str; 18] = [
     "claim",
     "heartbeat",
     "dispatch",
@@ -138,6 +156,8 @@ pub const ROUTES: [&str; 16] = [
     "revoke",
     "warn",
     "warnings",
+    "list",
+    "stats",
     "healthz",
     "readyz",
     "metrics",

@@ -91,6 +91,8 @@ impl Modify for BearerAuth {
         crate::http::revoke,
         crate::http::warn,
         crate::http::warnings,
+        crate::inspect::list,
+        crate::inspect::stats,
         crate::http::healthz,
         crate::http::readyz,
         crate::http::metrics,

@@ -21,28 +21,36 @@ use crate::http::{AppState, router};
 /// Why `settle serve` stopped or did not start.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
+    /// The settings are invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// The listen address cannot be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
+        /// The address.
         addr: SocketAddr,
+        /// Why binding failed.
         source: std::io::Error,
     },
+    /// The store could not be opened.
     #[error("cannot open the store: {0}")]
     Store(#[from] StoreError),
     #[error(
         "store {0:?} is not supported: use --data DIR for the embedded store or --store postgres://... for PostgreSQL"
     )]
+    /// The `--store` URL names no supported store.
     UnsupportedStore(String),
 }
 
 /// An open store and how to close it gracefully (the `Store` trait has no close).
 pub struct OpenedStore {
+    /// The store to serve.
     pub store: Arc<dyn Store>,
     close: Box<dyn FnOnce() + Send>,
 }
 
 impl OpenedStore {
+    /// `store`, and `close` to run at shutdown.
     pub fn new(store: Arc<dyn Store>, close: impl FnOnce() + Send + 'static) -> OpenedStore {
         OpenedStore {
             store,

@@ -231,6 +231,8 @@ fn round_trip(name: &str, body: &str) {
         "Warning" => rt::<api::Warning>(body),
         "Warnings" => rt::<api::Warnings>(body),
         "Health" => rt::<api::Health>(body),
+        "ListResponse" => rt::<api::ListResponse>(body),
+        "Stats" => rt::<api::Stats>(body),
         "Problem" => rt::<api::Problem>(body),
         "BatchResponse" => rt::<api::BatchResponse>(body),
         other => panic!("no settle-api type for schema {other}"),
@@ -383,6 +385,27 @@ async fn every_answer_validates_against_the_served_document() {
         Some(json!({"calls": [call, {"op": "get", "key": "kb"}]})),
     )
     .await;
+    // The inspection API (SPEC §9): a page with a cursor, the counts, a bad filter.
+    let (a, name) = step("GET", "/v1/operations?limit=1", None).await;
+    assert_eq!(
+        (a.status, name.as_str()),
+        (200, "ListResponse"),
+        "{}",
+        a.body
+    );
+    let next = serde_json::from_str::<Value>(&a.body).unwrap()["next"].clone();
+    step(
+        "GET",
+        &format!(
+            "/v1/operations?limit=1&status=unknown,completed&after={}",
+            next.as_str().unwrap()
+        ),
+        None,
+    )
+    .await;
+    let (_, name) = step("GET", "/v1/stats", None).await;
+    assert_eq!(name, "Stats");
+    step("GET", "/v1/operations?limit=0", None).await;
     for i in 0..64 {
         step("POST", &format!("/v1/tasks/full/warnings/c{i}"), None).await;
     }
@@ -445,6 +468,8 @@ async fn the_document_describes_every_route_and_problem_code() {
         "/v1/principals/{principal}/revoke",
         "/v1/tasks/{task}/warnings/{class}",
         "/v1/tasks/{task}/warnings",
+        "/v1/operations",
+        "/v1/stats",
         "/healthz",
         "/readyz",
         "/metrics",
@@ -477,12 +502,15 @@ async fn the_document_describes_every_route_and_problem_code() {
                 );
             }
             for p in op["parameters"].as_array().into_iter().flatten() {
+                if p["in"] != "path" {
+                    continue;
+                }
                 let s = resolve(&doc, p["schema"]["$ref"].as_str().unwrap());
                 assert_eq!(s["pattern"], "^[!-~]{1,255}$", "{path} {}", p["name"]);
             }
         }
     }
-    assert_eq!(ops, 11, "all eleven /v1 operations");
+    assert_eq!(ops, 13, "all thirteen /v1 operations");
 
     // The closed list of codes, each named where a route can answer it.
     let codes: Vec<Value> = api::Code::ALL.iter().map(|c| json!(c.as_str())).collect();

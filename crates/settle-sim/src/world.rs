@@ -46,8 +46,11 @@ pub enum Fault {
     Revoke(usize),
 }
 
-/// Something that happens at a simulated instant.
+/// Something that happens at a simulated instant. `w` is a worker's
+/// index, `call` its call number (retransmissions keep it), `epoch` the
+/// timer generation (a newer timer makes older ones stale).
 #[derive(Clone, Debug)]
+#[allow(missing_docs)] // the fields are described above
 pub enum Ev {
     /// A worker's timer (request timeout, back-off, retry-after).
     Wake { w: usize, epoch: u64 },

@@ -6,6 +6,8 @@
 //! size the batch; CI runs 10,000 seeds through `settle sim --seeds`
 //! (see ./test). `SETTLE_SIM_SEED=S` replays one seed with its history.
 
+#![allow(clippy::print_stderr)] // a failing seed prints its history
+
 use settle_core::testkit::*;
 use settle_core::{ClaimDecision, Fence, Reply, Status};
 use settle_sim::check::Checker;

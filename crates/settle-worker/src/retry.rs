@@ -95,3 +95,49 @@ pub(crate) async fn call(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn in_flight_waits_are_jittered_above_the_hint_never_below() {
+        let waits: Vec<Duration> = (0..200).map(|_| in_flight_wait(400)).collect();
+        for w in &waits {
+            assert!(
+                *w >= Duration::from_millis(400) && *w <= Duration::from_millis(500),
+                "{w:?}"
+            );
+        }
+        let distinct: std::collections::HashSet<_> = waits.iter().collect();
+        assert!(distinct.len() > 100, "the waits spread out");
+    }
+
+    #[test]
+    fn backoff_doubles_to_a_second_and_honours_the_hint_up_to_five_seconds() {
+        let no_answer = TransportError::NoAnswer {
+            detail: String::new(),
+        };
+        for n in 0..20 {
+            let base = (0.05 * f64::from(1u32 << n.min(10))).min(1.0);
+            let w = backoff(n, &no_answer).as_secs_f64();
+            assert!(w >= base / 2.0 && w <= base, "attempt {n}: {w}");
+        }
+        let hinted = |ms| TransportError::Unavailable {
+            retry_after: Some(Duration::from_millis(ms)),
+            detail: String::new(),
+        };
+        assert!(backoff(0, &hinted(2000)) >= Duration::from_secs(2));
+        assert!(backoff(0, &hinted(60_000)) <= Duration::from_secs(5));
+    }
+
+    #[test]
+    fn a_deadline_allows_only_waits_that_end_before_it() {
+        let d = Deadline::after(Some(Duration::from_secs(10)));
+        assert!(d.allows(Duration::from_secs(1)));
+        assert!(!d.allows(Duration::from_secs(11)));
+        assert!(Deadline::after(None).allows(Duration::from_secs(1_000_000)));
+        let floor = Deadline::after(Some(Duration::ZERO)).at_least(Duration::from_secs(5));
+        assert!(floor.allows(Duration::from_secs(4)));
+    }
+}

@@ -60,6 +60,10 @@ enum Cmd {
     Warn(remote::WarnArgs),
     /// List a task's warnings.
     Warnings(remote::WarningsArgs),
+    /// List the tenant's operations, live (docs/spec.md §9); one page per call.
+    List(remote::ListArgs),
+    /// The tenant's counts by status, stuck, disputed, quarantined (live).
+    Stats(remote::StatsArgs),
     /// Read a stopped embedded store offline.
     Inspect(inspect::InspectArgs),
     /// Check every record of a stopped embedded store against docs/spec.md
@@ -101,6 +105,8 @@ async fn run(cmd: Cmd) -> Result<(), Failure> {
         Cmd::Revoke(a) => remote::revoke(a).await,
         Cmd::Warn(a) => remote::warn(a).await,
         Cmd::Warnings(a) => remote::warnings(a).await,
+        Cmd::List(a) => remote::list(a).await,
+        Cmd::Stats(a) => remote::stats(a).await,
         Cmd::Inspect(a) => inspect::run(a, false),
         Cmd::Check(a) => inspect::run(a, true),
         #[cfg(feature = "bench")]

@@ -249,6 +249,44 @@ pub struct WarningsArgs {
     remote: Remote,
 }
 
+#[derive(Args)]
+pub struct ListArgs {
+    /// Only these statuses (pending, running, unknown, conflict, failed,
+    /// completed); repeat or separate with commas. pending includes running.
+    #[arg(long, value_delimiter = ',')]
+    status: Vec<String>,
+    /// Only records that need a human: not terminal, no open lease,
+    /// untouched for the server's stuck_after_s.
+    #[arg(long)]
+    stuck: bool,
+    /// Only records that require reconciliation.
+    #[arg(long)]
+    reconcile_required: bool,
+    /// Only disputed records.
+    #[arg(long)]
+    disputed: bool,
+    /// Only records holding quarantined evidence.
+    #[arg(long)]
+    quarantined: bool,
+    /// Only keys starting with this.
+    #[arg(long, value_name = "PREFIX")]
+    key_prefix: Option<String>,
+    /// Records per page (1-1000; the server's default is 100).
+    #[arg(long, value_name = "N")]
+    limit: Option<u32>,
+    /// Start after this cursor (the `next` a previous page printed).
+    #[arg(long, value_name = "CURSOR")]
+    cursor: Option<String>,
+    #[command(flatten)]
+    remote: Remote,
+}
+
+#[derive(Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    remote: Remote,
+}
+
 impl Remote {
     fn client(&self) -> Result<Client, Failure> {
         Client::builder(&self.url)
@@ -404,4 +442,23 @@ pub async fn warn(a: WarnArgs) -> Result<(), Failure> {
 
 pub async fn warnings(a: WarningsArgs) -> Result<(), Failure> {
     a.remote.run(Ok(calls::warnings(&a.task))).await
+}
+
+pub async fn list(a: ListArgs) -> Result<(), Failure> {
+    let yes = |b: bool| b.then_some(true);
+    let params = settle_client::ListParams {
+        status: a.status,
+        reconcile_required: yes(a.reconcile_required),
+        disputed: yes(a.disputed),
+        stuck: yes(a.stuck),
+        quarantined: yes(a.quarantined),
+        key_prefix: a.key_prefix,
+        limit: a.limit,
+        after: a.cursor,
+    };
+    a.remote.run(Ok(calls::list(&params))).await
+}
+
+pub async fn stats(a: StatsArgs) -> Result<(), Failure> {
+    a.remote.run(Ok(calls::stats())).await
 }

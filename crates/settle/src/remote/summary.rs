@@ -3,8 +3,8 @@
 use std::fmt::Display;
 
 use settle_client::api::{
-    ClaimDecision, Dispatched, LeaseInfo, Outcome, Receipt, ReceiptResponse, ReconcileResponse,
-    RecordView, Released, Revoked, Warning, Warnings,
+    ClaimDecision, Dispatched, LeaseInfo, ListResponse, Outcome, Receipt, ReceiptResponse,
+    ReconcileResponse, RecordView, Released, Revoked, Stats, Warning, Warnings,
 };
 
 /// An answer that can print itself as a short summary.
@@ -195,5 +195,65 @@ impl Summary for RecordView {
             }
         }
         println!("expires_at:         {}", or_dash(&self.expires_at));
+    }
+}
+
+impl Summary for ListResponse {
+    fn print(&self) {
+        if self.operations.is_empty() {
+            println!("no operations on this page");
+        }
+        for o in &self.operations {
+            let mut flags = Vec::new();
+            if o.reconcile_required {
+                flags.push("reconcile_required".to_string());
+            }
+            if o.disputed {
+                flags.push("disputed".into());
+            }
+            if o.stuck {
+                flags.push("stuck".into());
+            }
+            if o.quarantined > 0 {
+                flags.push(format!("quarantined={}", o.quarantined));
+            }
+            let lease = o.lease.as_ref().map_or_else(
+                || "-".to_string(),
+                |l| format!("{}@{}", wire(&l.purpose), l.fence),
+            );
+            println!(
+                "{}  status={} lease={} attempts={} updated_at={}{}{}",
+                o.key,
+                wire(&o.status),
+                lease,
+                o.attempts,
+                o.updated_at,
+                if flags.is_empty() { "" } else { " " },
+                flags.join(" ")
+            );
+        }
+        match &self.next {
+            Some(c) => println!("next: --cursor {c}"),
+            None => println!("end of listing"),
+        }
+    }
+}
+
+impl Summary for Stats {
+    fn print(&self) {
+        let b = &self.by_status;
+        println!(
+            "total={} pending={} running={} unknown={} conflict={} failed={} completed={}",
+            self.total, b.pending, b.running, b.unknown, b.conflict, b.failed, b.completed
+        );
+        println!(
+            "reconcile_required={} disputed={} stuck={} quarantined={} quarantined_records={} refused={}",
+            self.reconcile_required,
+            self.disputed,
+            self.stuck,
+            self.quarantined,
+            self.quarantined_records,
+            self.refused
+        );
     }
 }

@@ -1,0 +1,514 @@
+// The settle operator console (SPEC §9). One ES module, no framework:
+// it calls the same /v1 API as any client, with the tenant token kept in
+// this tab's sessionStorage only. Every value from the server is put into
+// the page as text (never as HTML).
+
+const TOKEN = "settle.console.token";
+const $ = (id) => document.getElementById(id);
+
+/** Builds an element: h("td", {class: "key"}, "text", child, ...). */
+function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === false || v == null) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (v === true) el.setAttribute(k, "");
+    else el.setAttribute(k, String(v));
+  }
+  for (const c of children.flat()) {
+    if (c == null || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function token() {
+  return sessionStorage.getItem(TOKEN);
+}
+
+class ApiError extends Error {
+  constructor(status, problem) {
+    super(problem?.detail || problem?.title || `HTTP ${status}`);
+    this.status = status;
+    this.code = problem?.code;
+  }
+}
+
+/** One API call; a problem+json answer becomes an ApiError. */
+async function api(method, path, body) {
+  const headers = { Accept: "application/json" };
+  const t = token();
+  if (t) headers.Authorization = `Bearer ${t}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  let resp;
+  try {
+    resp = await fetch(path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  } catch (e) {
+    throw new ApiError(0, { detail: `the server did not answer (${e.message})` });
+  }
+  const text = await resp.text();
+  let json = null;
+  try { json = text ? JSON.parse(text) : null; } catch { json = null; }
+  if (!resp.ok) {
+    if (resp.status === 401 && token() !== null) signOut("Your token was refused; sign in again.");
+    throw new ApiError(resp.status, json);
+  }
+  return json;
+}
+
+const seg = (s) => encodeURIComponent(s);
+
+function say(msg) {
+  const s = $("status");
+  s.textContent = msg;
+  s.hidden = false;
+  clearTimeout(say.t);
+  say.t = setTimeout(() => { s.hidden = true; }, 6000);
+}
+
+function errorBox(e) {
+  return h("p", { class: "error", role: "alert" },
+    e.status === 0 ? e.message : `Error ${e.status}${e.code ? ` (${e.code})` : ""}: ${e.message}`);
+}
+
+function fmtTime(t) {
+  return t ? t.replace("T", " ").replace("Z", " UTC") : "–";
+}
+
+// ---- sign in ----
+
+function signOut(msg) {
+  sessionStorage.removeItem(TOKEN);
+  location.hash = "#/";
+  route();
+  if (msg) {
+    const e = $("signin-error");
+    e.textContent = msg;
+    e.hidden = false;
+  }
+}
+
+async function signIn(ev) {
+  ev.preventDefault();
+  const err = $("signin-error");
+  err.hidden = true;
+  const t = $("token").value.trim();
+  sessionStorage.setItem(TOKEN, t);
+  const btn = ev.submitter || ev.target.querySelector("button");
+  btn.disabled = true;
+  try {
+    await api("GET", "/v1/stats");
+    $("token").value = "";
+    location.hash = "#/";
+    route();
+  } catch (e) {
+    sessionStorage.removeItem(TOKEN);
+    err.textContent = e.status === 401 ? "That token was refused." : e.message;
+    err.hidden = false;
+    $("token").focus();
+  } finally {
+    btn.disabled = false;
+  }
+}
+
+// ---- overview: stats and the list ----
+
+const STAT_CARDS = [
+  ["stuck", "stuck", (s) => s.stuck, { stuck: "true" }],
+  ["reconcile_required", "reconcile required", (s) => s.reconcile_required, { reconcile_required: "true" }],
+  ["disputed", "disputed", (s) => s.disputed, { disputed: "true" }],
+  ["quarantined", "quarantined evidence", (s) => s.quarantined, { quarantined: "true" }],
+  ["unknown", "unknown", (s) => s.by_status.unknown, { status: "unknown" }],
+  ["running", "running", (s) => s.by_status.running, { status: "running" }],
+  ["pending", "pending", (s) => s.by_status.pending, { status: "pending" }],
+  ["conflict", "conflict", (s) => s.by_status.conflict, { status: "conflict" }],
+  ["failed", "failed", (s) => s.by_status.failed, { status: "failed" }],
+  ["completed", "completed", (s) => s.by_status.completed, { status: "completed" }],
+  ["total", "total", (s) => s.total, {}],
+  ["refused", "refused (§6.9)", (s) => s.refused, null],
+];
+const ALERTING = new Set(["stuck", "reconcile_required", "disputed", "quarantined", "refused"]);
+
+async function loadStats() {
+  const box = $("stats");
+  box.setAttribute("aria-busy", "true");
+  try {
+    const s = await api("GET", "/v1/stats");
+    box.replaceChildren(...STAT_CARDS.map(([id, label, get, filter]) => {
+      const n = get(s);
+      const cls = `stat${ALERTING.has(id) && n > 0 ? " alert" : ""}`;
+      const inner = [h("span", { class: "n" }, n), h("span", { class: "l" }, label)];
+      return filter
+        ? h("button", { type: "button", class: cls, "data-stat": id, "aria-label": `${n} ${label}: show them`,
+            onclick: () => setFilters(filter) }, inner)
+        : h("div", { class: cls, "data-stat": id }, inner);
+    }));
+  } catch (e) {
+    box.replaceChildren(errorBox(e));
+  } finally {
+    box.setAttribute("aria-busy", "false");
+  }
+}
+
+/** The listing state: filters from the form, the cursor stack for paging. */
+const listing = { query: "", cursors: [null], page: 0, next: null };
+
+function formQuery() {
+  const f = new FormData($("filters"));
+  const p = new URLSearchParams();
+  const st = f.getAll("status");
+  if (st.length) p.set("status", st.join(","));
+  for (const flag of ["stuck", "reconcile_required", "disputed", "quarantined"]) {
+    if (f.get(flag)) p.set(flag, "true");
+  }
+  const prefix = String(f.get("key_prefix") || "").trim();
+  if (prefix) p.set("key_prefix", prefix);
+  p.set("limit", String(f.get("limit") || "50"));
+  return p.toString();
+}
+
+function setFilters(filter) {
+  const form = $("filters");
+  form.reset();
+  for (const [k, v] of Object.entries(filter)) {
+    const box = form.querySelector(`input[name="${k}"][value="${v}"]`);
+    if (box) box.checked = true;
+  }
+  applyFilters();
+}
+
+function applyFilters(ev) {
+  ev?.preventDefault();
+  listing.query = formQuery();
+  listing.cursors = [null];
+  listing.page = 0;
+  loadPage();
+}
+
+function badge(text, cls) {
+  return h("span", { class: `badge ${cls}` }, text);
+}
+
+function flags(o) {
+  return [
+    o.stuck && badge("stuck", "f-stuck"),
+    o.reconcile_required && badge("reconcile required", "f-reconcile"),
+    o.disputed && badge("disputed", "f-disputed"),
+    o.quarantined > 0 && badge(`quarantined ${o.quarantined}`, "f-quarantined"),
+  ];
+}
+
+async function loadPage() {
+  const box = $("list");
+  box.setAttribute("aria-busy", "true");
+  box.replaceChildren(h("p", { class: "loading" }, "Loading operations…"));
+  const after = listing.cursors[listing.page];
+  const q = listing.query || "limit=50";
+  try {
+    const r = await api("GET", `/v1/operations?${q}${after ? `&after=${seg(after)}` : ""}`);
+    listing.next = r.next;
+    if (r.operations.length === 0) {
+      box.replaceChildren(h("p", { class: "empty" }, r.next
+        ? "No matching operations in this stretch of keys; the scan continues on the next page."
+        : (listing.page === 0 ? "No operations match these filters." : "No more operations.")));
+    } else {
+      box.replaceChildren(h("table", {},
+        h("caption", {}, `Operations, page ${listing.page + 1}, in key order`),
+        h("thead", {}, h("tr", {}, ["Key", "Status", "Attention", "Lease", "Attempts", "Updated"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, r.operations.map((o) => h("tr", { "data-key": o.key },
+          h("td", { class: "key", "data-label": "Key" }, h("a", { href: `#/op/${seg(o.key)}` }, o.key)),
+          h("td", { "data-label": "Status" }, badge(o.status, `s-${o.status}`)),
+          h("td", { "data-label": "Attention" }, flags(o)),
+          h("td", { "data-label": "Lease" }, o.lease ? `${o.lease.purpose} · fence ${o.lease.fence}${o.lease.dispatched ? " · dispatched" : ""}` : "–"),
+          h("td", { "data-label": "Attempts" }, o.attempts),
+          h("td", { "data-label": "Updated" }, fmtTime(o.updated_at)),
+        )))));
+    }
+  } catch (e) {
+    listing.next = null;
+    box.replaceChildren(errorBox(e));
+  } finally {
+    box.setAttribute("aria-busy", "false");
+    $("prev").disabled = listing.page === 0;
+    $("first").disabled = listing.page === 0;
+    $("next").disabled = !listing.next;
+    $("pageinfo").textContent = `Page ${listing.page + 1}${listing.next ? "" : " (last)"}`;
+  }
+}
+
+function nextPage() {
+  if (!listing.next) return;
+  listing.cursors[listing.page + 1] = listing.next;
+  listing.page += 1;
+  loadPage();
+}
+
+function prevPage() {
+  if (listing.page === 0) return;
+  listing.page -= 1;
+  loadPage();
+}
+
+function firstPage() {
+  listing.page = 0;
+  loadPage();
+}
+
+// ---- one record: the timeline and the reconcile action ----
+
+function kv(pairs) {
+  return h("dl", { class: "kv" }, pairs.filter(Boolean).flatMap(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+}
+
+function leaseText(l) {
+  const end = l.ended ? `ended ${fmtTime(l.ended.at)} (${l.ended.reason})` : `open until ${fmtTime(l.expires_at)}`;
+  return `${l.purpose} lease · fence ${l.fence} · generation ${l.generation}${l.worker ? ` · worker ${l.worker}` : ""} · ${end}`;
+}
+
+function timeline(r) {
+  const items = [];
+  items.push(h("li", {}, h("strong", {}, "Reserved"), " ", h("span", { class: "when" }, fmtTime(r.created_at)),
+    kv([["fingerprint", h("code", {}, r.reservation.fingerprint)],
+        ["principal", `${r.reservation.principal} (generation ${r.reservation.generation})`],
+        ["scopes", r.reservation.scopes.join(", ") || "–"]])));
+  if (r.attempts_total > r.attempts.length) {
+    items.push(h("li", {}, `${r.attempts_total - r.attempts.length} older attempts not kept`));
+  }
+  for (const a of r.attempts) {
+    const l = a.lease;
+    const parts = [
+      h("strong", {}, `Attempt ${a.number}: claimed`), " ", h("span", { class: "when" }, fmtTime(l.granted_at)),
+      h("p", {}, leaseText(l)),
+      l.marks_dispatch && h("p", {}, l.dispatched ? "Dispatch recorded: the remote write may have started." : "Not dispatched."),
+    ];
+    if (a.observations.length) {
+      parts.push(h("ul", {}, a.observations.map((o) => h("li", {},
+        h("span", { class: "when" }, fmtTime(o.at)), ` ${o.call}`,
+        o.status ? ` ${o.status}` : "", o.finding ? ` ${o.finding}` : "",
+        o.accepted ? " — accepted" : ` — refused${o.code ? ` (${o.code})` : ""}`))));
+    }
+    if (a.receipt) parts.push(h("p", {}, `Receipt: ${a.receipt.status} at ${fmtTime(a.receipt.committed_at)}`));
+    if (a.error) parts.push(h("p", {}, `Error reported: ${a.error}`));
+    items.push(h("li", { class: a.receipt?.status === "unknown" ? "bad" : "" }, parts));
+  }
+  for (const q of r.quarantine) {
+    items.push(h("li", { class: "bad" }, h("strong", {}, "Quarantined evidence"), " ",
+      h("span", { class: "when" }, fmtTime(q.at)),
+      h("p", {}, `${q.call} under fence ${q.fence} refused: ${q.reason}${q.status ? ` (reported ${q.status})` : ""}${q.finding ? ` (finding ${q.finding})` : ""}`)));
+  }
+  if (r.receipt) {
+    items.push(h("li", {}, h("strong", {}, `Settled ${r.receipt.status}`), " ", h("span", { class: "when" }, fmtTime(r.receipt.committed_at)),
+      r.outcome?.result !== undefined && h("pre", {}, JSON.stringify(r.outcome.result, null, 2))));
+  }
+  if (r.reconcile_required) {
+    items.push(h("li", { class: "bad" }, h("strong", {}, "Reconcile required"),
+      h("p", {}, "The effect may or may not have happened. No new execution is allowed until someone finds out and reports it.")));
+  }
+  return h("ol", { class: "timeline", "aria-label": "Timeline" }, items);
+}
+
+async function loadRecord(key) {
+  const body = $("record-body");
+  $("record-h").textContent = `Operation ${key}`;
+  body.setAttribute("aria-busy", "true");
+  body.replaceChildren(h("p", { class: "loading" }, "Loading the record…"));
+  try {
+    const r = await api("GET", `/v1/operations/${seg(key)}`);
+    body.replaceChildren(
+      h("div", { class: "card" },
+        h("p", {}, badge(r.status, `s-${r.status}`), flags({ ...r, stuck: false, quarantined: r.quarantine_total })),
+        kv([["updated", fmtTime(r.updated_at)],
+            ["attempts", r.attempts_total],
+            r.settled_at && ["settled", fmtTime(r.settled_at)],
+            r.expires_at && ["collected after", fmtTime(r.expires_at)]])),
+      h("h3", {}, "Timeline"),
+      timeline(r),
+      ...(r.reconcile_required ? [reconcileForm(r)] : []),
+    );
+  } catch (e) {
+    body.replaceChildren(e.status === 404 ? h("p", { class: "empty" }, "No such operation (or it was collected after its retention).") : errorBox(e));
+  } finally {
+    body.setAttribute("aria-busy", "false");
+  }
+}
+
+function reconcileForm(r) {
+  const form = h("form", { class: "card actions", id: "reconcile-form", "aria-labelledby": "reconcile-h" },
+    h("h3", { id: "reconcile-h" }, "Reconcile"),
+    h("p", {}, "Find out, outside settle, whether the effect happened (ask the remote system by this key), then report it. The console acts as a worker would: it claims the reconcile lease with the reservation's fingerprint and binding, and reports your finding under it."),
+    h("fieldset", {},
+      h("legend", {}, "Finding"),
+      h("label", {}, h("input", { type: "radio", name: "finding", value: "not_committed", checked: true }),
+        h("span", {}, h("strong", {}, "not committed"), " — the effect did not happen. The reconcile requirement is cleared and the next worker's claim executes it (the status keeps its rank).")),
+      h("label", {}, h("input", { type: "radio", name: "finding", value: "committed" }),
+        h("span", {}, h("strong", {}, "committed"), " — it happened; give its outcome. The record settles with it.")),
+      h("label", {}, h("input", { type: "radio", name: "finding", value: "unavailable" }),
+        h("span", {}, h("strong", {}, "unavailable"), " — you could not find out; nothing changes."))),
+    h("div", { id: "committed-fields", hidden: true },
+      h("label", { for: "rc-status" }, "Outcome status"), " ",
+      h("select", { id: "rc-status", name: "status" }, h("option", {}, "completed"), h("option", {}, "failed")),
+      h("p", {}, h("label", { for: "rc-result" }, "Result (JSON)")),
+      h("textarea", { id: "rc-result", name: "result", spellcheck: "false" }, "{}"),
+      h("p", {}, h("label", { for: "rc-sha" }, "response_sha256 (64 hex digits)")),
+      h("input", { id: "rc-sha", name: "response_sha256", size: 66, spellcheck: "false", autocomplete: "off" })),
+    h("div", { class: "row" }, h("button", { type: "submit", class: "danger" }, "Reconcile…")),
+    h("div", { id: "reconcile-result", "aria-live": "polite" }));
+  form.addEventListener("change", () => {
+    form.querySelector("#committed-fields").hidden = form.elements.finding.value !== "committed";
+  });
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); reconcile(r, form); });
+  return form;
+}
+
+async function reconcile(r, form) {
+  const finding = form.elements.finding.value;
+  const out = form.querySelector("#reconcile-result");
+  let outcome;
+  if (finding === "committed") {
+    let result;
+    try { result = JSON.parse(form.elements.result.value); } catch (e) {
+      out.replaceChildren(h("p", { class: "error", role: "alert" }, `The result is not JSON: ${e.message}`));
+      return;
+    }
+    const sha = form.elements.response_sha256.value.trim();
+    if (!/^[0-9a-f]{64}$/.test(sha)) {
+      out.replaceChildren(h("p", { class: "error", role: "alert" }, "response_sha256 must be 64 lowercase hex digits."));
+      return;
+    }
+    outcome = { status: form.elements.status.value, result, response_sha256: sha };
+  }
+  const what = {
+    not_committed: "report that the effect did NOT happen. The reconcile requirement is cleared and the next worker's claim executes it again.",
+    committed: `report that the effect happened with outcome ${outcome?.status}. The record settles with it; retries get this outcome.`,
+    unavailable: "report that you could not find out. Nothing changes; the record still requires reconciliation.",
+  }[finding];
+  if (!(await confirmDialog("Reconcile this operation?", [
+    h("p", {}, `You are about to ${what}`),
+    h("p", {}, `Key: ${r.key}. This is recorded durably and cannot be undone.`),
+  ]))) return;
+  const binding = { principal: r.reservation.principal, scopes: r.reservation.scopes, generation: r.reservation.generation };
+  const key = seg(r.key);
+  out.replaceChildren(h("p", { class: "loading" }, "Reconciling…"));
+  try {
+    // marks_dispatch: the lease says whether anything was sent, so after
+    // not_committed it can be released as not_dispatched.
+    const claim = await api("POST", `/v1/operations/${key}/claim`, { fingerprint: r.reservation.fingerprint, binding, marks_dispatch: true });
+    if (claim.decision !== "reconcile") {
+      out.replaceChildren(h("p", { class: "error", role: "alert" },
+        claim.decision === "in_flight" ? "Someone holds the reconcile lease right now; try again shortly."
+          : `The claim answered ${claim.decision}; the record no longer requires reconciliation.`));
+      return loadRecord(r.key);
+    }
+    const body = { fence: claim.fence, finding };
+    if (finding === "committed") Object.assign(body, { fingerprint: r.reservation.fingerprint, binding, outcome });
+    await api("POST", `/v1/operations/${key}/reconcile`, body);
+    if (finding === "not_committed") {
+      // not_committed continues as an execute lease under the same fence;
+      // the console executes nothing, so it lets go (nothing was sent).
+      await api("POST", `/v1/operations/${key}/release`, { fence: claim.fence, reason: "not_dispatched" });
+    }
+    say(`Reconciled ${r.key}: ${finding.replace("_", " ")}.`);
+    await loadRecord(r.key);
+  } catch (e) {
+    out.replaceChildren(errorBox(e));
+  }
+}
+
+/** A modal confirmation; resolves true only on the confirm button. */
+function confirmDialog(title, body) {
+  const d = $("confirm");
+  $("confirm-h").textContent = title;
+  $("confirm-text").replaceChildren(...body);
+  return new Promise((resolve) => {
+    d.addEventListener("close", () => resolve(d.returnValue === "ok"), { once: true });
+    d.returnValue = "cancel";
+    d.showModal();
+    $("confirm-cancel").focus();
+  });
+}
+
+// ---- warnings and principals ----
+
+async function showWarnings(ev) {
+  ev.preventDefault();
+  const task = $("task").value.trim();
+  const box = $("warnings-body");
+  if (!task) return;
+  box.replaceChildren(h("p", { class: "loading" }, "Loading warnings…"));
+  try {
+    const w = await api("GET", `/v1/tasks/${seg(task)}/warnings`);
+    box.replaceChildren(w.warnings.length === 0
+      ? h("p", { class: "empty" }, `Task ${task} has no warnings.`)
+      : h("table", {}, h("caption", {}, `Warnings of task ${task}`),
+        h("thead", {}, h("tr", {}, ["Class", "Count", "First", "Last", "Detail"].map((c) => h("th", { scope: "col" }, c)))),
+        h("tbody", {}, w.warnings.map((x) => h("tr", {},
+          h("td", { "data-label": "Class" }, x.class),
+          h("td", { "data-label": "Count" }, `${x.count}${x.saturated ? "+" : ""}`),
+          h("td", { "data-label": "First" }, fmtTime(x.first_at)),
+          h("td", { "data-label": "Last" }, fmtTime(x.last_at)),
+          h("td", { "data-label": "Detail" }, x.detail ?? "–"))))));
+  } catch (e) {
+    box.replaceChildren(errorBox(e));
+  }
+}
+
+async function revoke(ev) {
+  ev.preventDefault();
+  const p = $("principal").value.trim();
+  const box = $("revoke-body");
+  if (!p) return;
+  if (!(await confirmDialog(`Revoke ${p}?`, [
+    h("p", {}, `Every lease ${p} holds ends now, and every call carrying its current or an older generation is refused. Its workers must claim again with the new generation.`),
+    h("p", {}, "This cannot be undone."),
+  ]))) return;
+  try {
+    const r = await api("POST", `/v1/principals/${seg(p)}/revoke`, {});
+    box.replaceChildren(h("p", { role: "status" }, `Revoked ${r.principal}: its generation is now ${r.generation}.`));
+    say(`Revoked ${r.principal}.`);
+  } catch (e) {
+    box.replaceChildren(errorBox(e));
+  }
+}
+
+// ---- routing ----
+
+const SECTIONS = ["signin", "overview", "record", "warnings", "principals"];
+
+function show(id) {
+  for (const s of SECTIONS) $(s).hidden = s !== id;
+  $("nav").hidden = id === "signin";
+}
+
+function route() {
+  if (token() === null) {
+    show("signin");
+    $("token").focus();
+    return;
+  }
+  const hash = location.hash || "#/";
+  if (hash.startsWith("#/op/")) {
+    show("record");
+    loadRecord(decodeURIComponent(hash.slice(5)));
+  } else if (hash === "#/warnings") {
+    show("warnings");
+  } else if (hash === "#/principals") {
+    show("principals");
+  } else {
+    show("overview");
+    loadStats();
+    if (!listing.query) listing.query = formQuery();
+    loadPage();
+  }
+}
+
+$("signin-form").addEventListener("submit", signIn);
+$("signout").addEventListener("click", () => signOut());
+$("filters").addEventListener("submit", applyFilters);
+$("filters").addEventListener("reset", () => setTimeout(applyFilters, 0));
+$("next").addEventListener("click", nextPage);
+$("prev").addEventListener("click", prevPage);
+$("first").addEventListener("click", firstPage);
+$("warnings-form").addEventListener("submit", showWarnings);
+$("revoke-form").addEventListener("submit", revoke);
+window.addEventListener("hashchange", route);
+route();

@@ -1,0 +1,246 @@
+// Browser tests of the console at /console/: a real `settle serve` with two
+// tenants, records created through the API, and the system's Chromium
+// driven by playwright-core. Screenshots go to $SCREENSHOT_DIR (default
+// ./screenshots, git-ignored).
+//
+//   SETTLE_BIN=target/debug/settle CHROMIUM=/usr/bin/chromium npm test
+
+import { after, before, test } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { createHash } from "node:crypto";
+import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { createInterface } from "node:readline";
+import { chromium } from "playwright-core";
+
+const BIN = resolve(process.env.SETTLE_BIN ?? "../../../target/debug/settle");
+const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
+const SHOTS = resolve(process.env.SCREENSHOT_DIR ?? "screenshots");
+const ACME = "tok-acme-console";
+const BETA = "tok-beta-console";
+const sha = (s) => createHash("sha256").update(s).digest("hex");
+const fp = (n) => n.toString(16).padStart(2, "0").repeat(32);
+
+let server, url, data, browser;
+
+async function call(token, method, path, body) {
+  const r = await fetch(url + path, {
+    method,
+    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await r.text();
+  return { status: r.status, json: text ? JSON.parse(text) : null };
+}
+
+const binding = { principal: "svc-pay", scopes: ["pay"], generation: 0 };
+const completed = (n) => ({ status: "completed", result: { charge: n }, response_sha256: fp(100 + n) });
+
+async function claim(token, key) {
+  const r = await call(token, "POST", `/v1/operations/${encodeURIComponent(key)}/claim`, { fingerprint: fp(1), binding });
+  assert.equal(r.json.decision, "execute", JSON.stringify(r.json));
+  return r.json.fence;
+}
+
+async function settle(token, key, fence, outcome) {
+  return call(token, "POST", `/v1/operations/${encodeURIComponent(key)}/settle`, { fence, fingerprint: fp(1), binding, outcome });
+}
+
+function serverEnv() {
+  const env = { ...process.env };
+  delete env.SETTLE_TENANTS;
+  delete env.SETTLE_CONFIG;
+  return env;
+}
+
+before(async () => {
+  mkdirSync(SHOTS, { recursive: true });
+  data = mkdtempSync(join(tmpdir(), "settle-console-"));
+  server = spawn(BIN, [
+    "serve", "--listen", "127.0.0.1:0", "--data", data, "--stuck-after-s", "0",
+    "--tenant", `acme=${sha(ACME)}`, "--tenant", `beta=${sha(BETA)}`,
+  ], { stdio: ["ignore", "pipe", "inherit"], env: serverEnv() });
+  const line = await new Promise((res, rej) => {
+    const rl = createInterface({ input: server.stdout });
+    rl.once("line", res);
+    server.once("exit", (c) => rej(new Error(`settle serve exited ${c}`)));
+  });
+  const m = /^listening on (.+)$/.exec(line.trim());
+  assert.ok(m, `settle serve did not start: ${line}`);
+  url = `http://${m[1]}`;
+
+  // acme: a stuck record (released, nothing applied, left alone), a
+  // disputed one, an unknown one (reconcile required), some completed.
+  const f1 = await claim(ACME, "order-stuck");
+  await call(ACME, "POST", "/v1/operations/order-stuck/release", { fence: f1, reason: "not_committed" });
+  const f2 = await claim(ACME, "order-disputed");
+  assert.equal((await settle(ACME, "order-disputed", f2, completed(1))).status, 200);
+  assert.equal((await settle(ACME, "order-disputed", f2, completed(2))).status, 409);
+  const f3 = await claim(ACME, "order-unknown");
+  assert.equal((await settle(ACME, "order-unknown", f3, { status: "unknown", error: "timeout after send" })).status, 200);
+  for (let i = 0; i < 6; i++) {
+    const f = await claim(ACME, `order-paid-${i}`);
+    await settle(ACME, `order-paid-${i}`, f, completed(1));
+  }
+  await call(ACME, "POST", "/v1/tasks/nightly-sync/warnings/slow_remote", { detail: "remote took 9 s" });
+  // beta: a record acme must never see.
+  await claim(BETA, "beta-secret");
+
+  browser = await chromium.launch({ executablePath: CHROMIUM, args: ["--no-sandbox"] });
+});
+
+after(async () => {
+  await browser?.close();
+  if (server && server.exitCode === null) {
+    const exited = new Promise((res) => server.once("exit", res));
+    server.kill("SIGTERM");
+    await exited;
+  }
+  if (data) rmSync(data, { recursive: true, force: true });
+});
+
+async function page(viewport = { width: 1280, height: 800 }) {
+  const ctx = await browser.newContext({ viewport });
+  const p = await ctx.newPage();
+  const errors = [];
+  p.on("pageerror", (e) => errors.push(e));
+  p.on("console", (m) => { if (m.type() === "error" && !/401/.test(m.text())) errors.push(m.text()); });
+  p.errors = errors;
+  await p.goto(`${url}/console/`);
+  return p;
+}
+
+async function signIn(p, token) {
+  await p.getByLabel("Tenant token").fill(token);
+  await p.getByRole("button", { name: "Sign in" }).click();
+}
+
+test("a wrong token is refused and nothing is shown", async () => {
+  const p = await page();
+  await signIn(p, "not-a-token");
+  await p.getByText("That token was refused.").waitFor();
+  assert.equal(await p.locator("#overview").isVisible(), false);
+  assert.equal(await p.evaluate(() => sessionStorage.length), 0);
+  await p.screenshot({ path: join(SHOTS, "signin-refused.png") });
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("sign in; the stats and a stuck and a disputed record are listed", async () => {
+  const p = await page();
+  await p.screenshot({ path: join(SHOTS, "signin.png") });
+  await signIn(p, ACME);
+  const stuckRow = p.locator('tr[data-key="order-stuck"]');
+  await stuckRow.waitFor();
+  assert.match(await stuckRow.innerText(), /stuck/);
+  assert.match(await p.locator('tr[data-key="order-disputed"]').innerText(), /disputed/);
+  assert.match(await p.locator('tr[data-key="order-unknown"]').innerText(), /reconcile required/);
+  await p.locator('[data-stat="stuck"] .n').waitFor();
+  assert.equal(await p.locator('[data-stat="disputed"] .n').innerText(), "1");
+  assert.equal(await p.locator('[data-stat="total"] .n').innerText(), "9");
+  // The token lives in this tab's session storage only.
+  assert.equal(await p.evaluate(() => sessionStorage.getItem("settle.console.token")), ACME);
+  assert.equal(await p.evaluate(() => localStorage.length), 0);
+  assert.equal(await p.evaluate(() => document.cookie), "");
+  await p.screenshot({ path: join(SHOTS, "overview.png"), fullPage: true });
+
+  // The stuck card filters the list; paging walks every record once.
+  await p.locator('[data-stat="stuck"]').click();
+  await p.waitForFunction(() => document.querySelectorAll("tbody tr").length === 2);
+  assert.deepEqual(await p.locator("tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.key)), ["order-stuck", "order-unknown"]);
+  await p.getByRole("button", { name: "Clear" }).click();
+  await p.getByLabel("Per page").selectOption("25");
+  await p.getByLabel("Key prefix").fill("order-paid-");
+  await p.getByRole("button", { name: "Apply" }).click();
+  await p.waitForFunction(() => document.querySelectorAll("tbody tr").length === 6);
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("a record's timeline: attempts, quarantined evidence, the receipt", async () => {
+  const p = await page();
+  await signIn(p, ACME);
+  await p.getByRole("link", { name: "order-disputed" }).click();
+  await p.getByRole("heading", { name: "Operation order-disputed" }).waitFor();
+  const tl = p.getByRole("list", { name: "Timeline" });
+  await tl.waitFor();
+  const text = await tl.innerText();
+  assert.match(text, /Reserved/);
+  assert.match(text, /Attempt 1: claimed/);
+  assert.match(text, /Quarantined evidence/);
+  assert.match(text, /result_mismatch/);
+  assert.match(text, /Settled completed/);
+  assert.doesNotMatch(await p.locator("#record-body").innerText(), /\bnull\b|undefined/);
+  await p.screenshot({ path: join(SHOTS, "timeline.png"), fullPage: true });
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("reconcile an unknown record (not committed): the next claim executes", async () => {
+  const p = await page();
+  await signIn(p, ACME);
+  await p.getByRole("link", { name: "order-unknown" }).click();
+  await p.getByRole("heading", { name: "Reconcile" }).waitFor();
+  await p.getByLabel(/not committed/).check();
+  await p.screenshot({ path: join(SHOTS, "reconcile.png"), fullPage: true });
+  await p.getByRole("button", { name: "Reconcile…" }).click();
+  const dialog = p.getByRole("dialog");
+  await dialog.waitFor();
+  assert.match(await dialog.innerText(), /did NOT happen/);
+  await p.screenshot({ path: join(SHOTS, "reconcile-confirm.png") });
+  await dialog.getByRole("button", { name: "Confirm" }).click();
+  await p.getByText("Reconciled order-unknown: not committed.").waitFor();
+  await p.waitForFunction(() => !document.querySelector("#reconcile-form"));
+  const r = await call(ACME, "GET", "/v1/operations/order-unknown");
+  assert.equal(r.json.status, "unknown", "the rank never decreases");
+  assert.equal(r.json.reconcile_required, false);
+  assert.equal(r.json.lease.ended.reason, "released");
+  // A worker's next claim executes.
+  const again = await call(ACME, "POST", "/v1/operations/order-unknown/claim", { fingerprint: fp(1), binding });
+  assert.equal(again.json.decision, "execute");
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("cancelling a confirmation changes nothing; warnings per task; revoke", async () => {
+  const p = await page();
+  await signIn(p, ACME);
+  await p.getByRole("link", { name: "Principals" }).click();
+  await p.getByRole("textbox", { name: "Principal" }).fill("svc-leaked");
+  await p.getByRole("button", { name: "Revoke…" }).click();
+  await p.getByRole("dialog").getByRole("button", { name: "Cancel" }).click();
+  assert.equal(await p.locator("#revoke-body").innerText(), "");
+  await p.getByRole("button", { name: "Revoke…" }).click();
+  await p.getByRole("dialog").getByRole("button", { name: "Confirm" }).click();
+  await p.getByText("Revoked svc-leaked: its generation is now 1.").waitFor();
+  await p.getByRole("link", { name: "Warnings" }).click();
+  await p.getByRole("textbox", { name: "Task" }).fill("nightly-sync");
+  await p.getByRole("button", { name: "Show" }).click();
+  await p.getByRole("cell", { name: "slow_remote" }).waitFor();
+  await p.screenshot({ path: join(SHOTS, "warnings.png") });
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("one tenant's console never shows another's records", async () => {
+  const p = await page();
+  await signIn(p, BETA);
+  await p.locator('tr[data-key="beta-secret"]').waitFor();
+  assert.deepEqual(await p.locator("tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.key)), ["beta-secret"]);
+  assert.equal(await p.locator('[data-stat="total"] .n').innerText(), "1");
+  await p.goto(`${url}/console/#/op/order-stuck`);
+  await p.getByText("No such operation").waitFor();
+  await p.context().close();
+});
+
+test("usable at phone width", async () => {
+  const p = await page({ width: 390, height: 844 });
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  const overflow = await p.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert.ok(overflow <= 0, `no horizontal scrolling (${overflow}px)`);
+  await p.screenshot({ path: join(SHOTS, "phone.png"), fullPage: true });
+  await p.context().close();
+});
