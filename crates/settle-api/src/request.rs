@@ -22,7 +22,13 @@ fn digest(field: &str, s: &str) -> Result<core::Digest, InvalidInput> {
     core::Digest::parse(field, s)
 }
 
+/// SPEC §2: a fence is in [1, 2^53 − 1]; fences start at 1, so 0 is no
+/// fence at all (422, not a `stale_fence` quarantined under fence 0,
+/// which no record may hold: found by schemathesis).
 fn fence(v: u64) -> Result<core::Fence, InvalidInput> {
+    if v == 0 {
+        return Err(InvalidInput::new("fence", "fences start at 1"));
+    }
     check_safe("fence", v).map(core::Fence)
 }
 
@@ -289,7 +295,7 @@ impl From<&core::Claim> for ClaimRequest {
 pub struct HeartbeatRequest {
     /// The fence of the lease to extend.
     #[serde(deserialize_with = "whole")]
-    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
     /// New lease duration from now; default the lease's original `lease_ms`.
     #[serde(
@@ -327,7 +333,7 @@ impl From<&core::Heartbeat> for HeartbeatRequest {
 pub struct DispatchRequest {
     /// The fence of the `execute` lease whose holder is about to write remotely.
     #[serde(deserialize_with = "whole")]
-    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
 }
 
@@ -353,7 +359,7 @@ impl From<&core::Dispatch> for DispatchRequest {
 pub struct SettleRequest {
     /// The fence of the lease the outcome was produced under.
     #[serde(deserialize_with = "whole")]
-    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
     /// Lowercase hex SHA-256 of the effect-defining fields of the executed request.
     #[schema(pattern = "^[0-9a-f]{64}$")]
@@ -424,7 +430,7 @@ impl From<ReleaseReason> for core::ReleaseReason {
 pub struct ReleaseRequest {
     /// The fence of the `execute` lease to release.
     #[serde(deserialize_with = "whole")]
-    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
     /// `not_dispatched` (default) or `not_committed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -480,7 +486,7 @@ impl From<core::FindingKind> for Finding {
 pub struct ReconcileRequest {
     /// The fence of the `reconcile` lease.
     #[serde(deserialize_with = "whole")]
-    #[schema(minimum = 0, maximum = 9_007_199_254_740_991_u64)]
+    #[schema(minimum = 1, maximum = 9_007_199_254_740_991_u64)]
     pub fence: u64,
     /// What the worker found out.
     pub finding: Finding,
@@ -606,3 +612,34 @@ impl From<&core::Warn> for WarnRequest {
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EmptyRequest {}
+
+#[cfg(test)]
+mod fence_tests {
+    use super::*;
+
+    /// SPEC §2: fences start at 1; a fence of 0 is invalid (422) before
+    /// anything is read or written.
+    #[test]
+    fn a_fence_of_zero_is_invalid() {
+        let key = Key::new("k").unwrap();
+        let e = HeartbeatRequest {
+            fence: 0,
+            lease_ms: None,
+        }
+        .into_heartbeat(key.clone())
+        .unwrap_err();
+        assert_eq!(e.field, "fence");
+        assert!(
+            DispatchRequest { fence: 0 }
+                .into_dispatch(key.clone())
+                .is_err()
+        );
+        assert_eq!(
+            DispatchRequest { fence: 1 }
+                .into_dispatch(key)
+                .unwrap()
+                .fence,
+            core::Fence(1)
+        );
+    }
+}

@@ -359,6 +359,11 @@ impl Command {
                 ),
             ));
         }
+        // SPEC §2: fences start at 1; 0 names no lease (and must not be
+        // quarantined as if it did).
+        if self.fence().is_some_and(|f| f.0 == 0) {
+            return Err(InvalidInput::new("fence", "fences start at 1"));
+        }
         if let Command::Reconcile(Reconcile {
             finding: Finding::Committed(c),
             ..

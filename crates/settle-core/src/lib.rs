@@ -23,6 +23,8 @@ pub mod invariants;
 pub mod record;
 pub mod refusal;
 pub mod rules;
+/// Builders for tests (behind the `testkit` feature: not in production builds).
+#[cfg(any(test, feature = "testkit"))]
 pub mod testkit;
 pub mod types;
 pub mod world;
@@ -33,8 +35,7 @@ pub use command::{
 };
 pub use record::{
     Attempt, Call, Ended, FindingKind, Lease, LeaseEnd, Move, Observation, Outcome, OutcomeStatus,
-    PrincipalState, Purpose, QuarantineEntry, Receipt, Record, RecordView, Reservation, Status,
-    Warning,
+    PrincipalState, Purpose, QuarantineEntry, Receipt, Record, Reservation, Status, Warning,
 };
 pub use refusal::RefusalCode;
 pub use rules::{Applied, Ctx, Limits, OpState, Principals, apply, principals_needed, view_at};

@@ -679,75 +679,11 @@ pub struct Warning {
     pub saturated: bool,
 }
 
-/// The `get` view: the record plus derived fields, as the wire shows it.
-#[derive(Serialize)]
-pub struct RecordView<'a> {
-    /// See [`Record::key`].
-    pub key: &'a Key,
-    /// `running` when pending with an open lease, else the canonical status.
-    pub status: &'static str,
-    /// The lattice rank of `status` (SPEC §3).
-    pub rank: u8,
-    /// See [`Record::reservation`].
-    pub reservation: &'a Reservation,
-    /// The current lease, open or ended.
-    pub lease: Option<&'a Lease>,
-    /// See [`Record::outcome`].
-    pub outcome: Option<&'a Outcome>,
-    /// See [`Record::receipt`].
-    pub receipt: Option<&'a Receipt>,
-    /// See [`Record::reconcile_required`].
-    pub reconcile_required: bool,
-    /// See [`Record::disputed`].
-    pub disputed: bool,
-    /// See [`Record::attempts`].
-    pub attempts: &'a [Attempt],
-    /// See [`Record::attempts_total`].
-    pub attempts_total: u32,
-    /// See the `quarantine` field of [`Record`].
-    pub quarantine: &'a [QuarantineEntry],
-    /// See [`Record::quarantine_total`].
-    pub quarantine_total: u64,
-    /// See [`Record::retention_s`].
-    pub retention_s: RetentionS,
-    /// See [`Record::created_at`].
-    pub created_at: Timestamp,
-    /// See [`Record::updated_at`].
-    pub updated_at: Timestamp,
-    /// See [`Record::settled_at`].
-    pub settled_at: Option<Timestamp>,
-    /// When the terminal record may be collected: `settled_at` + `retention_s`.
-    pub expires_at: Option<Timestamp>,
-}
-
 impl Record {
-    /// The inspection view of SPEC §4 `get`.
-    pub fn view(&self) -> RecordView<'_> {
-        let status = if self.status == Status::Pending && self.open_lease().is_some() {
-            "running"
-        } else {
-            self.status.as_str()
-        };
-        RecordView {
-            key: &self.key,
-            status,
-            rank: self.status.rank(),
-            reservation: &self.reservation,
-            lease: self.lease(),
-            outcome: self.outcome.as_ref(),
-            receipt: self.receipt.as_ref(),
-            reconcile_required: self.reconcile_required,
-            disputed: self.disputed,
-            attempts: &self.attempts,
-            attempts_total: self.attempts_total,
-            quarantine: &self.quarantine,
-            quarantine_total: self.quarantine_total,
-            retention_s: self.retention_s,
-            created_at: self.created_at,
-            updated_at: self.updated_at,
-            settled_at: self.settled_at,
-            expires_at: self.expires_at(),
-        }
+    /// Pending with an open lease: what the inspection view calls `running`
+    /// (the same rank as `pending`).
+    pub fn is_running(&self) -> bool {
+        self.status == Status::Pending && self.open_lease().is_some()
     }
 }
 

@@ -64,16 +64,6 @@ impl RefusalCode {
         }
     }
 
-    /// The HTTP status the v1 binding uses for this refusal (SPEC §7).
-    pub fn http_status(self) -> u16 {
-        match self {
-            RefusalCode::NotFound => 404,
-            RefusalCode::RecordRefused => 503,
-            RefusalCode::GenerationExhausted => 422,
-            _ => 409,
-        }
-    }
-
     /// Every refusal code, in declaration order (for exhaustive tests and metrics).
     pub const ALL: [RefusalCode; 12] = [
         RefusalCode::FingerprintMismatch,

@@ -225,45 +225,6 @@ impl<'de> Deserialize<'de> for Digest {
     }
 }
 
-/// A whole number as JSON carries it: an integer, or a float with no
-/// fractional part (JSON Schema counts `7.0` as an integer, and some
-/// clients send it). Binary formats carry the integer.
-pub fn whole_u64<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
-    struct V;
-    impl serde::de::Visitor<'_> for V {
-        type Value = u64;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a non-negative whole number")
-        }
-        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u64, E> {
-            Ok(v)
-        }
-        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u64, E> {
-            u64::try_from(v).map_err(|_| E::custom(format!("{v} is negative")))
-        }
-        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<u64, E> {
-            // 2^64 is exactly representable; everything below it with no
-            // fraction converts without loss of meaning.
-            if v.fract() == 0.0 && (0.0..18_446_744_073_709_551_616.0).contains(&v) {
-                Ok(v as u64)
-            } else {
-                Err(E::custom(format!("{v} is not a non-negative whole number")))
-            }
-        }
-    }
-    d.deserialize_u64(V)
-}
-
-/// [`whole_u64`] as a type, for `try_from`/`from` conversions.
-#[derive(Clone, Copy, Debug)]
-pub struct Whole(pub u64);
-
-impl<'de> Deserialize<'de> for Whole {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Whole, D::Error> {
-        whole_u64(d).map(Whole)
-    }
-}
-
 /// The set of scopes of a binding: sorted, de-duplicated, at most 64.
 #[derive(Clone, PartialEq, Eq, Hash, Default)]
 pub struct Scopes(Arc<[Scope]>);
@@ -337,13 +298,12 @@ pub struct Binding {
     pub scopes: Scopes,
     /// The principal generation the caller authenticated under, in [0, 2^53 − 1]
     /// at the API (SPEC §2). Only moves up on the reservation (claim rule 4).
-    #[serde(deserialize_with = "whole_u64")]
     pub generation: u64,
 }
 
 /// A lease duration in milliseconds, within [100, 3 600 000].
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-#[serde(try_from = "Whole", into = "u64")]
+#[serde(try_from = "u64", into = "u64")]
 pub struct LeaseMs(u32);
 
 impl LeaseMs {
@@ -368,12 +328,6 @@ impl LeaseMs {
         self.0 as u64
     }
 }
-impl TryFrom<Whole> for LeaseMs {
-    type Error = InvalidInput;
-    fn try_from(v: Whole) -> Result<Self, InvalidInput> {
-        LeaseMs::new(v.0)
-    }
-}
 impl TryFrom<u64> for LeaseMs {
     type Error = InvalidInput;
     fn try_from(v: u64) -> Result<Self, InvalidInput> {
@@ -393,7 +347,7 @@ impl Default for LeaseMs {
 
 /// How long a terminal record is kept after settlement, in seconds, within [1, 31 536 000].
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Serialize, Deserialize)]
-#[serde(try_from = "Whole", into = "u64")]
+#[serde(try_from = "u64", into = "u64")]
 pub struct RetentionS(u32);
 
 impl RetentionS {
@@ -416,12 +370,6 @@ impl RetentionS {
     /// The retention in seconds.
     pub fn get(self) -> u64 {
         self.0 as u64
-    }
-}
-impl TryFrom<Whole> for RetentionS {
-    type Error = InvalidInput;
-    fn try_from(v: Whole) -> Result<Self, InvalidInput> {
-        RetentionS::new(v.0)
     }
 }
 impl TryFrom<u64> for RetentionS {
@@ -746,8 +694,8 @@ impl<'de> Deserialize<'de> for ResultJson {
 
 /// Milliseconds since the Unix epoch, from the store's clock.
 ///
-/// Human-readable formats (JSON) carry RFC 3339 with milliseconds; binary
-/// formats carry the integer.
+/// Serialized as the integer (the stored formats); the wire's RFC 3339
+/// text is `settle-api`'s business. `Display` shows RFC 3339 for logs.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct Timestamp(pub u64);
 
@@ -800,34 +748,24 @@ impl fmt::Display for Timestamp {
 
 impl Serialize for Timestamp {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        if s.is_human_readable() {
-            s.serialize_str(&self.to_rfc3339())
-        } else {
-            s.serialize_u64(self.0)
-        }
+        s.serialize_u64(self.0)
     }
 }
 
 impl<'de> Deserialize<'de> for Timestamp {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Timestamp, D::Error> {
-        if d.is_human_readable() {
-            let s = String::deserialize(d)?;
-            let t = humantime::parse_rfc3339(&s).map_err(serde::de::Error::custom)?;
-            Ok(Timestamp::from_system_time(t))
-        } else {
-            Ok(Timestamp(u64::deserialize(d)?))
-        }
+        Ok(Timestamp(u64::deserialize(d)?))
     }
 }
 
 /// A fencing token: strictly increasing across the whole store, never reused.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Serialize, Deserialize)]
-#[serde(from = "Whole", into = "u64")]
+#[serde(from = "u64", into = "u64")]
 pub struct Fence(pub u64);
 
-impl From<Whole> for Fence {
-    fn from(v: Whole) -> Fence {
-        Fence(v.0)
+impl From<u64> for Fence {
+    fn from(v: u64) -> Fence {
+        Fence(v)
     }
 }
 impl From<Fence> for u64 {
@@ -911,24 +849,6 @@ mod tests {
     }
 
     #[test]
-    fn whole_numbers_may_arrive_as_integral_floats() {
-        assert_eq!(serde_json::from_str::<Fence>("7.0").unwrap(), Fence(7));
-        assert_eq!(serde_json::from_str::<Fence>("7").unwrap(), Fence(7));
-        assert!(serde_json::from_str::<Fence>("7.5").is_err());
-        assert!(serde_json::from_str::<Fence>("-1").is_err());
-        assert_eq!(
-            serde_json::from_str::<LeaseMs>("1000.0").unwrap().get(),
-            1000
-        );
-        assert!(serde_json::from_str::<LeaseMs>("99.0").is_err());
-        let b: Binding = serde_json::from_str(r#"{"principal":"p","generation":3.0}"#).unwrap();
-        assert_eq!(b.generation, 3);
-        // Binary formats still carry plain integers.
-        let bytes = postcard::to_allocvec(&Fence(9)).unwrap();
-        assert_eq!(postcard::from_bytes::<Fence>(&bytes).unwrap(), Fence(9));
-    }
-
-    #[test]
     fn results_keep_their_key_order() {
         let r: ResultJson =
             serde_json::from_str(r#"{"z": 1, "a": [2, {"y": 3, "b": 4}]}"#).unwrap();
@@ -936,10 +856,14 @@ mod tests {
     }
 
     #[test]
-    fn timestamps_render_rfc3339() {
+    fn timestamps_display_rfc3339_and_serialize_as_millis() {
         let t = Timestamp(1_700_000_000_123);
-        let s = serde_json::to_string(&t).unwrap();
-        assert_eq!(s, "\"2023-11-14T22:13:20.123Z\"");
-        assert_eq!(serde_json::from_str::<Timestamp>(&s).unwrap(), t);
+        assert_eq!(t.to_string(), "2023-11-14T22:13:20.123Z");
+        // One form for every serializer (the wire's text is settle-api's).
+        assert_eq!(serde_json::to_string(&t).unwrap(), "1700000000123");
+        assert_eq!(
+            serde_json::from_str::<Timestamp>("1700000000123").unwrap(),
+            t
+        );
     }
 }

@@ -314,3 +314,47 @@ fn a_claim_at_the_same_generation_changes_nothing_while_a_lease_is_live() {
     assert!(!a.changed, "an in_flight answer writes nothing");
     assert_eq!(h.rec("a"), before);
 }
+
+// ------------------------------------------------------------------ fences
+
+/// SPEC §2: fences start at 1. A call under fence 0 is invalid and changes
+/// nothing (found by schemathesis: it was quarantined under fence 0).
+#[test]
+fn a_call_under_fence_zero_is_invalid_and_changes_nothing() {
+    let mut h = H::new();
+    h.exec(claim("a", 1, binding("alice", 0)));
+    let before = h.rec("a");
+    for cmd in [
+        settle("a", Fence(0), 1, binding("alice", 0), unknown()),
+        heartbeat("a", Fence(0), None),
+        dispatch("a", Fence(0)),
+        release("a", Fence(0)),
+        reconcile("a", Fence(0), Finding::Unavailable),
+    ] {
+        let r = h.run(cmd.clone());
+        assert!(
+            matches!(r, Reply::Invalid(ref e) if e.field == "fence"),
+            "{cmd:?}: {r:?}"
+        );
+    }
+    assert_eq!(h.rec("a"), before);
+}
+
+// ---------------------------------------------------------- PrincipalState
+
+#[test]
+fn a_principal_state_keeps_when_it_last_moved() {
+    let t = Timestamp(T0);
+    let st = PrincipalState::at(3, t);
+    assert_eq!((st.generation, st.moved_at), (3, t));
+    assert!(st.moves().is_empty());
+    let m = Move {
+        left: 2,
+        at: Timestamp(T0 - 5),
+    };
+    let st = PrincipalState::with_moves(3, t, &[m]);
+    assert_eq!((st.generation, st.moved_at), (3, t));
+    assert_eq!(st.moves(), &[m]);
+    // Revocation of generation 2 counts from its move, not from the latest.
+    assert_eq!(st.left_at(2), Some(Timestamp(T0 - 5)));
+}

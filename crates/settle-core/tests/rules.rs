@@ -40,7 +40,7 @@ fn claim_rule2_creates_reservation_and_grants_execute_atomically() {
         h.w.generation(&h.tenant, &Principal::new("alice").unwrap()),
         2
     );
-    assert_eq!(rec.view().status, "running");
+    assert!(rec.is_running());
 }
 
 #[test]
@@ -1177,14 +1177,9 @@ fn settle_unknown_keeps_error_and_digest_on_the_attempt() {
     let rec = h.rec("a");
     assert_eq!(rec.attempts[0].receipt.as_ref(), Some(&rc));
     assert_eq!(rec.attempts[0].error.as_ref(), Some(&error));
-    let view = serde_json::to_value(rec.view()).unwrap();
     assert_eq!(
-        view["attempts"][0]["error"],
-        "upstream timed out\nafter 30 s"
-    );
-    assert_eq!(
-        view["attempts"][0]["receipt"]["response_sha256"],
-        fp(9).to_hex()
+        rec.attempts[0].receipt.as_ref().unwrap().response_sha256,
+        Some(fp(9))
     );
 }
 

@@ -1,7 +1,7 @@
 //! # settle-ledger
 //!
 //! The [`Ledger`] API over the [`Store`] trait, the in-memory [`MemStore`],
-//! and the [`conformance`] suite every engine must pass.
+//! and the `conformance` suite every engine must pass (feature `conformance`).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -42,6 +42,9 @@
 //! ```
 
 pub mod bench;
+/// The engine conformance suite (behind the `conformance` feature: not in
+/// production builds).
+#[cfg(feature = "conformance")]
 pub mod conformance;
 pub mod inspect;
 mod ledger;

@@ -125,86 +125,55 @@ impl FileConfig {
     }
 }
 
-/// `settle serve` flags; each also reads its `SETTLE_*` variable.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct ServeArgs {
+/// The settings as given (flags and `SETTLE_*` variables in the binary):
+/// every one optional, applied over the config file and the defaults.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
     /// Directory of the embedded store.
-    #[arg(long, env = "SETTLE_DATA", value_name = "DIR")]
     pub data: Option<PathBuf>,
     /// Address to listen on; port 0 picks a free port (the bound address is printed).
-    #[arg(long, env = "SETTLE_LISTEN", value_name = "ADDR")]
     pub listen: Option<String>,
     /// TOML config file.
-    #[arg(long, env = "SETTLE_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// PostgreSQL URL instead of --data (postgres://USER@HOST:PORT/DB).
-    #[arg(long, env = "SETTLE_STORE", value_name = "URL")]
     pub store: Option<String>,
     /// A tenant as NAME=SHA256-OF-TOKEN (repeatable; added to the file's `[[tenants]]`).
-    #[arg(
-        long = "tenant",
-        env = "SETTLE_TENANTS",
-        value_delimiter = ',',
-        value_name = "NAME=SHA256"
-    )]
     pub tenants: Vec<String>,
     /// A settlement needs at least this much lease left [default: 100].
-    #[arg(long, env = "SETTLE_LEASE_MARGIN_MS")]
     pub lease_margin_ms: Option<u64>,
     /// Larger request bodies get 413 [default: 1048576].
-    #[arg(long, env = "SETTLE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
     /// A batch (`POST /v1/batch`) with more calls gets 422 [default: 1000].
-    #[arg(long, env = "SETTLE_MAX_BATCH_CALLS")]
     pub max_batch_calls: Option<usize>,
     /// Larger batch bodies get 413 [default: 16777216].
-    #[arg(long, env = "SETTLE_MAX_BATCH_BODY_BYTES")]
     pub max_batch_body_bytes: Option<usize>,
     /// Larger outcome results get 422 [default: 65536].
-    #[arg(long, env = "SETTLE_MAX_RESULT_BYTES")]
     pub max_result_bytes: Option<usize>,
     /// Warning counts saturate here [default: 1000].
-    #[arg(long, env = "SETTLE_WARNING_CAP")]
     pub warning_cap: Option<u64>,
     /// An open record without a live lease, untouched this long, is stuck [default: 3600].
-    #[arg(long, env = "SETTLE_STUCK_AFTER_S")]
     pub stuck_after_s: Option<u64>,
     /// How often lapsed leases are ended and expired records collected [default: 1000].
-    #[arg(long, env = "SETTLE_SWEEP_INTERVAL_MS")]
     pub sweep_interval_ms: Option<u64>,
     /// `retention_s` of a claim that does not give one [default: 86400].
-    #[arg(long, env = "SETTLE_DEFAULT_RETENTION_S")]
     pub default_retention_s: Option<u64>,
     /// Slow-client limit: time to send the request head, and then the body [default: 10000].
-    #[arg(long, env = "SETTLE_REQUEST_TIMEOUT_MS")]
     pub request_timeout_ms: Option<u64>,
     /// Commands waiting for the store's writer (embedded) or group commit
     /// (PostgreSQL) beyond this answer 503 with Retry-After [default: 65536 embedded, 4096 PostgreSQL].
-    #[arg(long, env = "SETTLE_MAX_QUEUE")]
     pub max_queue: Option<usize>,
     /// Size of each preallocated log segment of the embedded store; a new
     /// store takes about twice this on disk [default: 67108864].
-    #[arg(long, env = "SETTLE_SEGMENT_BYTES")]
     pub segment_bytes: Option<u64>,
     /// PostgreSQL: server-side statement_timeout per transaction [default: 10000].
-    #[arg(long, env = "SETTLE_PG_STATEMENT_TIMEOUT_MS")]
     pub pg_statement_timeout_ms: Option<u64>,
     /// PostgreSQL: lock_timeout for row and principal locks [default: 5000].
-    #[arg(long, env = "SETTLE_PG_LOCK_TIMEOUT_MS")]
     pub pg_lock_timeout_ms: Option<u64>,
     /// PostgreSQL: idle_in_transaction_session_timeout [default: 5000].
-    #[arg(long, env = "SETTLE_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS")]
     pub pg_idle_in_transaction_timeout_ms: Option<u64>,
     /// PostgreSQL: client-side deadline for each round trip [default: 15000].
-    #[arg(long, env = "SETTLE_PG_CLIENT_TIMEOUT_MS")]
     pub pg_client_timeout_ms: Option<u64>,
     /// Testing only: moves the store's clock by this many milliseconds.
-    #[arg(
-        long,
-        env = "SETTLE_CLOCK_SKEW_MS",
-        hide = true,
-        allow_hyphen_values = true
-    )]
     pub clock_skew_ms: Option<i64>,
 }
 
@@ -306,7 +275,7 @@ impl Config {
     }
 
     /// Reads the file named by `--config` (if any) and applies flags and variables over it.
-    pub fn from_args(args: &ServeArgs) -> Result<Config, ConfigError> {
+    pub fn from_settings(args: &Settings) -> Result<Config, ConfigError> {
         let file = match &args.config {
             Some(p) => FileConfig::load(p)?,
             None => FileConfig::default(),
@@ -315,9 +284,9 @@ impl Config {
     }
 
     /// Flags and variables win over the file; the file wins over defaults.
-    // A table of settings, one block each (it moves with clap to the binary).
+    // A table of settings, one block each.
     #[allow(clippy::too_many_lines)]
-    pub fn merge(file: FileConfig, args: &ServeArgs) -> Result<Config, ConfigError> {
+    pub fn merge(file: FileConfig, args: &Settings) -> Result<Config, ConfigError> {
         let listen_s = args
             .listen
             .clone()
@@ -519,8 +488,8 @@ impl Config {
 mod tests {
     use super::*;
 
-    fn args() -> ServeArgs {
-        ServeArgs::default()
+    fn args() -> Settings {
+        Settings::default()
     }
 
     #[test]

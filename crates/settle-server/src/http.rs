@@ -167,7 +167,12 @@ pub(crate) enum Route {
 /// The reply does not fit the command: a bug, answered 503 (never 500).
 fn unexpected(call: &str, reply: &Reply) -> Problem {
     let correlation_id = crate::problem::correlation_id();
-    error!(call, %correlation_id, ?reply, "the rules answered with an unexpected reply");
+    error!(
+        call,
+        %correlation_id,
+        reply = reply.label(),
+        "the rules answered with an unexpected reply"
+    );
     let mut p = Problem::unavailable(format!(
         "internal error (the server log has it under correlation_id {correlation_id})"
     ));
@@ -180,7 +185,7 @@ fn unexpected(call: &str, reply: &Reply) -> Problem {
 pub(crate) fn store_error(call: &'static str, key: Option<&Key>, e: &StoreError) -> Problem {
     metrics::counter!(m::STORE_ERRORS, "call" => call).increment(1);
     let correlation_id = crate::problem::correlation_id();
-    error!(call, key = ?key, %correlation_id, error = %e, "store failure");
+    error!(call, key = key.map(tracing::field::display), %correlation_id, error = %e, "store failure");
     Problem::store_failure(e, correlation_id)
 }
 
@@ -278,7 +283,12 @@ impl AppState {
         let reply = match result {
             Ok(r) => r,
             Err(e) => {
-                debug!(call, key = ?key, fence = ?fence, "store failure");
+                debug!(
+                    call,
+                    key = key.as_ref().map(tracing::field::display),
+                    fence = fence.map(tracing::field::display),
+                    "store failure"
+                );
                 return Err(store_error(call, key.as_ref(), &e));
             }
         };
@@ -288,13 +298,30 @@ impl AppState {
             && reply.quarantined(ev)
         {
             metrics::counter!(m::QUARANTINED, "call" => call).increment(1);
-            warn!(call, key = ?key, fence = ?fence, code = decision, "evidence quarantined");
+            warn!(
+                call,
+                key = key.as_ref().map(tracing::field::display),
+                fence = fence.map(tracing::field::display),
+                code = decision,
+                "evidence quarantined"
+            );
         }
         if matches!(reply, Reply::Refused(RefusalCode::ResultMismatch)) {
             metrics::counter!(m::DISPUTED).increment(1);
-            warn!(call, key = ?key, fence = ?fence, "disputed: terminal results disagree");
+            warn!(
+                call,
+                key = key.as_ref().map(tracing::field::display),
+                fence = fence.map(tracing::field::display),
+                "disputed: terminal results disagree"
+            );
         }
-        debug!(call, key = ?key, fence = ?fence, decision, "ledger call");
+        debug!(
+            call,
+            key = key.as_ref().map(tracing::field::display),
+            fence = fence.map(tracing::field::display),
+            decision,
+            "ledger call"
+        );
         match reply {
             Reply::Refused(code) => Err(Problem::refusal(code)),
             // An argument rule of the store's limits (e.g. lease_ms not

@@ -5,8 +5,9 @@
 //! a background sweep and graceful shutdown. The handlers only translate
 //! between the wire and the core's commands; the rules decide everything.
 //!
-//! `settle serve` is [`serve_main`]. Decisions the spec leaves open are
-//! written down in `docs/http-api.md`.
+//! The server needs only the `Store` trait: the `settle` binary picks and
+//! opens the engine, reads flags into [`Settings`], and calls [`run`].
+//! Decisions the spec leaves open are written down in `docs/http-api.md`.
 
 pub mod auth;
 pub mod batch;
@@ -19,6 +20,6 @@ pub mod problem;
 pub mod serve;
 pub mod wire;
 
-pub use config::{Config, ConfigError, ServeArgs};
+pub use config::{Config, ConfigError, Settings};
 pub use http::{AppState, router};
-pub use serve::{OpenedStore, ServeError, open_store, run, serve_main, shutdown_signal};
+pub use serve::{OpenedStore, log_auth, run, shutdown_signal};

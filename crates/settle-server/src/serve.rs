@@ -1,4 +1,6 @@
-//! Opening the store, the accept loop, the sweep, graceful shutdown.
+//! The accept loop, the sweep, graceful shutdown. The store arrives open
+//! (the binary picks and opens the engine); this module only needs the
+//! `Store` trait.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -9,38 +11,13 @@ use std::time::Duration;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use settle_embedded::{EmbeddedOptions, EmbeddedStore};
-use settle_ledger::{Clock, Store, StoreError};
+use settle_ledger::Store;
 use tokio::net::TcpListener;
 use tower::Service;
 use tracing::{error, info, warn};
 
-use crate::config::{Config, ConfigError, ServeArgs, StoreConfig};
+use crate::config::{AuthConfig, Config};
 use crate::http::{AppState, router};
-
-/// Why `settle serve` stopped or did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum ServeError {
-    /// The settings are invalid.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// The listen address cannot be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Bind {
-        /// The address.
-        addr: SocketAddr,
-        /// Why binding failed.
-        source: std::io::Error,
-    },
-    /// The store could not be opened.
-    #[error("cannot open the store: {0}")]
-    Store(#[from] StoreError),
-    #[error(
-        "store {0:?} is not supported: use --data DIR for the embedded store or --store postgres://... for PostgreSQL"
-    )]
-    /// The `--store` URL names no supported store.
-    UnsupportedStore(String),
-}
 
 /// An open store and how to close it gracefully (the `Store` trait has no close).
 pub struct OpenedStore {
@@ -63,72 +40,21 @@ impl OpenedStore {
     }
 }
 
-fn embedded_options(t: &crate::config::Tuning) -> EmbeddedOptions {
-    let d = EmbeddedOptions::default();
-    EmbeddedOptions {
-        max_queue: t.max_queue.unwrap_or(d.max_queue),
-        segment_bytes: t.segment_bytes.unwrap_or(d.segment_bytes),
-        ..d
-    }
-}
-
-fn pg_options(t: &crate::config::Tuning) -> settle_pg::PgOptions {
-    let d = settle_pg::PgOptions::default();
-    let ms = |v: Option<u64>, default: std::time::Duration| {
-        v.map_or(default, std::time::Duration::from_millis)
-    };
-    settle_pg::PgOptions {
-        group_commit_queue: t.max_queue.unwrap_or(d.group_commit_queue),
-        statement_timeout: ms(t.pg_statement_timeout_ms, d.statement_timeout),
-        lock_timeout: ms(t.pg_lock_timeout_ms, d.lock_timeout),
-        idle_in_transaction_timeout: ms(
-            t.pg_idle_in_transaction_timeout_ms,
-            d.idle_in_transaction_timeout,
+/// The start-up line about authentication: on, and for how many tenants,
+/// or a warning that it is off (only allowed on a loopback address).
+pub fn log_auth(config: &Config, addr: SocketAddr) {
+    match &config.auth {
+        AuthConfig::Off => warn!(
+            "AUTHENTICATION IS OFF: no [[tenants]] are configured, so every caller on this \
+             machine is tenant `default`. This is only allowed on a loopback address ({addr}). \
+             Configure [[tenants]] before exposing the server."
         ),
-        client_timeout: ms(t.pg_client_timeout_ms, d.client_timeout),
-        ..d
-    }
-}
-
-/// The one place that turns configuration into a store: `--data DIR` is
-/// the embedded store, `--store postgres://…` the PostgreSQL store.
-pub async fn open_store(config: &Config) -> Result<OpenedStore, ServeError> {
-    match &config.store {
-        StoreConfig::Embedded(dir) => {
-            let store = EmbeddedStore::open(
-                dir,
-                EmbeddedOptions {
-                    limits: config.limits(),
-                    clock: {
-                        let clock = Clock::system();
-                        clock.advance(config.clock_skew_ms);
-                        clock
-                    },
-                    ..embedded_options(&config.tuning)
-                },
-            )?;
-            let closer = store.clone();
-            Ok(OpenedStore::new(store, move || closer.close()))
-        }
-        StoreConfig::Url(url)
-            if url.starts_with("postgres://") || url.starts_with("postgresql://") =>
-        {
-            let clock = Clock::system();
-            clock.advance(config.clock_skew_ms);
-            let store = settle_pg::PgStore::connect(
-                url,
-                settle_pg::PgOptions {
-                    limits: config.limits(),
-                    clock,
-                    application_name: format!("settle serve {}", config.listen),
-                    ..pg_options(&config.tuning)
-                },
-            )
-            .await?;
-            let closer = store.clone();
-            Ok(OpenedStore::new(Arc::new(store), move || closer.close()))
-        }
-        StoreConfig::Url(url) => Err(ServeError::UnsupportedStore(url.clone())),
+        AuthConfig::Tenants(t) => info!(
+            tenants = t.len(),
+            "authentication is on: bearer tokens of {} tenant{}",
+            t.len(),
+            if t.len() == 1 { "" } else { "s" }
+        ),
     }
 }
 
@@ -224,57 +150,6 @@ async fn sweep_loop(
             h.run_upkeep();
         }
     }
-}
-
-/// Logs to stderr; `SETTLE_LOG` (or `RUST_LOG`) sets the filter, default `info`.
-pub fn init_tracing() {
-    let filter = std::env::var("SETTLE_LOG")
-        .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".to_string());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
-}
-
-/// `settle serve`: reads the settings, opens the store, prints
-/// `listening on ADDR` on stdout (tests and scripts read it), serves until
-/// SIGTERM or ctrl-c.
-pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
-    init_tracing();
-    let config = Config::from_args(&args)?;
-    let listener = TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: config.listen,
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
-        addr: config.listen,
-        source,
-    })?;
-    if matches!(config.auth, crate::config::AuthConfig::Off) {
-        warn!(
-            "AUTHENTICATION IS OFF: no [[tenants]] are configured, so every caller on this \
-             machine is tenant `default`. This is only allowed on a loopback address ({addr}). \
-             Configure [[tenants]] before exposing the server."
-        );
-    }
-    let opened = open_store(&config).await?;
-    match &config.store {
-        StoreConfig::Embedded(dir) => info!(data = %dir.display(), "embedded store open"),
-        StoreConfig::Url(_) => info!("store open"),
-    }
-    {
-        use std::io::Write;
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "listening on {addr}");
-        let _ = out.flush();
-    }
-    info!(%addr, "listening");
-    run(config, opened, listener, shutdown_signal()).await;
-    Ok(())
 }
 
 /// SIGTERM or ctrl-c.

@@ -551,14 +551,19 @@ async fn fences_and_generations_are_documented_as_safe_integers() {
         }
     }
     assert!(n >= 14, "only {n} fences and generations found");
-    for (name, field) in [
-        ("DispatchRequest", "fence"),
-        ("HeartbeatRequest", "fence"),
-        ("Binding", "generation"),
+    // SPEC §2: fences start at 1 (requests too: fence 0 is a 422),
+    // generations at 0.
+    for (name, field, min) in [
+        ("DispatchRequest", "fence", 1),
+        ("HeartbeatRequest", "fence", 1),
+        ("SettleRequest", "fence", 1),
+        ("ReleaseRequest", "fence", 1),
+        ("ReconcileRequest", "fence", 1),
+        ("Binding", "generation", 0),
     ] {
         assert_eq!(
-            doc["components"]["schemas"][name]["properties"][field]["minimum"],
-            0
+            doc["components"]["schemas"][name]["properties"][field]["minimum"], min,
+            "{name}.{field}"
         );
     }
 }

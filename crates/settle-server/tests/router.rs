@@ -294,6 +294,9 @@ async fn storage_error_text_stays_in_the_log_under_a_correlation_id() {
             .find(|l| l.contains(id))
             .unwrap_or_else(|| panic!("no log line for {id} in {logged}"));
         assert!(line.contains("payroll-2024-secret"), "{line}");
+        // Plain values, not Rust debug text (`key=Some(Key("k"))`).
+        assert!(line.contains(" key=k "), "{line}");
+        assert!(!line.contains("Some("), "{line}");
     }
     // Two failures, two ids.
     let (_, a) = call(&app, "GET", "/v1/operations/k", "").await;

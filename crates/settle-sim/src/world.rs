@@ -154,9 +154,6 @@ pub struct World {
     pub history: Vec<Line>,
     /// Per-seed knobs (probabilities in per mille).
     pub knobs: Knobs,
-    /// Whether a fault's effect on the store is still to be observed
-    /// (an armed fsync error or power cut).
-    armed: bool,
     restart_failures: u32,
     /// The latest store clock reading so far (ms).
     clock_high: u64,
@@ -223,7 +220,6 @@ impl World {
             tally: Tally::default(),
             history: Vec::new(),
             knobs,
-            armed: false,
             restart_failures: 0,
             clock_high: 0,
             restarted_behind: false,
@@ -388,6 +384,7 @@ impl World {
     fn ledger_call(&mut self, w: usize, call: u64, cmd: Command) {
         let key = self.workers[w].key;
         let name = cmd.name();
+        let poisoned_before = self.engine.is_poisoned();
         let Ok(res) = self.engine.execute(&self.tenant, cmd.clone()) else {
             self.log(Some(key), format!("w{w} {name} lost: the store is down"));
             return;
@@ -405,6 +402,10 @@ impl World {
             }
         };
         self.log(Some(key), format!("w{w} {name} -> {}", describe(&reply)));
+        if poisoned_before && reply.is_ok() {
+            let detail = format!("{name} answered by a store that failed closed");
+            self.check.fail(Some(key), "fail-closed", detail);
+        }
         self.on_ledger_answer(w, &cmd, &reply);
         self.after_store_call();
         self.observe(key);
@@ -414,13 +415,6 @@ impl World {
     /// Checks what the ledger answered (before the network sees it).
     fn on_ledger_answer(&mut self, w: usize, cmd: &Command, reply: &Result<Reply, String>) {
         let (key, fp) = (self.workers[w].key, self.workers[w].spec.fingerprint);
-        if self.armed && reply.is_ok() && self.engine.is_poisoned() {
-            self.check.fail(
-                Some(key),
-                "fail-closed",
-                format!("{} answered after a failed sync", cmd.name()),
-            );
-        }
         match reply {
             Ok(Reply::Claim(d)) if matches!(cmd, Command::Claim(_)) => {
                 self.check.on_grant(key, d);
@@ -456,7 +450,6 @@ impl World {
                 format!("power lost during a sync ({mode:?}); the store is down"),
             );
             self.engine.crash(mode);
-            self.armed = false;
             let d = self.between(100, 3_000);
             self.at(self.now + d, Ev::Restart);
         } else if self.engine.is_poisoned() {
@@ -467,7 +460,6 @@ impl World {
                     .fail(None, "fail-closed", "a poisoned store reports ready");
             }
             self.engine.stop();
-            self.armed = false;
             let d = self.between(50, 1_000);
             self.at(self.now + d, Ev::Restart);
         }
@@ -548,19 +540,16 @@ impl World {
                     None,
                     format!("log before the crash: [{before}], after: [{after}]"),
                 );
-                self.armed = false;
                 let d = self.between(100, 3_000);
                 self.at(self.now + d, Ev::Restart);
             }
             Fault::PowerCutDuringSync(n) => {
                 self.tally.fault("power_cut_during_sync");
                 self.engine.cut_power_after(n);
-                self.armed = true;
             }
             Fault::FsyncError => {
                 self.tally.fault("fsync_error");
                 self.engine.fail_next_sync();
-                self.armed = true;
             }
             Fault::IndexPersistError => {
                 self.tally.fault("index_persist_error");

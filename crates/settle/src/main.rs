@@ -10,13 +10,13 @@ mod bench;
 mod exit;
 mod inspect;
 mod remote;
+mod serve;
 #[cfg(feature = "sim")]
 mod sim;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use settle_server::ServeArgs;
 
 use crate::exit::Failure;
 
@@ -37,7 +37,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the HTTP server (docs/spec.md §7).
-    Serve(ServeArgs),
+    Serve(serve::ServeArgs),
     /// Reserve a key and ask for permission to execute.
     Claim(remote::ClaimArgs),
     /// Extend a lease.
@@ -116,12 +116,9 @@ async fn run(cmd: Cmd) -> Result<(), Failure> {
     }
 }
 
-/// `settle serve`: the hook where the binary's serve module (engine
-/// selection, the serve entry point) plugs in.
-async fn serve(args: ServeArgs) -> Result<(), Failure> {
-    settle_server::serve_main(args)
-        .await
-        .map_err(Failure::local)
+/// `settle serve` (engine selection and logging live in `serve.rs`).
+async fn serve(args: serve::ServeArgs) -> Result<(), Failure> {
+    serve::serve_main(args).await.map_err(Failure::local)
 }
 
 #[cfg(test)]
@@ -143,5 +140,26 @@ mod tests {
             }
         }
         assert!(bare.is_empty(), "no help text: {bare:?}");
+    }
+
+    /// `settle serve --help` shows the default of every setting.
+    #[test]
+    fn serve_help_shows_every_default() {
+        let mut cli = super::Cli::command();
+        let serve = cli.find_subcommand_mut("serve").unwrap();
+        let help = serve.render_long_help().to_string();
+        let mut missing = Vec::new();
+        for arg in serve.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || arg.is_hide_set() {
+                continue;
+            }
+            let text = arg.get_long_help().or(arg.get_help()).unwrap().to_string();
+            if !text.contains("[default:") {
+                missing.push(id.to_string());
+            }
+        }
+        assert!(missing.is_empty(), "no default shown: {missing:?}\n{help}");
+        assert!(help.contains("[default: 127.0.0.1:7411]"), "{help}");
     }
 }

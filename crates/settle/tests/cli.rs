@@ -216,3 +216,55 @@ async fn bench_on_postgres_compares_with_the_raw_protocol() {
         "{err}"
     );
 }
+
+/// The start-up log says whether authentication is on, and for how many
+/// tenants; with none configured it warns that it is off.
+#[test]
+fn the_start_up_log_says_whether_authentication_is_on() {
+    use std::io::{BufRead, BufReader, Read};
+    use std::process::Stdio;
+    let start = |tenants: &[String]| {
+        let dir = TempDir::new("cli-auth-log");
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--data"])
+            .arg(dir.path())
+            .env_remove("SETTLE_TENANTS")
+            .env_remove("SETTLE_CONFIG")
+            .env("SETTLE_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for t in tenants {
+            cmd.args(["--tenant", t]);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.starts_with("listening on "), "{line:?}");
+        // The line is logged before `listening on` is printed.
+        child.kill().unwrap();
+        child.wait().unwrap();
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        err
+    };
+    let two = [
+        format!("acme={}", token_sha256("tok-a")),
+        format!("beta={}", token_sha256("tok-b")),
+    ];
+    let err = start(&two);
+    assert!(
+        err.contains("authentication is on: bearer tokens of 2 tenants"),
+        "{err}"
+    );
+    assert!(!err.contains("AUTHENTICATION IS OFF"), "{err}");
+    let err = start(&[]);
+    assert!(err.contains("AUTHENTICATION IS OFF"), "{err}");
+}

@@ -111,8 +111,18 @@ impl Ledgers {
 async fn serve(dir: PathBuf) -> (Client, tokio::sync::oneshot::Sender<()>, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();
-    let config = settle_server::Config::local(addr, dir);
-    let opened = settle_server::open_store(&config).await.unwrap();
+    let config = settle_server::Config::local(addr, dir.clone());
+    // The binary picks the engine; here it is the embedded store.
+    let store = settle_embedded::EmbeddedStore::open(
+        &dir,
+        settle_embedded::EmbeddedOptions {
+            limits: config.limits(),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let closer = store.clone();
+    let opened = settle_server::OpenedStore::new(store, move || closer.close());
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(settle_server::run(config, opened, listener, async {
         let _ = rx.await;

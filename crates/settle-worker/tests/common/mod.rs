@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use settle_core::{Command, Principal, Reply, Revoke};
 use settle_ledger::{BoxFuture, Ledger, MemStore};
-use settle_server::{Config, open_store, run};
+use settle_server::{Config, OpenedStore, run};
 use settle_worker::{LedgerTransport, Transport, TransportError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -38,7 +38,17 @@ impl TestLedger {
             .expect("bind an ephemeral port");
         let addr = listener.local_addr().unwrap();
         let config = Config::local(addr, dir.path().to_path_buf());
-        let opened = open_store(&config).await.expect("open the embedded store");
+        // The binary picks the engine; here it is the embedded store.
+        let store = settle_embedded::EmbeddedStore::open(
+            dir.path(),
+            settle_embedded::EmbeddedOptions {
+                limits: config.limits(),
+                ..Default::default()
+            },
+        )
+        .expect("open the embedded store");
+        let closer = store.clone();
+        let opened = OpenedStore::new(store, move || closer.close());
         let (stop, stopped) = oneshot::channel::<()>();
         let handle = tokio::spawn(run(config, opened, listener, async {
             let _ = stopped.await;

@@ -60,6 +60,11 @@ pub struct BenchArgs {
     /// time the reopen.
     #[arg(long, value_name = "N", requires = "data")]
     records: Option<u64>,
+    /// With --data: while the pairs run, one client pages through every
+    /// record of the tenant (GET /v1/operations' listing, 1000 per page,
+    /// starting over at the end), to measure what listing costs the pairs.
+    #[arg(long, requires = "data")]
+    page_through: bool,
     #[command(flatten)]
     pg: PgBenchArgs,
     /// One JSON object per run, one per line.
@@ -153,6 +158,8 @@ async fn once(
         ));
     };
     let store = open_embedded(dir)?;
+    let pager = a.page_through.then(|| Pager::start(store.clone()));
+    let cpu_before = process_cpu_s();
     let result = settle_ledger::bench::run_store(
         store.clone(),
         settle_core::TenantId::default_tenant(),
@@ -162,8 +169,82 @@ async fn once(
         progress,
     )
     .await;
+    let cpu = process_cpu_s().zip(cpu_before).map(|(a, b)| a - b);
+    let paged = match pager {
+        Some(p) => Some(p.stop().await?),
+        None => None,
+    };
     store.close();
-    Ok(("in_process", result.map_err(Failure::local)?, 0))
+    let stats = result.map_err(Failure::local)?;
+    if let Some(cpu) = cpu {
+        eprintln!(
+            "process CPU {:.2} s: {:.1} us per pair",
+            cpu,
+            cpu * 1e6 / stats.pairs.max(1) as f64
+        );
+    }
+    if let Some((pages, records)) = paged {
+        eprintln!("paged concurrently: {pages} pages, {records} records listed");
+    }
+    let mode = if a.page_through {
+        "in_process_paging"
+    } else {
+        "in_process"
+    };
+    Ok((mode, stats, 0))
+}
+
+/// CPU seconds (user + system) this process used so far (Linux).
+fn process_cpu_s() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start after ')'.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    // USER_HZ is 100 on every Linux platform settle builds for.
+    Some(ticks / 100.0)
+}
+
+/// A client paging through every record of the default tenant, over and
+/// over, until stopped: pages and records listed.
+struct Pager {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Result<(u64, u64), settle_ledger::StoreError>>,
+}
+
+impl Pager {
+    fn start(store: Arc<settle_embedded::EmbeddedStore>) -> Pager {
+        use settle_ledger::inspect::{ListFilter, ListQuery, list};
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let tenant = settle_core::TenantId::default_tenant();
+            let (mut pages, mut records) = (0u64, 0u64);
+            let mut after = None;
+            while !flag.load(Ordering::Relaxed) {
+                let q = ListQuery {
+                    filter: ListFilter::default(),
+                    after: after.take(),
+                    limit: 1000,
+                    stuck_after_ms: 3_600_000,
+                };
+                let page = list(&*store, &tenant, &q).await?;
+                pages += 1;
+                records += page.records.len() as u64;
+                after = page.next;
+            }
+            Ok((pages, records))
+        });
+        Pager { stop, task }
+    }
+
+    async fn stop(self) -> Result<(u64, u64), Failure> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.task.await {
+            Ok(r) => r.map_err(Failure::local),
+            Err(e) => Err(Failure::local(format!("the pager failed: {e}"))),
+        }
+    }
 }
 
 /// Runs `f` with a progress bar on runs of two seconds or more.

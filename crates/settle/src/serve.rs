@@ -1,0 +1,263 @@
+//! `settle serve`: the flags (clap, each with its `SETTLE_*` variable),
+//! logging (tracing-subscriber), and engine selection: `--data DIR` opens
+//! the embedded store, `--store postgres://…` the PostgreSQL store. The
+//! server itself (`settle-server`) only sees the `Store` trait.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use settle_embedded::{EmbeddedOptions, EmbeddedStore};
+use settle_ledger::{Clock, StoreError};
+use settle_server::config::{Config, ConfigError, StoreConfig, Tuning};
+use settle_server::{OpenedStore, Settings};
+use tokio::net::TcpListener;
+use tracing::info;
+
+/// Why `settle serve` stopped or did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The settings are invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The listen address cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The store did not open.
+    #[error("cannot open the store: {0}")]
+    Store(#[from] StoreError),
+    /// `--store` names no engine this binary has.
+    #[error(
+        "store {0:?} is not supported: use --data DIR for the embedded store or --store postgres://... for PostgreSQL"
+    )]
+    UnsupportedStore(String),
+}
+
+/// `settle serve` flags; each also reads its `SETTLE_*` variable.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServeArgs {
+    /// Directory of the embedded store [default: ./settle-data].
+    #[arg(long, env = "SETTLE_DATA", value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    /// Address to listen on; port 0 picks a free port (the bound address is
+    /// printed) [default: 127.0.0.1:7411].
+    #[arg(long, env = "SETTLE_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// TOML config file (every key optional; flags and variables win) [default: none].
+    #[arg(long, env = "SETTLE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// PostgreSQL URL instead of --data (postgres://USER@HOST:PORT/DB) [default: none: the
+    /// embedded store].
+    #[arg(long, env = "SETTLE_STORE", value_name = "URL")]
+    pub store: Option<String>,
+    /// A tenant as NAME=SHA256-OF-TOKEN (repeatable; added to the file's [[tenants]])
+    /// [default: none: authentication off, loopback only].
+    #[arg(
+        long = "tenant",
+        env = "SETTLE_TENANTS",
+        value_delimiter = ',',
+        value_name = "NAME=SHA256"
+    )]
+    pub tenants: Vec<String>,
+    /// A settlement needs at least this much lease left [default: 100].
+    #[arg(long, env = "SETTLE_LEASE_MARGIN_MS")]
+    pub lease_margin_ms: Option<u64>,
+    /// Larger request bodies get 413 [default: 1048576].
+    #[arg(long, env = "SETTLE_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<usize>,
+    /// A batch (`POST /v1/batch`) with more calls gets 422 [default: 1000].
+    #[arg(long, env = "SETTLE_MAX_BATCH_CALLS")]
+    pub max_batch_calls: Option<usize>,
+    /// Larger batch bodies get 413 [default: 16777216].
+    #[arg(long, env = "SETTLE_MAX_BATCH_BODY_BYTES")]
+    pub max_batch_body_bytes: Option<usize>,
+    /// Larger outcome results get 422 [default: 65536].
+    #[arg(long, env = "SETTLE_MAX_RESULT_BYTES")]
+    pub max_result_bytes: Option<usize>,
+    /// Warning counts saturate here [default: 1000].
+    #[arg(long, env = "SETTLE_WARNING_CAP")]
+    pub warning_cap: Option<u64>,
+    /// An open record without a live lease, untouched this long, is stuck [default: 3600].
+    #[arg(long, env = "SETTLE_STUCK_AFTER_S")]
+    pub stuck_after_s: Option<u64>,
+    /// How often lapsed leases are ended and expired records collected [default: 1000].
+    #[arg(long, env = "SETTLE_SWEEP_INTERVAL_MS")]
+    pub sweep_interval_ms: Option<u64>,
+    /// `retention_s` of a claim that does not give one [default: 86400].
+    #[arg(long, env = "SETTLE_DEFAULT_RETENTION_S")]
+    pub default_retention_s: Option<u64>,
+    /// Slow-client limit: time to send the request head, and then the body [default: 10000].
+    #[arg(long, env = "SETTLE_REQUEST_TIMEOUT_MS")]
+    pub request_timeout_ms: Option<u64>,
+    /// Commands waiting for the store's writer (embedded) or group commit
+    /// (PostgreSQL) beyond this answer 503 with Retry-After [default: 65536 embedded, 4096 PostgreSQL].
+    #[arg(long, env = "SETTLE_MAX_QUEUE")]
+    pub max_queue: Option<usize>,
+    /// Size of each preallocated log segment of the embedded store; a new
+    /// store takes about twice this on disk [default: 67108864].
+    #[arg(long, env = "SETTLE_SEGMENT_BYTES")]
+    pub segment_bytes: Option<u64>,
+    /// PostgreSQL: server-side statement_timeout per transaction [default: 10000].
+    #[arg(long, env = "SETTLE_PG_STATEMENT_TIMEOUT_MS")]
+    pub pg_statement_timeout_ms: Option<u64>,
+    /// PostgreSQL: lock_timeout for row and principal locks [default: 5000].
+    #[arg(long, env = "SETTLE_PG_LOCK_TIMEOUT_MS")]
+    pub pg_lock_timeout_ms: Option<u64>,
+    /// PostgreSQL: idle_in_transaction_session_timeout [default: 5000].
+    #[arg(long, env = "SETTLE_PG_IDLE_IN_TRANSACTION_TIMEOUT_MS")]
+    pub pg_idle_in_transaction_timeout_ms: Option<u64>,
+    /// PostgreSQL: client-side deadline for each round trip [default: 15000].
+    #[arg(long, env = "SETTLE_PG_CLIENT_TIMEOUT_MS")]
+    pub pg_client_timeout_ms: Option<u64>,
+    /// Testing only: moves the store's clock by this many milliseconds [default: 0].
+    #[arg(
+        long,
+        env = "SETTLE_CLOCK_SKEW_MS",
+        hide = true,
+        allow_hyphen_values = true
+    )]
+    pub clock_skew_ms: Option<i64>,
+}
+
+impl From<ServeArgs> for Settings {
+    fn from(a: ServeArgs) -> Settings {
+        Settings {
+            data: a.data,
+            listen: a.listen,
+            config: a.config,
+            store: a.store,
+            tenants: a.tenants,
+            lease_margin_ms: a.lease_margin_ms,
+            max_body_bytes: a.max_body_bytes,
+            max_batch_calls: a.max_batch_calls,
+            max_batch_body_bytes: a.max_batch_body_bytes,
+            max_result_bytes: a.max_result_bytes,
+            warning_cap: a.warning_cap,
+            stuck_after_s: a.stuck_after_s,
+            sweep_interval_ms: a.sweep_interval_ms,
+            default_retention_s: a.default_retention_s,
+            request_timeout_ms: a.request_timeout_ms,
+            max_queue: a.max_queue,
+            segment_bytes: a.segment_bytes,
+            pg_statement_timeout_ms: a.pg_statement_timeout_ms,
+            pg_lock_timeout_ms: a.pg_lock_timeout_ms,
+            pg_idle_in_transaction_timeout_ms: a.pg_idle_in_transaction_timeout_ms,
+            pg_client_timeout_ms: a.pg_client_timeout_ms,
+            clock_skew_ms: a.clock_skew_ms,
+        }
+    }
+}
+
+fn embedded_options(t: &Tuning) -> EmbeddedOptions {
+    let d = EmbeddedOptions::default();
+    EmbeddedOptions {
+        max_queue: t.max_queue.unwrap_or(d.max_queue),
+        segment_bytes: t.segment_bytes.unwrap_or(d.segment_bytes),
+        ..d
+    }
+}
+
+fn pg_options(t: &Tuning) -> settle_pg::PgOptions {
+    let d = settle_pg::PgOptions::default();
+    let ms = |v: Option<u64>, default: std::time::Duration| {
+        v.map_or(default, std::time::Duration::from_millis)
+    };
+    settle_pg::PgOptions {
+        group_commit_queue: t.max_queue.unwrap_or(d.group_commit_queue),
+        statement_timeout: ms(t.pg_statement_timeout_ms, d.statement_timeout),
+        lock_timeout: ms(t.pg_lock_timeout_ms, d.lock_timeout),
+        idle_in_transaction_timeout: ms(
+            t.pg_idle_in_transaction_timeout_ms,
+            d.idle_in_transaction_timeout,
+        ),
+        client_timeout: ms(t.pg_client_timeout_ms, d.client_timeout),
+        ..d
+    }
+}
+
+fn clock(config: &Config) -> Clock {
+    let clock = Clock::system();
+    clock.advance(config.clock_skew_ms);
+    clock
+}
+
+/// The one place that turns configuration into a store: `--data DIR` is
+/// the embedded store, `--store postgres://…` the PostgreSQL store.
+pub async fn open_store(config: &Config) -> Result<OpenedStore, ServeError> {
+    match &config.store {
+        StoreConfig::Embedded(dir) => {
+            let store = EmbeddedStore::open(
+                dir,
+                EmbeddedOptions {
+                    limits: config.limits(),
+                    clock: clock(config),
+                    ..embedded_options(&config.tuning)
+                },
+            )?;
+            let closer = store.clone();
+            Ok(OpenedStore::new(store, move || closer.close()))
+        }
+        StoreConfig::Url(url)
+            if url.starts_with("postgres://") || url.starts_with("postgresql://") =>
+        {
+            let store = settle_pg::PgStore::connect(
+                url,
+                settle_pg::PgOptions {
+                    limits: config.limits(),
+                    clock: clock(config),
+                    application_name: format!("settle serve {}", config.listen),
+                    ..pg_options(&config.tuning)
+                },
+            )
+            .await?;
+            let closer = store.clone();
+            Ok(OpenedStore::new(Arc::new(store), move || closer.close()))
+        }
+        StoreConfig::Url(url) => Err(ServeError::UnsupportedStore(url.clone())),
+    }
+}
+
+/// Logs to stderr; `SETTLE_LOG` (or `RUST_LOG`) sets the filter, default `info`.
+fn init_tracing() {
+    let filter = std::env::var("SETTLE_LOG")
+        .or_else(|_| std::env::var("RUST_LOG"))
+        .unwrap_or_else(|_| "info".to_string());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+/// `settle serve`: reads the settings, opens the store, prints
+/// `listening on ADDR` on stdout (tests and scripts read it), serves until
+/// SIGTERM or ctrl-c.
+pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
+    init_tracing();
+    let config = Config::from_settings(&args.into())?;
+    let bind_error = |source| ServeError::Bind {
+        addr: config.listen.to_string(),
+        source,
+    };
+    let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
+    let addr = listener.local_addr().map_err(bind_error)?;
+    settle_server::log_auth(&config, addr);
+    let opened = open_store(&config).await?;
+    match &config.store {
+        StoreConfig::Embedded(dir) => info!(data = %dir.display(), "embedded store open"),
+        StoreConfig::Url(_) => info!("store open"),
+    }
+    {
+        use std::io::Write;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "listening on {addr}");
+        let _ = out.flush();
+    }
+    info!(%addr, "listening");
+    settle_server::run(config, opened, listener, settle_server::shutdown_signal()).await;
+    Ok(())
+}
