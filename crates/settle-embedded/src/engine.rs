@@ -171,11 +171,20 @@ impl<I: Index> Shared<I> {
 
 pub type ReplyTx = oneshot::Sender<Result<Reply, StoreError>>;
 
+/// Where the answers of a batch message go: all at once, in order.
+pub type BatchTx = oneshot::Sender<Vec<Result<Reply, StoreError>>>;
+
 pub enum Msg {
     Exec {
         tenant: TenantId,
         cmd: Command,
         reply: ReplyTx,
+    },
+    /// Commands applied in order within one group commit, answered together.
+    Batch {
+        tenant: TenantId,
+        cmds: Vec<Command>,
+        reply: BatchTx,
     },
     /// Finish queued work, checkpoint, stop.
     Close(std::sync::mpsc::Sender<()>),
@@ -506,6 +515,84 @@ impl<G: FnMut()> Drop for OnDrop<G> {
     }
 }
 
+/// Collects the answers of one batch message; sends them when the last arrives.
+struct Gather {
+    results: Vec<Option<Result<Reply, StoreError>>>,
+    missing: usize,
+    reply: Option<BatchTx>,
+}
+
+/// Whom the writer answers for one command.
+enum Answer {
+    One(ReplyTx),
+    Part(usize, std::rc::Rc<std::cell::RefCell<Gather>>),
+}
+
+impl Answer {
+    fn send(self, r: Result<Reply, StoreError>) {
+        match self {
+            Answer::One(tx) => {
+                let _ = tx.send(r);
+            }
+            Answer::Part(i, g) => {
+                let mut g = g.borrow_mut();
+                g.results[i] = Some(r);
+                g.missing -= 1;
+                if g.missing == 0
+                    && let Some(tx) = g.reply.take()
+                {
+                    let all = g
+                        .results
+                        .drain(..)
+                        .map(|r| r.expect("every part answered"))
+                        .collect();
+                    let _ = tx.send(all);
+                }
+            }
+        }
+    }
+}
+
+/// Adds a message's commands to the batch being gathered; a `Close`
+/// gives back whom to tell when the store is closed.
+fn gather(
+    batch: &mut Vec<(TenantId, Command, Answer)>,
+    m: Msg,
+) -> Option<std::sync::mpsc::Sender<()>> {
+    match m {
+        Msg::Exec { tenant, cmd, reply } => batch.push((tenant, cmd, Answer::One(reply))),
+        Msg::Batch {
+            tenant,
+            cmds,
+            reply,
+        } => {
+            if cmds.is_empty() {
+                let _ = reply.send(Vec::new());
+                return None;
+            }
+            let g = std::rc::Rc::new(std::cell::RefCell::new(Gather {
+                results: (0..cmds.len()).map(|_| None).collect(),
+                missing: cmds.len(),
+                reply: Some(reply),
+            }));
+            for (i, cmd) in cmds.into_iter().enumerate() {
+                batch.push((tenant.clone(), cmd, Answer::Part(i, g.clone())));
+            }
+        }
+        Msg::Close(done) => return Some(done),
+    }
+    None
+}
+
+/// How many commands a message carries (for the admission count).
+pub fn commands_in(m: &Msg) -> usize {
+    match m {
+        Msg::Exec { .. } => 1,
+        Msg::Batch { cmds, .. } => cmds.len(),
+        Msg::Close(_) => 0,
+    }
+}
+
 /// The writer thread.
 pub struct Writer<F: Fs, I: Index> {
     pub core: Core<F, I>,
@@ -517,7 +604,7 @@ impl<F: Fs, I: Index> Writer<F, I> {
     pub fn run(mut self) {
         let shared = self.core.shared.clone();
         let _alive = OnDrop(move || shared.writer_alive.store(false, Ordering::SeqCst));
-        let mut batch: Vec<(TenantId, Command, ReplyTx)> = Vec::with_capacity(self.core.max_batch);
+        let mut batch: Vec<(TenantId, Command, Answer)> = Vec::with_capacity(self.core.max_batch);
         loop {
             let first = match self.rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(m) => m,
@@ -526,26 +613,22 @@ impl<F: Fs, I: Index> Writer<F, I> {
             };
             let mut closing = None;
             let mut next = Some(first);
+            let mut taken = 0;
             while let Some(m) = next.take() {
-                match m {
-                    Msg::Exec { tenant, cmd, reply } => batch.push((tenant, cmd, reply)),
-                    Msg::Close(done) => {
-                        closing = Some(done);
-                        break;
-                    }
+                taken += commands_in(&m);
+                if let Some(done) = gather(&mut batch, m) {
+                    closing = Some(done);
+                    break;
                 }
+                // A batch message is never split: it may take the group
+                // commit past `max_batch`.
                 if batch.len() < self.core.max_batch {
                     next = self.rx.try_recv().ok();
                 }
             }
-            self.core
-                .shared
-                .queued
-                .fetch_sub(batch.len(), Ordering::Relaxed);
+            self.core.shared.queued.fetch_sub(taken, Ordering::Relaxed);
             if !batch.is_empty() {
-                self.core.commit(&mut batch, |tx, r| {
-                    let _ = tx.send(r);
-                });
+                self.core.commit(&mut batch, Answer::send);
             }
             if let Some(done) = closing {
                 return self.close(Some(done));
@@ -556,17 +639,15 @@ impl<F: Fs, I: Index> Writer<F, I> {
     fn close(mut self, done: Option<std::sync::mpsc::Sender<()>>) {
         // Answer anything still queued, then checkpoint what is durable.
         let mut rest = Vec::new();
-        while let Ok(Msg::Exec { tenant, cmd, reply }) = self.rx.try_recv() {
-            rest.push((tenant, cmd, reply));
+        let mut taken = 0;
+        while let Ok(m) = self.rx.try_recv() {
+            taken += commands_in(&m);
+            // A second close has nobody waiting for it.
+            let _ = gather(&mut rest, m);
         }
-        self.core
-            .shared
-            .queued
-            .fetch_sub(rest.len(), Ordering::Relaxed);
+        self.core.shared.queued.fetch_sub(taken, Ordering::Relaxed);
         if !rest.is_empty() {
-            self.core.commit(&mut rest, |tx, r| {
-                let _ = tx.send(r);
-            });
+            self.core.commit(&mut rest, Answer::send);
         }
         let skip = Faults::halted(&self.core.faults);
         if !skip && !self.core.shared.poisoned.load(Ordering::SeqCst) && self.core.wal.bytes() > 0 {

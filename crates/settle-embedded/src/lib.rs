@@ -549,6 +549,56 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
         })
     }
 
+    /// The whole batch goes to the writer as one message: it is applied in
+    /// order within one group commit (one `write` + `fdatasync`, shared with
+    /// whatever else is queued), and answered once that is durable.
+    fn execute_batch<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        cmds: Vec<Command>,
+    ) -> BoxFuture<'a, Vec<Result<Reply, StoreError>>> {
+        Box::pin(async move {
+            let n = cmds.len();
+            let all = |e: StoreError| (0..n).map(|_| Err(e.clone())).collect::<Vec<_>>();
+            if n == 0 {
+                return Vec::new();
+            }
+            if self.shared.poisoned.load(Ordering::SeqCst) {
+                return all(StoreError::Poisoned);
+            }
+            if self.closed.load(Ordering::Relaxed) {
+                return all(StoreError::Closed);
+            }
+            // Admission counts every command; a batch is admitted whole or not at all.
+            if self.shared.queued.fetch_add(n, Ordering::Relaxed) + n > self.max_queue {
+                self.shared.queued.fetch_sub(n, Ordering::Relaxed);
+                return all(StoreError::Overloaded {
+                    retry_after_ms: self.retry_after_ms,
+                });
+            }
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            if self
+                .tx
+                .send(Msg::Batch {
+                    tenant: tenant.clone(),
+                    cmds,
+                    reply: tx,
+                })
+                .is_err()
+            {
+                self.shared.queued.fetch_sub(n, Ordering::Relaxed);
+                return all(StoreError::Closed);
+            }
+            match rx.await {
+                Ok(results) => results,
+                Err(_) => {
+                    self.shared.writer_alive.store(false, Ordering::SeqCst);
+                    all(StoreError::Closed)
+                }
+            }
+        })
+    }
+
     fn get<'a>(
         &'a self,
         tenant: &'a TenantId,
@@ -802,6 +852,15 @@ impl<F: Fs, I: Index> Store for InlineStore<F, I> {
         cmd: Command,
     ) -> BoxFuture<'a, Result<Reply, StoreError>> {
         Box::pin(async move { self.execute_now(tenant, cmd) })
+    }
+
+    fn execute_batch<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        cmds: Vec<Command>,
+    ) -> BoxFuture<'a, Vec<Result<Reply, StoreError>>> {
+        let cmds = cmds.into_iter().map(|c| (tenant.clone(), c)).collect();
+        Box::pin(async move { InlineStore::execute_batch(self, cmds) })
     }
 
     fn get<'a>(

@@ -89,6 +89,7 @@ macro_rules! conformance_tests {
             results_are_stored_as_sent,
             invalid_commands_write_nothing,
             quarantine_does_not_move_updated_at,
+            batches_apply_in_order,
             listing_returns_every_record_once_per_tenant,
             listing_while_records_change_returns_each_once,
             listing_filters_and_tenant_stats_agree
@@ -655,6 +656,68 @@ pub async fn quarantine_does_not_move_updated_at(fx: &Fixture) {
     let after = fx.get("qz").await.unwrap();
     assert_eq!(after.quarantine_total, before.quarantine_total + 1);
     assert_eq!(after.updated_at, before.updated_at);
+}
+
+/// `execute_batch`: one result per command, in order; a later command sees
+/// what an earlier one of the same batch left (same record, or a revoked
+/// principal); each command succeeds or fails on its own.
+pub async fn batches_apply_in_order(fx: &Fixture) {
+    let t = fx.tenant();
+    let out = fx
+        .store
+        .execute_batch(
+            &t,
+            vec![
+                claim("ba", 1, binding("bob", 0)),
+                claim("bb", 1, binding("bob", 0)),
+                // The same key again: the first claim's lease is live.
+                claim("ba", 1, binding("bob", 0)),
+                // A mismatch fails alone.
+                claim("ba", 2, binding("bob", 0)),
+            ],
+        )
+        .await;
+    let out: Vec<Reply> = out.into_iter().map(|r| r.expect("store works")).collect();
+    assert_eq!(out.len(), 4);
+    let fence = |r: &Reply| match r {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("expected execute, got {other:?}"),
+    };
+    let (fa, fb) = (fence(&out[0]), fence(&out[1]));
+    assert!(
+        matches!(&out[2], Reply::Claim(ClaimDecision::InFlight { .. })),
+        "{:?}",
+        out[2]
+    );
+    assert_eq!(refused(&out[3]), Some(RefusalCode::FingerprintMismatch));
+
+    let out = fx
+        .store
+        .execute_batch(
+            &t,
+            vec![
+                settle("ba", fa, 1, binding("bob", 0), completed(1)),
+                claim("ba", 1, binding("bob", 0)),
+                revoke("bob"),
+                // After the revocation in the same batch: refused.
+                settle("bb", fb, 1, binding("bob", 0), completed(2)),
+            ],
+        )
+        .await;
+    let out: Vec<Reply> = out.into_iter().map(|r| r.expect("store works")).collect();
+    assert_eq!(out.len(), 4);
+    let rc = receipt(out[0].clone());
+    match &out[1] {
+        Reply::Claim(ClaimDecision::Replay { receipt, .. }) => assert_eq!(receipt, &rc),
+        other => panic!("expected replay, got {other:?}"),
+    }
+    assert!(matches!(out[2], Reply::Revoked { generation: 1, .. }));
+    assert_eq!(refused(&out[3]), Some(RefusalCode::LeaseExpired));
+    assert_eq!(fx.get("ba").await.unwrap().status, Status::Completed);
+    // The refused settlement wrote no receipt.
+    let bb = fx.get("bb").await.unwrap();
+    assert!(bb.receipt.is_none() && !bb.status.is_terminal(), "{bb:?}");
+    assert!(fx.store.execute_batch(&t, Vec::new()).await.is_empty());
 }
 
 /// Every page of a listing with `filter`, keys in order of appearance.

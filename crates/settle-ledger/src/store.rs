@@ -1,11 +1,14 @@
 //! The boundary every engine implements.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
+use settle_core::{
+    Command, Key, Record, RefusalCode, Reply, Target, TaskId, TenantId, Timestamp, Warning,
+};
 
 use crate::inspect::Scan;
 
@@ -128,6 +131,34 @@ pub trait Store: Send + Sync + 'static {
         cmd: Command,
     ) -> BoxFuture<'a, Result<Reply, StoreError>>;
 
+    /// Applies `cmds` in order, as if one after another (a later command
+    /// on the same target sees what an earlier one left); resolves once
+    /// every result is durable, one result per command, in order. The batch
+    /// is not atomic: each command succeeds or fails on its own.
+    ///
+    /// This default runs the commands in rounds: consecutive commands on
+    /// distinct records run concurrently (an engine with group commit
+    /// gathers them into one transaction), a repeated record or a command on
+    /// a principal or a task starts a new round. Commands on distinct records
+    /// commute, so this is the same as running them in order. An engine that
+    /// can commit a whole batch at once overrides it.
+    fn execute_batch<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        cmds: Vec<Command>,
+    ) -> BoxFuture<'a, Vec<Result<Reply, StoreError>>> {
+        Box::pin(async move {
+            let mut out = Vec::with_capacity(cmds.len());
+            for round in rounds(cmds) {
+                let results =
+                    futures::future::join_all(round.into_iter().map(|c| self.execute(tenant, c)))
+                        .await;
+                out.extend(results);
+            }
+            out
+        })
+    }
+
     /// The `get` view at the store's `now`: `Ok(None)` for an unknown or
     /// collected key, `Err(RecordRefused)` for a record from the future.
     fn get<'a>(
@@ -170,6 +201,41 @@ pub trait Store: Send + Sync + 'static {
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
+/// Splits commands into rounds that may run concurrently: within a round
+/// every command targets a distinct record; a command on a principal or a
+/// task is a round of its own (it may change what the others see).
+fn rounds(cmds: Vec<Command>) -> Vec<Vec<Command>> {
+    let mut out: Vec<Vec<Command>> = Vec::new();
+    let mut round: Vec<Command> = Vec::new();
+    let mut keys: HashSet<Key> = HashSet::new();
+    for cmd in cmds {
+        match cmd.target() {
+            Target::Record(k) if !keys.contains(k) => {
+                keys.insert(k.clone());
+                round.push(cmd);
+            }
+            Target::Record(k) => {
+                let k = k.clone();
+                out.push(std::mem::take(&mut round));
+                keys.clear();
+                keys.insert(k);
+                round.push(cmd);
+            }
+            Target::Principal(_) | Target::Task(_) => {
+                if !round.is_empty() {
+                    out.push(std::mem::take(&mut round));
+                    keys.clear();
+                }
+                out.push(vec![cmd]);
+            }
+        }
+    }
+    if !round.is_empty() {
+        out.push(round);
+    }
+    out
+}
+
 impl<S: Store + ?Sized> Store for Arc<S> {
     fn execute<'a>(
         &'a self,
@@ -177,6 +243,13 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         cmd: Command,
     ) -> BoxFuture<'a, Result<Reply, StoreError>> {
         (**self).execute(tenant, cmd)
+    }
+    fn execute_batch<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        cmds: Vec<Command>,
+    ) -> BoxFuture<'a, Vec<Result<Reply, StoreError>>> {
+        (**self).execute_batch(tenant, cmds)
     }
     fn get<'a>(
         &'a self,

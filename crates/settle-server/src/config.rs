@@ -77,6 +77,10 @@ pub struct FileConfig {
     pub lease_margin_ms: Option<u64>,
     /// See `--max-body-bytes`.
     pub max_body_bytes: Option<usize>,
+    /// See `--max-batch-calls`.
+    pub max_batch_calls: Option<usize>,
+    /// See `--max-batch-body-bytes`.
+    pub max_batch_body_bytes: Option<usize>,
     /// See `--max-result-bytes`.
     pub max_result_bytes: Option<usize>,
     /// See `--warning-cap`.
@@ -139,6 +143,10 @@ pub struct Settings {
     pub lease_margin_ms: Option<u64>,
     /// Larger request bodies get 413 [default: 1048576].
     pub max_body_bytes: Option<usize>,
+    /// A batch (`POST /v1/batch`) with more calls gets 422 [default: 1000].
+    pub max_batch_calls: Option<usize>,
+    /// Larger batch bodies get 413 [default: 16777216].
+    pub max_batch_body_bytes: Option<usize>,
     /// Larger outcome results get 422 [default: 65536].
     pub max_result_bytes: Option<usize>,
     /// Warning counts saturate here [default: 1000].
@@ -200,6 +208,10 @@ pub struct Config {
     pub lease_margin_ms: u64,
     /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
+    /// Most calls in one batch (SPEC §10).
+    pub max_batch_calls: usize,
+    /// Largest batch body.
+    pub max_batch_body_bytes: usize,
     /// Larger outcome results (compact JSON) are answered 422.
     pub max_result_bytes: usize,
     /// Warning counts saturate here.
@@ -249,6 +261,8 @@ impl Config {
             auth: AuthConfig::Off,
             lease_margin_ms: 100,
             max_body_bytes: 1024 * 1024,
+            max_batch_calls: 1000,
+            max_batch_body_bytes: 16 * 1024 * 1024,
             max_result_bytes: settle_core::DEFAULT_MAX_RESULT_BYTES,
             warning_cap: 1000,
             stuck_after_s: 3600,
@@ -352,6 +366,20 @@ impl Config {
         if max_body_bytes < 1 {
             return Err(invalid("max_body_bytes", "must be at least 1"));
         }
+        let max_batch_calls = args
+            .max_batch_calls
+            .or(file.max_batch_calls)
+            .unwrap_or(defaults.max_batch_calls);
+        if max_batch_calls < 1 {
+            return Err(invalid("max_batch_calls", "must be at least 1"));
+        }
+        let max_batch_body_bytes = args
+            .max_batch_body_bytes
+            .or(file.max_batch_body_bytes)
+            .unwrap_or(defaults.max_batch_body_bytes);
+        if max_batch_body_bytes < 1 {
+            return Err(invalid("max_batch_body_bytes", "must be at least 1"));
+        }
         let max_result_bytes = args
             .max_result_bytes
             .or(file.max_result_bytes)
@@ -433,6 +461,8 @@ impl Config {
             auth,
             lease_margin_ms,
             max_body_bytes,
+            max_batch_calls,
+            max_batch_body_bytes,
             max_result_bytes,
             warning_cap,
             stuck_after_s,

@@ -36,6 +36,10 @@ pub struct AppState {
     pub auth: Auth,
     /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
+    /// Most calls in one `POST /v1/batch` (422 past it).
+    pub max_batch_calls: usize,
+    /// Largest `POST /v1/batch` body (413 past it).
+    pub max_batch_body_bytes: usize,
     /// Larger outcome results are answered 422.
     pub max_result_bytes: usize,
     /// The `retention_s` of a claim that gives none.
@@ -59,6 +63,8 @@ impl AppState {
             store,
             auth: Auth::from_config(&config.auth),
             max_body_bytes: config.max_body_bytes,
+            max_batch_calls: config.max_batch_calls,
+            max_batch_body_bytes: config.max_batch_body_bytes,
             max_result_bytes: config.max_result_bytes,
             default_retention: config.default_retention,
             stuck_after_ms: config.stuck_after_s.saturating_mul(1000),
@@ -87,6 +93,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/principals/{principal}/revoke", post(revoke))
         .route("/v1/tasks/{task}/warnings/{class}", post(warn))
         .route("/v1/tasks/{task}/warnings", get(warnings))
+        .route("/v1/batch", post(crate::batch::batch))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -101,8 +108,16 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 // ---- plumbing ----
 
+/// A response body's bytes.
+fn json_bytes<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("responses always serialize")
+}
+
 fn json<T: Serialize + ?Sized>(value: &T) -> Response {
-    let body = serde_json::to_vec(value).expect("responses always serialize");
+    json_response(json_bytes(value))
+}
+
+fn json_response(body: Vec<u8>) -> Response {
     let mut resp = Response::new(Body::from(body));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -112,8 +127,8 @@ fn json<T: Serialize + ?Sized>(value: &T) -> Response {
 }
 
 /// The answer to settle and to `reconcile(committed)`.
-fn receipt(r: &settle_core::Receipt) -> Response {
-    json(&api::ReceiptResponse { receipt: r.into() })
+fn receipt(r: &settle_core::Receipt) -> Vec<u8> {
+    json_bytes(&api::ReceiptResponse { receipt: r.into() })
 }
 
 /// Counts the request and turns an error into problem+json.
@@ -146,6 +161,7 @@ pub(crate) enum Route {
     Metrics,
     Openapi,
     Unmatched,
+    Batch,
 }
 
 /// The reply does not fit the command: a bug, answered 503 (never 500).
@@ -178,22 +194,37 @@ fn raw_segment(parts: &Parts, n: usize) -> &str {
     parts.uri.path().split('/').nth(n + 1).unwrap_or("")
 }
 
+/// What a command's answer is counted and logged with (the store consumes the command).
+pub(crate) struct Sent {
+    call: &'static str,
+    fence: Option<settle_core::Fence>,
+    key: Option<Key>,
+    /// Settle and reconcile carry evidence that may be quarantined; the
+    /// rule that says so needs the command.
+    evidence: Option<Command>,
+}
+
 impl AppState {
     async fn body(&self, parts: &Parts, body: Body) -> Result<Bytes, Problem> {
+        self.body_up_to(parts, body, self.max_body_bytes).await
+    }
+
+    /// The request body, refused with 413 beyond `limit` bytes.
+    pub(crate) async fn body_up_to(
+        &self,
+        parts: &Parts,
+        body: Body,
+        limit: usize,
+    ) -> Result<Bytes, Problem> {
         let declared = parts
             .headers
             .get(header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > self.max_body_bytes as u64) {
-            return Err(Problem::payload_too_large(self.max_body_bytes));
+        if declared.is_some_and(|n| n > limit as u64) {
+            return Err(Problem::payload_too_large(limit));
         }
-        match tokio::time::timeout(
-            self.body_timeout,
-            axum::body::to_bytes(body, self.max_body_bytes),
-        )
-        .await
-        {
+        match tokio::time::timeout(self.body_timeout, axum::body::to_bytes(body, limit)).await {
             Ok(Ok(b)) => Ok(b),
             Ok(Err(e)) => {
                 // The limit error is wrapped by axum; look for it down the source chain.
@@ -203,7 +234,7 @@ impl AppState {
                     })
                     .any(|s| s.is::<http_body_util::LengthLimitError>());
                 if too_large {
-                    Err(Problem::payload_too_large(self.max_body_bytes))
+                    Err(Problem::payload_too_large(limit))
                 } else {
                     Err(Problem::bad_request(format!(
                         "could not read the request body: {e}"
@@ -216,18 +247,40 @@ impl AppState {
 
     /// Runs one command and keeps the counters. Refusals become problems.
     async fn execute(&self, tenant: &TenantId, cmd: Command) -> Result<Reply, Problem> {
+        let sent = self.prepare(&cmd)?;
+        let result = self.store.execute(tenant, cmd).await;
+        self.answer(sent, result)
+    }
+
+    /// Checks the server's limits on a command about to be sent to the store.
+    pub(crate) fn prepare(&self, cmd: &Command) -> Result<Sent, Problem> {
         cmd.check_limits(self.max_result_bytes)?;
-        let call = cmd.name();
-        let fence = cmd.fence();
-        let key: Option<Key> = match cmd.target() {
-            settle_core::Target::Record(k) => Some(k.clone()),
-            _ => None,
-        };
-        // Settle and reconcile carry evidence that may be quarantined; the
-        // rule that says so needs the command, which the store consumes.
-        let evidence =
-            matches!(cmd, Command::Settle(_) | Command::Reconcile(_)).then(|| cmd.clone());
-        let reply = match self.store.execute(tenant, cmd).await {
+        Ok(Sent {
+            call: cmd.name(),
+            fence: cmd.fence(),
+            key: match cmd.target() {
+                settle_core::Target::Record(k) => Some(k.clone()),
+                _ => None,
+            },
+            evidence: matches!(cmd, Command::Settle(_) | Command::Reconcile(_))
+                .then(|| cmd.clone()),
+        })
+    }
+
+    /// Counts and logs the store's answer to a sent command; refusals and
+    /// failures become problems.
+    pub(crate) fn answer(
+        &self,
+        sent: Sent,
+        result: Result<Reply, StoreError>,
+    ) -> Result<Reply, Problem> {
+        let Sent {
+            call,
+            fence,
+            key,
+            evidence,
+        } = sent;
+        let reply = match result {
             Ok(r) => r,
             Err(e) => {
                 debug!(
@@ -279,17 +332,111 @@ impl AppState {
     }
 }
 
-/// Authenticates, decodes the key segment and parses the body of an operation call.
-async fn operation_call<T: serde::de::DeserializeOwned>(
-    st: &AppState,
-    req: Request,
-) -> Result<(&TenantId, Key, T), Problem> {
-    let (parts, body) = req.into_parts();
-    let tenant = st.auth.tenant(&parts.headers)?;
-    let key: Key = segment("key", raw_segment(&parts, 2))?;
-    let bytes = st.body(&parts, body).await?;
-    let dto = parse_body(&bytes)?;
-    Ok((tenant, key, dto))
+/// The operation calls on a key (SPEC §7): their routes and the batch
+/// (SPEC §10) turn a request body into a command and a reply into a
+/// response body through the same functions, so both answer alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeyOp {
+    Claim,
+    Heartbeat,
+    Dispatch,
+    Settle,
+    Release,
+    Reconcile,
+}
+
+impl KeyOp {
+    fn route(self) -> Route {
+        match self {
+            KeyOp::Claim => Route::Claim,
+            KeyOp::Heartbeat => Route::Heartbeat,
+            KeyOp::Dispatch => Route::Dispatch,
+            KeyOp::Settle => Route::Settle,
+            KeyOp::Release => Route::Release,
+            KeyOp::Reconcile => Route::Reconcile,
+        }
+    }
+
+    /// The command a request body asks for (400/422 when it does not parse).
+    pub(crate) fn command(self, st: &AppState, key: Key, body: &[u8]) -> Result<Command, Problem> {
+        Ok(match self {
+            KeyOp::Claim => Command::Claim(
+                parse_body::<api::ClaimRequest>(body)?.into_claim(key, st.default_retention)?,
+            ),
+            KeyOp::Heartbeat => {
+                Command::Heartbeat(parse_body::<api::HeartbeatRequest>(body)?.into_heartbeat(key)?)
+            }
+            KeyOp::Dispatch => {
+                Command::Dispatch(parse_body::<api::DispatchRequest>(body)?.into_dispatch(key)?)
+            }
+            KeyOp::Settle => {
+                Command::Settle(parse_body::<api::SettleRequest>(body)?.into_settle(key)?)
+            }
+            KeyOp::Release => {
+                Command::Release(parse_body::<api::ReleaseRequest>(body)?.into_release(key)?)
+            }
+            KeyOp::Reconcile => {
+                Command::Reconcile(parse_body::<api::ReconcileRequest>(body)?.into_reconcile(key)?)
+            }
+        })
+    }
+
+    /// The response body of a reply (a reply that does not fit the call is a bug: 503).
+    pub(crate) fn body(self, reply: Reply) -> Result<Vec<u8>, Problem> {
+        match (self, reply) {
+            (KeyOp::Claim, Reply::Claim(d)) => Ok(json_bytes(&api::ClaimDecision::from(&d))),
+            (KeyOp::Heartbeat, Reply::Heartbeat(l)) => Ok(json_bytes(&api::LeaseInfo::from(&l))),
+            (KeyOp::Dispatch, Reply::Dispatched(l)) => Ok(json_bytes(&api::Dispatched::from(&l))),
+            (KeyOp::Settle | KeyOp::Reconcile, Reply::Receipt(r)) => Ok(receipt(&r)),
+            (KeyOp::Release | KeyOp::Reconcile, Reply::Released { fence }) => {
+                Ok(json_bytes(&api::Released::new(fence)))
+            }
+            (KeyOp::Reconcile, Reply::Claim(d @ ClaimDecision::Execute(_))) => {
+                Ok(json_bytes(&api::ClaimDecision::from(&d)))
+            }
+            (op, r) => Err(unexpected(op.name(), &r)),
+        }
+    }
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            KeyOp::Claim => "claim",
+            KeyOp::Heartbeat => "heartbeat",
+            KeyOp::Dispatch => "dispatch",
+            KeyOp::Settle => "settle",
+            KeyOp::Release => "release",
+            KeyOp::Reconcile => "reconcile",
+        }
+    }
+}
+
+/// One operation call on its route: authenticate, decode the key segment,
+/// read and parse the body, run the command, answer.
+async fn key_call(st: &AppState, req: Request, op: KeyOp) -> Response {
+    let result = async {
+        let (parts, body) = req.into_parts();
+        let tenant = st.auth.tenant(&parts.headers)?;
+        let key: Key = segment("key", raw_segment(&parts, 2))?;
+        let bytes = st.body(&parts, body).await?;
+        let cmd = op.command(st, key, &bytes)?;
+        let reply = st.execute(tenant, cmd).await?;
+        Ok(json_response(op.body(reply)?))
+    }
+    .await;
+    finish(op.route(), result)
+}
+
+/// The `get` answer for a key (shared with the batch).
+pub(crate) fn record_body(
+    key: &Key,
+    found: Result<Result<Option<settle_core::Record>, RefusalCode>, StoreError>,
+) -> Result<Vec<u8>, Problem> {
+    match found {
+        Ok(Ok(Some(record))) => Ok(json_bytes(&api::RecordView::from(&record))),
+        Ok(Ok(None)) => Err(Problem::refusal(RefusalCode::NotFound)),
+        Ok(Err(code)) => Err(Problem::refusal(code)),
+        Err(e) => Err(store_error("get", Some(key), &e)),
+    }
 }
 
 // ---- operations ----
@@ -306,16 +453,7 @@ async fn operation_call<T: serde::de::DeserializeOwned>(
     )
 )]
 pub async fn claim(State(st): St, req: Request) -> Response {
-    finish(Route::Claim, claim_inner(&st, req).await)
-}
-
-async fn claim_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<api::ClaimRequest>(st, req).await?;
-    let cmd = Command::Claim(b.into_claim(key, st.default_retention)?);
-    match st.execute(tenant, cmd).await? {
-        Reply::Claim(d) => Ok(json(&api::ClaimDecision::from(&d))),
-        r => Err(unexpected("claim", &r)),
-    }
+    key_call(&st, req, KeyOp::Claim).await
 }
 
 /// Extend the lease held by `fence`.
@@ -331,16 +469,7 @@ async fn claim_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     )
 )]
 pub async fn heartbeat(State(st): St, req: Request) -> Response {
-    finish(Route::Heartbeat, heartbeat_inner(&st, req).await)
-}
-
-async fn heartbeat_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<api::HeartbeatRequest>(st, req).await?;
-    let cmd = Command::Heartbeat(b.into_heartbeat(key)?);
-    match st.execute(tenant, cmd).await? {
-        Reply::Heartbeat(l) => Ok(json(&api::LeaseInfo::from(&l))),
-        r => Err(unexpected("heartbeat", &r)),
-    }
+    key_call(&st, req, KeyOp::Heartbeat).await
 }
 
 /// Record durably that the remote write is about to start.
@@ -356,16 +485,7 @@ async fn heartbeat_inner(st: &AppState, req: Request) -> Result<Response, Proble
     )
 )]
 pub async fn dispatch(State(st): St, req: Request) -> Response {
-    finish(Route::Dispatch, dispatch_inner(&st, req).await)
-}
-
-async fn dispatch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<api::DispatchRequest>(st, req).await?;
-    let cmd = Command::Dispatch(b.into_dispatch(key)?);
-    match st.execute(tenant, cmd).await? {
-        Reply::Dispatched(l) => Ok(json(&api::Dispatched::from(&l))),
-        r => Err(unexpected("dispatch", &r)),
-    }
+    key_call(&st, req, KeyOp::Dispatch).await
 }
 
 /// Record the outcome and release the lease in one durable commit.
@@ -381,16 +501,7 @@ async fn dispatch_inner(st: &AppState, req: Request) -> Result<Response, Problem
     )
 )]
 pub async fn settle(State(st): St, req: Request) -> Response {
-    finish(Route::Settle, settle_inner(&st, req).await)
-}
-
-async fn settle_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<api::SettleRequest>(st, req).await?;
-    let cmd = Command::Settle(b.into_settle(key)?);
-    match st.execute(tenant, cmd).await? {
-        Reply::Receipt(r) => Ok(receipt(&r)),
-        r => Err(unexpected("settle", &r)),
-    }
+    key_call(&st, req, KeyOp::Settle).await
 }
 
 /// Release an execute lease that never dispatched.
@@ -406,16 +517,7 @@ async fn settle_inner(st: &AppState, req: Request) -> Result<Response, Problem> 
     )
 )]
 pub async fn release(State(st): St, req: Request) -> Response {
-    finish(Route::Release, release_inner(&st, req).await)
-}
-
-async fn release_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<api::ReleaseRequest>(st, req).await?;
-    let cmd = Command::Release(b.into_release(key)?);
-    match st.execute(tenant, cmd).await? {
-        Reply::Released { fence } => Ok(json(&api::Released::new(fence))),
-        r => Err(unexpected("release", &r)),
-    }
+    key_call(&st, req, KeyOp::Release).await
 }
 
 /// Report what a reconciling worker found out about the remote effect.
@@ -431,18 +533,7 @@ async fn release_inner(st: &AppState, req: Request) -> Result<Response, Problem>
     )
 )]
 pub async fn reconcile(State(st): St, req: Request) -> Response {
-    finish(Route::Reconcile, reconcile_inner(&st, req).await)
-}
-
-async fn reconcile_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
-    let (tenant, key, b) = operation_call::<api::ReconcileRequest>(st, req).await?;
-    let cmd = Command::Reconcile(b.into_reconcile(key)?);
-    match st.execute(tenant, cmd).await? {
-        Reply::Claim(d @ ClaimDecision::Execute(_)) => Ok(json(&api::ClaimDecision::from(&d))),
-        Reply::Receipt(r) => Ok(receipt(&r)),
-        Reply::Released { fence } => Ok(json(&api::Released::new(fence))),
-        r => Err(unexpected("reconcile", &r)),
-    }
+    key_call(&st, req, KeyOp::Reconcile).await
 }
 
 /// The tenant's inspection view of one operation.
@@ -463,12 +554,8 @@ async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, _body) = req.into_parts();
     let tenant = st.auth.tenant(&parts.headers)?;
     let key: Key = segment("key", raw_segment(&parts, 2))?;
-    match st.store.get(tenant, &key).await {
-        Ok(Ok(Some(record))) => Ok(json(&api::RecordView::from(&record))),
-        Ok(Ok(None)) => Err(Problem::refusal(RefusalCode::NotFound)),
-        Ok(Err(code)) => Err(Problem::refusal(code)),
-        Err(e) => Err(store_error("get", Some(&key), &e)),
-    }
+    let found = st.store.get(tenant, &key).await;
+    Ok(json_response(record_body(&key, found)?))
 }
 
 /// Raise the principal's generation: every older lease and settlement is refused.
@@ -675,6 +762,7 @@ mod tests {
             (Route::Metrics, "metrics"),
             (Route::Openapi, "openapi"),
             (Route::Unmatched, "unmatched"),
+            (Route::Batch, "batch"),
         ];
         for (r, label) in pairs {
             assert_eq!(m::ROUTES[r as usize], label);

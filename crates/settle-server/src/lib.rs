@@ -10,6 +10,7 @@
 //! Decisions the spec leaves open are written down in `docs/http-api.md`.
 
 pub mod auth;
+pub mod batch;
 pub mod config;
 pub mod http;
 pub mod inspect;

@@ -145,7 +145,7 @@ pub fn set_stats(s: &StoreStats) {
 }
 
 /// The `route` label values of [`REQUESTS`].
-pub const ROUTES: [&str; 17] = [
+pub const ROUTES: [&str; 18] = [
     "claim",
     "heartbeat",
     "dispatch",
@@ -163,6 +163,7 @@ pub const ROUTES: [&str; 17] = [
     "metrics",
     "openapi",
     "unmatched",
+    "batch",
 ];
 
 const STATUSES: [&str; 10] = [

@@ -97,6 +97,7 @@ impl Modify for BearerAuth {
         crate::http::readyz,
         crate::http::metrics,
         crate::http::openapi_json,
+        crate::batch::batch,
     ),
     components(schemas(api::Code, api::Refusal, api::Token)),
     modifiers(&BearerAuth, &CrossFieldRules),

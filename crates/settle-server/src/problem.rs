@@ -149,11 +149,15 @@ impl Problem {
         StatusCode::from_u16(self.body.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
     }
 
+    /// The problem object's JSON (the body of its response, and of a batch slot).
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.body).expect("a problem always serializes")
+    }
+
     /// The problem+json response, with `Retry-After` and `WWW-Authenticate` where due.
     pub fn into_response(self) -> Response {
         let status = self.status_code();
-        let body = serde_json::to_vec(&self.body).expect("a problem always serializes");
-        let mut resp = Response::new(Body::from(body));
+        let mut resp = Response::new(Body::from(self.to_json()));
         *resp.status_mut() = status;
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));

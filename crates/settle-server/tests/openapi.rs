@@ -234,6 +234,7 @@ fn round_trip(name: &str, body: &str) {
         "ListResponse" => rt::<api::ListResponse>(body),
         "Stats" => rt::<api::Stats>(body),
         "Problem" => rt::<api::Problem>(body),
+        "BatchResponse" => rt::<api::BatchResponse>(body),
         other => panic!("no settle-api type for schema {other}"),
     };
     assert_eq!(again, body, "{name} does not write its body back unchanged");
@@ -375,6 +376,15 @@ async fn every_answer_validates_against_the_served_document() {
     )
     .await;
     step("GET", "/v1/tasks/t/warnings", None).await;
+    let mut call = claim.clone();
+    call["op"] = json!("claim");
+    call["key"] = json!("kb");
+    step(
+        "POST",
+        "/v1/batch",
+        Some(json!({"calls": [call, {"op": "get", "key": "kb"}]})),
+    )
+    .await;
     // The inspection API (SPEC §9): a page with a cursor, the counts, a bad filter.
     let (a, name) = step("GET", "/v1/operations?limit=1", None).await;
     assert_eq!(
@@ -464,6 +474,7 @@ async fn the_document_describes_every_route_and_problem_code() {
         "/readyz",
         "/metrics",
         "/openapi.json",
+        "/v1/batch",
     ];
     let mut have: Vec<&str> = paths.keys().map(String::as_str).collect();
     want.sort();
@@ -499,7 +510,7 @@ async fn the_document_describes_every_route_and_problem_code() {
             }
         }
     }
-    assert_eq!(ops, 12, "all twelve /v1 operations");
+    assert_eq!(ops, 13, "all thirteen /v1 operations");
 
     // The closed list of codes, each named where a route can answer it.
     let codes: Vec<Value> = api::Code::ALL.iter().map(|c| json!(c.as_str())).collect();

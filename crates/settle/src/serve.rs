@@ -69,6 +69,12 @@ pub struct ServeArgs {
     /// Larger request bodies get 413 [default: 1048576].
     #[arg(long, env = "SETTLE_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// A batch (`POST /v1/batch`) with more calls gets 422 [default: 1000].
+    #[arg(long, env = "SETTLE_MAX_BATCH_CALLS")]
+    pub max_batch_calls: Option<usize>,
+    /// Larger batch bodies get 413 [default: 16777216].
+    #[arg(long, env = "SETTLE_MAX_BATCH_BODY_BYTES")]
+    pub max_batch_body_bytes: Option<usize>,
     /// Larger outcome results get 422 [default: 65536].
     #[arg(long, env = "SETTLE_MAX_RESULT_BYTES")]
     pub max_result_bytes: Option<usize>,
@@ -127,6 +133,8 @@ impl From<ServeArgs> for Settings {
             tenants: a.tenants,
             lease_margin_ms: a.lease_margin_ms,
             max_body_bytes: a.max_body_bytes,
+            max_batch_calls: a.max_batch_calls,
+            max_batch_body_bytes: a.max_batch_body_bytes,
             max_result_bytes: a.max_result_bytes,
             warning_cap: a.warning_cap,
             stuck_after_s: a.stuck_after_s,

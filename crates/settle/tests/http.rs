@@ -7,7 +7,41 @@ use hyper::Method;
 use serde_json::{Value, json};
 use settle_client::{api, operation_path};
 
-#[tokio::test]
+/// These scenarios run twice: through their single routes, and with every
+/// operation call and `get` sent through `POST /v1/batch` instead (one call
+/// per batch; see `common::VIA_BATCH`): a batch slot must answer exactly
+/// what the single call answers (SPEC §10).
+macro_rules! single_and_batch {
+    ($($name:ident),* $(,)?) => {
+        mod single {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::$name().await
+                }
+            )*
+        }
+        mod via_batch {
+            $(
+                #[tokio::test]
+                async fn $name() {
+                    super::common::VIA_BATCH.scope(true, super::$name()).await
+                }
+            )*
+        }
+    };
+}
+
+single_and_batch!(
+    claim_settle_replay_and_the_record,
+    heartbeat_dispatch_release_and_reconcile,
+    revoke_and_warnings,
+    protocol_refusals_are_409_with_their_code,
+    percent_encoded_keys_are_decoded_once,
+    results_replay_byte_for_byte_and_null_is_a_result,
+    unknown_keeps_its_error_and_refuses_a_result,
+);
+
 async fn claim_settle_replay_and_the_record() {
     let dir = TempDir::new("walk");
     let s = Server::start(dir.path(), &[]);
@@ -97,7 +131,6 @@ async fn claim_settle_replay_and_the_record() {
 }
 
 #[allow(clippy::too_many_lines)] // one scenario, kept whole
-#[tokio::test]
 async fn heartbeat_dispatch_release_and_reconcile() {
     let dir = TempDir::new("calls");
     let s = Server::start(dir.path(), &[]);
@@ -224,7 +257,6 @@ async fn heartbeat_dispatch_release_and_reconcile() {
     assert_eq!(r.json()["receipt"]["fence"], rfence);
 }
 
-#[tokio::test]
 async fn revoke_and_warnings() {
     let dir = TempDir::new("rw");
     let s = Server::start(dir.path(), &[]);
@@ -317,7 +349,6 @@ async fn warning_counts_saturate_at_the_configured_cap() {
     );
 }
 
-#[tokio::test]
 async fn protocol_refusals_are_409_with_their_code() {
     let dir = TempDir::new("409");
     // A margin longer than a short lease makes that lease too short to settle, whatever the timing.
@@ -592,7 +623,6 @@ async fn bad_input_gets_4xx_and_writes_nothing() {
     assert_eq!(r.status, 200);
 }
 
-#[tokio::test]
 async fn percent_encoded_keys_are_decoded_once() {
     let dir = TempDir::new("enc");
     let s = Server::start(dir.path(), &[]);
@@ -1404,7 +1434,6 @@ async fn release_not_committed_over_http_and_the_cli() {
 #[allow(clippy::too_many_lines)] // one scenario, kept whole
 /// Issue 8 item 14: a replay returns the compact text that was settled, byte
 /// for byte (floats too), and JSON `null` is a result. Over HTTP and the CLI.
-#[tokio::test]
 async fn results_replay_byte_for_byte_and_null_is_a_result() {
     let dir = TempDir::new("rawresult");
     let s = Server::start(dir.path(), &[]);
@@ -1535,7 +1564,6 @@ async fn results_replay_byte_for_byte_and_null_is_a_result() {
 /// Issue 8 items 14 and 20: `outcome.error` is any text up to the limit;
 /// an `unknown` settlement keeps it (and its digest) on the attempt, shown
 /// by `get`; a result on `unknown` is refused.
-#[tokio::test]
 async fn unknown_keeps_its_error_and_refuses_a_result() {
     let dir = TempDir::new("unknownerr");
     let s = Server::start(dir.path(), &[]);
@@ -1648,4 +1676,160 @@ async fn bearer_tokens_may_follow_several_spaces() {
     }
     let req = "GET /v1/tasks/t/warnings HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer   nope\r\nConnection: close\r\n\r\n";
     assert_eq!(raw_status(&s.addr, req.as_bytes()).await.0, 401);
+}
+
+/// SPEC §10: calls apply in order (a later call sees an earlier one, a
+/// `get` sees the calls before it), a malformed call fails in its own slot,
+/// every result is durable before the response.
+#[tokio::test]
+async fn batch_calls_apply_in_order_and_fail_alone() {
+    let dir = TempDir::new("batch");
+    let mut s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+    let call = |op: &str, key: &str, body: Value| {
+        let mut c = body;
+        c["op"] = json!(op);
+        c["key"] = json!(key);
+        c
+    };
+    let r = post(
+        &ep,
+        "/v1/batch",
+        json!({"calls": [
+            call("claim", "b/1", claim_body(1, &b)),
+            call("claim", "b%41", claim_body(1, &b)),
+            call("claim", "b/1", claim_body(1, &b)),
+            call("get", "b/1", json!({})),
+            json!({"op": "nope", "key": "x"}),
+            json!({"key": "x"}),
+            json!({"op": "claim"}),
+            json!(5),
+            call("claim", "b3", json!({"fingerprint": "zz", "binding": b})),
+            call("claim", "", claim_body(1, &b)),
+            call("get", "never", json!({})),
+            call("settle", "never", settle_body(1, 1, &b, completed(1))),
+        ]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    let res = v["results"].as_array().unwrap();
+    assert_eq!(res.len(), 12, "{v}");
+    let status: Vec<u64> = res.iter().map(|r| r["status"].as_u64().unwrap()).collect();
+    assert_eq!(
+        status,
+        [200, 200, 200, 200, 422, 422, 422, 400, 422, 422, 404, 404]
+    );
+    assert_eq!(res[0]["body"]["decision"], "execute");
+    assert_eq!(res[1]["body"]["decision"], "execute");
+    // `b%41` is the raw key, not "bA".
+    assert_eq!(
+        get(&ep, "/v1/operations/bA").await.status,
+        404,
+        "the key of a call is not percent-decoded"
+    );
+    assert_eq!(res[2]["body"]["decision"], "in_flight");
+    assert_eq!(
+        res[3]["body"]["status"], "running",
+        "get sees the claim before it"
+    );
+    assert_eq!(
+        res[3]["body"]["key"], "b/1",
+        "the raw key, not percent-decoded"
+    );
+    assert_eq!(res[4]["body"]["field"], "op");
+    assert_eq!(res[5]["body"]["field"], "op");
+    assert_eq!(res[6]["body"]["field"], "key");
+    assert_eq!(res[7]["body"]["code"], "bad_request");
+    assert_eq!(res[8]["body"]["field"], "fingerprint");
+    assert_eq!(res[9]["body"]["field"], "key");
+    assert_eq!(res[10]["body"]["code"], "not_found");
+    assert_eq!(res[11]["body"]["code"], "not_found");
+    let f1 = res[0]["body"]["fence"].as_u64().unwrap();
+    let f2 = res[1]["body"]["fence"].as_u64().unwrap();
+
+    // Settle both and replay one in the same batch; the replay sees the settlement.
+    let r = post(
+        &ep,
+        "/v1/batch",
+        json!({"calls": [
+            call("settle", "b/1", settle_body(f1, 1, &b, completed(1))),
+            call("claim", "b/1", claim_body(1, &b)),
+            call("settle", "b%41", settle_body(f2, 1, &b, completed(2))),
+        ]}),
+    )
+    .await;
+    let v = r.json();
+    let res = v["results"].as_array().unwrap();
+    assert_eq!(res[0]["status"], 200, "{v}");
+    assert_eq!(res[1]["body"]["decision"], "replay");
+    assert_eq!(res[1]["body"]["receipt"], res[0]["body"]["receipt"]);
+    assert_eq!(res[2]["body"]["receipt"]["status"], "completed");
+
+    // Acknowledged means durable: SIGKILL, restart, the receipts are there.
+    s.kill9();
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    for key in ["b/1", "b%41"] {
+        let rec = get(&ep, &operation_path(key, "")).await;
+        assert_eq!(rec.json()["status"], "completed", "{key}");
+    }
+    // An empty batch is an empty answer.
+    let r = post(&ep, "/v1/batch", json!({"calls": []})).await;
+    assert_eq!(r.json(), json!({"results": []}));
+}
+
+/// The limits of a batch: the whole request is refused, nothing is written.
+#[tokio::test]
+async fn batch_limits_refuse_the_whole_request() {
+    let dir = TempDir::new("batchlim");
+    let s = Server::start(
+        dir.path(),
+        &["--max-batch-calls", "2", "--max-batch-body-bytes", "1000"],
+    );
+    let ep = s.ep();
+    let b = binding("svc", 0);
+    let claim = |key: &str| {
+        let mut c = claim_body(1, &b);
+        c["op"] = json!("claim");
+        c["key"] = json!(key);
+        c
+    };
+    let r = post(
+        &ep,
+        "/v1/batch",
+        json!({"calls": [claim("l1"), claim("l2"), claim("l3")]}),
+    )
+    .await;
+    assert_problem(&r, 422, "invalid_request");
+    assert_eq!(r.json()["field"], "calls");
+    assert!(
+        r.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("max_batch_calls")
+    );
+    assert_eq!(get(&ep, &operation_path("l1", "")).await.status, 404);
+
+    let big = "x".repeat(1100);
+    let r = post(&ep, "/v1/batch", json!({"calls": [], "pad": big})).await;
+    assert_problem(&r, 413, "payload_too_large");
+    let r = post(&ep, "/v1/batch", json!({"calls": 1})).await;
+    assert_problem(&r, 422, "invalid_request");
+    let r = post(&ep, "/v1/batch", json!({"claims": []})).await;
+    assert_problem(&r, 422, "invalid_request");
+    let r = post_raw(&ep, "/v1/batch", b"[1]").await;
+    assert_problem(&r, 400, "bad_request");
+    let r = post(
+        &ep,
+        "/v1/batch",
+        json!({"calls": [claim("l1"), claim("l2")]}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(get(&ep, &operation_path("l2", "")).await.status, 200);
+
+    let doc = get(&ep, "/openapi.json").await.json();
+    assert!(doc["paths"]["/v1/batch"]["post"].is_object());
 }

@@ -1,13 +1,16 @@
 //! `settle bench --url`: `connections` keep-alive connections, each looping
 //! claim (fresh key) + settle `completed` through the generic pair loop,
-//! with the typed client (one dedicated connection per worker).
+//! with the typed client (one dedicated connection per worker); with
+//! `--batch N`, each loop sends N claims in one `POST /v1/batch` and then
+//! their N settlements in another.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::value::RawValue;
 use settle_client::api::{
-    Binding, ClaimDecision, ClaimRequest, Outcome, OutcomeStatus, SettleRequest,
+    BatchResponse, BatchResult, Binding, ClaimDecision, ClaimRequest, Outcome, OutcomeStatus,
+    SettleRequest,
 };
 use settle_client::{Client, ClientError};
 use settle_ledger::bench::{Limit, PairStats, PairWorker, run_workers};
@@ -111,6 +114,157 @@ pub async fn run(
             prefix: format!("bench-{run}-{c}"),
             claim: claim.clone(),
             outcome: outcome.clone(),
+            errors: errors.clone(),
+        });
+    }
+    let stats = run_workers(workers, limit, progress)
+        .await
+        .map_err(Failure::unreachable)?;
+    Ok((stats, errors.load(Ordering::Relaxed)))
+}
+
+/// One connection's loop with `POST /v1/batch`: one batch of `size` claims
+/// on fresh keys, then one batch settling every key that may execute. Each
+/// settled pair is timed with the two batches' latency.
+struct BatchWorker {
+    client: Client,
+    prefix: String,
+    size: usize,
+    /// The claim's fields after `"key":…,` (the same for every call).
+    claim_tail: Arc<str>,
+    /// The settle's fields after the fence (the same for every call).
+    settle_tail: Arc<str>,
+    errors: Arc<AtomicU64>,
+}
+
+/// What the benchmark reads of a claim result.
+#[derive(serde::Deserialize)]
+struct Decision {
+    decision: String,
+    fence: Option<u64>,
+}
+
+impl BatchWorker {
+    async fn send(&self, body: String) -> Result<Vec<BatchResult>, ClientError> {
+        let r = self
+            .client
+            .send_raw(
+                settle_client::Method::POST,
+                "/v1/batch",
+                Some(settle_client::Bytes::from(body)),
+            )
+            .await?;
+        let b: BatchResponse = r.parse()?;
+        Ok(b.results)
+    }
+}
+
+impl PairWorker for BatchWorker {
+    type Error = ClientError;
+    async fn call(&mut self, n: u64) -> Result<u64, ClientError> {
+        // Keys are `{prefix}-{n}-{i}`: plain ASCII, no JSON escaping needed.
+        let mut body = String::with_capacity(16 + self.size * (self.claim_tail.len() + 64));
+        body.push_str(r#"{"calls":["#);
+        for i in 0..self.size {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str(&format!(
+                r#"{{"op":"claim","key":"{}-{n}-{i}",{}}}"#,
+                self.prefix, self.claim_tail
+            ));
+        }
+        body.push_str("]}");
+        let claims = match self.send(body).await {
+            Ok(r) => r,
+            Err(e) => return self.failed(e, self.size),
+        };
+        let mut body = String::with_capacity(16 + self.size * (self.settle_tail.len() + 64));
+        body.push_str(r#"{"calls":["#);
+        let mut sent = 0;
+        for (i, r) in claims.iter().enumerate() {
+            let fence = match r.parse::<Decision>() {
+                Ok(Decision {
+                    decision,
+                    fence: Some(f),
+                }) if decision == "execute" => f,
+                _ => continue,
+            };
+            if sent > 0 {
+                body.push(',');
+            }
+            sent += 1;
+            body.push_str(&format!(
+                r#"{{"op":"settle","key":"{}-{n}-{i}","fence":{fence},{}}}"#,
+                self.prefix, self.settle_tail
+            ));
+        }
+        body.push_str("]}");
+        let failed_claims = (self.size - sent) as u64;
+        self.errors.fetch_add(failed_claims, Ordering::Relaxed);
+        if sent == 0 {
+            return Ok(0);
+        }
+        let settles = match self.send(body).await {
+            Ok(r) => r,
+            Err(e) => return self.failed(e, sent),
+        };
+        let ok = settles.iter().filter(|r| r.status == 200).count() as u64;
+        self.errors
+            .fetch_add(settles.len() as u64 - ok, Ordering::Relaxed);
+        Ok(ok)
+    }
+}
+
+impl BatchWorker {
+    /// A failed batch: its pairs are counted; a transport failure ends the run.
+    fn failed(&self, e: ClientError, pairs: usize) -> Result<u64, ClientError> {
+        self.errors.fetch_add(pairs as u64, Ordering::Relaxed);
+        if e.is_transport() { Err(e) } else { Ok(0) }
+    }
+}
+
+/// Runs the batch benchmark: `connections` connections, each sending
+/// batches of `size` claims then `size` settlements; returns the stats
+/// (per settled pair) and the number of failed pairs.
+pub async fn run_batch(
+    url: &str,
+    token: Option<&str>,
+    connections: usize,
+    size: usize,
+    limit: Limit,
+    progress: Arc<AtomicU64>,
+) -> Result<(PairStats, u64), Failure> {
+    let run = super::run_id();
+    let (claim, outcome) = inputs()?;
+    let fields = |v: serde_json::Value| -> Result<String, Failure> {
+        // `{"a":…,"b":…}` without its braces: the fields beside op and key.
+        let s = serde_json::to_string(&v).map_err(Failure::local)?;
+        Ok(s[1..s.len() - 1].to_string())
+    };
+    let claim_tail: Arc<str> =
+        fields(serde_json::to_value(&claim).map_err(Failure::local)?)?.into();
+    let settle_tail: Arc<str> = fields(serde_json::json!({
+        "fingerprint": claim.fingerprint,
+        "binding": claim.binding,
+        "outcome": outcome,
+    }))?
+    .into();
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::with_capacity(connections);
+    for c in 0..connections.max(1) {
+        let client = Client::builder(url)
+            .token(token.unwrap_or_default())
+            .single_connection()
+            .build()
+            .map_err(Failure::usage)?;
+        client.health().await.map_err(Failure::unreachable)?;
+        workers.push(BatchWorker {
+            client,
+            prefix: format!("bench-{run}-{c}"),
+            size: size.max(1),
+            claim_tail: claim_tail.clone(),
+            settle_tail: settle_tail.clone(),
             errors: errors.clone(),
         });
     }

@@ -44,6 +44,10 @@ pub struct BenchArgs {
         value_delimiter = ','
     )]
     connections: Vec<usize>,
+    /// With --url: send the pairs through `POST /v1/batch`, N claims in
+    /// one request and then their N settlements in another.
+    #[arg(long, value_name = "N", requires = "url")]
+    batch: Option<usize>,
     /// Seconds to run (each concurrency).
     #[arg(long, value_name = "SECONDS", default_value_t = 10.0)]
     duration: f64,
@@ -114,12 +118,12 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
         let (mode, stats, errors) =
             with_progress(duration, |p| once(&a, c.max(1), duration, p)).await?;
         errors_total += errors;
-        report(mode, &stats, errors, a.json);
+        report(mode, &stats, errors, a.batch, a.json);
         if let Some(pg) = &a.postgres_baseline {
             let b = pg::baseline(pg, c.clamp(1, 64), duration)
                 .await
                 .map_err(Failure::local)?;
-            report("postgres_baseline", &b, 0, a.json);
+            report("postgres_baseline", &b, 0, None, a.json);
         }
     }
     if errors_total > 0 {
@@ -138,6 +142,11 @@ async fn once(
     progress: Arc<AtomicU64>,
 ) -> Result<(&'static str, PairStats, u64), Failure> {
     let limit = Limit::For(duration);
+    if let (Some(url), Some(size)) = (&a.url, a.batch) {
+        let (stats, errors) =
+            http::run_batch(url, a.token.as_deref(), concurrency, size, limit, progress).await?;
+        return Ok(("http_batch", stats, errors));
+    }
     if let Some(url) = &a.url {
         let (stats, errors) =
             http::run(url, a.token.as_deref(), concurrency, limit, progress).await?;
@@ -304,10 +313,18 @@ fn stats_json(mode: &str, s: &PairStats, errors: u64) -> Value {
     })
 }
 
-fn report(mode: &str, s: &PairStats, errors: u64, as_json: bool) {
+fn report(mode: &str, s: &PairStats, errors: u64, batch: Option<usize>, as_json: bool) {
     if as_json {
-        println!("{}", stats_json(mode, s, errors));
+        let mut v = stats_json(mode, s, errors);
+        if let Some(n) = batch {
+            v["batch"] = json!(n);
+        }
+        println!("{v}");
     } else {
+        let mode = match batch {
+            Some(n) => format!("{mode} (batches of {n})"),
+            None => mode.to_string(),
+        };
         println!(
             "{mode}: {} pairs in {:.1} s at concurrency {}: {:.0} pairs/s; latency p50 {:.2} ms, \
              p99 {:.2} ms, p999 {:.2} ms, max {:.2} ms; {errors} errors",
@@ -359,10 +376,10 @@ async fn postgres(url: &str, a: &BenchArgs, duration: Duration) -> Result<(), Fa
             continue;
         }
         if let Some(b) = &r.baseline {
-            report("postgres_baseline", b, 0, false);
+            report("postgres_baseline", b, 0, None, false);
         }
         if let Some(s) = &r.settle {
-            report("postgres_settle", s, 0, false);
+            report("postgres_settle", s, 0, None, false);
         }
         if let Some(ratio) = r.ratio() {
             println!(

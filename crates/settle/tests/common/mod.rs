@@ -187,11 +187,78 @@ pub async fn post_raw(ep: &Client, path: &str, body: &[u8]) -> Reply {
 }
 
 pub async fn get(ep: &Client, path: &str) -> Reply {
+    if VIA_BATCH.try_with(|b| *b).unwrap_or(false)
+        && let Some(seg) = path.strip_prefix("/v1/operations/")
+        && !seg.contains('/')
+        && let Some(key) = percent_decode(seg)
+    {
+        let call = api::BatchCall::new(api::BatchOp::Get, key, &api::EmptyRequest {});
+        return batch_one(ep, call).await;
+    }
     ep.send_raw(Method::GET, path, None).await.unwrap()
 }
 
 pub async fn op(ep: &Client, key: &str, call: &str, body: Value) -> Reply {
+    if VIA_BATCH.try_with(|b| *b).unwrap_or(false)
+        && let Value::Object(fields) = &body
+    {
+        let op: api::BatchOp =
+            serde_json::from_value(Value::String(call.into())).expect("a batch op");
+        let call = api::BatchCall {
+            op,
+            key: key.into(),
+            fields: fields.clone(),
+        };
+        return batch_one(ep, call).await;
+    }
     post(ep, &operation_path(key, call), body).await
+}
+
+tokio::task_local! {
+    /// Set: [`op`] and [`get`] of an operation go through `POST /v1/batch`
+    /// (one call per batch) instead of their single routes, so the same
+    /// scenario checks that a batch slot answers what the single call does.
+    pub static VIA_BATCH: bool;
+}
+
+/// Sends one call as a batch and returns its slot as if it were the single call's answer.
+pub async fn batch_one(ep: &Client, call: api::BatchCall) -> Reply {
+    let req = api::BatchRequest { calls: vec![call] };
+    let r = post(ep, "/v1/batch", serde_json::to_value(&req).unwrap()).await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.content_type, "application/json");
+    // Raw bodies: a slot keeps the single call's exact bytes.
+    let v: api::BatchResponse = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v.results.len(), 1, "{v:?}");
+    let status = v.results[0].status;
+    Reply {
+        status,
+        content_type: if status == 200 {
+            "application/json"
+        } else {
+            "application/problem+json"
+        }
+        .to_string(),
+        retry_after: None,
+        body: Bytes::from(v.results[0].body.get().to_string()),
+    }
+}
+
+/// Decodes `%XX` escapes (the test's own paths are well formed).
+fn percent_decode(seg: &str) -> Option<String> {
+    let b = seg.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            out.push(u8::from_str_radix(seg.get(i + 1..i + 3)?, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// Claims `key` and expects `execute`; returns the fence.

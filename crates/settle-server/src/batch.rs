@@ -1,0 +1,259 @@
+//! `POST /v1/batch` (SPEC §10): many operation calls in one request.
+//!
+//! Each call is parsed and answered exactly as its single route would
+//! (the same functions of [`crate::http::KeyOp`] build its command and
+//! render its reply); a malformed call answers 400/422 in its own slot.
+//! The commands are applied in order through [`settle_ledger::Store::execute_batch`]
+//! — on the embedded store one group commit for the whole batch — and the
+//! response goes out only once every result is durable. A `get` sees every
+//! call before it: the commands before it are committed first.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::response::Response;
+use serde::Deserialize;
+use serde::de::{MapAccess, Visitor};
+use serde_json::value::RawValue;
+use settle_core::{Command, Key, TenantId};
+
+use settle_api as api;
+
+use crate::http::{AppState, KeyOp, Route, Sent, finish, record_body};
+use crate::openapi::V1Errors;
+use crate::problem::Problem;
+use crate::wire::parse_body;
+
+/// The request envelope; each call is kept as raw text and parsed on its own.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Envelope {
+    calls: Vec<Box<RawValue>>,
+}
+
+/// What one call asks for, once parsed.
+enum Call {
+    Command(KeyOp, Command),
+    Get(Key),
+}
+
+/// The answer of one slot: a JSON body (status 200) or a problem.
+type Slot = Option<Result<Vec<u8>, Problem>>;
+
+/// Run many operation calls in order; one result per call.
+/// Run many operation calls in order; one result per call (SPEC §10).
+///
+/// At most `max_batch_calls` calls (default 1000; more: 422 for the whole
+/// request, field `calls`) in at most `max_batch_body_bytes` (default
+/// 16 MiB; more: 413). Each call is `op`, the raw `key` and the fields of
+/// that call's request body; its result is the status and the body the
+/// single call would have answered (a problem object when not 200), and a
+/// malformed call answers 400/422 in its own slot. Calls are applied in
+/// order (a key may appear more than once); the batch is not atomic, but
+/// every result is durable before the response is sent.
+#[utoipa::path(
+    post, path = "/v1/batch", tag = "operations",
+    request_body = api::BatchRequest,
+    responses(
+        (status = 200, description = "one result per call, in order", body = api::BatchResponse),
+        V1Errors,
+    )
+)]
+pub async fn batch(State(st): State<Arc<AppState>>, req: Request) -> Response {
+    finish(Route::Batch, batch_inner(&st, req).await)
+}
+
+async fn batch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (parts, body) = req.into_parts();
+    let tenant = st.auth.tenant(&parts.headers)?;
+    let bytes = st.body_up_to(&parts, body, st.max_batch_body_bytes).await?;
+    let env: Envelope = parse_body(&bytes)?;
+    if env.calls.len() > st.max_batch_calls {
+        return Err(Problem::invalid(
+            "calls",
+            format!(
+                "holds {} calls; at most {} are allowed (max_batch_calls)",
+                env.calls.len(),
+                st.max_batch_calls
+            ),
+        ));
+    }
+    let mut slots: Vec<Slot> = (0..env.calls.len()).map(|_| None).collect();
+    let mut pending: Vec<(usize, KeyOp, Sent, Command)> = Vec::new();
+    for (i, raw) in env.calls.iter().enumerate() {
+        match parse_call(st, raw) {
+            Err(p) => slots[i] = Some(Err(p)),
+            Ok(Call::Command(op, cmd)) => match st.prepare(&cmd) {
+                Ok(sent) => pending.push((i, op, sent, cmd)),
+                Err(p) => slots[i] = Some(Err(p)),
+            },
+            Ok(Call::Get(key)) => {
+                commit(st, tenant, &mut pending, &mut slots).await;
+                let found = st.store.get(tenant, &key).await;
+                slots[i] = Some(record_body(&key, found));
+            }
+        }
+    }
+    commit(st, tenant, &mut pending, &mut slots).await;
+    let mut resp = Response::new(render(slots).into());
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+/// Runs the pending commands as one store batch and fills their slots.
+async fn commit(
+    st: &AppState,
+    tenant: &TenantId,
+    pending: &mut Vec<(usize, KeyOp, Sent, Command)>,
+    slots: &mut [Slot],
+) {
+    if pending.is_empty() {
+        return;
+    }
+    let mut meta = Vec::with_capacity(pending.len());
+    let mut cmds = Vec::with_capacity(pending.len());
+    for (i, op, sent, cmd) in pending.drain(..) {
+        meta.push((i, op, sent));
+        cmds.push(cmd);
+    }
+    let results = st.store.execute_batch(tenant, cmds).await;
+    assert_eq!(results.len(), meta.len(), "one result per command");
+    for ((i, op, sent), result) in meta.into_iter().zip(results) {
+        slots[i] = Some(st.answer(sent, result).and_then(|reply| op.body(reply)));
+    }
+}
+
+/// `{"results":[{"status":…,"body":…},…]}`, bodies spliced in as rendered.
+fn render(slots: Vec<Slot>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + slots.len() * 256);
+    out.extend_from_slice(b"{\"results\":[");
+    for (i, slot) in slots.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        let (status, body) = match slot.expect("every call is answered") {
+            Ok(body) => (200, body),
+            Err(p) => (p.status, p.to_json()),
+        };
+        out.extend_from_slice(format!("{{\"status\":{status},\"body\":").as_bytes());
+        out.extend_from_slice(&body);
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
+/// The op of a call (SPEC §10).
+#[derive(Clone, Copy)]
+enum Op {
+    Key(KeyOp),
+    Get,
+}
+
+const OPS: &str = "claim, heartbeat, dispatch, settle, release, reconcile or get";
+
+fn op_named(name: &str) -> Option<Op> {
+    Some(match name {
+        "claim" => Op::Key(KeyOp::Claim),
+        "heartbeat" => Op::Key(KeyOp::Heartbeat),
+        "dispatch" => Op::Key(KeyOp::Dispatch),
+        "settle" => Op::Key(KeyOp::Settle),
+        "release" => Op::Key(KeyOp::Release),
+        "reconcile" => Op::Key(KeyOp::Reconcile),
+        "get" => Op::Get,
+        _ => return None,
+    })
+}
+
+/// A call's members in order, values as raw text.
+struct Members<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de> Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, &'de RawValue>()? {
+                    out.push((k, v));
+                }
+                Ok(Members(out))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Parses one call: its `op`, its raw `key`, and the rest as the single
+/// call's request body (so a bad field is reported as the single call
+/// would report it).
+fn parse_call(st: &AppState, raw: &RawValue) -> Result<Call, Problem> {
+    let text = raw.get();
+    if !text.starts_with('{') {
+        return Err(Problem::bad_request("a call must be a JSON object"));
+    }
+    let Members(members) = serde_json::from_str(text)
+        .map_err(|e| Problem::bad_request(format!("the call is not valid JSON: {e}")))?;
+    let mut op = None;
+    let mut key = None;
+    let mut body = String::with_capacity(text.len());
+    body.push('{');
+    for (name, value) in &members {
+        match name.as_str() {
+            "op" if op.is_none() => op = Some(*value),
+            "key" if key.is_none() => key = Some(*value),
+            _ => {
+                if body.len() > 1 {
+                    body.push(',');
+                }
+                body.push_str(&serde_json::to_string(name).expect("a string serializes"));
+                body.push(':');
+                body.push_str(value.get());
+            }
+        }
+    }
+    body.push('}');
+    let op = op.ok_or_else(|| Problem::invalid("op", "is required"))?;
+    let op = serde_json::from_str::<&str>(op.get())
+        .ok()
+        .and_then(op_named)
+        .ok_or_else(|| Problem::invalid("op", format!("must be one of {OPS}")))?;
+    let key = key.ok_or_else(|| Problem::invalid("key", "is required"))?;
+    let key: String = serde_json::from_str(key.get())
+        .map_err(|_| Problem::invalid("key", "must be a string (the raw key)"))?;
+    let key = Key::new(key).map_err(|e| Problem::invalid("key", e.reason))?;
+    match op {
+        Op::Key(op) => Ok(Call::Command(op, op.command(st, key, body.as_bytes())?)),
+        Op::Get => {
+            let _: api::EmptyRequest = parse_body(body.as_bytes())?;
+            Ok(Call::Get(key))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_are_spliced_in_order() {
+        let slots = vec![
+            Some(Ok(br#"{"a":1}"#.to_vec())),
+            Some(Err(Problem::invalid("op", "is required"))),
+        ];
+        let v: serde_json::Value = serde_json::from_slice(&render(slots)).unwrap();
+        assert_eq!(v["results"][0]["status"], 200);
+        assert_eq!(v["results"][0]["body"]["a"], 1);
+        assert_eq!(v["results"][1]["status"], 422);
+        assert_eq!(v["results"][1]["body"]["code"], "invalid_request");
+        assert_eq!(v["results"][1]["body"]["field"], "op");
+    }
+}
