@@ -7,8 +7,8 @@
 use hyper::Method;
 use hyper::body::Bytes;
 use settle_api::{
-    BatchCall, BatchOp, BatchRequest, ClaimRequest, DispatchRequest, HeartbeatRequest,
-    ReconcileRequest, ReconcileResponse, ReleaseRequest, SettleRequest, WarnRequest,
+    BatchOp, BatchResponse, ClaimRequest, DispatchRequest, HeartbeatRequest, ReconcileRequest,
+    ReconcileResponse, ReleaseRequest, SettleRequest, WarnRequest,
 };
 use settle_core::{self as core, Command, Fence, InvalidInput, Reply};
 
@@ -16,18 +16,18 @@ use crate::call::{self, Call};
 use crate::client::Client;
 use crate::error::ClientError;
 
-/// A command as one request: the single call, and the same call as an
-/// entry of a §10 batch (`None` for revoke and warn, which a batch cannot
-/// carry).
+/// A command as one request: the single call, and the operation and key
+/// that make it an entry of a §10 batch (`None` for revoke and warn, which
+/// a batch cannot carry).
 struct Wire {
     method: Method,
     path: String,
     body: Option<Bytes>,
-    batch: Option<BatchCall>,
+    batch: Option<(BatchOp, String)>,
 }
 
 impl Wire {
-    fn new<T>(c: Call<T>, batch: Option<BatchCall>) -> Wire {
+    fn new<T>(c: Call<T>, batch: Option<(BatchOp, String)>) -> Wire {
         Wire {
             method: c.method,
             path: c.path,
@@ -38,8 +38,29 @@ impl Wire {
 }
 
 /// The same body as an entry of a batch.
-fn keyed<T: serde::Serialize>(op: BatchOp, key: &core::Key, body: &T) -> Option<BatchCall> {
-    Some(BatchCall::new(op, key.as_str(), body))
+fn keyed(op: BatchOp, key: &core::Key) -> Option<(BatchOp, String)> {
+    Some((op, key.as_str().to_string()))
+}
+
+/// Appends `{"op":…,"key":…,<the single call's body fields>}` to a batch
+/// body. Spliced as text, not rebuilt through `serde_json::Value`, so that
+/// a result keeps its exact spelling (numbers beyond a double, as sent),
+/// as the single call keeps it.
+fn push_entry(out: &mut Vec<u8>, op: BatchOp, key: &str, body: &[u8]) -> Result<(), ClientError> {
+    let json = |e: serde_json::Error| ClientError::Request(e.to_string());
+    out.extend_from_slice(b"{\"op\":");
+    serde_json::to_writer(&mut *out, &op).map_err(json)?;
+    out.extend_from_slice(b",\"key\":");
+    serde_json::to_writer(&mut *out, key).map_err(json)?;
+    // The body is a serialized request struct: `{…}`, no whitespace around.
+    debug_assert!(body.first() == Some(&b'{') && body.last() == Some(&b'}'));
+    let fields = &body[1..body.len().saturating_sub(1).max(1)];
+    if !fields.is_empty() {
+        out.push(b',');
+        out.extend_from_slice(fields);
+    }
+    out.push(b'}');
+    Ok(())
 }
 
 /// How `cmd` goes over the wire.
@@ -49,42 +70,42 @@ fn wire(cmd: &Command) -> Result<Wire, ClientError> {
             let req = ClaimRequest::from(c);
             Wire::new(
                 call::claim(c.key.as_str(), &req)?,
-                keyed(BatchOp::Claim, &c.key, &req),
+                keyed(BatchOp::Claim, &c.key),
             )
         }
         Command::Heartbeat(h) => {
             let req = HeartbeatRequest::from(h);
             Wire::new(
                 call::heartbeat(h.key.as_str(), &req)?,
-                keyed(BatchOp::Heartbeat, &h.key, &req),
+                keyed(BatchOp::Heartbeat, &h.key),
             )
         }
         Command::Dispatch(d) => {
             let req = DispatchRequest::from(d);
             Wire::new(
                 call::dispatch(d.key.as_str(), &req)?,
-                keyed(BatchOp::Dispatch, &d.key, &req),
+                keyed(BatchOp::Dispatch, &d.key),
             )
         }
         Command::Settle(s) => {
             let req = SettleRequest::from(s);
             Wire::new(
                 call::settle(s.key.as_str(), &req)?,
-                keyed(BatchOp::Settle, &s.key, &req),
+                keyed(BatchOp::Settle, &s.key),
             )
         }
         Command::Release(r) => {
             let req = ReleaseRequest::from(r);
             Wire::new(
                 call::release(r.key.as_str(), &req)?,
-                keyed(BatchOp::Release, &r.key, &req),
+                keyed(BatchOp::Release, &r.key),
             )
         }
         Command::Reconcile(r) => {
             let req = ReconcileRequest::from(r);
             Wire::new(
                 call::reconcile(r.key.as_str(), &req)?,
-                keyed(BatchOp::Reconcile, &r.key, &req),
+                keyed(BatchOp::Reconcile, &r.key),
             )
         }
         Command::Revoke(r) => Wire::new(call::revoke(r.principal.as_str())?, None),
@@ -183,15 +204,25 @@ impl Client {
         &self,
         cmds: &[Command],
     ) -> Result<Vec<Result<Reply, ClientError>>, ClientError> {
-        let calls = cmds
-            .iter()
-            .map(|c| {
-                wire(c)?
-                    .batch
-                    .ok_or_else(|| ClientError::Request(format!("{} cannot be batched", c.name())))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let res = self.batch(&BatchRequest { calls }).await?;
+        let mut body = b"{\"calls\":[".to_vec();
+        for (i, c) in cmds.iter().enumerate() {
+            let w = wire(c)?;
+            let (op, key) = w
+                .batch
+                .ok_or_else(|| ClientError::Request(format!("{} cannot be batched", c.name())))?;
+            if i > 0 {
+                body.push(b',');
+            }
+            push_entry(&mut body, op, &key, w.body.as_deref().unwrap_or(b"{}"))?;
+        }
+        body.extend_from_slice(b"]}");
+        let res: BatchResponse = self
+            .call(&Call::new(
+                Method::POST,
+                "/v1/batch".into(),
+                Some(body.into()),
+            ))
+            .await?;
         if res.results.len() != cmds.len() {
             return Err(ClientError::UnexpectedBody {
                 status: 200,

@@ -221,3 +221,43 @@ async fn a_pool_of_workers_over_http_executes_each_key_once_in_batches() {
     drop(b);
     l.stop().await;
 }
+
+/// `Client::execute_batch` keeps a result's spelling exactly as the single
+/// settle call does (numbers beyond a double included): the batch body is
+/// spliced from the single call's body, not rebuilt through a JSON value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_settle_stores_the_result_as_sent() {
+    use settle_core::testkit::settle;
+    use settle_core::{Digest, Outcome, ResultJson};
+    let l = common::TestLedger::over_http().await;
+    let client = l.client.clone().unwrap();
+    let text = r#"{"amount":1.10000000000000000000001,"big":123456789012345678901234567890}"#;
+    let outcome = Outcome::completed(ResultJson::from_text(text, 4096).unwrap(), Digest([7; 32]));
+    let mut results = Vec::new();
+    for (k, batched) in [("exact-single", false), ("exact-batched", true)] {
+        let cmd = claim(k, 1, binding("alice", 0));
+        let fence = match client.execute(&cmd).await.unwrap() {
+            Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+            other => panic!("{other:?}"),
+        };
+        let cmd = settle(k, fence, 1, binding("alice", 0), outcome.clone());
+        let reply = if batched {
+            let mut r = client.execute_batch(&[cmd]).await.unwrap();
+            assert_eq!(r.len(), 1);
+            r.remove(0).unwrap()
+        } else {
+            client.execute(&cmd).await.unwrap()
+        };
+        assert!(matches!(reply, Reply::Receipt(_)), "{reply:?}");
+        let got = client.send(&settle_client::calls::get(k)).await.unwrap();
+        let v: serde_json::Value = got.json();
+        assert!(
+            String::from_utf8_lossy(&got.body).contains(text),
+            "{k}: {}",
+            String::from_utf8_lossy(&got.body)
+        );
+        results.push(v["outcome"]["result"].clone());
+    }
+    assert_eq!(results[0], results[1]);
+    l.stop().await;
+}
