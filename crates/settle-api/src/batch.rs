@@ -54,6 +54,12 @@ pub struct BatchCall {
 impl BatchCall {
     /// A call of `op` on `key` with `body` (a request body type of this
     /// crate, or `EmptyRequest` for `get`).
+    ///
+    /// The fields pass through `serde_json::Value`: a settle's `result`
+    /// loses spelling a `Value` cannot hold (numbers beyond a double are
+    /// rounded, duplicate members merged). Where the result must be stored
+    /// exactly as given, send the batch as text, as
+    /// `settle_client::Client::execute_batch` does.
     pub fn new<T: Serialize>(op: BatchOp, key: impl Into<String>, body: &T) -> BatchCall {
         let fields = match serde_json::to_value(body) {
             Ok(Value::Object(m)) => m,
