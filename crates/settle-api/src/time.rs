@@ -1,7 +1,7 @@
 //! Timestamps on the wire: RFC 3339, UTC, with milliseconds.
 
 use std::fmt;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use settle_core::Timestamp;
@@ -19,9 +19,12 @@ impl Time {
     pub fn millis(self) -> u64 {
         self.0
     }
-    /// The RFC 3339 text.
+    /// The RFC 3339 text. RFC 3339 ends with year 9999: a later instant
+    /// (only a damaged store, or a clock set absurdly far ahead, holds one)
+    /// is written as `9999-12-31T23:59:59.999Z`, the end of time, so that
+    /// every answer stays within its schema.
     pub fn to_rfc3339(self) -> String {
-        humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(self.0)).to_string()
+        Timestamp::from_millis(self.0).to_rfc3339()
     }
     /// Parses RFC 3339 (UTC, `Z`).
     pub fn parse(s: &str) -> Result<Time, humantime::TimestampError> {
@@ -47,12 +50,12 @@ impl From<Time> for Timestamp {
 
 impl fmt::Debug for Time {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_rfc3339())
+        fmt::Display::fmt(&Timestamp::from_millis(self.0), f)
     }
 }
 impl fmt::Display for Time {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_rfc3339())
+        fmt::Display::fmt(&Timestamp::from_millis(self.0), f)
     }
 }
 
@@ -92,5 +95,20 @@ mod tests {
         assert_eq!(s, "\"2023-11-14T22:13:20.123Z\"");
         assert_eq!(serde_json::from_str::<Time>(&s).unwrap(), t);
         assert!(serde_json::from_str::<Time>("\"yesterday\"").is_err());
+    }
+
+    /// Found by the `stored_record` fuzz target: a stored record holding
+    /// an instant past year 9999 made serializing its record view panic
+    /// (humantime refuses to format it, and `to_string` panics on that).
+    #[test]
+    fn instants_past_year_9999_render_as_the_end_of_time() {
+        let end = "\"9999-12-31T23:59:59.999Z\"";
+        for ms in [253_402_300_799_999, 253_402_300_800_000, u64::MAX] {
+            assert_eq!(serde_json::to_string(&Time(ms)).unwrap(), end, "{ms}");
+        }
+        assert_eq!(
+            format!("{:?}", Time(u64::MAX)),
+            "18446744073709551615 ms after the epoch (past year 9999)"
+        );
     }
 }

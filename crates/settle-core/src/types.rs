@@ -730,18 +730,31 @@ impl Timestamp {
         )
     }
     /// RFC 3339 in UTC with milliseconds (`2023-11-14T22:13:20.123Z`), the JSON form.
+    ///
+    /// RFC 3339 ends with year 9999: a later instant (only a damaged
+    /// store, or a clock set absurdly far ahead, holds one) reads as
+    /// [`LAST_RFC3339_MS`], the end of time, instead of failing.
     pub fn to_rfc3339(self) -> String {
-        humantime::format_rfc3339_millis(self.to_system_time()).to_string()
+        let t = Timestamp(self.0.min(LAST_RFC3339_MS));
+        humantime::format_rfc3339_millis(t.to_system_time()).to_string()
     }
 }
 
+/// The last instant RFC 3339 can write, `9999-12-31T23:59:59.999Z`, in
+/// milliseconds since the Unix epoch.
+pub const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+
 impl fmt::Debug for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.to_rfc3339())
+        fmt::Display::fmt(self, f)
     }
 }
 impl fmt::Display for Timestamp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Logs show what is there, even past RFC 3339's range.
+        if self.0 > LAST_RFC3339_MS {
+            return write!(f, "{} ms after the epoch (past year 9999)", self.0);
+        }
         f.write_str(&self.to_rfc3339())
     }
 }
@@ -865,5 +878,20 @@ mod tests {
             serde_json::from_str::<Timestamp>("1700000000123").unwrap(),
             t
         );
+    }
+
+    /// Found by the fuzz targets (a stored record past year 9999): its
+    /// `Debug` and `Display` panicked, as humantime refuses the instant.
+    #[test]
+    fn instants_past_year_9999_display_without_panicking() {
+        let last = Timestamp(LAST_RFC3339_MS);
+        assert_eq!(last.to_string(), "9999-12-31T23:59:59.999Z");
+        let past = last.plus_ms(1);
+        assert_eq!(past.to_rfc3339(), "9999-12-31T23:59:59.999Z");
+        assert_eq!(
+            format!("{past:?}"),
+            "253402300800000 ms after the epoch (past year 9999)"
+        );
+        assert_eq!(Timestamp(u64::MAX).to_rfc3339(), "9999-12-31T23:59:59.999Z");
     }
 }

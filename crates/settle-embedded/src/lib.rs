@@ -13,7 +13,14 @@
 //! with an in-memory index ([`sim`]), threaded ([`EmbeddedStore::open_on`])
 //! or inline on the caller's thread ([`InlineStore`], deterministic).
 
+#[cfg(not(feature = "fuzzing"))]
 mod codec;
+// The fuzz targets (fuzz/, docs/testing.md) decode log frames and stored
+// values from arbitrary bytes; the format stays private otherwise.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+#[allow(missing_docs)]
+pub mod codec;
 mod engine;
 pub mod fs;
 pub mod index;

@@ -16,7 +16,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde::de::{MapAccess, Visitor};
 use serde_json::value::RawValue;
-use settle_core::{Command, Key, TenantId};
+use settle_core::{Command, Key, RetentionS, TenantId};
 
 use settle_api as api;
 
@@ -68,21 +68,11 @@ async fn batch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, body) = req.into_parts();
     let tenant = st.auth.tenant(&parts.headers)?;
     let bytes = st.body_up_to(&parts, body, st.max_batch_body_bytes).await?;
-    let env: Envelope = parse_body(&bytes)?;
-    if env.calls.len() > st.max_batch_calls {
-        return Err(Problem::invalid(
-            "calls",
-            format!(
-                "holds {} calls; at most {} are allowed (max_batch_calls)",
-                env.calls.len(),
-                st.max_batch_calls
-            ),
-        ));
-    }
+    let env = parse_envelope(&bytes, st.max_batch_calls)?;
     let mut slots: Vec<Slot> = (0..env.calls.len()).map(|_| None).collect();
     let mut pending: Vec<(usize, KeyOp, Sent, Command)> = Vec::new();
     for (i, raw) in env.calls.iter().enumerate() {
-        match parse_call(st, raw) {
+        match parse_call(st.default_retention, raw) {
             Err(p) => slots[i] = Some(Err(p)),
             Ok(Call::Command(op, cmd)) => match st.prepare(&cmd) {
                 Ok(sent) => pending.push((i, op, sent, cmd)),
@@ -102,6 +92,54 @@ async fn batch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
         header::HeaderValue::from_static("application/json"),
     );
     Ok(resp)
+}
+
+/// The envelope of a batch body, refused whole (422 `calls`) beyond `max_calls` calls.
+fn parse_envelope(bytes: &[u8], max_calls: usize) -> Result<Envelope, Problem> {
+    let env: Envelope = parse_body(bytes)?;
+    if env.calls.len() > max_calls {
+        return Err(Problem::invalid(
+            "calls",
+            format!(
+                "holds {} calls; at most {max_calls} are allowed (max_batch_calls)",
+                env.calls.len(),
+            ),
+        ));
+    }
+    Ok(env)
+}
+
+/// What one call of a batch asks for, as [`parse_batch`] reads it.
+#[doc(hidden)]
+#[derive(Debug)]
+pub enum ParsedCall {
+    /// An operation call's command.
+    Command(Command),
+    /// A `get` of this key.
+    Get(Key),
+}
+
+/// Reads a batch body exactly as the endpoint does (the same functions),
+/// without a store: the problem that refuses the whole request, or per
+/// call its command (or the key of a `get`) or the problem its slot
+/// answers. Public only for the fuzz targets (fuzz/, docs/testing.md).
+#[doc(hidden)]
+pub fn parse_batch(
+    body: &[u8],
+    max_calls: usize,
+    default_retention: RetentionS,
+) -> Result<Vec<Result<ParsedCall, Problem>>, Problem> {
+    let env = parse_envelope(body, max_calls)?;
+    Ok(env
+        .calls
+        .iter()
+        .map(|raw| {
+            parse_call(default_retention, raw).map(|call| match call {
+                Call::Command(_, cmd) => ParsedCall::Command(cmd),
+                Call::Get(key) => ParsedCall::Get(key),
+            })
+        })
+        .collect())
 }
 
 /// Runs the pending commands as one store batch and fills their slots.
@@ -195,7 +233,7 @@ impl<'de> Deserialize<'de> for Members<'de> {
 /// Parses one call: its `op`, its raw `key`, and the rest as the single
 /// call's request body (so a bad field is reported as the single call
 /// would report it).
-fn parse_call(st: &AppState, raw: &RawValue) -> Result<Call, Problem> {
+fn parse_call(default_retention: RetentionS, raw: &RawValue) -> Result<Call, Problem> {
     let text = raw.get();
     if !text.starts_with('{') {
         return Err(Problem::bad_request("a call must be a JSON object"));
@@ -231,7 +269,10 @@ fn parse_call(st: &AppState, raw: &RawValue) -> Result<Call, Problem> {
         .map_err(|_| Problem::invalid("key", "must be a string (the raw key)"))?;
     let key = Key::new(key).map_err(|e| Problem::invalid("key", e.reason))?;
     match op {
-        Op::Key(op) => Ok(Call::Command(op, op.command(st, key, body.as_bytes())?)),
+        Op::Key(op) => Ok(Call::Command(
+            op,
+            op.command(default_retention, key, body.as_bytes())?,
+        )),
         Op::Get => {
             let _: api::EmptyRequest = parse_body(body.as_bytes())?;
             Ok(Call::Get(key))

@@ -358,10 +358,16 @@ impl KeyOp {
     }
 
     /// The command a request body asks for (400/422 when it does not parse).
-    pub(crate) fn command(self, st: &AppState, key: Key, body: &[u8]) -> Result<Command, Problem> {
+    /// `default_retention` is the server's (a claim without `retention_s`).
+    pub(crate) fn command(
+        self,
+        default_retention: RetentionS,
+        key: Key,
+        body: &[u8],
+    ) -> Result<Command, Problem> {
         Ok(match self {
             KeyOp::Claim => Command::Claim(
-                parse_body::<api::ClaimRequest>(body)?.into_claim(key, st.default_retention)?,
+                parse_body::<api::ClaimRequest>(body)?.into_claim(key, default_retention)?,
             ),
             KeyOp::Heartbeat => {
                 Command::Heartbeat(parse_body::<api::HeartbeatRequest>(body)?.into_heartbeat(key)?)
@@ -418,7 +424,7 @@ async fn key_call(st: &AppState, req: Request, op: KeyOp) -> Response {
         let tenant = st.auth.tenant(&parts.headers)?;
         let key: Key = segment("key", raw_segment(&parts, 2))?;
         let bytes = st.body(&parts, body).await?;
-        let cmd = op.command(st, key, &bytes)?;
+        let cmd = op.command(st.default_retention, key, &bytes)?;
         let reply = st.execute(tenant, cmd).await?;
         Ok(json_response(op.body(reply)?))
     }
