@@ -677,6 +677,11 @@ pub struct Checkpointer<F: Fs, I: Index> {
     /// The last completed checkpoint.
     pub meta: Meta,
     pub faults: Option<Arc<Faults>>,
+    /// Record keys the index's `open` keyspace may list: those a checkpoint
+    /// of this process wrote open, and every record in memory at open (a
+    /// superset of what earlier processes listed and still matters). Only
+    /// these get a tombstone there once they are no longer open.
+    pub listed: std::collections::HashSet<Box<[u8]>, Hasher>,
 }
 
 fn io_err(e: std::io::Error) -> StoreError {
@@ -756,12 +761,20 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
                 open: e.open,
                 expires_at: e.expires_at,
                 value: e.value,
+                listed: self.listed.contains(e.key),
             })
             .collect();
         if Faults::take_checkpoint(&self.faults) {
             return Err(StoreError::Io("injected checkpoint failure".into()));
         }
         self.shared.index.ingest(&items)?;
+        for it in items.iter().filter(|it| it.key.first() == Some(&b'r')) {
+            if it.open {
+                self.listed.insert(it.key.into());
+            } else if it.listed {
+                self.listed.remove(it.key);
+            }
+        }
         Faults::step(&self.faults, CheckpointStep::TablesWritten);
         self.shared.index.commit_meta(&meta)?;
         Faults::step(&self.faults, CheckpointStep::Persisted);

@@ -127,6 +127,11 @@ fn recover_engine<F: Fs, I: Index>(
         }
     }
     let map = std::mem::take(&mut rec.map);
+    let listed = map
+        .iter()
+        .filter(|s| s.key().first() == Some(&b'r'))
+        .map(|s| s.key().clone())
+        .collect();
     let shared = Arc::new(Shared::new(index, map, opts.clock.clone(), opts.limits));
     for k in &rec.undecodable {
         shared.undecodable.insert(k.clone(), ());
@@ -137,6 +142,7 @@ fn recover_engine<F: Fs, I: Index>(
         wal_dir,
         meta: rec.meta,
         faults: opts.faults.clone(),
+        listed,
     };
     let core = Core::new(
         shared,
