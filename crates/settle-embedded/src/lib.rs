@@ -40,7 +40,9 @@ use settle_ledger::inspect::Scan;
 use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 
 use crate::codec::{EntityKey, Value, decode_value};
-use crate::engine::{Checkpointer, CkptMsg, Core, Hasher, Msg, SealSink, Shared, Slot, Writer};
+use crate::engine::{
+    Checkpointer, CkptMsg, Core, Hasher, Msg, SealSink, Shared, Slot, Syncer, Writer,
+};
 use crate::fs::{Fs, OsFs, create_dir_all_durable};
 use crate::index::{FjallIndex, Index, expiry_key};
 use crate::recovery::Recovered;
@@ -217,7 +219,26 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             .name("settle-checkpoint".into())
             .spawn(move || ckpt.run(crx))
             .map_err(io)?;
-        let writer = Writer { core, rx };
+        let Core { stage, log, .. } = core;
+        // Rendezvous: the writer stages batch N+1 while the syncer makes
+        // batch N durable, never further ahead.
+        let (stx, srx) = crossbeam_channel::bounded(0);
+        let (spare_tx, spare_rx) = crossbeam_channel::bounded(4);
+        let syncer = Syncer {
+            log,
+            rx: srx,
+            spare: spare_tx,
+        };
+        let sy = std::thread::Builder::new()
+            .name("settle-sync".into())
+            .spawn(move || syncer.run())
+            .map_err(io)?;
+        let writer = Writer {
+            stage,
+            rx,
+            tx: stx,
+            spare: spare_rx,
+        };
         let wr = std::thread::Builder::new()
             .name("settle-writer".into())
             .spawn(move || writer.run())
@@ -225,7 +246,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         Ok(Arc::new(EmbeddedStore {
             shared,
             tx,
-            threads: Mutex::new(vec![wr, ck]),
+            threads: Mutex::new(vec![wr, sy, ck]),
             closed: AtomicBool::new(false),
             max_queue: opts.max_queue.max(1),
             retry_after_ms: opts.overload_retry_after_ms,
@@ -693,7 +714,7 @@ struct Inline<F: Fs, I: Index> {
 
 impl<F: Fs, I: Index> Inline<F, I> {
     fn checkpoint_sealed(&mut self) {
-        let SealSink::Queue(q) = &mut self.core.sealed else {
+        let SealSink::Queue(q) = &mut self.core.log.sealed else {
             return;
         };
         let Some(&seq) = q.last() else { return };
@@ -779,7 +800,7 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
     /// (as a clean close does), keeping the store open.
     pub fn checkpoint_now(&self) -> Result<(), StoreError> {
         let mut g = self.inner.lock();
-        if g.core.wal.bytes() > 0 {
+        if g.core.log.wal.bytes() > 0 {
             g.core.seal()?;
         }
         g.checkpoint_sealed();
