@@ -233,8 +233,8 @@ pub struct Stage<I: Index> {
     /// mutator, so this cache is exact; it saves an index lookup (usually a
     /// miss: most principals stay at generation 0) on every claim and settle.
     pub principals: HashMap<Box<[u8]>, PrincipalState, Hasher>,
-    /// The batch's changes, reused across batches to keep its capacity.
-    pub overlay: HashMap<Box<[u8]>, Value, Hasher>,
+    /// The batch's changes; they become the frame's entries as they are.
+    pub overlay: Changes,
     /// The changes of the batch staged last, until they are in `map`
     /// (published once durable): the next batch reads them from here.
     pub pending: Arc<Changes>,
@@ -346,6 +346,7 @@ impl<I: Index> Stage<I> {
         }
         let now = self.shared.now();
         let mut overlay = std::mem::take(&mut self.overlay);
+        let capacity = overlay.capacity();
         let mut replies = Vec::with_capacity(batch.len());
         let mut disputed = self.disputed as i64;
         for (tenant, cmd, r) in batch.drain(..) {
@@ -355,7 +356,11 @@ impl<I: Index> Stage<I> {
         let frame = (!overlay.is_empty()).then(|| {
             let lsn = self.lsn + 1;
             let disputed = disputed.max(0) as u64;
-            let changes: Changes = overlay.drain().map(|(k, v)| (k, Arc::new(v))).collect();
+            // The next batch starts a map of the same size.
+            let changes = std::mem::replace(
+                &mut overlay,
+                HashMap::with_capacity_and_hasher(capacity, Hasher::default()),
+            );
             // Each value is encoded once: into the log here, and the
             // checkpointer ingests the same bytes into the index.
             let blobs: Vec<Vec<u8>> = changes.values().map(|v| encode_for_log(v)).collect();
@@ -412,15 +417,13 @@ impl<I: Index> Stage<I> {
         tenant: &TenantId,
         cmd: &Command,
         now: Timestamp,
-        overlay: &mut HashMap<Box<[u8]>, Value, Hasher>,
+        overlay: &mut Changes,
         disputed: &mut i64,
     ) -> Result<Reply, StoreError> {
         const REFUSED: Reply = Reply::Refused(RefusalCode::RecordRefused);
-        let load = |overlay: &HashMap<Box<[u8]>, Value, Hasher>,
-                    k: &[u8]|
-         -> Result<Option<Value>, StoreError> {
+        let load = |overlay: &Changes, k: &[u8]| -> Result<Option<Value>, StoreError> {
             if let Some(v) = overlay.get(k) {
-                return Ok(Some(v.clone()));
+                return Ok(Some((**v).clone()));
             }
             Ok(self.load(k)?.map(|v| (*v).clone()))
         };
@@ -456,7 +459,7 @@ impl<I: Index> Stage<I> {
         let mut principals = Principals::new();
         for p in principals_needed(cmd, state.record.as_ref()) {
             let k = EntityKey::Principal(tenant.clone(), p.clone()).to_bytes();
-            let st = if let Some(Value::Principal(s)) = overlay.get(&k[..]) {
+            let st = if let Some(Value::Principal(s)) = overlay.get(&k[..]).map(|v| &**v) {
                 *s
             } else if let Some(s) = self.principals.get(&k[..]) {
                 *s
@@ -489,7 +492,7 @@ impl<I: Index> Stage<I> {
             let k = EntityKey::Principal(tenant.clone(), p.clone())
                 .to_bytes()
                 .into_boxed_slice();
-            overlay.insert(k, Value::Principal(*st));
+            overlay.insert(k, Arc::new(Value::Principal(*st)));
         }
         if applied.changed {
             let v = match cmd.target() {
@@ -501,7 +504,7 @@ impl<I: Index> Stage<I> {
                 Target::Task(_) => Value::Warnings(state.warnings),
                 Target::Principal(_) => unreachable!("principals report through dirty()"),
             };
-            overlay.insert(target_key, v);
+            overlay.insert(target_key, Arc::new(v));
         }
         Ok(applied.reply)
     }
