@@ -210,15 +210,7 @@ fn prepare<F: Fs>(
             std::thread::sleep(Duration::from_millis(ms));
         }
     }
-    let f = fs.create(&prepared_path(dir, seq))?;
-    let zeros = vec![0u8; (1 << 20).min(size as usize)];
-    let mut at = 0;
-    while at < size {
-        let n = (size - at).min(zeros.len() as u64) as usize;
-        f.write_at(&zeros[..n], at)?;
-        at += n as u64;
-    }
-    f.sync_all()
+    fs.create_zeroed(&prepared_path(dir, seq), size)
 }
 
 /// The segment being appended to.
