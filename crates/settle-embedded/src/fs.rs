@@ -41,6 +41,11 @@ pub trait Fs: Clone + Send + Sync + 'static {
     }
     /// The whole content of a file.
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    /// The whole content of a file, into `buf` (its capacity reused).
+    fn read_into(&self, path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
+        *buf = self.read(path)?;
+        Ok(())
+    }
     /// Renames a file (atomic; not durable until the directory is synced).
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Removes a file (not durable until the directory is synced).
@@ -174,6 +179,11 @@ impl Fs for OsFs {
         let mut buf = Vec::new();
         File::open(path)?.read_to_end(&mut buf)?;
         Ok(buf)
+    }
+    fn read_into(&self, path: &Path, buf: &mut Vec<u8>) -> io::Result<()> {
+        buf.clear();
+        File::open(path)?.read_to_end(buf)?;
+        Ok(())
     }
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         std::fs::rename(from, to)

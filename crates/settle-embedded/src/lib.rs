@@ -145,6 +145,7 @@ fn recover_engine<F: Fs, I: Index>(
         meta: rec.meta,
         faults: opts.faults.clone(),
         listed,
+        read_buf: Vec::new(),
     };
     let core = Core::new(
         shared,

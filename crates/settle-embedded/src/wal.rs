@@ -375,6 +375,12 @@ impl<F: Fs> Drop for Wal<F> {
     }
 }
 
+/// The bytes of one segment, into `buf`.
+pub fn read_segment_into<F: Fs>(fs: &F, path: &Path, buf: &mut Vec<u8>) -> Result<(), StoreError> {
+    fs.read_into(path, buf)
+        .map_err(|e| StoreError::Io(format!("reading {}: {e}", path.display())))
+}
+
 /// The bytes of one segment.
 pub fn read_segment<F: Fs>(fs: &F, path: &Path) -> Result<Vec<u8>, StoreError> {
     fs.read(path)
