@@ -76,6 +76,12 @@ pub struct Shared<I> {
     /// with the index's). Changed only while the key's map shard is locked,
     /// so it never disagrees with `map` about a key.
     pub record_keys: RwLock<BTreeSet<Box<[u8]>>>,
+    /// Record keys added to `map` and not yet in `record_keys` (pushed,
+    /// cheaply, while the key's map shard is locked). A listing folds them
+    /// in ([`Shared::record_keys`]); a checkpoint folds in those it does not
+    /// evict, so a record claimed and settled within one segment never
+    /// costs a sorted insert and removal.
+    pub new_record_keys: parking_lot::Mutex<Vec<Box<[u8]>>>,
     pub index: I,
     /// Set on any write, fsync or checkpoint failure: the store fails closed.
     pub poisoned: AtomicBool,
@@ -108,6 +114,7 @@ impl<I: Index> Shared<I> {
         Shared {
             map,
             record_keys: RwLock::new(record_keys),
+            new_record_keys: parking_lot::Mutex::new(Vec::new()),
             index,
             poisoned: AtomicBool::new(false),
             clock,
@@ -126,6 +133,16 @@ impl<I: Index> Shared<I> {
         let t = self.clock.now().0;
         let prev = self.last_now.fetch_max(t, Ordering::SeqCst);
         Timestamp(prev.max(t))
+    }
+
+    /// The sorted record keys, every key added to `map` so far included.
+    pub fn record_keys(&self) -> parking_lot::RwLockReadGuard<'_, BTreeSet<Box<[u8]>>> {
+        let mut fresh = self.new_record_keys.lock();
+        if !fresh.is_empty() {
+            self.record_keys.write().extend(fresh.drain(..));
+        }
+        drop(fresh);
+        self.record_keys.read()
     }
 
     pub fn poison(&self) {
@@ -582,7 +599,7 @@ impl<F: Fs, I: Index> Log<F, I> {
                 }
                 dashmap::Entry::Vacant(e) => {
                     if e.key().first() == Some(&b'r') {
-                        self.shared.record_keys.write().insert(e.key().clone());
+                        self.shared.new_record_keys.lock().push(e.key().clone());
                     }
                     e.insert(Slot {
                         lsn,
@@ -1017,15 +1034,23 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         self.fs.sync_dir(&self.wal_dir).map_err(io_err)?;
         Faults::step(&self.faults, CheckpointStep::SegmentDeleted);
         // Evict what was checkpointed unless a later batch changed it since.
+        // Every key of this segment that is new to the map is among the
+        // fresh ones now (published before the segment was sealed); keys
+        // published from here on belong to later segments, never evicted here.
+        let mut fresh: std::collections::HashSet<Box<[u8]>, Hasher> =
+            self.shared.new_record_keys.lock().drain(..).collect();
         for (lsn, e) in &taken {
             self.shared.map.remove_if(e.key, |k, s| {
                 let evict = s.lsn == *lsn && s.evictable();
-                if evict && k.first() == Some(&b'r') {
-                    // Under the shard lock: a writer cannot re-add it in between.
+                // Under the shard lock: a writer cannot re-add it in between.
+                if evict && k.first() == Some(&b'r') && !fresh.remove(k) {
                     self.shared.record_keys.write().remove(k);
                 }
                 evict
             });
+        }
+        if !fresh.is_empty() {
+            self.shared.record_keys.write().extend(fresh);
         }
         self.meta = meta;
         tracing::debug!(entities = taken.len(), seq, "checkpoint ingested");

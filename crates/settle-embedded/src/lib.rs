@@ -446,8 +446,7 @@ fn scan_sync<I: Index>(
     *end.last_mut().expect("separator") = 1;
     let end = Bound::Excluded(end);
     let mem: Vec<Vec<u8>> = shared
-        .record_keys
-        .read()
+        .record_keys()
         .range::<[u8], _>((
             start.as_ref().map(Vec::as_slice),
             end.as_ref().map(Vec::as_slice),
@@ -1001,4 +1000,64 @@ pub fn scan(
         }
     })?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod record_key_set_tests {
+    use super::*;
+    use crate::sim::{MemIndex, SimDisk};
+    use settle_core::testkit::*;
+    use settle_core::{ClaimDecision, Reply};
+
+    fn key_set_len(store: &InlineStore<SimDisk, MemIndex>) -> usize {
+        store.shared.record_keys().len()
+    }
+
+    /// The listing's sorted key set keeps the records in memory only: a
+    /// record claimed and settled within one segment leaves it at the
+    /// checkpoint that evicts it (it is never inserted), one still open
+    /// stays, and one settled in a later segment leaves then.
+    #[test]
+    fn the_sorted_key_set_holds_exactly_the_records_in_memory() {
+        let disk = SimDisk::new();
+        let index = MemIndex::new(&disk, "/data");
+        let opts = EmbeddedOptions {
+            segment_bytes: 16 * 1024,
+            ..EmbeddedOptions::default()
+        };
+        let store = InlineStore::open(&disk, "/data", index, opts).unwrap();
+        let t = TenantId::new("acme").unwrap();
+        let mut open = Vec::new();
+        for i in 0..20 {
+            let k = format!("k-{i:02}");
+            let Reply::Claim(ClaimDecision::Execute(g)) = store
+                .execute_now(&t, claim(&k, 1, binding("a", 0)))
+                .unwrap()
+            else {
+                panic!()
+            };
+            if i % 4 == 0 {
+                open.push((k, g.fence));
+            } else {
+                store
+                    .execute_now(&t, settle(&k, g.fence, 1, binding("a", 0), completed(1)))
+                    .unwrap();
+            }
+        }
+        // Not folded yet (a listing would fold them): the checkpoint below
+        // meets them as fresh keys.
+        let s = &store.shared;
+        assert_eq!(s.record_keys.read().len() + s.new_record_keys.lock().len(), 20);
+        store.checkpoint_now().unwrap();
+        assert_eq!(key_set_len(&store), open.len());
+        assert_eq!(store.resident(), open.len());
+        for (k, fence) in &open {
+            store
+                .execute_now(&t, settle(k, *fence, 1, binding("a", 0), completed(1)))
+                .unwrap();
+        }
+        store.checkpoint_now().unwrap();
+        assert_eq!(key_set_len(&store), 0);
+        assert_eq!(store.resident(), 0);
+    }
 }
