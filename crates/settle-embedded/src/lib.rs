@@ -1047,7 +1047,10 @@ mod record_key_set_tests {
         // Not folded yet (a listing would fold them): the checkpoint below
         // meets them as fresh keys.
         let s = &store.shared;
-        assert_eq!(s.record_keys.read().len() + s.new_record_keys.lock().len(), 20);
+        assert_eq!(
+            s.record_keys.read().len() + s.new_record_keys.lock().len(),
+            20
+        );
         store.checkpoint_now().unwrap();
         assert_eq!(key_set_len(&store), open.len());
         assert_eq!(store.resident(), open.len());
