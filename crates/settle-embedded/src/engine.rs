@@ -3,18 +3,22 @@
 //! Commit protocol (see docs/design.md):
 //! 1. The writer takes every queued command (up to `max_batch`), applies
 //!    each through `settle_core::apply` in arrival order against the latest
-//!    state (batch overlay, then the durable map, then the index).
-//! 2. It encodes the final state of every changed entity into one frame,
-//!    `write`s it and `fdatasync`s it.
-//! 3. Only then does it publish the new states to the durable map (which
-//!    readers see) and answer every caller.
+//!    state (batch overlay, then the batch staged before it, then the
+//!    durable map, then the index).
+//! 2. It encodes the final state of every changed entity into one frame
+//!    and hands it to the syncer, which `write`s it and `fdatasync`s it
+//!    while the writer applies the next batch (batches in order, one frame
+//!    at most written and not yet durable).
+//! 3. Only then does the syncer publish the new states to the durable map
+//!    (which readers see) and answer every caller.
 //! 4. When a segment is full it seals it; the checkpointer writes every
 //!    entity changed in it into the index, makes that durable, deletes the
 //!    segment and evicts terminal records from memory.
 //!
-//! [`Core`] (the writer's state) and [`Checkpointer`] are plain structs
-//! over the I/O seam ([`Fs`]) and the [`Index`]: the threaded store drives
-//! them from two threads, [`crate::InlineStore`] from the caller's thread
+//! [`Core`] (the writer's state: [`Stage`] and [`Log`]) and [`Checkpointer`]
+//! are plain structs over the I/O seam ([`Fs`]) and the [`Index`]: the
+//! threaded store drives them from three threads (writer, syncer,
+//! checkpointer), [`crate::InlineStore`] from the caller's thread
 //! (deterministic, for power-loss tests and simulation).
 
 use std::collections::{BTreeSet, HashMap};
@@ -72,6 +76,12 @@ pub struct Shared<I> {
     /// with the index's). Changed only while the key's map shard is locked,
     /// so it never disagrees with `map` about a key.
     pub record_keys: RwLock<BTreeSet<Box<[u8]>>>,
+    /// Record keys added to `map` and not yet in `record_keys` (pushed,
+    /// cheaply, while the key's map shard is locked). A listing folds them
+    /// in ([`Shared::record_keys`]); a checkpoint folds in those it does not
+    /// evict, so a record claimed and settled within one segment never
+    /// costs a sorted insert and removal.
+    pub new_record_keys: parking_lot::Mutex<Vec<Box<[u8]>>>,
     pub index: I,
     /// Set on any write, fsync or checkpoint failure: the store fails closed.
     pub poisoned: AtomicBool,
@@ -104,6 +114,7 @@ impl<I: Index> Shared<I> {
         Shared {
             map,
             record_keys: RwLock::new(record_keys),
+            new_record_keys: parking_lot::Mutex::new(Vec::new()),
             index,
             poisoned: AtomicBool::new(false),
             clock,
@@ -122,6 +133,16 @@ impl<I: Index> Shared<I> {
         let t = self.clock.now().0;
         let prev = self.last_now.fetch_max(t, Ordering::SeqCst);
         Timestamp(prev.max(t))
+    }
+
+    /// The sorted record keys, every key added to `map` so far included.
+    pub fn record_keys(&self) -> parking_lot::RwLockReadGuard<'_, BTreeSet<Box<[u8]>>> {
+        let mut fresh = self.new_record_keys.lock();
+        if !fresh.is_empty() {
+            self.record_keys.write().extend(fresh.drain(..));
+        }
+        drop(fresh);
+        self.record_keys.read()
     }
 
     pub fn poison(&self) {
@@ -205,26 +226,65 @@ pub enum SealSink {
     Queue(Vec<u64>),
 }
 
-/// The writer's state: everything one group commit needs.
+/// The writer's state: everything one group commit needs. `stage` (apply
+/// and encode) and `log` (write, sync, publish, answer) run one after the
+/// other on one thread ([`Core::commit`], inline), or on two threads as a
+/// pipeline ([`Writer`] and [`Syncer`]): batch N+1 is applied while batch N
+/// is being synced.
 pub struct Core<F: Fs, I: Index> {
     pub shared: Arc<Shared<I>>,
-    pub wal: Wal<F>,
-    /// The last durable batch.
+    pub stage: Stage<I>,
+    pub log: Log<F, I>,
+}
+
+/// Applies commands and encodes their frame (the first half of a group commit).
+pub struct Stage<I: Index> {
+    pub shared: Arc<Shared<I>>,
+    /// The last batch staged.
     pub lsn: u64,
     pub next_fence: u64,
-    /// Records marked disputed as of the last durable batch.
+    /// Records marked disputed as of the last batch staged.
     pub disputed: u64,
     pub max_batch: usize,
     /// Principal generations the writer has seen. The writer is their only
     /// mutator, so this cache is exact; it saves an index lookup (usually a
     /// miss: most principals stay at generation 0) on every claim and settle.
     pub principals: HashMap<Box<[u8]>, PrincipalState, Hasher>,
-    /// The batch's changes, reused across batches to keep its capacity.
-    pub overlay: HashMap<Box<[u8]>, Value, Hasher>,
-    /// The frame buffer, reused across batches.
-    pub buf: Vec<u8>,
+    /// The batch's changes; they become the frame's entries as they are.
+    pub overlay: Changes,
+    /// The changes of the batch staged last, until they are in `map`
+    /// (published once durable): the next batch reads them from here.
+    pub pending: Arc<Changes>,
+    /// Frame buffers handed back by the log, reused.
+    pub spare: Vec<Vec<u8>>,
+    pub faults: Option<Arc<Faults>>,
+}
+
+/// The final state of every entity a batch changed.
+pub type Changes = HashMap<Box<[u8]>, Arc<Value>, Hasher>;
+
+/// Writes, syncs, publishes and answers staged batches, in order (the
+/// second half of a group commit); seals full segments.
+pub struct Log<F: Fs, I: Index> {
+    pub shared: Arc<Shared<I>>,
+    pub wal: Wal<F>,
     pub sealed: SealSink,
     pub faults: Option<Arc<Faults>>,
+}
+
+/// A batch applied and encoded, waiting to be made durable and answered.
+pub struct Staged<R> {
+    /// Each command's answer, given out once the frame is durable.
+    replies: Vec<(R, Result<Reply, StoreError>)>,
+    /// `None`: nothing changed, nothing to write.
+    frame: Option<StagedFrame>,
+}
+
+struct StagedFrame {
+    buf: Vec<u8>,
+    lsn: u64,
+    disputed: u64,
+    changes: Arc<Changes>,
 }
 
 /// Bound on the writer's principal cache; it is simply cleared when full.
@@ -241,17 +301,25 @@ impl<F: Fs, I: Index> Core<F, I> {
     ) -> Self {
         shared.disputed.store(rec.disputed, Ordering::SeqCst);
         Core {
+            stage: Stage {
+                shared: shared.clone(),
+                lsn: rec.lsn,
+                next_fence: rec.next_fence,
+                disputed: rec.disputed,
+                max_batch: max_batch.max(1),
+                principals: HashMap::default(),
+                overlay: HashMap::default(),
+                pending: Arc::default(),
+                spare: Vec::new(),
+                faults: faults.clone(),
+            },
+            log: Log {
+                shared: shared.clone(),
+                wal,
+                sealed,
+                faults,
+            },
             shared,
-            wal,
-            lsn: rec.lsn,
-            next_fence: rec.next_fence,
-            disputed: rec.disputed,
-            max_batch: max_batch.max(1),
-            principals: HashMap::default(),
-            overlay: HashMap::default(),
-            buf: Vec::with_capacity(1 << 20),
-            sealed,
-            faults,
         }
     }
 
@@ -261,111 +329,103 @@ impl<F: Fs, I: Index> Core<F, I> {
     pub fn commit<R>(
         &mut self,
         batch: &mut Vec<(TenantId, Command, R)>,
-        mut answer: impl FnMut(R, Result<Reply, StoreError>),
+        answer: impl FnMut(R, Result<Reply, StoreError>),
     ) {
+        let staged = self.stage.stage(batch);
+        if let Some(buf) = self.log.finish(staged, answer) {
+            self.stage.spare.push(buf);
+        }
+        // Published (or poisoned): nothing is pending any more.
+        self.stage.pending = Arc::default();
+    }
+
+    /// Starts a new segment and hands the full one to the checkpointer.
+    pub fn seal(&mut self) -> Result<(), StoreError> {
+        self.log.seal()
+    }
+}
+
+impl<I: Index> Stage<I> {
+    /// Applies every command of `batch` in order and encodes the frame of
+    /// what changed. Nothing is written and nobody is answered yet.
+    pub fn stage<R>(&mut self, batch: &mut Vec<(TenantId, Command, R)>) -> Staged<R> {
         if Faults::take_panic(&self.faults) {
             panic!("injected writer panic");
         }
         if self.shared.poisoned.load(Ordering::SeqCst) {
-            for (_, _, r) in batch.drain(..) {
-                answer(r, Err(StoreError::Poisoned));
-            }
-            return;
+            return Staged {
+                replies: batch
+                    .drain(..)
+                    .map(|(_, _, r)| (r, Err(StoreError::Poisoned)))
+                    .collect(),
+                frame: None,
+            };
         }
         let now = self.shared.now();
         let mut overlay = std::mem::take(&mut self.overlay);
+        let capacity = overlay.capacity();
         let mut replies = Vec::with_capacity(batch.len());
         let mut disputed = self.disputed as i64;
         for (tenant, cmd, r) in batch.drain(..) {
             let res = self.apply_one(&tenant, &cmd, now, &mut overlay, &mut disputed);
             replies.push((r, res));
         }
-        if !overlay.is_empty() {
-            let started = Instant::now();
+        let frame = (!overlay.is_empty()).then(|| {
             let lsn = self.lsn + 1;
             let disputed = disputed.max(0) as u64;
+            // The next batch starts a map of the same size.
+            let changes = std::mem::replace(
+                &mut overlay,
+                HashMap::with_capacity_and_hasher(capacity, Hasher::default()),
+            );
             // Each value is encoded once: into the log here, and the
             // checkpointer ingests the same bytes into the index.
-            let encoded: Vec<(Box<[u8]>, Value, Vec<u8>)> = overlay
-                .drain()
-                .map(|(k, v)| {
-                    let blob = encode_for_log(&v);
-                    (k, v, blob)
-                })
-                .collect();
+            let blobs: Vec<Vec<u8>> = changes.values().map(|v| encode_for_log(v)).collect();
             let frame = Batch {
                 version: FRAME_VERSION,
                 lsn,
                 next_fence: self.next_fence,
                 disputed,
-                entries: encoded
+                entries: changes
                     .iter()
-                    .map(|(k, v, b)| Entry::new(k, v, b))
+                    .zip(&blobs)
+                    .map(|((k, v), b)| Entry::new(k, v, b))
                     .collect(),
             };
-            let mut buf = std::mem::take(&mut self.buf);
+            let mut buf = self.spare.pop().unwrap_or_default();
             buf.clear();
             encode_frame(&frame, &mut buf);
             drop(frame);
-            // A frame goes whole into one segment: start the next one if the
-            // preallocated space is short (an oversized frame extends the file).
-            if self.wal.bytes() > 0
-                && !self.wal.fits(buf.len())
-                && let Err(e) = self.seal()
-            {
-                // The batch stops here: nothing of it was written.
-                self.buf = buf;
-                for (r, _) in replies {
-                    answer(r, Err(e.clone()));
-                }
-                return;
-            }
-            if let Err(e) = self.wal.append_sync(&mut buf) {
-                // Fail closed: never retry an fsync, never answer with a receipt.
-                tracing::error!(error = %e, "log write failed; the store refuses writes until reopened");
-                self.shared.poison();
-                self.buf = buf;
-                let err = StoreError::Io(e.to_string());
-                for (r, _) in replies {
-                    answer(r, Err(err.clone()));
-                }
-                return;
-            }
-            self.buf = buf;
-            self.lsn = lsn;
-            self.disputed = disputed;
-            self.shared.disputed.store(disputed, Ordering::SeqCst);
-            metrics::histogram!("settle_commit_batch_size").record(replies.len() as f64);
-            metrics::histogram!("settle_commit_duration_seconds")
-                .record(started.elapsed().as_secs_f64());
-            for (k, v, _) in encoded {
-                if let Value::Principal(p) = &v {
+            for (k, v) in &changes {
+                if let Value::Principal(p) = &**v {
+                    if self.principals.len() >= PRINCIPAL_CACHE {
+                        self.principals.clear();
+                    }
                     self.principals.insert(k.clone(), *p);
                 }
-                let value = Arc::new(v);
-                match self.shared.map.entry(k) {
-                    dashmap::Entry::Occupied(mut e) => {
-                        let s = e.get_mut();
-                        s.lsn = lsn;
-                        s.value = value;
-                    }
-                    dashmap::Entry::Vacant(e) => {
-                        if e.key().first() == Some(&b'r') {
-                            self.shared.record_keys.write().insert(e.key().clone());
-                        }
-                        e.insert(Slot { lsn, value });
-                    }
-                }
             }
-        }
+            self.lsn = lsn;
+            self.disputed = disputed;
+            let changes = Arc::new(changes);
+            self.pending = changes.clone();
+            StagedFrame {
+                buf,
+                lsn,
+                disputed,
+                changes,
+            }
+        });
         self.overlay = overlay;
-        for (r, res) in replies {
-            answer(r, res);
+        Staged { replies, frame }
+    }
+
+    /// The latest state of an entity outside the batch being applied: the
+    /// batch staged before it (maybe not durable yet), else the durable state.
+    fn load(&self, k: &[u8]) -> Result<Option<Arc<Value>>, StoreError> {
+        if let Some(v) = self.pending.get(k) {
+            return Ok(Some(v.clone()));
         }
-        if !self.wal.fits(4096) {
-            // A failure poisons the store; this batch is durable already.
-            let _ = self.seal();
-        }
+        self.shared.load(k)
     }
 
     /// Loads what `cmd` targets (batch overlay first), applies the rules, records the changes.
@@ -374,17 +434,15 @@ impl<F: Fs, I: Index> Core<F, I> {
         tenant: &TenantId,
         cmd: &Command,
         now: Timestamp,
-        overlay: &mut HashMap<Box<[u8]>, Value, Hasher>,
+        overlay: &mut Changes,
         disputed: &mut i64,
     ) -> Result<Reply, StoreError> {
         const REFUSED: Reply = Reply::Refused(RefusalCode::RecordRefused);
-        let load = |overlay: &HashMap<Box<[u8]>, Value, Hasher>,
-                    k: &[u8]|
-         -> Result<Option<Value>, StoreError> {
+        let load = |overlay: &Changes, k: &[u8]| -> Result<Option<Value>, StoreError> {
             if let Some(v) = overlay.get(k) {
-                return Ok(Some(v.clone()));
+                return Ok(Some((**v).clone()));
             }
-            Ok(self.shared.load(k)?.map(|v| (*v).clone()))
+            Ok(self.load(k)?.map(|v| (*v).clone()))
         };
         let mut state = OpState::default();
         let target_key: Box<[u8]> = match cmd.target() {
@@ -418,12 +476,12 @@ impl<F: Fs, I: Index> Core<F, I> {
         let mut principals = Principals::new();
         for p in principals_needed(cmd, state.record.as_ref()) {
             let k = EntityKey::Principal(tenant.clone(), p.clone()).to_bytes();
-            let st = if let Some(Value::Principal(s)) = overlay.get(&k[..]) {
+            let st = if let Some(Value::Principal(s)) = overlay.get(&k[..]).map(|v| &**v) {
                 *s
             } else if let Some(s) = self.principals.get(&k[..]) {
                 *s
             } else {
-                let s = match self.shared.load(&k)?.as_deref() {
+                let s = match self.load(&k)?.as_deref() {
                     Some(Value::Principal(s)) => *s,
                     Some(Value::Undecodable(_)) => return Ok(REFUSED),
                     _ => PrincipalState::default(),
@@ -451,7 +509,7 @@ impl<F: Fs, I: Index> Core<F, I> {
             let k = EntityKey::Principal(tenant.clone(), p.clone())
                 .to_bytes()
                 .into_boxed_slice();
-            overlay.insert(k, Value::Principal(*st));
+            overlay.insert(k, Arc::new(Value::Principal(*st)));
         }
         if applied.changed {
             let v = match cmd.target() {
@@ -463,9 +521,116 @@ impl<F: Fs, I: Index> Core<F, I> {
                 Target::Task(_) => Value::Warnings(state.warnings),
                 Target::Principal(_) => unreachable!("principals report through dirty()"),
             };
-            overlay.insert(target_key, v);
+            overlay.insert(target_key, Arc::new(v));
         }
         Ok(applied.reply)
+    }
+}
+
+impl<F: Fs, I: Index> Log<F, I> {
+    /// Writes and syncs a staged batch's frame, publishes its changes, then
+    /// answers its commands; batches must come in the order they were
+    /// staged. Gives back the frame buffer for reuse.
+    pub fn finish<R>(
+        &mut self,
+        staged: Staged<R>,
+        mut answer: impl FnMut(R, Result<Reply, StoreError>),
+    ) -> Option<Vec<u8>> {
+        let Staged { replies, frame } = staged;
+        let Some(StagedFrame {
+            mut buf,
+            lsn,
+            disputed,
+            changes,
+        }) = frame
+        else {
+            // Nothing to write; what the answers say is durable already
+            // (the batch before was published before this one came).
+            for (r, res) in replies {
+                answer(r, res);
+            }
+            return None;
+        };
+        let fail = |replies: Vec<(R, _)>, answer: &mut dyn FnMut(R, _), e: &StoreError| {
+            for (r, _) in replies {
+                answer(r, Err(e.clone()));
+            }
+        };
+        // A batch staged after a failure was applied on top of changes
+        // that never became durable: it is not written.
+        if self.shared.poisoned.load(Ordering::SeqCst) {
+            fail(replies, &mut answer, &StoreError::Poisoned);
+            return Some(buf);
+        }
+        let started = Instant::now();
+        // A frame goes whole into one segment: start the next one if the
+        // preallocated space is short (an oversized frame extends the file).
+        if self.wal.bytes() > 0
+            && !self.wal.fits(buf.len())
+            && let Err(e) = self.seal()
+        {
+            // The batch stops here: nothing of it was written.
+            fail(replies, &mut answer, &e);
+            return Some(buf);
+        }
+        if let Err(e) = self.wal.append_sync(&mut buf) {
+            // Fail closed: never retry an fsync, never answer with a receipt.
+            tracing::error!(error = %e, "log write failed; the store refuses writes until reopened");
+            self.shared.poison();
+            fail(replies, &mut answer, &StoreError::Io(e.to_string()));
+            return Some(buf);
+        }
+        self.shared.disputed.store(disputed, Ordering::SeqCst);
+        metrics::histogram!("settle_commit_batch_size").record(replies.len() as f64);
+        metrics::histogram!("settle_commit_duration_seconds")
+            .record(started.elapsed().as_secs_f64());
+        for (k, v) in changes.iter() {
+            if let Some(mut s) = self.shared.map.get_mut(&k[..]) {
+                s.lsn = lsn;
+                s.value = v.clone();
+                continue;
+            }
+            // Only this thread adds to the map: the key is still absent.
+            match self.shared.map.entry(k.clone()) {
+                dashmap::Entry::Occupied(mut e) => {
+                    let s = e.get_mut();
+                    s.lsn = lsn;
+                    s.value = v.clone();
+                }
+                dashmap::Entry::Vacant(e) => {
+                    if e.key().first() == Some(&b'r') {
+                        self.shared.new_record_keys.lock().push(e.key().clone());
+                    }
+                    e.insert(Slot {
+                        lsn,
+                        value: v.clone(),
+                    });
+                }
+            }
+        }
+        drop(changes);
+        for (r, res) in replies {
+            answer(r, res);
+        }
+        if !self.wal.fits(4096) {
+            // A failure poisons the store; this batch is durable already.
+            let _ = self.seal();
+        }
+        Some(buf)
+    }
+    /// A clean close: seals the last segment and lets the checkpointer
+    /// finish it, then stops the checkpointer.
+    fn close(&mut self) {
+        let skip = Faults::halted(&self.faults);
+        if !skip && !self.shared.poisoned.load(Ordering::SeqCst) && self.wal.bytes() > 0 {
+            let _ = self.seal();
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        if let SealSink::Channel(ckpt) = &self.sealed
+            && ckpt.send(CkptMsg::Stop(tx)).is_ok()
+        {
+            let _ = rx.recv();
+        }
     }
 
     /// Starts a new segment and hands the full one to the checkpointer. A
@@ -516,16 +681,17 @@ impl<G: FnMut()> Drop for OnDrop<G> {
 }
 
 /// Collects the answers of one batch message; sends them when the last arrives.
-struct Gather {
+pub struct Gather {
     results: Vec<Option<Result<Reply, StoreError>>>,
     missing: usize,
     reply: Option<BatchTx>,
 }
 
-/// Whom the writer answers for one command.
-enum Answer {
+/// Whom the writer answers for one command (answers are given on the
+/// syncer thread, hence the mutex).
+pub enum Answer {
     One(ReplyTx),
-    Part(usize, std::rc::Rc<std::cell::RefCell<Gather>>),
+    Part(usize, Arc<parking_lot::Mutex<Gather>>),
 }
 
 impl Answer {
@@ -535,7 +701,7 @@ impl Answer {
                 let _ = tx.send(r);
             }
             Answer::Part(i, g) => {
-                let mut g = g.borrow_mut();
+                let mut g = g.lock();
                 g.results[i] = Some(r);
                 g.missing -= 1;
                 if g.missing == 0
@@ -570,7 +736,7 @@ fn gather(
                 let _ = reply.send(Vec::new());
                 return None;
             }
-            let g = std::rc::Rc::new(std::cell::RefCell::new(Gather {
+            let g = Arc::new(parking_lot::Mutex::new(Gather {
                 results: (0..cmds.len()).map(|_| None).collect(),
                 missing: cmds.len(),
                 reply: Some(reply),
@@ -593,18 +759,30 @@ pub fn commands_in(m: &Msg) -> usize {
     }
 }
 
-/// The writer thread.
-pub struct Writer<F: Fs, I: Index> {
-    pub core: Core<F, I>,
-    pub rx: Receiver<Msg>,
+/// What the writer hands the syncer.
+pub enum SyncMsg {
+    Commit(Staged<Answer>),
+    /// Seal the last segment, stop the checkpointer, drop the log.
+    Close(std::sync::mpsc::Sender<()>),
 }
 
-impl<F: Fs, I: Index> Writer<F, I> {
+/// The writer thread: gathers commands and stages group commits.
+pub struct Writer<I: Index> {
+    pub stage: Stage<I>,
+    pub rx: Receiver<Msg>,
+    /// To the syncer: a rendezvous channel, so at most one staged batch
+    /// waits while the syncer makes the one before it durable.
+    pub tx: Sender<SyncMsg>,
+    /// Frame buffers coming back from the syncer.
+    pub spare: Receiver<Vec<u8>>,
+}
+
+impl<I: Index> Writer<I> {
     /// The writer thread's loop.
     pub fn run(mut self) {
-        let shared = self.core.shared.clone();
+        let shared = self.stage.shared.clone();
         let _alive = OnDrop(move || shared.writer_alive.store(false, Ordering::SeqCst));
-        let mut batch: Vec<(TenantId, Command, Answer)> = Vec::with_capacity(self.core.max_batch);
+        let mut batch: Vec<(TenantId, Command, Answer)> = Vec::with_capacity(self.stage.max_batch);
         loop {
             let first = match self.rx.recv_timeout(Duration::from_millis(200)) {
                 Ok(m) => m,
@@ -622,13 +800,21 @@ impl<F: Fs, I: Index> Writer<F, I> {
                 }
                 // A batch message is never split: it may take the group
                 // commit past `max_batch`.
-                if batch.len() < self.core.max_batch {
+                if batch.len() < self.stage.max_batch {
                     next = self.rx.try_recv().ok();
                 }
             }
-            self.core.shared.queued.fetch_sub(taken, Ordering::Relaxed);
+            self.stage.shared.queued.fetch_sub(taken, Ordering::Relaxed);
             if !batch.is_empty() {
-                self.core.commit(&mut batch, Answer::send);
+                self.stage.spare.extend(self.spare.try_iter());
+                let staged = self.stage.stage(&mut batch);
+                if let Err(e) = self.tx.send(SyncMsg::Commit(staged)) {
+                    // The syncer is gone: nothing more can become durable.
+                    self.stage.shared.poison();
+                    if let SyncMsg::Commit(s) = e.0 {
+                        s.fail(StoreError::Closed);
+                    }
+                }
             }
             if let Some(done) = closing {
                 return self.close(Some(done));
@@ -645,18 +831,17 @@ impl<F: Fs, I: Index> Writer<F, I> {
             // A second close has nobody waiting for it.
             let _ = gather(&mut rest, m);
         }
-        self.core.shared.queued.fetch_sub(taken, Ordering::Relaxed);
+        self.stage.shared.queued.fetch_sub(taken, Ordering::Relaxed);
         if !rest.is_empty() {
-            self.core.commit(&mut rest, Answer::send);
-        }
-        let skip = Faults::halted(&self.core.faults);
-        if !skip && !self.core.shared.poisoned.load(Ordering::SeqCst) && self.core.wal.bytes() > 0 {
-            let _ = self.core.seal();
+            let staged = self.stage.stage(&mut rest);
+            if let Err(e) = self.tx.send(SyncMsg::Commit(staged))
+                && let SyncMsg::Commit(s) = e.0
+            {
+                s.fail(StoreError::Closed);
+            }
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        if let SealSink::Channel(ckpt) = &self.core.sealed
-            && ckpt.send(CkptMsg::Stop(tx)).is_ok()
-        {
+        if self.tx.send(SyncMsg::Close(tx)).is_ok() {
             let _ = rx.recv();
         }
         // The log (and its segment-preparation thread) goes before the
@@ -664,6 +849,45 @@ impl<F: Fs, I: Index> Writer<F, I> {
         drop(self);
         if let Some(done) = done {
             let _ = done.send(());
+        }
+    }
+}
+
+impl Staged<Answer> {
+    /// Answers every command with `e`.
+    fn fail(self, e: StoreError) {
+        for (r, _) in self.replies {
+            r.send(Err(e.clone()));
+        }
+    }
+}
+
+/// The syncer thread: makes staged batches durable and answers them, in order.
+pub struct Syncer<F: Fs, I: Index> {
+    pub log: Log<F, I>,
+    pub rx: Receiver<SyncMsg>,
+    pub spare: Sender<Vec<u8>>,
+}
+
+impl<F: Fs, I: Index> Syncer<F, I> {
+    /// The syncer thread's loop.
+    pub fn run(mut self) {
+        let shared = self.log.shared.clone();
+        let _alive = OnDrop(move || shared.writer_alive.store(false, Ordering::SeqCst));
+        while let Ok(m) = self.rx.recv() {
+            match m {
+                SyncMsg::Commit(staged) => {
+                    if let Some(buf) = self.log.finish(staged, Answer::send) {
+                        let _ = self.spare.try_send(buf);
+                    }
+                }
+                SyncMsg::Close(done) => {
+                    self.log.close();
+                    drop(self);
+                    let _ = done.send(());
+                    return;
+                }
+            }
         }
     }
 }
@@ -677,6 +901,15 @@ pub struct Checkpointer<F: Fs, I: Index> {
     /// The last completed checkpoint.
     pub meta: Meta,
     pub faults: Option<Arc<Faults>>,
+    /// Record keys the index's `open` keyspace may list: those a checkpoint
+    /// of this process wrote open, and every record in memory at open (a
+    /// superset of what earlier processes listed and still matters). Only
+    /// these get a tombstone there once they are no longer open.
+    pub listed: std::collections::HashSet<Box<[u8]>, Hasher>,
+    /// The segment being checkpointed, read into the same buffer each time:
+    /// a fresh 64 MiB buffer per checkpoint cost its page faults and the
+    /// kernel's zeroing of every page (a fifth of the checkpointer's CPU).
+    pub read_buf: Vec<u8>,
 }
 
 fn io_err(e: std::io::Error) -> StoreError {
@@ -718,9 +951,32 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
             return Ok(false);
         }
         let started = Instant::now();
-        let buf = wal::read_segment(&self.fs, path)?;
-        let frames = decode_frames(&buf, seq)?;
-        if let Some(x) = first_nonzero(&buf, frames.valid) {
+        let mut buf = std::mem::take(&mut self.read_buf);
+        let done = self.ingest_segment(seq, path, &mut buf);
+        self.read_buf = buf;
+        done?;
+        if let Some(f) = &self.faults {
+            f.checkpoints.fetch_add(1, Ordering::SeqCst);
+        }
+        tracing::debug!(
+            seq,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "checkpoint"
+        );
+        Ok(true)
+    }
+
+    /// [`Checkpointer::one`] on the segment read into `buf`.
+    fn ingest_segment(
+        &mut self,
+        seq: u64,
+        path: &std::path::Path,
+        buf: &mut Vec<u8>,
+    ) -> Result<(), StoreError> {
+        wal::read_segment_into(&self.fs, path, buf)?;
+        let buf = &buf[..];
+        let frames = decode_frames(buf, seq)?;
+        if let Some(x) = first_nonzero(buf, frames.valid) {
             return Err(StoreError::Corrupt(format!(
                 "sealed segment {} is damaged at byte {} (non-zero byte at {x})",
                 path.display(),
@@ -756,12 +1012,20 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
                 open: e.open,
                 expires_at: e.expires_at,
                 value: e.value,
+                listed: self.listed.contains(e.key),
             })
             .collect();
         if Faults::take_checkpoint(&self.faults) {
             return Err(StoreError::Io("injected checkpoint failure".into()));
         }
         self.shared.index.ingest(&items)?;
+        for it in items.iter().filter(|it| it.key.first() == Some(&b'r')) {
+            if it.open {
+                self.listed.insert(it.key.into());
+            } else if it.listed {
+                self.listed.remove(it.key);
+            }
+        }
         Faults::step(&self.faults, CheckpointStep::TablesWritten);
         self.shared.index.commit_meta(&meta)?;
         Faults::step(&self.faults, CheckpointStep::Persisted);
@@ -770,27 +1034,27 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         self.fs.sync_dir(&self.wal_dir).map_err(io_err)?;
         Faults::step(&self.faults, CheckpointStep::SegmentDeleted);
         // Evict what was checkpointed unless a later batch changed it since.
+        // Every key of this segment that is new to the map is among the
+        // fresh ones now (published before the segment was sealed); keys
+        // published from here on belong to later segments, never evicted here.
+        let mut fresh: std::collections::HashSet<Box<[u8]>, Hasher> =
+            self.shared.new_record_keys.lock().drain(..).collect();
         for (lsn, e) in &taken {
             self.shared.map.remove_if(e.key, |k, s| {
                 let evict = s.lsn == *lsn && s.evictable();
-                if evict && k.first() == Some(&b'r') {
-                    // Under the shard lock: a writer cannot re-add it in between.
+                // Under the shard lock: a writer cannot re-add it in between.
+                if evict && k.first() == Some(&b'r') && !fresh.remove(k) {
                     self.shared.record_keys.write().remove(k);
                 }
                 evict
             });
         }
-        self.meta = meta;
-        if let Some(f) = &self.faults {
-            f.checkpoints.fetch_add(1, Ordering::SeqCst);
+        if !fresh.is_empty() {
+            self.shared.record_keys.write().extend(fresh);
         }
-        tracing::debug!(
-            entities = taken.len(),
-            seq,
-            elapsed_ms = started.elapsed().as_millis() as u64,
-            "checkpoint"
-        );
-        Ok(true)
+        self.meta = meta;
+        tracing::debug!(entities = taken.len(), seq, "checkpoint ingested");
+        Ok(())
     }
 
     /// The checkpointer thread's loop.

@@ -98,6 +98,12 @@ pub struct CheckpointItem<'a> {
     pub expires_at: Option<u64>,
     /// The encoded value; empty for a deleted entity.
     pub value: &'a [u8],
+    /// The record may be listed in `open` (an earlier checkpoint wrote it
+    /// open, or the caller cannot tell): a record that is not open gets a
+    /// tombstone there. `false` skips the tombstone of a record that was
+    /// never listed (most records are claimed and settled within one
+    /// segment), which would only cost a write now and compaction later.
+    pub listed: bool,
 }
 
 /// The key of an `expiry` entry: `expires_at_ms` big-endian, then the record
@@ -200,14 +206,14 @@ impl Index for FjallIndex {
         }
         data.finish().map_err(err)?;
 
-        // Open records are listed; every other record id gets a tombstone
-        // (cheap in a sorted ingestion, and it needs no knowledge of the past).
+        // Open records are listed; a record that is no longer open and may
+        // have been listed gets a tombstone.
         let mut open = self.open.start_ingestion().map_err(err)?;
         let mut expiring = Vec::new();
         for it in items.iter().filter(|it| it.key.first() == Some(&b'r')) {
             if it.open {
                 open.write(it.key, []).map_err(err)?;
-            } else {
+            } else if it.listed {
                 open.write_tombstone(it.key).map_err(err)?;
             }
             if let Some(e) = it.expires_at {

@@ -47,7 +47,9 @@ use settle_ledger::inspect::Scan;
 use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
 
 use crate::codec::{EntityKey, Value, decode_value};
-use crate::engine::{Checkpointer, CkptMsg, Core, Hasher, Msg, SealSink, Shared, Slot, Writer};
+use crate::engine::{
+    Checkpointer, CkptMsg, Core, Hasher, Msg, SealSink, Shared, Slot, Syncer, Writer,
+};
 use crate::fs::{Fs, OsFs, create_dir_all_durable};
 use crate::index::{FjallIndex, Index, expiry_key};
 use crate::recovery::Recovered;
@@ -134,6 +136,11 @@ fn recover_engine<F: Fs, I: Index>(
         }
     }
     let map = std::mem::take(&mut rec.map);
+    let listed = map
+        .iter()
+        .filter(|s| s.key().first() == Some(&b'r'))
+        .map(|s| s.key().clone())
+        .collect();
     let shared = Arc::new(Shared::new(index, map, opts.clock.clone(), opts.limits));
     for k in &rec.undecodable {
         shared.undecodable.insert(k.clone(), ());
@@ -144,6 +151,8 @@ fn recover_engine<F: Fs, I: Index>(
         wal_dir,
         meta: rec.meta,
         faults: opts.faults.clone(),
+        listed,
+        read_buf: Vec::new(),
     };
     let core = Core::new(
         shared,
@@ -218,7 +227,26 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             .name("settle-checkpoint".into())
             .spawn(move || ckpt.run(crx))
             .map_err(io)?;
-        let writer = Writer { core, rx };
+        let Core { stage, log, .. } = core;
+        // Rendezvous: the writer stages batch N+1 while the syncer makes
+        // batch N durable, never further ahead.
+        let (stx, srx) = crossbeam_channel::bounded(0);
+        let (spare_tx, spare_rx) = crossbeam_channel::bounded(4);
+        let syncer = Syncer {
+            log,
+            rx: srx,
+            spare: spare_tx,
+        };
+        let sy = std::thread::Builder::new()
+            .name("settle-sync".into())
+            .spawn(move || syncer.run())
+            .map_err(io)?;
+        let writer = Writer {
+            stage,
+            rx,
+            tx: stx,
+            spare: spare_rx,
+        };
         let wr = std::thread::Builder::new()
             .name("settle-writer".into())
             .spawn(move || writer.run())
@@ -226,7 +254,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         Ok(Arc::new(EmbeddedStore {
             shared,
             tx,
-            threads: Mutex::new(vec![wr, ck]),
+            threads: Mutex::new(vec![wr, sy, ck]),
             closed: AtomicBool::new(false),
             max_queue: opts.max_queue.max(1),
             retry_after_ms: opts.overload_retry_after_ms,
@@ -425,8 +453,7 @@ fn scan_sync<I: Index>(
     *end.last_mut().expect("separator") = 1;
     let end = Bound::Excluded(end);
     let mem: Vec<Vec<u8>> = shared
-        .record_keys
-        .read()
+        .record_keys()
         .range::<[u8], _>((
             start.as_ref().map(Vec::as_slice),
             end.as_ref().map(Vec::as_slice),
@@ -694,7 +721,7 @@ struct Inline<F: Fs, I: Index> {
 
 impl<F: Fs, I: Index> Inline<F, I> {
     fn checkpoint_sealed(&mut self) {
-        let SealSink::Queue(q) = &mut self.core.sealed else {
+        let SealSink::Queue(q) = &mut self.core.log.sealed else {
             return;
         };
         let Some(&seq) = q.last() else { return };
@@ -780,7 +807,7 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
     /// (as a clean close does), keeping the store open.
     pub fn checkpoint_now(&self) -> Result<(), StoreError> {
         let mut g = self.inner.lock();
-        if g.core.wal.bytes() > 0 {
+        if g.core.log.wal.bytes() > 0 {
             g.core.seal()?;
         }
         g.checkpoint_sealed();
@@ -980,4 +1007,67 @@ pub fn scan(
         }
     })?;
     Ok(report)
+}
+
+#[cfg(test)]
+mod record_key_set_tests {
+    use super::*;
+    use crate::sim::{MemIndex, SimDisk};
+    use settle_core::testkit::*;
+    use settle_core::{ClaimDecision, Reply};
+
+    fn key_set_len(store: &InlineStore<SimDisk, MemIndex>) -> usize {
+        store.shared.record_keys().len()
+    }
+
+    /// The listing's sorted key set keeps the records in memory only: a
+    /// record claimed and settled within one segment leaves it at the
+    /// checkpoint that evicts it (it is never inserted), one still open
+    /// stays, and one settled in a later segment leaves then.
+    #[test]
+    fn the_sorted_key_set_holds_exactly_the_records_in_memory() {
+        let disk = SimDisk::new();
+        let index = MemIndex::new(&disk, "/data");
+        let opts = EmbeddedOptions {
+            segment_bytes: 16 * 1024,
+            ..EmbeddedOptions::default()
+        };
+        let store = InlineStore::open(&disk, "/data", index, opts).unwrap();
+        let t = TenantId::new("acme").unwrap();
+        let mut open = Vec::new();
+        for i in 0..20 {
+            let k = format!("k-{i:02}");
+            let Reply::Claim(ClaimDecision::Execute(g)) = store
+                .execute_now(&t, claim(&k, 1, binding("a", 0)))
+                .unwrap()
+            else {
+                panic!()
+            };
+            if i % 4 == 0 {
+                open.push((k, g.fence));
+            } else {
+                store
+                    .execute_now(&t, settle(&k, g.fence, 1, binding("a", 0), completed(1)))
+                    .unwrap();
+            }
+        }
+        // Not folded yet (a listing would fold them): the checkpoint below
+        // meets them as fresh keys.
+        let s = &store.shared;
+        assert_eq!(
+            s.record_keys.read().len() + s.new_record_keys.lock().len(),
+            20
+        );
+        store.checkpoint_now().unwrap();
+        assert_eq!(key_set_len(&store), open.len());
+        assert_eq!(store.resident(), open.len());
+        for (k, fence) in &open {
+            store
+                .execute_now(&t, settle(k, *fence, 1, binding("a", 0), completed(1)))
+                .unwrap();
+        }
+        store.checkpoint_now().unwrap();
+        assert_eq!(key_set_len(&store), 0);
+        assert_eq!(store.resident(), 0);
+    }
 }

@@ -734,6 +734,7 @@ impl Index for MemIndex {
         self.durable_op(Op::Open(
             records
                 .clone()
+                .filter(|it| it.open || it.listed)
                 .map(|it| (it.key.to_vec(), it.open))
                 .collect(),
         ))?;

@@ -210,15 +210,7 @@ fn prepare<F: Fs>(
             std::thread::sleep(Duration::from_millis(ms));
         }
     }
-    let f = fs.create(&prepared_path(dir, seq))?;
-    let zeros = vec![0u8; (1 << 20).min(size as usize)];
-    let mut at = 0;
-    while at < size {
-        let n = (size - at).min(zeros.len() as u64) as usize;
-        f.write_at(&zeros[..n], at)?;
-        at += n as u64;
-    }
-    f.sync_all()
+    fs.create_zeroed(&prepared_path(dir, seq), size)
 }
 
 /// The segment being appended to.
@@ -381,6 +373,12 @@ impl<F: Fs> Drop for Wal<F> {
             let _ = h.join();
         }
     }
+}
+
+/// The bytes of one segment, into `buf`.
+pub fn read_segment_into<F: Fs>(fs: &F, path: &Path, buf: &mut Vec<u8>) -> Result<(), StoreError> {
+    fs.read_into(path, buf)
+        .map_err(|e| StoreError::Io(format!("reading {}: {e}", path.display())))
 }
 
 /// The bytes of one segment.

@@ -521,12 +521,14 @@ async fn an_undecodable_record_is_refused_skipped_and_counted() {
                     open: false,
                     expires_at: Some(1),
                     value: &[1, 0xff, 0xff, 0xff],
+                    listed: true,
                 },
                 CheckpointItem {
                     key: bad_open,
                     open: true,
                     expires_at: None,
                     value: &[1, 0xfe],
+                    listed: true,
                 },
             ])
             .unwrap();

@@ -117,6 +117,7 @@ async fn check_reports_undecodable_records_and_fails() {
                 open: false,
                 expires_at: None,
                 value: &[1, 0xff, 0xff],
+                listed: true,
             }])
             .unwrap();
     }
