@@ -472,3 +472,20 @@ fn fences_convert_and_display_as_their_number() {
     assert_eq!(Fence(7).to_string(), "7");
     assert_eq!(serde_json::to_string(&Fence(7)).unwrap(), "7");
 }
+
+#[test]
+fn a_present_null_result_is_a_result_and_an_absent_one_is_none() {
+    let digest = "ab".repeat(32);
+    let json = format!(r#"{{"status":"completed","result":null,"response_sha256":"{digest}"}}"#);
+    let o: Outcome = serde_json::from_str(&json).unwrap();
+    assert_eq!(o.result().map(|r| r.as_str()), Some("null"));
+    assert_eq!(o.response_sha256(), Some(Digest([0xab; 32])));
+    let o: Outcome = serde_json::from_str(r#"{"status":"unknown","error":"timeout"}"#).unwrap();
+    assert_eq!(o.result(), None);
+    assert_eq!(o.error().map(|e| e.as_str()), Some("timeout"));
+    // Stored outcomes carry the option itself, both ways.
+    for o in [completed(1), unknown()] {
+        let stored = postcard::to_allocvec(&o).unwrap();
+        assert_eq!(postcard::from_bytes::<Outcome>(&stored).unwrap(), o);
+    }
+}
