@@ -320,6 +320,12 @@ fn digests_are_hex_for_people_and_bytes_for_stores() {
     assert!(e.reason.contains("65 characters"), "{e}");
     assert!(Digest::parse("fingerprint", &"f".repeat(64)).is_ok());
     assert!(Digest::parse("fingerprint", &"9".repeat(64)).is_ok());
+    // A value of the wrong type says what a digest is.
+    let e = serde_json::from_str::<Digest>("5").unwrap_err().to_string();
+    assert!(
+        e.contains("expected a SHA-256 digest as 64 lowercase hex characters"),
+        "{e}"
+    );
 }
 
 /// A byte string as a serializer sees one (what `Digest` writes to a store).
