@@ -443,6 +443,11 @@ fn results_may_nest_exactly_to_the_limit() {
         let e = ResultJson::from_value(&v, 1 << 20).unwrap_err();
         assert!(e.reason.contains("deeper than 64"), "{e}");
     }
+    // Siblings do not nest: a hundred arrays side by side are two levels.
+    let siblings = format!("[{}]", vec!["[]"; 100].join(","));
+    assert!(ResultJson::from_text(&siblings, 1 << 20).is_ok());
+    let v: serde_json::Value = serde_json::from_str(&siblings).unwrap();
+    assert!(ResultJson::from_value(&v, 1 << 20).is_ok());
     // Brackets inside strings do not nest.
     let in_string = format!("[\"{}\"]", "[".repeat(100));
     assert!(ResultJson::from_text(&in_string, 1 << 20).is_ok());
