@@ -4,14 +4,160 @@
 //! in-process ledger or a remote server. The wire types of `settle-api`
 //! do the conversions both ways.
 
+use hyper::Method;
+use hyper::body::Bytes;
 use settle_api::{
-    ClaimRequest, DispatchRequest, HeartbeatRequest, ReconcileRequest, ReconcileResponse,
-    ReleaseRequest, SettleRequest, WarnRequest,
+    BatchCall, BatchOp, BatchRequest, ClaimRequest, DispatchRequest, HeartbeatRequest,
+    ReconcileRequest, ReconcileResponse, ReleaseRequest, SettleRequest, WarnRequest,
 };
 use settle_core::{self as core, Command, Fence, InvalidInput, Reply};
 
+use crate::call::{self, Call};
 use crate::client::Client;
 use crate::error::ClientError;
+
+/// A command as one request: the single call, and the same call as an
+/// entry of a §10 batch (`None` for revoke and warn, which a batch cannot
+/// carry).
+struct Wire {
+    method: Method,
+    path: String,
+    body: Option<Bytes>,
+    batch: Option<BatchCall>,
+}
+
+impl Wire {
+    fn new<T>(c: Call<T>, batch: Option<BatchCall>) -> Wire {
+        Wire {
+            method: c.method,
+            path: c.path,
+            body: c.body,
+            batch,
+        }
+    }
+}
+
+/// The same body as an entry of a batch.
+fn keyed<T: serde::Serialize>(op: BatchOp, key: &core::Key, body: &T) -> Option<BatchCall> {
+    Some(BatchCall::new(op, key.as_str(), body))
+}
+
+/// How `cmd` goes over the wire.
+fn wire(cmd: &Command) -> Result<Wire, ClientError> {
+    Ok(match cmd {
+        Command::Claim(c) => {
+            let req = ClaimRequest::from(c);
+            Wire::new(
+                call::claim(c.key.as_str(), &req)?,
+                keyed(BatchOp::Claim, &c.key, &req),
+            )
+        }
+        Command::Heartbeat(h) => {
+            let req = HeartbeatRequest::from(h);
+            Wire::new(
+                call::heartbeat(h.key.as_str(), &req)?,
+                keyed(BatchOp::Heartbeat, &h.key, &req),
+            )
+        }
+        Command::Dispatch(d) => {
+            let req = DispatchRequest::from(d);
+            Wire::new(
+                call::dispatch(d.key.as_str(), &req)?,
+                keyed(BatchOp::Dispatch, &d.key, &req),
+            )
+        }
+        Command::Settle(s) => {
+            let req = SettleRequest::from(s);
+            Wire::new(
+                call::settle(s.key.as_str(), &req)?,
+                keyed(BatchOp::Settle, &s.key, &req),
+            )
+        }
+        Command::Release(r) => {
+            let req = ReleaseRequest::from(r);
+            Wire::new(
+                call::release(r.key.as_str(), &req)?,
+                keyed(BatchOp::Release, &r.key, &req),
+            )
+        }
+        Command::Reconcile(r) => {
+            let req = ReconcileRequest::from(r);
+            Wire::new(
+                call::reconcile(r.key.as_str(), &req)?,
+                keyed(BatchOp::Reconcile, &r.key, &req),
+            )
+        }
+        Command::Revoke(r) => Wire::new(call::revoke(r.principal.as_str())?, None),
+        Command::Warn(w) => Wire::new(
+            call::warn(w.task.as_str(), w.class.as_str(), &WarnRequest::from(w))?,
+            None,
+        ),
+        Command::Expire { .. } | Command::Collect { .. } => {
+            return Err(ClientError::Request(
+                "expire and collect are the server's own housekeeping, not API calls".into(),
+            ));
+        }
+    })
+}
+
+/// Reads the answer to `cmd` as the core's reply. As with
+/// `Ledger::execute`, protocol refusals and invalid input are replies.
+fn read(cmd: &Command, r: &crate::Reply) -> Result<Reply, ClientError> {
+    match read_success(cmd, r) {
+        Err(e) => {
+            if let Some(code) = e.refusal() {
+                Ok(Reply::Refused(code))
+            } else if let Some(invalid) = e.invalid_input() {
+                Ok(Reply::Invalid(invalid))
+            } else {
+                Err(e)
+            }
+        }
+        ok => ok,
+    }
+}
+
+fn read_success(cmd: &Command, r: &crate::Reply) -> Result<Reply, ClientError> {
+    Ok(match cmd {
+        Command::Claim(_) => {
+            Reply::Claim(answer(r.parse::<settle_api::ClaimDecision>()?.try_into())?)
+        }
+        Command::Heartbeat(_) => Reply::Heartbeat(r.parse::<settle_api::LeaseInfo>()?.into()),
+        Command::Dispatch(_) => {
+            let l = r.parse::<settle_api::Dispatched>()?;
+            Reply::Dispatched(core::LeaseInfo {
+                fence: Fence(l.fence),
+                lease_expires_at: l.lease_expires_at.into(),
+            })
+        }
+        Command::Settle(_) => Reply::Receipt(answer(
+            r.parse::<settle_api::ReceiptResponse>()?.receipt.try_into(),
+        )?),
+        Command::Release(_) => Reply::Released {
+            fence: Fence(r.parse::<settle_api::Released>()?.fence),
+        },
+        Command::Reconcile(_) => match r.parse::<ReconcileResponse>()? {
+            ReconcileResponse::Execute(d) => Reply::Claim(answer(d.try_into())?),
+            ReconcileResponse::Receipt(rc) => Reply::Receipt(answer(rc.receipt.try_into())?),
+            ReconcileResponse::Released(rl) => Reply::Released {
+                fence: Fence(rl.fence),
+            },
+        },
+        Command::Revoke(_) => {
+            let v = r.parse::<settle_api::Revoked>()?;
+            Reply::Revoked {
+                principal: answer(core::Principal::new(v.principal))?,
+                generation: v.generation,
+            }
+        }
+        Command::Warn(_) => Reply::Warning(answer(warning(r.parse()?))?),
+        Command::Expire { .. } | Command::Collect { .. } => {
+            return Err(ClientError::Request(
+                "expire and collect are the server's own housekeeping, not API calls".into(),
+            ));
+        }
+    })
+}
 
 impl Client {
     /// Runs one command of the core on the server. As with
@@ -22,85 +168,54 @@ impl Client {
     /// `unavailable`, 401, ...). `Expire` and `Collect` are the server's
     /// own housekeeping, not API calls.
     pub async fn execute(&self, cmd: &Command) -> Result<Reply, ClientError> {
-        match self.execute_wire(cmd).await {
-            Err(e) => {
-                if let Some(code) = e.refusal() {
-                    Ok(Reply::Refused(code))
-                } else if let Some(invalid) = e.invalid_input() {
-                    Ok(Reply::Invalid(invalid))
-                } else {
-                    Err(e)
-                }
-            }
-            ok => ok,
+        let w = wire(cmd)?;
+        let r = self.send_raw(w.method, &w.path, w.body).await?;
+        read(cmd, &r)
+    }
+
+    /// Runs many commands in one request (`POST /v1/batch`, SPEC §10), in
+    /// order; each answer is what [`Client::execute`] would have answered
+    /// for that command alone. The outer `Err` is the request's: no
+    /// answer, or a batch the server refused as a whole (then no call was
+    /// applied, or, without an answer, maybe some were). Revoke and warn
+    /// cannot be batched (`ClientError::Request`, nothing sent).
+    pub async fn execute_batch(
+        &self,
+        cmds: &[Command],
+    ) -> Result<Vec<Result<Reply, ClientError>>, ClientError> {
+        let calls = cmds
+            .iter()
+            .map(|c| {
+                wire(c)?
+                    .batch
+                    .ok_or_else(|| ClientError::Request(format!("{} cannot be batched", c.name())))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let res = self.batch(&BatchRequest { calls }).await?;
+        if res.results.len() != cmds.len() {
+            return Err(ClientError::UnexpectedBody {
+                status: 200,
+                reason: format!("{} results for {} calls", res.results.len(), cmds.len()),
+            });
         }
-    }
-
-    async fn execute_wire(&self, cmd: &Command) -> Result<Reply, ClientError> {
-        Ok(match cmd {
-            Command::Claim(c) => {
-                let d = self.claim(c.key.as_str(), &ClaimRequest::from(c)).await?;
-                Reply::Claim(answer(d.try_into())?)
-            }
-            Command::Heartbeat(h) => {
-                let l = self
-                    .heartbeat(h.key.as_str(), &HeartbeatRequest::from(h))
-                    .await?;
-                Reply::Heartbeat(l.into())
-            }
-            Command::Dispatch(d) => {
-                let l = self
-                    .dispatch(d.key.as_str(), &DispatchRequest::from(d))
-                    .await?;
-                Reply::Dispatched(core::LeaseInfo {
-                    fence: Fence(l.fence),
-                    lease_expires_at: l.lease_expires_at.into(),
-                })
-            }
-            Command::Settle(s) => {
-                let r = self.settle(s.key.as_str(), &SettleRequest::from(s)).await?;
-                Reply::Receipt(answer(r.receipt.try_into())?)
-            }
-            Command::Release(r) => {
-                let r = self
-                    .release(r.key.as_str(), &ReleaseRequest::from(r))
-                    .await?;
-                Reply::Released {
-                    fence: Fence(r.fence),
-                }
-            }
-            Command::Reconcile(r) => self.reconcile_core(r).await?,
-            Command::Revoke(r) => {
-                let v = self.revoke(r.principal.as_str()).await?;
-                Reply::Revoked {
-                    principal: answer(core::Principal::new(v.principal))?,
-                    generation: v.generation,
-                }
-            }
-            Command::Warn(w) => {
-                let req = WarnRequest::from(w);
-                let v = self.warn(w.task.as_str(), w.class.as_str(), &req).await?;
-                Reply::Warning(answer(warning(v))?)
-            }
-            Command::Expire { .. } | Command::Collect { .. } => {
-                return Err(ClientError::Request(
-                    "expire and collect are the server's own housekeeping, not API calls".into(),
-                ));
-            }
-        })
-    }
-
-    async fn reconcile_core(&self, r: &core::Reconcile) -> Result<Reply, ClientError> {
-        let v = self
-            .reconcile(r.key.as_str(), &ReconcileRequest::from(r))
-            .await?;
-        Ok(match v {
-            ReconcileResponse::Execute(d) => Reply::Claim(answer(d.try_into())?),
-            ReconcileResponse::Receipt(rc) => Reply::Receipt(answer(rc.receipt.try_into())?),
-            ReconcileResponse::Released(rl) => Reply::Released {
-                fence: Fence(rl.fence),
-            },
-        })
+        Ok(cmds
+            .iter()
+            .zip(res.results)
+            .map(|(cmd, r)| {
+                let reply = crate::Reply {
+                    status: r.status,
+                    content_type: if r.status == 200 {
+                        "application/json"
+                    } else {
+                        "application/problem+json"
+                    }
+                    .to_string(),
+                    retry_after: None,
+                    body: Bytes::copy_from_slice(r.body.get().as_bytes()),
+                };
+                read(cmd, &reply)
+            })
+            .collect())
     }
 }
 

@@ -13,6 +13,12 @@
 //!   non-zero bytes only within that frame's extent (known from its header
 //!   if the header survived, else up to the end of the segment), and no
 //!   intact frame after it. Anything else is damage to acknowledged data.
+//!
+//! Recovery rewrites the last whole frame in place (see [`Plan`]). A power
+//! cut during that rewrite may tear sectors that held an acknowledged
+//! frame, so the frame is first copied to a side file ([`COPY`], a
+//! double write): a valid copy found by the next recovery is laid over its
+//! segment before anything is judged.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,6 +35,100 @@ use crate::index::{Index, Meta};
 use crate::wal::{self, first_nonzero, last_nonzero};
 
 type Map = DashMap<Box<[u8]>, Slot, Hasher>;
+
+/// The copy of the last frame, synced before the frame is rewritten in place.
+pub const COPY: &str = "last-frame.copy";
+/// A copy being written; renamed to [`COPY`] once durable.
+const COPY_TMP: &str = "last-frame.copy.tmp";
+const COPY_MAGIC: &[u8; 4] = b"STLC";
+/// magic + segment + offset + length, then the bytes, then a crc32 of all.
+const COPY_HEADER: usize = 4 + 8 + 8 + 8;
+
+/// Bytes of a segment as they were when a rewrite began.
+#[derive(Debug, PartialEq, Eq)]
+struct Copy {
+    seq: u64,
+    at: u64,
+    bytes: Vec<u8>,
+}
+
+impl Copy {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(COPY_HEADER + self.bytes.len() + 4);
+        out.extend_from_slice(COPY_MAGIC);
+        out.extend_from_slice(&self.seq.to_le_bytes());
+        out.extend_from_slice(&self.at.to_le_bytes());
+        out.extend_from_slice(&(self.bytes.len() as u64).to_le_bytes());
+        out.extend_from_slice(&self.bytes);
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// `None` for anything but a whole, intact copy: a copy torn while it
+    /// was written was never relied on (the rewrite starts after it is durable).
+    fn decode(b: &[u8]) -> Option<Copy> {
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        if b.len() < COPY_HEADER + 4 || &b[..4] != COPY_MAGIC {
+            return None;
+        }
+        let len = usize::try_from(u64_at(20)).ok()?;
+        if b.len() != COPY_HEADER.checked_add(len)?.checked_add(4)? {
+            return None;
+        }
+        let (body, crc) = b.split_at(b.len() - 4);
+        if crc32fast::hash(body).to_le_bytes() != crc {
+            return None;
+        }
+        Some(Copy {
+            seq: u64_at(4),
+            at: u64_at(12),
+            bytes: body[COPY_HEADER..].to_vec(),
+        })
+    }
+
+    /// Lays the copy over its segment's bytes.
+    fn restore(&self, buf: &mut [u8], path: &Path) -> Result<(), StoreError> {
+        let range = usize::try_from(self.at)
+            .ok()
+            .and_then(|at| Some(at..at.checked_add(self.bytes.len())?))
+            .filter(|r| r.end <= buf.len())
+            .ok_or_else(|| {
+                corrupt(format!(
+                    "{COPY} holds {} bytes at {} of {}, which is only {} bytes long",
+                    self.bytes.len(),
+                    self.at,
+                    path.display(),
+                    buf.len()
+                ))
+            })?;
+        if buf[range.clone()] != self.bytes[..] {
+            tracing::warn!(segment = %path.display(), at = self.at, "restoring the last frame from its copy (a rewrite was cut short)");
+        }
+        buf[range].copy_from_slice(&self.bytes);
+        Ok(())
+    }
+}
+
+/// The copy left by a rewrite that did not finish, if it is intact.
+fn read_copy<F: Fs>(fs: &F, wal_dir: &Path, plan: &mut Plan) -> Result<Option<Copy>, StoreError> {
+    let names = fs
+        .list(wal_dir)
+        .map_err(|e| StoreError::Io(format!("{}: {e}", wal_dir.display())))?;
+    if names.iter().any(|n| n == COPY_TMP) {
+        plan.prepared.push(wal_dir.join(COPY_TMP));
+    }
+    if !names.iter().any(|n| n == COPY) {
+        return Ok(None);
+    }
+    let path = wal_dir.join(COPY);
+    let bytes = fs
+        .read(&path)
+        .map_err(|e| StoreError::Io(format!("reading {}: {e}", path.display())))?;
+    // Removed once the new rewrite is durable, never before.
+    plan.copy = Some(path);
+    Ok(Copy::decode(&bytes))
+}
 
 /// The state recovered from the index and the log.
 pub struct Recovered {
@@ -61,7 +161,9 @@ struct Plan {
     prepared: Vec<PathBuf>,
     /// The last whole frame: rewritten and synced, because after a failed
     /// fsync in this boot the page cache may show bytes the disk lacks.
-    rewrite: Option<(PathBuf, u64, Vec<u8>)>,
+    rewrite: Option<(PathBuf, Copy)>,
+    /// The copy of an earlier rewrite, to remove once this one is durable.
+    copy: Option<PathBuf>,
 }
 
 fn corrupt(msg: String) -> StoreError {
@@ -150,7 +252,16 @@ pub fn recover<F: Fs, I: Index>(
         live,
         last_seq,
     } = list_segments(fs, wal_dir, &meta)?;
-    let replayed = replay(fs, &live, &meta, &map, &mut undecodable, &mut plan)?;
+    let copy = read_copy(fs, wal_dir, &mut plan)?;
+    let replayed = replay(
+        fs,
+        &live,
+        &meta,
+        &map,
+        copy.as_ref(),
+        &mut undecodable,
+        &mut plan,
+    )?;
     check_fences(&map, replayed.next_fence)?;
     let disputed = match (replayed.disputed, meta.disputed) {
         (Some(d), _) | (None, Some(d)) => d,
@@ -250,12 +361,14 @@ struct Replayed {
 }
 
 /// Replays every whole frame of the live segments into the map, in order,
-/// judging each segment's tail; notes the last frame for rewriting.
+/// judging each segment's tail (after laying `copy` over its segment);
+/// notes the last frame for rewriting.
 fn replay<F: Fs>(
     fs: &F,
     live: &[(u64, PathBuf)],
     meta: &Meta,
     map: &Map,
+    copy: Option<&Copy>,
     undecodable: &mut Vec<Box<[u8]>>,
     plan: &mut Plan,
 ) -> Result<Replayed, StoreError> {
@@ -267,7 +380,10 @@ fn replay<F: Fs>(
         torn: None,
     };
     for (i, (seq, path)) in live.iter().enumerate() {
-        let buf = wal::read_segment(fs, path)?;
+        let mut buf = wal::read_segment(fs, path)?;
+        if let Some(c) = copy.filter(|c| c.seq == *seq) {
+            c.restore(&mut buf, path)?;
+        }
         let frames =
             decode_frames(&buf, *seq).map_err(|e| corrupt(format!("{}: {e}", path.display())))?;
         let is_last = i + 1 == live.len();
@@ -301,8 +417,11 @@ fn replay<F: Fs>(
         if let Some(start) = frames.starts.last() {
             plan.rewrite = Some((
                 path.clone(),
-                *start as u64,
-                buf[*start..frames.valid].to_vec(),
+                Copy {
+                    seq: *seq,
+                    at: *start as u64,
+                    bytes: buf[*start..frames.valid].to_vec(),
+                },
             ));
         }
         if is_last {
@@ -376,12 +495,31 @@ impl Recovered {
                 .and_then(|_| crate::fs::FsFile::sync_data(&f))
                 .map_err(|e| io("zeroing the torn tail of", path, e))?;
         }
-        if let Some((path, at, bytes)) = &plan.rewrite {
+        if let Some((path, copy)) = &plan.rewrite {
+            // The double write: a durable copy first (renamed into place, so
+            // an earlier intact copy is replaced, never truncated), then the
+            // frame in place. A cut during the in-place write leaves the copy
+            // for the next recovery to restore.
+            let tmp = wal_dir.join(COPY_TMP);
+            let f = fs.create(&tmp).map_err(|e| io("creating", &tmp, e))?;
+            crate::fs::FsFile::write_at(&f, &copy.encode(), 0)
+                .and_then(|_| crate::fs::FsFile::sync_data(&f))
+                .map_err(|e| io("writing", &tmp, e))?;
+            let dst = wal_dir.join(COPY);
+            fs.rename(&tmp, &dst)
+                .and_then(|_| fs.sync_dir(wal_dir))
+                .map_err(|e| io("renaming", &tmp, e))?;
             let f = fs.open(path).map_err(|e| io("opening", path, e))?;
-            crate::fs::FsFile::write_at(&f, bytes, *at)
+            crate::fs::FsFile::write_at(&f, &copy.bytes, copy.at)
                 .and_then(|_| crate::fs::FsFile::sync_data(&f))
                 .map_err(|e| io("rewriting the last frame of", path, e))?;
+            fs.remove(&dst).map_err(|e| io("removing", &dst, e))?;
+        } else if let Some(p) = &plan.copy {
+            // A copy of a segment that is gone or empty now: nothing to restore.
+            fs.remove(p).map_err(|e| io("removing", p, e))?;
         }
+        // Every removal above, and the copy's, is durable before anything
+        // new is written.
         fs.sync_dir(wal_dir)
             .map_err(|e| io("syncing", wal_dir, e))?;
         Ok(())
@@ -563,5 +701,69 @@ mod tests {
             m.contains(&format!("non-zero byte at {}", end + 100)),
             "{m}"
         );
+    }
+
+    #[test]
+    fn a_copy_decodes_only_whole_and_intact() {
+        let c = Copy {
+            seq: 3,
+            at: 4096,
+            bytes: (0..200u8).collect(),
+        };
+        let b = c.encode();
+        assert_eq!(Copy::decode(&b), Some(c));
+        // Torn while written: any prefix, any flipped bit.
+        for n in 0..b.len() {
+            assert_eq!(Copy::decode(&b[..n]), None, "prefix {n}");
+        }
+        for i in 0..b.len() {
+            let mut x = b.clone();
+            x[i] ^= 0x10;
+            assert_eq!(Copy::decode(&x), None, "bit flipped in byte {i}");
+        }
+    }
+
+    /// A rewrite cut short: the last frame is garbage in place, its copy is
+    /// intact. Recovery restores it (and `check`, which only reads, sees it);
+    /// without the copy the frame would be cut as a torn tail.
+    #[test]
+    fn an_intact_copy_restores_a_frame_torn_in_place() {
+        let d = disk();
+        let starts = segment(&d, 1, &[1, 2, 3]);
+        let path = wal::segment_path(Path::new(WAL), 1);
+        let all = d.contents(&path).unwrap();
+        let end = crate::wal::last_nonzero(&all).unwrap() + 1;
+        let copy = Copy {
+            seq: 1,
+            at: starts[2] as u64,
+            bytes: all[starts[2]..end].to_vec(),
+        };
+        let f = d.open(&path).unwrap();
+        f.write_at(&vec![0xa5; end - starts[2]], starts[2] as u64)
+            .unwrap();
+        f.sync_data().unwrap();
+        assert_eq!(recover_sim(&d).unwrap().lsn, 2, "torn without its copy");
+
+        let c = d.create(&Path::new(WAL).join(COPY)).unwrap();
+        c.write_at(&copy.encode(), 0).unwrap();
+        c.sync_data().unwrap();
+        let mut r = recover_sim(&d).unwrap();
+        assert_eq!(r.lsn, 3);
+        assert!(r.torn.is_none());
+        r.apply(&d, Path::new(WAL), &MemIndex::new(&d, "/d"))
+            .unwrap();
+        assert_eq!(d.contents(&path).unwrap(), all, "restored in place");
+        assert!(d.read(&Path::new(WAL).join(COPY)).is_err(), "copy removed");
+
+        // A copy torn while it was written is ignored (the rewrite had not
+        // begun) and removed.
+        let c = d.create(&Path::new(WAL).join(COPY)).unwrap();
+        c.write_at(&copy.encode()[..30], 0).unwrap();
+        c.sync_data().unwrap();
+        let mut r = recover_sim(&d).unwrap();
+        assert_eq!(r.lsn, 3);
+        r.apply(&d, Path::new(WAL), &MemIndex::new(&d, "/d"))
+            .unwrap();
+        assert!(d.read(&Path::new(WAL).join(COPY)).is_err(), "copy removed");
     }
 }

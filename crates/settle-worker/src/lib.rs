@@ -33,12 +33,15 @@
 //!   identical in the Rust, Python and TypeScript SDKs.
 //! * [`Transport`]: how the worker reaches the ledger; a test or simulator
 //!   can put a network in between.
+//! * [`Batching`]: a transport that a pool of workers shares, sending
+//!   their concurrent calls to a server as §10 batches.
 //! * [`names`]: the metrics it records. Tracing: every run is a `run_once`
 //!   span with `key` and `fence`.
 //!
 //! `docs/sdk.md` has the client contract and what happens when each step
 //! fails.
 
+mod batch;
 mod error;
 pub mod fingerprint;
 pub mod names;
@@ -46,6 +49,7 @@ mod retry;
 mod run;
 mod transport;
 
+pub use batch::{BatchAnswers, BatchOptions, BatchTransport, Batching, is_batchable};
 pub use error::{BoxError, EffectError, RunError};
 pub use fingerprint::{
     FingerprintError, canonicalize, fingerprint, fingerprint_fields, select_fields, sha256,

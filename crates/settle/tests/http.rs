@@ -1137,6 +1137,54 @@ async fn slow_clients_are_cut_off() {
     assert_problem(&get(&s.ep(), "/v1/operations/k").await, 404, "not_found");
 }
 
+/// `settle bench --url U --batch N`: pairs through `POST /v1/batch`, each
+/// counted pair settled on the server.
+#[tokio::test]
+async fn bench_runs_in_batches_over_http() {
+    let dir = TempDir::new("bench-batch");
+    let s = Server::start(dir.path(), &[]);
+    let out = std::process::Command::new(BIN)
+        .args([
+            "bench",
+            "--url",
+            &s.url(),
+            "--batch",
+            "8",
+            "--connections",
+            "2",
+            "--duration",
+            "0.3",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (v["mode"].as_str(), v["batch"].as_u64()),
+        (Some("http_batch"), Some(8))
+    );
+    assert_eq!(v["errors"], 0);
+    let pairs = v["pairs"].as_u64().unwrap();
+    assert!(pairs > 0 && pairs % 8 == 0, "whole batches of pairs: {v}");
+    let m = String::from_utf8(get(&s.ep(), "/metrics").await.body.to_vec()).unwrap();
+    let receipts: f64 = m
+        .lines()
+        .find(|l| {
+            l.starts_with("settle_decisions_total")
+                && l.contains("call=\"settle\"")
+                && l.contains("decision=\"receipt\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(receipts >= pairs as f64);
+}
+
 #[tokio::test]
 async fn bench_runs_over_http_and_in_process() {
     let dir = TempDir::new("bench");

@@ -18,6 +18,8 @@ use tokio::task::JoinHandle;
 
 pub struct TestLedger {
     pub transport: Arc<dyn Transport>,
+    /// The client of an HTTP ledger.
+    pub client: Option<settle_client::Client>,
     server: Option<(oneshot::Sender<()>, JoinHandle<()>, tempfile::TempDir)>,
 }
 
@@ -26,8 +28,24 @@ impl TestLedger {
         let ledger = Ledger::new(Arc::new(MemStore::default()));
         TestLedger {
             transport: Arc::new(LedgerTransport::new(ledger)),
+            client: None,
             server: None,
         }
+    }
+
+    /// `settle serve` reached through a `Batching` transport over the
+    /// client: every call goes in a §10 batch.
+    pub async fn over_http_batched() -> TestLedger {
+        let mut l = TestLedger::over_http().await;
+        let client = l.client.clone().expect("an HTTP ledger");
+        l.transport = Arc::new(settle_worker::Batching::new(
+            client,
+            settle_worker::BatchOptions {
+                max_calls: 50,
+                max_in_flight: 2,
+            },
+        ));
+        l
     }
 
     /// `settle serve` (auth off, the embedded store) in this process.
@@ -55,7 +73,8 @@ impl TestLedger {
         }));
         let client = settle_client::Client::new(&format!("http://{addr}")).unwrap();
         TestLedger {
-            transport: Arc::new(client),
+            transport: Arc::new(client.clone()),
+            client: Some(client),
             server: Some((stop, handle, dir)),
         }
     }
@@ -79,7 +98,8 @@ impl TestLedger {
     }
 }
 
-/// Runs one scenario against both ledgers, as two tests.
+/// Runs one scenario against both ledgers, as three tests (HTTP single
+/// calls and HTTP batches).
 #[macro_export]
 macro_rules! both_ledgers {
     ($($name:ident),* $(,)?) => {$(
@@ -93,6 +113,12 @@ macro_rules! both_ledgers {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn over_http() {
                 let l = $crate::common::TestLedger::over_http().await;
+                super::$name(&l).await;
+                l.stop().await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn over_http_batched() {
+                let l = $crate::common::TestLedger::over_http_batched().await;
                 super::$name(&l).await;
                 l.stop().await;
             }

@@ -87,6 +87,18 @@ fn inputs() -> Result<(ClaimRequest, Outcome), Failure> {
     Ok((claim, outcome))
 }
 
+/// One client on its own single keep-alive connection, connected (by a
+/// health call) before the clock starts.
+async fn connect(url: &str, token: Option<&str>) -> Result<Client, Failure> {
+    let client = Client::builder(url)
+        .token(token.unwrap_or_default())
+        .single_connection()
+        .build()
+        .map_err(Failure::usage)?;
+    client.health().await.map_err(Failure::unreachable)?;
+    Ok(client)
+}
+
 /// Runs the HTTP benchmark at `connections`; returns the stats and the
 /// number of failed pairs.
 pub async fn run(
@@ -102,15 +114,8 @@ pub async fn run(
     let errors = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::with_capacity(connections);
     for c in 0..connections.max(1) {
-        let client = Client::builder(url)
-            .token(token.unwrap_or_default())
-            .single_connection()
-            .build()
-            .map_err(Failure::usage)?;
-        // Connect before the clock starts.
-        client.health().await.map_err(Failure::unreachable)?;
         workers.push(HttpWorker {
-            client,
+            client: connect(url, token).await?,
             prefix: format!("bench-{run}-{c}"),
             claim: claim.clone(),
             outcome: outcome.clone(),
@@ -253,14 +258,8 @@ pub async fn run_batch(
     let errors = Arc::new(AtomicU64::new(0));
     let mut workers = Vec::with_capacity(connections);
     for c in 0..connections.max(1) {
-        let client = Client::builder(url)
-            .token(token.unwrap_or_default())
-            .single_connection()
-            .build()
-            .map_err(Failure::usage)?;
-        client.health().await.map_err(Failure::unreachable)?;
         workers.push(BatchWorker {
-            client,
+            client: connect(url, token).await?,
             prefix: format!("bench-{run}-{c}"),
             size: size.max(1),
             claim_tail: claim_tail.clone(),
