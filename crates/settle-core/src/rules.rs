@@ -1077,3 +1077,64 @@ pub fn view_at(
     end_lapsed_lease(&mut r, principals, now);
     Ok(Some(r))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::{binding, claim, key, settle, unknown};
+    use crate::world::World;
+
+    /// A record at `unknown` (its lease settled with `unknown`), loaded as an engine would.
+    fn unknown_state() -> (OpState, Ctx) {
+        let mut w = World::default();
+        let t = crate::TenantId::default_tenant();
+        let now = Timestamp(1_000);
+        let Reply::Claim(ClaimDecision::Execute(g)) = w
+            .execute(&t, &claim("a", 1, binding("alice", 0)), now)
+            .reply
+        else {
+            panic!("expected execute")
+        };
+        w.execute(
+            &t,
+            &settle("a", g.fence, 1, binding("alice", 0), unknown()),
+            now,
+        );
+        let record = w.records.get(&(t, key("a"))).cloned();
+        assert_eq!(record.as_ref().map(|r| r.status), Some(Status::Unknown));
+        let state = OpState {
+            record,
+            ..OpState::default()
+        };
+        let ctx = Ctx {
+            now,
+            next_fence: Fence(2),
+            limits: Limits::default(),
+        };
+        (state, ctx)
+    }
+
+    /// A rule that lowers the record's status back to `pending`.
+    fn lower(state: &mut OpState, tx: &mut Tx, recreated: bool) -> Reply {
+        let r = state.record.as_mut().expect("a record");
+        r.status = Status::Pending;
+        r.reconcile_required = false;
+        tx.recreated = recreated;
+        Reply::Expired { ended: false }
+    }
+
+    #[test]
+    #[should_panic(expected = "SPEC §6.1 violated")]
+    fn the_rule_runner_stops_a_rule_that_lowers_a_records_rank() {
+        let (mut state, ctx) = unknown_state();
+        run(&mut state, &ctx, |state, tx| lower(state, tx, false));
+    }
+
+    #[test]
+    fn a_recreated_record_starts_the_lattice_again() {
+        let (mut state, ctx) = unknown_state();
+        let applied = run(&mut state, &ctx, |state, tx| lower(state, tx, true));
+        assert_eq!(applied.reply, Reply::Expired { ended: false });
+        assert_eq!(state.record.map(|r| r.status), Some(Status::Pending));
+    }
+}
