@@ -1170,7 +1170,10 @@ async fn bench_runs_in_batches_over_http() {
     );
     assert_eq!(v["errors"], 0);
     let pairs = v["pairs"].as_u64().unwrap();
-    assert!(pairs > 0 && pairs.is_multiple_of(8), "whole batches of pairs: {v}");
+    assert!(
+        pairs > 0 && pairs.is_multiple_of(8),
+        "whole batches of pairs: {v}"
+    );
     let m = String::from_utf8(get(&s.ep(), "/metrics").await.body.to_vec()).unwrap();
     let receipts: f64 = m
         .lines()
