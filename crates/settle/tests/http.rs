@@ -1137,6 +1137,20 @@ async fn slow_clients_are_cut_off() {
     assert_problem(&get(&s.ep(), "/v1/operations/k").await, 404, "not_found");
 }
 
+/// Receipts the server answered to settle calls, by its metrics.
+async fn settle_receipts(s: &Server) -> f64 {
+    let m = String::from_utf8(get(&s.ep(), "/metrics").await.body.to_vec()).unwrap();
+    m.lines()
+        .find(|l| {
+            l.starts_with("settle_decisions_total")
+                && l.contains("call=\"settle\"")
+                && l.contains("decision=\"receipt\"")
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap()
+}
+
 /// `settle bench --url U --batch N`: pairs through `POST /v1/batch`, each
 /// counted pair settled on the server.
 #[tokio::test]
@@ -1174,17 +1188,7 @@ async fn bench_runs_in_batches_over_http() {
         pairs > 0 && pairs.is_multiple_of(8),
         "whole batches of pairs: {v}"
     );
-    let m = String::from_utf8(get(&s.ep(), "/metrics").await.body.to_vec()).unwrap();
-    let receipts: f64 = m
-        .lines()
-        .find(|l| {
-            l.starts_with("settle_decisions_total")
-                && l.contains("call=\"settle\"")
-                && l.contains("decision=\"receipt\"")
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap();
+    let receipts = settle_receipts(&s).await;
     assert!(receipts >= pairs as f64);
 }
 
@@ -1218,17 +1222,7 @@ async fn bench_runs_over_http_and_in_process() {
         assert!(v[f].as_f64().unwrap() > 0.0, "{f}: {v}");
     }
     // Every counted pair was settled on the server.
-    let m = String::from_utf8(get(&s.ep(), "/metrics").await.body.to_vec()).unwrap();
-    let receipts: f64 = m
-        .lines()
-        .find(|l| {
-            l.starts_with("settle_decisions_total")
-                && l.contains("call=\"settle\"")
-                && l.contains("decision=\"receipt\"")
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap();
+    let receipts = settle_receipts(&s).await;
     assert!(receipts >= v["pairs"].as_f64().unwrap());
 
     let data = TempDir::new("bench-data");
