@@ -43,6 +43,7 @@ use crate::codec::{
 };
 use crate::fs::Fs;
 use crate::index::{CheckpointItem, Index, Meta};
+use crate::pace::Pacer;
 use crate::recovery::Recovered;
 use crate::wal::{self, CheckpointStep, Faults, Wal, first_nonzero};
 
@@ -910,6 +911,8 @@ pub struct Checkpointer<F: Fs, I: Index> {
     /// a fresh 64 MiB buffer per checkpoint cost its page faults and the
     /// kernel's zeroing of every page (a fifth of the checkpointer's CPU).
     pub read_buf: Vec<u8>,
+    /// The table writes take turns with the log's syncs.
+    pub pacer: Arc<Pacer>,
 }
 
 fn io_err(e: std::io::Error) -> StoreError {
@@ -1018,7 +1021,8 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         if Faults::take_checkpoint(&self.faults) {
             return Err(StoreError::Io("injected checkpoint failure".into()));
         }
-        self.shared.index.ingest(&items)?;
+        let pacer = &self.pacer;
+        self.shared.index.ingest(&items, &|| pacer.step())?;
         for it in items.iter().filter(|it| it.key.first() == Some(&b'r')) {
             if it.open {
                 self.listed.insert(it.key.into());

@@ -11,6 +11,8 @@ use std::io::{self, Read};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use crate::pace::STEP_BYTES;
+
 /// A filesystem as the log sees it.
 pub trait Fs: Clone + Send + Sync + 'static {
     /// An open file.
@@ -33,8 +35,10 @@ pub trait Fs: Clone + Send + Sync + 'static {
     /// Opens an existing file for writing.
     fn open(&self, path: &Path) -> io::Result<Self::File>;
     /// Creates (or truncates) `path` holding `size` zero bytes on written
-    /// (not merely reserved) blocks, and makes it durable.
-    fn create_zeroed(&self, path: &Path, size: u64) -> io::Result<()> {
+    /// (not merely reserved) blocks, and makes it durable. `pace` is called
+    /// between steps of the writing (it may wait: see [`crate::pace`]).
+    fn create_zeroed(&self, path: &Path, size: u64, pace: &dyn Fn()) -> io::Result<()> {
+        let _ = pace;
         let f = self.create(path)?;
         write_zeros(&f, 0, size)?;
         f.sync_all()
@@ -88,7 +92,11 @@ const DIRECT_ALIGN: usize = 4096;
 /// copy), so that appending a frame finds its pages cached and does not
 /// read them back first. An error means "not supported here" as well as
 /// a real failure: the caller falls back to buffered writes.
-fn zero_fill_direct(path: &Path, size: u64) -> io::Result<()> {
+///
+/// The zeros go in steps of [`STEP_BYTES`], `pace` between them: the log's
+/// `fdatasync` waits for every write in the disk's queue, and a 1 MiB step
+/// held it for 10–30 ms (docs/performance.md).
+fn zero_fill_direct(path: &Path, size: u64, pace: &dyn Fn()) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let direct = size - size % DIRECT_ALIGN as u64;
     let f = OpenOptions::new()
@@ -97,7 +105,7 @@ fn zero_fill_direct(path: &Path, size: u64) -> io::Result<()> {
         .write(true)
         .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
         .open(path)?;
-    let chunk = (1usize << 20).min(direct as usize);
+    let chunk = STEP_BYTES.min(direct as usize);
     let raw = vec![0u8; chunk + DIRECT_ALIGN];
     let skew = raw.as_ptr() as usize % DIRECT_ALIGN;
     let start = (DIRECT_ALIGN - skew) % DIRECT_ALIGN;
@@ -105,6 +113,9 @@ fn zero_fill_direct(path: &Path, size: u64) -> io::Result<()> {
     let mut at = 0;
     while at < direct {
         let n = (direct - at).min(chunk as u64) as usize;
+        if at > 0 {
+            pace();
+        }
         FileExt::write_all_at(&f, &zeros[..n], at)?;
         at += n as u64;
     }
@@ -166,8 +177,8 @@ impl Fs for OsFs {
     fn open(&self, path: &Path) -> io::Result<File> {
         OpenOptions::new().write(true).open(path)
     }
-    fn create_zeroed(&self, path: &Path, size: u64) -> io::Result<()> {
-        if zero_fill_direct(path, size).is_ok() {
+    fn create_zeroed(&self, path: &Path, size: u64, pace: &dyn Fn()) -> io::Result<()> {
+        if zero_fill_direct(path, size, pace).is_ok() {
             return Ok(());
         }
         // No O_DIRECT here (tmpfs, some filesystems): buffered zeros.
@@ -255,10 +266,36 @@ mod tests {
         let path = dir.path().join("seg.prep");
         std::fs::write(&path, vec![0xab; 3 * DIRECT_ALIGN + 7]).unwrap();
         for size in [2 * DIRECT_ALIGN as u64 + 100, 16 * 1024, 100] {
-            OsFs.create_zeroed(&path, size).unwrap();
+            OsFs.create_zeroed(&path, size, &|| {}).unwrap();
             let got = OsFs.read(&path).unwrap();
             assert_eq!(got.len() as u64, size);
             assert!(got.iter().all(|&b| b == 0));
         }
+    }
+
+    /// The zero-fill takes turns with the log: `pace` runs between its
+    /// steps (where `O_DIRECT` is taken; the buffered fallback is one
+    /// burst that the final `fsync` writes out).
+    #[test]
+    fn the_zero_fill_paces_between_steps() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seg.prep");
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let size = 4 * STEP_BYTES as u64 + 100;
+        OsFs.create_zeroed(&path, size, &|| {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        })
+        .unwrap();
+        assert_eq!(OsFs.read(&path).unwrap(), vec![0; size as usize]);
+        let direct = {
+            use std::os::unix::fs::OpenOptionsExt;
+            OpenOptions::new()
+                .write(true)
+                .custom_flags(rustix::fs::OFlags::DIRECT.bits() as i32)
+                .open(&path)
+                .is_ok()
+        };
+        let calls = calls.into_inner();
+        assert_eq!(calls, if direct { 3 } else { 0 });
     }
 }

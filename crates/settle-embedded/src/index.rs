@@ -4,11 +4,15 @@
 //! records that are not terminal, reloaded into memory at start), `expiry`
 //! (`[expires_at BE][id]` of terminal records, for collection) and `meta`.
 
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsString;
 use std::ops::Bound;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use settle_ledger::StoreError;
+
+use crate::pace::STEP_BYTES;
 
 /// Ids and stored values of open records.
 pub type OpenRecords<B> = Vec<(Vec<u8>, B)>;
@@ -34,8 +38,9 @@ pub trait Index: Send + Sync + 'static {
     /// the list may hold records that settled since: the caller filters).
     fn open_records(&self) -> Result<OpenRecords<Self::Bytes>, StoreError>;
     /// Writes the newest states of a checkpoint (`items` sorted by key) into
-    /// `data`, `open` and `expiry`, durably before returning.
-    fn ingest(&self, items: &[CheckpointItem<'_>]) -> Result<(), StoreError>;
+    /// `data`, `open` and `expiry`, durably before returning. `pace` is
+    /// called between steps of the writing and may wait (see [`crate::pace`]).
+    fn ingest(&self, items: &[CheckpointItem<'_>], pace: &dyn Fn()) -> Result<(), StoreError>;
     /// Records a completed checkpoint, durably before returning (a fresh
     /// write then a sync: never trusting an earlier, failed sync).
     fn commit_meta(&self, meta: &Meta) -> Result<(), StoreError>;
@@ -124,6 +129,62 @@ pub fn split_expiry_key(k: &[u8]) -> Result<(u64, &[u8]), StoreError> {
     Ok((u64::from_be_bytes(t.try_into().expect("8 bytes")), key))
 }
 
+/// Writes out, in steps, the table files an ingestion is filling.
+///
+/// fjall writes a table through a buffer and syncs it once, when it is
+/// complete: a checkpoint's tens of megabytes reached the disk in one
+/// burst, and the log's syncs waited 50–90 ms behind it. Syncing the new
+/// files as they grow keeps that burst to one step. This is advice only:
+/// it relies on fjall keeping a keyspace's tables under `tables/` (if that
+/// changes, the steps find nothing and the burst comes back), errors are
+/// ignored, and durability still comes from fjall's own sync at the end.
+struct Writeback {
+    dir: PathBuf,
+    /// Files there before the ingestion began (not ours to write out).
+    before: HashSet<OsString>,
+    /// Bytes of each new file synced so far.
+    synced: HashMap<OsString, u64>,
+}
+
+impl Writeback {
+    fn new(ks: &Keyspace) -> Writeback {
+        let dir = ks.path().join("tables");
+        let before = Writeback::names(&dir).collect();
+        Writeback {
+            dir,
+            before,
+            synced: HashMap::new(),
+        }
+    }
+
+    fn names(dir: &Path) -> impl Iterator<Item = OsString> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name())
+    }
+
+    fn step(&mut self) {
+        for name in Writeback::names(&self.dir) {
+            if self.before.contains(&name) {
+                continue;
+            }
+            let path = self.dir.join(&name);
+            let Ok(len) = std::fs::metadata(&path).map(|m| m.len()) else {
+                continue;
+            };
+            let synced = self.synced.entry(name).or_default();
+            if len > *synced
+                && let Ok(f) = std::fs::File::open(&path)
+                && f.sync_data().is_ok()
+            {
+                *synced = len;
+            }
+        }
+    }
+}
+
 impl FjallIndex {
     /// Opens (or creates) the index in the directory `path`.
     pub fn open(path: &Path) -> Result<FjallIndex, StoreError> {
@@ -194,14 +255,26 @@ impl Index for FjallIndex {
     /// a crash in between is harmless because the covered log segments are
     /// deleted only after `meta` says the checkpoint is complete, and replay
     /// is idempotent (see docs/design.md).
-    fn ingest(&self, items: &[CheckpointItem<'_>]) -> Result<(), StoreError> {
+    ///
+    /// The tables are written out in steps while they are filled
+    /// ([`Writeback`]), `pace` before each step, so the final `fsync` has
+    /// little left to write.
+    fn ingest(&self, items: &[CheckpointItem<'_>], pace: &dyn Fn()) -> Result<(), StoreError> {
         debug_assert!(items.windows(2).all(|w| w[0].key < w[1].key));
+        let mut writeback = Writeback::new(&self.data);
         let mut data = self.data.start_ingestion().map_err(err)?;
+        let mut fed = 0;
         for it in items {
             if it.value.is_empty() {
                 data.write_tombstone(it.key).map_err(err)?;
             } else {
                 data.write(it.key, it.value).map_err(err)?;
+            }
+            fed += it.key.len() + it.value.len();
+            if fed >= STEP_BYTES {
+                fed = 0;
+                pace();
+                writeback.step();
             }
         }
         data.finish().map_err(err)?;
@@ -223,9 +296,17 @@ impl Index for FjallIndex {
         open.finish().map_err(err)?;
 
         expiring.sort_unstable();
+        let mut writeback = Writeback::new(&self.expiry);
         let mut expiry = self.expiry.start_ingestion().map_err(err)?;
+        let mut fed = 0;
         for k in expiring {
+            fed += k.len();
             expiry.write(k, []).map_err(err)?;
+            if fed >= STEP_BYTES {
+                fed = 0;
+                pace();
+                writeback.step();
+            }
         }
         expiry.finish().map_err(err)
     }
@@ -296,5 +377,44 @@ impl Index for FjallIndex {
             f(&k, &v);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint's tables are written in steps, `pace` before each
+    /// (one per [`STEP_BYTES`] fed), and every item is there afterwards.
+    #[test]
+    fn ingestion_takes_turns_and_keeps_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = FjallIndex::open(dir.path()).unwrap();
+        let keys: Vec<Vec<u8>> = (0..2_000u32)
+            .map(|i| format!("racme\0k{i:08}").into_bytes())
+            .collect();
+        let value = vec![7u8; 1024];
+        let items: Vec<CheckpointItem<'_>> = keys
+            .iter()
+            .map(|k| CheckpointItem {
+                key: k,
+                open: false,
+                expires_at: Some(1),
+                value: &value,
+                listed: false,
+            })
+            .collect();
+        let fed: usize = keys.iter().map(|k| k.len() + value.len()).sum();
+        let steps = std::sync::atomic::AtomicUsize::new(0);
+        index
+            .ingest(&items, &|| {
+                steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            })
+            .unwrap();
+        assert!(steps.into_inner() >= fed / STEP_BYTES);
+        for k in &keys {
+            assert_eq!(index.get(k).unwrap().as_deref(), Some(&value[..]));
+        }
+        assert_eq!(index.due(None, 1, 10_000).unwrap().len(), keys.len());
     }
 }

@@ -24,6 +24,7 @@ pub mod codec;
 mod engine;
 pub mod fs;
 pub mod index;
+mod pace;
 mod recovery;
 pub mod sim;
 mod wal;
@@ -52,6 +53,7 @@ use crate::engine::{
 };
 use crate::fs::{Fs, OsFs, create_dir_all_durable};
 use crate::index::{FjallIndex, Index, expiry_key};
+use crate::pace::Pacer;
 use crate::recovery::Recovered;
 pub use crate::wal::{CheckpointStep, Faults};
 
@@ -114,12 +116,26 @@ fn recover_engine<F: Fs, I: Index>(
     let mut rec = recovery::recover(fs, &wal_dir, &index)?;
     rec.apply(fs, &wal_dir, &index)?;
     let size = opts.segment_bytes.max(4096);
+    let pacer = Arc::new(Pacer::default());
     let wal = match rec.resume {
         // Keep filling the last segment's preallocated space.
-        Some((seq, valid)) if valid + 4096 <= size => {
-            wal::Wal::resume(fs, &wal_dir, seq, size, valid, opts.faults.clone())
-        }
-        _ => wal::Wal::create(fs, &wal_dir, rec.last_seq + 1, size, opts.faults.clone()),
+        Some((seq, valid)) if valid + 4096 <= size => wal::Wal::resume(
+            fs,
+            &wal_dir,
+            seq,
+            size,
+            valid,
+            opts.faults.clone(),
+            pacer.clone(),
+        ),
+        _ => wal::Wal::create(
+            fs,
+            &wal_dir,
+            rec.last_seq + 1,
+            size,
+            opts.faults.clone(),
+            pacer.clone(),
+        ),
     }
     .map_err(io)?;
     // Segments before the one being written are sealed: a backlog left by a
@@ -153,6 +169,7 @@ fn recover_engine<F: Fs, I: Index>(
         faults: opts.faults.clone(),
         listed,
         read_buf: Vec::new(),
+        pacer,
     };
     let core = Core::new(
         shared,

@@ -719,7 +719,9 @@ impl Index for MemIndex {
             .collect())
     }
 
-    fn ingest(&self, items: &[CheckpointItem<'_>]) -> Result<(), StoreError> {
+    /// Nothing to pace in memory (and a pacing wait would only slow the
+    /// deterministic runs down).
+    fn ingest(&self, items: &[CheckpointItem<'_>], _pace: &dyn Fn()) -> Result<(), StoreError> {
         self.check()?;
         self.durable_op(Op::Data(
             items

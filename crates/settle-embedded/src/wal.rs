@@ -13,6 +13,7 @@ use settle_ledger::StoreError;
 
 use crate::codec::place_frame;
 use crate::fs::{Fs, FsFile};
+use crate::pace::Pacer;
 
 /// A step of a checkpoint, for crash injection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,6 +204,7 @@ fn prepare<F: Fs>(
     seq: u64,
     size: u64,
     faults: &Option<Arc<Faults>>,
+    pacer: &Pacer,
 ) -> io::Result<()> {
     if let Some(f) = faults {
         let ms = f.prepare_delay_ms.load(Ordering::Relaxed);
@@ -210,7 +212,7 @@ fn prepare<F: Fs>(
             std::thread::sleep(Duration::from_millis(ms));
         }
     }
-    fs.create_zeroed(&prepared_path(dir, seq), size)
+    fs.create_zeroed(&prepared_path(dir, seq), size, &|| pacer.step())
 }
 
 /// The segment being appended to.
@@ -226,6 +228,8 @@ pub struct Wal<F: Fs> {
     faults: Option<Arc<Faults>>,
     /// The next segment, being zero-filled in the background.
     next: Option<JoinHandle<io::Result<()>>>,
+    /// Told of every sync; background writes take turns with them.
+    pacer: Arc<Pacer>,
 }
 
 impl<F: Fs> Wal<F> {
@@ -236,9 +240,11 @@ impl<F: Fs> Wal<F> {
         seq: u64,
         size: u64,
         faults: Option<Arc<Faults>>,
+        pacer: Arc<Pacer>,
     ) -> io::Result<Wal<F>> {
-        prepare(fs, dir, seq, size, &faults)?;
-        Wal::install(fs, dir, seq, size, faults)
+        // Nothing to protect yet: the store is opening.
+        prepare(fs, dir, seq, size, &faults, &Pacer::hurried_now())?;
+        Wal::install(fs, dir, seq, size, faults, pacer)
     }
 
     /// Continues writing segment `seq` after its `valid` bytes of whole frames
@@ -250,6 +256,7 @@ impl<F: Fs> Wal<F> {
         size: u64,
         valid: u64,
         faults: Option<Arc<Faults>>,
+        pacer: Arc<Pacer>,
     ) -> io::Result<Wal<F>> {
         let file = fs.open(&segment_path(dir, seq))?;
         let mut w = Wal {
@@ -261,6 +268,7 @@ impl<F: Fs> Wal<F> {
             size,
             faults,
             next: None,
+            pacer,
         };
         w.prepare_next();
         Ok(w)
@@ -273,10 +281,11 @@ impl<F: Fs> Wal<F> {
         seq: u64,
         size: u64,
         faults: Option<Arc<Faults>>,
+        pacer: Arc<Pacer>,
     ) -> io::Result<Wal<F>> {
         fs.rename(&prepared_path(dir, seq), &segment_path(dir, seq))?;
         fs.sync_dir(dir)?;
-        Wal::resume(fs, dir, seq, size, 0, faults)
+        Wal::resume(fs, dir, seq, size, 0, faults, pacer)
     }
 
     fn prepare_next(&mut self) {
@@ -285,11 +294,12 @@ impl<F: Fs> Wal<F> {
         }
         let (fs, dir, seq, size) = (self.fs.clone(), self.dir.clone(), self.seq + 1, self.size);
         let faults = self.faults.clone();
+        let pacer = self.pacer.clone();
         if let Some(f) = &faults {
             f.prepares_running.fetch_add(1, Ordering::SeqCst);
         }
         self.next = Some(std::thread::spawn(move || {
-            let r = prepare(&fs, &dir, seq, size, &faults);
+            let r = prepare(&fs, &dir, seq, size, &faults, &pacer);
             if let Some(f) = &faults {
                 f.prepares_running.fetch_sub(1, Ordering::SeqCst);
             }
@@ -336,6 +346,8 @@ impl<F: Fs> Wal<F> {
             f.syncs.fetch_add(1, Ordering::SeqCst);
         }
         self.bytes += buf.len() as u64;
+        // Past half of the segment, the next one must be ready in time.
+        self.pacer.synced(self.bytes * 2 >= self.size);
         Ok(())
     }
 
@@ -346,11 +358,20 @@ impl<F: Fs> Wal<F> {
         {
             return Err(injected("segment rotation"));
         }
+        // The writer waits for the next segment: no more pacing.
+        self.pacer.hurry();
         match self.next.take().map(|h| h.join()) {
             Some(Ok(Ok(()))) => {}
             Some(Ok(Err(e))) => return Err(e),
             Some(Err(_)) => return Err(io::Error::other("segment preparation panicked")),
-            None => prepare(&self.fs, &self.dir, self.seq + 1, self.size, &self.faults)?,
+            None => prepare(
+                &self.fs,
+                &self.dir,
+                self.seq + 1,
+                self.size,
+                &self.faults,
+                &self.pacer,
+            )?,
         }
         let next = Wal::install(
             &self.fs,
@@ -358,6 +379,7 @@ impl<F: Fs> Wal<F> {
             self.seq + 1,
             self.size,
             self.faults.clone(),
+            self.pacer.clone(),
         )?;
         let old = std::mem::replace(self, next);
         Ok(old.seq)

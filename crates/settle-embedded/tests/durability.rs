@@ -515,22 +515,25 @@ async fn an_undecodable_record_is_refused_skipped_and_counted() {
         let bad = b"racme\0bad";
         let bad_open = b"racme\0bad-open";
         index
-            .ingest(&[
-                CheckpointItem {
-                    key: bad,
-                    open: false,
-                    expires_at: Some(1),
-                    value: &[1, 0xff, 0xff, 0xff],
-                    listed: true,
-                },
-                CheckpointItem {
-                    key: bad_open,
-                    open: true,
-                    expires_at: None,
-                    value: &[1, 0xfe],
-                    listed: true,
-                },
-            ])
+            .ingest(
+                &[
+                    CheckpointItem {
+                        key: bad,
+                        open: false,
+                        expires_at: Some(1),
+                        value: &[1, 0xff, 0xff, 0xff],
+                        listed: true,
+                    },
+                    CheckpointItem {
+                        key: bad_open,
+                        open: true,
+                        expires_at: None,
+                        value: &[1, 0xfe],
+                        listed: true,
+                    },
+                ],
+                &|| {},
+            )
             .unwrap();
     }
     let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();

@@ -1,0 +1,116 @@
+//! Background writes go to the disk in small steps between the log's syncs.
+//!
+//! A log `fdatasync` ends with a cache flush of the whole device (on a
+//! virtual disk: an `fdatasync` of the whole image on the host), so it waits
+//! for every write the kernel has handed to the disk before it, whoever
+//! wrote it. Measured on the 2-core test machine (docs/performance.md): the
+//! checkpointer's table `fsync` (tens of megabytes at once) held log syncs
+//! for 50–90 ms, and each 1 MiB `O_DIRECT` write of the next segment's
+//! zero-fill for 10–30 ms; those were the p99/p999 of a commit.
+//!
+//! So the two background writers (the segment zero-fill and the checkpoint's
+//! table writeback) take turns with the log: one small step (≤ 256 KiB) per
+//! log sync, started right after a sync returned. They hurry (no waiting)
+//! once the active segment is half full, so a segment is always prepared and
+//! checkpointed before the writer needs it: pacing trades background speed
+//! for the log's latency, never the writer's progress.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+/// A step waits at most this long for a log sync: with no traffic there is
+/// nothing to protect, and background work still moves on.
+const MAX_WAIT: Duration = Duration::from_millis(2);
+
+/// Bytes a background writer hands to the disk per step.
+pub const STEP_BYTES: usize = 256 * 1024;
+
+/// Shared by the log (which reports its syncs) and the background writers
+/// (which wait for them).
+#[derive(Debug, Default)]
+pub struct Pacer {
+    /// Log syncs completed so far.
+    syncs: Mutex<u64>,
+    synced: Condvar,
+    /// The active segment is at least half full, or the writer is waiting
+    /// for the next one: background work goes at full speed.
+    hurry: AtomicBool,
+}
+
+impl Pacer {
+    /// The log completed a sync; `hurry` says whether background work
+    /// must catch up (the active segment is filling up).
+    pub fn synced(&self, hurry: bool) {
+        self.hurry.store(hurry, Ordering::Relaxed);
+        *self.syncs.lock() += 1;
+        self.synced.notify_all();
+    }
+
+    /// A pacer whose steps never wait (for work done while nothing else runs).
+    pub fn hurried_now() -> Pacer {
+        let p = Pacer::default();
+        p.hurry();
+        p
+    }
+
+    /// Background work must not wait any more (the writer needs it now).
+    pub fn hurry(&self) {
+        self.hurry.store(true, Ordering::Relaxed);
+        self.synced.notify_all();
+    }
+
+    /// Whether background work goes at full speed.
+    pub fn hurried(&self) -> bool {
+        self.hurry.load(Ordering::Relaxed)
+    }
+
+    /// Waits until the log's next sync completes (at most [`MAX_WAIT`]),
+    /// unless background work is hurried.
+    pub fn step(&self) {
+        if self.hurried() {
+            return;
+        }
+        let deadline = Instant::now() + MAX_WAIT;
+        let mut g = self.syncs.lock();
+        let seen = *g;
+        while *g == seen && !self.hurried() {
+            if self.synced.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn a_step_returns_once_the_log_syncs() {
+        let p = Arc::new(Pacer::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let waiter = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                // Keep stepping until the other side has synced at least
+                // once during a step: every step ends either way.
+                loop {
+                    let before = *p.syncs.lock();
+                    p.step();
+                    if *p.syncs.lock() > before {
+                        tx.send(()).unwrap();
+                        return;
+                    }
+                }
+            })
+        };
+        while rx.try_recv().is_err() {
+            p.synced(false);
+            std::thread::yield_now();
+        }
+        waiter.join().unwrap();
+    }
+}
