@@ -5,7 +5,6 @@
 //! (`[expires_at BE][id]` of terminal records, for collection) and `meta`.
 
 use std::collections::{HashMap, HashSet};
-use std::ffi::OsString;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 
@@ -64,6 +63,14 @@ pub trait Index: Send + Sync + 'static {
     ) -> Result<Vec<Vec<u8>>, StoreError>;
     /// Every stored entity, raw (offline inspection).
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError>;
+
+    /// A step of writing out what the index's own background work (fjall's
+    /// compactions) has written so far, or `None` if it has none. The store
+    /// runs the steps on a thread of its own, one per log sync
+    /// ([`crate::pace`]).
+    fn background_writeback(&self) -> Option<Box<dyn FnMut() + Send>> {
+        None
+    }
 }
 
 /// The index in a fjall database on disk.
@@ -129,59 +136,80 @@ pub fn split_expiry_key(k: &[u8]) -> Result<(u64, &[u8]), StoreError> {
     Ok((u64::from_be_bytes(t.try_into().expect("8 bytes")), key))
 }
 
-/// Writes out, in steps, the table files an ingestion is filling.
+/// Writes out, in steps, the table files fjall is filling (an ingestion's,
+/// or a compaction's).
 ///
 /// fjall writes a table through a buffer and syncs it once, when it is
-/// complete: a checkpoint's tens of megabytes reached the disk in one
-/// burst, and the log's syncs waited 50–90 ms behind it. Syncing the new
-/// files as they grow keeps that burst to one step. This is advice only:
-/// it relies on fjall keeping a keyspace's tables under `tables/` (if that
-/// changes, the steps find nothing and the burst comes back), errors are
-/// ignored, and durability still comes from fjall's own sync at the end.
+/// complete: a checkpoint's or a compaction's tens of megabytes reached the
+/// disk in one burst, and the log's syncs waited 50–90 ms behind it.
+/// Syncing the files as they grow keeps each burst to one step. This is
+/// advice only: it relies on fjall keeping a keyspace's tables under
+/// `tables/` (if that changes, the steps find nothing and the bursts come
+/// back), errors are ignored, and durability still comes from fjall's own
+/// sync at the end.
 struct Writeback {
-    dir: PathBuf,
-    /// Files there before the ingestion began (not ours to write out).
-    before: HashSet<OsString>,
-    /// Bytes of each new file synced so far.
-    synced: HashMap<OsString, u64>,
+    dirs: Vec<PathBuf>,
+    /// Each file's bytes synced so far and for how many steps it has not
+    /// grown; `None` once it stopped growing for good (fjall never changes
+    /// a finished table), so it is not looked at again.
+    files: HashMap<PathBuf, Option<(u64, u32)>>,
+}
+
+/// Steps without growth after which a file counts as finished.
+const FINISHED_AFTER: u32 = 20;
+
+/// Where fjall keeps a keyspace's tables.
+fn tables(ks: &Keyspace) -> PathBuf {
+    ks.path().join("tables")
 }
 
 impl Writeback {
-    fn new(ks: &Keyspace) -> Writeback {
-        let dir = ks.path().join("tables");
-        let before = Writeback::names(&dir).collect();
-        Writeback {
-            dir,
-            before,
-            synced: HashMap::new(),
-        }
+    /// Watches `dirs`; the files there now are finished.
+    fn new(dirs: Vec<PathBuf>) -> Writeback {
+        let files = dirs
+            .iter()
+            .flat_map(|d| Writeback::files(d))
+            .map(|f| (f, None))
+            .collect();
+        Writeback { dirs, files }
     }
 
-    fn names(dir: &Path) -> impl Iterator<Item = OsString> {
+    fn files(dir: &Path) -> impl Iterator<Item = PathBuf> + use<> {
         std::fs::read_dir(dir)
             .into_iter()
             .flatten()
             .flatten()
-            .map(|e| e.file_name())
+            .map(|e| e.path())
     }
 
+    /// Syncs what the watched files gained since the last step.
     fn step(&mut self) {
-        for name in Writeback::names(&self.dir) {
-            if self.before.contains(&name) {
-                continue;
-            }
-            let path = self.dir.join(&name);
-            let Ok(len) = std::fs::metadata(&path).map(|m| m.len()) else {
-                continue;
-            };
-            let synced = self.synced.entry(name).or_default();
-            if len > *synced
-                && let Ok(f) = std::fs::File::open(&path)
-                && f.sync_data().is_ok()
-            {
-                *synced = len;
+        let mut present = HashSet::new();
+        for dir in &self.dirs {
+            for path in Writeback::files(dir) {
+                present.insert(path.clone());
+                let entry = self.files.entry(path.clone()).or_insert(Some((0, 0)));
+                let Some((synced, still)) = entry else {
+                    continue;
+                };
+                let Ok(len) = std::fs::metadata(&path).map(|m| m.len()) else {
+                    continue;
+                };
+                if len <= *synced {
+                    *still += 1;
+                    if *still >= FINISHED_AFTER {
+                        *entry = None;
+                    }
+                } else if let Ok(f) = std::fs::File::open(&path)
+                    && f.sync_data().is_ok()
+                {
+                    *synced = len;
+                    *still = 0;
+                }
             }
         }
+        // Tables compacted away.
+        self.files.retain(|p, _| present.contains(p));
     }
 }
 
@@ -261,7 +289,7 @@ impl Index for FjallIndex {
     /// little left to write.
     fn ingest(&self, items: &[CheckpointItem<'_>], pace: &dyn Fn()) -> Result<(), StoreError> {
         debug_assert!(items.windows(2).all(|w| w[0].key < w[1].key));
-        let mut writeback = Writeback::new(&self.data);
+        let mut writeback = Writeback::new(vec![tables(&self.data)]);
         let mut data = self.data.start_ingestion().map_err(err)?;
         let mut fed = 0;
         for it in items {
@@ -296,7 +324,7 @@ impl Index for FjallIndex {
         open.finish().map_err(err)?;
 
         expiring.sort_unstable();
-        let mut writeback = Writeback::new(&self.expiry);
+        let mut writeback = Writeback::new(vec![tables(&self.expiry)]);
         let mut expiry = self.expiry.start_ingestion().map_err(err)?;
         let mut fed = 0;
         for k in expiring {
@@ -371,6 +399,16 @@ impl Index for FjallIndex {
         Ok(out)
     }
 
+    fn background_writeback(&self) -> Option<Box<dyn FnMut() + Send>> {
+        let mut w = Writeback::new(
+            [&self.data, &self.open, &self.expiry, &self.meta]
+                .into_iter()
+                .map(tables)
+                .collect(),
+        );
+        Some(Box::new(move || w.step()))
+    }
+
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError> {
         for g in self.data.iter() {
             let (k, v) = g.into_inner().map_err(err)?;
@@ -416,5 +454,33 @@ mod tests {
             assert_eq!(index.get(k).unwrap().as_deref(), Some(&value[..]));
         }
         assert_eq!(index.due(None, 1, 10_000).unwrap().len(), keys.len());
+    }
+
+    /// The writeback follows files as they grow, leaves alone what was
+    /// there before and what stopped growing, and forgets what went.
+    #[test]
+    fn writeback_follows_growing_tables() {
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("1");
+        std::fs::write(&old, [1u8; 100]).unwrap();
+        let mut w = Writeback::new(vec![dir.path().to_path_buf()]);
+        assert_eq!(w.files[&old], None);
+        let new = dir.path().join("2");
+        let mut f = std::fs::File::create(&new).unwrap();
+        f.write_all(&[2u8; 1000]).unwrap();
+        w.step();
+        assert_eq!(w.files[&new], Some((1000, 0)));
+        f.write_all(&[2u8; 500]).unwrap();
+        w.step();
+        assert_eq!(w.files[&new], Some((1500, 0)));
+        for _ in 0..FINISHED_AFTER {
+            w.step();
+        }
+        assert_eq!(w.files[&new], None);
+        assert_eq!(w.files[&old], None);
+        std::fs::remove_file(&new).unwrap();
+        w.step();
+        assert!(!w.files.contains_key(&new));
     }
 }

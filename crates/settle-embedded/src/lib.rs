@@ -100,6 +100,10 @@ fn io(e: std::io::Error) -> StoreError {
     StoreError::Io(e.to_string())
 }
 
+/// The writeback thread steps at most this often: a step lists the index's
+/// table directories.
+const WRITEBACK_EVERY: std::time::Duration = std::time::Duration::from_millis(5);
+
 /// The writer's and the checkpointer's state.
 type Engine<F, I> = (Core<F, I>, Checkpointer<F, I>);
 
@@ -189,6 +193,8 @@ pub struct EmbeddedStore<F: Fs = OsFs, I: Index = FjallIndex> {
     shared: Arc<Shared<I>>,
     tx: crossbeam_channel::Sender<Msg>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Stopped at close (ends the writeback thread).
+    pacer: Arc<Pacer>,
     closed: AtomicBool,
     max_queue: usize,
     retry_after_ms: u64,
@@ -239,6 +245,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         let (ctx, crx) = crossbeam_channel::bounded::<CkptMsg>(opts.max_checkpoint_backlog.max(1));
         let (core, ckpt) = recover_engine(fs, dir, index, &opts, SealSink::Channel(ctx))?;
         let shared = core.shared.clone();
+        let pacer = ckpt.pacer.clone();
         let (tx, rx) = crossbeam_channel::unbounded();
         let ck = std::thread::Builder::new()
             .name("settle-checkpoint".into())
@@ -268,10 +275,26 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             .name("settle-writer".into())
             .spawn(move || writer.run())
             .map_err(io)?;
+        let mut threads = Vec::new();
+        // The index's own background writes (compactions) take turns with
+        // the log too: one step after a sync, at most every few milliseconds.
+        if let Some(mut step) = shared.index.background_writeback() {
+            let p = pacer.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("settle-writeback".into())
+                    .spawn(move || p.run_after_syncs(WRITEBACK_EVERY, &mut step))
+                    .map_err(io)?,
+            );
+        }
         Ok(Arc::new(EmbeddedStore {
             shared,
             tx,
-            threads: Mutex::new(vec![wr, sy, ck]),
+            threads: Mutex::new({
+                threads.extend([wr, sy, ck]);
+                threads
+            }),
+            pacer,
             closed: AtomicBool::new(false),
             max_queue: opts.max_queue.max(1),
             retry_after_ms: opts.overload_retry_after_ms,
@@ -289,6 +312,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         if self.tx.send(Msg::Close(tx)).is_ok() {
             let _ = rx.recv();
         }
+        self.pacer.stop();
         for t in self.threads.lock().drain(..) {
             let _ = t.join();
         }

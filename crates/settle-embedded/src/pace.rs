@@ -37,6 +37,8 @@ pub struct Pacer {
     /// The active segment is at least half full, or the writer is waiting
     /// for the next one: background work goes at full speed.
     hurry: AtomicBool,
+    /// The store is closing: [`Pacer::next_sync`] and [`Pacer::pause`] end.
+    stopped: AtomicBool,
 }
 
 impl Pacer {
@@ -66,6 +68,46 @@ impl Pacer {
         self.hurry.load(Ordering::Relaxed)
     }
 
+    /// Ends every wait of [`Pacer::next_sync`] and [`Pacer::pause`], for good.
+    pub fn stop(&self) {
+        let _g = self.syncs.lock();
+        self.stopped.store(true, Ordering::SeqCst);
+        self.synced.notify_all();
+    }
+
+    /// Waits for the log's next sync however long it takes; `false` once
+    /// stopped. (With no log traffic there is no latency to protect.)
+    pub fn next_sync(&self) -> bool {
+        let mut g = self.syncs.lock();
+        let seen = *g;
+        while *g == seen && !self.stopped.load(Ordering::SeqCst) {
+            self.synced.wait(&mut g);
+        }
+        !self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Waits `d` unless stopped first; `false` once stopped.
+    pub fn pause(&self, d: Duration) -> bool {
+        let deadline = Instant::now() + d;
+        let mut g = self.syncs.lock();
+        while !self.stopped.load(Ordering::SeqCst) {
+            if self.synced.wait_until(&mut g, deadline).timed_out() {
+                break;
+            }
+        }
+        !self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Runs `step` after log syncs, at most once per `every`, until stopped.
+    pub fn run_after_syncs(&self, every: Duration, step: &mut dyn FnMut()) {
+        while self.next_sync() {
+            step();
+            if !self.pause(every) {
+                return;
+            }
+        }
+    }
+
     /// Waits until the log's next sync completes (at most [`MAX_WAIT`]),
     /// unless background work is hurried.
     pub fn step(&self) {
@@ -87,6 +129,32 @@ impl Pacer {
 mod tests {
     use super::*;
     use std::sync::Arc;
+
+    /// The background thread's loop ends when the pacer is stopped, also
+    /// while it waits for a sync that never comes.
+    #[test]
+    fn a_stopped_pacer_ends_the_background_loop() {
+        let p = Arc::new(Pacer::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let bg = {
+            let p = p.clone();
+            std::thread::spawn(move || {
+                let mut steps = 0;
+                p.run_after_syncs(Duration::from_millis(1), &mut || {
+                    steps += 1;
+                    let _ = tx.send(());
+                });
+                steps
+            })
+        };
+        // One sync: one step (sync again until it has run).
+        while rx.try_recv().is_err() {
+            p.synced(false);
+            std::thread::yield_now();
+        }
+        p.stop();
+        assert!(bg.join().unwrap() >= 1);
+    }
 
     #[test]
     fn a_step_returns_once_the_log_syncs() {
