@@ -171,18 +171,34 @@ async fn commit(
 
 /// `{"results":[{"status":…,"body":…},…]}`, bodies spliced in as rendered.
 fn render(slots: Vec<Slot>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + slots.len() * 256);
+    let slots: Vec<(u16, Vec<u8>)> = slots
+        .into_iter()
+        .map(|slot| match slot.expect("every call is answered") {
+            Ok(body) => (200, body),
+            Err(p) => (p.status, p.to_json()),
+        })
+        .collect();
+    // Sized once: the bodies plus `{"status":NNN,"body":}` and a comma each.
+    let size = slots.iter().map(|(_, b)| b.len() + 24).sum::<usize>();
+    let mut out = Vec::with_capacity(16 + size);
     out.extend_from_slice(b"{\"results\":[");
-    for (i, slot) in slots.into_iter().enumerate() {
+    for (i, (status, body)) in slots.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        let (status, body) = match slot.expect("every call is answered") {
-            Ok(body) => (200, body),
-            Err(p) => (p.status, p.to_json()),
-        };
-        out.extend_from_slice(format!("{{\"status\":{status},\"body\":").as_bytes());
-        out.extend_from_slice(&body);
+        out.extend_from_slice(b"{\"status\":");
+        if (100..1000).contains(status) {
+            // An HTTP status has three digits: written without fmt.
+            out.extend_from_slice(&[
+                b'0' + (status / 100) as u8,
+                b'0' + (status / 10 % 10) as u8,
+                b'0' + (status % 10) as u8,
+            ]);
+        } else {
+            out.extend_from_slice(status.to_string().as_bytes());
+        }
+        out.extend_from_slice(b",\"body\":");
+        out.extend_from_slice(body);
         out.push(b'}');
     }
     out.extend_from_slice(b"]}");
@@ -345,17 +361,29 @@ mod tests {
         );
         let calls = [
             format!(r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b}}}"#),
-            format!(r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b},"lease_ms":50}}"#),
+            format!(
+                r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b},"lease_ms":50}}"#
+            ),
             format!(r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b},"bogus":1}}"#),
             format!(r#"{{"op":"claim","key":"k1","op":"get","fingerprint":"{fp}","binding":{b}}}"#),
             format!(r#"{{"op":"claim","key":"k1","key":"k2","fingerprint":"{fp}","binding":{b}}}"#),
-            format!(r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b},"fingerprint":"{fp}"}}"#),
+            format!(
+                r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b},"fingerprint":"{fp}"}}"#
+            ),
             format!(r#"{{"op":"claim","key":"k 1","fingerprint":"{fp}","binding":{b}}}"#),
             format!(r#"{{"op":"claim","key":"","fingerprint":"{fp}","binding":{b}}}"#),
-            format!(r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b}, "worker" : "w"}}"#),
-            format!(r#"{{"op":"settle","key":"k1","fence":3,"fingerprint":"{fp}","binding":{b},"outcome":{out}}}"#),
-            format!(r#"{{"op":"settle","key":"k1","fence":0,"fingerprint":"{fp}","binding":{b},"outcome":{out}}}"#),
-            format!(r#"{{"op":"settle","key":"k1","fence":"3","fingerprint":"{fp}","binding":{b},"outcome":{out}}}"#),
+            format!(
+                r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b}, "worker" : "w"}}"#
+            ),
+            format!(
+                r#"{{"op":"settle","key":"k1","fence":3,"fingerprint":"{fp}","binding":{b},"outcome":{out}}}"#
+            ),
+            format!(
+                r#"{{"op":"settle","key":"k1","fence":0,"fingerprint":"{fp}","binding":{b},"outcome":{out}}}"#
+            ),
+            format!(
+                r#"{{"op":"settle","key":"k1","fence":"3","fingerprint":"{fp}","binding":{b},"outcome":{out}}}"#
+            ),
             r#"{"op":"dispatch","key":"k1","fence":2}"#.to_string(),
             r#"{"op":"heartbeat","key":"k1"}"#.to_string(),
             r#"{"op":"release","key":"k1","fence":2,"reason":"not_committed"}"#.to_string(),
@@ -369,7 +397,10 @@ mod tests {
         ];
         for call in &calls {
             // A space after the brace leaves the compact layout.
-            assert!(compact_head(call).is_some() || call.contains('\\'), "{call}");
+            assert!(
+                compact_head(call).is_some() || call.contains('\\'),
+                "{call}"
+            );
             let spaced = format!("{{ {}", &call[1..]);
             let compact: &RawValue = serde_json::from_str(call).unwrap();
             let general: &RawValue = serde_json::from_str(&spaced).unwrap();
