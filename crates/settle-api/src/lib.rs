@@ -19,6 +19,7 @@
 //! `outcome.result`, ...), ready for a 422 problem.
 
 mod batch;
+mod hex;
 mod inspect;
 pub mod num;
 mod problem;

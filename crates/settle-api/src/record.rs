@@ -109,7 +109,7 @@ pub struct Reservation {
 impl From<&core::Reservation> for Reservation {
     fn from(r: &core::Reservation) -> Reservation {
         Reservation {
-            fingerprint: r.fingerprint.to_hex(),
+            fingerprint: crate::hex::encode(&r.fingerprint),
             principal: r.principal.to_string(),
             scopes: r.scopes.as_slice().iter().map(|s| s.to_string()).collect(),
             generation: r.generation,
@@ -271,7 +271,7 @@ impl From<&core::Observation> for Observation {
             call: o.call.into(),
             status: o.status.map(Into::into),
             finding: o.finding.map(Into::into),
-            response_sha256: o.response_sha256.map(|d| d.to_hex()),
+            response_sha256: o.response_sha256.map(|d| crate::hex::encode(&d)),
             accepted: o.accepted,
             code: o.code.map(Into::into),
         }
@@ -342,9 +342,9 @@ impl From<&core::QuarantineEntry> for QuarantineEntry {
             call: q.call.into(),
             status: q.status.map(Into::into),
             finding: q.finding.map(Into::into),
-            fingerprint: q.fingerprint.map(|d| d.to_hex()),
+            fingerprint: q.fingerprint.map(|d| crate::hex::encode(&d)),
             binding: q.binding.as_ref().map(Into::into),
-            response_sha256: q.response_sha256.map(|d| d.to_hex()),
+            response_sha256: q.response_sha256.map(|d| crate::hex::encode(&d)),
         }
     }
 }

@@ -13,13 +13,8 @@ use utoipa::ToSchema;
 
 use crate::num::{check_safe, opt_whole, whole};
 
-/// Renames the field of a validation error to the wire's path.
-fn at<T>(field: &str, r: Result<T, InvalidInput>) -> Result<T, InvalidInput> {
-    r.map_err(|e| InvalidInput::new(field, e.reason))
-}
-
 fn digest(field: &str, s: &str) -> Result<core::Digest, InvalidInput> {
-    core::Digest::parse(field, s)
+    crate::hex::decode(field, s)
 }
 
 /// SPEC §2: a fence is in [1, 2^53 − 1]; fences start at 1, so 0 is no
@@ -70,13 +65,19 @@ impl ToSchema for Token {}
 impl Binding {
     /// Validates into the core's binding; errors name `{prefix}.principal` ...
     pub fn to_core(&self, prefix: &str) -> Result<core::Binding, InvalidInput> {
-        let principal = at(
-            &format!("{prefix}.principal"),
-            core::Principal::new(self.principal.clone()),
-        )?;
-        let scopes = core::Scopes::from_strs(self.scopes.iter().cloned())
+        self.clone().into_core(prefix)
+    }
+
+    /// [`Binding::to_core`], moving the strings instead of copying them.
+    /// The field names are written only for an error (a `format!` per
+    /// field per call showed in the profile).
+    pub fn into_core(self, prefix: &str) -> Result<core::Binding, InvalidInput> {
+        let principal = core::Principal::new(self.principal)
+            .map_err(|e| InvalidInput::new(format!("{prefix}.principal"), e.reason))?;
+        let scopes = core::Scopes::from_strs(self.scopes)
             .map_err(|e| InvalidInput::new(e.field.replacen("binding", prefix, 1), e.reason))?;
-        let generation = check_safe(&format!("{prefix}.generation"), self.generation)?;
+        let generation = check_safe(prefix, self.generation)
+            .map_err(|e| InvalidInput::new(format!("{prefix}.generation"), e.reason))?;
         Ok(core::Binding {
             principal,
             scopes,
@@ -192,7 +193,7 @@ impl From<&core::Outcome> for Outcome {
         Outcome {
             status: o.status().into(),
             result: o.result().map(raw),
-            response_sha256: o.response_sha256().map(|d| d.to_hex()),
+            response_sha256: o.response_sha256().map(|d| crate::hex::encode(&d)),
             error: o.error().map(|e| e.to_string()),
         }
     }
@@ -251,7 +252,7 @@ impl ClaimRequest {
         default_retention: RetentionS,
     ) -> Result<core::Claim, InvalidInput> {
         let fingerprint = digest("fingerprint", &self.fingerprint)?;
-        let binding = self.binding.to_core("binding")?;
+        let binding = self.binding.into_core("binding")?;
         let lease_ms = match self.lease_ms {
             Some(ms) => core::LeaseMs::new(ms)?,
             None => core::LeaseMs::DEFAULT,
@@ -279,7 +280,7 @@ impl ClaimRequest {
 impl From<&core::Claim> for ClaimRequest {
     fn from(c: &core::Claim) -> ClaimRequest {
         ClaimRequest {
-            fingerprint: c.fingerprint.to_hex(),
+            fingerprint: crate::hex::encode(&c.fingerprint),
             binding: (&c.binding).into(),
             lease_ms: Some(c.lease_ms.get()),
             worker: c.worker.as_ref().map(|w| w.to_string()),
@@ -378,7 +379,7 @@ impl SettleRequest {
             key,
             fence: fence(self.fence)?,
             fingerprint: digest("fingerprint", &self.fingerprint)?,
-            binding: self.binding.to_core("binding")?,
+            binding: self.binding.into_core("binding")?,
             outcome: self.outcome.to_core()?,
         })
     }
@@ -388,7 +389,7 @@ impl From<&core::Settle> for SettleRequest {
     fn from(s: &core::Settle) -> SettleRequest {
         SettleRequest {
             fence: s.fence.0,
-            fingerprint: s.fingerprint.to_hex(),
+            fingerprint: crate::hex::encode(&s.fingerprint),
             binding: (&s.binding).into(),
             outcome: (&s.outcome).into(),
         }
@@ -515,7 +516,7 @@ impl ReconcileRequest {
                 let outcome = self.outcome.ok_or_else(|| missing("outcome"))?;
                 core::Finding::committed(
                     digest("fingerprint", &fingerprint)?,
-                    binding.to_core("binding")?,
+                    binding.into_core("binding")?,
                     outcome.to_core()?,
                 )?
             }
@@ -550,7 +551,7 @@ impl From<&core::Reconcile> for ReconcileRequest {
         let (finding, fingerprint, binding, outcome) = match &r.finding {
             core::Finding::Committed(c) => (
                 Finding::Committed,
-                Some(c.fingerprint().to_hex()),
+                Some(crate::hex::encode(c.fingerprint())),
                 Some(c.binding().into()),
                 Some(c.outcome().into()),
             ),

@@ -126,8 +126,8 @@ impl From<&core::Receipt> for Receipt {
     fn from(r: &core::Receipt) -> Receipt {
         Receipt {
             key: r.key.to_string(),
-            fingerprint: r.fingerprint.to_hex(),
-            response_sha256: r.response_sha256.map(|d| d.to_hex()),
+            fingerprint: crate::hex::encode(&r.fingerprint),
+            response_sha256: r.response_sha256.map(|d| crate::hex::encode(&d)),
             status: r.status.into(),
             fence: r.fence.0,
             committed_at: r.committed_at.into(),
@@ -141,10 +141,10 @@ impl TryFrom<Receipt> for core::Receipt {
     fn try_from(r: Receipt) -> Result<core::Receipt, InvalidInput> {
         Ok(core::Receipt {
             key: core::Key::new(r.key)?,
-            fingerprint: core::Digest::parse("receipt.fingerprint", &r.fingerprint)?,
+            fingerprint: crate::hex::decode("receipt.fingerprint", &r.fingerprint)?,
             response_sha256: r
                 .response_sha256
-                .map(|d| core::Digest::parse("receipt.response_sha256", &d))
+                .map(|d| crate::hex::decode("receipt.response_sha256", &d))
                 .transpose()?,
             status: r.status.into(),
             fence: core::Fence(r.fence),

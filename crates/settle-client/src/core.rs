@@ -7,8 +7,8 @@
 use hyper::Method;
 use hyper::body::Bytes;
 use settle_api::{
-    BatchOp, BatchResponse, ClaimRequest, DispatchRequest, HeartbeatRequest, ReconcileRequest,
-    ReconcileResponse, ReleaseRequest, SettleRequest, WarnRequest,
+    BatchOp, ClaimRequest, DispatchRequest, HeartbeatRequest, ReconcileRequest, ReconcileResponse,
+    ReleaseRequest, SettleRequest, WarnRequest,
 };
 use settle_core::{self as core, Command, Fence, InvalidInput, Reply};
 
@@ -216,13 +216,19 @@ impl Client {
             push_entry(&mut body, op, &key, w.body.as_deref().unwrap_or(b"{}"))?;
         }
         body.extend_from_slice(b"]}");
-        let res: BatchResponse = self
-            .call(&Call::new(
-                Method::POST,
-                "/v1/batch".into(),
-                Some(body.into()),
-            ))
+        let reply = self
+            .send_raw(Method::POST, "/v1/batch", Some(body.into()))
             .await?;
+        if !reply.is_success() {
+            return Err(reply.error().into());
+        }
+        // Read in place: each result's body is a slice of the answer's
+        // bytes (no copy, no `Box<RawValue>` per result).
+        let res: Results<'_> =
+            serde_json::from_slice(&reply.body).map_err(|e| ClientError::UnexpectedBody {
+                status: reply.status,
+                reason: e.to_string(),
+            })?;
         if res.results.len() != cmds.len() {
             return Err(ClientError::UnexpectedBody {
                 status: 200,
@@ -233,7 +239,7 @@ impl Client {
             .iter()
             .zip(res.results)
             .map(|(cmd, r)| {
-                let reply = crate::Reply {
+                let one = crate::Reply {
                     status: r.status,
                     content_type: if r.status == 200 {
                         "application/json"
@@ -242,12 +248,26 @@ impl Client {
                     }
                     .to_string(),
                     retry_after: None,
-                    body: Bytes::copy_from_slice(r.body.get().as_bytes()),
+                    body: reply.body.slice_ref(r.body.get().as_bytes()),
                 };
-                read(cmd, &reply)
+                read(cmd, &one)
             })
             .collect())
     }
+}
+
+/// `BatchResponse` with each body borrowed from the answer.
+#[derive(serde::Deserialize)]
+struct Results<'a> {
+    #[serde(borrow)]
+    results: Vec<Slot<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct Slot<'a> {
+    status: u16,
+    #[serde(borrow)]
+    body: &'a serde_json::value::RawValue,
 }
 
 /// An answer that does not convert is not what this API answers.

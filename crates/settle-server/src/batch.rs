@@ -25,11 +25,13 @@ use crate::openapi::V1Errors;
 use crate::problem::Problem;
 use crate::wire::parse_body;
 
-/// The request envelope; each call is kept as raw text and parsed on its own.
+/// The request envelope; each call is kept as raw text and parsed on its own
+/// (borrowed from the body: no copy per call).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Envelope {
-    calls: Vec<Box<RawValue>>,
+struct Envelope<'a> {
+    #[serde(borrow)]
+    calls: Vec<&'a RawValue>,
 }
 
 /// What one call asks for, once parsed.
@@ -70,9 +72,10 @@ async fn batch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let bytes = st.body_up_to(&parts, body, st.max_batch_body_bytes).await?;
     let env = parse_envelope(&bytes, st.max_batch_calls)?;
     let mut slots: Vec<Slot> = (0..env.calls.len()).map(|_| None).collect();
-    let mut pending: Vec<(usize, KeyOp, Sent, Command)> = Vec::new();
+    let mut pending: Vec<(usize, KeyOp, Sent, Command)> = Vec::with_capacity(env.calls.len());
+    let mut buf = Vec::new();
     for (i, raw) in env.calls.iter().enumerate() {
-        match parse_call(st.default_retention, raw) {
+        match parse_call(st.default_retention, raw, &mut buf) {
             Err(p) => slots[i] = Some(Err(p)),
             Ok(Call::Command(op, cmd)) => match st.prepare(&cmd) {
                 Ok(sent) => pending.push((i, op, sent, cmd)),
@@ -95,7 +98,7 @@ async fn batch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
 }
 
 /// The envelope of a batch body, refused whole (422 `calls`) beyond `max_calls` calls.
-fn parse_envelope(bytes: &[u8], max_calls: usize) -> Result<Envelope, Problem> {
+fn parse_envelope(bytes: &[u8], max_calls: usize) -> Result<Envelope<'_>, Problem> {
     let env: Envelope = parse_body(bytes)?;
     if env.calls.len() > max_calls {
         return Err(Problem::invalid(
@@ -130,11 +133,12 @@ pub fn parse_batch(
     default_retention: RetentionS,
 ) -> Result<Vec<Result<ParsedCall, Problem>>, Problem> {
     let env = parse_envelope(body, max_calls)?;
+    let mut buf = Vec::new();
     Ok(env
         .calls
         .iter()
         .map(|raw| {
-            parse_call(default_retention, raw).map(|call| match call {
+            parse_call(default_retention, raw, &mut buf).map(|call| match call {
                 Call::Command(_, cmd) => ParsedCall::Command(cmd),
                 Call::Get(key) => ParsedCall::Get(key),
             })
@@ -167,18 +171,34 @@ async fn commit(
 
 /// `{"results":[{"status":…,"body":…},…]}`, bodies spliced in as rendered.
 fn render(slots: Vec<Slot>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + slots.len() * 256);
+    let slots: Vec<(u16, Vec<u8>)> = slots
+        .into_iter()
+        .map(|slot| match slot.expect("every call is answered") {
+            Ok(body) => (200, body),
+            Err(p) => (p.status, p.to_json()),
+        })
+        .collect();
+    // Sized once: the bodies plus `{"status":NNN,"body":}` and a comma each.
+    let size = slots.iter().map(|(_, b)| b.len() + 24).sum::<usize>();
+    let mut out = Vec::with_capacity(16 + size);
     out.extend_from_slice(b"{\"results\":[");
-    for (i, slot) in slots.into_iter().enumerate() {
+    for (i, (status, body)) in slots.iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        let (status, body) = match slot.expect("every call is answered") {
-            Ok(body) => (200, body),
-            Err(p) => (p.status, p.to_json()),
-        };
-        out.extend_from_slice(format!("{{\"status\":{status},\"body\":").as_bytes());
-        out.extend_from_slice(&body);
+        out.extend_from_slice(b"{\"status\":");
+        if (100..1000).contains(status) {
+            // An HTTP status has three digits: written without fmt.
+            out.extend_from_slice(&[
+                b'0' + (status / 100) as u8,
+                b'0' + (status / 10 % 10) as u8,
+                b'0' + (status % 10) as u8,
+            ]);
+        } else {
+            out.extend_from_slice(status.to_string().as_bytes());
+        }
+        out.extend_from_slice(b",\"body\":");
+        out.extend_from_slice(body);
         out.push(b'}');
     }
     out.extend_from_slice(b"]}");
@@ -193,6 +213,10 @@ enum Op {
 }
 
 const OPS: &str = "claim, heartbeat, dispatch, settle, release, reconcile or get";
+
+fn unknown_op() -> Problem {
+    Problem::invalid("op", format!("must be one of {OPS}"))
+}
 
 fn op_named(name: &str) -> Option<Op> {
     Some(match name {
@@ -232,9 +256,61 @@ impl<'de> Deserialize<'de> for Members<'de> {
 
 /// Parses one call: its `op`, its raw `key`, and the rest as the single
 /// call's request body (so a bad field is reported as the single call
-/// would report it).
-fn parse_call(default_retention: RetentionS, raw: &RawValue) -> Result<Call, Problem> {
+/// would report it). `buf` holds that body; it is reused from call to call.
+fn parse_call(
+    default_retention: RetentionS,
+    raw: &RawValue,
+    buf: &mut Vec<u8>,
+) -> Result<Call, Problem> {
     let text = raw.get();
+    buf.clear();
+    let (op, key) = match compact_head(text) {
+        Some((op, key, fields)) => {
+            buf.push(b'{');
+            buf.extend_from_slice(fields.as_bytes());
+            (op_named(op).ok_or_else(unknown_op)?, key.to_string())
+        }
+        None => split_call(text, buf)?,
+    };
+    let key = Key::new(key).map_err(|e| Problem::invalid("key", e.reason))?;
+    match op {
+        Op::Key(op) => Ok(Call::Command(op, op.command(default_retention, key, buf)?)),
+        Op::Get => {
+            let _: api::EmptyRequest = parse_body(buf)?;
+            Ok(Call::Get(key))
+        }
+    }
+}
+
+/// The layout clients send (settle's own, and most serializers):
+/// `{"op":"…","key":"…",<fields>}` with `op` and `key` first, no
+/// whitespace and no escapes in either. Then the op, the key and the
+/// fields after the key with the closing brace (`}` alone when there are
+/// none), sliced out of the text instead of read member by member and
+/// written out again. Any other layout is `None` and goes through
+/// [`split_call`]; both give the same body, member for member in order.
+/// `text` is valid JSON (the envelope parsed it), so a string without a
+/// backslash is its own value.
+fn compact_head(text: &str) -> Option<(&str, &str, &str)> {
+    let rest = text.strip_prefix(r#"{"op":""#)?;
+    let (op, rest) = rest.split_once('"')?;
+    let rest = rest.strip_prefix(r#","key":""#)?;
+    let (key, rest) = rest.split_once('"')?;
+    if op.contains('\\') || key.contains('\\') {
+        return None;
+    }
+    let fields = match rest.strip_prefix(',') {
+        Some(fields) => fields,
+        None if rest == "}" => rest,
+        None => return None,
+    };
+    Some((op, key, fields))
+}
+
+/// Any layout: the first `op` and `key` members out, every other member
+/// written into `buf` as a body of its own, in order; an absent or
+/// unknown op, an absent key or one that is not a string is a problem.
+fn split_call(text: &str, buf: &mut Vec<u8>) -> Result<(Op, String), Problem> {
     if !text.starts_with('{') {
         return Err(Problem::bad_request("a call must be a JSON object"));
     }
@@ -242,47 +318,104 @@ fn parse_call(default_retention: RetentionS, raw: &RawValue) -> Result<Call, Pro
         .map_err(|e| Problem::bad_request(format!("the call is not valid JSON: {e}")))?;
     let mut op = None;
     let mut key = None;
-    let mut body = String::with_capacity(text.len());
-    body.push('{');
+    buf.push(b'{');
     for (name, value) in &members {
         match name.as_str() {
             "op" if op.is_none() => op = Some(*value),
             "key" if key.is_none() => key = Some(*value),
             _ => {
-                if body.len() > 1 {
-                    body.push(',');
+                if buf.len() > 1 {
+                    buf.push(b',');
                 }
-                body.push_str(&serde_json::to_string(name).expect("a string serializes"));
-                body.push(':');
-                body.push_str(value.get());
+                serde_json::to_writer(&mut *buf, name).expect("a string serializes");
+                buf.push(b':');
+                buf.extend_from_slice(value.get().as_bytes());
             }
         }
     }
-    body.push('}');
+    buf.push(b'}');
     let op = op.ok_or_else(|| Problem::invalid("op", "is required"))?;
     let op = serde_json::from_str::<&str>(op.get())
         .ok()
         .and_then(op_named)
-        .ok_or_else(|| Problem::invalid("op", format!("must be one of {OPS}")))?;
+        .ok_or_else(unknown_op)?;
     let key = key.ok_or_else(|| Problem::invalid("key", "is required"))?;
     let key: String = serde_json::from_str(key.get())
         .map_err(|_| Problem::invalid("key", "must be a string (the raw key)"))?;
-    let key = Key::new(key).map_err(|e| Problem::invalid("key", e.reason))?;
-    match op {
-        Op::Key(op) => Ok(Call::Command(
-            op,
-            op.command(default_retention, key, body.as_bytes())?,
-        )),
-        Op::Get => {
-            let _: api::EmptyRequest = parse_body(body.as_bytes())?;
-            Ok(Call::Get(key))
-        }
-    }
+    Ok((op, key))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The compact layout is sliced (`compact_head`), any other layout is
+    /// read member by member (`split_call`): the same call in either layout
+    /// must answer the same, command or problem.
+    #[test]
+    fn compact_and_general_layouts_answer_alike() {
+        let fp = "07".repeat(32);
+        let b = r#"{"principal":"p","scopes":["a"],"generation":0}"#;
+        let out = format!(
+            r#"{{"status":"completed","result":{{"x": [1, 2.50, 1e400]}},"response_sha256":"{fp}"}}"#
+        );
+        let calls = [
+            format!(r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b}}}"#),
+            format!(
+                r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b},"lease_ms":50}}"#
+            ),
+            format!(r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b},"bogus":1}}"#),
+            format!(r#"{{"op":"claim","key":"k1","op":"get","fingerprint":"{fp}","binding":{b}}}"#),
+            format!(r#"{{"op":"claim","key":"k1","key":"k2","fingerprint":"{fp}","binding":{b}}}"#),
+            format!(
+                r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b},"fingerprint":"{fp}"}}"#
+            ),
+            format!(r#"{{"op":"claim","key":"k 1","fingerprint":"{fp}","binding":{b}}}"#),
+            format!(r#"{{"op":"claim","key":"","fingerprint":"{fp}","binding":{b}}}"#),
+            format!(
+                r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b}, "worker" : "w"}}"#
+            ),
+            format!(
+                r#"{{"op":"settle","key":"k1","fence":3,"fingerprint":"{fp}","binding":{b},"outcome":{out}}}"#
+            ),
+            format!(
+                r#"{{"op":"settle","key":"k1","fence":0,"fingerprint":"{fp}","binding":{b},"outcome":{out}}}"#
+            ),
+            format!(
+                r#"{{"op":"settle","key":"k1","fence":"3","fingerprint":"{fp}","binding":{b},"outcome":{out}}}"#
+            ),
+            r#"{"op":"dispatch","key":"k1","fence":2}"#.to_string(),
+            r#"{"op":"heartbeat","key":"k1"}"#.to_string(),
+            r#"{"op":"release","key":"k1","fence":2,"reason":"not_committed"}"#.to_string(),
+            r#"{"op":"get","key":"k1"}"#.to_string(),
+            r#"{"op":"get","key":"k1","x":1}"#.to_string(),
+            r#"{"op":"nope","key":"k1"}"#.to_string(),
+            r#"{"op":"","key":"k1"}"#.to_string(),
+            r#"{"op":"claim","key":"\u006b1"}"#.to_string(),
+            r#"{"op":"cl\u0061im","key":"k1"}"#.to_string(),
+            r#"{"op":"claim","key":"a\"b"}"#.to_string(),
+        ];
+        for call in &calls {
+            // A space after the brace leaves the compact layout.
+            assert!(
+                compact_head(call).is_some() || call.contains('\\'),
+                "{call}"
+            );
+            let spaced = format!("{{ {}", &call[1..]);
+            let compact: &RawValue = serde_json::from_str(call).unwrap();
+            let general: &RawValue = serde_json::from_str(&spaced).unwrap();
+            let mut buf = Vec::new();
+            let a = parse_call(RetentionS::DEFAULT, compact, &mut buf).map(|c| match c {
+                Call::Command(op, cmd) => format!("{op:?} {cmd:?}"),
+                Call::Get(k) => format!("get {k:?}"),
+            });
+            let b = parse_call(RetentionS::DEFAULT, general, &mut buf).map(|c| match c {
+                Call::Command(op, cmd) => format!("{op:?} {cmd:?}"),
+                Call::Get(k) => format!("get {k:?}"),
+            });
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "{call}");
+        }
+    }
 
     #[test]
     fn results_are_spliced_in_order() {
