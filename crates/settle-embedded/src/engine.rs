@@ -37,10 +37,7 @@ use settle_core::{
 use settle_ledger::{Clock, StoreError};
 use tokio::sync::oneshot;
 
-use crate::codec::{
-    Batch, EntityKey, Entry, FRAME_VERSION, Value, decode_frames, decode_value, encode_for_log,
-    encode_frame,
-};
+use crate::codec::{EntityKey, Entry, Value, decode_frames, decode_value, encode_frame_of};
 use crate::fs::Fs;
 use crate::index::{CheckpointItem, Index, Meta};
 use crate::recovery::Recovered;
@@ -378,24 +375,17 @@ impl<I: Index> Stage<I> {
                 &mut overlay,
                 HashMap::with_capacity_and_hasher(capacity, Hasher::default()),
             );
-            // Each value is encoded once: into the log here, and the
+            // Each value is encoded once, straight into the frame; the
             // checkpointer ingests the same bytes into the index.
-            let blobs: Vec<Vec<u8>> = changes.values().map(|v| encode_for_log(v)).collect();
-            let frame = Batch {
-                version: FRAME_VERSION,
-                lsn,
-                next_fence: self.next_fence,
-                disputed,
-                entries: changes
-                    .iter()
-                    .zip(&blobs)
-                    .map(|((k, v), b)| Entry::new(k, v, b))
-                    .collect(),
-            };
             let mut buf = self.spare.pop().unwrap_or_default();
             buf.clear();
-            encode_frame(&frame, &mut buf);
-            drop(frame);
+            encode_frame_of(
+                lsn,
+                self.next_fence,
+                disputed,
+                changes.iter().map(|(k, v)| (&k[..], &**v)),
+                &mut buf,
+            );
             for (k, v) in &changes {
                 if let Value::Principal(p) = &**v {
                     if self.principals.len() >= PRINCIPAL_CACHE {
