@@ -37,15 +37,12 @@ impl EntityKey {
     /// one kind sort by tenant.
     pub fn to_bytes(&self) -> Vec<u8> {
         let (kind, t, name) = match self {
-            EntityKey::Record(t, k) => (b'r', t.as_str(), k.as_str()),
-            EntityKey::Principal(t, p) => (b'p', t.as_str(), p.as_str()),
-            EntityKey::Task(t, task) => (b'w', t.as_str(), task.as_str()),
+            EntityKey::Record(t, k) => (KIND_RECORD, t, k.as_str()),
+            EntityKey::Principal(t, p) => (KIND_PRINCIPAL, t, p.as_str()),
+            EntityKey::Task(t, task) => (KIND_TASK, t, task.as_str()),
         };
-        let mut v = Vec::with_capacity(2 + t.len() + name.len());
-        v.push(kind);
-        v.extend_from_slice(t.as_bytes());
-        v.push(0);
-        v.extend_from_slice(name.as_bytes());
+        let mut v = Vec::with_capacity(2 + t.as_str().len() + name.len());
+        entity_key_into(kind, t, name, &mut v);
         v
     }
 
@@ -64,6 +61,21 @@ impl EntityKey {
             _ => return Err(bad()),
         })
     }
+}
+
+/// The kind byte of a record's, a principal's and a task's key.
+pub const KIND_RECORD: u8 = b'r';
+pub const KIND_PRINCIPAL: u8 = b'p';
+pub const KIND_TASK: u8 = b'w';
+
+/// Appends the key bytes of [`EntityKey::to_bytes`] for an entity of
+/// `kind` to `out`, without building an [`EntityKey`] (the writer keys
+/// every command; it builds them in one reused buffer).
+pub fn entity_key_into(kind: u8, tenant: &TenantId, name: &str, out: &mut Vec<u8>) {
+    out.push(kind);
+    out.extend_from_slice(tenant.as_str().as_bytes());
+    out.push(0);
+    out.extend_from_slice(name.as_bytes());
 }
 
 /// The state of one entity; `Gone` deletes it (a collected record).

@@ -37,7 +37,10 @@ use settle_core::{
 use settle_ledger::{Clock, StoreError};
 use tokio::sync::oneshot;
 
-use crate::codec::{EntityKey, Entry, Value, decode_frames, decode_value, encode_frame_of};
+use crate::codec::{
+    EntityKey, Entry, KIND_PRINCIPAL, KIND_RECORD, KIND_TASK, Value, decode_frames, decode_value,
+    encode_frame_of, entity_key_into,
+};
 use crate::fs::Fs;
 use crate::index::{CheckpointItem, Index, Meta};
 use crate::recovery::Recovered;
@@ -172,6 +175,22 @@ impl<I: Index> Shared<I> {
             .map(|b| Arc::new(self.decode(key, b.as_ref()))))
     }
 
+    /// What `f` makes of the durable state of an entity (map, then index),
+    /// without cloning the shared value.
+    pub fn load_with<T>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(&Value) -> T,
+    ) -> Result<Option<T>, StoreError> {
+        if let Some(s) = self.map.get(key) {
+            return Ok(Some(f(&s.value)));
+        }
+        Ok(self
+            .index
+            .get(key)?
+            .map(|b| f(&self.decode(key, b.as_ref()))))
+    }
+
     /// A principal's generation; `Ok(Err(_))` if its stored state does not decode.
     pub fn principal(
         &self,
@@ -254,6 +273,8 @@ pub struct Stage<I: Index> {
     pub pending: Arc<Changes>,
     /// Frame buffers handed back by the log, reused.
     pub spare: Vec<Vec<u8>>,
+    /// Where principal keys are built for a lookup, reused.
+    pub key_buf: Vec<u8>,
     pub faults: Option<Arc<Faults>>,
 }
 
@@ -308,6 +329,7 @@ impl<F: Fs, I: Index> Core<F, I> {
                 overlay: HashMap::default(),
                 pending: Arc::default(),
                 spare: Vec::new(),
+                key_buf: Vec::new(),
                 faults: faults.clone(),
             },
             log: Log {
@@ -409,13 +431,28 @@ impl<I: Index> Stage<I> {
         Staged { replies, frame }
     }
 
-    /// The latest state of an entity outside the batch being applied: the
-    /// batch staged before it (maybe not durable yet), else the durable state.
-    fn load(&self, k: &[u8]) -> Result<Option<Arc<Value>>, StoreError> {
+    /// What `f` makes of the latest state of an entity outside the batch
+    /// being applied: the batch staged before it (maybe not durable yet),
+    /// else the durable state. `f` borrows the value, so nothing is cloned
+    /// that the command does not need.
+    fn load_with<T>(&self, k: &[u8], f: impl FnOnce(&Value) -> T) -> Result<Option<T>, StoreError> {
         if let Some(v) = self.pending.get(k) {
-            return Ok(Some(v.clone()));
+            return Ok(Some(f(v)));
         }
-        self.shared.load(k)
+        self.shared.load_with(k, f)
+    }
+
+    /// [`Stage::load_with`], the batch's own changes first.
+    fn lookup<T>(
+        &self,
+        overlay: &Changes,
+        k: &[u8],
+        f: impl FnOnce(&Value) -> T,
+    ) -> Result<Option<T>, StoreError> {
+        if let Some(v) = overlay.get(k) {
+            return Ok(Some(f(v)));
+        }
+        self.load_with(k, f)
     }
 
     /// Loads what `cmd` targets (batch overlay first), applies the rules, records the changes.
@@ -428,62 +465,75 @@ impl<I: Index> Stage<I> {
         disputed: &mut i64,
     ) -> Result<Reply, StoreError> {
         const REFUSED: Reply = Reply::Refused(RefusalCode::RecordRefused);
-        let load = |overlay: &Changes, k: &[u8]| -> Result<Option<Value>, StoreError> {
-            if let Some(v) = overlay.get(k) {
-                return Ok(Some((**v).clone()));
-            }
-            Ok(self.load(k)?.map(|v| (*v).clone()))
+        let (kind, name) = match cmd.target() {
+            Target::Record(key) => (KIND_RECORD, key.as_str()),
+            Target::Task(task) => (KIND_TASK, task.as_str()),
+            Target::Principal(p) => (KIND_PRINCIPAL, p.as_str()),
         };
+        // Built once, at its exact size: it becomes the overlay's key as is.
+        let mut k = Vec::with_capacity(2 + tenant.as_str().len() + name.len());
+        entity_key_into(kind, tenant, name, &mut k);
+        let target_key = k.into_boxed_slice();
         let mut state = OpState::default();
-        let target_key: Box<[u8]> = match cmd.target() {
-            Target::Record(key) => {
-                let k = EntityKey::Record(tenant.clone(), key.clone())
-                    .to_bytes()
-                    .into_boxed_slice();
-                state.record = match load(overlay, &k)? {
-                    Some(Value::Record(r)) => Some(r),
+        match cmd.target() {
+            Target::Record(_) => {
+                let found = self.lookup(overlay, &target_key, |v| match v {
+                    Value::Record(r) => Ok(Some(r.clone())),
                     // Never taken for absent: the key could be claimed again.
-                    Some(Value::Undecodable(_)) => return Ok(REFUSED),
-                    _ => None,
-                };
-                k
+                    Value::Undecodable(_) => Err(()),
+                    _ => Ok(None),
+                })?;
+                match found {
+                    Some(Ok(r)) => state.record = r,
+                    Some(Err(())) => return Ok(REFUSED),
+                    None => {}
+                }
             }
-            Target::Task(task) => {
-                let k = EntityKey::Task(tenant.clone(), task.clone())
-                    .to_bytes()
-                    .into_boxed_slice();
-                match load(overlay, &k)? {
-                    Some(Value::Warnings(w)) => state.warnings = w,
-                    Some(Value::Undecodable(_)) => return Ok(REFUSED),
+            Target::Task(_) => {
+                let found = self.lookup(overlay, &target_key, |v| match v {
+                    Value::Warnings(w) => Ok(Some(w.clone())),
+                    Value::Undecodable(_) => Err(()),
+                    _ => Ok(None),
+                })?;
+                match found {
+                    Some(Ok(Some(w))) => state.warnings = w,
+                    Some(Err(())) => return Ok(REFUSED),
                     _ => {}
                 }
-                k
             }
-            Target::Principal(p) => EntityKey::Principal(tenant.clone(), p.clone())
-                .to_bytes()
-                .into_boxed_slice(),
-        };
+            Target::Principal(_) => {}
+        }
         let mut principals = Principals::new();
+        // Principal keys are only looked up (the cache usually has them):
+        // built in one reused buffer.
+        let mut pk = std::mem::take(&mut self.key_buf);
         for p in principals_needed(cmd, state.record.as_ref()) {
-            let k = EntityKey::Principal(tenant.clone(), p.clone()).to_bytes();
-            let st = if let Some(Value::Principal(s)) = overlay.get(&k[..]).map(|v| &**v) {
+            pk.clear();
+            entity_key_into(KIND_PRINCIPAL, tenant, p.as_str(), &mut pk);
+            let st = if let Some(Value::Principal(s)) = overlay.get(&pk[..]).map(|v| &**v) {
                 *s
-            } else if let Some(s) = self.principals.get(&k[..]) {
+            } else if let Some(s) = self.principals.get(&pk[..]) {
                 *s
             } else {
-                let s = match self.load(&k)?.as_deref() {
-                    Some(Value::Principal(s)) => *s,
-                    Some(Value::Undecodable(_)) => return Ok(REFUSED),
-                    _ => PrincipalState::default(),
+                let found = self.load_with(&pk, |v| match v {
+                    Value::Principal(s) => Ok(*s),
+                    Value::Undecodable(_) => Err(()),
+                    _ => Ok(PrincipalState::default()),
+                })?;
+                let s = match found {
+                    Some(Ok(s)) => s,
+                    Some(Err(())) => return Ok(REFUSED),
+                    None => PrincipalState::default(),
                 };
                 if self.principals.len() >= PRINCIPAL_CACHE {
                     self.principals.clear();
                 }
-                self.principals.insert(k.into_boxed_slice(), s);
+                self.principals.insert(pk[..].into(), s);
                 s
             };
             principals.insert(p.clone(), st);
         }
+        self.key_buf = pk;
         state.principals = principals;
         let was_disputed = state.record.as_ref().is_some_and(|r| r.disputed);
         let ctx = Ctx {
@@ -496,10 +546,9 @@ impl<I: Index> Stage<I> {
             self.next_fence += 1;
         }
         for (p, st) in state.principals.dirty() {
-            let k = EntityKey::Principal(tenant.clone(), p.clone())
-                .to_bytes()
-                .into_boxed_slice();
-            overlay.insert(k, Arc::new(Value::Principal(*st)));
+            let mut k = Vec::with_capacity(2 + tenant.as_str().len() + p.as_str().len());
+            entity_key_into(KIND_PRINCIPAL, tenant, p.as_str(), &mut k);
+            overlay.insert(k.into_boxed_slice(), Arc::new(Value::Principal(*st)));
         }
         if applied.changed {
             let v = match cmd.target() {
