@@ -122,7 +122,13 @@ impl postcard::ser_flavors::Flavor for AppendTo<'_> {
     }
 
     fn try_extend(&mut self, b: &[u8]) -> postcard::Result<()> {
-        self.0.extend_from_slice(b);
+        // Most are varints (1-10 bytes): a loop the compiler inlines
+        // beats a call to memcpy for those.
+        if b.len() <= 16 {
+            self.0.extend(b.iter().copied());
+        } else {
+            self.0.extend_from_slice(b);
+        }
         Ok(())
     }
 
