@@ -623,31 +623,25 @@ impl<F: Fs, I: Index> Log<F, I> {
         metrics::histogram!("settle_commit_batch_size").record(replies.len() as f64);
         metrics::histogram!("settle_commit_duration_seconds")
             .record(started.elapsed().as_secs_f64());
-        for (k, v) in changes.iter() {
-            if let Some(mut s) = self.shared.map.get_mut(&k[..]) {
-                s.lsn = lsn;
-                s.value = v.clone();
-                continue;
-            }
-            // Only this thread adds to the map: the key is still absent.
-            match self.shared.map.entry(k.clone()) {
-                dashmap::Entry::Occupied(mut e) => {
-                    let s = e.get_mut();
-                    s.lsn = lsn;
-                    s.value = v.clone();
+        match Arc::try_unwrap(changes) {
+            // The writer has staged a later batch and let go of this one:
+            // keys and values move into the map (one lookup, no key copy).
+            Ok(owned) => {
+                for (k, v) in owned {
+                    self.publish(k, v, lsn);
                 }
-                dashmap::Entry::Vacant(e) => {
-                    if e.key().first() == Some(&b'r') {
-                        self.shared.new_record_keys.lock().push(e.key().clone());
+            }
+            Err(changes) => {
+                for (k, v) in changes.iter() {
+                    if let Some(mut s) = self.shared.map.get_mut(&k[..]) {
+                        s.lsn = lsn;
+                        s.value = v.clone();
+                        continue;
                     }
-                    e.insert(Slot {
-                        lsn,
-                        value: v.clone(),
-                    });
+                    self.publish(k.clone(), v.clone(), lsn);
                 }
             }
         }
-        drop(changes);
         for (r, res) in replies {
             answer(r, res);
         }
@@ -657,6 +651,23 @@ impl<F: Fs, I: Index> Log<F, I> {
         }
         Some(buf)
     }
+    /// Puts the durable state `v` of entity `k` (written by batch `lsn`) into the map.
+    fn publish(&self, k: Box<[u8]>, v: Arc<Value>, lsn: u64) {
+        match self.shared.map.entry(k) {
+            dashmap::Entry::Occupied(mut e) => {
+                let s = e.get_mut();
+                s.lsn = lsn;
+                s.value = v;
+            }
+            dashmap::Entry::Vacant(e) => {
+                if e.key().first() == Some(&b'r') {
+                    self.shared.new_record_keys.lock().push(e.key().clone());
+                }
+                e.insert(Slot { lsn, value: v });
+            }
+        }
+    }
+
     /// A clean close: seals the last segment and lets the checkpointer
     /// finish it, then stops the checkpointer.
     fn close(&mut self) {
