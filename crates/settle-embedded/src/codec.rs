@@ -122,13 +122,7 @@ impl postcard::ser_flavors::Flavor for AppendTo<'_> {
     }
 
     fn try_extend(&mut self, b: &[u8]) -> postcard::Result<()> {
-        // Most are varints (1-10 bytes): a loop the compiler inlines
-        // beats a call to memcpy for those.
-        if b.len() <= 16 {
-            self.0.extend(b.iter().copied());
-        } else {
-            self.0.extend_from_slice(b);
-        }
+        self.0.extend_from_slice(b);
         Ok(())
     }
 
