@@ -22,6 +22,8 @@
 //! (deterministic, for power-loss tests and simulation).
 
 use std::collections::{BTreeSet, HashMap};
+use std::hash::BuildHasher;
+use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -68,6 +70,115 @@ impl Slot {
     }
 }
 
+/// The keys the index may hold, when that can be known: the index held no
+/// entity when the store was opened, and every checkpoint adds the keys it
+/// ingests here before ingesting them (and so before evicting them from
+/// the map). A key this says the index cannot hold is not looked up there:
+/// a fresh claim's index lookup is a miss every time. Bloom filters, a
+/// chain of doubling sizes; off (every lookup goes to the index) when the
+/// index was not empty at open or the filters are full.
+pub struct Ingested {
+    on: AtomicBool,
+    hasher: Hasher,
+    filters: RwLock<Vec<Bloom>>,
+}
+
+struct Bloom {
+    bits: Vec<AtomicU64>,
+    /// Keys added (only the checkpointer adds).
+    keys: AtomicUsize,
+}
+
+/// Bits of the first filter (1 MiB); each next one doubles.
+const BLOOM_FIRST_BITS: usize = 1 << 23;
+/// Past this many bits in all (32 MiB; about 22 million keys) the filters
+/// stop growing and are turned off.
+const BLOOM_MAX_BITS: usize = 1 << 28;
+/// Bits per key at capacity, and probes per key: about 0.5 % false positives.
+const BLOOM_BITS_PER_KEY: usize = 12;
+const BLOOM_PROBES: u64 = 5;
+
+impl Bloom {
+    fn new(bits: usize) -> Bloom {
+        Bloom {
+            bits: (0..bits / 64).map(|_| AtomicU64::new(0)).collect(),
+            keys: AtomicUsize::new(0),
+        }
+    }
+
+    /// The word and bit of each probe of hash `h`.
+    fn probes(&self, h: u64) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let mask = (self.bits.len() * 64 - 1) as u64;
+        let step = (h >> 32) | 1;
+        (0..BLOOM_PROBES).map(move |i| {
+            let b = h.wrapping_add(i.wrapping_mul(step)) & mask;
+            ((b >> 6) as usize, 1u64 << (b & 63))
+        })
+    }
+}
+
+impl Ingested {
+    /// `on`: the index holds no entity.
+    pub fn new(on: bool) -> Ingested {
+        Ingested {
+            on: AtomicBool::new(on),
+            hasher: Hasher::default(),
+            filters: RwLock::new(if on {
+                vec![Bloom::new(BLOOM_FIRST_BITS)]
+            } else {
+                Vec::new()
+            }),
+        }
+    }
+
+    /// Whether the index may hold `key` (`true` when not known).
+    pub fn may_hold(&self, key: &[u8]) -> bool {
+        if !self.on.load(Ordering::Acquire) {
+            return true;
+        }
+        let h = self.hasher.hash_one(key);
+        self.filters.read().iter().any(|f| {
+            f.probes(h)
+                .all(|(w, bit)| f.bits[w].load(Ordering::Acquire) & bit != 0)
+        })
+    }
+
+    /// Records that the index may hold `keys` from now on; called before
+    /// they are ingested (only by the checkpointer).
+    pub fn add<'k>(&self, keys: impl ExactSizeIterator<Item = &'k [u8]>) {
+        if !self.on.load(Ordering::Acquire) {
+            return;
+        }
+        let n = keys.len();
+        {
+            let mut filters = self.filters.write();
+            let last = filters.last().expect("a filter while on");
+            if last.keys.load(Ordering::Relaxed) + n > last.bits.len() * 64 / BLOOM_BITS_PER_KEY {
+                let total: usize = filters.iter().map(|f| f.bits.len() * 64).sum();
+                let next =
+                    (last.bits.len() * 64 * 2).max((n * BLOOM_BITS_PER_KEY).next_power_of_two());
+                if total + next > BLOOM_MAX_BITS {
+                    // Every lookup goes to the index from here on (the
+                    // filters stay: a lookup that saw `on` still reads them,
+                    // and only for keys of earlier checkpoints).
+                    self.on.store(false, Ordering::SeqCst);
+                    return;
+                }
+                filters.push(Bloom::new(next));
+            }
+        }
+        let filters = self.filters.read();
+        let f = filters.last().expect("a filter while on");
+        for k in keys {
+            let h = self.hasher.hash_one(k);
+            for (w, bit) in f.probes(h) {
+                f.bits[w].fetch_or(bit, Ordering::Release);
+            }
+        }
+        f.keys.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// State shared by the writer, the checkpointer and readers.
 pub struct Shared<I> {
     /// Durable state changed since the last checkpoint, plus every open record.
@@ -83,6 +194,8 @@ pub struct Shared<I> {
     /// costs a sorted insert and removal.
     pub new_record_keys: parking_lot::Mutex<Vec<Box<[u8]>>>,
     pub index: I,
+    /// The keys the index may hold, when known.
+    pub ingested: Ingested,
     /// Set on any write, fsync or checkpoint failure: the store fails closed.
     pub poisoned: AtomicBool,
     pub clock: Clock,
@@ -111,10 +224,16 @@ impl<I: Index> Shared<I> {
             .filter(|s| s.key().first() == Some(&b'r'))
             .map(|s| s.key().clone())
             .collect();
+        // An index that lists no entity returns none: until a checkpoint
+        // adds keys (through `ingested`), lookups there can be skipped.
+        let empty = index
+            .keys_in((Bound::Unbounded, Bound::Unbounded), 1)
+            .is_ok_and(|k| k.is_empty());
         Shared {
             map,
             record_keys: RwLock::new(record_keys),
             new_record_keys: parking_lot::Mutex::new(Vec::new()),
+            ingested: Ingested::new(empty),
             index,
             poisoned: AtomicBool::new(false),
             clock,
@@ -169,6 +288,9 @@ impl<I: Index> Shared<I> {
         if let Some(s) = self.map.get(key) {
             return Ok(Some(s.value.clone()));
         }
+        if !self.ingested.may_hold(key) {
+            return Ok(None);
+        }
         Ok(self
             .index
             .get(key)?
@@ -184,6 +306,9 @@ impl<I: Index> Shared<I> {
     ) -> Result<Option<T>, StoreError> {
         if let Some(s) = self.map.get(key) {
             return Ok(Some(f(&s.value)));
+        }
+        if !self.ingested.may_hold(key) {
+            return Ok(None);
         }
         Ok(self
             .index
@@ -1079,6 +1204,8 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         if Faults::take_checkpoint(&self.faults) {
             return Err(StoreError::Io("injected checkpoint failure".into()));
         }
+        // Before they can be in the index (and long before they leave the map).
+        self.shared.ingested.add(items.iter().map(|it| it.key));
         self.shared.index.ingest(&items)?;
         for it in items.iter().filter(|it| it.key.first() == Some(&b'r')) {
             if it.open {
@@ -1139,5 +1266,56 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ingested_keys_are_held_and_others_mostly_not() {
+        let g = Ingested::new(true);
+        let keys: Vec<Vec<u8>> = (0..100_000)
+            .map(|i| format!("rk{i}").into_bytes())
+            .collect();
+        assert!(!g.may_hold(b"rk0"));
+        g.add(keys.iter().map(|k| &k[..]));
+        assert!(keys.iter().all(|k| g.may_hold(k)));
+        let false_positives = (0..100_000)
+            .filter(|i| g.may_hold(format!("other{i}").as_bytes()))
+            .count();
+        assert!(false_positives < 2_000, "{false_positives}");
+    }
+
+    #[test]
+    fn the_filters_grow_then_turn_off_and_hold_everything() {
+        let g = Ingested::new(true);
+        let cap = BLOOM_FIRST_BITS / BLOOM_BITS_PER_KEY;
+        let batch = |from: usize, n: usize| -> Vec<Vec<u8>> {
+            (from..from + n).map(|i| i.to_le_bytes().to_vec()).collect()
+        };
+        let a = batch(0, cap);
+        g.add(a.iter().map(|k| &k[..]));
+        let b = batch(cap, 10);
+        g.add(b.iter().map(|k| &k[..]));
+        assert_eq!(
+            g.filters.read().len(),
+            2,
+            "a second filter for the overflow"
+        );
+        assert!(a.iter().chain(&b).all(|k| g.may_hold(k)));
+        // More than the filters may take in all: off, every key may be held.
+        g.add(std::iter::repeat_n(&b"c"[..], BLOOM_MAX_BITS / BLOOM_BITS_PER_KEY));
+        assert!(!g.on.load(Ordering::SeqCst));
+        assert!(g.may_hold(b"anything"));
+    }
+
+    #[test]
+    fn off_holds_everything() {
+        let g = Ingested::new(false);
+        assert!(g.may_hold(b"k"));
+        g.add([&b"k"[..]].into_iter());
+        assert!(g.may_hold(b"other"));
     }
 }
