@@ -1161,7 +1161,11 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         let mut meta = self.meta;
         meta.checkpoint_seq = seq;
         // The newest entry per key (later batches win), borrowed from the segment bytes.
-        let mut newest: HashMap<&[u8], (u64, Entry<'_>), Hasher> = HashMap::default();
+        // Sized for every entry up front: growing it rehashed every key
+        // several times per segment.
+        let entries = frames.batches.iter().map(|b| b.entries.len()).sum();
+        let mut newest: HashMap<&[u8], (u64, Entry<'_>), Hasher> =
+            HashMap::with_capacity_and_hasher(entries, Hasher::default());
         for b in frames.batches {
             if b.lsn != meta.checkpoint_lsn + 1 {
                 return Err(StoreError::Corrupt(format!(
@@ -1306,7 +1310,10 @@ mod tests {
         );
         assert!(a.iter().chain(&b).all(|k| g.may_hold(k)));
         // More than the filters may take in all: off, every key may be held.
-        g.add(std::iter::repeat_n(&b"c"[..], BLOOM_MAX_BITS / BLOOM_BITS_PER_KEY));
+        g.add(std::iter::repeat_n(
+            &b"c"[..],
+            BLOOM_MAX_BITS / BLOOM_BITS_PER_KEY,
+        ));
         assert!(!g.on.load(Ordering::SeqCst));
         assert!(g.may_hold(b"anything"));
     }
