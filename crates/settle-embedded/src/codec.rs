@@ -69,8 +69,8 @@ pub const KIND_PRINCIPAL: u8 = b'p';
 pub const KIND_TASK: u8 = b'w';
 
 /// Appends the key bytes of [`EntityKey::to_bytes`] for an entity of
-/// `kind` to `out`, without building an [`EntityKey`] (the writer keys
-/// every command; it builds them in one reused buffer).
+/// `kind` to `out`, without building an [`EntityKey`] (two `Arc` clones)
+/// first: the writer keys every command.
 pub fn entity_key_into(kind: u8, tenant: &TenantId, name: &str, out: &mut Vec<u8>) {
     out.push(kind);
     out.extend_from_slice(tenant.as_str().as_bytes());
