@@ -54,9 +54,17 @@ pub fn check_token(field: &str, s: &str) -> Result<(), InvalidInput> {
 macro_rules! token_type {
     ($(#[$doc:meta])* $name:ident, $field:literal) => {
         $(#[$doc])*
-        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-        #[serde(try_from = "String", into = "String")]
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+        #[serde(try_from = "String")]
         pub struct $name(Arc<str>);
+
+        // A string, as `into = "String"` wrote it, without a String per
+        // value: the same bytes, and no allocation when a record is stored.
+        impl Serialize for $name {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
 
         impl $name {
             /// Validates and wraps `s`.
@@ -391,9 +399,16 @@ impl Default for RetentionS {
 
 /// Free text labels (worker names, warning details): 1–4096 bytes of
 /// UTF-8 without control characters.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub struct Text(Arc<str>);
+
+// A string, as `into = "String"` wrote it, without a String per value.
+impl Serialize for Text {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
 
 impl Text {
     /// The longest label, in bytes of UTF-8.
@@ -453,9 +468,16 @@ impl fmt::Display for Text {
 /// string of at most 4096 bytes, empty and multi-line included. An upstream's
 /// error message is whatever the upstream said; refusing it would lose the
 /// evidence a reconciling operator needs.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[derive(Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "String")]
 pub struct ErrorText(Arc<str>);
+
+// A string, as `into = "String"` wrote it, without a String per value.
+impl Serialize for ErrorText {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
 
 impl ErrorText {
     /// The longest error text, in bytes of UTF-8 (the same as [`Text::MAX_BYTES`]).

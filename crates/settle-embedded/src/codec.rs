@@ -37,15 +37,12 @@ impl EntityKey {
     /// one kind sort by tenant.
     pub fn to_bytes(&self) -> Vec<u8> {
         let (kind, t, name) = match self {
-            EntityKey::Record(t, k) => (b'r', t.as_str(), k.as_str()),
-            EntityKey::Principal(t, p) => (b'p', t.as_str(), p.as_str()),
-            EntityKey::Task(t, task) => (b'w', t.as_str(), task.as_str()),
+            EntityKey::Record(t, k) => (KIND_RECORD, t, k.as_str()),
+            EntityKey::Principal(t, p) => (KIND_PRINCIPAL, t, p.as_str()),
+            EntityKey::Task(t, task) => (KIND_TASK, t, task.as_str()),
         };
-        let mut v = Vec::with_capacity(2 + t.len() + name.len());
-        v.push(kind);
-        v.extend_from_slice(t.as_bytes());
-        v.push(0);
-        v.extend_from_slice(name.as_bytes());
+        let mut v = Vec::with_capacity(2 + t.as_str().len() + name.len());
+        entity_key_into(kind, t, name, &mut v);
         v
     }
 
@@ -66,6 +63,21 @@ impl EntityKey {
     }
 }
 
+/// The kind byte of a record's, a principal's and a task's key.
+pub const KIND_RECORD: u8 = b'r';
+pub const KIND_PRINCIPAL: u8 = b'p';
+pub const KIND_TASK: u8 = b'w';
+
+/// Appends the key bytes of [`EntityKey::to_bytes`] for an entity of
+/// `kind` to `out`, without building an [`EntityKey`] (two `Arc` clones)
+/// first: the writer keys every command.
+pub fn entity_key_into(kind: u8, tenant: &TenantId, name: &str, out: &mut Vec<u8>) {
+    out.push(kind);
+    out.extend_from_slice(tenant.as_str().as_bytes());
+    out.push(0);
+    out.extend_from_slice(name.as_bytes());
+}
+
 /// The state of one entity; `Gone` deletes it (a collected record).
 // Records are by far the common variant; boxing them would add an allocation per entity.
 #[allow(clippy::large_enum_variant)]
@@ -83,11 +95,54 @@ pub enum Value {
 }
 
 /// `[version][postcard(value)]`.
+// The writer encodes with `encode_frame_of`; tests and fuzz/ use this.
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn encode_value(v: &Value) -> Vec<u8> {
-    let out = Vec::with_capacity(512);
-    let mut out = postcard::to_extend(&FORMAT_VERSION, out).expect("encoding to a Vec cannot fail");
-    out = postcard::to_extend(v, out).expect("encoding to a Vec cannot fail");
+    let mut out = Vec::with_capacity(512);
+    append_value(v, &mut out);
     out
+}
+
+/// Appends `[version][postcard(value)]` to `out`.
+fn append_value(v: &Value, out: &mut Vec<u8>) {
+    out.push(FORMAT_VERSION);
+    postcard::serialize_with_flavor(v, AppendTo(out)).expect("encoding to a Vec cannot fail");
+}
+
+/// A postcard flavor appending to a borrowed `Vec` (postcard's own
+/// `to_extend` pushes through `Extend` and moves the buffer in and out).
+struct AppendTo<'a>(&'a mut Vec<u8>);
+
+impl postcard::ser_flavors::Flavor for AppendTo<'_> {
+    type Output = ();
+
+    fn try_push(&mut self, b: u8) -> postcard::Result<()> {
+        self.0.push(b);
+        Ok(())
+    }
+
+    fn try_extend(&mut self, b: &[u8]) -> postcard::Result<()> {
+        self.0.extend_from_slice(b);
+        Ok(())
+    }
+
+    fn finalize(self) -> postcard::Result<()> {
+        Ok(())
+    }
+}
+
+/// Appends `n` as postcard writes every integer but `u8`: LEB128.
+fn put_varint(out: &mut Vec<u8>, mut n: u64) {
+    while n >= 0x80 {
+        out.push(n as u8 | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}
+
+/// How many bytes [`put_varint`] writes for `n`.
+fn varint_len(n: u64) -> usize {
+    (64 - (n | 1).leading_zeros() as usize).div_ceil(7)
 }
 
 pub fn decode_value(b: &[u8]) -> Result<Value, StoreError> {
@@ -120,13 +175,19 @@ pub struct Entry<'a> {
     pub value: &'a [u8],
 }
 
+/// What a log entry says besides the value: (`open`, `expires_at`).
+fn describe(value: &Value) -> (bool, Option<u64>) {
+    match value {
+        Value::Record(r) => (!r.status.is_terminal(), r.expires_at().map(|t| t.millis())),
+        _ => (false, None),
+    }
+}
+
 impl<'a> Entry<'a> {
     /// Describes `value` (already encoded as `encoded`) for the log.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn new(key: &'a [u8], value: &Value, encoded: &'a [u8]) -> Entry<'a> {
-        let (open, expires_at) = match value {
-            Value::Record(r) => (!r.status.is_terminal(), r.expires_at().map(|t| t.millis())),
-            _ => (false, None),
-        };
+        let (open, expires_at) = describe(value);
         Entry {
             key,
             open,
@@ -161,6 +222,8 @@ pub struct Batch<'a> {
 }
 
 /// Encodes a value for the log and the index; `Gone` is the empty blob.
+// The writer encodes with `encode_frame_of`; tests and fuzz/ use this.
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn encode_for_log(v: &Value) -> Vec<u8> {
     match v {
         Value::Gone => Vec::new(),
@@ -187,11 +250,82 @@ fn header_crc(seq: u64, offset: u64, header: &[u8]) -> u32 {
 
 /// Appends one frame (header + postcard payload) to `out`. Its header
 /// checksum is written by [`place_frame`] once its position is known.
+// The writer encodes with `encode_frame_of`; tests and fuzz/ use this.
+#[cfg_attr(not(test), allow(dead_code))]
 pub fn encode_frame(batch: &Batch<'_>, out: &mut Vec<u8>) {
     let start = out.len();
     out.extend_from_slice(&[0u8; FRAME_HEADER]);
-    let taken = std::mem::take(out);
-    *out = postcard::to_extend(batch, taken).expect("encoding to a Vec cannot fail");
+    postcard::serialize_with_flavor(batch, AppendTo(out)).expect("encoding to a Vec cannot fail");
+    finish_header(out, start);
+}
+
+/// Appends the frame of one batch to `out`, encoding each value straight
+/// into it: the same bytes as [`encode_frame`] of the [`Batch`] whose
+/// entries are `entries` (keys and values as [`encode_for_log`] writes
+/// them), without a buffer per value and a copy, and with the byte strings
+/// copied whole (serde writes a `&[u8]` field byte by byte). Its header
+/// checksum is written by [`place_frame`] once its position is known.
+pub fn encode_frame_of<'v>(
+    lsn: u64,
+    next_fence: u64,
+    disputed: u64,
+    entries: impl ExactSizeIterator<Item = (&'v [u8], &'v Value)>,
+    out: &mut Vec<u8>,
+) {
+    let start = out.len();
+    out.extend_from_slice(&[0u8; FRAME_HEADER]);
+    // The fields of `Batch`, in order, as postcard writes them.
+    out.push(FRAME_VERSION);
+    put_varint(out, lsn);
+    put_varint(out, next_fence);
+    put_varint(out, disputed);
+    let count = entries.len();
+    put_varint(out, count as u64);
+    let mut written = 0;
+    for (key, value) in entries {
+        // The fields of `Entry`, in order.
+        put_varint(out, key.len() as u64);
+        out.extend_from_slice(key);
+        let (open, expires_at) = describe(value);
+        out.push(open as u8);
+        match expires_at {
+            None => out.push(0),
+            Some(t) => {
+                out.push(1);
+                put_varint(out, t);
+            }
+        }
+        match value {
+            Value::Gone => out.push(0),
+            Value::Undecodable(_) => unreachable!("an undecodable value is never written"),
+            v => {
+                // The value's length goes before it: leave room for the
+                // usual two bytes (128 B to 16 KiB), move it if it is not.
+                const GUESS: usize = 2;
+                let at = out.len();
+                out.extend_from_slice(&[0; GUESS]);
+                append_value(v, out);
+                let len = out.len() - at - GUESS;
+                let need = varint_len(len as u64);
+                if need != GUESS {
+                    let mut prefix = Vec::with_capacity(need);
+                    put_varint(&mut prefix, len as u64);
+                    out.splice(at..at + GUESS, prefix);
+                } else {
+                    out[at] = len as u8 | 0x80;
+                    out[at + 1] = (len >> 7) as u8;
+                }
+            }
+        }
+        written += 1;
+    }
+    assert_eq!(written, count, "the frame's entry count was written first");
+    finish_header(out, start);
+}
+
+/// Fills in the magic, the payload length and its checksum of the frame
+/// starting at `start` (the rest of `out`).
+fn finish_header(out: &mut [u8], start: usize) {
     let len = (out.len() - start - FRAME_HEADER) as u32;
     let crc = crc32fast::hash(&out[start + FRAME_HEADER..]);
     out[start..start + 4].copy_from_slice(&FRAME_MAGIC.to_le_bytes());

@@ -22,6 +22,8 @@
 //! (deterministic, for power-loss tests and simulation).
 
 use std::collections::{BTreeSet, HashMap};
+use std::hash::BuildHasher;
+use std::ops::Bound;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -38,8 +40,8 @@ use settle_ledger::{Clock, StoreError};
 use tokio::sync::oneshot;
 
 use crate::codec::{
-    Batch, EntityKey, Entry, FRAME_VERSION, Value, decode_frames, decode_value, encode_for_log,
-    encode_frame,
+    EntityKey, Entry, KIND_PRINCIPAL, KIND_RECORD, KIND_TASK, Value, decode_frames, decode_value,
+    encode_frame_of, entity_key_into,
 };
 use crate::fs::Fs;
 use crate::index::{CheckpointItem, Index, Meta};
@@ -69,6 +71,115 @@ impl Slot {
     }
 }
 
+/// The keys the index may hold, when that can be known: the index held no
+/// entity when the store was opened, and every checkpoint adds the keys it
+/// ingests here before ingesting them (and so before evicting them from
+/// the map). A key this says the index cannot hold is not looked up there:
+/// a fresh claim's index lookup is a miss every time. Bloom filters, a
+/// chain of doubling sizes; off (every lookup goes to the index) when the
+/// index was not empty at open or the filters are full.
+pub struct Ingested {
+    on: AtomicBool,
+    hasher: Hasher,
+    filters: RwLock<Vec<Bloom>>,
+}
+
+struct Bloom {
+    bits: Vec<AtomicU64>,
+    /// Keys added (only the checkpointer adds).
+    keys: AtomicUsize,
+}
+
+/// Bits of the first filter (1 MiB); each next one doubles.
+const BLOOM_FIRST_BITS: usize = 1 << 23;
+/// Past this many bits in all (32 MiB; about 22 million keys) the filters
+/// stop growing and are turned off.
+const BLOOM_MAX_BITS: usize = 1 << 28;
+/// Bits per key at capacity, and probes per key: about 0.5 % false positives.
+const BLOOM_BITS_PER_KEY: usize = 12;
+const BLOOM_PROBES: u64 = 5;
+
+impl Bloom {
+    fn new(bits: usize) -> Bloom {
+        Bloom {
+            bits: (0..bits / 64).map(|_| AtomicU64::new(0)).collect(),
+            keys: AtomicUsize::new(0),
+        }
+    }
+
+    /// The word and bit of each probe of hash `h`.
+    fn probes(&self, h: u64) -> impl Iterator<Item = (usize, u64)> + '_ {
+        let mask = (self.bits.len() * 64 - 1) as u64;
+        let step = (h >> 32) | 1;
+        (0..BLOOM_PROBES).map(move |i| {
+            let b = h.wrapping_add(i.wrapping_mul(step)) & mask;
+            ((b >> 6) as usize, 1u64 << (b & 63))
+        })
+    }
+}
+
+impl Ingested {
+    /// `on`: the index holds no entity.
+    pub fn new(on: bool) -> Ingested {
+        Ingested {
+            on: AtomicBool::new(on),
+            hasher: Hasher::default(),
+            filters: RwLock::new(if on {
+                vec![Bloom::new(BLOOM_FIRST_BITS)]
+            } else {
+                Vec::new()
+            }),
+        }
+    }
+
+    /// Whether the index may hold `key` (`true` when not known).
+    pub fn may_hold(&self, key: &[u8]) -> bool {
+        if !self.on.load(Ordering::Acquire) {
+            return true;
+        }
+        let h = self.hasher.hash_one(key);
+        self.filters.read().iter().any(|f| {
+            f.probes(h)
+                .all(|(w, bit)| f.bits[w].load(Ordering::Acquire) & bit != 0)
+        })
+    }
+
+    /// Records that the index may hold `keys` from now on; called before
+    /// they are ingested (only by the checkpointer).
+    pub fn add<'k>(&self, keys: impl ExactSizeIterator<Item = &'k [u8]>) {
+        if !self.on.load(Ordering::Acquire) {
+            return;
+        }
+        let n = keys.len();
+        {
+            let mut filters = self.filters.write();
+            let last = filters.last().expect("a filter while on");
+            if last.keys.load(Ordering::Relaxed) + n > last.bits.len() * 64 / BLOOM_BITS_PER_KEY {
+                let total: usize = filters.iter().map(|f| f.bits.len() * 64).sum();
+                let next =
+                    (last.bits.len() * 64 * 2).max((n * BLOOM_BITS_PER_KEY).next_power_of_two());
+                if total + next > BLOOM_MAX_BITS {
+                    // Every lookup goes to the index from here on (the
+                    // filters stay: a lookup that saw `on` still reads them,
+                    // and only for keys of earlier checkpoints).
+                    self.on.store(false, Ordering::SeqCst);
+                    return;
+                }
+                filters.push(Bloom::new(next));
+            }
+        }
+        let filters = self.filters.read();
+        let f = filters.last().expect("a filter while on");
+        for k in keys {
+            let h = self.hasher.hash_one(k);
+            for (w, bit) in f.probes(h) {
+                f.bits[w].fetch_or(bit, Ordering::Release);
+            }
+        }
+        f.keys.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// State shared by the writer, the checkpointer and readers.
 pub struct Shared<I> {
     /// Durable state changed since the last checkpoint, plus every open record.
@@ -84,6 +195,8 @@ pub struct Shared<I> {
     /// costs a sorted insert and removal.
     pub new_record_keys: parking_lot::Mutex<Vec<Box<[u8]>>>,
     pub index: I,
+    /// The keys the index may hold, when known.
+    pub ingested: Ingested,
     /// Set on any write, fsync or checkpoint failure: the store fails closed.
     pub poisoned: AtomicBool,
     pub clock: Clock,
@@ -112,10 +225,16 @@ impl<I: Index> Shared<I> {
             .filter(|s| s.key().first() == Some(&b'r'))
             .map(|s| s.key().clone())
             .collect();
+        // An index that lists no entity returns none: until a checkpoint
+        // adds keys (through `ingested`), lookups there can be skipped.
+        let empty = index
+            .keys_in((Bound::Unbounded, Bound::Unbounded), 1)
+            .is_ok_and(|k| k.is_empty());
         Shared {
             map,
             record_keys: RwLock::new(record_keys),
             new_record_keys: parking_lot::Mutex::new(Vec::new()),
+            ingested: Ingested::new(empty),
             index,
             poisoned: AtomicBool::new(false),
             clock,
@@ -170,10 +289,32 @@ impl<I: Index> Shared<I> {
         if let Some(s) = self.map.get(key) {
             return Ok(Some(s.value.clone()));
         }
+        if !self.ingested.may_hold(key) {
+            return Ok(None);
+        }
         Ok(self
             .index
             .get(key)?
             .map(|b| Arc::new(self.decode(key, b.as_ref()))))
+    }
+
+    /// What `f` makes of the durable state of an entity (map, then index),
+    /// without cloning the shared value.
+    pub fn load_with<T>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(&Value) -> T,
+    ) -> Result<Option<T>, StoreError> {
+        if let Some(s) = self.map.get(key) {
+            return Ok(Some(f(&s.value)));
+        }
+        if !self.ingested.may_hold(key) {
+            return Ok(None);
+        }
+        Ok(self
+            .index
+            .get(key)?
+            .map(|b| f(&self.decode(key, b.as_ref()))))
     }
 
     /// A principal's generation; `Ok(Err(_))` if its stored state does not decode.
@@ -258,6 +399,8 @@ pub struct Stage<I: Index> {
     pub pending: Arc<Changes>,
     /// Frame buffers handed back by the log, reused.
     pub spare: Vec<Vec<u8>>,
+    /// Where principal keys are built for a lookup, reused.
+    pub key_buf: Vec<u8>,
     pub faults: Option<Arc<Faults>>,
 }
 
@@ -312,6 +455,7 @@ impl<F: Fs, I: Index> Core<F, I> {
                 overlay: HashMap::default(),
                 pending: Arc::default(),
                 spare: Vec::new(),
+                key_buf: Vec::new(),
                 faults: faults.clone(),
             },
             log: Log {
@@ -379,24 +523,17 @@ impl<I: Index> Stage<I> {
                 &mut overlay,
                 HashMap::with_capacity_and_hasher(capacity, Hasher::default()),
             );
-            // Each value is encoded once: into the log here, and the
+            // Each value is encoded once, straight into the frame; the
             // checkpointer ingests the same bytes into the index.
-            let blobs: Vec<Vec<u8>> = changes.values().map(|v| encode_for_log(v)).collect();
-            let frame = Batch {
-                version: FRAME_VERSION,
-                lsn,
-                next_fence: self.next_fence,
-                disputed,
-                entries: changes
-                    .iter()
-                    .zip(&blobs)
-                    .map(|((k, v), b)| Entry::new(k, v, b))
-                    .collect(),
-            };
             let mut buf = self.spare.pop().unwrap_or_default();
             buf.clear();
-            encode_frame(&frame, &mut buf);
-            drop(frame);
+            encode_frame_of(
+                lsn,
+                self.next_fence,
+                disputed,
+                changes.iter().map(|(k, v)| (&k[..], &**v)),
+                &mut buf,
+            );
             for (k, v) in &changes {
                 if let Value::Principal(p) = &**v {
                     if self.principals.len() >= PRINCIPAL_CACHE {
@@ -420,13 +557,28 @@ impl<I: Index> Stage<I> {
         Staged { replies, frame }
     }
 
-    /// The latest state of an entity outside the batch being applied: the
-    /// batch staged before it (maybe not durable yet), else the durable state.
-    fn load(&self, k: &[u8]) -> Result<Option<Arc<Value>>, StoreError> {
+    /// What `f` makes of the latest state of an entity outside the batch
+    /// being applied: the batch staged before it (maybe not durable yet),
+    /// else the durable state. `f` borrows the value, so nothing is cloned
+    /// that the command does not need.
+    fn load_with<T>(&self, k: &[u8], f: impl FnOnce(&Value) -> T) -> Result<Option<T>, StoreError> {
         if let Some(v) = self.pending.get(k) {
-            return Ok(Some(v.clone()));
+            return Ok(Some(f(v)));
         }
-        self.shared.load(k)
+        self.shared.load_with(k, f)
+    }
+
+    /// [`Stage::load_with`], the batch's own changes first.
+    fn lookup<T>(
+        &self,
+        overlay: &Changes,
+        k: &[u8],
+        f: impl FnOnce(&Value) -> T,
+    ) -> Result<Option<T>, StoreError> {
+        if let Some(v) = overlay.get(k) {
+            return Ok(Some(f(v)));
+        }
+        self.load_with(k, f)
     }
 
     /// Loads what `cmd` targets (batch overlay first), applies the rules, records the changes.
@@ -439,62 +591,75 @@ impl<I: Index> Stage<I> {
         disputed: &mut i64,
     ) -> Result<Reply, StoreError> {
         const REFUSED: Reply = Reply::Refused(RefusalCode::RecordRefused);
-        let load = |overlay: &Changes, k: &[u8]| -> Result<Option<Value>, StoreError> {
-            if let Some(v) = overlay.get(k) {
-                return Ok(Some((**v).clone()));
-            }
-            Ok(self.load(k)?.map(|v| (*v).clone()))
+        let (kind, name) = match cmd.target() {
+            Target::Record(key) => (KIND_RECORD, key.as_str()),
+            Target::Task(task) => (KIND_TASK, task.as_str()),
+            Target::Principal(p) => (KIND_PRINCIPAL, p.as_str()),
         };
+        // Built once, at its exact size: it becomes the overlay's key as is.
+        let mut k = Vec::with_capacity(2 + tenant.as_str().len() + name.len());
+        entity_key_into(kind, tenant, name, &mut k);
+        let target_key = k.into_boxed_slice();
         let mut state = OpState::default();
-        let target_key: Box<[u8]> = match cmd.target() {
-            Target::Record(key) => {
-                let k = EntityKey::Record(tenant.clone(), key.clone())
-                    .to_bytes()
-                    .into_boxed_slice();
-                state.record = match load(overlay, &k)? {
-                    Some(Value::Record(r)) => Some(r),
+        match cmd.target() {
+            Target::Record(_) => {
+                let found = self.lookup(overlay, &target_key, |v| match v {
+                    Value::Record(r) => Ok(Some(r.clone())),
                     // Never taken for absent: the key could be claimed again.
-                    Some(Value::Undecodable(_)) => return Ok(REFUSED),
-                    _ => None,
-                };
-                k
+                    Value::Undecodable(_) => Err(()),
+                    _ => Ok(None),
+                })?;
+                match found {
+                    Some(Ok(r)) => state.record = r,
+                    Some(Err(())) => return Ok(REFUSED),
+                    None => {}
+                }
             }
-            Target::Task(task) => {
-                let k = EntityKey::Task(tenant.clone(), task.clone())
-                    .to_bytes()
-                    .into_boxed_slice();
-                match load(overlay, &k)? {
-                    Some(Value::Warnings(w)) => state.warnings = w,
-                    Some(Value::Undecodable(_)) => return Ok(REFUSED),
+            Target::Task(_) => {
+                let found = self.lookup(overlay, &target_key, |v| match v {
+                    Value::Warnings(w) => Ok(Some(w.clone())),
+                    Value::Undecodable(_) => Err(()),
+                    _ => Ok(None),
+                })?;
+                match found {
+                    Some(Ok(Some(w))) => state.warnings = w,
+                    Some(Err(())) => return Ok(REFUSED),
                     _ => {}
                 }
-                k
             }
-            Target::Principal(p) => EntityKey::Principal(tenant.clone(), p.clone())
-                .to_bytes()
-                .into_boxed_slice(),
-        };
+            Target::Principal(_) => {}
+        }
         let mut principals = Principals::new();
+        // Principal keys are only looked up (the cache usually has them):
+        // built in one reused buffer.
+        let mut pk = std::mem::take(&mut self.key_buf);
         for p in principals_needed(cmd, state.record.as_ref()) {
-            let k = EntityKey::Principal(tenant.clone(), p.clone()).to_bytes();
-            let st = if let Some(Value::Principal(s)) = overlay.get(&k[..]).map(|v| &**v) {
+            pk.clear();
+            entity_key_into(KIND_PRINCIPAL, tenant, p.as_str(), &mut pk);
+            let st = if let Some(Value::Principal(s)) = overlay.get(&pk[..]).map(|v| &**v) {
                 *s
-            } else if let Some(s) = self.principals.get(&k[..]) {
+            } else if let Some(s) = self.principals.get(&pk[..]) {
                 *s
             } else {
-                let s = match self.load(&k)?.as_deref() {
-                    Some(Value::Principal(s)) => *s,
-                    Some(Value::Undecodable(_)) => return Ok(REFUSED),
-                    _ => PrincipalState::default(),
+                let found = self.load_with(&pk, |v| match v {
+                    Value::Principal(s) => Ok(*s),
+                    Value::Undecodable(_) => Err(()),
+                    _ => Ok(PrincipalState::default()),
+                })?;
+                let s = match found {
+                    Some(Ok(s)) => s,
+                    Some(Err(())) => return Ok(REFUSED),
+                    None => PrincipalState::default(),
                 };
                 if self.principals.len() >= PRINCIPAL_CACHE {
                     self.principals.clear();
                 }
-                self.principals.insert(k.into_boxed_slice(), s);
+                self.principals.insert(pk[..].into(), s);
                 s
             };
             principals.insert(p.clone(), st);
         }
+        self.key_buf = pk;
         state.principals = principals;
         let was_disputed = state.record.as_ref().is_some_and(|r| r.disputed);
         let ctx = Ctx {
@@ -507,10 +672,9 @@ impl<I: Index> Stage<I> {
             self.next_fence += 1;
         }
         for (p, st) in state.principals.dirty() {
-            let k = EntityKey::Principal(tenant.clone(), p.clone())
-                .to_bytes()
-                .into_boxed_slice();
-            overlay.insert(k, Arc::new(Value::Principal(*st)));
+            let mut k = Vec::with_capacity(2 + tenant.as_str().len() + p.as_str().len());
+            entity_key_into(KIND_PRINCIPAL, tenant, p.as_str(), &mut k);
+            overlay.insert(k.into_boxed_slice(), Arc::new(Value::Principal(*st)));
         }
         if applied.changed {
             let v = match cmd.target() {
@@ -585,31 +749,25 @@ impl<F: Fs, I: Index> Log<F, I> {
         metrics::histogram!("settle_commit_batch_size").record(replies.len() as f64);
         metrics::histogram!("settle_commit_duration_seconds")
             .record(started.elapsed().as_secs_f64());
-        for (k, v) in changes.iter() {
-            if let Some(mut s) = self.shared.map.get_mut(&k[..]) {
-                s.lsn = lsn;
-                s.value = v.clone();
-                continue;
-            }
-            // Only this thread adds to the map: the key is still absent.
-            match self.shared.map.entry(k.clone()) {
-                dashmap::Entry::Occupied(mut e) => {
-                    let s = e.get_mut();
-                    s.lsn = lsn;
-                    s.value = v.clone();
+        match Arc::try_unwrap(changes) {
+            // The writer has staged a later batch and let go of this one:
+            // keys and values move into the map (one lookup, no key copy).
+            Ok(owned) => {
+                for (k, v) in owned {
+                    self.publish(k, v, lsn);
                 }
-                dashmap::Entry::Vacant(e) => {
-                    if e.key().first() == Some(&b'r') {
-                        self.shared.new_record_keys.lock().push(e.key().clone());
+            }
+            Err(changes) => {
+                for (k, v) in changes.iter() {
+                    if let Some(mut s) = self.shared.map.get_mut(&k[..]) {
+                        s.lsn = lsn;
+                        s.value = v.clone();
+                        continue;
                     }
-                    e.insert(Slot {
-                        lsn,
-                        value: v.clone(),
-                    });
+                    self.publish(k.clone(), v.clone(), lsn);
                 }
             }
         }
-        drop(changes);
         for (r, res) in replies {
             answer(r, res);
         }
@@ -619,6 +777,23 @@ impl<F: Fs, I: Index> Log<F, I> {
         }
         Some(buf)
     }
+    /// Puts the durable state `v` of entity `k` (written by batch `lsn`) into the map.
+    fn publish(&self, k: Box<[u8]>, v: Arc<Value>, lsn: u64) {
+        match self.shared.map.entry(k) {
+            dashmap::Entry::Occupied(mut e) => {
+                let s = e.get_mut();
+                s.lsn = lsn;
+                s.value = v;
+            }
+            dashmap::Entry::Vacant(e) => {
+                if e.key().first() == Some(&b'r') {
+                    self.shared.new_record_keys.lock().push(e.key().clone());
+                }
+                e.insert(Slot { lsn, value: v });
+            }
+        }
+    }
+
     /// A clean close: seals the last segment and lets the checkpointer
     /// finish it, then stops the checkpointer.
     fn close(&mut self) {
@@ -989,7 +1164,11 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         let mut meta = self.meta;
         meta.checkpoint_seq = seq;
         // The newest entry per key (later batches win), borrowed from the segment bytes.
-        let mut newest: HashMap<&[u8], (u64, Entry<'_>), Hasher> = HashMap::default();
+        // Sized for every entry up front: growing it rehashed every key
+        // several times per segment.
+        let entries = frames.batches.iter().map(|b| b.entries.len()).sum();
+        let mut newest: HashMap<&[u8], (u64, Entry<'_>), Hasher> =
+            HashMap::with_capacity_and_hasher(entries, Hasher::default());
         for b in frames.batches {
             if b.lsn != meta.checkpoint_lsn + 1 {
                 return Err(StoreError::Corrupt(format!(
@@ -1006,21 +1185,34 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
                 newest.insert(e.key, (b.lsn, e));
             }
         }
-        let mut taken: Vec<(u64, Entry<'_>)> = newest.into_values().collect();
-        taken.sort_unstable_by(|a, b| a.1.key.cmp(b.1.key));
-        let items: Vec<CheckpointItem<'_>> = taken
+        let taken: Vec<(u64, Entry<'_>)> = newest.into_values().collect();
+        // Sorted by key as (key, index) pairs: far fewer bytes to move
+        // than the entries themselves.
+        let mut order: Vec<(&[u8], usize)> = taken
             .iter()
-            .map(|(_, e)| CheckpointItem {
-                key: e.key,
-                open: e.open,
-                expires_at: e.expires_at,
-                value: e.value,
-                listed: self.listed.contains(e.key),
+            .enumerate()
+            .map(|(i, (_, e))| (e.key, i))
+            .collect();
+        order.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let items: Vec<CheckpointItem<'_>> = order
+            .iter()
+            .map(|&(_, i)| {
+                let e = &taken[i].1;
+                CheckpointItem {
+                    key: e.key,
+                    open: e.open,
+                    expires_at: e.expires_at,
+                    value: e.value,
+                    listed: self.listed.contains(e.key),
+                }
             })
             .collect();
+        drop(order);
         if Faults::take_checkpoint(&self.faults) {
             return Err(StoreError::Io("injected checkpoint failure".into()));
         }
+        // Before they can be in the index (and long before they leave the map).
+        self.shared.ingested.add(items.iter().map(|it| it.key));
         let pacer = &self.pacer;
         self.shared.index.ingest(&items, &|| pacer.step())?;
         for it in items.iter().filter(|it| it.key.first() == Some(&b'r')) {
@@ -1082,5 +1274,59 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ingested_keys_are_held_and_others_mostly_not() {
+        let g = Ingested::new(true);
+        let keys: Vec<Vec<u8>> = (0..100_000)
+            .map(|i| format!("rk{i}").into_bytes())
+            .collect();
+        assert!(!g.may_hold(b"rk0"));
+        g.add(keys.iter().map(|k| &k[..]));
+        assert!(keys.iter().all(|k| g.may_hold(k)));
+        let false_positives = (0..100_000)
+            .filter(|i| g.may_hold(format!("other{i}").as_bytes()))
+            .count();
+        assert!(false_positives < 2_000, "{false_positives}");
+    }
+
+    #[test]
+    fn the_filters_grow_then_turn_off_and_hold_everything() {
+        let g = Ingested::new(true);
+        let cap = BLOOM_FIRST_BITS / BLOOM_BITS_PER_KEY;
+        let batch = |from: usize, n: usize| -> Vec<Vec<u8>> {
+            (from..from + n).map(|i| i.to_le_bytes().to_vec()).collect()
+        };
+        let a = batch(0, cap);
+        g.add(a.iter().map(|k| &k[..]));
+        let b = batch(cap, 10);
+        g.add(b.iter().map(|k| &k[..]));
+        assert_eq!(
+            g.filters.read().len(),
+            2,
+            "a second filter for the overflow"
+        );
+        assert!(a.iter().chain(&b).all(|k| g.may_hold(k)));
+        // More than the filters may take in all: off, every key may be held.
+        g.add(std::iter::repeat_n(
+            &b"c"[..],
+            BLOOM_MAX_BITS / BLOOM_BITS_PER_KEY,
+        ));
+        assert!(!g.on.load(Ordering::SeqCst));
+        assert!(g.may_hold(b"anything"));
+    }
+
+    #[test]
+    fn off_holds_everything() {
+        let g = Ingested::new(false);
+        assert!(g.may_hold(b"k"));
+        g.add([&b"k"[..]].into_iter());
+        assert!(g.may_hold(b"other"));
     }
 }

@@ -27,7 +27,7 @@ use settle_core::{
 
 use crate::codec::{
     Batch, EntityKey, Entry, FORMAT_VERSION, FRAME_VERSION, Frame, Value, decode_frame,
-    decode_value, encode_for_log, encode_frame, encode_value, place_frame,
+    decode_value, encode_for_log, encode_frame, encode_frame_of, encode_value, place_frame,
 };
 
 /// Where the fixture frame lives: byte 4096 of segment 7 (the header
@@ -330,27 +330,86 @@ const LSN: u64 = 42;
 const NEXT_FENCE: u64 = 9;
 const DISPUTED: u64 = 1;
 
-/// The frame this build writes for [`frame_entities`] at the fixture's position.
+/// The frame this build writes for [`frame_entities`] at the fixture's
+/// position (the writer's own encoder).
 fn encode_fixture_frame() -> Vec<u8> {
     let ents = frame_entities();
     let keys: Vec<Vec<u8>> = ents.iter().map(|e| e.0.to_bytes()).collect();
+    let mut out = Vec::new();
+    encode_frame_of(
+        LSN,
+        NEXT_FENCE,
+        DISPUTED,
+        keys.iter().zip(&ents).map(|(k, e)| (&k[..], &e.1)),
+        &mut out,
+    );
+    place_frame(&mut out, FRAME_SEQ, FRAME_OFFSET);
+    out
+}
+
+/// The frame of `ents` through serde's derive of [`Batch`] (what the
+/// decoder reads), each value encoded on its own first.
+fn serde_frame(lsn: u64, ents: &[(Vec<u8>, Value)]) -> Vec<u8> {
     let blobs: Vec<Vec<u8>> = ents.iter().map(|e| encode_for_log(&e.1)).collect();
     let entries = ents
         .iter()
-        .zip(keys.iter().zip(&blobs))
-        .map(|(e, (k, b))| Entry::new(k, &e.1, b))
+        .zip(&blobs)
+        .map(|(e, b)| Entry::new(&e.0, &e.1, b))
         .collect();
     let batch = Batch {
         version: FRAME_VERSION,
-        lsn: LSN,
+        lsn,
         next_fence: NEXT_FENCE,
         disputed: DISPUTED,
         entries,
     };
     let mut out = Vec::new();
     encode_frame(&batch, &mut out);
-    place_frame(&mut out, FRAME_SEQ, FRAME_OFFSET);
     out
+}
+
+/// The writer encodes values straight into the frame; the bytes are those
+/// of the serde encoding, whatever the lengths of the values (their length
+/// prefixes take one, two or three bytes) and of the header's integers.
+#[test]
+fn the_writers_frame_encoder_writes_the_serde_encoding() {
+    let key = |s: &str| EntityKey::Record(tenant(), Key::new(s).unwrap()).to_bytes();
+    let many_warnings = |n: usize| {
+        let w = warnings();
+        Value::Warnings((0..n).map(|i| w[i % 2].clone()).collect())
+    };
+    let mut ents: Vec<(Vec<u8>, Value)> = frame_entities()
+        .into_iter()
+        .map(|e| (e.0.to_bytes(), e.1))
+        .collect();
+    for n in [0, 1, 2, 3, 4, 100, 200, 400, 1000] {
+        ents.push((key(&format!("w-{n}")), many_warnings(n)));
+    }
+    let long = "x".repeat(250);
+    ents.push((key(&long), Value::Gone));
+    let lengths: Vec<usize> = ents.iter().map(|e| encode_for_log(&e.1).len()).collect();
+    assert!(lengths.iter().any(|&l| l < 128), "{lengths:?}");
+    assert!(lengths.iter().any(|&l| (128..16_384).contains(&l)));
+    assert!(lengths.iter().any(|&l| l >= 16_384));
+    for lsn in [0, 1, 127, 128, 300, u64::MAX] {
+        for n in [0, 1, ents.len()] {
+            let part = &ents[..n];
+            let mut direct = vec![0xAB];
+            encode_frame_of(
+                lsn,
+                NEXT_FENCE,
+                DISPUTED,
+                part.iter().map(|e| (&e.0[..], &e.1)),
+                &mut direct,
+            );
+            assert_eq!(direct[0], 0xAB, "appended after what was there");
+            assert_eq!(
+                direct[1..],
+                serde_frame(lsn, part)[..],
+                "lsn {lsn}, {n} entries"
+            );
+        }
+    }
 }
 
 /// (file name, bytes) of the fixtures of the versions this build writes.

@@ -220,6 +220,14 @@ impl FjallIndex {
             // We persist explicitly at each checkpoint; the log covers the rest.
             .manual_journal_persist(true)
             .cache_size(32 * 1024 * 1024)
+            // One background worker: with two or more, worker 0 hands every
+            // compaction request back to the queue (to keep itself free for
+            // flushes) and receives it again at once, spinning while the
+            // others compact (fjall 3.1 `worker_tick`: 6-9 % of the
+            // process's CPU in the in-process benchmark). Flushes are rare
+            // here: checkpoints ingest tables directly; only `meta` goes
+            // through a memtable.
+            .worker_threads(1)
             .open()
             .map_err(err)?;
         let ks = |name: &str| {

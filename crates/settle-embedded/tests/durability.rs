@@ -108,6 +108,41 @@ async fn receipts_survive_reopen_across_checkpoints_and_leave_ram() {
     assert!(rc.fence > open.lease().unwrap().fence);
 }
 
+/// A store opened empty skips the index for keys no checkpoint ingested
+/// (a fresh claim's lookup): every key a checkpoint ingested and evicted
+/// must still be found there, by the writer and by readers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn evicted_records_are_found_in_the_index_without_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 8 * 1024, None)).unwrap();
+    let mut receipts = Vec::new();
+    for i in 0..600 {
+        receipts.push((
+            format!("e{i}"),
+            pair(&store, &format!("e{i}")).await.unwrap(),
+        ));
+    }
+    assert!(store.resident() < 300, "{} resident", store.resident());
+    for (k, rc) in &receipts {
+        assert_eq!(
+            get(&store, k).await.unwrap().receipt.as_ref(),
+            Some(rc),
+            "{k}"
+        );
+        match store
+            .execute(&tenant(), claim(k, 1, binding("alice", 0)))
+            .await
+            .unwrap()
+        {
+            Reply::Claim(ClaimDecision::Replay { receipt, .. }) => assert_eq!(&receipt, rc),
+            other => panic!("{k}: {other:?}"),
+        }
+    }
+    assert_eq!(get(&store, "never-claimed").await, None);
+    store.close();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_open_of_the_same_directory_is_refused() {
     let dir = tempfile::tempdir().unwrap();
