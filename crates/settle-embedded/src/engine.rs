@@ -1226,7 +1226,10 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         self.shared.index.commit_meta(&meta)?;
         Faults::step(&self.faults, CheckpointStep::Persisted);
         // The index now holds everything the segment holds: drop it.
-        self.fs.remove(path).map_err(io_err)?;
+        let pacer = &self.pacer;
+        self.fs
+            .remove_paced(path, &|| pacer.step())
+            .map_err(io_err)?;
         self.fs.sync_dir(&self.wal_dir).map_err(io_err)?;
         Faults::step(&self.faults, CheckpointStep::SegmentDeleted);
         // Evict what was checkpointed unless a later batch changed it since.

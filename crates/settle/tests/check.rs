@@ -112,13 +112,16 @@ async fn check_reports_undecodable_records_and_fails() {
     {
         let index = FjallIndex::open(&dir.path().join("index")).unwrap();
         index
-            .ingest(&[CheckpointItem {
-                key: b"racme\0bad",
-                open: false,
-                expires_at: None,
-                value: &[1, 0xff, 0xff],
-                listed: true,
-            }])
+            .ingest(
+                &[CheckpointItem {
+                    key: b"racme\0bad",
+                    open: false,
+                    expires_at: None,
+                    value: &[1, 0xff, 0xff],
+                    listed: true,
+                }],
+                &|| {},
+            )
             .unwrap();
     }
     let out = run(&["inspect", "--json", "--data"], dir.path());
