@@ -92,6 +92,26 @@ pub struct BatchResult {
     pub body: Box<RawValue>,
 }
 
+/// [`BatchResponse`] read in place: each body borrowed from the answer's
+/// bytes, not copied into a `Box<RawValue>` of its own (what a client
+/// reading thousands of results per second wants).
+#[derive(Debug, Deserialize)]
+pub struct BatchResponseRef<'a> {
+    /// One result per call, in the order of the calls.
+    #[serde(borrow)]
+    pub results: Vec<BatchResultRef<'a>>,
+}
+
+/// [`BatchResult`] with its body borrowed.
+#[derive(Debug, Deserialize)]
+pub struct BatchResultRef<'a> {
+    /// The HTTP status the single call would have answered.
+    pub status: u16,
+    /// The body, as sent.
+    #[serde(borrow)]
+    pub body: &'a RawValue,
+}
+
 impl PartialEq for BatchResult {
     fn eq(&self, o: &BatchResult) -> bool {
         self.status == o.status && self.body.get() == o.body.get()

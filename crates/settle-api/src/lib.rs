@@ -29,7 +29,9 @@ mod response;
 mod schema;
 mod time;
 
-pub use batch::{BatchCall, BatchOp, BatchRequest, BatchResponse, BatchResult};
+pub use batch::{
+    BatchCall, BatchOp, BatchRequest, BatchResponse, BatchResponseRef, BatchResult, BatchResultRef,
+};
 pub use inspect::{LeaseSummary, ListResponse, OperationSummary, Stats, StatusCounts};
 pub use num::MAX_SAFE_INTEGER;
 pub use problem::{Code, Problem, Refusal};

@@ -224,7 +224,7 @@ impl Client {
         }
         // Read in place: each result's body is a slice of the answer's
         // bytes (no copy, no `Box<RawValue>` per result).
-        let res: Results<'_> =
+        let res: settle_api::BatchResponseRef<'_> =
             serde_json::from_slice(&reply.body).map_err(|e| ClientError::UnexpectedBody {
                 status: reply.status,
                 reason: e.to_string(),
@@ -254,20 +254,6 @@ impl Client {
             })
             .collect())
     }
-}
-
-/// `BatchResponse` with each body borrowed from the answer.
-#[derive(serde::Deserialize)]
-struct Results<'a> {
-    #[serde(borrow)]
-    results: Vec<Slot<'a>>,
-}
-
-#[derive(serde::Deserialize)]
-struct Slot<'a> {
-    status: u16,
-    #[serde(borrow)]
-    body: &'a serde_json::value::RawValue,
 }
 
 /// An answer that does not convert is not what this API answers.

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::value::RawValue;
 use settle_client::api::{
-    Binding, ClaimDecision, ClaimRequest, Outcome, OutcomeStatus, SettleRequest,
+    BatchResponseRef, BatchResultRef, Binding, ClaimDecision, ClaimRequest, Outcome, OutcomeStatus,
+    SettleRequest,
 };
 use settle_client::{Client, ClientError};
 use settle_ledger::bench::{Limit, PairStats, PairWorker, run_workers};
@@ -149,22 +150,6 @@ struct Decision<'a> {
     fence: Option<u64>,
 }
 
-/// A batch answer read in place: each body borrowed from the response,
-/// not copied into a `BatchResult` of its own (the load generator's CPU
-/// counts against the server's on the same machine).
-#[derive(serde::Deserialize)]
-struct Results<'a> {
-    #[serde(borrow)]
-    results: Vec<Slot<'a>>,
-}
-
-#[derive(serde::Deserialize)]
-struct Slot<'a> {
-    status: u16,
-    #[serde(borrow)]
-    body: &'a RawValue,
-}
-
 impl BatchWorker {
     async fn send(&self, body: String) -> Result<settle_client::Reply, ClientError> {
         let r = self
@@ -182,8 +167,11 @@ impl BatchWorker {
     }
 
     /// The answer's results, read in place.
-    fn results<'a>(&self, r: &'a settle_client::Reply) -> Result<Vec<Slot<'a>>, ClientError> {
-        serde_json::from_slice::<Results<'a>>(&r.body)
+    fn results<'a>(
+        &self,
+        r: &'a settle_client::Reply,
+    ) -> Result<Vec<BatchResultRef<'a>>, ClientError> {
+        serde_json::from_slice::<BatchResponseRef<'a>>(&r.body)
             .map(|b| b.results)
             .map_err(|e| ClientError::UnexpectedBody {
                 status: r.status,
