@@ -153,6 +153,8 @@ struct Writeback {
     /// grown; `None` once it stopped growing for good (fjall never changes
     /// a finished table), so it is not looked at again.
     files: HashMap<PathBuf, Option<(u64, u32)>>,
+    /// Bytes handed to fjall since the last step ([`Writeback::fed`]).
+    fed: usize,
 }
 
 /// Steps without growth after which a file counts as finished.
@@ -171,7 +173,22 @@ impl Writeback {
             .flat_map(|d| Writeback::files(d))
             .map(|f| (f, None))
             .collect();
-        Writeback { dirs, files }
+        Writeback {
+            dirs,
+            files,
+            fed: 0,
+        }
+    }
+
+    /// `n` more bytes were handed to fjall: every [`STEP_BYTES`], `pace`,
+    /// then a step.
+    fn fed(&mut self, n: usize, pace: &dyn Fn()) {
+        self.fed += n;
+        if self.fed >= STEP_BYTES {
+            self.fed = 0;
+            pace();
+            self.step();
+        }
     }
 
     fn files(dir: &Path) -> impl Iterator<Item = PathBuf> + use<> {
@@ -299,19 +316,13 @@ impl Index for FjallIndex {
         debug_assert!(items.windows(2).all(|w| w[0].key < w[1].key));
         let mut writeback = Writeback::new(vec![tables(&self.data)]);
         let mut data = self.data.start_ingestion().map_err(err)?;
-        let mut fed = 0;
         for it in items {
             if it.value.is_empty() {
                 data.write_tombstone(it.key).map_err(err)?;
             } else {
                 data.write(it.key, it.value).map_err(err)?;
             }
-            fed += it.key.len() + it.value.len();
-            if fed >= STEP_BYTES {
-                fed = 0;
-                pace();
-                writeback.step();
-            }
+            writeback.fed(it.key.len() + it.value.len(), pace);
         }
         data.finish().map_err(err)?;
 
@@ -334,15 +345,10 @@ impl Index for FjallIndex {
         expiring.sort_unstable();
         let mut writeback = Writeback::new(vec![tables(&self.expiry)]);
         let mut expiry = self.expiry.start_ingestion().map_err(err)?;
-        let mut fed = 0;
         for k in expiring {
-            fed += k.len();
+            let n = k.len();
             expiry.write(k, []).map_err(err)?;
-            if fed >= STEP_BYTES {
-                fed = 0;
-                pace();
-                writeback.step();
-            }
+            writeback.fed(n, pace);
         }
         expiry.finish().map_err(err)
     }

@@ -275,7 +275,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             .name("settle-writer".into())
             .spawn(move || writer.run())
             .map_err(io)?;
-        let mut threads = Vec::new();
+        let mut threads = vec![wr, sy, ck];
         // The index's own background writes (compactions) take turns with
         // the log too: one step after a sync, at most every few milliseconds.
         if let Some(mut step) = shared.index.background_writeback() {
@@ -290,10 +290,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         Ok(Arc::new(EmbeddedStore {
             shared,
             tx,
-            threads: Mutex::new({
-                threads.extend([wr, sy, ck]);
-                threads
-            }),
+            threads: Mutex::new(threads),
             pacer,
             closed: AtomicBool::new(false),
             max_queue: opts.max_queue.max(1),

@@ -50,13 +50,6 @@ impl Pacer {
         self.synced.notify_all();
     }
 
-    /// A pacer whose steps never wait (for work done while nothing else runs).
-    pub fn hurried_now() -> Pacer {
-        let p = Pacer::default();
-        p.hurry();
-        p
-    }
-
     /// Background work must not wait any more (the writer needs it now).
     pub fn hurry(&self) {
         self.hurry.store(true, Ordering::Relaxed);

@@ -204,7 +204,7 @@ fn prepare<F: Fs>(
     seq: u64,
     size: u64,
     faults: &Option<Arc<Faults>>,
-    pacer: &Pacer,
+    pace: &dyn Fn(),
 ) -> io::Result<()> {
     if let Some(f) = faults {
         let ms = f.prepare_delay_ms.load(Ordering::Relaxed);
@@ -212,7 +212,7 @@ fn prepare<F: Fs>(
             std::thread::sleep(Duration::from_millis(ms));
         }
     }
-    fs.create_zeroed(&prepared_path(dir, seq), size, &|| pacer.step())
+    fs.create_zeroed(&prepared_path(dir, seq), size, pace)
 }
 
 /// The segment being appended to.
@@ -243,7 +243,7 @@ impl<F: Fs> Wal<F> {
         pacer: Arc<Pacer>,
     ) -> io::Result<Wal<F>> {
         // Nothing to protect yet: the store is opening.
-        prepare(fs, dir, seq, size, &faults, &Pacer::hurried_now())?;
+        prepare(fs, dir, seq, size, &faults, &|| {})?;
         Wal::install(fs, dir, seq, size, faults, pacer)
     }
 
@@ -299,7 +299,7 @@ impl<F: Fs> Wal<F> {
             f.prepares_running.fetch_add(1, Ordering::SeqCst);
         }
         self.next = Some(std::thread::spawn(move || {
-            let r = prepare(&fs, &dir, seq, size, &faults, &pacer);
+            let r = prepare(&fs, &dir, seq, size, &faults, &|| pacer.step());
             if let Some(f) = &faults {
                 f.prepares_running.fetch_sub(1, Ordering::SeqCst);
             }
@@ -364,13 +364,14 @@ impl<F: Fs> Wal<F> {
             Some(Ok(Ok(()))) => {}
             Some(Ok(Err(e))) => return Err(e),
             Some(Err(_)) => return Err(io::Error::other("segment preparation panicked")),
+            // Inline: the writer is the one waiting.
             None => prepare(
                 &self.fs,
                 &self.dir,
                 self.seq + 1,
                 self.size,
                 &self.faults,
-                &self.pacer,
+                &|| {},
             )?,
         }
         let next = Wal::install(
