@@ -180,6 +180,26 @@ impl Ingested {
     }
 }
 
+/// Record keys added to the map and not sorted into `record_keys` yet.
+#[derive(Default)]
+pub struct PendingKeys {
+    /// Pushed, cheaply, as each key enters the map (its shard locked).
+    pub new: Vec<Box<[u8]>>,
+    /// Keys a checkpoint took as new and did not evict: most were
+    /// published after its segment was sealed and leave at the next one,
+    /// so they get one more checkpoint before they are sorted in.
+    pub carried: Vec<Box<[u8]>>,
+}
+
+impl PendingKeys {
+    pub fn len(&self) -> usize {
+        self.new.len() + self.carried.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// State shared by the writer, the checkpointer and readers.
 pub struct Shared<I> {
     /// Durable state changed since the last checkpoint, plus every open record.
@@ -188,12 +208,15 @@ pub struct Shared<I> {
     /// with the index's). Changed only while the key's map shard is locked,
     /// so it never disagrees with `map` about a key.
     pub record_keys: RwLock<BTreeSet<Box<[u8]>>>,
-    /// Record keys added to `map` and not yet in `record_keys` (pushed,
-    /// cheaply, while the key's map shard is locked). A listing folds them
-    /// in ([`Shared::record_keys`]); a checkpoint folds in those it does not
-    /// evict, so a record claimed and settled within one segment never
-    /// costs a sorted insert and removal.
-    pub new_record_keys: parking_lot::Mutex<Vec<Box<[u8]>>>,
+    /// Record keys in `map` and not yet in `record_keys`. A listing folds
+    /// them in ([`Shared::record_keys`]); a checkpoint takes them, so a
+    /// record claimed and settled within a segment or two never costs a
+    /// sorted insert and removal.
+    pub new_record_keys: parking_lot::Mutex<PendingKeys>,
+    /// Held by a checkpoint while the keys it took from `new_record_keys`
+    /// are in neither set, and by a listing before it folds: a listing
+    /// never misses a record that is only in memory.
+    pub evicting: parking_lot::Mutex<()>,
     pub index: I,
     /// The keys the index may hold, when known.
     pub ingested: Ingested,
@@ -233,7 +256,8 @@ impl<I: Index> Shared<I> {
         Shared {
             map,
             record_keys: RwLock::new(record_keys),
-            new_record_keys: parking_lot::Mutex::new(Vec::new()),
+            new_record_keys: parking_lot::Mutex::new(PendingKeys::default()),
+            evicting: parking_lot::Mutex::new(()),
             ingested: Ingested::new(empty),
             index,
             poisoned: AtomicBool::new(false),
@@ -257,12 +281,19 @@ impl<I: Index> Shared<I> {
 
     /// The sorted record keys, every key added to `map` so far included.
     pub fn record_keys(&self) -> parking_lot::RwLockReadGuard<'_, BTreeSet<Box<[u8]>>> {
+        // A checkpoint between taking its keys and giving back those it
+        // kept would hide them: wait for it.
+        let evicting = self.evicting.lock();
         let mut fresh = self.new_record_keys.lock();
         if !fresh.is_empty() {
-            self.record_keys.write().extend(fresh.drain(..));
+            let mut sorted = self.record_keys.write();
+            sorted.extend(fresh.new.drain(..));
+            sorted.extend(fresh.carried.drain(..));
         }
         drop(fresh);
-        self.record_keys.read()
+        let keys = self.record_keys.read();
+        drop(evicting);
+        keys
     }
 
     pub fn poison(&self) {
@@ -787,7 +818,7 @@ impl<F: Fs, I: Index> Log<F, I> {
             }
             dashmap::Entry::Vacant(e) => {
                 if e.key().first() == Some(&b'r') {
-                    self.shared.new_record_keys.lock().push(e.key().clone());
+                    self.shared.new_record_keys.lock().new.push(e.key().clone());
                 }
                 e.insert(Slot { lsn, value: v });
             }
@@ -1203,7 +1234,8 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
                     open: e.open,
                     expires_at: e.expires_at,
                     value: e.value,
-                    listed: self.listed.contains(e.key),
+                    // (Most stores list nothing: no hashing then.)
+                    listed: !self.listed.is_empty() && self.listed.contains(e.key),
                 }
             })
             .collect();
@@ -1232,28 +1264,57 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
             .map_err(io_err)?;
         self.fs.sync_dir(&self.wal_dir).map_err(io_err)?;
         Faults::step(&self.faults, CheckpointStep::SegmentDeleted);
+        self.evict(&taken);
+        self.meta = meta;
+        tracing::debug!(entities = taken.len(), seq, "checkpoint ingested");
+        Ok(())
+    }
+
+    /// Evicts from the map what the checkpoint of `taken` made durable,
+    /// unless a later batch changed it since; settles which fresh record
+    /// keys are carried and which are sorted into the listing set.
+    fn evict(&self, taken: &[(u64, Entry<'_>)]) {
         // Evict what was checkpointed unless a later batch changed it since.
         // Every key of this segment that is new to the map is among the
         // fresh ones now (published before the segment was sealed); keys
         // published from here on belong to later segments, never evicted here.
-        let mut fresh: std::collections::HashSet<Box<[u8]>, Hasher> =
-            self.shared.new_record_keys.lock().drain(..).collect();
-        for (lsn, e) in &taken {
+        let evicting = self.shared.evicting.lock();
+        let (new, carried) = {
+            let mut p = self.shared.new_record_keys.lock();
+            (std::mem::take(&mut p.new), std::mem::take(&mut p.carried))
+        };
+        // Each fresh key, and whether it was carried over already.
+        let mut fresh: HashMap<Box<[u8]>, bool, Hasher> =
+            HashMap::with_capacity_and_hasher(new.len() + carried.len(), Hasher::default());
+        fresh.extend(new.into_iter().map(|k| (k, false)));
+        fresh.extend(carried.into_iter().map(|k| (k, true)));
+        for (lsn, e) in taken {
             self.shared.map.remove_if(e.key, |k, s| {
                 let evict = s.lsn == *lsn && s.evictable();
                 // Under the shard lock: a writer cannot re-add it in between.
-                if evict && k.first() == Some(&b'r') && !fresh.remove(k) {
+                if evict && k.first() == Some(&b'r') && fresh.remove(k).is_none() {
                     self.shared.record_keys.write().remove(k);
                 }
                 evict
             });
         }
-        if !fresh.is_empty() {
-            self.shared.record_keys.write().extend(fresh);
+        Faults::step(&self.faults, CheckpointStep::Evicted);
+        // Kept twice (open records, mostly) are sorted in; kept once wait
+        // for the next checkpoint, which usually evicts them.
+        let mut keep = Vec::new();
+        let mut sort_in = Vec::new();
+        for (k, was_carried) in fresh {
+            if was_carried {
+                sort_in.push(k);
+            } else {
+                keep.push(k);
+            }
         }
-        self.meta = meta;
-        tracing::debug!(entities = taken.len(), seq, "checkpoint ingested");
-        Ok(())
+        if !sort_in.is_empty() {
+            self.shared.record_keys.write().extend(sort_in);
+        }
+        self.shared.new_record_keys.lock().carried = keep;
+        drop(evicting);
     }
 
     /// The checkpointer thread's loop.

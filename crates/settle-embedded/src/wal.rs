@@ -25,6 +25,9 @@ pub enum CheckpointStep {
     /// The covered segment was deleted and the directory synced; nothing
     /// evicted from memory yet.
     SegmentDeleted,
+    /// What may leave memory left it; the record keys the checkpoint took
+    /// and kept are not given back yet (listings wait).
+    Evicted,
 }
 
 type Hook = Arc<dyn Fn(CheckpointStep) + Send + Sync>;
