@@ -1301,19 +1301,14 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         Faults::step(&self.faults, CheckpointStep::Evicted);
         // Kept twice (open records, mostly) are sorted in; kept once wait
         // for the next checkpoint, which usually evicts them.
-        let mut keep = Vec::new();
-        let mut sort_in = Vec::new();
-        for (k, was_carried) in fresh {
-            if was_carried {
-                sort_in.push(k);
-            } else {
-                keep.push(k);
-            }
-        }
+        let (sort_in, keep): (Vec<_>, Vec<_>) = fresh.into_iter().partition(|&(_, c)| c);
         if !sort_in.is_empty() {
-            self.shared.record_keys.write().extend(sort_in);
+            self.shared
+                .record_keys
+                .write()
+                .extend(sort_in.into_iter().map(|(k, _)| k));
         }
-        self.shared.new_record_keys.lock().carried = keep;
+        self.shared.new_record_keys.lock().carried = keep.into_iter().map(|(k, _)| k).collect();
         drop(evicting);
     }
 

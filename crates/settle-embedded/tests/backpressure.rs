@@ -9,32 +9,9 @@ use std::sync::Arc;
 use settle_core::testkit::*;
 use settle_core::*;
 use settle_embedded::{EmbeddedOptions, EmbeddedStore, Faults};
+mod common;
+use common::{Release, logs, tenant};
 use settle_ledger::{Store, StoreError};
-
-fn tenant() -> TenantId {
-    TenantId::new("acme").unwrap()
-}
-
-fn logs(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir.join("wal"))
-        .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .path()
-                .extension()
-                .is_some_and(|x| x == "log")
-        })
-        .count()
-}
-
-struct Release(Arc<Faults>);
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        self.0.release_checkpoints();
-    }
-}
 
 #[allow(clippy::too_many_lines)] // one scenario, kept whole
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

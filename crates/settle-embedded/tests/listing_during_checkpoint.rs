@@ -11,21 +11,9 @@ use std::time::Duration;
 use settle_core::testkit::*;
 use settle_core::*;
 use settle_embedded::{CheckpointStep, EmbeddedOptions, EmbeddedStore, Faults};
+mod common;
+use common::{Release, logs, tenant};
 use settle_ledger::Store;
-
-fn tenant() -> TenantId {
-    TenantId::new("acme").unwrap()
-}
-
-fn logs(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir.join("wal"))
-        .unwrap()
-        .filter(|e| {
-            let p = e.as_ref().unwrap().path();
-            p.extension().is_some_and(|x| x == "log")
-        })
-        .count()
-}
 
 async fn claim_and_settle(store: &EmbeddedStore, key: &str) {
     let fence = match store
@@ -44,14 +32,6 @@ async fn claim_and_settle(store: &EmbeddedStore, key: &str) {
         .await
         .unwrap();
     assert!(matches!(r, Reply::Receipt(_)), "{key}: {r:?}");
-}
-
-struct Release(Arc<Faults>);
-
-impl Drop for Release {
-    fn drop(&mut self) {
-        self.0.release_checkpoints();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
