@@ -21,7 +21,7 @@
 //! checkpointer), [`crate::InlineStore`] from the caller's thread
 //! (deterministic, for power-loss tests and simulation).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::BuildHasher;
 use std::ops::Bound;
 use std::path::PathBuf;
@@ -200,6 +200,41 @@ impl PendingKeys {
     }
 }
 
+/// What publishing a batch changes in [`Shared::leased`] and
+/// [`Shared::due_in_memory`]: filled record by record, applied once.
+pub struct LeaseBook<'a> {
+    leased: &'a mut HashSet<Box<[u8]>, Hasher>,
+    due: u64,
+}
+
+/// Whether `v` is a record holding an open lease.
+fn holds_lease(v: &Value) -> bool {
+    matches!(v, Value::Record(r) if r.open_lease().is_some())
+}
+
+impl<'a> LeaseBook<'a> {
+    fn new(leased: &'a mut HashSet<Box<[u8]>, Hasher>) -> Self {
+        LeaseBook {
+            leased,
+            due: u64::MAX,
+        }
+    }
+    /// Notes the new state `v` of record `k`; `was_leased`: its state before held an open lease.
+    fn note(&mut self, k: &[u8], was_leased: bool, v: &Value) {
+        let Value::Record(r) = v else { return };
+        if r.open_lease().is_some() {
+            if !was_leased {
+                self.leased.insert(k.into());
+            }
+        } else if was_leased {
+            self.leased.remove(k);
+        }
+        if let Some(e) = r.expires_at() {
+            self.due = self.due.min(e.millis());
+        }
+    }
+}
+
 /// State shared by the writer, the checkpointer and readers.
 pub struct Shared<I> {
     /// Durable state changed since the last checkpoint, plus every open record.
@@ -217,6 +252,14 @@ pub struct Shared<I> {
     /// are in neither set, and by a listing before it folds: a listing
     /// never misses a record that is only in memory.
     pub evicting: parking_lot::Mutex<()>,
+    /// The keys of the records in `map` whose state holds an open lease,
+    /// kept by whoever publishes to `map`: the sweep looks at these, not
+    /// at every record in memory (which held the map's shards each second).
+    pub leased: parking_lot::Mutex<HashSet<Box<[u8]>, Hasher>>,
+    /// No terminal record in `map` expires before this (ms; `u64::MAX`:
+    /// none). A bound, not the minimum: the sweep scans `map` for records
+    /// to collect only once it has passed, and sets it again.
+    pub due_in_memory: AtomicU64,
     pub index: I,
     /// The keys the index may hold, when known.
     pub ingested: Ingested,
@@ -248,6 +291,12 @@ impl<I: Index> Shared<I> {
             .filter(|s| s.key().first() == Some(&b'r'))
             .map(|s| s.key().clone())
             .collect();
+        let mut leased = HashSet::default();
+        let mut book = LeaseBook::new(&mut leased);
+        for s in map.iter() {
+            book.note(s.key(), false, &s.value);
+        }
+        let due_in_memory = book.due;
         // An index that lists no entity returns none: until a checkpoint
         // adds keys (through `ingested`), lookups there can be skipped.
         let empty = index
@@ -258,6 +307,8 @@ impl<I: Index> Shared<I> {
             record_keys: RwLock::new(record_keys),
             new_record_keys: parking_lot::Mutex::new(PendingKeys::default()),
             evicting: parking_lot::Mutex::new(()),
+            due_in_memory: AtomicU64::new(due_in_memory),
+            leased: parking_lot::Mutex::new(leased),
             ingested: Ingested::new(empty),
             index,
             poisoned: AtomicBool::new(false),
@@ -780,25 +831,33 @@ impl<F: Fs, I: Index> Log<F, I> {
         metrics::histogram!("settle_commit_batch_size").record(replies.len() as f64);
         metrics::histogram!("settle_commit_duration_seconds")
             .record(started.elapsed().as_secs_f64());
+        let mut leased = self.shared.leased.lock();
+        let mut book = LeaseBook::new(&mut leased);
         match Arc::try_unwrap(changes) {
             // The writer has staged a later batch and let go of this one:
             // keys and values move into the map (one lookup, no key copy).
             Ok(owned) => {
                 for (k, v) in owned {
-                    self.publish(k, v, lsn);
+                    self.publish(k, v, lsn, &mut book);
                 }
             }
             Err(changes) => {
                 for (k, v) in changes.iter() {
                     if let Some(mut s) = self.shared.map.get_mut(&k[..]) {
+                        book.note(k, holds_lease(&s.value), v);
                         s.lsn = lsn;
                         s.value = v.clone();
                         continue;
                     }
-                    self.publish(k.clone(), v.clone(), lsn);
+                    self.publish(k.clone(), v.clone(), lsn, &mut book);
                 }
             }
         }
+        // After the states are in the map: a sweep that took the bound
+        // before this finds them there.
+        let due = book.due;
+        drop(leased);
+        self.shared.due_in_memory.fetch_min(due, Ordering::SeqCst);
         for (r, res) in replies {
             answer(r, res);
         }
@@ -809,9 +868,10 @@ impl<F: Fs, I: Index> Log<F, I> {
         Some(buf)
     }
     /// Puts the durable state `v` of entity `k` (written by batch `lsn`) into the map.
-    fn publish(&self, k: Box<[u8]>, v: Arc<Value>, lsn: u64) {
+    fn publish(&self, k: Box<[u8]>, v: Arc<Value>, lsn: u64, book: &mut LeaseBook<'_>) {
         match self.shared.map.entry(k) {
             dashmap::Entry::Occupied(mut e) => {
+                book.note(e.key(), holds_lease(&e.get().value), &v);
                 let s = e.get_mut();
                 s.lsn = lsn;
                 s.value = v;
@@ -820,6 +880,7 @@ impl<F: Fs, I: Index> Log<F, I> {
                 if e.key().first() == Some(&b'r') {
                     self.shared.new_record_keys.lock().new.push(e.key().clone());
                 }
+                book.note(e.key(), false, &v);
                 e.insert(Slot { lsn, value: v });
             }
         }
@@ -1291,6 +1352,9 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         for (lsn, e) in taken {
             self.shared.map.remove_if(e.key, |k, s| {
                 let evict = s.lsn == *lsn && s.evictable();
+                // Terminal records hold no lease (settle_core asserts it):
+                // `leased` never names a key that leaves the map.
+                debug_assert!(!(evict && holds_lease(&s.value)));
                 // Under the shard lock: a writer cannot re-add it in between.
                 if evict && k.first() == Some(&b'r') && fresh.remove(k).is_none() {
                     self.shared.record_keys.write().remove(k);

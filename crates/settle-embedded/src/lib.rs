@@ -387,20 +387,47 @@ fn sweep_candidates<I: Index>(
     now: Timestamp,
 ) -> Result<Vec<(TenantId, Command)>, StoreError> {
     let mut out = Vec::new();
-    // Clone what we need first: looking into the map while iterating it could deadlock.
+    // Terminal records in memory past their retention: only once the bound
+    // on their expiries has passed is the whole map walked (it holds each
+    // shard while it is read). The walk sets the bound again; a batch
+    // published meanwhile lowers it after its states are in the map.
+    let bound = shared.due_in_memory.swap(u64::MAX, Ordering::SeqCst);
+    let mut next = bound;
+    if bound <= now.millis() {
+        next = u64::MAX;
+        for s in shared.map.iter() {
+            let Value::Record(r) = &*s.value else {
+                continue;
+            };
+            let Some(expires) = r.expires_at() else {
+                continue;
+            };
+            if r.is_collectable(now) && !r.is_from_the_future(now) {
+                out.push(s.key().clone());
+            } else {
+                // Not collected yet (from the future, or not due): looked at again.
+                next = next.min(expires.millis());
+            }
+        }
+    }
+    shared.due_in_memory.fetch_min(next, Ordering::SeqCst);
+    // Open leases: the records `leased` names, copied first (the syncer
+    // takes that lock for every batch), then each looked at in the map.
+    let keys: Vec<Box<[u8]>> = shared.leased.lock().iter().cloned().collect();
     let mut leased = Vec::new();
-    for s in shared.map.iter() {
+    for k in keys {
+        let Some(s) = shared.map.get(&k) else {
+            continue;
+        };
         let Value::Record(r) = &*s.value else {
             continue;
         };
         if r.is_from_the_future(now) {
             continue;
         }
-        if r.is_collectable(now) {
-            out.push(s.key().clone());
-        } else if let Some(l) = r.open_lease() {
+        if let Some(l) = r.open_lease() {
             leased.push((
-                s.key().clone(),
+                k.clone(),
                 r.reservation.principal.clone(),
                 l.expires_at,
                 l.generation,

@@ -651,3 +651,73 @@ async fn the_disputed_gauge_counts_every_stored_record_and_survives_restarts() {
     let store = EmbeddedStore::open(dir.path(), opts(&clock, 4096, None)).unwrap();
     assert_eq!(store.stats(60_000).await.unwrap().disputed, 0);
 }
+
+/// The sweep finds open leases through the keys the publisher keeps, and
+/// in-memory records past retention through a bound on their expiries;
+/// opening a store rebuilds both from what it loads. A lease taken and a
+/// record settled (retention 1 s) before a crash (no checkpoint: both are
+/// replayed from the log) are expired and collected after it, and so is
+/// what is claimed and settled after the reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_acts_on_leases_and_retention_from_before_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let short_pair = |k: &'static str| {
+        let mut c = Claim::new(key(k), fp(1), binding("alice", 0));
+        c.retention_s = RetentionS::new(1).unwrap();
+        c
+    };
+    {
+        let faults = Arc::new(Faults::default());
+        faults.halt_checkpoints.store(true, Ordering::SeqCst);
+        let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, Some(faults))).unwrap();
+        store
+            .execute(
+                &tenant(),
+                claim_with("leased", 1, binding("alice", 0), 1000, false),
+            )
+            .await
+            .unwrap();
+        let Reply::Claim(ClaimDecision::Execute(g)) = store
+            .execute(&tenant(), Command::Claim(short_pair("kept-1s")))
+            .await
+            .unwrap()
+        else {
+            panic!()
+        };
+        let settled = store
+            .execute(
+                &tenant(),
+                settle("kept-1s", g.fence, 1, binding("alice", 0), completed(1)),
+            )
+            .await
+            .unwrap();
+        assert!(matches!(settled, Reply::Receipt(_)), "{settled:?}");
+        store.close();
+    }
+    let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
+    // Nothing is due yet: the sweep acts on nothing and keeps both.
+    let report = store.sweep().await.unwrap();
+    assert_eq!((report.expired, report.collected), (0, 0), "{report:?}");
+    store
+        .execute(
+            &tenant(),
+            claim_with("leased-after", 1, binding("alice", 0), 1000, false),
+        )
+        .await
+        .unwrap();
+    clock.advance(1500);
+    let report = store.sweep().await.unwrap();
+    assert_eq!(report.expired, 2, "both lapsed leases: {report:?}");
+    assert_eq!(report.collected, 1, "{report:?}");
+    assert!(get(&store, "kept-1s").await.is_none());
+    for k in ["leased", "leased-after"] {
+        let r = get(&store, k).await.unwrap();
+        assert!(r.open_lease().is_none(), "{k}: {r:?}");
+        assert_eq!(r.status, Status::Unknown);
+    }
+    // Acted on once: the next sweep finds nothing.
+    let report = store.sweep().await.unwrap();
+    assert_eq!((report.expired, report.collected), (0, 0), "{report:?}");
+    store.close();
+}
