@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
 use settle_ledger::StoreError;
@@ -149,7 +150,7 @@ pub fn split_expiry_key(k: &[u8]) -> Result<(u64, &[u8]), StoreError> {
 /// back), errors are ignored, and durability still comes from fjall's own
 /// sync at the end.
 struct Writeback {
-    dirs: Vec<PathBuf>,
+    dirs: Vec<Dir>,
     /// Each file's bytes synced so far and for how many steps it has not
     /// grown; `None` once it stopped growing for good (fjall never changes
     /// a finished table), so it is not looked at again.
@@ -161,6 +162,38 @@ struct Writeback {
 /// Steps without growth after which a file counts as finished.
 const FINISHED_AFTER: u32 = 20;
 
+/// A watched directory, and when it was last listed.
+struct Dir {
+    path: PathBuf,
+    /// Its modification time when listed, and when that was.
+    listed: Option<(SystemTime, SystemTime)>,
+}
+
+/// A directory's modification time comes from a coarse clock (one tick is
+/// a few milliseconds): a file created in the tick of a listing may leave
+/// the time as it was. A listing this long after the time it saw is sure
+/// to have seen every file created until then.
+const MTIME_TICK: Duration = Duration::from_millis(50);
+
+impl Dir {
+    /// Whether a file may have been added or removed since the last listing
+    /// (one `stat`, where a listing is five calls and a `stat` per file).
+    fn changed(&self) -> Option<SystemTime> {
+        let mtime = std::fs::metadata(&self.path)
+            .and_then(|m| m.modified())
+            .ok();
+        match (self.listed, mtime) {
+            (Some((seen, at)), Some(m))
+                if m == seen && at.duration_since(m).is_ok_and(|d| d >= MTIME_TICK) =>
+            {
+                None
+            }
+            // Unreadable: listed (and found empty) as before.
+            (_, m) => Some(m.unwrap_or(SystemTime::UNIX_EPOCH)),
+        }
+    }
+}
+
 /// Where fjall keeps a keyspace's tables.
 fn tables(ks: &Keyspace) -> PathBuf {
     ks.path().join("tables")
@@ -169,11 +202,17 @@ fn tables(ks: &Keyspace) -> PathBuf {
 impl Writeback {
     /// Watches `dirs`; the files there now are finished.
     fn new(dirs: Vec<PathBuf>) -> Writeback {
-        let files = dirs
-            .iter()
-            .flat_map(|d| Writeback::files(d))
-            .map(|f| (f, None))
+        let mut dirs: Vec<Dir> = dirs
+            .into_iter()
+            .map(|path| Dir { path, listed: None })
             .collect();
+        let mut files = HashMap::new();
+        for d in &mut dirs {
+            if let Some(mtime) = d.changed() {
+                d.listed = Some((mtime, SystemTime::now()));
+            }
+            files.extend(Writeback::files(&d.path).map(|f| (f, None)));
+        }
         Writeback {
             dirs,
             files,
@@ -200,34 +239,43 @@ impl Writeback {
             .map(|e| e.path())
     }
 
-    /// Syncs what the watched files gained since the last step.
+    /// Syncs what the watched files gained since the last step. A
+    /// directory is listed again only when its modification time says a
+    /// file may have come or gone: most steps (every few milliseconds, with
+    /// no compaction running) cost one `stat` per directory.
     fn step(&mut self) {
-        let mut present = HashSet::new();
-        for dir in &self.dirs {
-            for path in Writeback::files(dir) {
-                present.insert(path.clone());
-                let entry = self.files.entry(path.clone()).or_insert(Some((0, 0)));
-                let Some((synced, still)) = entry else {
-                    continue;
-                };
-                let Ok(len) = std::fs::metadata(&path).map(|m| m.len()) else {
-                    continue;
-                };
-                if len <= *synced {
-                    *still += 1;
-                    if *still >= FINISHED_AFTER {
-                        *entry = None;
-                    }
-                } else if let Ok(f) = std::fs::File::open(&path)
-                    && f.sync_data().is_ok()
-                {
-                    *synced = len;
-                    *still = 0;
-                }
+        for dir in &mut self.dirs {
+            let Some(mtime) = dir.changed() else {
+                continue;
+            };
+            dir.listed = Some((mtime, SystemTime::now()));
+            let present: HashSet<PathBuf> = Writeback::files(&dir.path).collect();
+            // Tables compacted away.
+            self.files
+                .retain(|p, _| !p.starts_with(&dir.path) || present.contains(p));
+            for path in present {
+                self.files.entry(path).or_insert(Some((0, 0)));
             }
         }
-        // Tables compacted away.
-        self.files.retain(|p, _| present.contains(p));
+        for (path, entry) in &mut self.files {
+            let Some((synced, still)) = entry else {
+                continue;
+            };
+            let Ok(len) = std::fs::metadata(path).map(|m| m.len()) else {
+                continue;
+            };
+            if len <= *synced {
+                *still += 1;
+                if *still >= FINISHED_AFTER {
+                    *entry = None;
+                }
+            } else if let Ok(f) = std::fs::File::open(path)
+                && f.sync_data().is_ok()
+            {
+                *synced = len;
+                *still = 0;
+            }
+        }
     }
 }
 
@@ -509,5 +557,41 @@ mod tests {
         std::fs::remove_file(&new).unwrap();
         w.step();
         assert!(!w.files.contains_key(&new));
+    }
+
+    /// A directory is listed again only if its modification time moved, or
+    /// was too close to the last listing to tell.
+    #[test]
+    fn a_directory_is_listed_again_only_when_it_may_have_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let past = SystemTime::now() - Duration::from_secs(3600);
+        std::fs::File::open(dir.path())
+            .unwrap()
+            .set_modified(past)
+            .unwrap();
+        let mut d = Dir {
+            path: dir.path().to_path_buf(),
+            listed: None,
+        };
+        assert_eq!(d.changed(), Some(past), "never listed");
+        d.listed = Some((past, past + MTIME_TICK / 2));
+        assert_eq!(
+            d.changed(),
+            Some(past),
+            "listed within the tick of its time"
+        );
+        d.listed = Some((past, past + MTIME_TICK));
+        assert_eq!(d.changed(), None, "listed well after its time");
+        std::fs::write(dir.path().join("t"), [1u8]).unwrap();
+        let now = d.changed().expect("a file was added");
+        assert!(now > past);
+        // The writeback finds it at its next step.
+        let mut w = Writeback {
+            dirs: vec![d],
+            files: HashMap::new(),
+            fed: 0,
+        };
+        w.step();
+        assert_eq!(w.files[&dir.path().join("t")], Some((1, 0)));
     }
 }
