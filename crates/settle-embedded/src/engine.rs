@@ -252,6 +252,13 @@ pub struct Shared<I> {
     /// are in neither set, and by a listing before it folds: a listing
     /// never misses a record that is only in memory.
     pub evicting: parking_lot::Mutex<()>,
+    /// Whether `record_keys` and `new_record_keys` are kept: off from open
+    /// until the first listing, which turns it on (for good) and sorts in
+    /// the record keys of `map` then. Until a store is listed, publishing
+    /// and eviction skip the key bookkeeping (a key copy, two hash lookups
+    /// and a free per record); turned on only under `evicting`, so one
+    /// eviction runs wholly in one mode.
+    pub tracking: AtomicBool,
     /// The keys of the records in `map` whose state holds an open lease,
     /// kept by whoever publishes to `map`: the sweep looks at these, not
     /// at every record in memory (which held the map's shards each second).
@@ -286,11 +293,6 @@ impl<I: Index> Shared<I> {
         clock: Clock,
         limits: Limits,
     ) -> Self {
-        let record_keys = map
-            .iter()
-            .filter(|s| s.key().first() == Some(&b'r'))
-            .map(|s| s.key().clone())
-            .collect();
         let mut leased = HashSet::default();
         let mut book = LeaseBook::new(&mut leased);
         for s in map.iter() {
@@ -304,9 +306,10 @@ impl<I: Index> Shared<I> {
             .is_ok_and(|k| k.is_empty());
         Shared {
             map,
-            record_keys: RwLock::new(record_keys),
+            record_keys: RwLock::new(BTreeSet::new()),
             new_record_keys: parking_lot::Mutex::new(PendingKeys::default()),
             evicting: parking_lot::Mutex::new(()),
+            tracking: AtomicBool::new(false),
             due_in_memory: AtomicU64::new(due_in_memory),
             leased: parking_lot::Mutex::new(leased),
             ingested: Ingested::new(empty),
@@ -335,6 +338,20 @@ impl<I: Index> Shared<I> {
         // A checkpoint between taking its keys and giving back those it
         // kept would hide them: wait for it.
         let evicting = self.evicting.lock();
+        if !self.tracking.load(Ordering::SeqCst) {
+            // Set before the map is read: a key published into a shard
+            // after this read it is pushed to `new_record_keys` (the
+            // publisher reads the flag under the shard's lock), one
+            // published before is in the map here.
+            self.tracking.store(true, Ordering::SeqCst);
+            let keys: Vec<Box<[u8]>> = self
+                .map
+                .iter()
+                .filter(|s| s.key().first() == Some(&b'r'))
+                .map(|s| s.key().clone())
+                .collect();
+            self.record_keys.write().extend(keys);
+        }
         let mut fresh = self.new_record_keys.lock();
         if !fresh.is_empty() {
             let mut sorted = self.record_keys.write();
@@ -877,7 +894,7 @@ impl<F: Fs, I: Index> Log<F, I> {
                 s.value = v;
             }
             dashmap::Entry::Vacant(e) => {
-                if e.key().first() == Some(&b'r') {
+                if e.key().first() == Some(&b'r') && self.shared.tracking.load(Ordering::SeqCst) {
                     self.shared.new_record_keys.lock().new.push(e.key().clone());
                 }
                 book.note(e.key(), false, &v);
@@ -1340,6 +1357,19 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         // fresh ones now (published before the segment was sealed); keys
         // published from here on belong to later segments, never evicted here.
         let evicting = self.shared.evicting.lock();
+        if !self.shared.tracking.load(Ordering::SeqCst) {
+            // Nobody listed yet: no key sets to keep.
+            for (lsn, e) in taken {
+                self.shared.map.remove_if(e.key, |_, s| {
+                    let evict = s.lsn == *lsn && s.evictable();
+                    debug_assert!(!(evict && holds_lease(&s.value)));
+                    evict
+                });
+            }
+            Faults::step(&self.faults, CheckpointStep::Evicted);
+            drop(evicting);
+            return;
+        }
         let (new, carried) = {
             let mut p = self.shared.new_record_keys.lock();
             (std::mem::take(&mut p.new), std::mem::take(&mut p.carried))

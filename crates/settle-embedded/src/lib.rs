@@ -1079,7 +1079,7 @@ mod record_key_set_tests {
     use super::*;
     use crate::sim::{MemIndex, SimDisk};
     use settle_core::testkit::*;
-    use settle_core::{ClaimDecision, Reply};
+    use settle_core::{ClaimDecision, Fence, Reply};
 
     fn key_set_len(store: &InlineStore<SimDisk, MemIndex>) -> usize {
         store.shared.record_keys().len()
@@ -1098,6 +1098,8 @@ mod record_key_set_tests {
             ..EmbeddedOptions::default()
         };
         let store = InlineStore::open(&disk, "/data", index, opts).unwrap();
+        // A listing turns the key sets on (a store nobody listed keeps none).
+        assert_eq!(key_set_len(&store), 0);
         let t = TenantId::new("acme").unwrap();
         let mut open = Vec::new();
         for i in 0..20 {
@@ -1134,5 +1136,80 @@ mod record_key_set_tests {
         store.checkpoint_now().unwrap();
         assert_eq!(key_set_len(&store), 0);
         assert_eq!(store.resident(), 0);
+    }
+
+    /// Until the first listing no key set is kept; that listing finds
+    /// every record in memory (recovered at open or published since), and
+    /// from then on the set follows the map as above.
+    #[test]
+    fn the_first_listing_sorts_in_what_memory_holds_and_the_sets_follow_from_then() {
+        let disk = SimDisk::new();
+        let opts = || EmbeddedOptions {
+            segment_bytes: 16 * 1024,
+            ..EmbeddedOptions::default()
+        };
+        let t = TenantId::new("acme").unwrap();
+        let claim_only = |store: &InlineStore<SimDisk, MemIndex>, k: &str| {
+            let Reply::Claim(ClaimDecision::Execute(g)) =
+                store.execute_now(&t, claim(k, 1, binding("a", 0))).unwrap()
+            else {
+                panic!()
+            };
+            g.fence
+        };
+        let index = MemIndex::new(&disk, "/data");
+        {
+            let store = InlineStore::open(&disk, "/data", index.clone(), opts()).unwrap();
+            claim_only(&store, "before-restart");
+            store.close();
+        }
+        let store = InlineStore::open(&disk, "/data", index, opts()).unwrap();
+        let s = &store.shared;
+        let mut fences: Vec<(String, Option<Fence>)> = vec![("before-restart".into(), None)];
+        for i in 0..30 {
+            let k = format!("k-{i:02}");
+            let f = claim_only(&store, &k);
+            if i % 3 == 0 {
+                fences.push((k, Some(f)));
+            } else {
+                store
+                    .execute_now(&t, settle(&k, f, 1, binding("a", 0), completed(1)))
+                    .unwrap();
+            }
+        }
+        store.checkpoint_now().unwrap();
+        // Nothing was kept while nobody listed.
+        assert_eq!(
+            s.record_keys.read().len() + s.new_record_keys.lock().len(),
+            0
+        );
+        let listed = scan_sync(&store.shared, &t, None, 1000).unwrap();
+        let keys: Vec<String> = listed.records.iter().map(|r| r.key.to_string()).collect();
+        assert_eq!(keys.len(), 31, "{keys:?}");
+        // The sorted set holds exactly the open records, all in memory.
+        assert_eq!(key_set_len(&store), fences.len());
+        assert_eq!(store.resident(), fences.len());
+        let fresh = claim_only(&store, "after-listing");
+        assert_eq!(s.new_record_keys.lock().len(), 1);
+        fences.push(("after-listing".into(), Some(fresh)));
+        for (k, f) in &fences {
+            if let Some(f) = f {
+                store
+                    .execute_now(&t, settle(k, *f, 1, binding("a", 0), completed(1)))
+                    .unwrap();
+            }
+        }
+        store.checkpoint_now().unwrap();
+        store.checkpoint_now().unwrap();
+        // Left: the record claimed before the restart (still open).
+        assert_eq!(key_set_len(&store), 1);
+        assert_eq!(store.resident(), 1);
+        assert_eq!(
+            scan_sync(&store.shared, &t, None, 1000)
+                .unwrap()
+                .records
+                .len(),
+            32
+        );
     }
 }
