@@ -200,39 +200,9 @@ impl PendingKeys {
     }
 }
 
-/// What publishing a batch changes in [`Shared::leased`] and
-/// [`Shared::due_in_memory`]: filled record by record, applied once.
-pub struct LeaseBook<'a> {
-    leased: &'a mut HashSet<Box<[u8]>, Hasher>,
-    due: u64,
-}
-
 /// Whether `v` is a record holding an open lease.
 fn holds_lease(v: &Value) -> bool {
     matches!(v, Value::Record(r) if r.open_lease().is_some())
-}
-
-impl<'a> LeaseBook<'a> {
-    fn new(leased: &'a mut HashSet<Box<[u8]>, Hasher>) -> Self {
-        LeaseBook {
-            leased,
-            due: u64::MAX,
-        }
-    }
-    /// Notes the new state `v` of record `k`; `was_leased`: its state before held an open lease.
-    fn note(&mut self, k: &[u8], was_leased: bool, v: &Value) {
-        let Value::Record(r) = v else { return };
-        if r.open_lease().is_some() {
-            if !was_leased {
-                self.leased.insert(k.into());
-            }
-        } else if was_leased {
-            self.leased.remove(k);
-        }
-        if let Some(e) = r.expires_at() {
-            self.due = self.due.min(e.millis());
-        }
-    }
 }
 
 /// State shared by the writer, the checkpointer and readers.
@@ -259,9 +229,12 @@ pub struct Shared<I> {
     /// and a free per record); turned on only under `evicting`, so one
     /// eviction runs wholly in one mode.
     pub tracking: AtomicBool,
-    /// The keys of the records in `map` whose state holds an open lease,
-    /// kept by whoever publishes to `map`: the sweep looks at these, not
-    /// at every record in memory (which held the map's shards each second).
+    /// The keys of the records whose latest state holds an open lease,
+    /// kept by the writer as it applies each command (old and new state in
+    /// hand): the sweep looks at these, not at every record in memory
+    /// (which held the map's shards each second). A lease the writer has
+    /// staged the end of may still be open in `map` for a batch: the sweep
+    /// need not end it.
     pub leased: parking_lot::Mutex<HashSet<Box<[u8]>, Hasher>>,
     /// No terminal record in `map` expires before this (ms; `u64::MAX`:
     /// none). A bound, not the minimum: the sweep scans `map` for records
@@ -294,11 +267,17 @@ impl<I: Index> Shared<I> {
         limits: Limits,
     ) -> Self {
         let mut leased = HashSet::default();
-        let mut book = LeaseBook::new(&mut leased);
+        let mut due_in_memory = u64::MAX;
         for s in map.iter() {
-            book.note(s.key(), false, &s.value);
+            if holds_lease(&s.value) {
+                leased.insert(s.key().clone());
+            }
+            if let Value::Record(r) = &*s.value
+                && let Some(e) = r.expires_at()
+            {
+                due_in_memory = due_in_memory.min(e.millis());
+            }
         }
-        let due_in_memory = book.due;
         // An index that lists no entity returns none: until a checkpoint
         // adds keys (through `ingested`), lookups there can be skipped.
         let empty = index
@@ -528,6 +507,8 @@ struct StagedFrame {
     lsn: u64,
     disputed: u64,
     changes: Arc<Changes>,
+    /// The earliest expiry of a terminal record among `changes` (`u64::MAX`: none).
+    due: u64,
 }
 
 /// Bound on the writer's principal cache; it is simply cleared when full.
@@ -610,10 +591,17 @@ impl<I: Index> Stage<I> {
         let capacity = overlay.capacity();
         let mut replies = Vec::with_capacity(batch.len());
         let mut disputed = self.disputed as i64;
+        let shared = self.shared.clone();
+        let mut marks = Marks {
+            leased: shared.leased.lock(),
+            due: u64::MAX,
+        };
         for (tenant, cmd, r) in batch.drain(..) {
-            let res = self.apply_one(&tenant, &cmd, now, &mut overlay, &mut disputed);
+            let res = self.apply_one(&tenant, &cmd, now, &mut overlay, &mut disputed, &mut marks);
             replies.push((r, res));
         }
+        let Marks { leased, due } = marks;
+        drop(leased);
         let frame = (!overlay.is_empty()).then(|| {
             let lsn = self.lsn + 1;
             let disputed = disputed.max(0) as u64;
@@ -650,6 +638,7 @@ impl<I: Index> Stage<I> {
                 lsn,
                 disputed,
                 changes,
+                due,
             }
         });
         self.overlay = overlay;
@@ -688,6 +677,7 @@ impl<I: Index> Stage<I> {
         now: Timestamp,
         overlay: &mut Changes,
         disputed: &mut i64,
+        marks: &mut Marks<'_>,
     ) -> Result<Reply, StoreError> {
         const REFUSED: Reply = Reply::Refused(RefusalCode::RecordRefused);
         let (kind, name) = match cmd.target() {
@@ -761,6 +751,10 @@ impl<I: Index> Stage<I> {
         self.key_buf = pk;
         state.principals = principals;
         let was_disputed = state.record.as_ref().is_some_and(|r| r.disputed);
+        let was_leased = state
+            .record
+            .as_ref()
+            .is_some_and(|r| r.open_lease().is_some());
         let ctx = Ctx {
             now,
             next_fence: Fence(self.next_fence),
@@ -780,6 +774,7 @@ impl<I: Index> Stage<I> {
                 Target::Record(_) => {
                     let is_disputed = state.record.as_ref().is_some_and(|r| r.disputed);
                     *disputed += is_disputed as i64 - was_disputed as i64;
+                    marks.note(&target_key, was_leased, state.record.as_ref());
                     state.record.map(Value::Record).unwrap_or(Value::Gone)
                 }
                 Target::Task(_) => Value::Warnings(state.warnings),
@@ -788,6 +783,28 @@ impl<I: Index> Stage<I> {
             overlay.insert(target_key, Arc::new(v));
         }
         Ok(applied.reply)
+    }
+}
+
+/// What the writer notes while it applies a batch: [`Shared::leased`]
+/// (locked for the batch) and the earliest expiry it wrote.
+pub struct Marks<'a> {
+    leased: parking_lot::MutexGuard<'a, HashSet<Box<[u8]>, Hasher>>,
+    due: u64,
+}
+
+impl Marks<'_> {
+    /// Record `k` was in a state holding an open lease (`was_leased`) and is now `now`.
+    fn note(&mut self, k: &[u8], was_leased: bool, now: Option<&settle_core::Record>) {
+        let leased = now.is_some_and(|r| r.open_lease().is_some());
+        if leased && !was_leased {
+            self.leased.insert(k.into());
+        } else if was_leased && !leased {
+            self.leased.remove(k);
+        }
+        if let Some(e) = now.and_then(|r| r.expires_at()) {
+            self.due = self.due.min(e.millis());
+        }
     }
 }
 
@@ -806,6 +823,7 @@ impl<F: Fs, I: Index> Log<F, I> {
             lsn,
             disputed,
             changes,
+            due,
         }) = frame
         else {
             // Nothing to write; what the answers say is durable already
@@ -848,32 +866,27 @@ impl<F: Fs, I: Index> Log<F, I> {
         metrics::histogram!("settle_commit_batch_size").record(replies.len() as f64);
         metrics::histogram!("settle_commit_duration_seconds")
             .record(started.elapsed().as_secs_f64());
-        let mut leased = self.shared.leased.lock();
-        let mut book = LeaseBook::new(&mut leased);
         match Arc::try_unwrap(changes) {
             // The writer has staged a later batch and let go of this one:
             // keys and values move into the map (one lookup, no key copy).
             Ok(owned) => {
                 for (k, v) in owned {
-                    self.publish(k, v, lsn, &mut book);
+                    self.publish(k, v, lsn);
                 }
             }
             Err(changes) => {
                 for (k, v) in changes.iter() {
                     if let Some(mut s) = self.shared.map.get_mut(&k[..]) {
-                        book.note(k, holds_lease(&s.value), v);
                         s.lsn = lsn;
                         s.value = v.clone();
                         continue;
                     }
-                    self.publish(k.clone(), v.clone(), lsn, &mut book);
+                    self.publish(k.clone(), v.clone(), lsn);
                 }
             }
         }
         // After the states are in the map: a sweep that took the bound
         // before this finds them there.
-        let due = book.due;
-        drop(leased);
         self.shared.due_in_memory.fetch_min(due, Ordering::SeqCst);
         for (r, res) in replies {
             answer(r, res);
@@ -885,10 +898,9 @@ impl<F: Fs, I: Index> Log<F, I> {
         Some(buf)
     }
     /// Puts the durable state `v` of entity `k` (written by batch `lsn`) into the map.
-    fn publish(&self, k: Box<[u8]>, v: Arc<Value>, lsn: u64, book: &mut LeaseBook<'_>) {
+    fn publish(&self, k: Box<[u8]>, v: Arc<Value>, lsn: u64) {
         match self.shared.map.entry(k) {
             dashmap::Entry::Occupied(mut e) => {
-                book.note(e.key(), holds_lease(&e.get().value), &v);
                 let s = e.get_mut();
                 s.lsn = lsn;
                 s.value = v;
@@ -897,7 +909,6 @@ impl<F: Fs, I: Index> Log<F, I> {
                 if e.key().first() == Some(&b'r') && self.shared.tracking.load(Ordering::SeqCst) {
                     self.shared.new_record_keys.lock().new.push(e.key().clone());
                 }
-                book.note(e.key(), false, &v);
                 e.insert(Slot { lsn, value: v });
             }
         }
