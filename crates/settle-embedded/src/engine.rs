@@ -267,17 +267,13 @@ impl<I: Index> Shared<I> {
         limits: Limits,
     ) -> Self {
         let mut leased = HashSet::default();
-        let mut due_in_memory = u64::MAX;
+        let mut marks = Marks::new(&mut leased);
         for s in map.iter() {
-            if holds_lease(&s.value) {
-                leased.insert(s.key().clone());
-            }
-            if let Value::Record(r) = &*s.value
-                && let Some(e) = r.expires_at()
-            {
-                due_in_memory = due_in_memory.min(e.millis());
+            if let Value::Record(r) = &*s.value {
+                marks.note(s.key(), false, Some(r));
             }
         }
+        let due_in_memory = marks.due;
         // An index that lists no entity returns none: until a checkpoint
         // adds keys (through `ingested`), lookups there can be skipped.
         let empty = index
@@ -592,15 +588,13 @@ impl<I: Index> Stage<I> {
         let mut replies = Vec::with_capacity(batch.len());
         let mut disputed = self.disputed as i64;
         let shared = self.shared.clone();
-        let mut marks = Marks {
-            leased: shared.leased.lock(),
-            due: u64::MAX,
-        };
+        let mut leased = shared.leased.lock();
+        let mut marks = Marks::new(&mut leased);
         for (tenant, cmd, r) in batch.drain(..) {
             let res = self.apply_one(&tenant, &cmd, now, &mut overlay, &mut disputed, &mut marks);
             replies.push((r, res));
         }
-        let Marks { leased, due } = marks;
+        let due = marks.due;
         drop(leased);
         let frame = (!overlay.is_empty()).then(|| {
             let lsn = self.lsn + 1;
@@ -787,13 +781,21 @@ impl<I: Index> Stage<I> {
 }
 
 /// What the writer notes while it applies a batch: [`Shared::leased`]
-/// (locked for the batch) and the earliest expiry it wrote.
+/// (locked for the batch) and the earliest expiry it wrote. Opening a
+/// store notes every record it loaded the same way.
 pub struct Marks<'a> {
-    leased: parking_lot::MutexGuard<'a, HashSet<Box<[u8]>, Hasher>>,
+    leased: &'a mut HashSet<Box<[u8]>, Hasher>,
     due: u64,
 }
 
-impl Marks<'_> {
+impl<'a> Marks<'a> {
+    fn new(leased: &'a mut HashSet<Box<[u8]>, Hasher>) -> Self {
+        Marks {
+            leased,
+            due: u64::MAX,
+        }
+    }
+
     /// Record `k` was in a state holding an open lease (`was_leased`) and is now `now`.
     fn note(&mut self, k: &[u8], was_leased: bool, now: Option<&settle_core::Record>) {
         let leased = now.is_some_and(|r| r.open_lease().is_some());
@@ -1368,19 +1370,9 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         // fresh ones now (published before the segment was sealed); keys
         // published from here on belong to later segments, never evicted here.
         let evicting = self.shared.evicting.lock();
-        if !self.shared.tracking.load(Ordering::SeqCst) {
-            // Nobody listed yet: no key sets to keep.
-            for (lsn, e) in taken {
-                self.shared.map.remove_if(e.key, |_, s| {
-                    let evict = s.lsn == *lsn && s.evictable();
-                    debug_assert!(!(evict && holds_lease(&s.value)));
-                    evict
-                });
-            }
-            Faults::step(&self.faults, CheckpointStep::Evicted);
-            drop(evicting);
-            return;
-        }
+        // Nobody listed yet: the key sets are not kept (the lists below
+        // are empty) and no evicted key is looked for in the sorted set.
+        let tracking = self.shared.tracking.load(Ordering::SeqCst);
         let (new, carried) = {
             let mut p = self.shared.new_record_keys.lock();
             (std::mem::take(&mut p.new), std::mem::take(&mut p.carried))
@@ -1397,7 +1389,7 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
                 // `leased` never names a key that leaves the map.
                 debug_assert!(!(evict && holds_lease(&s.value)));
                 // Under the shard lock: a writer cannot re-add it in between.
-                if evict && k.first() == Some(&b'r') && fresh.remove(k).is_none() {
+                if tracking && evict && k.first() == Some(&b'r') && fresh.remove(k).is_none() {
                     self.shared.record_keys.write().remove(k);
                 }
                 evict

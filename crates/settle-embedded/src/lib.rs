@@ -411,8 +411,8 @@ fn sweep_candidates<I: Index>(
         }
     }
     shared.due_in_memory.fetch_min(next, Ordering::SeqCst);
-    // Open leases: the records `leased` names, copied first (the syncer
-    // takes that lock for every batch), then each looked at in the map.
+    // Open leases: the records `leased` names, copied first (the writer
+    // holds that lock while it applies a batch), then each looked at in the map.
     let keys: Vec<Box<[u8]>> = shared.leased.lock().iter().cloned().collect();
     let mut leased = Vec::new();
     for k in keys {

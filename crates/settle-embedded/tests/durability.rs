@@ -24,17 +24,30 @@ fn opts(clock: &Clock, segment_bytes: u64, faults: Option<Arc<Faults>>) -> Embed
 }
 
 async fn pair(store: &EmbeddedStore, k: &str) -> Result<Receipt, StoreError> {
-    let f = match store
-        .execute(&tenant(), claim(k, 1, binding("alice", 0)))
-        .await?
-    {
+    pair_with(store, Claim::new(key(k), fp(1), binding("alice", 0))).await
+}
+
+/// A claim with a lease of 1 s, left open.
+async fn lease(store: &EmbeddedStore, k: &str) -> Result<Reply, StoreError> {
+    store
+        .execute(
+            &tenant(),
+            claim_with(k, 1, binding("alice", 0), 1000, false),
+        )
+        .await
+}
+
+/// Claims with `c` (which must execute), then settles.
+async fn pair_with(store: &EmbeddedStore, c: Claim) -> Result<Receipt, StoreError> {
+    let k = c.key.clone();
+    let f = match store.execute(&tenant(), Command::Claim(c)).await? {
         Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
         other => panic!("{other:?}"),
     };
     match store
         .execute(
             &tenant(),
-            settle(k, f, 1, binding("alice", 0), completed(1)),
+            settle(k.as_str(), f, 1, binding("alice", 0), completed(1)),
         )
         .await?
     {
@@ -662,50 +675,21 @@ async fn the_disputed_gauge_counts_every_stored_record_and_survives_restarts() {
 async fn the_sweep_acts_on_leases_and_retention_from_before_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let clock = Clock::system();
-    let short_pair = |k: &'static str| {
-        let mut c = Claim::new(key(k), fp(1), binding("alice", 0));
-        c.retention_s = RetentionS::new(1).unwrap();
-        c
-    };
     {
         let faults = Arc::new(Faults::default());
         faults.halt_checkpoints.store(true, Ordering::SeqCst);
         let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, Some(faults))).unwrap();
-        store
-            .execute(
-                &tenant(),
-                claim_with("leased", 1, binding("alice", 0), 1000, false),
-            )
-            .await
-            .unwrap();
-        let Reply::Claim(ClaimDecision::Execute(g)) = store
-            .execute(&tenant(), Command::Claim(short_pair("kept-1s")))
-            .await
-            .unwrap()
-        else {
-            panic!()
-        };
-        let settled = store
-            .execute(
-                &tenant(),
-                settle("kept-1s", g.fence, 1, binding("alice", 0), completed(1)),
-            )
-            .await
-            .unwrap();
-        assert!(matches!(settled, Reply::Receipt(_)), "{settled:?}");
+        lease(&store, "leased").await.unwrap();
+        let mut c = Claim::new(key("kept-1s"), fp(1), binding("alice", 0));
+        c.retention_s = RetentionS::new(1).unwrap();
+        pair_with(&store, c).await.unwrap();
         store.close();
     }
     let store = EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, None)).unwrap();
     // Nothing is due yet: the sweep acts on nothing and keeps both.
     let report = store.sweep().await.unwrap();
     assert_eq!((report.expired, report.collected), (0, 0), "{report:?}");
-    store
-        .execute(
-            &tenant(),
-            claim_with("leased-after", 1, binding("alice", 0), 1000, false),
-        )
-        .await
-        .unwrap();
+    lease(&store, "leased-after").await.unwrap();
     clock.advance(1500);
     let report = store.sweep().await.unwrap();
     assert_eq!(report.expired, 2, "both lapsed leases: {report:?}");
