@@ -240,6 +240,11 @@ pub struct Shared<I> {
     /// none). A bound, not the minimum: the sweep scans `map` for records
     /// to collect only once it has passed, and sets it again.
     pub due_in_memory: AtomicU64,
+    /// The last batch whose changes are in `map` (set by whoever publishes:
+    /// the writer thread, or an inline commit). A checkpoint evicts a
+    /// segment's records only once its last batch is published.
+    pub published: parking_lot::Mutex<u64>,
+    pub published_cv: parking_lot::Condvar,
     pub index: I,
     /// The keys the index may hold, when known.
     pub ingested: Ingested,
@@ -286,6 +291,8 @@ impl<I: Index> Shared<I> {
             evicting: parking_lot::Mutex::new(()),
             tracking: AtomicBool::new(false),
             due_in_memory: AtomicU64::new(due_in_memory),
+            published: parking_lot::Mutex::new(0),
+            published_cv: parking_lot::Condvar::new(),
             leased: parking_lot::Mutex::new(leased),
             ingested: Ingested::new(empty),
             index,
@@ -298,6 +305,80 @@ impl<I: Index> Shared<I> {
             queued: AtomicUsize::new(0),
             writer_alive: AtomicBool::new(true),
             checkpointer_alive: AtomicBool::new(true),
+        }
+    }
+
+    /// Makes a durable batch visible: its changes go into the map (the
+    /// next read sees them), then `published` moves to it. Batches come in
+    /// the order they were staged; `commands` is the batch's size (metrics).
+    pub fn publish_batch(
+        &self,
+        changes: Arc<Changes>,
+        lsn: u64,
+        disputed: u64,
+        due: u64,
+        commands: usize,
+    ) {
+        self.disputed.store(disputed, Ordering::SeqCst);
+        metrics::histogram!("settle_commit_batch_size").record(commands as f64);
+        match Arc::try_unwrap(changes) {
+            // The writer has staged a later batch and let go of this one:
+            // keys and values move into the map (one lookup, no key copy).
+            Ok(owned) => {
+                for (k, v) in owned {
+                    self.publish(k, v, lsn);
+                }
+            }
+            Err(changes) => {
+                for (k, v) in changes.iter() {
+                    if let Some(mut s) = self.map.get_mut(&k[..]) {
+                        s.lsn = lsn;
+                        s.value = v.clone();
+                        continue;
+                    }
+                    self.publish(k.clone(), v.clone(), lsn);
+                }
+            }
+        }
+        // After the states are in the map: a sweep that took the bound
+        // before this finds them there.
+        self.due_in_memory.fetch_min(due, Ordering::SeqCst);
+        let mut p = self.published.lock();
+        debug_assert!(*p < lsn, "batches are published in order");
+        *p = lsn;
+        drop(p);
+        self.published_cv.notify_all();
+    }
+
+    /// Waits until batch `lsn` is published; `false` if it never will be
+    /// (the store failed or its writer stopped).
+    pub fn wait_published(&self, lsn: u64) -> bool {
+        let mut p = self.published.lock();
+        while *p < lsn {
+            if self.poisoned.load(Ordering::SeqCst) || !self.writer_alive.load(Ordering::SeqCst) {
+                return false;
+            }
+            // Bounded: the writer's death is seen without a notification.
+            self.published_cv
+                .wait_for(&mut p, Duration::from_millis(50));
+        }
+        true
+    }
+
+    /// Puts the durable state `v` of entity `k` (written by batch `lsn`) into the map.
+    fn publish(&self, k: Box<[u8]>, v: Arc<Value>, lsn: u64) {
+        match self.map.entry(k) {
+            dashmap::Entry::Occupied(mut e) => {
+                let s = e.get_mut();
+                s.lsn = lsn;
+                s.value = v;
+            }
+            dashmap::Entry::Vacant(e) => {
+                if e.key().first() == Some(&b'r') && self.tracking.load(Ordering::SeqCst) {
+                    self.new_record_keys.lock().new.push(e.key().clone());
+                }
+                e.insert(Slot { lsn, value: v });
+            }
         }
     }
 
@@ -520,6 +601,8 @@ impl<F: Fs, I: Index> Core<F, I> {
         faults: Option<Arc<Faults>>,
     ) -> Self {
         shared.disputed.store(rec.disputed, Ordering::SeqCst);
+        // Recovery put every replayed batch into the map.
+        *shared.published.lock() = rec.lsn;
         Core {
             stage: Stage {
                 shared: shared.clone(),
@@ -558,6 +641,10 @@ impl<F: Fs, I: Index> Core<F, I> {
         }
         // Published (or poisoned): nothing is pending any more.
         self.stage.pending = Arc::default();
+        if !self.log.wal.fits(4096) {
+            // A failure poisons the store; the batch is durable already.
+            let _ = self.log.seal();
+        }
     }
 
     /// Starts a new segment and hands the full one to the checkpointer.
@@ -573,6 +660,7 @@ impl<I: Index> Stage<I> {
         if Faults::take_panic(&self.faults) {
             panic!("injected writer panic");
         }
+        Faults::staging(&self.faults);
         if self.shared.poisoned.load(Ordering::SeqCst) {
             return Staged {
                 replies: batch
@@ -811,9 +899,9 @@ impl<'a> Marks<'a> {
 }
 
 impl<F: Fs, I: Index> Log<F, I> {
-    /// Writes and syncs a staged batch's frame, publishes its changes, then
-    /// answers its commands; batches must come in the order they were
-    /// staged. Gives back the frame buffer for reuse.
+    /// Writes, syncs, publishes and answers a staged batch (the inline
+    /// group commit); batches must come in the order they were staged.
+    /// Gives back the frame buffer for reuse.
     pub fn finish<R>(
         &mut self,
         staged: Staged<R>,
@@ -835,85 +923,48 @@ impl<F: Fs, I: Index> Log<F, I> {
             }
             return None;
         };
-        let fail = |replies: Vec<(R, _)>, answer: &mut dyn FnMut(R, _), e: &StoreError| {
-            for (r, _) in replies {
-                answer(r, Err(e.clone()));
+        match self.write(&mut buf) {
+            Ok(()) => {
+                self.shared
+                    .publish_batch(changes, lsn, disputed, due, replies.len());
+                for (r, res) in replies {
+                    answer(r, res);
+                }
             }
-        };
+            Err(e) => {
+                for (r, _) in replies {
+                    answer(r, Err(e.clone()));
+                }
+            }
+        }
+        Some(buf)
+    }
+
+    /// Writes and syncs one staged frame (the durable half of a group
+    /// commit). An error is final: the store is poisoned and nothing of the
+    /// frame may be answered as durable.
+    pub fn write(&mut self, buf: &mut [u8]) -> Result<(), StoreError> {
         // A batch staged after a failure was applied on top of changes
         // that never became durable: it is not written.
         if self.shared.poisoned.load(Ordering::SeqCst) {
-            fail(replies, &mut answer, &StoreError::Poisoned);
-            return Some(buf);
+            return Err(StoreError::Poisoned);
         }
         let started = Instant::now();
         // A frame goes whole into one segment: start the next one if the
         // preallocated space is short (an oversized frame extends the file).
-        if self.wal.bytes() > 0
-            && !self.wal.fits(buf.len())
-            && let Err(e) = self.seal()
-        {
+        if self.wal.bytes() > 0 && !self.wal.fits(buf.len()) {
             // The batch stops here: nothing of it was written.
-            fail(replies, &mut answer, &e);
-            return Some(buf);
+            self.seal()?;
         }
-        if let Err(e) = self.wal.append_sync(&mut buf) {
+        if let Err(e) = self.wal.append_sync(buf) {
             // Fail closed: never retry an fsync, never answer with a receipt.
             tracing::error!(error = %e, "log write failed; the store refuses writes until reopened");
             self.shared.poison();
-            fail(replies, &mut answer, &StoreError::Io(e.to_string()));
-            return Some(buf);
+            return Err(StoreError::Io(e.to_string()));
         }
-        self.shared.disputed.store(disputed, Ordering::SeqCst);
-        metrics::histogram!("settle_commit_batch_size").record(replies.len() as f64);
         metrics::histogram!("settle_commit_duration_seconds")
             .record(started.elapsed().as_secs_f64());
-        match Arc::try_unwrap(changes) {
-            // The writer has staged a later batch and let go of this one:
-            // keys and values move into the map (one lookup, no key copy).
-            Ok(owned) => {
-                for (k, v) in owned {
-                    self.publish(k, v, lsn);
-                }
-            }
-            Err(changes) => {
-                for (k, v) in changes.iter() {
-                    if let Some(mut s) = self.shared.map.get_mut(&k[..]) {
-                        s.lsn = lsn;
-                        s.value = v.clone();
-                        continue;
-                    }
-                    self.publish(k.clone(), v.clone(), lsn);
-                }
-            }
-        }
-        // After the states are in the map: a sweep that took the bound
-        // before this finds them there.
-        self.shared.due_in_memory.fetch_min(due, Ordering::SeqCst);
-        for (r, res) in replies {
-            answer(r, res);
-        }
-        if !self.wal.fits(4096) {
-            // A failure poisons the store; this batch is durable already.
-            let _ = self.seal();
-        }
-        Some(buf)
-    }
-    /// Puts the durable state `v` of entity `k` (written by batch `lsn`) into the map.
-    fn publish(&self, k: Box<[u8]>, v: Arc<Value>, lsn: u64) {
-        match self.shared.map.entry(k) {
-            dashmap::Entry::Occupied(mut e) => {
-                let s = e.get_mut();
-                s.lsn = lsn;
-                s.value = v;
-            }
-            dashmap::Entry::Vacant(e) => {
-                if e.key().first() == Some(&b'r') && self.shared.tracking.load(Ordering::SeqCst) {
-                    self.shared.new_record_keys.lock().new.push(e.key().clone());
-                }
-                e.insert(Slot { lsn, value: v });
-            }
-        }
+        Ok(())
     }
 
     /// A clean close: seals the last segment and lets the checkpointer
@@ -1057,22 +1108,49 @@ pub fn commands_in(m: &Msg) -> usize {
     }
 }
 
-/// What the writer hands the syncer.
+/// What the writer hands the log thread.
 pub enum SyncMsg {
-    Commit(Staged<Answer>),
+    /// Write and sync this frame; answer with [`Synced`].
+    Write(Vec<u8>),
     /// Seal the last segment, stop the checkpointer, drop the log.
     Close(std::sync::mpsc::Sender<()>),
 }
 
-/// The writer thread: gathers commands and stages group commits.
+/// The log thread's answer to a [`SyncMsg::Write`]: the frame buffer back,
+/// and whether the frame is durable.
+pub struct Synced {
+    pub buf: Vec<u8>,
+    pub result: Result<(), StoreError>,
+}
+
+/// A staged batch whose frame the log thread is writing: published and
+/// answered by the writer once it is durable.
+struct InFlight {
+    replies: Vec<(Answer, Result<Reply, StoreError>)>,
+    lsn: u64,
+    disputed: u64,
+    changes: Arc<Changes>,
+    due: u64,
+}
+
+/// The writer thread: gathers commands, stages group commits, and
+/// publishes and answers each once the log thread made it durable. One
+/// frame is in flight at a time: batch N+1 is applied while batch N is
+/// being synced, and N+1 goes to the disk as soon as N is durable, before
+/// N is published and answered.
+///
+/// Publishing and answering here, not on the log thread, keeps the
+/// critical path on one thread: the log thread only writes and syncs (and
+/// so sleeps in `fdatasync` and wakes at once), and a batch's records are
+/// put in the map by the thread that built them, while they are in its
+/// cache.
 pub struct Writer<I: Index> {
     pub stage: Stage<I>,
     pub rx: Receiver<Msg>,
-    /// To the syncer: a rendezvous channel, so at most one staged batch
-    /// waits while the syncer makes the one before it durable.
+    /// Frames to the log thread (at most one in flight).
     pub tx: Sender<SyncMsg>,
-    /// Frame buffers coming back from the syncer.
-    pub spare: Receiver<Vec<u8>>,
+    /// What the log thread made of each frame, in order.
+    pub synced: Receiver<Synced>,
 }
 
 impl<I: Index> Writer<I> {
@@ -1081,11 +1159,30 @@ impl<I: Index> Writer<I> {
         let shared = self.stage.shared.clone();
         let _alive = OnDrop(move || shared.writer_alive.store(false, Ordering::SeqCst));
         let mut batch: Vec<(TenantId, Command, Answer)> = Vec::with_capacity(self.stage.max_batch);
+        let mut inflight: Option<InFlight> = None;
         loop {
-            let first = match self.rx.recv_timeout(Duration::from_millis(200)) {
-                Ok(m) => m,
-                Err(RecvTimeoutError::Timeout) => continue,
-                Err(RecvTimeoutError::Disconnected) => return self.close(None),
+            // Commands, or the frame in flight becoming durable, whichever
+            // comes first.
+            let first = match inflight.take() {
+                Some(f) => crossbeam_channel::select! {
+                    recv(self.rx) -> m => {
+                        inflight = Some(f);
+                        m.ok()
+                    }
+                    recv(self.synced) -> s => {
+                        let _ = self.complete(f, s.ok());
+                        continue;
+                    }
+                },
+                None => match self.rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(m) => Some(m),
+                    Err(RecvTimeoutError::Timeout) => continue,
+                    Err(RecvTimeoutError::Disconnected) => None,
+                },
+            };
+            let Some(first) = first else {
+                self.drain(inflight.take());
+                return self.close(None);
             };
             let mut closing = None;
             let mut next = Some(first);
@@ -1104,19 +1201,88 @@ impl<I: Index> Writer<I> {
             }
             self.stage.shared.queued.fetch_sub(taken, Ordering::Relaxed);
             if !batch.is_empty() {
-                self.stage.spare.extend(self.spare.try_iter());
                 let staged = self.stage.stage(&mut batch);
-                if let Err(e) = self.tx.send(SyncMsg::Commit(staged)) {
-                    // The syncer is gone: nothing more can become durable.
-                    self.stage.shared.poison();
-                    if let SyncMsg::Commit(s) = e.0 {
-                        s.fail(StoreError::Closed);
-                    }
-                }
+                inflight = self.submit(staged, inflight.take());
             }
             if let Some(done) = closing {
+                self.drain(inflight.take());
                 return self.close(Some(done));
             }
+        }
+    }
+
+    /// Sends a staged batch's frame to the log thread once the frame in
+    /// flight (`prev`) is durable, then publishes and answers `prev`. Gives
+    /// back the new batch in flight. Batches become durable, visible and
+    /// answered in the order they were staged.
+    fn submit(&mut self, staged: Staged<Answer>, prev: Option<InFlight>) -> Option<InFlight> {
+        let Staged { replies, frame } = staged;
+        let prev = prev.map(|f| (f, self.synced.recv().ok()));
+        let Some(fr) = frame else {
+            // Nothing to write, but the answers may tell of the batch
+            // before (a replay of the receipt it wrote): they wait until it
+            // is durable, and fail with it.
+            let failed = prev.and_then(|(f, s)| self.complete(f, s).err());
+            for (r, res) in replies {
+                r.send(match &failed {
+                    Some(e) => Err(e.clone()),
+                    None => res,
+                });
+            }
+            return None;
+        };
+        let next = InFlight {
+            replies,
+            lsn: fr.lsn,
+            disputed: fr.disputed,
+            changes: fr.changes,
+            due: fr.due,
+        };
+        // If `prev` failed, the store is poisoned and the log thread
+        // refuses this frame too.
+        let next = match self.tx.send(SyncMsg::Write(fr.buf)) {
+            Ok(()) => Some(next),
+            Err(_) => {
+                // The log thread is gone: nothing more can become durable.
+                self.stage.shared.poison();
+                next.fail(StoreError::Closed);
+                None
+            }
+        };
+        if let Some((f, s)) = prev {
+            let _ = self.complete(f, s);
+        }
+        next
+    }
+
+    /// Publishes and answers a batch the log thread is done with; if it
+    /// did not become durable, answers every command with the error and
+    /// gives it back.
+    fn complete(&mut self, f: InFlight, synced: Option<Synced>) -> Result<(), StoreError> {
+        let Some(Synced { buf, result }) = synced else {
+            self.stage.shared.poison();
+            f.fail(StoreError::Closed);
+            return Err(StoreError::Closed);
+        };
+        self.stage.spare.push(buf);
+        if let Err(e) = result {
+            f.fail(e.clone());
+            return Err(e);
+        }
+        self.stage
+            .shared
+            .publish_batch(f.changes, f.lsn, f.disputed, f.due, f.replies.len());
+        for (r, res) in f.replies {
+            r.send(res);
+        }
+        Ok(())
+    }
+
+    /// Waits for the frame in flight, if any, and answers it.
+    fn drain(&mut self, inflight: Option<InFlight>) {
+        if let Some(f) = inflight {
+            let s = self.synced.recv().ok();
+            let _ = self.complete(f, s);
         }
     }
 
@@ -1132,11 +1298,8 @@ impl<I: Index> Writer<I> {
         self.stage.shared.queued.fetch_sub(taken, Ordering::Relaxed);
         if !rest.is_empty() {
             let staged = self.stage.stage(&mut rest);
-            if let Err(e) = self.tx.send(SyncMsg::Commit(staged))
-                && let SyncMsg::Commit(s) = e.0
-            {
-                s.fail(StoreError::Closed);
-            }
+            let last = self.submit(staged, None);
+            self.drain(last);
         }
         let (tx, rx) = std::sync::mpsc::channel();
         if self.tx.send(SyncMsg::Close(tx)).is_ok() {
@@ -1151,7 +1314,7 @@ impl<I: Index> Writer<I> {
     }
 }
 
-impl Staged<Answer> {
+impl InFlight {
     /// Answers every command with `e`.
     fn fail(self, e: StoreError) {
         for (r, _) in self.replies {
@@ -1160,23 +1323,31 @@ impl Staged<Answer> {
     }
 }
 
-/// The syncer thread: makes staged batches durable and answers them, in order.
+/// The log thread: writes and syncs the writer's frames, in order, and
+/// seals full segments.
 pub struct Syncer<F: Fs, I: Index> {
     pub log: Log<F, I>,
     pub rx: Receiver<SyncMsg>,
-    pub spare: Sender<Vec<u8>>,
+    pub synced: Sender<Synced>,
 }
 
 impl<F: Fs, I: Index> Syncer<F, I> {
-    /// The syncer thread's loop.
+    /// The log thread's loop.
     pub fn run(mut self) {
         let shared = self.log.shared.clone();
         let _alive = OnDrop(move || shared.writer_alive.store(false, Ordering::SeqCst));
         while let Ok(m) = self.rx.recv() {
             match m {
-                SyncMsg::Commit(staged) => {
-                    if let Some(buf) = self.log.finish(staged, Answer::send) {
-                        let _ = self.spare.try_send(buf);
+                SyncMsg::Write(mut buf) => {
+                    let result = self.log.write(&mut buf);
+                    if result.is_ok() && !self.log.wal.fits(4096) {
+                        // A failure poisons the store; this frame is durable
+                        // already. The checkpointer evicts the segment's
+                        // records once the writer published its last batch.
+                        let _ = self.log.seal();
+                    }
+                    if self.synced.send(Synced { buf, result }).is_err() {
+                        return;
                     }
                 }
                 SyncMsg::Close(done) => {
@@ -1355,7 +1526,13 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
             .map_err(io_err)?;
         self.fs.sync_dir(&self.wal_dir).map_err(io_err)?;
         Faults::step(&self.faults, CheckpointStep::SegmentDeleted);
-        self.evict(&taken);
+        // The log thread seals a segment as soon as its last frame is
+        // durable; the writer publishes that batch a moment later. Evicting
+        // before then would keep the state it is about to publish in memory
+        // for good (an eviction matches each key's batch).
+        if self.shared.wait_published(meta.checkpoint_lsn) {
+            self.evict(&taken);
+        }
         self.meta = meta;
         tracing::debug!(entities = taken.len(), seq, "checkpoint ingested");
         Ok(())

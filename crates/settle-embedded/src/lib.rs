@@ -252,14 +252,14 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             .spawn(move || ckpt.run(crx))
             .map_err(io)?;
         let Core { stage, log, .. } = core;
-        // Rendezvous: the writer stages batch N+1 while the syncer makes
-        // batch N durable, never further ahead.
-        let (stx, srx) = crossbeam_channel::bounded(0);
-        let (spare_tx, spare_rx) = crossbeam_channel::bounded(4);
+        // One frame in flight: the writer stages batch N+1 while the log
+        // thread makes batch N durable, never further ahead.
+        let (stx, srx) = crossbeam_channel::bounded(1);
+        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
         let syncer = Syncer {
             log,
             rx: srx,
-            spare: spare_tx,
+            synced: done_tx,
         };
         let sy = std::thread::Builder::new()
             .name("settle-sync".into())
@@ -269,7 +269,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             stage,
             rx,
             tx: stx,
-            spare: spare_rx,
+            synced: done_rx,
         };
         let wr = std::thread::Builder::new()
             .name("settle-writer".into())

@@ -38,6 +38,12 @@ struct Gate {
     /// A checkpoint is waiting at the gate.
     holding: bool,
     writer_waiting: bool,
+    /// Log syncs wait at the gate ([`Faults::hold_syncs`]).
+    syncs_held: bool,
+    /// A sync is waiting at the gate.
+    sync_holding: bool,
+    /// Batches the writer began to stage.
+    staged: u64,
 }
 
 /// Fault injection for tests: each flag fails the next matching call once.
@@ -122,6 +128,52 @@ impl Faults {
         if let Some(f) = faults {
             f.gate.lock().writer_waiting = waiting;
             f.changed.notify_all();
+        }
+    }
+    /// Log syncs (after their write, before the `fdatasync`) wait until
+    /// [`Faults::release_syncs`].
+    pub fn hold_syncs(&self) {
+        self.gate.lock().syncs_held = true;
+    }
+    /// Lets held syncs go on.
+    pub fn release_syncs(&self) {
+        self.gate.lock().syncs_held = false;
+        self.changed.notify_all();
+    }
+    /// Blocks until a sync waits at the gate (`true`), or syncs are released (`false`).
+    pub fn wait_for_held_sync(&self) -> bool {
+        let mut g = self.gate.lock();
+        while !g.sync_holding && g.syncs_held {
+            self.changed.wait(&mut g);
+        }
+        g.sync_holding
+    }
+    /// Batches the writer began to stage so far.
+    pub fn staged(&self) -> u64 {
+        self.gate.lock().staged
+    }
+    /// Blocks until the writer began to stage `n` batches in all.
+    pub fn wait_for_staged(&self, n: u64) {
+        let mut g = self.gate.lock();
+        while g.staged < n {
+            self.changed.wait(&mut g);
+        }
+    }
+    pub(crate) fn staging(faults: &Option<Arc<Faults>>) {
+        if let Some(f) = faults {
+            f.gate.lock().staged += 1;
+            f.changed.notify_all();
+        }
+    }
+    fn before_sync(&self) {
+        let mut g = self.gate.lock();
+        if g.syncs_held {
+            g.sync_holding = true;
+            self.changed.notify_all();
+            while g.syncs_held {
+                self.changed.wait(&mut g);
+            }
+            g.sync_holding = false;
         }
     }
     /// The checkpoint delay faults: a fixed delay, then the hold.
@@ -339,10 +391,11 @@ impl<F: Fs> Wal<F> {
             }
         }
         self.file.write_at(buf, self.bytes)?;
-        if let Some(f) = &self.faults
-            && Faults::take(&f.fail_sync)
-        {
-            return Err(injected("fdatasync"));
+        if let Some(f) = &self.faults {
+            f.before_sync();
+            if Faults::take(&f.fail_sync) {
+                return Err(injected("fdatasync"));
+            }
         }
         self.file.sync_data()?;
         if let Some(f) = &self.faults {

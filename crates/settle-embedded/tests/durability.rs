@@ -227,6 +227,67 @@ async fn failed_fsync_fails_closed_and_never_answers_with_a_receipt() {
     assert_eq!(get(&store, "k").await.unwrap().receipt, Some(rc));
 }
 
+/// A claim staged while the settle before it is being synced reads the
+/// settle's receipt (not durable yet) and changes nothing, so it has no
+/// frame of its own. If that sync fails, the claim must fail with it: a
+/// replay of a receipt that never became durable is a receipt that lies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_of_a_receipt_whose_sync_failed_is_never_answered() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::system();
+    let faults = Arc::new(Faults::default());
+    let store =
+        EmbeddedStore::open(dir.path(), opts(&clock, 1 << 20, Some(faults.clone()))).unwrap();
+    let f = match store
+        .execute(&tenant(), claim("k", 1, binding("alice", 0)))
+        .await
+        .unwrap()
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("{other:?}"),
+    };
+    faults.hold_syncs();
+    faults.fail_sync.store(true, Ordering::SeqCst);
+    let staged = faults.staged();
+    let settling = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .execute(
+                    &tenant(),
+                    settle("k", f, 1, binding("alice", 0), completed(1)),
+                )
+                .await
+        })
+    };
+    // The settle is written and waits for its fdatasync.
+    assert!(faults.wait_for_held_sync());
+    let replaying = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .execute(&tenant(), claim("k", 1, binding("alice", 0)))
+                .await
+        })
+    };
+    // The claim is staged on top of the settle (and reads its receipt).
+    {
+        let faults = faults.clone();
+        tokio::task::spawn_blocking(move || faults.wait_for_staged(staged + 2))
+            .await
+            .unwrap();
+    }
+    faults.release_syncs();
+    let settled = settling.await.unwrap();
+    assert!(matches!(settled, Err(StoreError::Io(_))), "{settled:?}");
+    let replay = replaying.await.unwrap();
+    assert!(
+        replay.is_err(),
+        "a claim answered from a batch that never became durable: {replay:?}"
+    );
+    store.close();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_write_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
