@@ -9,8 +9,9 @@
 //!    and hands it to the syncer, which `write`s it and `fdatasync`s it
 //!    while the writer applies the next batch (batches in order, one frame
 //!    at most written and not yet durable).
-//! 3. Only then does the syncer publish the new states to the durable map
-//!    (which readers see) and answer every caller.
+//! 3. Only then does the writer publish the new states to the durable map
+//!    (which readers see) and answer every caller; the next frame is on its
+//!    way to the disk meanwhile.
 //! 4. When a segment is full it seals it; the checkpointer writes every
 //!    entity changed in it into the index, makes that durable, deletes the
 //!    segment and evicts terminal records from memory.
@@ -1036,8 +1037,8 @@ pub struct Gather {
     reply: Option<BatchTx>,
 }
 
-/// Whom the writer answers for one command (answers are given on the
-/// syncer thread, hence the mutex).
+/// Whom the writer answers for one command (the parts of a batch message
+/// share its [`Gather`]; inline, answers are given on the caller's thread).
 pub enum Answer {
     One(ReplyTx),
     Part(usize, Arc<parking_lot::Mutex<Gather>>),

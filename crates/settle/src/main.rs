@@ -79,8 +79,9 @@ enum Cmd {
 }
 
 /// mimalloc instead of the system allocator: in the embedded store, values
-/// allocated on the writer thread are freed on the syncer's and the
-/// checkpointer's, and per-thread free lists make that cheap (glibc's
+/// allocated on the writer thread are freed on the checkpointer's (and
+/// commands parsed on the server's threads on the writer's), and
+/// per-thread free lists make that cheap (glibc's
 /// malloc/free were about a tenth of the CPU of a pair in the profile; see
 /// docs/performance.md).
 #[global_allocator]
