@@ -22,7 +22,7 @@
 //! checkpointer), [`crate::InlineStore`] from the caller's thread
 //! (deterministic, for power-loss tests and simulation).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::hash::BuildHasher;
 use std::ops::Bound;
 use std::path::PathBuf;
@@ -273,7 +273,7 @@ impl<I: Index> Shared<I> {
         limits: Limits,
     ) -> Self {
         let mut leased = HashSet::default();
-        let mut marks = Marks::new(&mut leased);
+        let mut marks = Marks::new(&mut leased, u64::MAX);
         for s in map.iter() {
             if let Value::Record(r) = &*s.value {
                 marks.note(s.key(), false, Some(r));
@@ -550,9 +550,10 @@ pub struct Stage<I: Index> {
     pub principals: HashMap<Box<[u8]>, PrincipalState, Hasher>,
     /// The batch's changes; they become the frame's entries as they are.
     pub overlay: Changes,
-    /// The changes of the batch staged last, until they are in `map`
-    /// (published once durable): the next batch reads them from here.
-    pub pending: Arc<Changes>,
+    /// The changes of the batches staged and not yet in `map` (published
+    /// once durable), oldest first, with their batch numbers: later
+    /// batches read them from here, newest first.
+    pub pending: std::collections::VecDeque<(u64, Arc<Changes>)>,
     /// Frame buffers handed back by the log, reused.
     pub spare: Vec<Vec<u8>>,
     /// Where principal keys are built for a lookup, reused.
@@ -570,6 +571,36 @@ pub struct Log<F: Fs, I: Index> {
     pub wal: Wal<F>,
     pub sealed: SealSink,
     pub faults: Option<Arc<Faults>>,
+}
+
+/// A batch being gathered: its commands applied as they came, its
+/// changes in [`Stage::overlay`], its frame not encoded yet.
+pub struct Gathering<R> {
+    replies: Vec<(R, Result<Reply, StoreError>)>,
+    /// Records marked disputed, store-wide, as of the last command applied.
+    disputed: i64,
+    /// The earliest expiry of a terminal record written (`u64::MAX`: none).
+    due: u64,
+}
+
+impl<R> Default for Gathering<R> {
+    fn default() -> Self {
+        Gathering {
+            replies: Vec::new(),
+            disputed: 0,
+            due: u64::MAX,
+        }
+    }
+}
+
+impl<R> Gathering<R> {
+    /// Commands applied so far.
+    pub fn len(&self) -> usize {
+        self.replies.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.replies.is_empty()
+    }
 }
 
 /// A batch applied and encoded, waiting to be made durable and answered.
@@ -613,7 +644,7 @@ impl<F: Fs, I: Index> Core<F, I> {
                 max_batch: max_batch.max(1),
                 principals: HashMap::default(),
                 overlay: HashMap::default(),
-                pending: Arc::default(),
+                pending: Default::default(),
                 spare: Vec::new(),
                 key_buf: Vec::new(),
                 faults: faults.clone(),
@@ -641,7 +672,7 @@ impl<F: Fs, I: Index> Core<F, I> {
             self.stage.spare.push(buf);
         }
         // Published (or poisoned): nothing is pending any more.
-        self.stage.pending = Arc::default();
+        self.stage.pending.clear();
         if !self.log.wal.fits(4096) {
             // A failure poisons the store; the batch is durable already.
             let _ = self.log.seal();
@@ -658,39 +689,62 @@ impl<I: Index> Stage<I> {
     /// Applies every command of `batch` in order and encodes the frame of
     /// what changed. Nothing is written and nobody is answered yet.
     pub fn stage<R>(&mut self, batch: &mut Vec<(TenantId, Command, R)>) -> Staged<R> {
+        let mut g = self.begin(batch.len());
+        for (tenant, cmd, r) in batch.drain(..) {
+            self.apply(&mut g, &tenant, &cmd, r);
+        }
+        self.end(g)
+    }
+
+    /// Starts a batch; its commands are applied one by one as they come
+    /// ([`Stage::apply`]), then [`Stage::end`] encodes its frame.
+    pub fn begin<R>(&self, capacity: usize) -> Gathering<R> {
+        Gathering {
+            replies: Vec::with_capacity(capacity),
+            disputed: self.disputed as i64,
+            due: u64::MAX,
+        }
+    }
+
+    /// Applies one command to the batch being gathered, against the
+    /// latest state: the batch's own changes, the batches staged before
+    /// it, the durable map, the index.
+    pub fn apply<R>(&mut self, g: &mut Gathering<R>, tenant: &TenantId, cmd: &Command, r: R) {
         if Faults::take_panic(&self.faults) {
             panic!("injected writer panic");
         }
-        Faults::staging(&self.faults);
+        Faults::applying(&self.faults);
         if self.shared.poisoned.load(Ordering::SeqCst) {
-            return Staged {
-                replies: batch
-                    .drain(..)
-                    .map(|(_, _, r)| (r, Err(StoreError::Poisoned)))
-                    .collect(),
-                frame: None,
-            };
+            g.replies.push((r, Err(StoreError::Poisoned)));
+            return;
         }
         let now = self.shared.now();
         let mut overlay = std::mem::take(&mut self.overlay);
-        let capacity = overlay.capacity();
-        let mut replies = Vec::with_capacity(batch.len());
-        let mut disputed = self.disputed as i64;
         let shared = self.shared.clone();
         let mut leased = shared.leased.lock();
-        let mut marks = Marks::new(&mut leased);
-        for (tenant, cmd, r) in batch.drain(..) {
-            let res = self.apply_one(&tenant, &cmd, now, &mut overlay, &mut disputed, &mut marks);
-            replies.push((r, res));
-        }
-        let due = marks.due;
+        let mut marks = Marks::new(&mut leased, g.due);
+        let res = self.apply_one(tenant, cmd, now, &mut overlay, &mut g.disputed, &mut marks);
+        g.due = marks.due;
         drop(leased);
-        let frame = (!overlay.is_empty()).then(|| {
+        self.overlay = overlay;
+        g.replies.push((r, res));
+    }
+
+    /// Ends the batch being gathered: encodes the frame of what changed
+    /// (none if nothing did). Nothing is written and nobody is answered yet.
+    pub fn end<R>(&mut self, g: Gathering<R>) -> Staged<R> {
+        let Gathering {
+            replies,
+            disputed,
+            due,
+        } = g;
+        let frame = (!self.overlay.is_empty()).then(|| {
             let lsn = self.lsn + 1;
             let disputed = disputed.max(0) as u64;
             // The next batch starts a map of the same size.
+            let capacity = self.overlay.capacity();
             let changes = std::mem::replace(
-                &mut overlay,
+                &mut self.overlay,
                 HashMap::with_capacity_and_hasher(capacity, Hasher::default()),
             );
             // Each value is encoded once, straight into the frame; the
@@ -715,7 +769,7 @@ impl<I: Index> Stage<I> {
             self.lsn = lsn;
             self.disputed = disputed;
             let changes = Arc::new(changes);
-            self.pending = changes.clone();
+            self.pending.push_back((lsn, changes.clone()));
             StagedFrame {
                 buf,
                 lsn,
@@ -724,17 +778,19 @@ impl<I: Index> Stage<I> {
                 due,
             }
         });
-        self.overlay = overlay;
         Staged { replies, frame }
     }
 
     /// What `f` makes of the latest state of an entity outside the batch
-    /// being applied: the batch staged before it (maybe not durable yet),
-    /// else the durable state. `f` borrows the value, so nothing is cloned
-    /// that the command does not need.
+    /// being applied: the batches staged before it and not yet published
+    /// (maybe not durable yet), newest first, else the durable state. `f`
+    /// borrows the value, so nothing is cloned that the command does not
+    /// need.
     fn load_with<T>(&self, k: &[u8], f: impl FnOnce(&Value) -> T) -> Result<Option<T>, StoreError> {
-        if let Some(v) = self.pending.get(k) {
-            return Ok(Some(f(v)));
+        for (_, changes) in self.pending.iter().rev() {
+            if let Some(v) = changes.get(k) {
+                return Ok(Some(f(v)));
+            }
         }
         self.shared.load_with(k, f)
     }
@@ -878,11 +934,9 @@ pub struct Marks<'a> {
 }
 
 impl<'a> Marks<'a> {
-    fn new(leased: &'a mut HashSet<Box<[u8]>, Hasher>) -> Self {
-        Marks {
-            leased,
-            due: u64::MAX,
-        }
+    /// Marks going on from `due`, the earliest expiry noted so far.
+    fn new(leased: &'a mut HashSet<Box<[u8]>, Hasher>, due: u64) -> Self {
+        Marks { leased, due }
     }
 
     /// Record `k` was in a state holding an open lease (`was_leased`) and is now `now`.
@@ -1069,37 +1123,6 @@ impl Answer {
     }
 }
 
-/// Adds a message's commands to the batch being gathered; a `Close`
-/// gives back whom to tell when the store is closed.
-fn gather(
-    batch: &mut Vec<(TenantId, Command, Answer)>,
-    m: Msg,
-) -> Option<std::sync::mpsc::Sender<()>> {
-    match m {
-        Msg::Exec { tenant, cmd, reply } => batch.push((tenant, cmd, Answer::One(reply))),
-        Msg::Batch {
-            tenant,
-            cmds,
-            reply,
-        } => {
-            if cmds.is_empty() {
-                let _ = reply.send(Vec::new());
-                return None;
-            }
-            let g = Arc::new(parking_lot::Mutex::new(Gather {
-                results: (0..cmds.len()).map(|_| None).collect(),
-                missing: cmds.len(),
-                reply: Some(reply),
-            }));
-            for (i, cmd) in cmds.into_iter().enumerate() {
-                batch.push((tenant.clone(), cmd, Answer::Part(i, g.clone())));
-            }
-        }
-        Msg::Close(done) => return Some(done),
-    }
-    None
-}
-
 /// How many commands a message carries (for the admission count).
 pub fn commands_in(m: &Msg) -> usize {
     match m {
@@ -1124,21 +1147,36 @@ pub struct Synced {
     pub result: Result<(), StoreError>,
 }
 
+/// Frames the writer hands the log thread before the oldest is durable:
+/// the next one waits at the log thread, so it is written as soon as the
+/// `fdatasync` before it returns, without waiting for the writer to be
+/// scheduled; commands that come meanwhile are applied into the batch
+/// after it, sent when the oldest is durable. The log thread still writes
+/// a frame only after the one before it is durable. (One in flight: 8 %
+/// fewer pairs/s at 1,024 in flight; sending each batch as soon as a
+/// command came, rather than gathering until the disk is free: a third
+/// fewer at 64. docs/performance.md, "Sixth round".)
+pub const IN_FLIGHT: usize = 2;
+
 /// A staged batch whose frame the log thread is writing: published and
 /// answered by the writer once it is durable.
 struct InFlight {
     replies: Vec<(Answer, Result<Reply, StoreError>)>,
+    /// The answers of batches staged after it that changed nothing: given
+    /// after its own, or failed with it.
+    after: Vec<(Answer, Result<Reply, StoreError>)>,
     lsn: u64,
     disputed: u64,
     changes: Arc<Changes>,
     due: u64,
 }
 
-/// The writer thread: gathers commands, stages group commits, and
-/// publishes and answers each once the log thread made it durable. One
-/// frame is in flight at a time: batch N+1 is applied while batch N is
-/// being synced, and N+1 goes to the disk as soon as N is durable, before
-/// N is published and answered.
+/// The writer thread: applies each command as it comes into the batch
+/// being gathered, sends the batch's frame to the log thread when fewer
+/// than [`IN_FLIGHT`] are there (so commands that come while the disk is
+/// busy share the next sync), and publishes and answers each batch once
+/// the log thread made it durable. The next frame goes to the disk before
+/// the durable batch is published and answered.
 ///
 /// Publishing and answering here, not on the log thread, keeps the
 /// critical path on one thread: the log thread only writes and syncs (and
@@ -1148,7 +1186,7 @@ struct InFlight {
 pub struct Writer<I: Index> {
     pub stage: Stage<I>,
     pub rx: Receiver<Msg>,
-    /// Frames to the log thread (at most one in flight).
+    /// Frames to the log thread (at most [`IN_FLIGHT`]).
     pub tx: Sender<SyncMsg>,
     /// What the log thread made of each frame, in order.
     pub synced: Receiver<Synced>,
@@ -1159,149 +1197,206 @@ impl<I: Index> Writer<I> {
     pub fn run(mut self) {
         let shared = self.stage.shared.clone();
         let _alive = OnDrop(move || shared.writer_alive.store(false, Ordering::SeqCst));
-        let mut batch: Vec<(TenantId, Command, Answer)> = Vec::with_capacity(self.stage.max_batch);
-        let mut inflight: Option<InFlight> = None;
+        let max = self.stage.max_batch;
+        let mut gathering = self.stage.begin(max);
+        let mut inflight: VecDeque<InFlight> = VecDeque::with_capacity(IN_FLIGHT);
         loop {
-            // Commands, or the frame in flight becoming durable, whichever
-            // comes first.
-            let first = match inflight.take() {
-                Some(f) => crossbeam_channel::select! {
-                    recv(self.rx) -> m => {
-                        inflight = Some(f);
-                        m.ok()
-                    }
-                    recv(self.synced) -> s => {
-                        let _ = self.complete(f, s.ok());
-                        continue;
-                    }
-                },
-                None => match self.rx.recv_timeout(Duration::from_millis(200)) {
-                    Ok(m) => Some(m),
+            // Commands (while the batch has room), or a frame in flight
+            // becoming durable, whichever comes first.
+            let taking = gathering.len() < max;
+            let event = if inflight.is_empty() {
+                match self.rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(m) => Event::Msg(Some(m)),
                     Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => None,
-                },
-            };
-            let Some(first) = first else {
-                self.drain(inflight.take());
-                return self.close(None);
+                    Err(RecvTimeoutError::Disconnected) => Event::Msg(None),
+                }
+            } else if taking {
+                crossbeam_channel::select! {
+                    recv(self.rx) -> m => Event::Msg(m.ok()),
+                    recv(self.synced) -> s => Event::Synced(s.ok()),
+                }
+            } else {
+                Event::Synced(self.synced.recv().ok())
             };
             let mut closing = None;
-            let mut next = Some(first);
-            let mut taken = 0;
-            while let Some(m) = next.take() {
-                taken += commands_in(&m);
-                if let Some(done) = gather(&mut batch, m) {
-                    closing = Some(done);
-                    break;
+            match event {
+                Event::Msg(None) => {
+                    self.flush(&mut gathering, &mut inflight);
+                    self.drain(&mut inflight);
+                    return self.close(None);
                 }
-                // A batch message is never split: it may take the group
-                // commit past `max_batch`.
-                if batch.len() < self.stage.max_batch {
-                    next = self.rx.try_recv().ok();
+                Event::Msg(Some(first)) => {
+                    let mut next = Some(first);
+                    let mut taken = 0;
+                    while let Some(m) = next.take() {
+                        taken += commands_in(&m);
+                        if let Some(done) = self.take(&mut gathering, m) {
+                            closing = Some(done);
+                            break;
+                        }
+                        // A batch message is never split: it may take the
+                        // group commit past `max_batch`.
+                        if gathering.len() < max {
+                            next = self.rx.try_recv().ok();
+                        }
+                    }
+                    self.stage.shared.queued.fetch_sub(taken, Ordering::Relaxed);
+                }
+                Event::Synced(s) => {
+                    // The batch gathered meanwhile goes to the disk before
+                    // the durable one is published and answered, so the
+                    // disk works while the writer does.
+                    if !gathering.is_empty() {
+                        self.send(&mut gathering, &mut inflight);
+                    }
+                    let done = inflight
+                        .pop_front()
+                        .expect("a completion comes only for a frame in flight");
+                    self.complete(done, s);
                 }
             }
-            self.stage.shared.queued.fetch_sub(taken, Ordering::Relaxed);
-            if !batch.is_empty() {
-                let staged = self.stage.stage(&mut batch);
-                inflight = self.submit(staged, inflight.take());
+            if inflight.len() < IN_FLIGHT && !gathering.is_empty() {
+                self.send(&mut gathering, &mut inflight);
             }
             if let Some(done) = closing {
-                self.drain(inflight.take());
+                self.flush(&mut gathering, &mut inflight);
+                self.drain(&mut inflight);
                 return self.close(Some(done));
             }
         }
     }
 
-    /// Sends a staged batch's frame to the log thread once the frame in
-    /// flight (`prev`) is durable, then publishes and answers `prev`. Gives
-    /// back the new batch in flight. Batches become durable, visible and
-    /// answered in the order they were staged.
-    fn submit(&mut self, staged: Staged<Answer>, prev: Option<InFlight>) -> Option<InFlight> {
-        let Staged { replies, frame } = staged;
-        let prev = prev.map(|f| (f, self.synced.recv().ok()));
-        let Some(fr) = frame else {
-            // Nothing to write, but the answers may tell of the batch
-            // before (a replay of the receipt it wrote): they wait until it
-            // is durable, and fail with it.
-            let failed = prev.and_then(|(f, s)| self.complete(f, s).err());
-            for (r, res) in replies {
-                r.send(match &failed {
-                    Some(e) => Err(e.clone()),
-                    None => res,
-                });
+    /// Applies a message's commands to the batch being gathered; a
+    /// `Close` gives back whom to tell when the store is closed.
+    fn take(&mut self, g: &mut Gathering<Answer>, m: Msg) -> Option<std::sync::mpsc::Sender<()>> {
+        match m {
+            Msg::Exec { tenant, cmd, reply } => {
+                self.stage.apply(g, &tenant, &cmd, Answer::One(reply));
             }
-            return None;
+            Msg::Batch {
+                tenant,
+                cmds,
+                reply,
+            } => {
+                if cmds.is_empty() {
+                    let _ = reply.send(Vec::new());
+                    return None;
+                }
+                let parts = Arc::new(parking_lot::Mutex::new(Gather {
+                    results: (0..cmds.len()).map(|_| None).collect(),
+                    missing: cmds.len(),
+                    reply: Some(reply),
+                }));
+                for (i, cmd) in cmds.iter().enumerate() {
+                    self.stage
+                        .apply(g, &tenant, cmd, Answer::Part(i, parts.clone()));
+                }
+            }
+            Msg::Close(done) => return Some(done),
+        }
+        None
+    }
+
+    /// Ends the batch gathered so far and sends its frame to the log
+    /// thread. A batch that changed nothing is not written: it is answered
+    /// once every frame before it is durable (its answers may tell of
+    /// those frames' changes: a replay of a receipt one wrote), and fails
+    /// with them.
+    fn send(&mut self, g: &mut Gathering<Answer>, inflight: &mut VecDeque<InFlight>) {
+        // The next batch begins from what this one ends with (the disputed count).
+        let ended = std::mem::take(g);
+        let Staged { replies, frame } = self.stage.end(ended);
+        *g = self.stage.begin(self.stage.max_batch);
+        let Some(fr) = frame else {
+            match inflight.back_mut() {
+                Some(last) => last.after.extend(replies),
+                // Nothing in flight: everything it read is durable.
+                None => {
+                    for (r, res) in replies {
+                        r.send(res);
+                    }
+                }
+            }
+            return;
         };
         let next = InFlight {
             replies,
+            after: Vec::new(),
             lsn: fr.lsn,
             disputed: fr.disputed,
             changes: fr.changes,
             due: fr.due,
         };
-        // If `prev` failed, the store is poisoned and the log thread
-        // refuses this frame too.
-        let next = match self.tx.send(SyncMsg::Write(fr.buf)) {
-            Ok(()) => Some(next),
+        // If a frame before failed, the store is poisoned and the log
+        // thread refuses this one too.
+        match self.tx.send(SyncMsg::Write(fr.buf)) {
+            Ok(()) => inflight.push_back(next),
             Err(_) => {
                 // The log thread is gone: nothing more can become durable.
                 self.stage.shared.poison();
+                self.stage.pending.retain(|(l, _)| *l != next.lsn);
                 next.fail(StoreError::Closed);
-                None
             }
-        };
-        if let Some((f, s)) = prev {
-            let _ = self.complete(f, s);
         }
-        next
     }
 
-    /// Publishes and answers a batch the log thread is done with; if it
-    /// did not become durable, answers every command with the error and
-    /// gives it back.
-    fn complete(&mut self, f: InFlight, synced: Option<Synced>) -> Result<(), StoreError> {
+    /// Publishes and answers a frame the log thread is done with (the
+    /// oldest in flight), then the batches that changed nothing staged
+    /// after it; if it did not become durable, answers them all with the
+    /// error.
+    fn complete(&mut self, f: InFlight, synced: Option<Synced>) {
+        // Its changes leave `pending` first: published, they are read from
+        // the map (and move there without a copy).
+        let (lsn, _) = self
+            .stage
+            .pending
+            .pop_front()
+            .expect("every frame in flight is pending");
+        assert_eq!(lsn, f.lsn, "frames complete in the order they were staged");
         let Some(Synced { buf, result }) = synced else {
             self.stage.shared.poison();
-            f.fail(StoreError::Closed);
-            return Err(StoreError::Closed);
+            return f.fail(StoreError::Closed);
         };
         self.stage.spare.push(buf);
         if let Err(e) = result {
-            f.fail(e.clone());
-            return Err(e);
+            return f.fail(e);
         }
         self.stage
             .shared
             .publish_batch(f.changes, f.lsn, f.disputed, f.due, f.replies.len());
-        for (r, res) in f.replies {
+        for (r, res) in f.replies.into_iter().chain(f.after) {
             r.send(res);
         }
-        Ok(())
     }
 
-    /// Waits for the frame in flight, if any, and answers it.
-    fn drain(&mut self, inflight: Option<InFlight>) {
-        if let Some(f) = inflight {
+    /// Sends what was gathered, if anything.
+    fn flush(&mut self, g: &mut Gathering<Answer>, inflight: &mut VecDeque<InFlight>) {
+        if !g.is_empty() {
+            self.send(g, inflight);
+        }
+    }
+
+    /// Waits for every frame in flight and answers it.
+    fn drain(&mut self, inflight: &mut VecDeque<InFlight>) {
+        while let Some(f) = inflight.pop_front() {
             let s = self.synced.recv().ok();
-            let _ = self.complete(f, s);
+            self.complete(f, s);
         }
     }
 
     fn close(mut self, done: Option<std::sync::mpsc::Sender<()>>) {
         // Answer anything still queued, then checkpoint what is durable.
-        let mut rest = Vec::new();
+        let mut g = self.stage.begin(0);
         let mut taken = 0;
         while let Ok(m) = self.rx.try_recv() {
             taken += commands_in(&m);
             // A second close has nobody waiting for it.
-            let _ = gather(&mut rest, m);
+            let _ = self.take(&mut g, m);
         }
         self.stage.shared.queued.fetch_sub(taken, Ordering::Relaxed);
-        if !rest.is_empty() {
-            let staged = self.stage.stage(&mut rest);
-            let last = self.submit(staged, None);
-            self.drain(last);
-        }
+        let mut inflight = VecDeque::new();
+        self.flush(&mut g, &mut inflight);
+        self.drain(&mut inflight);
         let (tx, rx) = std::sync::mpsc::channel();
         if self.tx.send(SyncMsg::Close(tx)).is_ok() {
             let _ = rx.recv();
@@ -1315,10 +1410,18 @@ impl<I: Index> Writer<I> {
     }
 }
 
+/// What woke the writer.
+enum Event {
+    /// A message (`None`: every sender is gone).
+    Msg(Option<Msg>),
+    /// The log thread is done with the oldest frame in flight (`None`: it is gone).
+    Synced(Option<Synced>),
+}
+
 impl InFlight {
     /// Answers every command with `e`.
     fn fail(self, e: StoreError) {
-        for (r, _) in self.replies {
+        for (r, _) in self.replies.into_iter().chain(self.after) {
             r.send(Err(e.clone()));
         }
     }

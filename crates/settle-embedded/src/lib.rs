@@ -252,10 +252,12 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             .spawn(move || ckpt.run(crx))
             .map_err(io)?;
         let Core { stage, log, .. } = core;
-        // One frame in flight: the writer stages batch N+1 while the log
-        // thread makes batch N durable, never further ahead.
-        let (stx, srx) = crossbeam_channel::bounded(1);
-        let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+        // The writer gathers the next batch while the log thread makes the
+        // last durable; `IN_FLIGHT` frames wait there at most (and one more
+        // for a moment: the writer sends the next before it handles a
+        // completion).
+        let (stx, srx) = crossbeam_channel::bounded(engine::IN_FLIGHT);
+        let (done_tx, done_rx) = crossbeam_channel::bounded(engine::IN_FLIGHT);
         let syncer = Syncer {
             log,
             rx: srx,

@@ -42,8 +42,8 @@ struct Gate {
     syncs_held: bool,
     /// A sync is waiting at the gate.
     sync_holding: bool,
-    /// Batches the writer began to stage.
-    staged: u64,
+    /// Commands the writer began to apply.
+    applied: u64,
 }
 
 /// Fault injection for tests: each flag fails the next matching call once.
@@ -73,7 +73,7 @@ pub struct Faults {
     /// is skipped when released) and `close` does not seal the last
     /// segment: the log stays as a crash would leave it.
     pub halt_checkpoints: AtomicBool,
-    /// The writer thread panics at its next batch.
+    /// The writer thread panics at the next command it applies.
     pub panic_writer: AtomicBool,
     /// Called at each step of each checkpoint (to cut a simulated power there).
     pub checkpoint_hook: Mutex<Option<Hook>>,
@@ -148,20 +148,20 @@ impl Faults {
         }
         g.sync_holding
     }
-    /// Batches the writer began to stage so far.
-    pub fn staged(&self) -> u64 {
-        self.gate.lock().staged
+    /// Commands the writer began to apply so far.
+    pub fn applied(&self) -> u64 {
+        self.gate.lock().applied
     }
-    /// Blocks until the writer began to stage `n` batches in all.
-    pub fn wait_for_staged(&self, n: u64) {
+    /// Blocks until the writer began to apply `n` commands in all.
+    pub fn wait_for_applied(&self, n: u64) {
         let mut g = self.gate.lock();
-        while g.staged < n {
+        while g.applied < n {
             self.changed.wait(&mut g);
         }
     }
-    pub(crate) fn staging(faults: &Option<Arc<Faults>>) {
+    pub(crate) fn applying(faults: &Option<Arc<Faults>>) {
         if let Some(f) = faults {
-            f.gate.lock().staged += 1;
+            f.gate.lock().applied += 1;
             f.changed.notify_all();
         }
     }

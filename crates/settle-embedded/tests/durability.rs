@@ -248,7 +248,7 @@ async fn a_replay_of_a_receipt_whose_sync_failed_is_never_answered() {
     };
     faults.hold_syncs();
     faults.fail_sync.store(true, Ordering::SeqCst);
-    let staged = faults.staged();
+    let applied = faults.applied();
     let settling = {
         let store = store.clone();
         tokio::spawn(async move {
@@ -270,10 +270,10 @@ async fn a_replay_of_a_receipt_whose_sync_failed_is_never_answered() {
                 .await
         })
     };
-    // The claim is staged on top of the settle (and reads its receipt).
+    // The claim is applied on top of the settle (and reads its receipt).
     {
         let faults = faults.clone();
-        tokio::task::spawn_blocking(move || faults.wait_for_staged(staged + 2))
+        tokio::task::spawn_blocking(move || faults.wait_for_applied(applied + 2))
             .await
             .unwrap();
     }
