@@ -1,14 +1,15 @@
 //! The single writer with group commit, and the checkpointer.
 //!
 //! Commit protocol (see docs/design.md):
-//! 1. The writer takes every queued command (up to `max_batch`), applies
-//!    each through `settle_core::apply` in arrival order against the latest
-//!    state (batch overlay, then the batch staged before it, then the
-//!    durable map, then the index).
-//! 2. It encodes the final state of every changed entity into one frame
-//!    and hands it to the syncer, which `write`s it and `fdatasync`s it
-//!    while the writer applies the next batch (batches in order, one frame
-//!    at most written and not yet durable).
+//! 1. The writer applies each command as it comes (up to `max_batch` a
+//!    batch) through `settle_core::apply` in arrival order against the
+//!    latest state (batch overlay, then the batches staged before it and
+//!    not yet published, then the durable map, then the index).
+//! 2. When fewer than [`IN_FLIGHT`] frames are at the syncer, it encodes
+//!    the final state of every entity the batch changed into one frame and
+//!    hands it over; the syncer `write`s and `fdatasync`s frames in order
+//!    (one frame at most written and not yet durable) while the writer
+//!    gathers the next batch.
 //! 3. Only then does the writer publish the new states to the durable map
 //!    (which readers see) and answer every caller; the next frame is on its
 //!    way to the disk meanwhile.
