@@ -43,6 +43,15 @@ pub trait Fs: Clone + Send + Sync + 'static {
         write_zeros(&f, 0, size)?;
         f.sync_all()
     }
+    /// Creates (or truncates) `path` holding `size` bytes that read as
+    /// zeros on blocks reserved for it but not written (`fallocate`: no
+    /// zeros go to the disk), and makes it durable. The first write to
+    /// each block then also commits the filesystem's record of it at the
+    /// next `fdatasync`. Where the filesystem cannot reserve, it writes
+    /// zeros ([`Fs::create_zeroed`]); by default, too.
+    fn create_allocated(&self, path: &Path, size: u64, pace: &dyn Fn()) -> io::Result<()> {
+        self.create_zeroed(path, size, pace)
+    }
     /// The whole content of a file.
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
     /// The whole content of a file, into `buf` (its capacity reused).
@@ -196,6 +205,17 @@ impl Fs for OsFs {
         write_zeros(&f, 0, size)?;
         f.sync_all()
     }
+    fn create_allocated(&self, path: &Path, size: u64, pace: &dyn Fn()) -> io::Result<()> {
+        let f = self.create(path)?;
+        match rustix::fs::fallocate(&f, rustix::fs::FallocateFlags::empty(), 0, size) {
+            Ok(()) => f.sync_all(),
+            // Not supported by this filesystem (or not here): real zeros.
+            Err(_) => {
+                drop(f);
+                self.create_zeroed(path, size, pace)
+            }
+        }
+    }
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         let mut buf = Vec::new();
         File::open(path)?.read_to_end(&mut buf)?;
@@ -300,6 +320,30 @@ mod tests {
             let got = OsFs.read(&path).unwrap();
             assert_eq!(got.len() as u64, size);
             assert!(got.iter().all(|&b| b == 0));
+        }
+    }
+
+    /// Reserved rather than written, a prepared file reads the same:
+    /// exactly `size` zeros, also over an older, longer file's bytes (the
+    /// recovery's check that a segment's tail is zeros relies on it).
+    #[test]
+    fn create_allocated_leaves_exactly_size_zeros() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seg.prep");
+        for size in [2 * DIRECT_ALIGN as u64 + 100, 16 * 1024, 100] {
+            std::fs::write(&path, vec![0xab; 5 * DIRECT_ALIGN + 7]).unwrap();
+            OsFs.create_allocated(&path, size, &|| {}).unwrap();
+            let got = OsFs.read(&path).unwrap();
+            assert_eq!(got.len() as u64, size);
+            assert!(got.iter().all(|&b| b == 0));
+            // Written over in place, it keeps its size and its other zeros.
+            let f = OsFs.open(&path).unwrap();
+            FsFile::write_at(&f, b"frame", 10).unwrap();
+            FsFile::sync_data(&f).unwrap();
+            let got = OsFs.read(&path).unwrap();
+            assert_eq!(got.len() as u64, size);
+            assert_eq!(&got[10..15], b"frame");
+            assert!(got[..10].iter().chain(&got[15..]).all(|&b| b == 0));
         }
     }
 
