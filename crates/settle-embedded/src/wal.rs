@@ -260,9 +260,10 @@ pub fn prepared<F: Fs>(fs: &F, dir: &Path) -> io::Result<Vec<PathBuf>> {
 /// [`Prep::Allocated`] only reserves the blocks (`fallocate`); each sync
 /// then also commits the journal (a fixed cost per sync), and nothing is
 /// written twice. Measured on the test machine (docs/performance.md,
-/// "Seventh round"): with frames of ~190 KB (1,024 in flight) reserving
-/// gave 8–20 % more pairs/s; with frames of ~20 KB (64 in flight) it cost
-/// 5–9 %. So the log picks by the frames it writes.
+/// "Seventh round"), alternating runs: reserving gave 8–12 % more pairs/s
+/// with frames of ~190 KB (1,024 in flight) and 10–23 % with frames of
+/// ~45 KB (256 in flight), and cost 3–9 % with frames of ~8 KB (64 in
+/// flight). So the log picks by the frames it writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prep {
     Zeroed,
@@ -270,8 +271,9 @@ pub enum Prep {
 }
 
 /// A segment whose frames averaged at least this many bytes has the
-/// segment after the next one reserved rather than zero-filled.
-pub const ALLOCATE_FROM_FRAME_BYTES: u64 = 64 * 1024;
+/// segment after the next one reserved rather than zero-filled (between
+/// the ~8 KB frames where zeros win and the ~45 KB where reserving does).
+pub const ALLOCATE_FROM_FRAME_BYTES: u64 = 32 * 1024;
 
 impl Prep {
     /// How to prepare a segment after one that took `frames` frames in
@@ -321,8 +323,9 @@ pub struct Wal<F: Fs> {
     file: F::File,
     /// Offset after the last whole frame.
     bytes: u64,
-    /// Frames appended to this segment by this process.
+    /// Frames appended to this segment by this process, and their bytes.
     frames: u64,
+    frame_bytes: u64,
     /// Preallocated size of each segment.
     size: u64,
     faults: Option<Arc<Faults>>,
@@ -381,6 +384,7 @@ impl<F: Fs> Wal<F> {
             file,
             bytes: valid,
             frames: 0,
+            frame_bytes: 0,
             size,
             faults,
             next: None,
@@ -466,6 +470,7 @@ impl<F: Fs> Wal<F> {
         }
         self.bytes += buf.len() as u64;
         self.frames += 1;
+        self.frame_bytes += buf.len() as u64;
         // Past half of the segment, the next one must be ready in time.
         self.pacer.synced(self.bytes * 2 >= self.size);
         Ok(())
@@ -497,7 +502,7 @@ impl<F: Fs> Wal<F> {
         }
         // The segment after the next one, by the frames of this one (the
         // next one was prepared while this one was written).
-        let after = Prep::after(self.frames, self.bytes);
+        let after = Prep::after(self.frames, self.frame_bytes);
         let next = Wal::install(
             &self.fs,
             &self.dir,

@@ -812,7 +812,7 @@ async fn big_frames_get_reserved_segments_and_everything_survives_reopen() {
         for i in 0..50 {
             pair(&store, &format!("small{i}")).await.unwrap();
         }
-        // 500 claims (then 500 settlements) a frame: well over 64 KiB each,
+        // 500 claims (then 500 settlements) a frame: well over 32 KiB each,
         // so several segments of 1 MiB in a row average big frames.
         for round in 0..12 {
             pairs_in_one_batch(&store, "big", round * 500, 500).await;
