@@ -63,7 +63,8 @@ pub struct Faults {
     pub prepare_delay_ms: AtomicU64,
     /// Segment preparations running right now.
     pub prepares_running: AtomicUsize,
-    /// Segments prepared so far by reserving their blocks ([`Prep::Allocated`]).
+    /// Segments prepared so far as [`Prep::Allocated`] (reserved, or zeros
+    /// where the filesystem cannot reserve).
     pub prepared_allocated: AtomicUsize,
     /// Each checkpoint waits this long first (ms): a slow index.
     pub checkpoint_delay_ms: AtomicU64,
