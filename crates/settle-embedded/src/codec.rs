@@ -106,8 +106,27 @@ pub fn encode_value(v: &Value) -> Vec<u8> {
 /// Appends `[version][postcard(value)]` to `out`.
 fn append_value(v: &Value, out: &mut Vec<u8>) {
     out.push(FORMAT_VERSION);
-    postcard::serialize_with_flavor(v, AppendTo(out)).expect("encoding to a Vec cannot fail");
+    match v {
+        // The writer's common case, without serde (crate::record_codec).
+        Value::Record(r) => {
+            let start = out.len();
+            out.push(VALUE_RECORD);
+            crate::record_codec::record(out, r);
+            debug_assert_eq!(
+                &out[start..],
+                &postcard::to_allocvec(v).expect("encoding to a Vec cannot fail")[..],
+                "record_codec wrote other bytes than postcard"
+            );
+        }
+        _ => postcard::serialize_with_flavor(v, AppendTo(out))
+            .expect("encoding to a Vec cannot fail"),
+    }
 }
+
+/// The variant index postcard writes for [`Value::Record`].
+const VALUE_RECORD: u8 = 0;
+#[cfg(test)]
+pub const VALUE_RECORD_FOR_TESTS: u8 = VALUE_RECORD;
 
 /// A postcard flavor appending to a borrowed `Vec` (postcard's own
 /// `to_extend` pushes through `Extend` and moves the buffer in and out).

@@ -25,6 +25,7 @@ mod engine;
 pub mod fs;
 pub mod index;
 mod pace;
+mod record_codec;
 mod recovery;
 pub mod sim;
 mod wal;
