@@ -304,19 +304,28 @@ impl FjallIndex {
             .worker_threads(1)
             .open()
             .map_err(err)?;
-        let ks = |name: &str| {
+        let ks = |name: &str, point_reads: bool| {
             db.keyspace(name, || {
-                KeyspaceCreateOptions::default().compaction_strategy(Arc::new(
+                let o = KeyspaceCreateOptions::default().compaction_strategy(Arc::new(
                     fjall::compaction::Leveled::default().with_l0_threshold(L0_TABLES),
-                ))
+                ));
+                // `open` and `expiry` are only ever scanned: a Bloom filter
+                // there is built per key (about a tenth of a checkpoint's
+                // table writing) and never read. Applies to keyspaces
+                // created from now on; fjall keeps an existing one's options.
+                if point_reads {
+                    o
+                } else {
+                    o.filter_policy(fjall::config::FilterPolicy::disabled())
+                }
             })
             .map_err(err)
         };
         Ok(FjallIndex {
-            data: ks("data")?,
-            open: ks("open")?,
-            expiry: ks("expiry")?,
-            meta: ks("meta")?,
+            data: ks("data", true)?,
+            open: ks("open", false)?,
+            expiry: ks("expiry", false)?,
+            meta: ks("meta", true)?,
             db,
         })
     }
@@ -390,15 +399,22 @@ impl Index for FjallIndex {
         // Open records are listed; a record that is no longer open and may
         // have been listed gets a tombstone.
         let mut open = self.open.start_ingestion().map_err(err)?;
-        let mut expiring = Vec::new();
-        for it in items.iter().filter(|it| it.key.first() == Some(&b'r')) {
+        // (expiry time, position in `items`): `items` are sorted by key, so
+        // this order is the expiry keys' (time, then key) without building
+        // and comparing the keys (their long common prefixes made the sort
+        // a string sort).
+        let mut expiring: Vec<(u64, usize)> = Vec::new();
+        for (i, it) in items.iter().enumerate() {
+            if it.key.first() != Some(&b'r') {
+                continue;
+            }
             if it.open {
                 open.write(it.key, []).map_err(err)?;
             } else if it.listed {
                 open.write_tombstone(it.key).map_err(err)?;
             }
             if let Some(e) = it.expires_at {
-                expiring.push(expiry_key(e, it.key));
+                expiring.push((e, i));
             }
         }
         open.finish().map_err(err)?;
@@ -406,7 +422,8 @@ impl Index for FjallIndex {
         expiring.sort_unstable();
         let mut writeback = Writeback::new(vec![tables(&self.expiry)]);
         let mut expiry = self.expiry.start_ingestion().map_err(err)?;
-        for k in expiring {
+        for (e, i) in expiring {
+            let k = expiry_key(e, items[i].key);
             let n = k.len();
             expiry.write(k, []).map_err(err)?;
             writeback.fed(n, pace);

@@ -541,15 +541,59 @@ pub fn read_segment<F: Fs>(fs: &F, path: &Path) -> Result<Vec<u8>, StoreError> {
         .map_err(|e| StoreError::Io(format!("reading {}: {e}", path.display())))
 }
 
+/// Bytes looked at together by [`first_nonzero`] and [`last_nonzero`]: a
+/// chunk ORed together compiles to vector instructions, where a byte at a
+/// time took ~1 instruction per byte (a segment's zeros are tens of MB at
+/// a close or a reopen).
+const ZERO_CHUNK: usize = 64;
+
+fn all_zero(chunk: &[u8]) -> bool {
+    chunk.iter().fold(0u8, |a, &b| a | b) == 0
+}
+
 /// The first non-zero byte at or after `from`.
 pub fn first_nonzero(buf: &[u8], from: usize) -> Option<usize> {
-    buf[from.min(buf.len())..]
-        .iter()
-        .position(|&b| b != 0)
-        .map(|p| from + p)
+    let from = from.min(buf.len());
+    let (i, chunk) = buf[from..]
+        .chunks(ZERO_CHUNK)
+        .enumerate()
+        .find(|(_, c)| !all_zero(c))?;
+    let p = chunk.iter().position(|&b| b != 0)?;
+    Some(from + i * ZERO_CHUNK + p)
 }
 
 /// The last non-zero byte (its offset), if any.
 pub fn last_nonzero(buf: &[u8]) -> Option<usize> {
-    buf.iter().rposition(|&b| b != 0)
+    // Chunks from the front, so every chunk but the last is whole.
+    let chunks = buf.chunks(ZERO_CHUNK);
+    let (i, chunk) = chunks.enumerate().rev().find(|(_, c)| !all_zero(c))?;
+    let p = chunk.iter().rposition(|&b| b != 0)?;
+    Some(i * ZERO_CHUNK + p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The chunked scans find what a byte-at-a-time scan finds, at
+        /// every offset around the chunk edges.
+        #[test]
+        fn the_zero_scans_agree_with_a_byte_at_a_time(
+            len in 0usize..300,
+            set in proptest::collection::vec((0usize..300, 1u8..=255), 0..3),
+            from in 0usize..320,
+        ) {
+            let mut buf = vec![0u8; len];
+            for (at, v) in set {
+                if at < len {
+                    buf[at] = v;
+                }
+            }
+            let first = buf[from.min(len)..].iter().position(|&b| b != 0).map(|p| from + p);
+            prop_assert_eq!(first_nonzero(&buf, from), first);
+            prop_assert_eq!(last_nonzero(&buf), buf.iter().rposition(|&b| b != 0));
+        }
+    }
 }
