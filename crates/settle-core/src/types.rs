@@ -271,7 +271,10 @@ impl Scopes {
         let mut v = Vec::new();
         for (i, s) in items.into_iter().enumerate() {
             let s = s.into();
-            check_token(&format!("binding.scopes[{i}]"), &s)?;
+            // The field's name is written only for an error: a `format!`
+            // per scope per call showed in the HTTP profile.
+            check_token("binding.scopes", &s)
+                .map_err(|e| InvalidInput::new(format!("binding.scopes[{i}]"), e.reason))?;
             v.push(Scope(s.into()));
         }
         Scopes::new(v)
