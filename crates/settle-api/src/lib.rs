@@ -40,8 +40,8 @@ pub use record::{
     RecordStatus, RecordView, Reservation, Status,
 };
 pub use request::{
-    Binding, ClaimRequest, DispatchRequest, EmptyRequest, Finding, HeartbeatRequest, Outcome,
-    OutcomeStatus, ReconcileRequest, ReleaseReason, ReleaseRequest, SettleRequest, Token,
+    Binding, BindingCache, ClaimRequest, DispatchRequest, EmptyRequest, Finding, HeartbeatRequest,
+    Outcome, OutcomeStatus, ReconcileRequest, ReleaseReason, ReleaseRequest, SettleRequest, Token,
     WarnRequest,
 };
 pub use response::{

@@ -86,6 +86,30 @@ impl Binding {
     }
 }
 
+/// The last binding converted by [`Binding::into_core`], and what it
+/// gave: the calls of one batch are mostly made under one binding, which
+/// is then validated and allocated once (`POST /v1/batch`).
+#[derive(Debug, Default)]
+pub struct BindingCache {
+    last: Option<(Binding, core::Binding)>,
+}
+
+impl BindingCache {
+    /// [`Binding::into_core`]; the same binding as the last one converted
+    /// gives that one's result again (the prefix only names errors, and an
+    /// error is never kept).
+    pub fn into_core(&mut self, b: Binding, prefix: &str) -> Result<core::Binding, InvalidInput> {
+        if let Some((raw, converted)) = &self.last
+            && *raw == b
+        {
+            return Ok(converted.clone());
+        }
+        let converted = b.clone().into_core(prefix)?;
+        self.last = Some((b, converted.clone()));
+        Ok(converted)
+    }
+}
+
 impl From<&core::Binding> for Binding {
     fn from(b: &core::Binding) -> Binding {
         Binding {
@@ -251,8 +275,27 @@ impl ClaimRequest {
         key: Key,
         default_retention: RetentionS,
     ) -> Result<core::Claim, InvalidInput> {
+        self.into_claim_with(key, default_retention, |b| b.into_core("binding"))
+    }
+
+    /// [`ClaimRequest::into_claim`], the binding converted through `cache`.
+    pub fn into_claim_cached(
+        self,
+        key: Key,
+        default_retention: RetentionS,
+        cache: &mut BindingCache,
+    ) -> Result<core::Claim, InvalidInput> {
+        self.into_claim_with(key, default_retention, |b| cache.into_core(b, "binding"))
+    }
+
+    fn into_claim_with(
+        self,
+        key: Key,
+        default_retention: RetentionS,
+        binding: impl FnOnce(Binding) -> Result<core::Binding, InvalidInput>,
+    ) -> Result<core::Claim, InvalidInput> {
         let fingerprint = digest("fingerprint", &self.fingerprint)?;
-        let binding = self.binding.into_core("binding")?;
+        let binding = binding(self.binding)?;
         let lease_ms = match self.lease_ms {
             Some(ms) => core::LeaseMs::new(ms)?,
             None => core::LeaseMs::DEFAULT,
@@ -375,11 +418,28 @@ impl SettleRequest {
     /// Validates into the core's settle on `key`; errors name the wire field. The
     /// result's size is checked later against the server's `max_result_bytes`.
     pub fn into_settle(self, key: Key) -> Result<core::Settle, InvalidInput> {
+        self.into_settle_with(key, |b| b.into_core("binding"))
+    }
+
+    /// [`SettleRequest::into_settle`], the binding converted through `cache`.
+    pub fn into_settle_cached(
+        self,
+        key: Key,
+        cache: &mut BindingCache,
+    ) -> Result<core::Settle, InvalidInput> {
+        self.into_settle_with(key, |b| cache.into_core(b, "binding"))
+    }
+
+    fn into_settle_with(
+        self,
+        key: Key,
+        binding: impl FnOnce(Binding) -> Result<core::Binding, InvalidInput>,
+    ) -> Result<core::Settle, InvalidInput> {
         Ok(core::Settle {
             key,
             fence: fence(self.fence)?,
             fingerprint: digest("fingerprint", &self.fingerprint)?,
-            binding: self.binding.into_core("binding")?,
+            binding: binding(self.binding)?,
             outcome: self.outcome.to_core()?,
         })
     }
@@ -641,6 +701,61 @@ mod fence_tests {
                 .unwrap()
                 .fence,
             core::Fence(1)
+        );
+    }
+}
+
+#[cfg(test)]
+mod binding_cache_tests {
+    use super::*;
+
+    fn b(principal: &str, scopes: &[&str], generation: u64) -> Binding {
+        Binding {
+            principal: principal.into(),
+            scopes: scopes.iter().map(|s| s.to_string()).collect(),
+            generation,
+        }
+    }
+
+    #[test]
+    fn a_repeated_binding_is_converted_once_and_others_convert_on_their_own() {
+        let mut cache = BindingCache::default();
+        let first = cache
+            .into_core(b("svc", &["pay", "a"], 1), "binding")
+            .unwrap();
+        let again = cache
+            .into_core(b("svc", &["pay", "a"], 1), "binding")
+            .unwrap();
+        assert_eq!(first, again);
+        // The same allocation: not converted a second time.
+        assert_eq!(
+            first.principal.as_str().as_ptr(),
+            again.principal.as_str().as_ptr()
+        );
+        // Any field differing gives that binding's own conversion.
+        for other in [
+            b("svc", &["pay", "a"], 2),
+            b("svc", &["pay"], 1),
+            b("svc2", &["pay", "a"], 1),
+        ] {
+            let direct = other.clone().into_core("binding").unwrap();
+            assert_eq!(cache.into_core(other, "binding").unwrap(), direct);
+        }
+    }
+
+    #[test]
+    fn an_invalid_binding_fails_every_time_and_is_never_kept() {
+        let mut cache = BindingCache::default();
+        let good = cache.into_core(b("svc", &["pay"], 0), "binding").unwrap();
+        for _ in 0..2 {
+            let e = cache
+                .into_core(b("svc", &["pay", ""], 0), "binding")
+                .unwrap_err();
+            assert_eq!(e.field, "binding.scopes[1]");
+        }
+        assert_eq!(
+            cache.into_core(b("svc", &["pay"], 0), "binding").unwrap(),
+            good
         );
     }
 }

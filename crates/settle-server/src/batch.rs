@@ -74,8 +74,9 @@ async fn batch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let mut slots: Vec<Slot> = (0..env.calls.len()).map(|_| None).collect();
     let mut pending: Vec<(usize, KeyOp, Sent, Command)> = Vec::with_capacity(env.calls.len());
     let mut buf = Vec::new();
+    let mut bindings = api::BindingCache::default();
     for (i, raw) in env.calls.iter().enumerate() {
-        match parse_call(st.default_retention, raw, &mut buf) {
+        match parse_call(st.default_retention, raw, &mut buf, &mut bindings) {
             Err(p) => slots[i] = Some(Err(p)),
             Ok(Call::Command(op, cmd)) => match st.prepare(&cmd) {
                 Ok(sent) => pending.push((i, op, sent, cmd)),
@@ -134,11 +135,12 @@ pub fn parse_batch(
 ) -> Result<Vec<Result<ParsedCall, Problem>>, Problem> {
     let env = parse_envelope(body, max_calls)?;
     let mut buf = Vec::new();
+    let mut bindings = api::BindingCache::default();
     Ok(env
         .calls
         .iter()
         .map(|raw| {
-            parse_call(default_retention, raw, &mut buf).map(|call| match call {
+            parse_call(default_retention, raw, &mut buf, &mut bindings).map(|call| match call {
                 Call::Command(_, cmd) => ParsedCall::Command(cmd),
                 Call::Get(key) => ParsedCall::Get(key),
             })
@@ -261,6 +263,7 @@ fn parse_call(
     default_retention: RetentionS,
     raw: &RawValue,
     buf: &mut Vec<u8>,
+    bindings: &mut api::BindingCache,
 ) -> Result<Call, Problem> {
     let text = raw.get();
     buf.clear();
@@ -274,7 +277,10 @@ fn parse_call(
     };
     let key = Key::new(key).map_err(|e| Problem::invalid("key", e.reason))?;
     match op {
-        Op::Key(op) => Ok(Call::Command(op, op.command(default_retention, key, buf)?)),
+        Op::Key(op) => Ok(Call::Command(
+            op,
+            op.command(default_retention, key, buf, Some(bindings))?,
+        )),
         Op::Get => {
             let _: api::EmptyRequest = parse_body(buf)?;
             Ok(Call::Get(key))
@@ -349,6 +355,69 @@ fn split_call(text: &str, buf: &mut Vec<u8>) -> Result<(Op, String), Problem> {
 mod tests {
     use super::*;
 
+    /// The calls of a batch share converted bindings (`api::BindingCache`):
+    /// each command still carries exactly the binding its call sent, and a
+    /// bad binding fails only its own slot.
+    #[test]
+    fn each_call_keeps_its_own_binding() {
+        let fp = "07".repeat(32);
+        let bind = |p: &str, scope: &str, g: u64| {
+            format!(r#"{{"principal":"{p}","scopes":["{scope}"],"generation":{g}}}"#)
+        };
+        let out = format!(r#"{{"status":"completed","result":1,"response_sha256":"{fp}"}}"#);
+        let bindings = [
+            bind("a", "pay", 0),
+            bind("a", "pay", 0),
+            bind("a", "pay", 1),
+            bind("a", "", 1),
+            bind("b", "pay", 1),
+            bind("a", "pay", 0),
+        ];
+        let calls: Vec<String> = bindings
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                if i % 2 == 0 {
+                    format!(r#"{{"op":"claim","key":"k{i}","fingerprint":"{fp}","binding":{b}}}"#)
+                } else {
+                    format!(
+                        r#"{{"op":"settle","key":"k{i}","fence":3,"fingerprint":"{fp}","binding":{b},"outcome":{out}}}"#
+                    )
+                }
+            })
+            .collect();
+        let body = format!(r#"{{"calls":[{}]}}"#, calls.join(","));
+        let parsed = parse_batch(body.as_bytes(), 1000, RetentionS::DEFAULT).unwrap();
+        let seen: Vec<Option<(String, Vec<String>, u64)>> = parsed
+            .iter()
+            .map(|c| {
+                let b = match c {
+                    Ok(ParsedCall::Command(Command::Claim(c))) => &c.binding,
+                    Ok(ParsedCall::Command(Command::Settle(s))) => &s.binding,
+                    Err(p) => {
+                        assert_eq!(p.status, 422);
+                        return None;
+                    }
+                    other => panic!("{other:?}"),
+                };
+                let scopes = b.scopes.as_slice().iter().map(|s| s.to_string()).collect();
+                Some((b.principal.to_string(), scopes, b.generation))
+            })
+            .collect();
+        let want = |p: &str, g: u64| Some((p.to_string(), vec!["pay".to_string()], g));
+        assert_eq!(
+            seen,
+            vec![
+                want("a", 0),
+                want("a", 0),
+                want("a", 1),
+                None,
+                want("b", 1),
+                want("a", 0)
+            ]
+        );
+    }
+
     /// The compact layout is sliced (`compact_head`), any other layout is
     /// read member by member (`split_call`): the same call in either layout
     /// must answer the same, command or problem.
@@ -405,14 +474,21 @@ mod tests {
             let compact: &RawValue = serde_json::from_str(call).unwrap();
             let general: &RawValue = serde_json::from_str(&spaced).unwrap();
             let mut buf = Vec::new();
-            let a = parse_call(RetentionS::DEFAULT, compact, &mut buf).map(|c| match c {
-                Call::Command(op, cmd) => format!("{op:?} {cmd:?}"),
-                Call::Get(k) => format!("get {k:?}"),
-            });
-            let b = parse_call(RetentionS::DEFAULT, general, &mut buf).map(|c| match c {
-                Call::Command(op, cmd) => format!("{op:?} {cmd:?}"),
-                Call::Get(k) => format!("get {k:?}"),
-            });
+            let mut bindings = api::BindingCache::default();
+            let a =
+                parse_call(RetentionS::DEFAULT, compact, &mut buf, &mut bindings).map(
+                    |c| match c {
+                        Call::Command(op, cmd) => format!("{op:?} {cmd:?}"),
+                        Call::Get(k) => format!("get {k:?}"),
+                    },
+                );
+            let b =
+                parse_call(RetentionS::DEFAULT, general, &mut buf, &mut bindings).map(
+                    |c| match c {
+                        Call::Command(op, cmd) => format!("{op:?} {cmd:?}"),
+                        Call::Get(k) => format!("get {k:?}"),
+                    },
+                );
             assert_eq!(format!("{a:?}"), format!("{b:?}"), "{call}");
         }
     }

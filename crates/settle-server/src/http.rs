@@ -110,7 +110,10 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 /// A response body's bytes.
 fn json_bytes<T: Serialize + ?Sized>(value: &T) -> Vec<u8> {
-    serde_json::to_vec(value).expect("responses always serialize")
+    // Room for a receipt (~350 bytes): serde_json's 128 grew twice.
+    let mut out = Vec::with_capacity(512);
+    serde_json::to_writer(&mut out, value).expect("responses always serialize");
+    out
 }
 
 fn json<T: Serialize + ?Sized>(value: &T) -> Response {
@@ -359,16 +362,23 @@ impl KeyOp {
 
     /// The command a request body asks for (400/422 when it does not parse).
     /// `default_retention` is the server's (a claim without `retention_s`).
+    /// `bindings`: the batch's cache of converted bindings (`None` for a
+    /// single call: nothing to share, and a cache costs a copy).
     pub(crate) fn command(
         self,
         default_retention: RetentionS,
         key: Key,
         body: &[u8],
+        bindings: Option<&mut api::BindingCache>,
     ) -> Result<Command, Problem> {
         Ok(match self {
-            KeyOp::Claim => Command::Claim(
-                parse_body::<api::ClaimRequest>(body)?.into_claim(key, default_retention)?,
-            ),
+            KeyOp::Claim => {
+                let req = parse_body::<api::ClaimRequest>(body)?;
+                Command::Claim(match bindings {
+                    Some(c) => req.into_claim_cached(key, default_retention, c)?,
+                    None => req.into_claim(key, default_retention)?,
+                })
+            }
             KeyOp::Heartbeat => {
                 Command::Heartbeat(parse_body::<api::HeartbeatRequest>(body)?.into_heartbeat(key)?)
             }
@@ -376,7 +386,11 @@ impl KeyOp {
                 Command::Dispatch(parse_body::<api::DispatchRequest>(body)?.into_dispatch(key)?)
             }
             KeyOp::Settle => {
-                Command::Settle(parse_body::<api::SettleRequest>(body)?.into_settle(key)?)
+                let req = parse_body::<api::SettleRequest>(body)?;
+                Command::Settle(match bindings {
+                    Some(c) => req.into_settle_cached(key, c)?,
+                    None => req.into_settle(key)?,
+                })
             }
             KeyOp::Release => {
                 Command::Release(parse_body::<api::ReleaseRequest>(body)?.into_release(key)?)
@@ -424,7 +438,7 @@ async fn key_call(st: &AppState, req: Request, op: KeyOp) -> Response {
         let tenant = st.auth.tenant(&parts.headers)?;
         let key: Key = segment("key", raw_segment(&parts, 2))?;
         let bytes = st.body(&parts, body).await?;
-        let cmd = op.command(st.default_retention, key, &bytes)?;
+        let cmd = op.command(st.default_retention, key, &bytes, None)?;
         let reply = st.execute(tenant, cmd).await?;
         Ok(json_response(op.body(reply)?))
     }
