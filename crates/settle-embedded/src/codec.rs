@@ -124,9 +124,7 @@ fn append_value(v: &Value, out: &mut Vec<u8>) {
 }
 
 /// The variant index postcard writes for [`Value::Record`].
-const VALUE_RECORD: u8 = 0;
-#[cfg(test)]
-pub const VALUE_RECORD_FOR_TESTS: u8 = VALUE_RECORD;
+pub(crate) const VALUE_RECORD: u8 = 0;
 
 /// A postcard flavor appending to a borrowed `Vec` (postcard's own
 /// `to_extend` pushes through `Extend` and moves the buffer in and out).
@@ -151,7 +149,7 @@ impl postcard::ser_flavors::Flavor for AppendTo<'_> {
 }
 
 /// Appends `n` as postcard writes every integer but `u8`: LEB128.
-fn put_varint(out: &mut Vec<u8>, mut n: u64) {
+pub(crate) fn put_varint(out: &mut Vec<u8>, mut n: u64) {
     while n >= 0x80 {
         out.push(n as u8 | 0x80);
         n >>= 7;

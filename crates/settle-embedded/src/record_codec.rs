@@ -11,26 +11,18 @@
 //!
 //! Decoding stays with postcard, and the format stays postcard's: each
 //! struct is destructured whole (a field added to a stored type does not
-//! compile here until it is encoded), each enum matched exhaustively, and
-//! in builds with debug assertions (every test run) each encoding is
-//! compared with postcard's (`codec::append_value`); `tests/record_codec.rs`
-//! compares them on arbitrary records, the format fixtures on frozen ones.
+//! compile here until it is encoded), enums are written as their
+//! declaration index, and in builds with debug assertions (every test run)
+//! each encoding is compared with postcard's (`codec::append_value`); the
+//! tests below compare them on arbitrary records, the format fixtures on
+//! frozen ones.
 
 use settle_core::record::{
-    Attempt, Call, Ended, FindingKind, Lease, LeaseEnd, Observation, OutcomeStatus, Purpose,
-    QuarantineEntry, Receipt, Reservation, Status,
+    Attempt, Ended, Lease, Observation, QuarantineEntry, Receipt, Reservation,
 };
-use settle_core::{Binding, Digest, Outcome, Record, RefusalCode, Scopes};
+use settle_core::{Binding, Digest, Outcome, Record, Scopes};
 
-/// Appends `n` as postcard writes every integer wider than `u8`: LEB128.
-#[inline]
-pub fn varint(out: &mut Vec<u8>, mut n: u64) {
-    while n >= 0x80 {
-        out.push(n as u8 | 0x80);
-        n >>= 7;
-    }
-    out.push(n as u8);
-}
+use crate::codec::put_varint as varint;
 
 #[inline]
 fn str(out: &mut Vec<u8>, s: &str) {
@@ -61,80 +53,15 @@ fn option<T>(out: &mut Vec<u8>, v: Option<&T>, f: impl FnOnce(&mut Vec<u8>, &T))
     }
 }
 
-/// A unit variant: its index in declaration order, as a varint (all < 128).
+/// A unit variant, as its index in declaration order (a one-byte varint:
+/// every stored enum has fewer than 128). Callers pass `variant as u8`:
+/// the stored enums are fieldless without explicit discriminants, so the
+/// cast is the declaration index serde writes, reordering included (a
+/// variant with data would not compile there).
 #[inline]
 fn variant(out: &mut Vec<u8>, index: u8) {
     debug_assert!(index < 0x80);
     out.push(index);
-}
-
-fn status(s: Status) -> u8 {
-    match s {
-        Status::Pending => 0,
-        Status::Unknown => 1,
-        Status::Conflict => 2,
-        Status::Failed => 3,
-        Status::Completed => 4,
-    }
-}
-
-fn outcome_status(s: OutcomeStatus) -> u8 {
-    match s {
-        OutcomeStatus::Completed => 0,
-        OutcomeStatus::Failed => 1,
-        OutcomeStatus::Unknown => 2,
-    }
-}
-
-fn purpose(p: Purpose) -> u8 {
-    match p {
-        Purpose::Execute => 0,
-        Purpose::Reconcile => 1,
-    }
-}
-
-fn lease_end(e: LeaseEnd) -> u8 {
-    match e {
-        LeaseEnd::Expired => 0,
-        LeaseEnd::Revoked => 1,
-        LeaseEnd::Settled => 2,
-        LeaseEnd::Refused => 3,
-        LeaseEnd::Released => 4,
-        LeaseEnd::Unavailable => 5,
-        LeaseEnd::NotCommitted => 6,
-    }
-}
-
-fn call(c: Call) -> u8 {
-    match c {
-        Call::Settle => 0,
-        Call::Reconcile => 1,
-    }
-}
-
-fn finding(f: FindingKind) -> u8 {
-    match f {
-        FindingKind::Committed => 0,
-        FindingKind::NotCommitted => 1,
-        FindingKind::Unavailable => 2,
-    }
-}
-
-fn refusal(c: RefusalCode) -> u8 {
-    match c {
-        RefusalCode::FingerprintMismatch => 0,
-        RefusalCode::BindingMismatch => 1,
-        RefusalCode::StaleBinding => 2,
-        RefusalCode::StaleFence => 3,
-        RefusalCode::LeaseExpired => 4,
-        RefusalCode::WrongPurpose => 5,
-        RefusalCode::ResultMismatch => 6,
-        RefusalCode::ReceiptRequired => 7,
-        RefusalCode::TooManyClasses => 8,
-        RefusalCode::NotFound => 9,
-        RefusalCode::RecordRefused => 10,
-        RefusalCode::GenerationExhausted => 11,
-    }
 }
 
 fn scopes(out: &mut Vec<u8>, s: &Scopes) {
@@ -172,7 +99,7 @@ fn reservation(out: &mut Vec<u8>, r: &Reservation) {
 /// `Outcome`'s fields are private to settle-core: read through its
 /// accessors, in its declaration order (status, result, response_sha256, error).
 fn outcome(out: &mut Vec<u8>, o: &Outcome) {
-    variant(out, outcome_status(o.status()));
+    variant(out, o.status() as u8);
     option(out, o.result(), |out, r| str(out, r.as_str()));
     option(out, o.response_sha256().as_ref(), digest);
     option(out, o.error(), |out, e| str(out, e.as_str()));
@@ -191,7 +118,7 @@ fn receipt(out: &mut Vec<u8>, r: &Receipt) {
     str(out, key.as_str());
     digest(out, fingerprint);
     option(out, response_sha256.as_ref(), digest);
-    variant(out, status(*st));
+    variant(out, *st as u8);
     varint(out, fence.0);
     varint(out, committed_at.0);
     flag(out, *durable);
@@ -211,7 +138,7 @@ fn lease(out: &mut Vec<u8>, l: &Lease) {
         ended,
     } = l;
     varint(out, fence.0);
-    variant(out, purpose(*p));
+    variant(out, *p as u8);
     varint(out, *generation);
     varint(out, granted_at.0);
     varint(out, expires_at.0);
@@ -221,7 +148,7 @@ fn lease(out: &mut Vec<u8>, l: &Lease) {
     option(out, worker.as_ref(), |out, w| str(out, w.as_str()));
     option(out, ended.as_ref(), |out, e| {
         let Ended { reason, at } = e;
-        variant(out, lease_end(*reason));
+        variant(out, *reason as u8);
         varint(out, at.0);
     });
 }
@@ -237,12 +164,12 @@ fn observation(out: &mut Vec<u8>, o: &Observation) {
         code,
     } = o;
     varint(out, at.0);
-    variant(out, call(*c));
-    option(out, st.as_ref(), |out, s| variant(out, outcome_status(*s)));
-    option(out, f.as_ref(), |out, f| variant(out, finding(*f)));
+    variant(out, *c as u8);
+    option(out, st.as_ref(), |out, s| variant(out, *s as u8));
+    option(out, f.as_ref(), |out, f| variant(out, *f as u8));
     option(out, response_sha256.as_ref(), digest);
     flag(out, *accepted);
-    option(out, code.as_ref(), |out, c| variant(out, refusal(*c)));
+    option(out, code.as_ref(), |out, c| variant(out, *c as u8));
 }
 
 fn attempt(out: &mut Vec<u8>, a: &Attempt) {
@@ -279,10 +206,10 @@ fn quarantine_entry(out: &mut Vec<u8>, q: &QuarantineEntry) {
     } = q;
     varint(out, at.0);
     varint(out, fence.0);
-    variant(out, refusal(*reason));
-    variant(out, call(*c));
-    option(out, st.as_ref(), |out, s| variant(out, outcome_status(*s)));
-    option(out, f.as_ref(), |out, f| variant(out, finding(*f)));
+    variant(out, *reason as u8);
+    variant(out, *c as u8);
+    option(out, st.as_ref(), |out, s| variant(out, *s as u8));
+    option(out, f.as_ref(), |out, f| variant(out, *f as u8));
     option(out, fingerprint.as_ref(), digest);
     option(out, b.as_ref(), binding);
     option(out, response_sha256.as_ref(), digest);
@@ -309,7 +236,7 @@ pub fn record(out: &mut Vec<u8>, r: &Record) {
     } = r;
     str(out, key.as_str());
     reservation(out, res);
-    variant(out, status(*st));
+    variant(out, *st as u8);
     option(out, oc.as_ref(), outcome);
     option(out, rc.as_ref(), receipt);
     flag(out, *reconcile_required);
@@ -349,7 +276,7 @@ mod tests {
     }
 
     fn ours(r: &Record) -> Vec<u8> {
-        let mut out = vec![super::super::codec::VALUE_RECORD_FOR_TESTS];
+        let mut out = vec![crate::codec::VALUE_RECORD];
         super::record(&mut out, r);
         out
     }
