@@ -559,6 +559,8 @@ pub struct Stage<I: Index> {
     pub spare: Vec<Vec<u8>>,
     /// Where principal keys are built for a lookup, reused.
     pub key_buf: Vec<u8>,
+    /// The principals of the command being applied, reused.
+    pub principal_buf: Principals,
     pub faults: Option<Arc<Faults>>,
 }
 
@@ -648,6 +650,7 @@ impl<F: Fs, I: Index> Core<F, I> {
                 pending: Default::default(),
                 spare: Vec::new(),
                 key_buf: Vec::new(),
+                principal_buf: Principals::new(),
                 faults: faults.clone(),
             },
             log: Log {
@@ -809,6 +812,51 @@ impl<I: Index> Stage<I> {
         self.load_with(k, f)
     }
 
+    /// The states of the principals `cmd` needs (batch overlay, cache,
+    /// map, index), in the writer's one reused `Principals`; `None` when
+    /// one is undecodable (the command is refused).
+    fn principals_for(
+        &mut self,
+        tenant: &TenantId,
+        cmd: &Command,
+        record: Option<&settle_core::Record>,
+        overlay: &Changes,
+    ) -> Result<Option<Principals>, StoreError> {
+        let mut principals = std::mem::take(&mut self.principal_buf);
+        principals.clear();
+        // Principal keys are only looked up (the cache usually has them):
+        // built in one reused buffer.
+        let mut pk = std::mem::take(&mut self.key_buf);
+        for p in principals_needed(cmd, record) {
+            pk.clear();
+            entity_key_into(KIND_PRINCIPAL, tenant, p.as_str(), &mut pk);
+            let st = if let Some(Value::Principal(s)) = overlay.get(&pk[..]).map(|v| &**v) {
+                *s
+            } else if let Some(s) = self.principals.get(&pk[..]) {
+                *s
+            } else {
+                let found = self.load_with(&pk, |v| match v {
+                    Value::Principal(s) => Ok(*s),
+                    Value::Undecodable(_) => Err(()),
+                    _ => Ok(PrincipalState::default()),
+                })?;
+                let s = match found {
+                    Some(Ok(s)) => s,
+                    Some(Err(())) => return Ok(None),
+                    None => PrincipalState::default(),
+                };
+                if self.principals.len() >= PRINCIPAL_CACHE {
+                    self.principals.clear();
+                }
+                self.principals.insert(pk[..].into(), s);
+                s
+            };
+            principals.insert(p.clone(), st);
+        }
+        self.key_buf = pk;
+        Ok(Some(principals))
+    }
+
     /// Loads what `cmd` targets (batch overlay first), applies the rules, records the changes.
     fn apply_one(
         &mut self,
@@ -858,38 +906,10 @@ impl<I: Index> Stage<I> {
             }
             Target::Principal(_) => {}
         }
-        let mut principals = Principals::new();
-        // Principal keys are only looked up (the cache usually has them):
-        // built in one reused buffer.
-        let mut pk = std::mem::take(&mut self.key_buf);
-        for p in principals_needed(cmd, state.record.as_ref()) {
-            pk.clear();
-            entity_key_into(KIND_PRINCIPAL, tenant, p.as_str(), &mut pk);
-            let st = if let Some(Value::Principal(s)) = overlay.get(&pk[..]).map(|v| &**v) {
-                *s
-            } else if let Some(s) = self.principals.get(&pk[..]) {
-                *s
-            } else {
-                let found = self.load_with(&pk, |v| match v {
-                    Value::Principal(s) => Ok(*s),
-                    Value::Undecodable(_) => Err(()),
-                    _ => Ok(PrincipalState::default()),
-                })?;
-                let s = match found {
-                    Some(Ok(s)) => s,
-                    Some(Err(())) => return Ok(REFUSED),
-                    None => PrincipalState::default(),
-                };
-                if self.principals.len() >= PRINCIPAL_CACHE {
-                    self.principals.clear();
-                }
-                self.principals.insert(pk[..].into(), s);
-                s
-            };
-            principals.insert(p.clone(), st);
+        match self.principals_for(tenant, cmd, state.record.as_ref(), overlay)? {
+            Some(p) => state.principals = p,
+            None => return Ok(REFUSED),
         }
-        self.key_buf = pk;
-        state.principals = principals;
         let was_disputed = state.record.as_ref().is_some_and(|r| r.disputed);
         let was_leased = state
             .record
@@ -909,6 +929,7 @@ impl<I: Index> Stage<I> {
             entity_key_into(KIND_PRINCIPAL, tenant, p.as_str(), &mut k);
             overlay.insert(k.into_boxed_slice(), Arc::new(Value::Principal(*st)));
         }
+        self.principal_buf = std::mem::take(&mut state.principals);
         if applied.changed {
             let v = match cmd.target() {
                 Target::Record(_) => {
@@ -1466,6 +1487,52 @@ impl<F: Fs, I: Index> Syncer<F, I> {
     }
 }
 
+/// The positions of `keys` in byte order of the keys (as sorting `(key,
+/// position)` pairs by key would give), comparing integers where it can:
+/// a segment's keys share long prefixes (kind, tenant, often the key's
+/// own), so a plain sort spent most of its time in `memcmp` over equal
+/// bytes. Keys are grouped by their first byte; within a group every key
+/// shares the group's common prefix, and the 8 bytes after it (zero
+/// padded), read as a big-endian integer, order any two keys they tell
+/// apart; only keys equal there are compared whole.
+fn sorted_by_key<'a>(keys: impl ExactSizeIterator<Item = &'a [u8]> + Clone) -> Vec<usize> {
+    // The common prefix of each first byte's keys (`usize::MAX`: none seen).
+    let mut common = [usize::MAX; 256];
+    let mut first: [&[u8]; 256] = [&[]; 256];
+    for k in keys.clone() {
+        let Some(&b) = k.first() else { continue };
+        let c = &mut common[b as usize];
+        if *c == usize::MAX {
+            *c = k.len();
+            first[b as usize] = k;
+        } else {
+            let f = first[b as usize];
+            let n = (*c).min(k.len());
+            *c = f[..n]
+                .iter()
+                .zip(&k[..n])
+                .position(|(x, y)| x != y)
+                .unwrap_or(n);
+        }
+    }
+    let mut tagged: Vec<(u16, u64, &[u8], usize)> = keys
+        .enumerate()
+        .map(|(i, k)| match k.first() {
+            // The empty key (never an entity key) sorts first.
+            None => (0, 0, k, i),
+            Some(&b) => {
+                let rest = &k[common[b as usize]..];
+                let mut word = [0u8; 8];
+                let n = rest.len().min(8);
+                word[..n].copy_from_slice(&rest[..n]);
+                (u16::from(b) + 1, u64::from_be_bytes(word), k, i)
+            }
+        })
+        .collect();
+    tagged.sort_unstable_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)).then_with(|| a.2.cmp(b.2)));
+    tagged.into_iter().map(|t| t.3).collect()
+}
+
 /// Moves sealed segments into the index, one segment at a time (so memory
 /// stays bounded by one segment however far behind it is).
 pub struct Checkpointer<F: Fs, I: Index> {
@@ -1586,15 +1653,10 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         let taken: Vec<(u64, Entry<'_>)> = newest.into_values().collect();
         // Sorted by key as (key, index) pairs: far fewer bytes to move
         // than the entries themselves.
-        let mut order: Vec<(&[u8], usize)> = taken
-            .iter()
-            .enumerate()
-            .map(|(i, (_, e))| (e.key, i))
-            .collect();
-        order.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        let order = sorted_by_key(taken.iter().map(|(_, e)| e.key));
         let items: Vec<CheckpointItem<'_>> = order
             .iter()
-            .map(|&(_, i)| {
+            .map(|&i| {
                 let e = &taken[i].1;
                 CheckpointItem {
                     key: e.key,
@@ -1717,6 +1779,37 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The checkpointer's sort gives what sorting by the whole key
+        /// gives: keys of few bytes (so that prefixes, equal words and
+        /// keys that are prefixes of others are common), any first byte.
+        #[test]
+        fn sorted_by_key_sorts_as_bytes_do(
+            keys in proptest::collection::vec(
+                proptest::collection::vec(prop_oneof![Just(0u8), Just(1u8), Just(b'r'), any::<u8>()], 0..20),
+                0..200,
+            ),
+            prefix in proptest::collection::vec(any::<u8>(), 0..12),
+        ) {
+            // Half the keys share a long prefix, as a segment's do.
+            let keys: Vec<Vec<u8>> = keys
+                .into_iter()
+                .enumerate()
+                .map(|(i, k)| if i % 2 == 0 { [&prefix[..], &k[..]].concat() } else { k })
+                .collect();
+            let order = super::sorted_by_key(keys.iter().map(|k| &k[..]));
+            let got: Vec<&[u8]> = order.iter().map(|&i| &keys[i][..]).collect();
+            let mut want: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
+            want.sort();
+            prop_assert_eq!(got, want);
+            let mut seen = order.clone();
+            seen.sort();
+            prop_assert_eq!(seen, (0..keys.len()).collect::<Vec<_>>());
+        }
+    }
+
     use super::*;
 
     #[test]

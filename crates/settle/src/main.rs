@@ -5,6 +5,7 @@
 //! exit code (`exit`).
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a CLI prints its answers
 
+mod alloc;
 #[cfg(feature = "bench")]
 mod bench;
 mod exit;
@@ -85,7 +86,7 @@ enum Cmd {
 /// malloc/free were about a tenth of the CPU of a pair in the profile; see
 /// docs/performance.md).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: alloc::Mimalloc = alloc::Mimalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
