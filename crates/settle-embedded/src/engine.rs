@@ -1651,8 +1651,8 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
             }
         }
         let taken: Vec<(u64, Entry<'_>)> = newest.into_values().collect();
-        // Sorted by key as (key, index) pairs: far fewer bytes to move
-        // than the entries themselves.
+        // Sorted as positions in `taken`: far fewer bytes to move than
+        // the entries themselves.
         let order = sorted_by_key(taken.iter().map(|(_, e)| e.key));
         let items: Vec<CheckpointItem<'_>> = order
             .iter()
@@ -1781,6 +1781,8 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
 mod tests {
     use proptest::prelude::*;
 
+    use super::*;
+
     proptest! {
         /// The checkpointer's sort gives what sorting by the whole key
         /// gives: keys of few bytes (so that prefixes, equal words and
@@ -1799,7 +1801,7 @@ mod tests {
                 .enumerate()
                 .map(|(i, k)| if i % 2 == 0 { [&prefix[..], &k[..]].concat() } else { k })
                 .collect();
-            let order = super::sorted_by_key(keys.iter().map(|k| &k[..]));
+            let order = sorted_by_key(keys.iter().map(|k| &k[..]));
             let got: Vec<&[u8]> = order.iter().map(|&i| &keys[i][..]).collect();
             let mut want: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
             want.sort();
@@ -1809,8 +1811,6 @@ mod tests {
             prop_assert_eq!(seen, (0..keys.len()).collect::<Vec<_>>());
         }
     }
-
-    use super::*;
 
     #[test]
     fn ingested_keys_are_held_and_others_mostly_not() {

@@ -25,7 +25,8 @@ use crate::openapi::V1Errors;
 use crate::problem::Problem;
 use crate::wire::parse_body;
 
-/// The request envelope; each call is kept as raw text and parsed on its own
+/// The request envelope as serde reads it, for the bodies [`split_calls`]
+/// does not take; each call is kept as raw text and parsed on its own
 /// (borrowed from the body: no copy per call).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -220,7 +221,10 @@ fn split_calls(body: &[u8]) -> Option<Vec<&str>> {
         }
         i
     };
-    let token = |i: usize, t: &[u8]| b[ws(i)..].starts_with(t).then(|| ws(i) + t.len());
+    let token = |i: usize, t: &[u8]| {
+        let i = ws(i);
+        b[i..].starts_with(t).then_some(i + t.len())
+    };
     let mut i = token(0, b"{")?;
     i = token(i, br#""calls""#)?;
     i = token(i, b":")?;
