@@ -25,6 +25,7 @@ mod engine;
 pub mod fs;
 pub mod index;
 mod pace;
+pub mod priority;
 mod record_codec;
 mod recovery;
 pub mod sim;
@@ -55,6 +56,7 @@ use crate::engine::{
 use crate::fs::{Fs, OsFs, create_dir_all_durable};
 use crate::index::{FjallIndex, Index, expiry_key};
 use crate::pace::Pacer;
+use crate::priority::Role;
 use crate::recovery::Recovered;
 pub use crate::wal::{CheckpointStep, Faults};
 
@@ -78,6 +80,12 @@ pub struct EmbeddedOptions {
     pub max_checkpoint_backlog: usize,
     /// The retry hint given with `Overloaded`.
     pub overload_retry_after_ms: u64,
+    /// The writer and log threads ask the scheduler for a higher priority
+    /// (nice 10 lower than the process's, where it may: root,
+    /// `CAP_SYS_NICE` or `RLIMIT_NICE`) and the background threads
+    /// (checkpointer, index writeback and compaction, segment preparation)
+    /// take the lowest (nice 19). Linux only; see [`priority`].
+    pub thread_priorities: bool,
     /// Fault injection (tests).
     pub faults: Option<Arc<Faults>>,
 }
@@ -92,6 +100,7 @@ impl Default for EmbeddedOptions {
             max_queue: 65_536,
             max_checkpoint_backlog: 2,
             overload_retry_after_ms: 100,
+            thread_priorities: true,
             faults: None,
         }
     }
@@ -214,7 +223,17 @@ impl EmbeddedStore {
         let fs = OsFs;
         create_dir_all_durable(&fs, &dir.join("wal")).map_err(io)?;
         let lock = fs.lock(&dir.join("LOCK")).map_err(io)?;
-        let index = FjallIndex::open(&dir.join("index"))?;
+        // Opened on a background thread: fjall's compaction worker, which
+        // it starts, inherits that thread's priority.
+        let prio = opts.thread_priorities;
+        let index = std::thread::scope(|s| {
+            s.spawn(|| {
+                priority::take(Role::Background, prio);
+                FjallIndex::open(&dir.join("index"))
+            })
+            .join()
+            .unwrap_or_else(|p| std::panic::resume_unwind(p))
+        })?;
         // fjall created `index/` if it was new.
         fs.sync_dir(dir).map_err(io)?;
         EmbeddedStore::start(&fs, dir, lock, index, opts)
@@ -248,9 +267,13 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         let shared = core.shared.clone();
         let pacer = ckpt.pacer.clone();
         let (tx, rx) = crossbeam_channel::unbounded();
+        let prio = opts.thread_priorities;
         let ck = std::thread::Builder::new()
             .name("settle-checkpoint".into())
-            .spawn(move || ckpt.run(crx))
+            .spawn(move || {
+                priority::take(Role::Background, prio);
+                ckpt.run(crx)
+            })
             .map_err(io)?;
         let Core { stage, log, .. } = core;
         // The writer gathers the next batch while the log thread makes the
@@ -266,7 +289,10 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         };
         let sy = std::thread::Builder::new()
             .name("settle-sync".into())
-            .spawn(move || syncer.run())
+            .spawn(move || {
+                priority::take(Role::Critical, prio);
+                syncer.run()
+            })
             .map_err(io)?;
         let writer = Writer {
             stage,
@@ -276,7 +302,10 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         };
         let wr = std::thread::Builder::new()
             .name("settle-writer".into())
-            .spawn(move || writer.run())
+            .spawn(move || {
+                priority::take(Role::Critical, prio);
+                writer.run()
+            })
             .map_err(io)?;
         let mut threads = vec![wr, sy, ck];
         // The index's own background writes (compactions) take turns with
@@ -286,7 +315,10 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             threads.push(
                 std::thread::Builder::new()
                     .name("settle-writeback".into())
-                    .spawn(move || p.run_after_syncs(WRITEBACK_EVERY, &mut step))
+                    .spawn(move || {
+                        priority::take(Role::Background, prio);
+                        p.run_after_syncs(WRITEBACK_EVERY, &mut step)
+                    })
                     .map_err(io)?,
             );
         }

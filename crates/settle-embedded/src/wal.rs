@@ -421,13 +421,23 @@ impl<F: Fs> Wal<F> {
         if let Some(f) = &faults {
             f.prepares_running.fetch_add(1, Ordering::SeqCst);
         }
-        self.next = Some(std::thread::spawn(move || {
-            let r = prepare(&fs, &dir, seq, size, prep, &faults, &|| pacer.step());
-            if let Some(f) = &faults {
-                f.prepares_running.fetch_sub(1, Ordering::SeqCst);
-            }
-            r
-        }));
+        // Background work, when the thread asking for it took a role.
+        let background = crate::priority::took();
+        let spawned = std::thread::Builder::new()
+            .name("settle-prepare".into())
+            .spawn(move || {
+                if background {
+                    crate::priority::take(crate::priority::Role::Background, true);
+                }
+                let r = prepare(&fs, &dir, seq, size, prep, &faults, &|| pacer.step());
+                if let Some(f) = &faults {
+                    f.prepares_running.fetch_sub(1, Ordering::SeqCst);
+                }
+                r
+            });
+        // As `std::thread::spawn` would: a process that cannot start a
+        // thread cannot run the store.
+        self.next = Some(spawned.expect("starting the segment preparation thread"));
     }
 
     /// The segment being written.

@@ -97,6 +97,8 @@ pub struct FileConfig {
     pub max_queue: Option<usize>,
     /// See `--segment-bytes`.
     pub segment_bytes: Option<u64>,
+    /// See `--thread-priorities`.
+    pub thread_priorities: Option<bool>,
     /// See `--pg-statement-timeout-ms`.
     pub pg_statement_timeout_ms: Option<u64>,
     /// See `--pg-lock-timeout-ms`.
@@ -165,6 +167,10 @@ pub struct Settings {
     /// Size of each preallocated log segment of the embedded store; a new
     /// store takes about twice this on disk [default: 67108864].
     pub segment_bytes: Option<u64>,
+    /// Embedded store on Linux: its writer and log threads ask for a higher
+    /// priority (where the process may), its background threads take the
+    /// lowest [default: true].
+    pub thread_priorities: Option<bool>,
     /// PostgreSQL: server-side statement_timeout per transaction [default: 10000].
     pub pg_statement_timeout_ms: Option<u64>,
     /// PostgreSQL: lock_timeout for row and principal locks [default: 5000].
@@ -237,6 +243,8 @@ pub struct Tuning {
     pub max_queue: Option<usize>,
     /// Size of each preallocated log segment of the embedded store, in bytes.
     pub segment_bytes: Option<u64>,
+    /// Embedded store: the writer and log threads raised, background threads lowered.
+    pub thread_priorities: Option<bool>,
     /// PostgreSQL `statement_timeout`, in ms.
     pub pg_statement_timeout_ms: Option<u64>,
     /// PostgreSQL `lock_timeout` for row and principal locks, in ms.
@@ -420,6 +428,7 @@ impl Config {
         let tuning = Tuning {
             max_queue: args.max_queue.or(file.max_queue),
             segment_bytes: args.segment_bytes.or(file.segment_bytes),
+            thread_priorities: args.thread_priorities.or(file.thread_priorities),
             pg_statement_timeout_ms: args
                 .pg_statement_timeout_ms
                 .or(file.pg_statement_timeout_ms),
@@ -511,16 +520,21 @@ mod tests {
     #[test]
     fn engine_tuning_comes_from_the_file_and_flags_and_is_checked() {
         let file: FileConfig =
-            toml::from_str("max_queue = 10\nsegment_bytes = 1048576\npg_lock_timeout_ms = 250")
-                .unwrap();
+            toml::from_str(
+                "max_queue = 10\nsegment_bytes = 1048576\npg_lock_timeout_ms = 250\nthread_priorities = true",
+            )
+            .unwrap();
         let mut a = args();
         a.pg_statement_timeout_ms = Some(900);
+        // The flag wins over the file.
+        a.thread_priorities = Some(false);
         let c = Config::merge(file, &a).unwrap();
         assert_eq!(
             c.tuning,
             Tuning {
                 max_queue: Some(10),
                 segment_bytes: Some(1 << 20),
+                thread_priorities: Some(false),
                 pg_statement_timeout_ms: Some(900),
                 pg_lock_timeout_ms: Some(250),
                 ..Tuning::default()

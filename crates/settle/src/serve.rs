@@ -101,6 +101,11 @@ pub struct ServeArgs {
     /// store takes about twice this on disk [default: 67108864].
     #[arg(long, env = "SETTLE_SEGMENT_BYTES")]
     pub segment_bytes: Option<u64>,
+    /// Embedded store on Linux: its writer and log threads ask for a higher
+    /// priority (where the process may: root, CAP_SYS_NICE, RLIMIT_NICE) and
+    /// its background threads take the lowest [default: true].
+    #[arg(long, env = "SETTLE_THREAD_PRIORITIES", value_name = "BOOL", value_parser = clap::builder::BoolishValueParser::new())]
+    pub thread_priorities: Option<bool>,
     /// PostgreSQL: server-side statement_timeout per transaction [default: 10000].
     #[arg(long, env = "SETTLE_PG_STATEMENT_TIMEOUT_MS")]
     pub pg_statement_timeout_ms: Option<u64>,
@@ -143,6 +148,7 @@ impl From<ServeArgs> for Settings {
             request_timeout_ms: a.request_timeout_ms,
             max_queue: a.max_queue,
             segment_bytes: a.segment_bytes,
+            thread_priorities: a.thread_priorities,
             pg_statement_timeout_ms: a.pg_statement_timeout_ms,
             pg_lock_timeout_ms: a.pg_lock_timeout_ms,
             pg_idle_in_transaction_timeout_ms: a.pg_idle_in_transaction_timeout_ms,
@@ -157,6 +163,7 @@ fn embedded_options(t: &Tuning) -> EmbeddedOptions {
     EmbeddedOptions {
         max_queue: t.max_queue.unwrap_or(d.max_queue),
         segment_bytes: t.segment_bytes.unwrap_or(d.segment_bytes),
+        thread_priorities: t.thread_priorities.unwrap_or(d.thread_priorities),
         ..d
     }
 }

@@ -1,0 +1,150 @@
+//! The store's threads run at their roles' priorities (Linux): the writer
+//! and the log thread raised where the process may, the checkpointer and
+//! fjall's compaction worker at nice 19; with `thread_priorities` off, all
+//! at the opener's. One test in its own process: it reads every thread's
+//! nice value from /proc, so no other test's store may be open meanwhile.
+#![cfg(target_os = "linux")]
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use settle_core::testkit::*;
+use settle_core::*;
+use settle_embedded::priority::{self, BACKGROUND_NICE, RAISE};
+use settle_embedded::{CheckpointStep, EmbeddedOptions, EmbeddedStore, Faults};
+#[allow(dead_code)]
+mod common;
+use common::{logs, tenant};
+use settle_ledger::Store;
+
+/// The nice values of this process's threads named `comm` (as the kernel
+/// shortens names: 15 bytes).
+fn nice_of(comm: &str) -> Vec<i32> {
+    let mut out = Vec::new();
+    for t in std::fs::read_dir("/proc/self/task").unwrap() {
+        let t = t.unwrap().path();
+        let Ok(name) = std::fs::read_to_string(t.join("comm")) else {
+            continue; // the thread ended meanwhile
+        };
+        if name.trim_end() != comm {
+            continue;
+        }
+        let stat = std::fs::read_to_string(t.join("stat")).unwrap();
+        // Fields after the name (which may hold spaces) start after ')';
+        // nice is the 19th field of the line, the 17th after it.
+        let rest = &stat[stat.rfind(')').unwrap() + 2..];
+        out.push(rest.split(' ').nth(16).unwrap().parse().unwrap());
+    }
+    out
+}
+
+/// Whether the kernel lets this process raise a thread's priority; asked
+/// on a throwaway thread.
+fn may_raise() -> bool {
+    std::thread::spawn(|| {
+        let before = priority::current().unwrap();
+        let tid = rustix::thread::gettid();
+        before > -20 && rustix::process::setpriority_process(Some(tid), before - 1).is_ok()
+    })
+    .join()
+    .unwrap()
+}
+
+async fn claim_and_settle(store: &EmbeddedStore, key: &str) {
+    let fence = match store
+        .execute(&tenant(), claim(key, 1, binding("alice", 0)))
+        .await
+        .unwrap()
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("{key}: {other:?}"),
+    };
+    let r = store
+        .execute(
+            &tenant(),
+            settle(key, fence, 1, binding("alice", 0), completed(1)),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(r, Reply::Receipt(_)), "{key}: {r:?}");
+}
+
+/// Opens a store, writes until a segment is checkpointed, and gives back
+/// the nice values of the writer, the log thread and fjall's worker while
+/// it is open, and the one the checkpointer had during its checkpoint.
+async fn run(on: bool) -> (Vec<i32>, Vec<i32>, Vec<i32>, Option<i32>) {
+    let dir = tempfile::tempdir().unwrap();
+    let faults = Arc::new(Faults::default());
+    let seen = Arc::new(Mutex::new(None));
+    {
+        let seen = seen.clone();
+        // Runs on the checkpointer thread.
+        *faults.checkpoint_hook.lock() = Some(Arc::new(move |step| {
+            if step == CheckpointStep::TablesWritten {
+                *seen.lock() = priority::current();
+            }
+        }));
+    }
+    let o = EmbeddedOptions {
+        segment_bytes: 8192,
+        thread_priorities: on,
+        faults: Some(faults),
+        ..EmbeddedOptions::default()
+    };
+    let store = EmbeddedStore::open(dir.path(), o).unwrap();
+    // A settled pair: the writer applied a command and the log thread
+    // synced a frame, both after taking their roles.
+    let mut n = 0;
+    while logs(dir.path()) < 2 {
+        claim_and_settle(&store, &format!("k-{n}")).await;
+        n += 1;
+        assert!(n < 10_000, "no segment was sealed");
+    }
+    let writer = nice_of("settle-writer");
+    let sync = nice_of("settle-sync");
+    // Preparing the next segment, when one is being prepared right now.
+    let prepare = nice_of("settle-prepare");
+    let background = if on {
+        BACKGROUND_NICE.max(priority::current().unwrap())
+    } else {
+        priority::current().unwrap()
+    };
+    assert!(
+        prepare.iter().all(|&n| n == background),
+        "segment preparation: {prepare:?}"
+    );
+    let fjall = nice_of("fjall:worker");
+    // Closing runs every checkpoint to its end and joins the store's threads.
+    let closing = store.clone();
+    tokio::task::spawn_blocking(move || closing.close())
+        .await
+        .unwrap();
+    let checkpointer = *seen.lock();
+    (writer, sync, fjall, checkpointer)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_threads_take_their_roles_priorities() {
+    let base = priority::current().unwrap();
+    let raised = if may_raise() {
+        (base - RAISE).max(-20)
+    } else {
+        base
+    };
+
+    let (writer, sync, fjall, checkpointer) = run(true).await;
+    assert_eq!(writer, vec![raised], "writer");
+    assert_eq!(sync, vec![raised], "log thread");
+    assert_eq!(fjall, vec![BACKGROUND_NICE.max(base)], "fjall's worker");
+    assert_eq!(
+        checkpointer,
+        Some(BACKGROUND_NICE.max(base)),
+        "checkpointer"
+    );
+
+    // (fjall's worker may outlive the first store a while: not looked at.)
+    let (writer, sync, _, checkpointer) = run(false).await;
+    assert_eq!(writer, vec![base], "writer, priorities off");
+    assert_eq!(sync, vec![base], "log thread, priorities off");
+    assert_eq!(checkpointer, Some(base), "checkpointer, priorities off");
+}
