@@ -87,11 +87,10 @@ pub struct EmbeddedOptions {
     pub max_checkpoint_backlog: usize,
     /// The retry hint given with `Overloaded`.
     pub overload_retry_after_ms: u64,
-    /// The writer and log threads ask the scheduler for a higher priority
-    /// (nice 10 lower than the process's, where it may: root,
-    /// `CAP_SYS_NICE` or `RLIMIT_NICE`) and the background threads
-    /// (checkpointer, index writeback and compaction, segment preparation)
-    /// take the lowest (nice 19). Linux only; see [`priority`].
+    /// The background threads (checkpointer, index writeback and
+    /// compaction, segment preparation) run a few nice levels below the
+    /// opener's thread, so the writer and the log thread get a core first.
+    /// Linux only; see [`priority`].
     pub thread_priorities: bool,
     /// Fault injection (tests).
     pub faults: Option<Arc<Faults>>,

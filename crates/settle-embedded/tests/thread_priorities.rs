@@ -1,7 +1,7 @@
 //! The store's threads run at their roles' priorities (Linux): the writer
-//! and the log thread raised where the process may, the checkpointer and
-//! fjall's compaction worker at nice 19; with `thread_priorities` off, all
-//! at the opener's. One test in its own process: it reads every thread's
+//! and the log thread at the opener's, the checkpointer, fjall's compaction
+//! worker and segment preparation a few levels lower; with
+//! `thread_priorities` off, all at the opener's. One test in its own process: it reads every thread's
 //! nice value from /proc, so no other test's store may be open meanwhile.
 #![cfg(target_os = "linux")]
 
@@ -10,7 +10,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use settle_core::testkit::*;
 use settle_core::*;
-use settle_embedded::priority::{self, BACKGROUND_NICE, RAISE};
+use settle_embedded::priority::{self, background_of};
 use settle_embedded::{CheckpointStep, EmbeddedOptions, EmbeddedStore, Faults};
 #[allow(dead_code)]
 mod common;
@@ -36,18 +36,6 @@ fn nice_of(comm: &str) -> Vec<i32> {
         out.push(rest.split(' ').nth(16).unwrap().parse().unwrap());
     }
     out
-}
-
-/// Whether the kernel lets this process raise a thread's priority; asked
-/// on a throwaway thread.
-fn may_raise() -> bool {
-    std::thread::spawn(|| {
-        let before = priority::current().unwrap();
-        let tid = rustix::thread::gettid();
-        before > -20 && rustix::process::setpriority_process(Some(tid), before - 1).is_ok()
-    })
-    .join()
-    .unwrap()
 }
 
 async fn claim_and_settle(store: &EmbeddedStore, key: &str) {
@@ -104,11 +92,8 @@ async fn run(on: bool) -> (Vec<i32>, Vec<i32>, Vec<i32>, Option<i32>) {
     let sync = nice_of("settle-sync");
     // Preparing the next segment, when one is being prepared right now.
     let prepare = nice_of("settle-prepare");
-    let background = if on {
-        BACKGROUND_NICE.max(priority::current().unwrap())
-    } else {
-        priority::current().unwrap()
-    };
+    let base = priority::current().unwrap();
+    let background = if on { background_of(base) } else { base };
     assert!(
         prepare.iter().all(|&n| n == background),
         "segment preparation: {prepare:?}"
@@ -126,21 +111,14 @@ async fn run(on: bool) -> (Vec<i32>, Vec<i32>, Vec<i32>, Option<i32>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_threads_take_their_roles_priorities() {
     let base = priority::current().unwrap();
-    let raised = if may_raise() {
-        (base - RAISE).max(-20)
-    } else {
-        base
-    };
+    let lowered = background_of(base);
+    assert!(lowered > base || base == 19);
 
     let (writer, sync, fjall, checkpointer) = run(true).await;
-    assert_eq!(writer, vec![raised], "writer");
-    assert_eq!(sync, vec![raised], "log thread");
-    assert_eq!(fjall, vec![BACKGROUND_NICE.max(base)], "fjall's worker");
-    assert_eq!(
-        checkpointer,
-        Some(BACKGROUND_NICE.max(base)),
-        "checkpointer"
-    );
+    assert_eq!(writer, vec![base], "writer");
+    assert_eq!(sync, vec![base], "log thread");
+    assert_eq!(fjall, vec![lowered], "fjall's worker");
+    assert_eq!(checkpointer, Some(lowered), "checkpointer");
 
     // (fjall's worker may outlive the first store a while: not looked at.)
     let (writer, sync, _, checkpointer) = run(false).await;

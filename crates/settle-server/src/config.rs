@@ -167,9 +167,9 @@ pub struct Settings {
     /// Size of each preallocated log segment of the embedded store; a new
     /// store takes about twice this on disk [default: 67108864].
     pub segment_bytes: Option<u64>,
-    /// Embedded store on Linux: its writer and log threads ask for a higher
-    /// priority (where the process may), its background threads take the
-    /// lowest [default: true].
+    /// Embedded store on Linux: its background threads (checkpointer, index
+    /// compaction, segment preparation) run 4 nice levels below the rest, so
+    /// the writer and the log thread get a core first [default: true].
     pub thread_priorities: Option<bool>,
     /// PostgreSQL: server-side statement_timeout per transaction [default: 10000].
     pub pg_statement_timeout_ms: Option<u64>,
@@ -243,7 +243,7 @@ pub struct Tuning {
     pub max_queue: Option<usize>,
     /// Size of each preallocated log segment of the embedded store, in bytes.
     pub segment_bytes: Option<u64>,
-    /// Embedded store: the writer and log threads raised, background threads lowered.
+    /// Embedded store: background threads 4 nice levels below the rest.
     pub thread_priorities: Option<bool>,
     /// PostgreSQL `statement_timeout`, in ms.
     pub pg_statement_timeout_ms: Option<u64>,

@@ -101,9 +101,9 @@ pub struct ServeArgs {
     /// store takes about twice this on disk [default: 67108864].
     #[arg(long, env = "SETTLE_SEGMENT_BYTES")]
     pub segment_bytes: Option<u64>,
-    /// Embedded store on Linux: its writer and log threads ask for a higher
-    /// priority (where the process may: root, CAP_SYS_NICE, RLIMIT_NICE) and
-    /// its background threads take the lowest [default: true].
+    /// Embedded store on Linux: its background threads (checkpointer, index
+    /// compaction, segment preparation) run 4 nice levels below the rest, so
+    /// the writer and the log thread get a core first [default: true].
     #[arg(long, env = "SETTLE_THREAD_PRIORITIES", value_name = "BOOL", value_parser = clap::builder::BoolishValueParser::new())]
     pub thread_priorities: Option<bool>,
     /// PostgreSQL: server-side statement_timeout per transaction [default: 10000].
