@@ -90,7 +90,10 @@ pub struct EmbeddedOptions {
     /// The background threads (checkpointer, index writeback and
     /// compaction, segment preparation) run a few nice levels below the
     /// opener's thread, so the writer and the log thread get a core first.
-    /// Linux only; see [`priority`].
+    /// Off by default: ~4 % more pairs/s on a busy 2-core machine, but now
+    /// and then a checkpoint that fell behind held the writer (p999 90-150
+    /// ms in 2 of 13 runs, against none of 16 without). Linux only; see
+    /// [`priority`].
     pub thread_priorities: bool,
     /// Fault injection (tests).
     pub faults: Option<Arc<Faults>>,
@@ -106,7 +109,7 @@ impl Default for EmbeddedOptions {
             max_queue: 65_536,
             max_checkpoint_backlog: 2,
             overload_retry_after_ms: 100,
-            thread_priorities: true,
+            thread_priorities: false,
             faults: None,
         }
     }

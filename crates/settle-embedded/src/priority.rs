@@ -7,17 +7,19 @@
 //! waits for the checkpointer only past `max_checkpoint_backlog`). On two
 //! cores at 1,024 in flight the writer spent a quarter of its time, and the
 //! log thread a third, runnable but waiting for a core the checkpointer
-//! held (`bench/threads`). The background threads therefore run
-//! [`BACKGROUND_NICE`] nice levels below the thread that opened the store
-//! (about a third of its CPU share when both want a core): 4-7 % more
-//! pairs/s in process and in HTTP batches.
+//! held (`bench/threads`). With [`Role::Background`] the background
+//! threads run [`BACKGROUND_NICE`] levels below the thread that opened the
+//! store (about a third of its CPU share when both want a core): ~4 % more
+//! pairs/s in process at 1,024 in flight.
 //!
-//! Not lower, and the critical threads not raised: a checkpointer that
-//! gets much less than the writer falls behind, fills its backlog, and
-//! then the writer waits for a whole checkpoint. At nice 19 (or nice 0
-//! beside a writer at -10) the p999 went from ~20 ms to 90-300 ms
-//! (docs/performance.md, "Tenth round"). Lowering a thread's priority
-//! needs no privilege, so this behaves the same for every user.
+//! It is off by default (`EmbeddedOptions::thread_priorities`): a
+//! checkpointer that gets less CPU than the writer can fall behind, fill
+//! its backlog, and then the writer waits for a whole checkpoint. At nice
+//! 19 (or nice 0 beside a writer raised to -10) the p999 went from ~20 ms
+//! to 90-300 ms; at +4 it was 90-150 ms in 2 of 13 runs, against none of
+//! 16 without (docs/performance.md, "Tenth round"). Raising the critical
+//! threads instead would need a privilege (root, `CAP_SYS_NICE`), so it is
+//! not done. Lowering needs none.
 //!
 //! Linux only (per-thread nice values); elsewhere nothing changes.
 //! `EmbeddedOptions::thread_priorities` turns it off.

@@ -65,6 +65,10 @@ pub struct BenchArgs {
     /// starting over at the end), to measure what listing costs the pairs.
     #[arg(long, requires = "data")]
     page_through: bool,
+    /// With --data: the embedded store's background threads a few nice
+    /// levels lower (`EmbeddedOptions::thread_priorities`, Linux).
+    #[arg(long, value_name = "on|off", default_value = "off", value_parser = on_off, action = clap::ArgAction::Set, requires = "data")]
+    thread_priorities: bool,
     #[command(flatten)]
     pg: PgBenchArgs,
     /// One JSON object per run, one per line.
@@ -157,7 +161,13 @@ async fn once(
             "one of --url, --data or --store is required",
         ));
     };
-    let store = open_embedded(dir)?;
+    let store = open_embedded_with(
+        dir,
+        settle_embedded::EmbeddedOptions {
+            thread_priorities: a.thread_priorities,
+            ..Default::default()
+        },
+    )?;
     let pager = a.page_through.then(|| Pager::start(store.clone()));
     let cpu_before = process_cpu_s();
     let result = settle_ledger::bench::run_store(
@@ -284,7 +294,14 @@ where
 }
 
 fn open_embedded(dir: &Path) -> Result<Arc<settle_embedded::EmbeddedStore>, Failure> {
-    settle_embedded::EmbeddedStore::open(dir, Default::default())
+    open_embedded_with(dir, Default::default())
+}
+
+fn open_embedded_with(
+    dir: &Path,
+    opts: settle_embedded::EmbeddedOptions,
+) -> Result<Arc<settle_embedded::EmbeddedStore>, Failure> {
+    settle_embedded::EmbeddedStore::open(dir, opts)
         .map_err(|e| Failure::local(format!("cannot open {}: {e}", dir.display())))
 }
 
