@@ -84,6 +84,9 @@ pub struct Faults {
     pub syncs: AtomicU64,
     /// Checkpoints completed so far.
     pub checkpoints: AtomicU64,
+    /// The nice value each background segment preparation ran at, once it
+    /// took its role (Linux), in the order they were started.
+    pub prepare_nice: Mutex<Vec<i32>>,
 }
 
 impl std::fmt::Debug for Faults {
@@ -426,8 +429,13 @@ impl<F: Fs> Wal<F> {
         let spawned = std::thread::Builder::new()
             .name("settle-prepare".into())
             .spawn(move || {
-                if background {
-                    crate::priority::take(crate::priority::Role::Background, true);
+                let nice = if background {
+                    crate::priority::take(crate::priority::Role::Background, true)
+                } else {
+                    crate::priority::current()
+                };
+                if let (Some(f), Some(n)) = (&faults, nice) {
+                    f.prepare_nice.lock().push(n);
                 }
                 let r = prepare(&fs, &dir, seq, size, prep, &faults, &|| pacer.step());
                 if let Some(f) = &faults {

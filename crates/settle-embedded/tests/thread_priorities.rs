@@ -76,27 +76,30 @@ async fn run(on: bool) -> (Vec<i32>, Vec<i32>, Vec<i32>, Option<i32>) {
     let o = EmbeddedOptions {
         segment_bytes: 8192,
         thread_priorities: on,
-        faults: Some(faults),
+        faults: Some(faults.clone()),
         ..EmbeddedOptions::default()
     };
     let store = EmbeddedStore::open(dir.path(), o).unwrap();
     // A settled pair: the writer applied a command and the log thread
-    // synced a frame, both after taking their roles.
+    // synced a frame, both after taking their roles. Until a segment is
+    // sealed (for a checkpoint) and a second one is being prepared: the
+    // first preparation is started by the opening thread, later ones by
+    // the log thread.
     let mut n = 0;
-    while logs(dir.path()) < 2 {
+    while logs(dir.path()) < 2 || faults.prepare_nice.lock().len() < 2 {
         claim_and_settle(&store, &format!("k-{n}")).await;
         n += 1;
         assert!(n < 10_000, "no segment was sealed");
     }
     let writer = nice_of("settle-writer");
     let sync = nice_of("settle-sync");
-    // Preparing the next segment, when one is being prepared right now.
-    let prepare = nice_of("settle-prepare");
     let base = priority::current().unwrap();
     let background = if on { background_of(base) } else { base };
+    let prepared = faults.prepare_nice.lock().clone();
+    assert_eq!(prepared[0], base, "the opener's segment preparation");
     assert!(
-        prepare.iter().all(|&n| n == background),
-        "segment preparation: {prepare:?}"
+        prepared[1..].iter().all(|&n| n == background),
+        "segment preparation started by the log thread: {prepared:?}"
     );
     let fjall = nice_of("fjall:worker");
     // Closing runs every checkpoint to its end and joins the store's threads.

@@ -229,11 +229,13 @@ pub async fn open_store(config: &Config) -> Result<OpenedStore, ServeError> {
     }
 }
 
-/// Logs to stderr; `SETTLE_LOG` (or `RUST_LOG`) sets the filter, default `info`.
-fn init_tracing() {
+/// Logs to stderr; `SETTLE_LOG` (or `RUST_LOG`) sets the filter, default
+/// `default` (`info` for the server, `warn` for the benchmark, whose
+/// warnings — a checkpointer the writer waits for — explain its tail).
+pub fn init_tracing(default: &str) {
     let filter = std::env::var("SETTLE_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
-        .unwrap_or_else(|_| "info".to_string());
+        .unwrap_or_else(|_| default.to_string());
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
         .with_writer(std::io::stderr)
@@ -245,7 +247,7 @@ fn init_tracing() {
 /// `listening on ADDR` on stdout (tests and scripts read it), serves until
 /// SIGTERM or ctrl-c.
 pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
-    init_tracing();
+    init_tracing("info");
     let config = Config::from_settings(&args.into())?;
     let bind_error = |source| ServeError::Bind {
         addr: config.listen.to_string(),

@@ -109,6 +109,7 @@ fn on_off(s: &str) -> Result<bool, String> {
 }
 
 pub async fn run(a: BenchArgs) -> Result<(), Failure> {
+    crate::serve::init_tracing("warn");
     let duration = Duration::from_secs_f64(a.duration.max(0.1));
     if let Some(url) = &a.store {
         return postgres(url, &a, duration).await;
