@@ -277,13 +277,10 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         let pacer = ckpt.pacer.clone();
         let (tx, rx) = crossbeam_channel::unbounded();
         let prio = opts.thread_priorities;
-        let ck = std::thread::Builder::new()
-            .name("settle-checkpoint".into())
-            .spawn(move || {
-                priority::take(Role::Background, prio);
-                ckpt.run(crx)
-            })
-            .map_err(io)?;
+        let ck = priority::spawn("settle-checkpoint", Role::Background, prio, move || {
+            ckpt.run(crx)
+        })
+        .map_err(io)?;
         let Core { stage, log, .. } = core;
         // The writer gathers the next batch while the log thread makes the
         // last durable; `IN_FLIGHT` frames wait there at most (and one more
@@ -296,12 +293,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             rx: srx,
             synced: done_tx,
         };
-        let sy = std::thread::Builder::new()
-            .name("settle-sync".into())
-            .spawn(move || {
-                priority::take(Role::Critical, prio);
-                syncer.run()
-            })
+        let sy = priority::spawn("settle-sync", Role::Critical, prio, move || syncer.run())
             .map_err(io)?;
         let writer = Writer {
             stage,
@@ -309,12 +301,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             tx: stx,
             synced: done_rx,
         };
-        let wr = std::thread::Builder::new()
-            .name("settle-writer".into())
-            .spawn(move || {
-                priority::take(Role::Critical, prio);
-                writer.run()
-            })
+        let wr = priority::spawn("settle-writer", Role::Critical, prio, move || writer.run())
             .map_err(io)?;
         let mut threads = vec![wr, sy, ck];
         // The index's own background writes (compactions) take turns with
@@ -322,13 +309,10 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         if let Some(mut step) = shared.index.background_writeback() {
             let p = pacer.clone();
             threads.push(
-                std::thread::Builder::new()
-                    .name("settle-writeback".into())
-                    .spawn(move || {
-                        priority::take(Role::Background, prio);
-                        p.run_after_syncs(WRITEBACK_EVERY, &mut step)
-                    })
-                    .map_err(io)?,
+                priority::spawn("settle-writeback", Role::Background, prio, move || {
+                    p.run_after_syncs(WRITEBACK_EVERY, &mut step)
+                })
+                .map_err(io)?,
             );
         }
         Ok(Arc::new(EmbeddedStore {

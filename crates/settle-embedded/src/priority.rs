@@ -59,6 +59,21 @@ pub fn take(role: Role, enabled: bool) -> Option<i32> {
     current()
 }
 
+/// Starts a thread named `name` that takes `role` (when `enabled`), then runs `f`.
+pub fn spawn<T: Send + 'static>(
+    name: &str,
+    role: Role,
+    enabled: bool,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::io::Result<std::thread::JoinHandle<T>> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(move || {
+            take(role, enabled);
+            f()
+        })
+}
+
 /// Whether the calling thread took a role (so that the work it hands to a
 /// new thread should be background work).
 pub fn took() -> bool {

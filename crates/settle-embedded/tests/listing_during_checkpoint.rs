@@ -8,31 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use settle_core::testkit::*;
-use settle_core::*;
 use settle_embedded::{CheckpointStep, EmbeddedOptions, EmbeddedStore, Faults};
 mod common;
-use common::{Release, logs, tenant};
+use common::{Release, claim_and_settle, logs, tenant};
 use settle_ledger::Store;
-
-async fn claim_and_settle(store: &EmbeddedStore, key: &str) {
-    let fence = match store
-        .execute(&tenant(), claim(key, 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("{key}: {other:?}"),
-    };
-    let r = store
-        .execute(
-            &tenant(),
-            settle(key, fence, 1, binding("alice", 0), completed(1)),
-        )
-        .await
-        .unwrap();
-    assert!(matches!(r, Reply::Receipt(_)), "{key}: {r:?}");
-}
 
 /// The store keeps its sorted key set from its first listing on: the race
 /// is the same whether that listing is the one taken during the eviction

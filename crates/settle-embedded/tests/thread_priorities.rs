@@ -8,14 +8,10 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use settle_core::testkit::*;
-use settle_core::*;
 use settle_embedded::priority::{self, background_of};
 use settle_embedded::{CheckpointStep, EmbeddedOptions, EmbeddedStore, Faults};
-#[allow(dead_code)]
 mod common;
-use common::{logs, tenant};
-use settle_ledger::Store;
+use common::{claim_and_settle, logs};
 
 /// The nice values of this process's threads named `comm` (as the kernel
 /// shortens names: 15 bytes).
@@ -36,25 +32,6 @@ fn nice_of(comm: &str) -> Vec<i32> {
         out.push(rest.split(' ').nth(16).unwrap().parse().unwrap());
     }
     out
-}
-
-async fn claim_and_settle(store: &EmbeddedStore, key: &str) {
-    let fence = match store
-        .execute(&tenant(), claim(key, 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("{key}: {other:?}"),
-    };
-    let r = store
-        .execute(
-            &tenant(),
-            settle(key, fence, 1, binding("alice", 0), completed(1)),
-        )
-        .await
-        .unwrap();
-    assert!(matches!(r, Reply::Receipt(_)), "{key}: {r:?}");
 }
 
 /// Opens a store, writes until a segment is checkpointed, and gives back

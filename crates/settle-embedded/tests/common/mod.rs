@@ -1,9 +1,13 @@
-//! Helpers shared by the tests that hold checkpoints at a gate.
+//! Helpers shared by the tests that hold checkpoints at a gate or write
+//! until segments are sealed (each test binary uses some of them).
+#![allow(dead_code)]
 
 use std::sync::Arc;
 
-use settle_core::TenantId;
-use settle_embedded::Faults;
+use settle_core::testkit::*;
+use settle_core::{ClaimDecision, Reply, TenantId};
+use settle_embedded::{EmbeddedStore, Faults};
+use settle_ledger::Store;
 
 pub fn tenant() -> TenantId {
     TenantId::new("acme").unwrap()
@@ -31,4 +35,24 @@ impl Drop for Release {
     fn drop(&mut self) {
         self.0.release_checkpoints();
     }
+}
+
+/// Claims `key` and settles it completed; panics on any other answer.
+pub async fn claim_and_settle(store: &EmbeddedStore, key: &str) {
+    let fence = match store
+        .execute(&tenant(), claim(key, 1, binding("alice", 0)))
+        .await
+        .unwrap()
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("{key}: {other:?}"),
+    };
+    let r = store
+        .execute(
+            &tenant(),
+            settle(key, fence, 1, binding("alice", 0), completed(1)),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(r, Reply::Receipt(_)), "{key}: {r:?}");
 }
