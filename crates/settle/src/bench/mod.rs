@@ -69,6 +69,11 @@ pub struct BenchArgs {
     /// levels lower (`EmbeddedOptions::thread_priorities`, Linux).
     #[arg(long, value_name = "on|off", default_value = "off", value_parser = on_off, action = clap::ArgAction::Set, requires = "data")]
     thread_priorities: bool,
+    /// With --data: the embedded store's log segment size in bytes
+    /// (`EmbeddedOptions::segment_bytes`; as `settle serve --segment-bytes`,
+    /// within [65536, 1073741824]).
+    #[arg(long, value_name = "BYTES", default_value_t = settle_embedded::EmbeddedOptions::default().segment_bytes, value_parser = clap::value_parser!(u64).range(65_536..=1 << 30), requires = "data")]
+    segment_bytes: u64,
     #[command(flatten)]
     pg: PgBenchArgs,
     /// One JSON object per run, one per line.
@@ -166,6 +171,7 @@ async fn once(
         dir,
         settle_embedded::EmbeddedOptions {
             thread_priorities: a.thread_priorities,
+            segment_bytes: a.segment_bytes,
             ..Default::default()
         },
     )?;
