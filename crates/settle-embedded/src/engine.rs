@@ -585,7 +585,39 @@ pub struct Log<F: Fs, I: Index> {
     pub wal: Wal<F>,
     pub sealed: SealSink,
     pub faults: Option<Arc<Faults>>,
+    /// Syncs slower than [`SLOW_SYNC`], reported now and then.
+    pub slow_syncs: SlowSyncs,
 }
+
+/// Slow log syncs not reported yet, and when the last report was: at most
+/// one report per [`SLOW_SYNC_REPORT`], saying how many there were.
+#[derive(Debug, Default)]
+pub struct SlowSyncs {
+    unreported: u64,
+    last_report: Option<Instant>,
+}
+
+impl SlowSyncs {
+    /// Counts a slow sync at `now`; `Some(n)`: report `n` slow syncs now.
+    pub fn note(&mut self, now: Instant) -> Option<u64> {
+        self.unreported += 1;
+        if self
+            .last_report
+            .is_some_and(|t| now.saturating_duration_since(t) < SLOW_SYNC_REPORT)
+        {
+            return None;
+        }
+        self.last_report = Some(now);
+        Some(std::mem::take(&mut self.unreported))
+    }
+}
+
+/// A log write + `fdatasync` this slow is reported (a warning, rate
+/// limited): every command of its batch waited for it. On the test VMs
+/// these came with the checkpoint's table writes and segment removals on
+/// a busy disk (docs/performance.md, "Eleventh round").
+pub const SLOW_SYNC: Duration = Duration::from_millis(50);
+const SLOW_SYNC_REPORT: Duration = Duration::from_secs(10);
 
 /// A batch being gathered: its commands applied as they came, its
 /// changes in [`Stage::overlay`], its frame not encoded yet.
@@ -669,6 +701,7 @@ impl<F: Fs, I: Index> Core<F, I> {
                 wal,
                 sealed,
                 faults,
+                slow_syncs: SlowSyncs::default(),
             },
             shared,
         }
@@ -1050,9 +1083,27 @@ impl<F: Fs, I: Index> Log<F, I> {
             self.shared.poison();
             return Err(StoreError::Io(e.to_string()));
         }
-        metrics::histogram!("settle_commit_duration_seconds")
-            .record(started.elapsed().as_secs_f64());
+        let took = started.elapsed();
+        metrics::histogram!("settle_commit_duration_seconds").record(took.as_secs_f64());
+        if took >= SLOW_SYNC {
+            self.slow_sync(took, buf.len());
+        }
         Ok(())
+    }
+
+    /// Counts a slow sync; warns now and then (with how many since).
+    fn slow_sync(&mut self, took: Duration, bytes: usize) {
+        metrics::counter!("settle_log_slow_syncs_total").increment(1);
+        if let Some(n) = self.slow_syncs.note(Instant::now()) {
+            tracing::warn!(
+                took_ms = took.as_millis() as u64,
+                bytes,
+                slow_syncs = n,
+                "a log write and sync took over {} ms (the disk is busy or slow; \
+                 every command of the batch waited)",
+                SLOW_SYNC.as_millis()
+            );
+        }
     }
 
     /// A clean close: seals the last segment and lets the checkpointer
@@ -1657,6 +1708,7 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         path: &std::path::Path,
         buf: &mut Vec<u8>,
     ) -> Result<(), StoreError> {
+        let started = Instant::now();
         wal::read_segment_into(&self.fs, path, buf)?;
         let buf = &buf[..];
         let frames = decode_frames(buf, seq)?;
@@ -1713,6 +1765,7 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         if Faults::take_checkpoint(&self.faults) {
             return Err(StoreError::Io("injected checkpoint failure".into()));
         }
+        let prepared = Instant::now();
         // Before they can be in the index (and long before they leave the map).
         self.shared.ingested.add(items.iter().map(|it| it.key));
         let pacer = &self.pacer;
@@ -1725,8 +1778,10 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
             }
         }
         Faults::step(&self.faults, CheckpointStep::TablesWritten);
+        let written = Instant::now();
         self.shared.index.commit_meta(&meta)?;
         Faults::step(&self.faults, CheckpointStep::Persisted);
+        let persisted = Instant::now();
         // The index now holds everything the segment holds: drop it.
         let pacer = &self.pacer;
         self.fs
@@ -1734,6 +1789,7 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
             .map_err(io_err)?;
         self.fs.sync_dir(&self.wal_dir).map_err(io_err)?;
         Faults::step(&self.faults, CheckpointStep::SegmentDeleted);
+        let removed = Instant::now();
         // The log thread seals a segment as soon as its last frame is
         // durable; the writer publishes that batch a moment later. Evicting
         // before then would keep the state it is about to publish in memory
@@ -1742,7 +1798,18 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
             self.evict(&taken);
         }
         self.meta = meta;
-        tracing::debug!(entities = taken.len(), seq, "checkpoint ingested");
+        // Each step's time: which one a slow log sync came with.
+        let ms = |a: Instant, b: Instant| b.duration_since(a).as_millis() as u64;
+        tracing::debug!(
+            entities = taken.len(),
+            seq,
+            read_sort_ms = ms(started, prepared),
+            tables_ms = ms(prepared, written),
+            meta_ms = ms(written, persisted),
+            remove_ms = ms(persisted, removed),
+            evict_ms = ms(removed, Instant::now()),
+            "checkpoint ingested"
+        );
         Ok(())
     }
 
@@ -1910,6 +1977,24 @@ mod tests {
         ));
         assert!(!g.on.load(Ordering::SeqCst));
         assert!(g.may_hold(b"anything"));
+    }
+
+    #[test]
+    fn slow_syncs_are_reported_at_most_once_per_period_with_their_count() {
+        let t0 = Instant::now();
+        let mut s = SlowSyncs::default();
+        assert_eq!(s.note(t0), Some(1), "the first is reported at once");
+        assert_eq!(s.note(t0 + Duration::from_secs(1)), None);
+        assert_eq!(
+            s.note(t0 + SLOW_SYNC_REPORT - Duration::from_millis(1)),
+            None
+        );
+        assert_eq!(
+            s.note(t0 + SLOW_SYNC_REPORT),
+            Some(3),
+            "the next report counts the ones held back"
+        );
+        assert_eq!(s.note(t0 + SLOW_SYNC_REPORT * 3), Some(1));
     }
 
     #[test]
