@@ -22,7 +22,7 @@
 //! not done. Lowering needs none.
 //!
 //! Linux only (per-thread nice values); elsewhere nothing changes.
-//! `EmbeddedOptions::thread_priorities` turns it off.
+//! `EmbeddedOptions::thread_priorities` turns it on.
 
 use std::cell::Cell;
 

@@ -12,13 +12,11 @@ use settle_core::testkit::*;
 use settle_core::*;
 use settle_embedded::{EmbeddedOptions, EmbeddedStore, Faults};
 use settle_ledger::{Clock, Store, StoreError};
+mod common;
+use common::{claim_and_settle as pair, tenant};
 
 /// The frame magic ("STL2", little-endian).
 const MAGIC: [u8; 4] = [0x32, 0x4c, 0x54, 0x53];
-
-fn tenant() -> TenantId {
-    TenantId::new("acme").unwrap()
-}
 
 fn opts(segment_bytes: u64, faults: Option<Arc<Faults>>) -> EmbeddedOptions {
     EmbeddedOptions {
@@ -27,26 +25,6 @@ fn opts(segment_bytes: u64, faults: Option<Arc<Faults>>) -> EmbeddedOptions {
         faults,
         ..EmbeddedOptions::default()
     }
-}
-
-async fn pair(store: &EmbeddedStore, k: &str) -> Receipt {
-    let f = match store
-        .execute(&tenant(), claim(k, 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("{other:?}"),
-    };
-    receipt(
-        store
-            .execute(
-                &tenant(),
-                settle(k, f, 1, binding("alice", 0), completed(1)),
-            )
-            .await
-            .unwrap(),
-    )
 }
 
 /// A store left as a crash leaves it: `pairs` claim+settle pairs in the

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use settle_core::testkit::*;
-use settle_core::{ClaimDecision, Reply, TenantId};
+use settle_core::{ClaimDecision, Receipt, Reply, TenantId};
 use settle_embedded::{EmbeddedStore, Faults};
 use settle_ledger::Store;
 
@@ -38,7 +38,7 @@ impl Drop for Release {
 }
 
 /// Claims `key` and settles it completed; panics on any other answer.
-pub async fn claim_and_settle(store: &EmbeddedStore, key: &str) {
+pub async fn claim_and_settle(store: &EmbeddedStore, key: &str) -> Receipt {
     let fence = match store
         .execute(&tenant(), claim(key, 1, binding("alice", 0)))
         .await
@@ -47,12 +47,15 @@ pub async fn claim_and_settle(store: &EmbeddedStore, key: &str) {
         Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
         other => panic!("{key}: {other:?}"),
     };
-    let r = store
+    match store
         .execute(
             &tenant(),
             settle(key, fence, 1, binding("alice", 0), completed(1)),
         )
         .await
-        .unwrap();
-    assert!(matches!(r, Reply::Receipt(_)), "{key}: {r:?}");
+        .unwrap()
+    {
+        Reply::Receipt(r) => r,
+        other => panic!("{key}: {other:?}"),
+    }
 }

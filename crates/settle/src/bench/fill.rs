@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use settle_core::{Key, TenantId};
+use settle_embedded::EmbeddedOptions;
 use settle_ledger::Store;
 use settle_ledger::bench::{Limit, run_store};
 
@@ -17,8 +18,14 @@ use crate::exit::Failure;
 
 /// Fills the store with `n` settled records (claim+settle pairs at
 /// `concurrency`), then reopens it.
-pub async fn run(dir: &Path, n: u64, concurrency: usize, as_json: bool) -> Result<(), Failure> {
-    let store = open_embedded(dir)?;
+pub async fn run(
+    dir: &Path,
+    opts: EmbeddedOptions,
+    n: u64,
+    concurrency: usize,
+    as_json: bool,
+) -> Result<(), Failure> {
+    let store = open_embedded(dir, opts.clone())?;
     let tenant = TenantId::default_tenant();
     let prefix = format!("fill-{}", run_id());
     let done = Arc::new(AtomicU64::new(0));
@@ -65,19 +72,20 @@ pub async fn run(dir: &Path, n: u64, concurrency: usize, as_json: bool) -> Resul
     );
     store.close();
     drop(store);
-    reopen(dir, &tenant, &prefix, n, as_json).await
+    reopen(dir, opts, &tenant, &prefix, n, as_json).await
 }
 
 /// Reopens the store and times it, and the first read of a filled key.
 async fn reopen(
     dir: &Path,
+    opts: EmbeddedOptions,
     tenant: &TenantId,
     prefix: &str,
     n: u64,
     as_json: bool,
 ) -> Result<(), Failure> {
     let t0 = Instant::now();
-    let store = open_embedded(dir)?;
+    let store = open_embedded(dir, opts)?;
     let opened = t0.elapsed().as_secs_f64() * 1000.0;
     // Worker 0's first key: settled whenever n > 0.
     let probe = Key::new(format!("{prefix}-0-0")).map_err(Failure::local)?;

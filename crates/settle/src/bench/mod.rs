@@ -113,6 +113,17 @@ fn on_off(s: &str) -> Result<bool, String> {
     }
 }
 
+impl BenchArgs {
+    /// The embedded store's options for `--data` (every mode of it).
+    fn embedded_options(&self) -> settle_embedded::EmbeddedOptions {
+        settle_embedded::EmbeddedOptions {
+            thread_priorities: self.thread_priorities,
+            segment_bytes: self.segment_bytes,
+            ..Default::default()
+        }
+    }
+}
+
 pub async fn run(a: BenchArgs) -> Result<(), Failure> {
     crate::serve::init_tracing("warn");
     let duration = Duration::from_secs_f64(a.duration.max(0.1));
@@ -121,7 +132,7 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
     }
     if let (Some(dir), Some(n)) = (&a.data, a.records) {
         let concurrency = a.connections.first().copied().unwrap_or(1024);
-        return fill::run(dir, n, concurrency, a.json).await;
+        return fill::run(dir, a.embedded_options(), n, concurrency, a.json).await;
     }
     let mut errors_total = 0;
     for &c in &a.connections {
@@ -167,14 +178,7 @@ async fn once(
             "one of --url, --data or --store is required",
         ));
     };
-    let store = open_embedded_with(
-        dir,
-        settle_embedded::EmbeddedOptions {
-            thread_priorities: a.thread_priorities,
-            segment_bytes: a.segment_bytes,
-            ..Default::default()
-        },
-    )?;
+    let store = open_embedded(dir, a.embedded_options())?;
     let pager = a.page_through.then(|| Pager::start(store.clone()));
     let cpu_before = process_cpu_s();
     let result = settle_ledger::bench::run_store(
@@ -300,11 +304,7 @@ where
     out
 }
 
-fn open_embedded(dir: &Path) -> Result<Arc<settle_embedded::EmbeddedStore>, Failure> {
-    open_embedded_with(dir, Default::default())
-}
-
-fn open_embedded_with(
+fn open_embedded(
     dir: &Path,
     opts: settle_embedded::EmbeddedOptions,
 ) -> Result<Arc<settle_embedded::EmbeddedStore>, Failure> {
