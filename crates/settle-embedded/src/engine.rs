@@ -1645,6 +1645,37 @@ pub struct Checkpointer<F: Fs, I: Index> {
     pub read_buf: Vec<u8>,
     /// The table writes take turns with the log's syncs.
     pub pacer: Arc<Pacer>,
+    /// Where evicted states go to be freed ([`Reclaimer`]); `None`: freed
+    /// at once.
+    pub reclaim: Option<Sender<Evicted>>,
+}
+
+/// States an eviction took out of the map, to be freed.
+pub type Evicted = Vec<(Box<[u8]>, Slot)>;
+
+/// Evictions waiting for the [`Reclaimer`] at most; past that the
+/// checkpointer frees them itself, so memory stays bounded whatever the
+/// reclaim thread gets of the CPU.
+pub const RECLAIM_BACKLOG: usize = 2;
+
+/// The reclaim thread: frees what evictions took out of the map. Nothing
+/// waits for it; it moves the cost of freeing ~95,000 cold records per
+/// segment off the checkpointer, which the writer waits for when it falls
+/// behind (docs/performance.md, "Twelfth round").
+pub struct Reclaimer {
+    pub rx: Receiver<Evicted>,
+}
+
+impl Reclaimer {
+    /// The reclaim thread's loop; ends when the checkpointer is gone.
+    // Never inlined: `bench/instructions` counts each thread's
+    // instructions under this function's name.
+    #[inline(never)]
+    pub fn run(self) {
+        for evicted in self.rx {
+            drop(evicted);
+        }
+    }
 }
 
 fn io_err(e: std::io::Error) -> StoreError {
@@ -1834,8 +1865,9 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
             HashMap::with_capacity_and_hasher(new.len() + carried.len(), Hasher::default());
         fresh.extend(new.into_iter().map(|k| (k, false)));
         fresh.extend(carried.into_iter().map(|k| (k, true)));
+        let mut gone = Vec::with_capacity(taken.len());
         for (lsn, e) in taken {
-            self.shared.map.remove_if(e.key, |k, s| {
+            let removed = self.shared.map.remove_if(e.key, |k, s| {
                 let evict = s.lsn == *lsn && s.evictable();
                 // Terminal records hold no lease (settle_core asserts it):
                 // `leased` never names a key that leaves the map.
@@ -1846,6 +1878,17 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
                 }
                 evict
             });
+            if let Some(r) = removed {
+                gone.push(r);
+            }
+        }
+        // Freeing the evicted states (cold memory the writer allocated) was
+        // a sixth of the checkpointer's time: handed to the reclaim thread,
+        // or freed here when that thread is behind (or absent).
+        if let Some(tx) = &self.reclaim
+            && let Err(e) = tx.try_send(gone)
+        {
+            drop(e.into_inner());
         }
         Faults::step(&self.faults, CheckpointStep::Evicted);
         // Kept twice (open records, mostly) are sorted in; kept once wait

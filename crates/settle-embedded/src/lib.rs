@@ -193,6 +193,7 @@ fn recover_engine<F: Fs, I: Index>(
         listed,
         read_buf: Vec::new(),
         pacer,
+        reclaim: None,
     };
     let core = Core::new(
         shared,
@@ -272,11 +273,19 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         opts: EmbeddedOptions,
     ) -> Result<Arc<Self>, StoreError> {
         let (ctx, crx) = crossbeam_channel::bounded::<CkptMsg>(opts.max_checkpoint_backlog.max(1));
-        let (core, ckpt) = recover_engine(fs, dir, index, &opts, SealSink::Channel(ctx))?;
+        let (core, mut ckpt) = recover_engine(fs, dir, index, &opts, SealSink::Channel(ctx))?;
         let shared = core.shared.clone();
         let pacer = ckpt.pacer.clone();
         let (tx, rx) = crossbeam_channel::unbounded();
         let prio = opts.thread_priorities;
+        // Ends after the checkpointer, which holds the sending side.
+        let (rtx, rrx) = crossbeam_channel::bounded(engine::RECLAIM_BACKLOG);
+        let reclaimer = engine::Reclaimer { rx: rrx };
+        let rc = priority::spawn("settle-reclaim", Role::Background, prio, move || {
+            reclaimer.run()
+        })
+        .map_err(io)?;
+        ckpt.reclaim = Some(rtx);
         let ck = priority::spawn("settle-checkpoint", Role::Background, prio, move || {
             ckpt.run(crx)
         })
@@ -303,7 +312,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         };
         let wr = priority::spawn("settle-writer", Role::Critical, prio, move || writer.run())
             .map_err(io)?;
-        let mut threads = vec![wr, sy, ck];
+        let mut threads = vec![wr, sy, ck, rc];
         // The index's own background writes (compactions) take turns with
         // the log too: one step after a sync, at most every few milliseconds.
         if let Some(mut step) = shared.index.background_writeback() {

@@ -1,6 +1,7 @@
 //! The store's threads run at their roles' priorities (Linux): the writer
-//! and the log thread at the opener's, the checkpointer, fjall's compaction
-//! worker and segment preparation a few levels lower; with
+//! and the log thread at the opener's, the checkpointer, the reclaim
+//! thread, fjall's compaction worker and segment preparation a few levels
+//! lower; with
 //! `thread_priorities` off, all at the opener's. One test in its own process: it reads every thread's
 //! nice value from /proc, so no other test's store may be open meanwhile.
 #![cfg(target_os = "linux")]
@@ -35,9 +36,10 @@ fn nice_of(comm: &str) -> Vec<i32> {
 }
 
 /// Opens a store, writes until a segment is checkpointed, and gives back
-/// the nice values of the writer, the log thread and fjall's worker while
-/// it is open, and the one the checkpointer had during its checkpoint.
-async fn run(on: bool) -> (Vec<i32>, Vec<i32>, Vec<i32>, Option<i32>) {
+/// the nice values of the writer, the log thread, the reclaim thread and
+/// fjall's worker while it is open, and the one the checkpointer had
+/// during its checkpoint.
+async fn run(on: bool) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<i32>, Option<i32>) {
     let dir = tempfile::tempdir().unwrap();
     let faults = Arc::new(Faults::default());
     let seen = Arc::new(Mutex::new(None));
@@ -70,6 +72,7 @@ async fn run(on: bool) -> (Vec<i32>, Vec<i32>, Vec<i32>, Option<i32>) {
     }
     let writer = nice_of("settle-writer");
     let sync = nice_of("settle-sync");
+    let reclaim = nice_of("settle-reclaim");
     let base = priority::current().unwrap();
     let background = if on { background_of(base) } else { base };
     let prepared = faults.prepare_nice.lock().clone();
@@ -85,7 +88,7 @@ async fn run(on: bool) -> (Vec<i32>, Vec<i32>, Vec<i32>, Option<i32>) {
         .await
         .unwrap();
     let checkpointer = *seen.lock();
-    (writer, sync, fjall, checkpointer)
+    (writer, sync, reclaim, fjall, checkpointer)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,15 +97,17 @@ async fn store_threads_take_their_roles_priorities() {
     let lowered = background_of(base);
     assert!(lowered > base || base == 19);
 
-    let (writer, sync, fjall, checkpointer) = run(true).await;
+    let (writer, sync, reclaim, fjall, checkpointer) = run(true).await;
     assert_eq!(writer, vec![base], "writer");
     assert_eq!(sync, vec![base], "log thread");
+    assert_eq!(reclaim, vec![lowered], "reclaim thread");
     assert_eq!(fjall, vec![lowered], "fjall's worker");
     assert_eq!(checkpointer, Some(lowered), "checkpointer");
 
     // (fjall's worker may outlive the first store a while: not looked at.)
-    let (writer, sync, _, checkpointer) = run(false).await;
+    let (writer, sync, reclaim, _, checkpointer) = run(false).await;
     assert_eq!(writer, vec![base], "writer, priorities off");
     assert_eq!(sync, vec![base], "log thread, priorities off");
+    assert_eq!(reclaim, vec![base], "reclaim thread, priorities off");
     assert_eq!(checkpointer, Some(base), "checkpointer, priorities off");
 }
