@@ -1221,6 +1221,7 @@ async fn bench_runs_over_http_and_in_process() {
     for f in ["pairs_per_s", "p50_ms", "p99_ms", "p999_ms"] {
         assert!(v[f].as_f64().unwrap() > 0.0, "{f}: {v}");
     }
+    assert!(v.get("cpu_us_per_pair").is_none(), "{v}");
     // Every counted pair was settled on the server.
     let receipts = settle_receipts(&s).await;
     assert!(receipts >= v["pairs"].as_f64().unwrap());
@@ -1247,6 +1248,12 @@ async fn bench_runs_over_http_and_in_process() {
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["mode"], "in_process");
     assert!(v["pairs"].as_u64().unwrap() > 0);
+    // In process, the CPU the process spent per pair (Linux: /proc);
+    // over HTTP the client's CPU says nothing of the server's: absent.
+    if cfg!(target_os = "linux") {
+        // (In clock ticks: a run this short may have taken none.)
+        assert!(v["cpu_us_per_pair"].as_f64().unwrap() >= 0.0, "{v}");
+    }
 }
 
 #[tokio::test]

@@ -136,15 +136,15 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
     }
     let mut errors_total = 0;
     for &c in &a.connections {
-        let (mode, stats, errors) =
+        let (mode, stats, errors, cpu) =
             with_progress(duration, |p| once(&a, c.max(1), duration, p)).await?;
         errors_total += errors;
-        report(mode, &stats, errors, a.batch, a.json);
+        report(mode, &stats, errors, a.batch, cpu, a.json);
         if let Some(pg) = &a.postgres_baseline {
             let b = pg::baseline(pg, c.clamp(1, 64), duration)
                 .await
                 .map_err(Failure::local)?;
-            report("postgres_baseline", &b, 0, None, a.json);
+            report("postgres_baseline", &b, 0, None, None, a.json);
         }
     }
     if errors_total > 0 {
@@ -155,23 +155,24 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
 }
 
 /// One run at one concurrency over HTTP or in process: the mode, the
-/// stats and the failed pairs.
+/// stats, the failed pairs, and in process the process's CPU time per
+/// pair in microseconds (store and callers together).
 async fn once(
     a: &BenchArgs,
     concurrency: usize,
     duration: Duration,
     progress: Arc<AtomicU64>,
-) -> Result<(&'static str, PairStats, u64), Failure> {
+) -> Result<(&'static str, PairStats, u64, Option<f64>), Failure> {
     let limit = Limit::For(duration);
     if let (Some(url), Some(size)) = (&a.url, a.batch) {
         let (stats, errors) =
             http::run_batch(url, a.token.as_deref(), concurrency, size, limit, progress).await?;
-        return Ok(("http_batch", stats, errors));
+        return Ok(("http_batch", stats, errors, None));
     }
     if let Some(url) = &a.url {
         let (stats, errors) =
             http::run(url, a.token.as_deref(), concurrency, limit, progress).await?;
-        return Ok(("http", stats, errors));
+        return Ok(("http", stats, errors, None));
     }
     let Some(dir) = &a.data else {
         return Err(Failure::usage(
@@ -197,13 +198,7 @@ async fn once(
     };
     store.close();
     let stats = result.map_err(Failure::local)?;
-    if let Some(cpu) = cpu {
-        eprintln!(
-            "process CPU {:.2} s: {:.1} us per pair",
-            cpu,
-            cpu * 1e6 / stats.pairs.max(1) as f64
-        );
-    }
+    let cpu_us_per_pair = cpu.map(|cpu| cpu * 1e6 / stats.pairs.max(1) as f64);
     if let Some((pages, records)) = paged {
         eprintln!("paged concurrently: {pages} pages, {records} records listed");
     }
@@ -212,7 +207,7 @@ async fn once(
     } else {
         "in_process"
     };
-    Ok((mode, stats, 0))
+    Ok((mode, stats, 0, cpu_us_per_pair))
 }
 
 /// CPU seconds (user + system) this process used so far (Linux).
@@ -337,11 +332,21 @@ fn stats_json(mode: &str, s: &PairStats, errors: u64) -> Value {
     })
 }
 
-fn report(mode: &str, s: &PairStats, errors: u64, batch: Option<usize>, as_json: bool) {
+fn report(
+    mode: &str,
+    s: &PairStats,
+    errors: u64,
+    batch: Option<usize>,
+    cpu_us_per_pair: Option<f64>,
+    as_json: bool,
+) {
     if as_json {
         let mut v = stats_json(mode, s, errors);
         if let Some(n) = batch {
             v["batch"] = json!(n);
+        }
+        if let Some(c) = cpu_us_per_pair {
+            v["cpu_us_per_pair"] = json!((c * 10.0).round() / 10.0);
         }
         println!("{v}");
     } else {
@@ -361,6 +366,9 @@ fn report(mode: &str, s: &PairStats, errors: u64, batch: Option<usize>, as_json:
             s.p999_ms,
             s.max_ms
         );
+        if let Some(c) = cpu_us_per_pair {
+            println!("  process CPU {c:.1} us per pair (store and callers)");
+        }
     }
 }
 
@@ -400,10 +408,10 @@ async fn postgres(url: &str, a: &BenchArgs, duration: Duration) -> Result<(), Fa
             continue;
         }
         if let Some(b) = &r.baseline {
-            report("postgres_baseline", b, 0, None, false);
+            report("postgres_baseline", b, 0, None, None, false);
         }
         if let Some(s) = &r.settle {
-            report("postgres_settle", s, 0, None, false);
+            report("postgres_settle", s, 0, None, None, false);
         }
         if let Some(ratio) = r.ratio() {
             println!(
