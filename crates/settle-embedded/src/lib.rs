@@ -87,7 +87,7 @@ pub struct EmbeddedOptions {
     pub max_checkpoint_backlog: usize,
     /// The retry hint given with `Overloaded`.
     pub overload_retry_after_ms: u64,
-    /// The background threads (checkpointer, index writeback and
+    /// The background threads (checkpointer, reclaim, index writeback and
     /// compaction, segment preparation) run a few nice levels below the
     /// opener's thread, so the writer and the log thread get a core first.
     /// Off by default: ~4 % more pairs/s on a busy 2-core machine, but now
