@@ -34,6 +34,14 @@ pub struct Pacer {
     /// Log syncs completed so far.
     syncs: Mutex<u64>,
     synced: Condvar,
+    /// Notified only by [`Pacer::stop`]: a [`Pacer::pause`] waits on it, so
+    /// the log's syncs do not wake it (with `synced`, the writeback thread
+    /// woke at every sync only to wait again, and each wake cost the log
+    /// thread a futex call right after its `fdatasync`).
+    stopping: Condvar,
+    /// Pauses waiting now (what the tests look at).
+    #[cfg(test)]
+    pausing: std::sync::atomic::AtomicUsize,
     /// The active segment is at least half full, or the writer is waiting
     /// for the next one: background work goes at full speed.
     hurry: AtomicBool,
@@ -66,6 +74,7 @@ impl Pacer {
         let _g = self.syncs.lock();
         self.stopped.store(true, Ordering::SeqCst);
         self.synced.notify_all();
+        self.stopping.notify_all();
     }
 
     /// Waits for the log's next sync however long it takes; `false` once
@@ -84,7 +93,12 @@ impl Pacer {
         let deadline = Instant::now() + d;
         let mut g = self.syncs.lock();
         while !self.stopped.load(Ordering::SeqCst) {
-            if self.synced.wait_until(&mut g, deadline).timed_out() {
+            #[cfg(test)]
+            self.pausing.fetch_add(1, Ordering::SeqCst);
+            let timed_out = self.stopping.wait_until(&mut g, deadline).timed_out();
+            #[cfg(test)]
+            self.pausing.fetch_sub(1, Ordering::SeqCst);
+            if timed_out {
                 break;
             }
         }
@@ -147,6 +161,33 @@ mod tests {
         }
         p.stop();
         assert!(bg.join().unwrap() >= 1);
+    }
+
+    /// A pause ends at its deadline or when the pacer stops (it waits on a
+    /// condition variable of its own, which only `stop` notifies); the
+    /// log's syncs meanwhile do not end it.
+    #[test]
+    fn a_pause_outlasts_syncs_and_ends_at_stop() {
+        let p = Arc::new(Pacer::default());
+        assert!(p.pause(Duration::from_millis(1)), "a pause that ran out");
+        let paused = {
+            let p = p.clone();
+            std::thread::spawn(move || p.pause(Duration::from_secs(3600)))
+        };
+        // It counts itself under the lock and waits, which releases it:
+        // once the lock is taken after the count, it is waiting.
+        while p.pausing.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
+        }
+        drop(p.syncs.lock());
+        for _ in 0..1000 {
+            p.synced(false);
+            p.hurry();
+        }
+        assert!(!paused.is_finished(), "a pause ended by syncs");
+        p.stop();
+        assert!(!paused.join().unwrap(), "a pause ended by stop says so");
+        assert!(!p.pause(Duration::from_secs(3600)), "stopped: no waiting");
     }
 
     #[test]
