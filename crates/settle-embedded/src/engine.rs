@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, Sender, TryRecvError};
 use dashmap::DashMap;
 use parking_lot::RwLock;
 use settle_core::{
@@ -1274,6 +1274,84 @@ pub struct Writer<I: Index> {
     pub tx: Sender<SyncMsg>,
     /// What the log thread made of each frame, in order.
     pub synced: Receiver<Synced>,
+    /// Rung by whoever sends on `rx` or `synced`.
+    pub bell: Arc<Doorbell>,
+    /// The log thread's, rung after each message to it.
+    pub syncer_bell: Arc<Doorbell>,
+}
+
+/// Wakes a thread that waits for messages on channels it only polls
+/// (`try_recv`). Crossbeam's blocking receive spins, then calls
+/// `sched_yield` up to four times before it parks: on two busy cores each
+/// yield hands the core to another thread (and under EEVDF moves the
+/// yielder's deadline back), and the writer and the log thread, which
+/// every command waits for, did that at every wait (docs/performance.md,
+/// "Twelfth round"). Here a waiter polls a little, then parks until rung.
+#[derive(Debug, Default)]
+pub struct Doorbell {
+    sleeping: AtomicBool,
+    thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+/// A waiter looks again this often unrung: a sender that went away (a
+/// thread that ended) does not ring.
+const DOORBELL_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Polls before a waiter parks (a few microseconds).
+const DOORBELL_SPINS: u32 = 64;
+
+impl Doorbell {
+    /// Wakes the waiting thread if it sleeps. Called after the message is
+    /// sent.
+    pub fn ring(&self) {
+        // Orders the send before the read of `sleeping`, as the waiter
+        // orders its write of `sleeping` before its last poll: one of the
+        // two sees the other.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed)
+            && self.sleeping.swap(false, Ordering::SeqCst)
+            && let Some(t) = self.thread.get()
+        {
+            t.unpark();
+        }
+    }
+
+    /// Waits until `poll` gives something, at most about `timeout` (then
+    /// `None`). One thread only ever waits on a doorbell.
+    pub fn wait<T>(&self, timeout: Duration, mut poll: impl FnMut() -> Option<T>) -> Option<T> {
+        let me = self.thread.get_or_init(std::thread::current);
+        debug_assert_eq!(
+            me.id(),
+            std::thread::current().id(),
+            "one waiter per doorbell"
+        );
+        for _ in 0..DOORBELL_SPINS {
+            if let Some(v) = poll() {
+                return Some(v);
+            }
+            std::hint::spin_loop();
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.sleeping.store(true, Ordering::SeqCst);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if let Some(v) = poll() {
+                self.sleeping.store(false, Ordering::Relaxed);
+                return Some(v);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                self.sleeping.store(false, Ordering::Relaxed);
+                return None;
+            }
+            // A ring before this returns at once (the park token).
+            std::thread::park_timeout(deadline - now);
+            self.sleeping.store(false, Ordering::Relaxed);
+            if let Some(v) = poll() {
+                return Some(v);
+            }
+        }
+    }
 }
 
 impl<I: Index> Writer<I> {
@@ -1283,7 +1361,13 @@ impl<I: Index> Writer<I> {
     #[inline(never)]
     pub fn run(mut self) {
         let shared = self.stage.shared.clone();
-        let _alive = OnDrop(move || shared.writer_alive.store(false, Ordering::SeqCst));
+        let syncer_bell = self.syncer_bell.clone();
+        let _alive = OnDrop(move || {
+            shared.writer_alive.store(false, Ordering::SeqCst);
+            // The log thread finds its channel closed without waiting out
+            // its timeout.
+            syncer_bell.ring();
+        });
         let max = self.stage.max_batch;
         let mut gathering = self.stage.begin(max);
         let mut inflight: VecDeque<InFlight> = VecDeque::with_capacity(IN_FLIGHT);
@@ -1291,20 +1375,25 @@ impl<I: Index> Writer<I> {
             // Commands (while the batch has room), or a frame in flight
             // becoming durable, whichever comes first.
             let taking = gathering.len() < max;
-            let event = if inflight.is_empty() {
-                match self.rx.recv_timeout(Duration::from_millis(200)) {
-                    Ok(m) => Event::Msg(Some(m)),
-                    Err(RecvTimeoutError::Timeout) => continue,
-                    Err(RecvTimeoutError::Disconnected) => Event::Msg(None),
-                }
-            } else if taking {
-                crossbeam_channel::select! {
-                    recv(self.rx) -> m => Event::Msg(m.ok()),
-                    recv(self.synced) -> s => Event::Synced(s.ok()),
-                }
-            } else {
-                Event::Synced(self.synced.recv().ok())
+            // A durable frame first: its commands wait for nothing else.
+            let synced = || match self.synced.try_recv() {
+                Ok(s) => Some(Event::Synced(Some(s))),
+                Err(TryRecvError::Disconnected) => Some(Event::Synced(None)),
+                Err(TryRecvError::Empty) => None,
             };
+            let msg = || match self.rx.try_recv() {
+                Ok(m) => Some(Event::Msg(Some(m))),
+                Err(TryRecvError::Disconnected) => Some(Event::Msg(None)),
+                Err(TryRecvError::Empty) => None,
+            };
+            let event = if inflight.is_empty() {
+                self.bell.wait(DOORBELL_TIMEOUT, msg)
+            } else if taking {
+                self.bell.wait(DOORBELL_TIMEOUT, || synced().or_else(msg))
+            } else {
+                self.bell.wait(DOORBELL_TIMEOUT, synced)
+            };
+            let Some(event) = event else { continue };
             let mut closing = None;
             match event {
                 Event::Msg(None) => {
@@ -1416,7 +1505,9 @@ impl<I: Index> Writer<I> {
         };
         // If a frame before failed, the store is poisoned and the log
         // thread refuses this one too.
-        match self.tx.send(SyncMsg::Write(fr.buf)) {
+        let sent = self.tx.send(SyncMsg::Write(fr.buf));
+        self.syncer_bell.ring();
+        match sent {
             Ok(()) => inflight.push_back(next),
             Err(_) => {
                 // The log thread is gone: nothing more can become durable.
@@ -1485,7 +1576,9 @@ impl<I: Index> Writer<I> {
         self.flush(&mut g, &mut inflight);
         self.drain(&mut inflight);
         let (tx, rx) = std::sync::mpsc::channel();
-        if self.tx.send(SyncMsg::Close(tx)).is_ok() {
+        let sent = self.tx.send(SyncMsg::Close(tx));
+        self.syncer_bell.ring();
+        if sent.is_ok() {
             let _ = rx.recv();
         }
         // The log (and its segment-preparation thread) goes before the
@@ -1520,6 +1613,10 @@ pub struct Syncer<F: Fs, I: Index> {
     pub log: Log<F, I>,
     pub rx: Receiver<SyncMsg>,
     pub synced: Sender<Synced>,
+    /// Rung by the writer after each message on `rx`.
+    pub bell: Arc<Doorbell>,
+    /// The writer's, rung after each answer on `synced`.
+    pub writer_bell: Arc<Doorbell>,
 }
 
 impl<F: Fs, I: Index> Syncer<F, I> {
@@ -1529,8 +1626,25 @@ impl<F: Fs, I: Index> Syncer<F, I> {
     #[inline(never)]
     pub fn run(mut self) {
         let shared = self.log.shared.clone();
-        let _alive = OnDrop(move || shared.writer_alive.store(false, Ordering::SeqCst));
-        while let Ok(m) = self.rx.recv() {
+        let writer_bell = self.writer_bell.clone();
+        let _alive = OnDrop(move || {
+            shared.writer_alive.store(false, Ordering::SeqCst);
+            writer_bell.ring();
+        });
+        loop {
+            let next = self
+                .bell
+                .wait(DOORBELL_TIMEOUT, || match self.rx.try_recv() {
+                    Ok(m) => Some(Some(m)),
+                    Err(TryRecvError::Disconnected) => Some(None),
+                    Err(TryRecvError::Empty) => None,
+                });
+            let m = match next {
+                Some(Some(m)) => m,
+                // The writer is gone.
+                Some(None) => return,
+                None => continue,
+            };
             match m {
                 SyncMsg::Write(mut buf) => {
                     let result = self.log.write(&mut buf);
@@ -1540,7 +1654,9 @@ impl<F: Fs, I: Index> Syncer<F, I> {
                         // records once the writer published its last batch.
                         let _ = self.log.seal();
                     }
-                    if self.synced.send(Synced { buf, result }).is_err() {
+                    let sent = self.synced.send(Synced { buf, result });
+                    self.writer_bell.ring();
+                    if sent.is_err() {
                         return;
                     }
                 }
@@ -1965,6 +2081,83 @@ mod tests {
             seen.sort();
             prop_assert_eq!(seen, (0..keys.len()).collect::<Vec<_>>());
         }
+    }
+
+    /// A waiter that went to sleep is woken by a ring after a send, and
+    /// gives up after its timeout when nothing comes.
+    #[test]
+    fn a_doorbell_wakes_its_sleeping_waiter() {
+        let (tx, rx) = crossbeam_channel::unbounded::<u32>();
+        let quiet = Doorbell::default();
+        assert_eq!(
+            quiet.wait(Duration::from_millis(1), || rx.try_recv().ok()),
+            None
+        );
+        let bell = Arc::new(Doorbell::default());
+        let waiter = {
+            let bell = bell.clone();
+            std::thread::spawn(move || bell.wait(Duration::from_secs(3600), || rx.try_recv().ok()))
+        };
+        // Asleep (or about to park, which a ring then ends at once).
+        while !bell.sleeping.load(Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        tx.send(7).unwrap();
+        bell.ring();
+        assert_eq!(waiter.join().unwrap(), Some(7));
+    }
+
+    /// Two senders, one waiter that sleeps whenever the channel is empty:
+    /// every message arrives (a lost wake-up would leave the waiter asleep
+    /// for an hour). One sender waits for each message to be taken before
+    /// the next, so the waiter goes to sleep between them, at every point
+    /// of its way there.
+    #[test]
+    fn a_doorbell_loses_no_wake_up() {
+        let bell = Arc::new(Doorbell::default());
+        let taken = Arc::new(AtomicU64::new(0));
+        let (tx, rx) = crossbeam_channel::unbounded::<u64>();
+        const EACH: u64 = 20_000;
+        let lockstep = {
+            let (tx, bell, taken) = (tx.clone(), bell.clone(), taken.clone());
+            std::thread::spawn(move || {
+                for i in 0..EACH {
+                    // A varying delay: the waiter is caught polling,
+                    // going to sleep, or asleep.
+                    for _ in 0..i % 16 {
+                        std::thread::yield_now();
+                    }
+                    let before = taken.load(Ordering::SeqCst);
+                    tx.send(i).unwrap();
+                    bell.ring();
+                    while taken.load(Ordering::SeqCst) == before {
+                        std::hint::spin_loop();
+                    }
+                }
+            })
+        };
+        let free = {
+            let (tx, bell) = (tx.clone(), bell.clone());
+            std::thread::spawn(move || {
+                for i in 0..EACH {
+                    tx.send(i).unwrap();
+                    bell.ring();
+                    if i % 64 == 0 {
+                        std::thread::yield_now();
+                    }
+                }
+            })
+        };
+        let mut sum = 0;
+        for _ in 0..2 * EACH {
+            sum += bell
+                .wait(Duration::from_secs(3600), || rx.try_recv().ok())
+                .expect("a message before the timeout");
+            taken.fetch_add(1, Ordering::SeqCst);
+        }
+        lockstep.join().unwrap();
+        free.join().unwrap();
+        assert_eq!(sum, 2 * (EACH * (EACH - 1) / 2));
     }
 
     #[test]

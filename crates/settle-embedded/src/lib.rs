@@ -212,6 +212,8 @@ fn recover_engine<F: Fs, I: Index>(
 pub struct EmbeddedStore<F: Fs = OsFs, I: Index = FjallIndex> {
     shared: Arc<Shared<I>>,
     tx: crossbeam_channel::Sender<Msg>,
+    /// The writer's, rung after each message on `tx`.
+    bell: Arc<engine::Doorbell>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Stopped at close (ends the writeback thread).
     pacer: Arc<Pacer>,
@@ -297,10 +299,14 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         // completion).
         let (stx, srx) = crossbeam_channel::bounded(engine::IN_FLIGHT);
         let (done_tx, done_rx) = crossbeam_channel::bounded(engine::IN_FLIGHT);
+        let writer_bell = Arc::new(engine::Doorbell::default());
+        let syncer_bell = Arc::new(engine::Doorbell::default());
         let syncer = Syncer {
             log,
             rx: srx,
             synced: done_tx,
+            bell: syncer_bell.clone(),
+            writer_bell: writer_bell.clone(),
         };
         let sy = priority::spawn("settle-sync", Role::Critical, prio, move || syncer.run())
             .map_err(io)?;
@@ -309,6 +315,8 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             rx,
             tx: stx,
             synced: done_rx,
+            bell: writer_bell.clone(),
+            syncer_bell,
         };
         let wr = priority::spawn("settle-writer", Role::Critical, prio, move || writer.run())
             .map_err(io)?;
@@ -327,6 +335,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         Ok(Arc::new(EmbeddedStore {
             shared,
             tx,
+            bell: writer_bell,
             threads: Mutex::new(threads),
             pacer,
             closed: AtomicBool::new(false),
@@ -343,7 +352,9 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             return;
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        if self.tx.send(Msg::Close(tx)).is_ok() {
+        let sent = self.tx.send(Msg::Close(tx));
+        self.bell.ring();
+        if sent.is_ok() {
             let _ = rx.recv();
         }
         self.pacer.stop();
@@ -663,15 +674,13 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
                 });
             }
             let (tx, rx) = tokio::sync::oneshot::channel();
-            if self
-                .tx
-                .send(Msg::Exec {
-                    tenant: tenant.clone(),
-                    cmd,
-                    reply: tx,
-                })
-                .is_err()
-            {
+            let sent = self.tx.send(Msg::Exec {
+                tenant: tenant.clone(),
+                cmd,
+                reply: tx,
+            });
+            self.bell.ring();
+            if sent.is_err() {
                 self.shared.queued.fetch_sub(1, Ordering::Relaxed);
                 return Err(StoreError::Closed);
             }
@@ -713,15 +722,13 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
                 });
             }
             let (tx, rx) = tokio::sync::oneshot::channel();
-            if self
-                .tx
-                .send(Msg::Batch {
-                    tenant: tenant.clone(),
-                    cmds,
-                    reply: tx,
-                })
-                .is_err()
-            {
+            let sent = self.tx.send(Msg::Batch {
+                tenant: tenant.clone(),
+                cmds,
+                reply: tx,
+            });
+            self.bell.ring();
+            if sent.is_err() {
                 self.shared.queued.fetch_sub(n, Ordering::Relaxed);
                 return all(StoreError::Closed);
             }
