@@ -1271,13 +1271,30 @@ pub struct Writer<I: Index> {
     pub stage: Stage<I>,
     pub rx: Receiver<Msg>,
     /// Frames to the log thread (at most [`IN_FLIGHT`]).
-    pub tx: Sender<SyncMsg>,
+    pub tx: Ringing<SyncMsg>,
     /// What the log thread made of each frame, in order.
     pub synced: Receiver<Synced>,
     /// Rung by whoever sends on `rx` or `synced`.
     pub bell: Arc<Doorbell>,
-    /// The log thread's, rung after each message to it.
-    pub syncer_bell: Arc<Doorbell>,
+}
+
+/// A channel's sending side that rings the receiver's [`Doorbell`] after
+/// each send: every sender to a thread that waits on a doorbell goes
+/// through one, so none can forget to wake it.
+#[derive(Debug)]
+pub struct Ringing<T> {
+    pub tx: Sender<T>,
+    pub bell: Arc<Doorbell>,
+}
+
+impl<T> Ringing<T> {
+    /// Sends `m`, then rings (also when the receiver is gone: it may be
+    /// waiting to find that out).
+    pub fn send(&self, m: T) -> Result<(), crossbeam_channel::SendError<T>> {
+        let sent = self.tx.send(m);
+        self.bell.ring();
+        sent
+    }
 }
 
 /// Wakes a thread that waits for messages on channels it only polls
@@ -1361,7 +1378,7 @@ impl<I: Index> Writer<I> {
     #[inline(never)]
     pub fn run(mut self) {
         let shared = self.stage.shared.clone();
-        let syncer_bell = self.syncer_bell.clone();
+        let syncer_bell = self.tx.bell.clone();
         let _alive = OnDrop(move || {
             shared.writer_alive.store(false, Ordering::SeqCst);
             // The log thread finds its channel closed without waiting out
@@ -1505,9 +1522,7 @@ impl<I: Index> Writer<I> {
         };
         // If a frame before failed, the store is poisoned and the log
         // thread refuses this one too.
-        let sent = self.tx.send(SyncMsg::Write(fr.buf));
-        self.syncer_bell.ring();
-        match sent {
+        match self.tx.send(SyncMsg::Write(fr.buf)) {
             Ok(()) => inflight.push_back(next),
             Err(_) => {
                 // The log thread is gone: nothing more can become durable.
@@ -1576,9 +1591,7 @@ impl<I: Index> Writer<I> {
         self.flush(&mut g, &mut inflight);
         self.drain(&mut inflight);
         let (tx, rx) = std::sync::mpsc::channel();
-        let sent = self.tx.send(SyncMsg::Close(tx));
-        self.syncer_bell.ring();
-        if sent.is_ok() {
+        if self.tx.send(SyncMsg::Close(tx)).is_ok() {
             let _ = rx.recv();
         }
         // The log (and its segment-preparation thread) goes before the
@@ -1612,11 +1625,9 @@ impl InFlight {
 pub struct Syncer<F: Fs, I: Index> {
     pub log: Log<F, I>,
     pub rx: Receiver<SyncMsg>,
-    pub synced: Sender<Synced>,
+    pub synced: Ringing<Synced>,
     /// Rung by the writer after each message on `rx`.
     pub bell: Arc<Doorbell>,
-    /// The writer's, rung after each answer on `synced`.
-    pub writer_bell: Arc<Doorbell>,
 }
 
 impl<F: Fs, I: Index> Syncer<F, I> {
@@ -1626,7 +1637,7 @@ impl<F: Fs, I: Index> Syncer<F, I> {
     #[inline(never)]
     pub fn run(mut self) {
         let shared = self.log.shared.clone();
-        let writer_bell = self.writer_bell.clone();
+        let writer_bell = self.synced.bell.clone();
         let _alive = OnDrop(move || {
             shared.writer_alive.store(false, Ordering::SeqCst);
             writer_bell.ring();
@@ -1654,9 +1665,7 @@ impl<F: Fs, I: Index> Syncer<F, I> {
                         // records once the writer published its last batch.
                         let _ = self.log.seal();
                     }
-                    let sent = self.synced.send(Synced { buf, result });
-                    self.writer_bell.ring();
-                    if sent.is_err() {
+                    if self.synced.send(Synced { buf, result }).is_err() {
                         return;
                     }
                 }
@@ -2001,10 +2010,9 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         // Freeing the evicted states (cold memory the writer allocated) was
         // a sixth of the checkpointer's time: handed to the reclaim thread,
         // or freed here when that thread is behind (or absent).
-        if let Some(tx) = &self.reclaim
-            && let Err(e) = tx.try_send(gone)
-        {
-            drop(e.into_inner());
+        if let Some(tx) = &self.reclaim {
+            // Refused (full or gone): dropped here with the error.
+            let _ = tx.try_send(gone);
         }
         Faults::step(&self.faults, CheckpointStep::Evicted);
         // Kept twice (open records, mostly) are sorted in; kept once wait

@@ -211,9 +211,8 @@ fn recover_engine<F: Fs, I: Index>(
 /// and fjall).
 pub struct EmbeddedStore<F: Fs = OsFs, I: Index = FjallIndex> {
     shared: Arc<Shared<I>>,
-    tx: crossbeam_channel::Sender<Msg>,
-    /// The writer's, rung after each message on `tx`.
-    bell: Arc<engine::Doorbell>,
+    /// To the writer (ringing its doorbell).
+    tx: engine::Ringing<Msg>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     /// Stopped at close (ends the writeback thread).
     pacer: Arc<Pacer>,
@@ -304,19 +303,23 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         let syncer = Syncer {
             log,
             rx: srx,
-            synced: done_tx,
+            synced: engine::Ringing {
+                tx: done_tx,
+                bell: writer_bell.clone(),
+            },
             bell: syncer_bell.clone(),
-            writer_bell: writer_bell.clone(),
         };
         let sy = priority::spawn("settle-sync", Role::Critical, prio, move || syncer.run())
             .map_err(io)?;
         let writer = Writer {
             stage,
             rx,
-            tx: stx,
+            tx: engine::Ringing {
+                tx: stx,
+                bell: syncer_bell,
+            },
             synced: done_rx,
             bell: writer_bell.clone(),
-            syncer_bell,
         };
         let wr = priority::spawn("settle-writer", Role::Critical, prio, move || writer.run())
             .map_err(io)?;
@@ -334,8 +337,10 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         }
         Ok(Arc::new(EmbeddedStore {
             shared,
-            tx,
-            bell: writer_bell,
+            tx: engine::Ringing {
+                tx,
+                bell: writer_bell,
+            },
             threads: Mutex::new(threads),
             pacer,
             closed: AtomicBool::new(false),
@@ -352,9 +357,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             return;
         }
         let (tx, rx) = std::sync::mpsc::channel();
-        let sent = self.tx.send(Msg::Close(tx));
-        self.bell.ring();
-        if sent.is_ok() {
+        if self.tx.send(Msg::Close(tx)).is_ok() {
             let _ = rx.recv();
         }
         self.pacer.stop();
@@ -679,7 +682,6 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
                 cmd,
                 reply: tx,
             });
-            self.bell.ring();
             if sent.is_err() {
                 self.shared.queued.fetch_sub(1, Ordering::Relaxed);
                 return Err(StoreError::Closed);
@@ -727,7 +729,6 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
                 cmds,
                 reply: tx,
             });
-            self.bell.ring();
             if sent.is_err() {
                 self.shared.queued.fetch_sub(n, Ordering::Relaxed);
                 return all(StoreError::Closed);
