@@ -90,6 +90,7 @@ macro_rules! conformance_tests {
             invalid_commands_write_nothing,
             quarantine_does_not_move_updated_at,
             batches_apply_in_order,
+            batches_answer_as_one_by_one,
             listing_returns_every_record_once_per_tenant,
             listing_while_records_change_returns_each_once,
             listing_filters_and_tenant_stats_agree
@@ -718,6 +719,297 @@ pub async fn batches_apply_in_order(fx: &Fixture) {
     let bb = fx.get("bb").await.unwrap();
     assert!(bb.receipt.is_none() && !bb.status.is_terminal(), "{bb:?}");
     assert!(fx.store.execute_batch(&t, Vec::new()).await.is_empty());
+}
+
+/// A small deterministic generator (xorshift64*) for the batch property:
+/// no dependency, the same sequence on every engine.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// A call of the batch property, before it is given the fences of the
+/// tenant it runs in.
+#[derive(Debug, Clone)]
+enum Call {
+    Claim {
+        key: &'static str,
+        fp: u8,
+        p: &'static str,
+        g: u64,
+    },
+    Settle {
+        key: &'static str,
+        old: bool,
+        fp: u8,
+        p: &'static str,
+        g: u64,
+        outcome: u8,
+    },
+    Heartbeat {
+        key: &'static str,
+        old: bool,
+    },
+    Dispatch {
+        key: &'static str,
+        old: bool,
+    },
+    Release {
+        key: &'static str,
+        old: bool,
+        committed: bool,
+    },
+    Reconcile {
+        key: &'static str,
+        old: bool,
+        not_committed: bool,
+    },
+    Revoke {
+        p: &'static str,
+    },
+}
+
+/// The principals' generations as the one-by-one run left them.
+#[derive(Default)]
+struct Generations(std::collections::HashMap<&'static str, u64>);
+
+impl Generations {
+    fn of(&self, p: &str) -> u64 {
+        self.0.get(p).copied().unwrap_or(0)
+    }
+    fn learn(&mut self, call: &Call, reply: &Reply) {
+        let (p, g) = match (call, reply) {
+            (Call::Revoke { p }, Reply::Revoked { generation, .. }) => (*p, *generation),
+            (Call::Claim { p, g, .. }, Reply::Claim(_)) => (*p, *g),
+            _ => return,
+        };
+        let e = self.0.entry(p).or_insert(0);
+        *e = (*e).max(g);
+    }
+}
+
+/// The fences a tenant was granted per key: the latest and the one before.
+#[derive(Default)]
+struct Fences(std::collections::HashMap<&'static str, (Fence, Option<Fence>)>);
+
+impl Fences {
+    /// A fence never granted (the store is fresh): for a key with none yet.
+    const NEVER: Fence = Fence(9_000_000_000_000);
+    fn of(&self, key: &str, old: bool) -> Fence {
+        match self.0.get(key) {
+            Some((latest, prev)) if old => prev.unwrap_or(*latest),
+            Some((latest, _)) => *latest,
+            None => Fences::NEVER,
+        }
+    }
+    fn learn(&mut self, call: &Call, reply: &Reply) {
+        let key = match call {
+            Call::Claim { key, .. } | Call::Reconcile { key, .. } => *key,
+            _ => return,
+        };
+        if let Reply::Claim(ClaimDecision::Execute(g) | ClaimDecision::Reconcile(g)) = reply {
+            let e = self.0.entry(key).or_insert((g.fence, None));
+            if e.0 != g.fence {
+                *e = (g.fence, Some(e.0));
+            }
+        }
+    }
+}
+
+impl Call {
+    /// A random call; generations are drawn around `current`, the
+    /// principals' generations as the one-by-one run left them (older,
+    /// current, or one that raises).
+    fn random(g: &mut Gen, principals: &[&'static str], current: &Generations) -> Call {
+        let key = *g.pick(&["k0", "k1", "k2", "k3"]);
+        let p = *g.pick(principals);
+        let gen_ = match g.below(8) {
+            0 => current.of(p).saturating_sub(1),
+            1 | 2 => current.of(p) + 1,
+            _ => current.of(p),
+        };
+        let old = g.below(4) == 0;
+        match g.below(20) {
+            0..=6 => Call::Claim {
+                key,
+                fp: if g.below(8) == 0 { 2 } else { 1 },
+                p,
+                g: gen_,
+            },
+            7..=11 => Call::Settle {
+                key,
+                old,
+                fp: if g.below(10) == 0 { 2 } else { 1 },
+                p,
+                g: gen_,
+                outcome: g.below(3) as u8,
+            },
+            12 => Call::Heartbeat { key, old },
+            13 | 14 => Call::Dispatch { key, old },
+            15 => Call::Release {
+                key,
+                old,
+                committed: g.below(2) == 0,
+            },
+            16 | 17 => Call::Reconcile {
+                key,
+                old,
+                not_committed: g.below(2) == 0,
+            },
+            _ => Call::Revoke { p },
+        }
+    }
+
+    fn command(&self, fences: &Fences) -> Command {
+        match *self {
+            Call::Claim { key, fp, p, g } => claim_with(key, fp, binding(p, g), 30_000, true),
+            Call::Settle {
+                key,
+                old,
+                fp,
+                p,
+                g,
+                outcome,
+            } => settle(
+                key,
+                fences.of(key, old),
+                fp,
+                binding(p, g),
+                match outcome {
+                    0 => completed(1),
+                    1 => failed(1),
+                    _ => unknown(),
+                },
+            ),
+            Call::Heartbeat { key, old } => heartbeat(key, fences.of(key, old), None),
+            Call::Dispatch { key, old } => dispatch(key, fences.of(key, old)),
+            Call::Release {
+                key,
+                old,
+                committed: true,
+            } => release_not_committed(key, fences.of(key, old)),
+            Call::Release {
+                key,
+                old,
+                committed: false,
+            } => release(key, fences.of(key, old)),
+            Call::Reconcile {
+                key,
+                old,
+                not_committed,
+            } => reconcile(
+                key,
+                fences.of(key, old),
+                if not_committed {
+                    Finding::NotCommitted
+                } else {
+                    Finding::Unavailable
+                },
+            ),
+            Call::Revoke { p } => revoke(p),
+        }
+    }
+}
+
+/// What must be equal between a batch's answer and the one-by-one answer:
+/// the decision or problem code and the statuses it carries (fences,
+/// times and `retry_after_ms` may differ, SPEC §10).
+fn essence(r: &Result<Reply, crate::StoreError>) -> String {
+    match r {
+        Err(e) => format!("store error: {e}"),
+        Ok(Reply::Claim(ClaimDecision::Replay { outcome, receipt })) => {
+            format!("replay {:?} {:?}", outcome.status(), receipt.status)
+        }
+        Ok(Reply::Receipt(rc)) => format!("receipt {:?}", rc.status),
+        Ok(Reply::Revoked { generation, .. }) => format!("revoked {generation}"),
+        Ok(other) => other.label().to_string(),
+    }
+}
+
+/// SPEC §10: every call of a batch answers exactly what the single call
+/// would have answered in that order. Random batches over a few keys and
+/// two principals (repeated keys, generation raises, revokes, settles
+/// under old and new generations and fences, lease expiry between
+/// batches) run as a batch in one tenant and one by one in another with
+/// the same history; decisions, statuses and codes must agree, and so
+/// must the records after each batch.
+pub async fn batches_answer_as_one_by_one(fx: &Fixture) {
+    for seed in 1..=12u64 {
+        let batched = TenantId::new(format!("batch-{seed}")).unwrap();
+        let single = TenantId::new(format!("single-{seed}")).unwrap();
+        let mut g = Gen(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+        let (mut fa, mut fb) = (Fences::default(), Fences::default());
+        let mut generations = Generations::default();
+        // Every third seed has one principal only.
+        let principals: &[&str] = if seed % 3 == 0 {
+            &["p0"]
+        } else {
+            &["p0", "p0", "p1"]
+        };
+        for step in 0..10 {
+            let calls: Vec<Call> = (0..1 + g.below(8))
+                .map(|_| Call::random(&mut g, principals, &generations))
+                .collect();
+            let in_batch: Vec<Command> = calls.iter().map(|c| c.command(&fa)).collect();
+            let one_by_one: Vec<Command> = calls.iter().map(|c| c.command(&fb)).collect();
+            let a = fx.store.execute_batch(&batched, in_batch).await;
+            let mut b = Vec::with_capacity(calls.len());
+            for cmd in one_by_one {
+                b.push(fx.store.execute(&single, cmd).await);
+            }
+            assert_eq!(a.len(), calls.len());
+            for (i, call) in calls.iter().enumerate() {
+                assert_eq!(
+                    essence(&a[i]),
+                    essence(&b[i]),
+                    "seed {seed} step {step}: call {i} ({call:?}) of {calls:#?} answered differently in a batch"
+                );
+                if let (Ok(ra), Ok(rb)) = (&a[i], &b[i]) {
+                    fa.learn(call, ra);
+                    fb.learn(call, rb);
+                    generations.learn(call, rb);
+                }
+            }
+            for k in ["k0", "k1", "k2", "k3"] {
+                let ra = fx.store.get(&batched, &key(k)).await.expect("store works");
+                let rb = fx.store.get(&single, &key(k)).await.expect("store works");
+                let view = |r: Result<Option<Record>, RefusalCode>| {
+                    r.map(|r| {
+                        r.map(|r| {
+                            (
+                                r.status,
+                                r.reconcile_required,
+                                r.disputed,
+                                r.reservation.generation,
+                                r.open_lease().map(|l| (l.purpose, l.dispatched)),
+                            )
+                        })
+                    })
+                };
+                assert_eq!(
+                    view(ra),
+                    view(rb),
+                    "seed {seed} step {step}: record {k} differs after {calls:#?}"
+                );
+            }
+            // Now and then every lease lapses (both tenants alike).
+            if g.below(4) == 0 {
+                fx.clock.advance(31_000);
+            }
+        }
+    }
 }
 
 /// Every page of a listing with `filter`, keys in order of appearance.

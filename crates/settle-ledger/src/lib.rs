@@ -49,6 +49,7 @@ pub mod conformance;
 pub mod inspect;
 mod ledger;
 mod memory;
+pub mod rounds;
 mod store;
 
 pub use ledger::{Ledger, LedgerConfig, LedgerError, Reconciled};

@@ -1,16 +1,14 @@
 //! The boundary every engine implements.
 
-use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use settle_core::{
-    Command, Key, Record, RefusalCode, Reply, Target, TaskId, TenantId, Timestamp, Warning,
-};
+use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
 
 use crate::inspect::Scan;
+use crate::rounds::{Placement, Rounds};
 
 /// A boxed, sendable future (keeps [`Store`] object-safe).
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -132,16 +130,19 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Reply, StoreError>>;
 
     /// Applies `cmds` in order, as if one after another (a later command
-    /// on the same target sees what an earlier one left); resolves once
-    /// every result is durable, one result per command, in order. The batch
-    /// is not atomic: each command succeeds or fails on its own.
+    /// sees what every earlier one left, on any record, principal or
+    /// task); resolves once every result is durable, one result per
+    /// command, in order. The batch is not atomic: each command succeeds
+    /// or fails on its own.
     ///
-    /// This default runs the commands in rounds: consecutive commands on
-    /// distinct records run concurrently (an engine with group commit
-    /// gathers them into one transaction), a repeated record or a command on
-    /// a principal or a task starts a new round. Commands on distinct records
-    /// commute, so this is the same as running them in order. An engine that
-    /// can commit a whole batch at once overrides it.
+    /// This default runs the commands in rounds ([`crate::rounds`]):
+    /// consecutive commands that commute (distinct records, no generation
+    /// changed) run concurrently, so an engine with group commit gathers
+    /// them into one transaction; a repeated key or task starts a new
+    /// round, and a command that may change a principal's generation (a
+    /// revoke, a claim above the generation known so far) runs alone
+    /// between rounds. An engine that applies a whole batch in order
+    /// itself overrides it.
     fn execute_batch<'a>(
         &'a self,
         tenant: &'a TenantId,
@@ -149,12 +150,26 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Vec<Result<Reply, StoreError>>> {
         Box::pin(async move {
             let mut out = Vec::with_capacity(cmds.len());
-            for round in rounds(cmds) {
-                let results =
-                    futures::future::join_all(round.into_iter().map(|c| self.execute(tenant, c)))
-                        .await;
-                out.extend(results);
+            let mut plan = Rounds::new();
+            let mut round: Vec<Command> = Vec::new();
+            for cmd in cmds {
+                match plan.place(&cmd) {
+                    Placement::Join => round.push(cmd),
+                    Placement::NextRound => {
+                        run_round(self, tenant, std::mem::take(&mut round), &mut out).await;
+                        round.push(cmd);
+                    }
+                    Placement::Alone => {
+                        run_round(self, tenant, std::mem::take(&mut round), &mut out).await;
+                        let result = self.execute(tenant, cmd.clone()).await;
+                        if let Ok(reply) = &result {
+                            plan.learn(&cmd, reply);
+                        }
+                        out.push(result);
+                    }
+                }
             }
+            run_round(self, tenant, round, &mut out).await;
             out
         })
     }
@@ -201,39 +216,23 @@ pub trait Store: Send + Sync + 'static {
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>>;
 }
 
-/// Splits commands into rounds that may run concurrently: within a round
-/// every command targets a distinct record; a command on a principal or a
-/// task is a round of its own (it may change what the others see).
-fn rounds(cmds: Vec<Command>) -> Vec<Vec<Command>> {
-    let mut out: Vec<Vec<Command>> = Vec::new();
-    let mut round: Vec<Command> = Vec::new();
-    let mut keys: HashSet<Key> = HashSet::new();
-    for cmd in cmds {
-        match cmd.target() {
-            Target::Record(k) if !keys.contains(k) => {
-                keys.insert(k.clone());
-                round.push(cmd);
-            }
-            Target::Record(k) => {
-                let k = k.clone();
-                out.push(std::mem::take(&mut round));
-                keys.clear();
-                keys.insert(k);
-                round.push(cmd);
-            }
-            Target::Principal(_) | Target::Task(_) => {
-                if !round.is_empty() {
-                    out.push(std::mem::take(&mut round));
-                    keys.clear();
-                }
-                out.push(vec![cmd]);
-            }
+/// Runs one round's commands concurrently, appending their results in order.
+async fn run_round<S: Store + ?Sized>(
+    store: &S,
+    tenant: &TenantId,
+    round: Vec<Command>,
+    out: &mut Vec<Result<Reply, StoreError>>,
+) {
+    match round.len() {
+        0 => {}
+        1 => {
+            let cmd = round.into_iter().next().expect("one command");
+            out.push(store.execute(tenant, cmd).await);
         }
+        _ => out.extend(
+            futures::future::join_all(round.into_iter().map(|c| store.execute(tenant, c))).await,
+        ),
     }
-    if !round.is_empty() {
-        out.push(round);
-    }
-    out
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
