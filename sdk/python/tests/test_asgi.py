@@ -21,17 +21,19 @@ from starlette.routing import Route
 
 from settle_client import AsyncClient, Client
 from settle_client import _mw as mw
+from settle_client import fixed_principal
 from settle_client.asgi import IdempotencyMiddleware, RoutePolicy, mark_retryable
 
 
 class App:
     """A test app: POST /items answers what the body asks for."""
 
-    def __init__(self, server_url: str, **options: Any) -> None:
+    def __init__(self, server_url: str, *, transport: httpx.AsyncBaseTransport | None = None, **options: Any) -> None:
         self.count = 0
         self.gate: asyncio.Event | None = None
         self.entered: asyncio.Event | None = None
-        self.ledger = AsyncClient(server_url)
+        self.ledger = AsyncClient(server_url, transport=transport)
+        options.setdefault("principal", fixed_principal("acct-1"))
         self.options = options
 
         async def items(request: Request) -> Response:
@@ -100,7 +102,10 @@ def test_row_key_missing(server: Server) -> None:
     run(main)
 
 
-@pytest.mark.parametrize("raw", ['"unterminated', '"bad\\escape"', "has space", "", '""', "x" * 256, '"é"'.encode()])
+@pytest.mark.parametrize(
+    "raw",
+    ['"unterminated', '"bad\\escape"', "has space", "", '""', "x" * 256, '"é"'.encode(), '"k-1" ;a=1', '"k-1";A=1', '"k-1";a='],
+)
 def test_row_key_malformed(server: Server, raw: str | bytes) -> None:
     async def main() -> None:
         a = App(server.url)
@@ -142,6 +147,13 @@ def test_row_first_request_and_byte_for_byte_replay(server: Server) -> None:
             # sf-string and bare token name the same key.
             quoted = await h.post("/items", content=b'{"status": 201}', headers={"Idempotency-Key": '"k-1"', "content-type": "application/json"})
             assert quoted.content == first.content and quoted.headers["idempotent-replayed"] == "true"
+            # An sf-string Item with parameters (RFC 8941): the parameters are ignored.
+            for item in ('"k-1";a=1', '"k-1"; v=?1;w="x;y"'):
+                with_params = await h.post(
+                    "/items", content=b'{"status": 201}', headers={"Idempotency-Key": item, "content-type": "application/json"}
+                )
+                assert with_params.content == first.content and with_params.headers["idempotent-replayed"] == "true"
+            assert a.count == 1
 
     run(main)
 
@@ -203,33 +215,41 @@ def test_canonical_json_option_ignores_key_order_and_whitespace(server: Server) 
     run(main)
 
 
+def _account(scope: Any) -> str | None:
+    for n, v in scope["headers"]:
+        if n == b"x-account":
+            return str(v.decode())
+    return None
+
+
 def test_principals_do_not_collide(server: Server) -> None:
     async def main() -> None:
-        a = App(server.url)
+        a = App(server.url, principal=_account)
         async with a.http() as h:
-            r1 = await h.post("/items", json={}, headers={**H, "Authorization": "Bearer alice"})
-            r2 = await h.post("/items", json={}, headers={**H, "Authorization": "Bearer bob"})
-            r3 = await h.post("/items", json={}, headers=H)  # anonymous
-            assert [r.json()["n"] for r in (r1, r2, r3)] == [1, 2, 3]
-            assert all("idempotent-replayed" not in r.headers for r in (r1, r2, r3))
+            r1 = await h.post("/items", json={}, headers={**H, "X-Account": "alice"})
+            r2 = await h.post("/items", json={}, headers={**H, "X-Account": "bob"})
+            r3 = await h.post("/items", json={}, headers={**H, "X-Account": "alice"})
+            assert [r.json()["n"] for r in (r1, r2, r3)] == [1, 2, 1]
+            assert [("idempotent-replayed" in r.headers) for r in (r1, r2, r3)] == [False, False, True]
 
     run(main)
 
 
 def test_ledger_key_layout_and_worker_label(server: Server) -> None:
     async def main() -> None:
-        a = App(server.url)
+        a = App(server.url, principal=fixed_principal("svc-billing"))
         async with a.http() as h:
-            await h.post("/items", content=b"{}", headers={"Idempotency-Key": "order-7", "Authorization": "Bearer alice", "content-type": "application/json"})
+            await h.post("/items", content=b"{}", headers={"Idempotency-Key": "order-7", "content-type": "application/json"})
         mwopts = [m for m in a.app.user_middleware][0].kwargs
         ns = str(mwopts["namespace"])
-        principal = hashlib.sha256(b"Bearer alice").hexdigest()
+        principal = "svc-billing"
         lkey = "mw-" + hashlib.sha256(
-            len(ns).to_bytes(4, "big") + ns.encode() + (64).to_bytes(4, "big") + principal.encode() + (7).to_bytes(4, "big") + b"order-7"
+            len(ns).to_bytes(4, "big") + ns.encode() + (11).to_bytes(4, "big") + principal.encode() + (7).to_bytes(4, "big") + b"order-7"
         ).hexdigest()
         with Client(server.url) as c:
             rec = c.get(lkey)
         assert rec.status == "completed"
+        assert (rec.reservation["principal"], rec.reservation["scopes"], rec.reservation["generation"]) == ("svc-billing", [], 0)
         assert rec.attempts[0]["lease"]["worker"] == f"idempotency-key=order-7 principal={principal}"
         assert rec.attempts[0]["lease"]["marks_dispatch"] and rec.attempts[0]["lease"]["dispatched"]
         fp = mw.request_fingerprint("POST", "/items", "application/json", b"{}")

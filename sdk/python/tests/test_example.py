@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -17,11 +18,11 @@ import pytest
 from conftest import TOKENS, Server, new_key, stop
 
 
-def start_example(settle_url: str, token: str | None = None) -> tuple[str, subprocess.Popen[str]]:
+def start_example(settle_url: str, token: str | None = None, stderr: int = subprocess.DEVNULL) -> tuple[str, subprocess.Popen[str]]:
     args = [sys.executable, "-m", "settle_client.examples.payments", "--listen", "127.0.0.1:0", "--settle-url", settle_url]
     if token:
         args += ["--settle-token", token]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=dict(os.environ))
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=dict(os.environ))
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("listening on "):
@@ -147,3 +148,24 @@ def test_with_a_token(auth_server: Server) -> None:
         assert r.status_code == 503 and r.json()["code"] == "idempotency_unavailable"
     finally:
         stop(proc)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("used", [False, True], ids=["idle", "after requests"])
+def test_ctrl_c_exits_cleanly(server: Server, sig: signal.Signals, used: bool) -> None:
+    """Ctrl-C (or SIGTERM) stops the example gracefully: exit status 0 and
+    nothing on stderr (no traceback)."""
+    url, proc = start_example(server.url, stderr=subprocess.PIPE)
+    try:
+        if used:
+            key = new_key()
+            assert pay(url, key, {"amount": 1, "currency": "EUR"}).status_code == 201
+            assert pay(url, key, {"amount": 1, "currency": "EUR"}).headers["idempotent-replayed"] == "true"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err and err.strip() == "", err
+    assert proc.returncode == 0

@@ -1,6 +1,6 @@
 """Writes sdk/middleware-vectors.json: the SPEC §8 byte layouts of
 sdk/MIDDLEWARE-KEYS.md as test vectors (ledger key, request fingerprint,
-header parsing, principals, stored responses), so that the Python, the
+header parsing, binding principals, stored responses), so that the Python, the
 TypeScript (and later the Rust) middleware agree byte for byte.
 
     python sdk/python/tools/gen_mw_vectors.py        # from the repository root
@@ -29,13 +29,15 @@ STORED = (*_mw.DEFAULT_STORED_HEADERS, "x-kept", "content-length", "transfer-enc
 
 def build() -> dict[str, Any]:
     keys = [
-        ("default", "anonymous", "abc"),
-        ("default", "anonymous", "abd"),
-        ("payments", "anonymous", "abc"),
+        ("default", "acct-1", "abc"),
+        ("default", "acct-1", "abd"),
+        ("payments", "acct-1", "abc"),
+        ("default", "acct-2", "abc"),
         ("", "", "k"),
         ("ns", "a", "bc"),
         ("nsa", "", "bc"),  # framing: differs from the one above
-        ("default", _mw.default_principal("Bearer alice"), "order-7"),
+        ("default", "svc-billing", "order-7"),
+        ("default", "has space", "order-7"),
         ("zahlungen-€", "prinçipal", "x" * 255),
     ]
     fps: list[dict[str, Any]] = []
@@ -88,6 +90,43 @@ def build() -> dict[str, Any]:
         (['"a"b"'], "idempotency_key_invalid"),
         (["abc", "abc"], "idempotency_key_invalid"),
         (["caf\u00e9"], "idempotency_key_invalid"),
+        # An sf-string Item with RFC 8941 parameters: parsed and ignored.
+        (['"p-1";a=1'], "p-1"),
+        (['"p-1";a'], "p-1"),
+        (['"p-1"; a=1'], "p-1"),
+        (['"p-1";  a=1;b'], "p-1"),
+        (['"p-1";a="x;y";b=?1;c=:YWJj:;d=-1.5;e=tok/x'], "p-1"),
+        (['"p-1";*k=1'], "p-1"),
+        (['"p-1";a=?0;b=::;c=*t:x;d=0.001;e=""'], "p-1"),
+        (['"p-1";a="q\\"\\\\"'], "p-1"),
+        (['"p-1";a=123456789012345'], "p-1"),
+        (['"p-1";a=123456789012.123'], "p-1"),
+        ([' "p-1";a=1 '], "p-1"),
+        (['"p;1";a=1'], "p;1"),
+        (["abc;a=1"], "abc;a=1"),
+        (['"p-1" ;a=1'], "idempotency_key_invalid"),
+        (['"p-1";'], "idempotency_key_invalid"),
+        (['"p-1";A=1'], "idempotency_key_invalid"),
+        (['"p-1";a='], "idempotency_key_invalid"),
+        (['"p-1";a=1 x'], "idempotency_key_invalid"),
+        (['"p-1";a="x'], "idempotency_key_invalid"),
+        (['"p-1"x'], "idempotency_key_invalid"),
+        (['"p-1";=1'], "idempotency_key_invalid"),
+        (['"p-1";1a=1'], "idempotency_key_invalid"),
+        (['"p-1";a=1;;b'], "idempotency_key_invalid"),
+        (['"p-1";\ta=1'], "idempotency_key_invalid"),
+        (['"p-1";a=1234567890123456'], "idempotency_key_invalid"),
+        (['"p-1";a=1234567890123.1'], "idempotency_key_invalid"),
+        (['"p-1";a=1.1234'], "idempotency_key_invalid"),
+        (['"p-1";a=1.'], "idempotency_key_invalid"),
+        (['"p-1";a=-'], "idempotency_key_invalid"),
+        (['"p-1";a=?2'], "idempotency_key_invalid"),
+        (['"p-1";a=:YW*j:'], "idempotency_key_invalid"),
+        (['"p-1";a=:YWJj'], "idempotency_key_invalid"),
+        (['"p-1";a="\\x"'], "idempotency_key_invalid"),
+        (['"p-1";a=@'], "idempotency_key_invalid"),
+        (['"p-1",a'], "idempotency_key_invalid"),
+        (['"";a=1'], "idempotency_key_invalid"),
     ]
     responses = []
     for status, hs, body, limit in [
@@ -117,14 +156,14 @@ def build() -> dict[str, Any]:
             {"values": v, "key": r} if r is None or r != "idempotency_key_invalid" else {"values": v, "error": r}
             for v, r in headers
         ],
-        "default_principal": [
-            {"authorization": a, "principal": _mw.default_principal(a)} for a in [None, "Bearer alice", "Basic YTpi", ""]
-        ],
         "binding_principal": [
             {"principal": p, "binding_principal": _mw.binding_principal(p)}
-            for p in ["anonymous", "svc-1", "a" * 255, "a" * 256, "prinçipal", "has space", ""]
+            for p in ["acct-1", "svc-billing", "a" * 255, "a" * 256, "prinçipal", "has space", ""]
         ],
-        "worker_label": [{"key": "order-7", "principal": "anonymous", "worker": _mw.worker_label("order-7", "anonymous")}],
+        "worker_label": [
+            {"key": k, "principal": p, "worker": _mw.worker_label(k, p)}
+            for k, p in [("order-7", "acct-1"), ("order-7", "svc-billing"), ("order-7", "has space")]
+        ],
         "responses": responses,
         "retry_after": [{"retry_after_ms": ms, "header": _mw.retry_after_header(ms)} for ms in [0, 10, 999, 1000, 1001, 2500]],
     }

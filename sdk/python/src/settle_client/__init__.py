@@ -4,10 +4,12 @@
 - ``run_once`` / ``run_once_async``: the worker contract of SPEC §11;
 - ``fingerprint``: RFC 8785 canonical JSON → SHA-256 (SPEC §11.1);
 - ``idempotent``: a Powertools-style decorator;
-- ``settle_client.asgi.IdempotencyMiddleware``: SPEC §8 for Starlette/FastAPI.
+- ``settle_client.asgi.IdempotencyMiddleware``: SPEC §8 for Starlette/FastAPI,
+  with its principal helpers ``fixed_principal`` and ``authenticated_principal``.
 """
 
 from ._jcs import FingerprintError, canonicalize, fingerprint, select_fields
+from .asgi import authenticated_principal, fixed_principal
 from .client import AsyncClient, Client
 from .decorator import AsyncIdempotentFunction, IdempotentFunction, Invocation, idempotent
 from .errors import (
@@ -108,8 +110,10 @@ __all__ = [
     "Unavailable",
     "Warning",
     "WrongPurpose",
+    "authenticated_principal",
     "canonicalize",
     "fingerprint",
+    "fixed_principal",
     "idempotent",
     "run_once",
     "run_once_async",

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._jcs import FingerprintError, canonicalize
+from .errors import DeadlineExceeded, RecordRefused, StaleBinding, TransportError, Unavailable
 
 __all__ = [
     "KeyError_",
@@ -23,7 +24,6 @@ __all__ = [
     "frame",
     "ledger_key",
     "request_fingerprint",
-    "default_principal",
     "binding_principal",
     "worker_label",
     "StoredResponse",
@@ -32,6 +32,9 @@ __all__ = [
     "response_sha256",
     "problem_body",
     "retry_after_header",
+    "LedgerFailure",
+    "classify_ledger_error",
+    "PRINCIPAL_MISSING",
     "NOT_COMMITTED_STATUSES",
     "DEFAULT_STORED_HEADERS",
     "DEFAULT_MAX_STORED_BODY",
@@ -57,34 +60,119 @@ def _visible(s: str) -> bool:
     return 1 <= len(s) <= 255 and all(0x21 <= ord(c) <= 0x7E for c in s)
 
 
+def _sf_string(v: str, i: int) -> tuple[str, int]:
+    """The RFC 8941 sf-string that starts at ``v[i]`` (a ``"``): its
+    unescaped text and the index after its closing quote. Escapes ``\\"``
+    and ``\\\\`` only; characters 0x20-0x7E."""
+    out: list[str] = []
+    i += 1
+    while i < len(v):
+        c = v[i]
+        if c == "\\":
+            if i + 1 >= len(v) or v[i + 1] not in '"\\':
+                raise KeyError_("idempotency_key_invalid", "bad escape in an Idempotency-Key sf-string")
+            out.append(v[i + 1])
+            i += 2
+        elif c == '"':
+            return "".join(out), i + 1
+        elif 0x20 <= ord(c) <= 0x7E:
+            out.append(c)
+            i += 1
+        else:
+            raise KeyError_("idempotency_key_invalid", "bad character in an Idempotency-Key sf-string")
+    raise KeyError_("idempotency_key_invalid", "unterminated sf-string in Idempotency-Key")
+
+
+_LCALPHA = frozenset("abcdefghijklmnopqrstuvwxyz")
+_DIGIT = frozenset("0123456789")
+_ALPHA = _LCALPHA | frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+_KEY_FIRST = _LCALPHA | {"*"}
+_KEY_CHAR = _LCALPHA | _DIGIT | frozenset("_-.*")
+_TOKEN_FIRST = _ALPHA | {"*"}
+_TOKEN_CHAR = _ALPHA | _DIGIT | frozenset("!#$%&'*+-.^_`|~:/")
+_BASE64 = _ALPHA | _DIGIT | frozenset("+/=")
+
+
+def _bad_parameter(what: str) -> KeyError_:
+    return KeyError_("idempotency_key_invalid", f"malformed parameter after the Idempotency-Key sf-string: {what}")
+
+
+def _bare_item_end(v: str, i: int) -> int:
+    """The index after the RFC 8941 bare item that starts at ``v[i]``
+    (sf-string, token, integer or decimal, byte sequence, boolean)."""
+    if i >= len(v):
+        raise _bad_parameter("a value is missing after '='")
+    c = v[i]
+    if c == '"':
+        return _sf_string(v, i)[1]
+    if c == "-" or c in _DIGIT:
+        j = i + 1 if c == "-" else i
+        k = j
+        while k < len(v) and v[k] in _DIGIT:
+            k += 1
+        whole = k - j
+        if k < len(v) and v[k] == ".":
+            f = k + 1
+            while f < len(v) and v[f] in _DIGIT:
+                f += 1
+            if not 1 <= whole <= 12 or not 1 <= f - k - 1 <= 3:
+                raise _bad_parameter("a decimal has 1-12 integer and 1-3 fraction digits")
+            return f
+        if not 1 <= whole <= 15:
+            raise _bad_parameter("an integer has 1-15 digits")
+        return k
+    if c == ":":
+        j = i + 1
+        while j < len(v) and v[j] in _BASE64:
+            j += 1
+        if j >= len(v) or v[j] != ":":
+            raise _bad_parameter("unterminated byte sequence")
+        return j + 1
+    if c == "?":
+        if i + 1 < len(v) and v[i + 1] in "01":
+            return i + 2
+        raise _bad_parameter("a boolean is ?0 or ?1")
+    if c in _TOKEN_FIRST:
+        j = i + 1
+        while j < len(v) and v[j] in _TOKEN_CHAR:
+            j += 1
+        return j
+    raise _bad_parameter(f"unexpected {c!r}")
+
+
+def _skip_parameters(v: str, i: int) -> None:
+    """Checks that ``v[i:]`` is zero or more RFC 8941 parameters (which are
+    then ignored): ``;``, spaces, a key, optionally ``=`` and a bare item."""
+    while i < len(v):
+        if v[i] != ";":
+            raise KeyError_("idempotency_key_invalid", "unexpected characters after the Idempotency-Key sf-string")
+        i += 1
+        while i < len(v) and v[i] == " ":
+            i += 1
+        if i >= len(v) or v[i] not in _KEY_FIRST:
+            raise _bad_parameter("a key is lower-case letters, digits, '_-.*', starting with a letter or '*'")
+        i += 1
+        while i < len(v) and v[i] in _KEY_CHAR:
+            i += 1
+        if i < len(v) and v[i] == "=":
+            i = _bare_item_end(v, i + 1)
+
+
 def parse_idempotency_key(values: Sequence[str]) -> str | None:
     """The key of the Idempotency-Key header field lines ``values``: None
-    when absent; an RFC 8941 sf-string (``"abc"``) or a bare token
-    (``abc``), 1–255 visible ASCII after unquoting. Sent twice →
-    ``idempotency_key_invalid``."""
+    when absent. After trimming spaces and tabs, a value starting with ``"``
+    is an RFC 8941 sf-string, optionally followed by RFC 8941 parameters
+    (parsed and ignored: ``"abc";a=1`` is the key ``abc``); any other value is
+    the key as it is (``abc;a=1`` is the key ``abc;a=1``). The key is 1-255
+    visible ASCII after unquoting. Sent twice → ``idempotency_key_invalid``."""
     if not values:
         return None
     if len(values) > 1:
         raise KeyError_("idempotency_key_invalid", "the Idempotency-Key header was sent more than once")
     v = values[0].strip(" \t")
     if v.startswith('"'):
-        if len(v) < 2 or not v.endswith('"'):
-            raise KeyError_("idempotency_key_invalid", "unterminated sf-string in Idempotency-Key")
-        out = []
-        i = 1
-        while i < len(v) - 1:
-            c = v[i]
-            if c == "\\":
-                if i + 1 >= len(v) - 1 or v[i + 1] not in '"\\':
-                    raise KeyError_("idempotency_key_invalid", "bad escape in the Idempotency-Key sf-string")
-                out.append(v[i + 1])
-                i += 2
-                continue
-            if c == '"' or not 0x20 <= ord(c) <= 0x7E:
-                raise KeyError_("idempotency_key_invalid", "bad character in the Idempotency-Key sf-string")
-            out.append(c)
-            i += 1
-        key = "".join(out)
+        key, end = _sf_string(v, 0)
+        _skip_parameters(v, end)
     else:
         key = v
     if not _visible(key):
@@ -131,13 +219,6 @@ def request_fingerprint(
     for name, value in sorted((n.lower(), v) for n, v in headers):
         parts += [name.encode(), value.encode()]
     return hashlib.sha256(frame(*parts)).hexdigest()
-
-
-def default_principal(authorization: str | None) -> str:
-    """SHA-256 hex of the Authorization header value, or ``anonymous``."""
-    if authorization is None:
-        return "anonymous"
-    return hashlib.sha256(authorization.encode()).hexdigest()
 
 
 def binding_principal(principal: str) -> str:
@@ -214,7 +295,57 @@ _TITLES = {
     "idempotency_unavailable": "Idempotency unavailable",
     "response_not_stored": "Response not stored",
     "payload_too_large": "Payload too large",
+    "idempotency_forbidden": "Idempotency forbidden",
+    "idempotency_principal_missing": "Idempotency principal missing",
 }
+
+PRINCIPAL_MISSING = "no principal was found for this request (see the principal option)"
+UNAVAILABLE_DETAIL = "the idempotency ledger is unreachable; the request was not run"
+FORBIDDEN_DETAIL = "the ledger refused this caller's binding (its principal was revoked or moved on)"
+
+
+@dataclass(frozen=True)
+class LedgerFailure:
+    """How the middleware answers a ledger call that failed (SPEC §8).
+
+    ``fail_open``: a route with the fail-open option may run the handler
+    (only when settle gave no answer, or a 503 ``unavailable``);
+    ``status``/``code``: the problem answered otherwise; ``retry_after``:
+    its Retry-After header in whole seconds (None for a 403);
+    ``unexpected``: an answer the middleware has no rule for (logged as an
+    error)."""
+
+    fail_open: bool
+    status: int
+    code: str
+    detail: str
+    retry_after: int | None
+    unexpected: bool
+
+
+def classify_ledger_error(err: BaseException, unavailable_retry_after_s: int) -> LedgerFailure:
+    """SPEC §8's rule for a claim or dispatch that failed, shared by the
+    three SDKs: no answer or 503 ``unavailable`` → 503
+    ``idempotency_unavailable`` (fail-open allowed); ``stale_binding`` → 403
+    ``idempotency_forbidden``; ``record_refused`` and any 429 → 503 (a 429's
+    own Retry-After, rounded up, when it sent one); anything else
+    (``invalid_request``, 401, ...) → 503, logged as an error. A refusal
+    never runs the handler."""
+    configured = max(1, unavailable_retry_after_s)
+    if isinstance(err, DeadlineExceeded) and err.last is not None:
+        err = err.last  # retried until the deadline: what the last try got
+    if isinstance(err, TransportError) or (isinstance(err, Unavailable) and err.status == 503):
+        return LedgerFailure(True, 503, "idempotency_unavailable", UNAVAILABLE_DETAIL, configured, False)
+    if isinstance(err, StaleBinding):
+        return LedgerFailure(False, 403, "idempotency_forbidden", FORBIDDEN_DETAIL, None, False)
+    status = getattr(err, "status", None)
+    if status == 429:
+        ra = getattr(err, "retry_after_s", None)
+        secs = max(1, math.ceil(ra)) if isinstance(ra, (int, float)) and math.isfinite(ra) else configured
+        return LedgerFailure(False, 503, "idempotency_unavailable", UNAVAILABLE_DETAIL, secs, False)
+    if isinstance(err, RecordRefused):
+        return LedgerFailure(False, 503, "idempotency_unavailable", UNAVAILABLE_DETAIL, configured, False)
+    return LedgerFailure(False, 503, "idempotency_unavailable", UNAVAILABLE_DETAIL, configured, True)
 
 
 def problem_body(status: int, code: str, detail: str) -> bytes:

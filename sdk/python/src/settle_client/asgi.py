@@ -1,7 +1,8 @@
 """``IdempotencyMiddleware``: SPEC §8 for ASGI applications (Starlette,
 FastAPI, any ASGI 3 app), on a remote ``settle serve``.
 
-    app.add_middleware(IdempotencyMiddleware, client=AsyncClient(url, token))
+    app.add_middleware(IdempotencyMiddleware, client=AsyncClient(url, token),
+                       principal=authenticated_principal())   # or fixed_principal("acct-1")
 
 The request body is read whole (to fingerprint it) and the response is
 buffered whole (to settle it before the client sees it, so that a client
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 from . import _mw
 from .client import AsyncClient
@@ -25,14 +27,23 @@ from .errors import (
     BindingMismatch,
     FingerprintMismatch,
     InvalidRequest,
-    ProblemError,
+    ReceiptRequired,
     SettleError,
-    TransportError,
 )
-from .types import Binding, Grant, InFlight, Outcome, Replay
+from .types import MAX_SAFE_INTEGER, Binding, Grant, InFlight, Outcome, Replay
 from .worker import _aheartbeat, _aretry, _Deadline
 
-__all__ = ["IdempotencyMiddleware", "RoutePolicy", "mark_retryable", "Scope", "Message"]
+__all__ = [
+    "IdempotencyMiddleware",
+    "RoutePolicy",
+    "mark_retryable",
+    "fixed_principal",
+    "authenticated_principal",
+    "Principal",
+    "PrincipalExtractor",
+    "Scope",
+    "Message",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -40,6 +51,11 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 ReconcileHook = Callable[[str, int, Scope], Awaitable[Literal["not_committed", "unavailable"]]]
+Principal = Union[str, tuple[str, int], None]
+"""What a principal extractor returns: the caller's account (generation 0),
+``(account, generation)``, or None when the request has no identity."""
+PrincipalExtractor = Callable[[Scope], Union[Principal, Awaitable[Principal]]]
+"""The ``principal`` option: the ASGI scope → the caller (may be async)."""
 
 log = logging.getLogger("settle_client.asgi")
 _RETRYABLE = "settle_retryable"
@@ -49,8 +65,10 @@ _RETRYABLE = "settle_retryable"
 class RoutePolicy:
     """How one route is wrapped. ``required``: a request without a key gets
     400 (else it runs unwrapped). ``fail_open``: when the ledger is
-    unreachable, run the handler without idempotency (logged) instead of
-    503. ``timeout``: seconds before the handler counts as failed (unknown)."""
+    unreachable (no answer, or a 503 ``unavailable``), run the handler
+    without idempotency (logged) instead of 503; a refusal of the ledger
+    never runs the handler. ``timeout``: seconds before the handler counts
+    as failed (unknown)."""
 
     required: bool = True
     fail_open: bool = False
@@ -64,6 +82,63 @@ def mark_retryable(target: Any) -> None:
     scope."""
     scope = getattr(target, "scope", target)
     scope.setdefault("state", {})[_RETRYABLE] = True
+
+
+def fixed_principal(name: str, generation: int = 0) -> PrincipalExtractor:
+    """The ``principal`` of an application with one caller: every request is
+    ``name`` (at ``generation``)."""
+    if not isinstance(name, str):
+        raise TypeError("fixed_principal: the name must be a str")
+    _check_generation(generation)
+    fixed: Principal = (name, generation)
+
+    def extract(scope: Scope) -> Principal:
+        return fixed
+
+    return extract
+
+
+def authenticated_principal(identity: Callable[[Any], Principal] | None = None) -> PrincipalExtractor:
+    """The ``principal`` from the framework's authenticated identity:
+    ``scope["user"]`` (Starlette's and FastAPI's ``request.user``), as set by
+    ``starlette.middleware.authentication.AuthenticationMiddleware``, which
+    must run before (outside) ``IdempotencyMiddleware``. An unauthenticated
+    user (``user.is_authenticated`` false) has no principal (401). The
+    principal is ``user.identity``, or ``identity(user)`` when given (a
+    ``str``, ``(str, generation)`` or None). It must name the caller's
+    account, never a token: a retry after a credential refresh must replay."""
+
+    def extract(scope: Scope) -> Principal:
+        if "user" not in scope:
+            raise RuntimeError(
+                "authenticated_principal(): the request has no scope['user']; add Starlette's "
+                "AuthenticationMiddleware outside (before) IdempotencyMiddleware"
+            )
+        user = scope["user"]
+        if user is None or not getattr(user, "is_authenticated", False):
+            return None
+        if identity is not None:
+            return identity(user)
+        ident = user.identity
+        return ident if isinstance(ident, str) else str(ident)
+
+    return extract
+
+
+def _check_generation(generation: object) -> int:
+    if isinstance(generation, bool) or not isinstance(generation, int) or not 0 <= generation <= MAX_SAFE_INTEGER:
+        raise ValueError(f"a principal's generation must be an integer in [0, 2^53 - 1], got {generation!r}")
+    return generation
+
+
+def _principal_parts(found: object) -> tuple[str, int] | None:
+    if found is None:
+        return None
+    if isinstance(found, str):
+        return found, 0
+    if isinstance(found, tuple) and len(found) == 2 and isinstance(found[0], str):
+        return found[0], _check_generation(found[1])
+    raise TypeError(f"the principal extractor must return a str, (str, int) or None, not {found!r}")
 
 
 class _Captured:
@@ -107,7 +182,7 @@ class IdempotencyMiddleware:
         namespace: str = "default",
         methods: tuple[str, ...] = ("POST", "PATCH"),
         routes: Callable[[str, str], RoutePolicy | None] | None = None,
-        principal: Callable[[Scope], str] | None = None,
+        principal: PrincipalExtractor | None = None,
         stored_headers: tuple[str, ...] = (),
         fingerprint_headers: tuple[str, ...] = (),
         canonical_json: bool = False,
@@ -120,6 +195,12 @@ class IdempotencyMiddleware:
         unavailable_retry_after_s: int = 1,
         reconcile: ReconcileHook | None = None,
     ) -> None:
+        if principal is None or not callable(principal):
+            raise TypeError(
+                "IdempotencyMiddleware needs the principal option: a function of the ASGI scope that names the "
+                "caller's account (never a token), e.g. principal=fixed_principal(\"acct-1\") for an application "
+                "with one caller, or principal=authenticated_principal() for request.user"
+            )
         self.app = app
         self.client = client
         self.namespace = namespace
@@ -166,6 +247,13 @@ class IdempotencyMiddleware:
                 return
             await self._refuse(send, 400, "idempotency_key_missing", "this route requires an Idempotency-Key header", None)
             return
+        found = self.principal(scope)
+        if inspect.isawaitable(found):
+            found = await found
+        who = _principal_parts(found)
+        if who is None:
+            await self._refuse(send, 401, "idempotency_principal_missing", _mw.PRINCIPAL_MISSING, key)
+            return
         read = await self._read_body(receive)
         if read is None:
             return  # the client went away before its request arrived
@@ -173,7 +261,7 @@ class IdempotencyMiddleware:
         if too_large:
             await self._refuse(send, 413, "payload_too_large", "the request body is over the idempotency limit", key)
             return
-        await self._handle(scope, receive, send, policy, key, body)
+        await self._handle(scope, receive, send, policy, key, body, who)
 
     async def _read_body(self, receive: Receive) -> tuple[bytes, bool] | None:
         """The whole request body and whether it was over the limit (then
@@ -194,20 +282,18 @@ class IdempotencyMiddleware:
         too_large = size > self.max_request_body
         return (b"" if too_large else b"".join(parts)), too_large
 
-    async def _handle(self, scope: Scope, receive: Receive, send: Send, policy: RoutePolicy, key: str, body: bytes) -> None:
+    async def _handle(
+        self, scope: Scope, receive: Receive, send: Send, policy: RoutePolicy, key: str, body: bytes, who: tuple[str, int]
+    ) -> None:
         ct = _header_values(scope, b"content-type")
         content_type = ct[0] if ct else ""
         fp_headers = [(h, ", ".join(_header_values(scope, h.encode("latin-1")))) for h in self.fingerprint_headers]
         fp = _mw.request_fingerprint(
             str(scope["method"]), _target(scope), content_type, body, fp_headers, self.canonical_json
         )
-        if self.principal is not None:
-            principal = self.principal(scope)
-        else:
-            auth = _header_values(scope, b"authorization")
-            principal = _mw.default_principal(auth[0] if auth else None)
+        principal, generation = who
         lkey = _mw.ledger_key(self.namespace, principal, key)
-        binding = Binding(_mw.binding_principal(principal))
+        binding = Binding(_mw.binding_principal(principal), (), generation)
 
         try:
             dec = await self.client.claim(
@@ -222,8 +308,8 @@ class IdempotencyMiddleware:
         except (FingerprintMismatch, BindingMismatch):
             await self._refuse(send, 422, "idempotency_key_reused", "this Idempotency-Key was used for another request", key)
             return
-        except SettleError as e:
-            await self._unavailable(scope, receive, send, policy, key, body, e)
+        except Exception as e:  # noqa: BLE001 - every failure of the claim is classified; none runs the handler unless allowed
+            await self._ledger_failed(scope, receive, send, policy, key, body, e, "claim")
             return
 
         if isinstance(dec, Replay):
@@ -250,16 +336,40 @@ class IdempotencyMiddleware:
                 )
                 return
             grant = g
+        # The dispatch is retried under the same fence while its answer is
+        # lost (it is idempotent), for half the lease: the rest is left for
+        # handing the lease back.
+        lease = _Deadline(self.lease_ms / 1000.0)
         try:
-            await self.client.dispatch(lkey, grant.fence)
-        except SettleError as e:
-            try:
-                await self.client.release(lkey, grant.fence, "not_dispatched")
-            except SettleError:
-                pass  # the lease expires; with marks_dispatch and no dispatch nothing is flagged
-            await self._unavailable(scope, receive, send, policy, key, body, e)
+            await _aretry(lambda: self.client.dispatch(lkey, grant.fence), _Deadline(self.lease_ms / 2000.0), "dispatch")
+        except Exception as e:  # noqa: BLE001 - the handler has not run: hand the lease back, then classify
+            await self._release_undispatched(lkey, grant.fence, key, lease)
+            await self._ledger_failed(scope, receive, send, policy, key, body, e, "dispatch")
             return
         await self._execute(scope, receive, send, policy, key, body, lkey, fp, binding, grant.fence)
+
+    async def _release_undispatched(self, lkey: str, fence: int, key: str, lease: _Deadline) -> None:
+        """Hands back a lease whose handler never ran, after a dispatch that
+        failed: ``not_dispatched``, or, when the ledger recorded the dispatch
+        after all (its answer was lost: ``receipt_required``),
+        ``not_committed`` (true: the handler did not run)."""
+        try:
+            await _aretry(lambda: self.client.release(lkey, fence, "not_dispatched"), lease, "release")
+            return
+        except ReceiptRequired:
+            pass
+        except Exception:  # noqa: BLE001 - the lease lapses; with no dispatch recorded nothing is flagged
+            log.warning("idempotency: release(not_dispatched) of key %s failed", key, exc_info=True)
+            return
+        try:
+            await _aretry(lambda: self.client.release(lkey, fence, "not_committed"), lease, "release")
+        except Exception:  # noqa: BLE001
+            log.error(
+                "idempotency: the dispatch of key %s was recorded but the handler did not run, and "
+                "release(not_committed) failed: the record becomes unknown when its lease lapses",
+                key,
+                exc_info=True,
+            )
 
     async def _reconcile(self, scope: Scope, lkey: str, grant: Grant, key: str) -> Grant | None:
         finding: str = "unavailable"
@@ -418,10 +528,22 @@ class IdempotencyMiddleware:
         await send({"type": "http.response.start", "status": stored.status, "headers": headers})
         await send({"type": "http.response.body", "body": stored.body, "more_body": False})
 
-    async def _unavailable(
-        self, scope: Scope, receive: Receive, send: Send, policy: RoutePolicy, key: str, body: bytes, err: BaseException
+    async def _ledger_failed(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        policy: RoutePolicy,
+        key: str,
+        body: bytes,
+        err: BaseException,
+        call: str,
     ) -> None:
-        if policy.fail_open:
+        """A claim or dispatch that failed (SPEC §8): only a ledger that gave
+        no answer or a 503 ``unavailable`` lets a fail-open route run the
+        handler; a refusal never does."""
+        f = _mw.classify_ledger_error(err, self.unavailable_retry_after_s)
+        if policy.fail_open and f.fail_open:
             self.counts["fail_open"] += 1
             log.warning("idempotency: ledger unreachable (%s); key %s runs WITHOUT idempotency (fail_open)", err, key)
             delivered = False
@@ -435,15 +557,13 @@ class IdempotencyMiddleware:
 
             await self.app(scope, again, send)
             return
-        self.counts["idempotency_unavailable"] += 1
-        log.warning("idempotency: ledger unreachable for key %s: %s", key, err)
-        await self._problem(
-            send,
-            503,
-            "idempotency_unavailable",
-            "the idempotency ledger is unreachable; the request was not run",
-            [(b"retry-after", str(max(1, self.unavailable_retry_after_s)).encode())],
-        )
+        self.counts[f.code] += 1
+        if f.unexpected:
+            log.error("idempotency: unexpected answer of the ledger to the %s of key %s: %r", call, key, err, exc_info=err)
+        else:
+            log.warning("idempotency: the %s of key %s failed (%s): %s", call, key, f.code, err)
+        extra = [(b"retry-after", str(f.retry_after).encode())] if f.retry_after is not None else None
+        await self._problem(send, f.status, f.code, f.detail, extra)
 
     async def _refuse(self, send: Send, status: int, code: str, detail: str, key: str | None) -> None:
         self.counts[code] += 1
@@ -458,5 +578,3 @@ class IdempotencyMiddleware:
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
-
-_ = (ProblemError, TransportError)

@@ -7,10 +7,12 @@ percent-encoded (every byte but the unreserved ones), as SPEC §7 asks.
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Callable
+import threading
+import weakref
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
 from urllib.parse import quote
 
@@ -267,9 +269,10 @@ class Client:
         self.close()
 
     def _send(self, req: _Req[T]) -> T:
+        content = _encode(req.body)
         try:
-            resp = self._http.request(req.method, req.path, content=_encode(req.body))
-        except httpx.TransportError as e:
+            resp = self._http.request(req.method, req.path, content=content)
+        except Exception as e:  # noqa: BLE001 - whatever the transport raised, no answer arrived
             raise TransportError(f"{req.method} {req.path}: {e!r}") from e
         return _answer(req, resp)
 
@@ -342,7 +345,17 @@ class Client:
 
 
 class AsyncClient:
-    """The asyncio twin of ``Client`` (same methods, awaitable)."""
+    """The asyncio twin of ``Client`` (same methods, awaitable).
+
+    One ``AsyncClient`` may be used from several event loops, one after the
+    other or at once (a module-level client under Starlette's ``TestClient``,
+    which runs each ``with TestClient(app)`` block in a new loop): each
+    running loop gets its own ``httpx.AsyncClient``, created on first use
+    and closed when that loop shuts down (``asyncio.run`` and anyio close
+    the loop's async generators, which closes it) or by ``aclose()`` on that
+    loop. A ``transport`` given here is shared by those clients and is only
+    closed by ``aclose()``.
+    """
 
     def __init__(
         self,
@@ -354,12 +367,75 @@ class AsyncClient:
         headers: dict[str, str] | None = None,
     ) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(
-            base_url=self.url, headers=_headers(token, headers), timeout=timeout, transport=transport
+        self._headers = _headers(token, headers)
+        self._timeout = timeout
+        self._transport = transport
+        self._lock = threading.Lock()
+        # loop -> (its httpx client, the async generator that closes it at
+        # the loop's shutdown). Weak keys: a dropped loop drops its entry.
+        self._per_loop: MutableMapping[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, AsyncGenerator[None, None]]]
+        self._per_loop = weakref.WeakKeyDictionary()
+        self._no_loop: httpx.AsyncClient | None = None  # another async library (trio): one client
+
+    def _new_http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(
+            base_url=self.url, headers=self._headers, timeout=self._timeout, transport=self._transport
         )
 
+    async def _http(self) -> httpx.AsyncClient:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            with self._lock:
+                if self._no_loop is None:
+                    self._no_loop = self._new_http()
+                return self._no_loop
+        with self._lock:
+            entry = self._per_loop.get(loop)
+            if entry is not None:
+                return entry[0]
+            for old in [lp for lp in self._per_loop if lp.is_closed()]:
+                del self._per_loop[old]  # closed without its shutdown hook: nothing left to close
+            http = self._new_http()
+            closer = self._closer(loop, http)
+            self._per_loop[loop] = (http, closer)
+        # Started here, so the loop tracks it: its shutdown_asyncgens()
+        # (asyncio.run, asyncio.Runner, anyio) runs the finally below.
+        await closer.__anext__()
+        return http
+
+    async def _closer(self, loop: asyncio.AbstractEventLoop, http: httpx.AsyncClient) -> AsyncGenerator[None, None]:
+        try:
+            yield
+        finally:
+            with self._lock:
+                # Its connections refer to the loop: the entry must go for
+                # the loop to be freed.
+                if self._per_loop.get(loop, (None,))[0] is http:
+                    del self._per_loop[loop]
+            if self._transport is None:  # a given transport outlives one loop
+                try:
+                    await http.aclose()
+                except Exception:  # noqa: BLE001 - the loop is going away; nothing to report to
+                    pass
+
     async def aclose(self) -> None:
-        await self._http.aclose()
+        """Close the client of the running loop (and the transport given to
+        the constructor, if any). A later call opens a new one."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self._lock:
+            entry = self._per_loop.pop(loop, None) if loop is not None else None
+            no_loop, self._no_loop = (self._no_loop, None) if loop is None else (None, self._no_loop)
+        if entry is not None:
+            await entry[1].aclose()
+            await entry[0].aclose()  # idempotent; closes a given transport too
+        elif no_loop is not None:
+            await no_loop.aclose()
+        elif self._transport is not None:
+            await self._transport.aclose()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -368,9 +444,11 @@ class AsyncClient:
         await self.aclose()
 
     async def _send(self, req: _Req[T]) -> T:
+        content = _encode(req.body)
         try:
-            resp = await self._http.request(req.method, req.path, content=_encode(req.body))
-        except httpx.TransportError as e:
+            http = await self._http()
+            resp = await http.request(req.method, req.path, content=content)
+        except Exception as e:  # noqa: BLE001 - whatever the transport raised, no answer arrived
             raise TransportError(f"{req.method} {req.path}: {e!r}") from e
         return _answer(req, resp)
 

@@ -55,7 +55,16 @@ class ProblemError(SettleError):
 
     code: str = "problem"
 
-    def __init__(self, status: int, code: str, title: str = "", detail: str = "", body: Any = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        title: str = "",
+        detail: str = "",
+        body: Any = None,
+        *,
+        retry_after_s: float | None = None,
+    ) -> None:
         super().__init__(f"{status} {code}: {detail or title}")
         self.status = status
         self.code = code
@@ -64,6 +73,8 @@ class ProblemError(SettleError):
         self.body: Any = body
         self.field: str | None = body.get("field") if isinstance(body, dict) else None
         self.correlation_id: str | None = body.get("correlation_id") if isinstance(body, dict) else None
+        # The answer's Retry-After in seconds, when it sent one (503, 429).
+        self.retry_after_s = retry_after_s
 
 
 class BadRequest(ProblemError):
@@ -136,10 +147,6 @@ class Unavailable(ProblemError):
 
     code = "unavailable"
 
-    def __init__(self, *args: Any, retry_after_s: float | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.retry_after_s = retry_after_s
-
 
 class RecordRefused(ProblemError):
     """503 ``record_refused`` (SPEC §6.9): the stored record is refused on
@@ -184,11 +191,9 @@ def problem_error(status: int, body: Any, retry_after_s: float | None = None) ->
     if not code:
         code = {401: "unauthorized", 404: "not_found", 413: "payload_too_large", 503: "unavailable"}.get(status, f"http_{status}")
     cls = PROBLEM_CLASSES.get(code)
-    if cls is Unavailable:
-        return Unavailable(status, code, title, detail, body, retry_after_s=retry_after_s)
     if cls is None:
         cls = Refusal if status == 409 else ProblemError
-    return cls(status, code, title, detail, body)
+    return cls(status, code, title, detail, body, retry_after_s=retry_after_s)
 
 
 # --- errors of the worker contract (SPEC §11) ---------------------------------

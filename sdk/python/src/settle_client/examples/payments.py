@@ -14,7 +14,8 @@
 - ``GET /executions`` → ``{"count": <handler executions>}`` (not wrapped).
 
 ``--listen`` accepts port 0; the bound address is printed as
-``listening on HOST:PORT`` once the server accepts connections.
+``listening on HOST:PORT`` once the server accepts connections. Ctrl-C
+(SIGINT) or SIGTERM stops it gracefully, exit status 0.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import socket
 import sys
 from typing import Any
@@ -36,7 +38,7 @@ try:
 except ImportError as e:  # pragma: no cover - only without the extra
     raise SystemExit(f"the example needs the 'examples' extra: pip install 'settle-client[examples]' ({e})") from e
 
-from settle_client import AsyncClient
+from settle_client import AsyncClient, fixed_principal
 from settle_client.asgi import IdempotencyMiddleware
 
 
@@ -85,7 +87,10 @@ def build_app(client: AsyncClient, namespace: str = "payments-example") -> Starl
             Route("/payments", create_payment, methods=["POST"]),
             Route("/executions", get_executions, methods=["GET"]),
         ],
-        middleware=[Middleware(IdempotencyMiddleware, client=client, namespace=namespace)],
+        # One caller (the example has no authentication): every request is
+        # the account "acct-1". With Starlette's AuthenticationMiddleware, use
+        # authenticated_principal() instead.
+        middleware=[Middleware(IdempotencyMiddleware, client=client, namespace=namespace, principal=fixed_principal("acct-1"))],
     )
 
 
@@ -112,10 +117,16 @@ def main(argv: list[str] | None = None) -> None:
     app = build_app(client, args.namespace)
     config = uvicorn.Config(app, host=host.strip("[]"), port=int(port), log_level="warning", lifespan="off")
     server = _Server(config)
+    # Ctrl-C (SIGINT) and SIGTERM stop the server gracefully: uvicorn
+    # finishes the requests in flight, then re-raises the signal it caught;
+    # with SIGTERM handled like SIGINT, both end here as KeyboardInterrupt
+    # and the example exits 0, without a traceback. The ledger client is
+    # closed with the server's event loop.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         server.run()
-    finally:
-        asyncio.run(client.aclose())
+    except KeyboardInterrupt:
+        pass
     sys.exit(0 if server.started else 1)
 
 
