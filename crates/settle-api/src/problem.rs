@@ -15,10 +15,14 @@ pub enum Code {
     Unauthorized,
     /// 404: unknown key, or no route for this method and path.
     NotFound,
+    /// 405: the path exists, the method is not one of its own (`Allow` lists them).
+    MethodNotAllowed,
     /// 408: the request body did not arrive within `request_timeout_ms`.
     RequestTimeout,
     /// 413: the body is larger than `max_body_bytes`.
     PayloadTooLarge,
+    /// 414: the request target is longer than the server takes.
+    UriTooLong,
     /// 422: well-formed JSON that violates the schema (`field` names it).
     InvalidRequest,
     /// 409: the fingerprint differs from the reservation.
@@ -47,12 +51,14 @@ pub enum Code {
 
 impl Code {
     /// Every code, in the order above.
-    pub const ALL: [Code; 17] = [
+    pub const ALL: [Code; 19] = [
         Code::BadRequest,
         Code::Unauthorized,
         Code::NotFound,
+        Code::MethodNotAllowed,
         Code::RequestTimeout,
         Code::PayloadTooLarge,
+        Code::UriTooLong,
         Code::InvalidRequest,
         Code::FingerprintMismatch,
         Code::BindingMismatch,
@@ -73,8 +79,10 @@ impl Code {
             Code::BadRequest => "bad_request",
             Code::Unauthorized => "unauthorized",
             Code::NotFound => "not_found",
+            Code::MethodNotAllowed => "method_not_allowed",
             Code::RequestTimeout => "request_timeout",
             Code::PayloadTooLarge => "payload_too_large",
+            Code::UriTooLong => "uri_too_long",
             Code::InvalidRequest => "invalid_request",
             Code::FingerprintMismatch => "fingerprint_mismatch",
             Code::BindingMismatch => "binding_mismatch",
@@ -96,8 +104,10 @@ impl Code {
             Code::BadRequest => 400,
             Code::Unauthorized => 401,
             Code::NotFound => 404,
+            Code::MethodNotAllowed => 405,
             Code::RequestTimeout => 408,
             Code::PayloadTooLarge => 413,
+            Code::UriTooLong => 414,
             Code::InvalidRequest => 422,
             Code::RecordRefused | Code::Unavailable => 503,
             Code::FingerprintMismatch
@@ -118,8 +128,10 @@ impl Code {
             Code::BadRequest => "Bad request",
             Code::Unauthorized => "Unauthorized",
             Code::NotFound => "Not found",
+            Code::MethodNotAllowed => "Method not allowed",
             Code::RequestTimeout => "Request timeout",
             Code::PayloadTooLarge => "Payload too large",
+            Code::UriTooLong => "URI too long",
             Code::InvalidRequest => "Invalid request",
             Code::FingerprintMismatch => "Fingerprint mismatch",
             Code::BindingMismatch => "Binding mismatch",

@@ -134,6 +134,8 @@ pub struct ListParams {
     pub quarantined: Option<bool>,
     /// Keys starting with this.
     pub key_prefix: Option<String>,
+    /// `key` (default), `updated` or `attention` (SPEC §9).
+    pub order: Option<String>,
     /// Page size, 1-1000.
     pub limit: Option<u32>,
     /// The previous page's `next`.
@@ -160,6 +162,9 @@ impl ListParams {
         }
         if let Some(p) = &self.key_prefix {
             q.push(format!("key_prefix={}", encode_segment(p)));
+        }
+        if let Some(o) = &self.order {
+            q.push(format!("order={}", encode_segment(o)));
         }
         if let Some(n) = self.limit {
             q.push(format!("limit={n}"));

@@ -183,8 +183,10 @@ impl HttpError {
             Code::RecordRefused => RefusalCode::RecordRefused,
             Code::BadRequest
             | Code::Unauthorized
+            | Code::MethodNotAllowed
             | Code::RequestTimeout
             | Code::PayloadTooLarge
+            | Code::UriTooLong
             | Code::InvalidRequest
             | Code::Unavailable => return None,
         })

@@ -111,6 +111,7 @@ mod listing_across_memory_and_index {
         loop {
             let q = ListQuery {
                 filter: ListFilter::default(),
+                order: Default::default(),
                 after: after.take(),
                 limit: 7,
                 stuck_after_ms: 1000,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use settle_core::testkit::*;
 use settle_core::*;
 
-use crate::inspect::{self, ListFilter, ListQuery, ListStatus, TenantStats};
+use crate::inspect::{self, ListFilter, ListOrder, ListQuery, ListStatus, TenantStats};
 use crate::store::{Clock, Store};
 
 /// A fresh store for one test, its clock, and whatever must live as long as it.
@@ -93,7 +93,8 @@ macro_rules! conformance_tests {
             batches_answer_as_one_by_one,
             listing_returns_every_record_once_per_tenant,
             listing_while_records_change_returns_each_once,
-            listing_filters_and_tenant_stats_agree
+            listing_filters_and_tenant_stats_agree,
+            listing_orders_and_prefixes
         );
     };
     (@cases $make:expr; $($name:ident),* $(,)?) => {
@@ -1019,6 +1020,7 @@ async fn list_all(fx: &Fixture, t: &TenantId, filter: ListFilter, limit: usize) 
     loop {
         let q = ListQuery {
             filter: filter.clone(),
+            order: Default::default(),
             after: after.take(),
             limit,
             stuck_after_ms: 1000,
@@ -1085,6 +1087,7 @@ pub async fn listing_while_records_change_returns_each_once(fx: &Fixture) {
     loop {
         let q = ListQuery {
             filter: ListFilter::default(),
+            order: Default::default(),
             after: after.take(),
             limit: 4,
             stuck_after_ms: 1000,
@@ -1219,4 +1222,147 @@ pub async fn listing_filters_and_tenant_stats_agree(fx: &Fixture) {
         .await
         .unwrap();
     assert_eq!(other, TenantStats::default());
+}
+
+/// Every page of a listing in `order` with `filter`, keys in order of appearance.
+async fn list_in(fx: &Fixture, order: ListOrder, filter: ListFilter, limit: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut after = None;
+    loop {
+        let q = ListQuery {
+            filter: filter.clone(),
+            order,
+            after: after.take(),
+            limit,
+            stuck_after_ms: 1000,
+        };
+        let page = inspect::list(&*fx.store, &fx.tenant(), &q)
+            .await
+            .expect("store works");
+        assert!(page.records.len() <= limit);
+        out.extend(page.records.iter().map(|r| r.key.as_str().to_string()));
+        match page.next {
+            Some(c) => {
+                assert_eq!(c.order(), order, "the cursor carries the order");
+                after = Some(c);
+            }
+            None => return out,
+        }
+    }
+}
+
+/// SPEC §9 `order` and `key_prefix`: `updated` is most recently updated
+/// first; `attention` is reconcile required, disputed, stuck, then the
+/// rest, most recently updated first within each; pages of any size give
+/// each record once; a prefix lists exactly the keys that start with it.
+#[allow(clippy::too_many_lines)] // one scenario, kept whole
+pub async fn listing_orders_and_prefixes(fx: &Fixture) {
+    let b = || binding("alice", 0);
+    // Each step 10 ms after the last, so `updated_at` orders them.
+    let step = || fx.clock.advance(10);
+    let f = fx.exec(claim("o-unknown", 1, b())).await;
+    step();
+    let g = fx.exec(claim("o-disputed", 1, b())).await;
+    step();
+    let s = fx.exec(claim("o-stuck", 1, b())).await;
+    step();
+    fx.run(release_not_committed("o-stuck", s)).await;
+    step();
+    fx.exec(claim("mw-1", 1, b())).await;
+    step();
+    fx.exec(claim("mw-2", 1, b())).await;
+    step();
+    fx.exec(claim("mw", 1, b())).await;
+    step();
+    fx.exec(claim("mx", 1, b())).await;
+    step();
+    receipt(fx.run(settle("o-disputed", g, 1, b(), completed(1))).await);
+    step();
+    fx.run(settle("o-disputed", g, 1, b(), completed(2))).await;
+    step();
+    fx.run(settle("o-unknown", f, 1, b(), unknown())).await;
+    step();
+    // The claims of mw-1, mw-2, mw and mx are still running: not stuck.
+    let updated = [
+        "o-unknown",
+        "o-disputed",
+        "mx",
+        "mw",
+        "mw-2",
+        "mw-1",
+        "o-stuck",
+    ];
+    let attention = [
+        "o-unknown",
+        "o-disputed",
+        "mx",
+        "mw",
+        "mw-2",
+        "mw-1",
+        "o-stuck",
+    ];
+    for limit in [1, 2, 3, 100] {
+        assert_eq!(
+            list_in(fx, ListOrder::Updated, ListFilter::default(), limit).await,
+            updated,
+            "limit {limit}"
+        );
+    }
+    // o-stuck becomes stuck (no lease, untouched past stuck_after_ms), the
+    // running leases are still open: it moves up to the third bucket.
+    fx.clock.advance(1500);
+    let attention_now = [
+        "o-unknown",
+        "o-disputed",
+        "o-stuck",
+        "mx",
+        "mw",
+        "mw-2",
+        "mw-1",
+    ];
+    assert_ne!(attention, attention_now);
+    for limit in [1, 2, 3, 100] {
+        assert_eq!(
+            list_in(fx, ListOrder::Attention, ListFilter::default(), limit).await,
+            attention_now,
+            "limit {limit}"
+        );
+    }
+    let prefix = |p: &str| ListFilter {
+        key_prefix: Some(p.to_string()),
+        ..ListFilter::default()
+    };
+    for limit in [1, 2, 100] {
+        assert_eq!(
+            list_in(fx, ListOrder::Key, prefix("mw-"), limit).await,
+            ["mw-1", "mw-2"]
+        );
+        assert_eq!(
+            list_in(fx, ListOrder::Key, prefix("mw"), limit).await,
+            ["mw", "mw-1", "mw-2"]
+        );
+        assert_eq!(
+            list_in(fx, ListOrder::Updated, prefix("mw"), limit).await,
+            ["mw", "mw-2", "mw-1"]
+        );
+        assert_eq!(
+            list_in(fx, ListOrder::Key, prefix("o-s"), limit).await,
+            ["o-stuck"]
+        );
+        assert!(
+            list_in(fx, ListOrder::Key, prefix("n"), limit)
+                .await
+                .is_empty()
+        );
+    }
+    // Filters apply in every order.
+    let stuck = ListFilter {
+        stuck: Some(true),
+        ..ListFilter::default()
+    };
+    // (Unknown without a lease is stuck too; it needs reconciling first.)
+    assert_eq!(
+        list_in(fx, ListOrder::Attention, stuck, 1).await,
+        ["o-unknown", "o-stuck"]
+    );
 }

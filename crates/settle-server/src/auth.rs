@@ -51,23 +51,7 @@ impl Auth {
             Auth::Off(t) => return Ok(t),
             Auth::Tenants(t) => t,
         };
-        let value = headers
-            .get(header::AUTHORIZATION)
-            .ok_or_else(|| Problem::unauthorized("missing Authorization: Bearer <token>"))?;
-        // The scheme name is case-insensitive (RFC 9110 §11.1) and one or
-        // more spaces separate it from the token (RFC 9110 §11.4: `1*SP`).
-        let raw = value.as_bytes();
-        let token = raw
-            .get(..7)
-            .filter(|scheme| scheme.eq_ignore_ascii_case(b"Bearer "))
-            .map(|_| {
-                let rest = &raw[7..];
-                &rest[rest.iter().take_while(|&&b| b == b' ').count()..]
-            })
-            .ok_or_else(|| {
-                Problem::unauthorized("the Authorization header is not Bearer <token>")
-            })?;
-        let presented: [u8; 32] = Sha256::digest(token).into();
+        let presented: [u8; 32] = Sha256::digest(bearer_token(headers)?).into();
         // Every configured digest is compared (no early exit), so the time
         // taken does not depend on which tenant, if any, matched.
         let mut found = subtle::Choice::from(0u8);
@@ -82,6 +66,37 @@ impl Auth {
         } else {
             Err(Problem::unauthorized("unknown token"))
         }
+    }
+}
+
+/// The token of the request's `Authorization: Bearer <token>` header.
+pub fn bearer_token(headers: &HeaderMap) -> Result<&[u8], Problem> {
+    let value = headers
+        .get(header::AUTHORIZATION)
+        .ok_or_else(|| Problem::unauthorized("missing Authorization: Bearer <token>"))?;
+    // The scheme name is case-insensitive (RFC 9110 §11.1) and one or
+    // more spaces separate it from the token (RFC 9110 §11.4: `1*SP`).
+    let raw = value.as_bytes();
+    raw.get(..7)
+        .filter(|scheme| scheme.eq_ignore_ascii_case(b"Bearer "))
+        .map(|_| {
+            let rest = &raw[7..];
+            &rest[rest.iter().take_while(|&&b| b == b' ').count()..]
+        })
+        .ok_or_else(|| Problem::unauthorized("the Authorization header is not Bearer <token>"))
+}
+
+/// `Ok` when `digest` is `None` (the endpoint is open) or the request's
+/// bearer token hashes to it (compared in constant time).
+pub fn check_token(digest: Option<&[u8; 32]>, headers: &HeaderMap) -> Result<(), Problem> {
+    let Some(digest) = digest else {
+        return Ok(());
+    };
+    let presented: [u8; 32] = Sha256::digest(bearer_token(headers)?).into();
+    if bool::from(digest.ct_eq(&presented)) {
+        Ok(())
+    } else {
+        Err(Problem::unauthorized("unknown token"))
     }
 }
 

@@ -138,6 +138,23 @@ pub fn parse_batch(
         .collect())
 }
 
+/// [`parse_batch`] the slow way (the envelope parsed whole by serde, then
+/// each call): the reference the fast path is held to. Public only for
+/// the fuzz targets.
+#[doc(hidden)]
+pub fn parse_batch_by_envelope(
+    body: &[u8],
+    max_calls: usize,
+    default_retention: RetentionS,
+) -> Result<Vec<Result<ParsedCall, Problem>>, Problem> {
+    Ok(
+        parse_calls_from_envelope(body, max_calls, default_retention)?
+            .into_iter()
+            .map(|call| call.map(ParsedCall::from))
+            .collect(),
+    )
+}
+
 impl From<Call> for ParsedCall {
     fn from(call: Call) -> ParsedCall {
         match call {
@@ -327,7 +344,7 @@ fn render(slots: Vec<Slot>) -> Vec<u8> {
         .collect();
     // Sized once: the bodies plus `{"status":NNN,"body":}` and a comma each.
     let size = slots.iter().map(|(_, b)| b.len() + 24).sum::<usize>();
-    let mut out = Vec::with_capacity(16 + size);
+    let mut out = Vec::with_capacity(17 + size);
     out.extend_from_slice(b"{\"results\":[");
     for (i, (status, body)) in slots.iter().enumerate() {
         if i > 0 {
@@ -348,7 +365,7 @@ fn render(slots: Vec<Slot>) -> Vec<u8> {
         out.extend_from_slice(body);
         out.push(b'}');
     }
-    out.extend_from_slice(b"]}");
+    out.extend_from_slice(b"]}\n");
     out
 }
 
@@ -450,7 +467,16 @@ fn compact_head(text: &str) -> Option<(&str, &str, &str)> {
         return None;
     }
     let fields = match rest.strip_prefix(',') {
-        Some(fields) => fields,
+        // `,}` after the key is a trailing comma, not JSON: `{` + `}`
+        // would parse as an empty body, so it goes the slow way (400).
+        Some(fields)
+            if !fields
+                .trim_start_matches([' ', '\t', '\n', '\r'])
+                .starts_with('}') =>
+        {
+            fields
+        }
+        Some(_) => return None,
         None if rest == "}" => rest,
         None => return None,
     };
@@ -523,6 +549,9 @@ mod tests {
             r#"{"op":"claim"}"#.to_string(),
             r#"{"op":"get","key":"k"5"}"#.to_string(),
             r#"{"op":"get","key":"k5","x":[[[{"y":null}]],true,false,-0.5e3]}"#.to_string(),
+            // Trailing commas: not JSON.
+            r#"{"op":"get","key":"k1",}"#.to_string(),
+            format!(r#"{{"op":"claim","key":"k1","fingerprint":"{fp}","binding":{b}, }}"#),
             "[1,2]".to_string(),
             r#""text""#.to_string(),
             "{}".to_string(),
@@ -553,7 +582,7 @@ mod tests {
         /// byte inserted (which makes most of them invalid JSON somewhere).
         #[test]
         fn parse_calls_agrees_with_the_envelope_parse(
-            picks in proptest::collection::vec(0usize..12, 0..6),
+            picks in proptest::collection::vec(0usize..14, 0..6),
             spaces in proptest::collection::vec(prop_oneof![Just(""), Just(" "), Just("\n\t"), Just("\r")], 8),
             edit in 0usize..4,
             at in any::<proptest::sample::Index>(),
@@ -585,6 +614,27 @@ mod tests {
             let (split, envelope) = both_ways(&body, max);
             prop_assert_eq!(split, envelope, "body: {}", String::from_utf8_lossy(&body));
         }
+    }
+
+    /// A body that is not JSON is 400 `bad_request`, whichever way it is
+    /// read: a trailing comma after the key once slipped through the
+    /// compact layout as an empty body.
+    #[test]
+    fn a_trailing_comma_is_not_json() {
+        for body in [
+            r#"{"calls":[{"op":"get","key":"k1",}]}"#,
+            r#"{"calls":[{"op":"get","key":"k1", }]}"#,
+            "{\"calls\":[{\"op\":\"get\",\"key\":\"k1\",\n}]}",
+            r#"{"calls":[{"op":"get","key":"k1"},]}"#,
+            r#"{"calls":[{"op":"get","key":"k1"}],}"#,
+        ] {
+            match parse_calls(body.as_bytes(), 1000, RetentionS::DEFAULT) {
+                Err(p) => assert_eq!((p.status, p.code), (400, api::Code::BadRequest), "{body}"),
+                Ok(calls) => panic!("{body} accepted: {} calls", calls.len()),
+            }
+        }
+        let ok = r#"{"calls":[{"op":"get","key":"k1"}]}"#;
+        assert!(parse_calls(ok.as_bytes(), 1000, RetentionS::DEFAULT).is_ok());
     }
 
     /// Bodies the splitter takes, and ones it leaves to serde.

@@ -107,6 +107,10 @@ pub struct FileConfig {
     pub pg_idle_in_transaction_timeout_ms: Option<u64>,
     /// See `--pg-client-timeout-ms`.
     pub pg_client_timeout_ms: Option<u64>,
+    /// See `--metrics-token-sha256`.
+    pub metrics_token_sha256: Option<String>,
+    /// See `--metrics-refresh-ms`.
+    pub metrics_refresh_ms: Option<u64>,
     /// The `[[tenants]]` tables; `--tenant` adds to them.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
@@ -180,6 +184,10 @@ pub struct Settings {
     pub pg_idle_in_transaction_timeout_ms: Option<u64>,
     /// PostgreSQL: client-side deadline for each round trip [default: 15000].
     pub pg_client_timeout_ms: Option<u64>,
+    /// `/metrics` needs `Authorization: Bearer <token>` with this SHA-256 [default: open].
+    pub metrics_token_sha256: Option<String>,
+    /// The gauges that scan the store are refreshed at most this often [default: 10000].
+    pub metrics_refresh_ms: Option<u64>,
     /// Testing only: moves the store's clock by this many milliseconds.
     pub clock_skew_ms: Option<i64>,
 }
@@ -233,6 +241,11 @@ pub struct Config {
     pub request_timeout_ms: u64,
     /// Testing only (hidden flag): skew of the store's clock.
     pub clock_skew_ms: i64,
+    /// When set, `/metrics` needs a bearer token with this SHA-256 (SPEC §7).
+    pub metrics_token_sha256: Option<Digest>,
+    /// The gauges that scan the store (open records, quarantine) are
+    /// refreshed at most this often, whatever the scrape rate, in ms.
+    pub metrics_refresh_ms: u64,
     /// Engine tuning; `None` keeps the engine's default.
     pub tuning: Tuning,
 }
@@ -279,6 +292,8 @@ impl Config {
             default_retention: RetentionS::DEFAULT,
             request_timeout_ms: 10_000,
             clock_skew_ms: 0,
+            metrics_token_sha256: None,
+            metrics_refresh_ms: 10_000,
             tuning: Tuning::default(),
         }
     }
@@ -426,6 +441,27 @@ impl Config {
         if request_timeout_ms < 100 {
             return Err(invalid("request_timeout_ms", "must be at least 100"));
         }
+        let metrics_token_sha256 = match args
+            .metrics_token_sha256
+            .clone()
+            .or(file.metrics_token_sha256)
+        {
+            Some(d) => Some(
+                Digest::parse("metrics_token_sha256", &d)
+                    .map_err(|e| invalid("metrics_token_sha256", e.reason))?,
+            ),
+            None => None,
+        };
+        let metrics_refresh_ms = args
+            .metrics_refresh_ms
+            .or(file.metrics_refresh_ms)
+            .unwrap_or(defaults.metrics_refresh_ms);
+        if !(100..=3_600_000).contains(&metrics_refresh_ms) {
+            return Err(invalid(
+                "metrics_refresh_ms",
+                "must be within [100, 3600000] ms",
+            ));
+        }
         let tuning = Tuning {
             max_queue: args.max_queue.or(file.max_queue),
             segment_bytes: args.segment_bytes.or(file.segment_bytes),
@@ -480,6 +516,8 @@ impl Config {
             default_retention,
             request_timeout_ms,
             clock_skew_ms: args.clock_skew_ms.unwrap_or(0),
+            metrics_token_sha256,
+            metrics_refresh_ms,
             tuning,
         })
     }

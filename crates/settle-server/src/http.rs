@@ -54,6 +54,10 @@ pub struct AppState {
     pub openapi: Bytes,
     /// False once shutdown began (`/readyz` answers 503).
     pub ready: AtomicBool,
+    /// `/metrics` needs a bearer token with this SHA-256 when set.
+    pub metrics_token: Option<[u8; 32]>,
+    /// The gauges that scan the store, refreshed at most once per interval.
+    pub gauges: crate::metrics::Gauges,
 }
 
 impl AppState {
@@ -70,8 +74,10 @@ impl AppState {
             stuck_after_ms: config.stuck_after_s.saturating_mul(1000),
             body_timeout: Duration::from_millis(config.request_timeout_ms),
             metrics: m::install(),
-            openapi: Bytes::from(crate::openapi::document()),
+            openapi: Bytes::from(crate::openapi::document(config.lease_margin_ms)),
             ready: AtomicBool::new(true),
+            metrics_token: config.metrics_token_sha256.map(|d| d.0),
+            gauges: crate::metrics::Gauges::new(Duration::from_millis(config.metrics_refresh_ms)),
         }
     }
 }
@@ -102,7 +108,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/console/", get(crate::inspect::console))
         .route("/console/{file}", get(crate::inspect::console))
         .fallback(no_route)
-        .method_not_allowed_fallback(no_route)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -120,7 +126,9 @@ fn json<T: Serialize + ?Sized>(value: &T) -> Response {
     json_response(json_bytes(value))
 }
 
-fn json_response(body: Vec<u8>) -> Response {
+fn json_response(mut body: Vec<u8>) -> Response {
+    // A body ends with a newline, so a terminal shows the prompt after it.
+    body.push(b'\n');
     let mut resp = Response::new(Body::from(body));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -712,15 +720,22 @@ pub async fn readyz(State(st): St) -> Response {
 }
 
 /// Prometheus text exposition.
-#[utoipa::path(get, path = "/metrics", tag = "operations", security(()),
-    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8")))]
-pub async fn metrics(State(st): St) -> Response {
-    // Gauges are read at scrape time so they are never stale.
-    match st.store.stats(st.stuck_after_ms).await {
-        Ok(s) => m::set_stats(&s),
-        Err(e) => warn!(error = %e, "store stats unavailable for /metrics"),
+///
+/// Open unless the server sets `metrics_token_sha256` (then a bearer token
+/// with that SHA-256, else 401). The gauges that scan the store (open
+/// records, quarantined evidence) are refreshed at most once per
+/// `metrics_refresh_ms`, whatever the scrape rate: a scrape never costs
+/// more than reading what the last refresh left.
+#[utoipa::path(get, path = "/metrics", tag = "operations", security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Prometheus text format", body = String, content_type = "text/plain; version=0.0.4; charset=utf-8"),
+        (status = 401, description = "`metrics_token_sha256` is set and the bearer token is missing or another", body = api::Problem, content_type = "application/problem+json"),
+    ))]
+pub async fn metrics(State(st): St, headers: axum::http::HeaderMap) -> Response {
+    if let Err(p) = crate::auth::check_token(st.metrics_token.as_ref(), &headers) {
+        return finish(Route::Metrics, Err(p));
     }
-    crate::inspect::publish_quarantine(&st).await;
+    st.gauges.refresh(&st).await;
     let result = match &st.metrics {
         Some(h) => {
             h.run_upkeep();
@@ -748,6 +763,18 @@ pub async fn openapi_json(State(st): St) -> Response {
         HeaderValue::from_static("application/json"),
     );
     finish(Route::Openapi, Ok(resp))
+}
+
+/// A known path with a method it does not take: 405, and axum adds the
+/// `Allow` header listing the ones it does.
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> Response {
+    finish(
+        Route::Unmatched,
+        Err(Problem::new(
+            api::Code::MethodNotAllowed,
+            format!("{} does not take {method}", uri.path()),
+        )),
+    )
 }
 
 async fn no_route(method: Method, uri: axum::http::Uri) -> Response {

@@ -9,8 +9,9 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use settle_api::{ListResponse, OperationSummary, Stats, StatusCounts};
-use settle_core::Key;
-use settle_ledger::inspect::{self, ListFilter, ListQuery, ListStatus, MAX_LIMIT, TenantStats};
+use settle_ledger::inspect::{
+    self, Cursor, ListFilter, ListOrder, ListQuery, ListStatus, MAX_LIMIT, TenantStats,
+};
 
 use crate::http::{AppState, Route, finish, store_error};
 use crate::openapi::V1Errors;
@@ -21,7 +22,8 @@ use crate::wire::decode_segment;
 const DEFAULT_LIMIT: usize = 100;
 
 fn json<T: serde::Serialize>(value: &T) -> Response {
-    let body = serde_json::to_vec(value).expect("responses always serialize");
+    let mut body = serde_json::to_vec(value).expect("responses always serialize");
+    body.push(b'\n');
     let mut resp = Response::new(Body::from(body));
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
@@ -32,15 +34,15 @@ fn json<T: serde::Serialize>(value: &T) -> Response {
 
 /// The opaque cursor of a key: its bytes in hex (a key is visible ASCII,
 /// so the cursor needs no escaping in a query string).
-pub fn cursor(key: &Key) -> String {
-    hex::encode(key.as_str())
+pub fn cursor(c: &Cursor) -> String {
+    hex::encode(c.to_text())
 }
 
-fn parse_cursor(raw: &str) -> Result<Key, Problem> {
+fn parse_cursor(raw: &str) -> Result<Cursor, Problem> {
     let bad = || Problem::invalid("after", "not a cursor returned by this listing");
     let bytes = hex::decode(raw).map_err(|_| bad())?;
     let s = String::from_utf8(bytes).map_err(|_| bad())?;
-    Key::new(s).map_err(|_| bad())
+    Cursor::from_text(&s).ok_or_else(bad)
 }
 
 fn parse_bool(name: &str, v: &str) -> Result<bool, Problem> {
@@ -56,6 +58,7 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, Problem> {
 fn parse_list_query(raw: Option<&str>, stuck_after_ms: u64) -> Result<ListQuery, Problem> {
     let mut q = ListQuery {
         filter: ListFilter::default(),
+        order: ListOrder::Key,
         after: None,
         limit: DEFAULT_LIMIT,
         stuck_after_ms,
@@ -92,7 +95,9 @@ fn parse_list_query(raw: Option<&str>, stuck_after_ms: u64) -> Result<ListQuery,
             "stuck" => f.stuck = Some(parse_bool(name, &value)?),
             "quarantined" => f.quarantined = Some(parse_bool(name, &value)?),
             "key_prefix" => {
-                if value.is_empty() || !value.bytes().all(|c| (0x21..=0x7e).contains(&c)) {
+                if !(1..=255).contains(&value.len())
+                    || !value.bytes().all(|c| (0x21..=0x7e).contains(&c))
+                {
                     return Err(Problem::invalid(
                         "key_prefix",
                         "1-255 bytes of visible ASCII (0x21-0x7E)",
@@ -108,14 +113,24 @@ fn parse_list_query(raw: Option<&str>, stuck_after_ms: u64) -> Result<ListQuery,
                     .ok_or_else(|| Problem::invalid("limit", "an integer from 1 to 1000"))?;
             }
             "after" => q.after = Some(parse_cursor(&value)?),
+            "order" => {
+                q.order = ListOrder::parse(&value)
+                    .ok_or_else(|| Problem::invalid("order", "one of key, updated, attention"))?;
+            }
             other => {
                 return Err(Problem::invalid(
                     other,
                     "unknown query parameter (status, reconcile_required, disputed, stuck, \
-                     quarantined, key_prefix, limit, after)",
+                     quarantined, key_prefix, order, limit, after)",
                 ));
             }
         }
+    }
+    if q.after.as_ref().is_some_and(|c| c.order() != q.order) {
+        return Err(Problem::invalid(
+            "after",
+            "the cursor of a listing in another order (give the same order as its first page)",
+        ));
     }
     Ok(q)
 }
@@ -129,12 +144,13 @@ fn parse_list_query(raw: Option<&str>, stuck_after_ms: u64) -> Result<ListQuery,
         ("disputed" = Option<bool>, Query, description = "Only disputed (true) or undisputed (false) records"),
         ("stuck" = Option<bool>, Query, description = "Only stuck (true) or not stuck (false) records: not terminal, no open lease, untouched for stuck_after_s"),
         ("quarantined" = Option<bool>, Query, description = "Only records with (true) or without (false) quarantined evidence"),
-        ("key_prefix" = Option<String>, Query, description = "Only keys starting with this"),
+        ("key_prefix" = Option<String>, Query, description = "Only keys starting with this (1-255 bytes of visible ASCII); the scan starts at the prefix and ends past it", pattern = "^[!-~]{1,255}$"),
+        ("order" = Option<String>, Query, description = "key (default): by key, a bounded scan per page; updated: most recently updated first; attention: reconcile required, then disputed, then stuck, then the rest, most recently updated first within each (these two read every record the prefix allows per page). The cursor carries the order.", pattern = "^(key|updated|attention)$"),
         ("limit" = Option<u32>, Query, description = "Most records per page, 1-1000 (default 100)", minimum = 1, maximum = 1000),
         ("after" = Option<String>, Query, description = "The previous page's `next` cursor"),
     ),
     responses(
-        (status = 200, description = "One page in key order. A page may hold fewer than `limit` records while `next` is not null (a bounded scan); the listing ends when `next` is null.", body = ListResponse),
+        (status = 200, description = "One page in the listing's order. A page may hold fewer than `limit` records while `next` is not null (a bounded scan); the listing ends when `next` is null.", body = ListResponse),
         V1Errors,
     )
 )]
@@ -250,7 +266,8 @@ pub async fn console(req: Request) -> Response {
 /// Publishes the quarantine gauges: the sum of the configured tenants'
 /// counts. Quarantined evidence is kept on terminal records too, which the
 /// engines' open-record gauges do not read, so this is a scan of every
-/// configured tenant's records per scrape (see docs/operations.md).
+/// configured tenant's records, run at most once per `metrics_refresh_ms`
+/// (`metrics::Gauges`; see docs/operations.md).
 pub async fn publish_quarantine(st: &AppState) {
     let (mut entries, mut records) = (0u64, 0u64);
     for t in st.auth.tenants() {
@@ -272,6 +289,7 @@ pub async fn publish_quarantine(st: &AppState) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use settle_core::Key;
 
     #[test]
     fn query_parsing_accepts_the_spec_and_refuses_the_rest() {
@@ -287,7 +305,8 @@ mod tests {
         assert_eq!(q.filter.stuck, Some(true));
         assert_eq!(q.limit, 5);
         assert_eq!(q.filter.key_prefix.as_deref(), Some("ord-"));
-        assert_eq!(q.after.unwrap().as_str(), "k");
+        assert_eq!(q.after, Some(Cursor::Key(Key::new("k").unwrap())));
+        assert_eq!(q.order, ListOrder::Key);
         assert_eq!(parse_list_query(None, 1).unwrap().limit, 100);
         for bad in [
             "limit=0",
@@ -300,6 +319,9 @@ mod tests {
             "color=red",
             "stuck=true&stuck=false",
             "key_prefix=",
+            "order=time",
+            // A cursor of the key order given to the updated order.
+            "order=updated&after=6b",
         ] {
             assert_eq!(
                 parse_list_query(Some(bad), 1).unwrap_err().status,
@@ -307,7 +329,15 @@ mod tests {
                 "{bad}"
             );
         }
-        let k = Key::new("a/b?c").unwrap();
+        let k = Cursor::Key(Key::new("a/b?c").unwrap());
         assert_eq!(parse_cursor(&cursor(&k)).unwrap(), k);
+        let u = Cursor::Ordered {
+            order: ListOrder::Updated,
+            bucket: 0,
+            updated_at: settle_core::Timestamp(9),
+            key: Key::new("k").unwrap(),
+        };
+        let q = parse_list_query(Some(&format!("order=updated&after={}", cursor(&u))), 1).unwrap();
+        assert_eq!((q.order, q.after), (ListOrder::Updated, Some(u)));
     }
 }

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod problem;
 pub mod serve;
+pub mod target;
 pub mod wire;
 
 pub use config::{Config, ConfigError, Settings};

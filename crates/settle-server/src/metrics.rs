@@ -256,6 +256,52 @@ pub fn count_decision(call: &'static str, decision: &'static str) {
     }
 }
 
+/// The gauges that scan the store (the engine's open-record stats and the
+/// quarantine counts of every tenant), refreshed by a scrape only when the
+/// last refresh is older than the interval, one refresh at a time: a
+/// scrape storm costs one scan per interval (the scan reads every record).
+pub struct Gauges {
+    every: std::time::Duration,
+    /// When the last refresh began; `None` before the first.
+    last: tokio::sync::Mutex<Option<std::time::Instant>>,
+    /// Refreshes done (tests and the operator's curiosity).
+    refreshes: std::sync::atomic::AtomicU64,
+}
+
+impl Gauges {
+    /// Gauges refreshed at most once per `every`.
+    pub fn new(every: std::time::Duration) -> Gauges {
+        Gauges {
+            every,
+            last: tokio::sync::Mutex::new(None),
+            refreshes: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Refreshes the gauges if the last refresh is older than the interval.
+    /// A scrape that arrives during a refresh waits for it, then reads its
+    /// values.
+    pub async fn refresh(&self, st: &crate::http::AppState) {
+        let mut last = self.last.lock().await;
+        if last.is_some_and(|t| t.elapsed() < self.every) {
+            return;
+        }
+        *last = Some(std::time::Instant::now());
+        self.refreshes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        match st.store.stats(st.stuck_after_ms).await {
+            Ok(s) => set_stats(&s),
+            Err(e) => tracing::warn!(error = %e, "store stats unavailable for /metrics"),
+        }
+        crate::inspect::publish_quarantine(st).await;
+    }
+
+    /// How many refreshes have run.
+    pub fn refreshes(&self) -> u64 {
+        self.refreshes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,6 +27,13 @@ pub enum V1Errors {
         content_type = "application/problem+json"
     )]
     Unauthorized(api::Problem),
+    /// The path exists; the method is not one of its own.
+    #[response(
+        status = 405,
+        description = "method_not_allowed: the path takes other methods (`Allow` lists them)",
+        content_type = "application/problem+json"
+    )]
+    MethodNotAllowed(api::Problem),
     /// The body did not arrive in time.
     #[response(
         status = 408,
@@ -41,6 +48,13 @@ pub enum V1Errors {
         content_type = "application/problem+json"
     )]
     PayloadTooLarge(api::Problem),
+    /// The request target is too long.
+    #[response(
+        status = 414,
+        description = "uri_too_long: the request target is over 8192 bytes",
+        content_type = "application/problem+json"
+    )]
+    UriTooLong(api::Problem),
     /// A schema violation.
     #[response(
         status = 422,
@@ -105,10 +119,54 @@ impl Modify for BearerAuth {
 )]
 pub struct ApiDoc;
 
-/// The document as JSON bytes (built once at start).
-pub fn document() -> Vec<u8> {
-    ApiDoc::openapi()
-        .to_json()
-        .expect("the OpenAPI document serializes")
-        .into_bytes()
+/// The document as JSON bytes (built once at start), stating what this
+/// server enforces: its `lease_margin_ms` as the lower bound of `lease_ms`.
+pub fn document(lease_margin_ms: u64) -> Vec<u8> {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serializes");
+    enforce(&mut doc, lease_margin_ms);
+    let mut out = serde_json::to_vec(&doc).expect("the OpenAPI document serializes");
+    out.push(b'\n');
+    out
+}
+
+/// The `status` filter of `GET /v1/operations`: one status or several,
+/// separated by commas (SPEC §9).
+const STATUS_LIST: &str = "^(pending|running|unknown|conflict|failed|completed)(,(pending|running|unknown|conflict|failed|completed))*$";
+
+/// Where the derived document says less than the server enforces (or
+/// more than it accepts), the document is made to say exactly that: a
+/// schema-valid request is never refused for a rule the document hides
+/// (schemathesis' `--checks all`, docs/testing.md).
+fn enforce(doc: &mut serde_json::Value, lease_margin_ms: u64) {
+    use serde_json::json;
+    let schemas = &mut doc["components"]["schemas"];
+    // A lease must outlast the margin a settlement needs (SPEC §2).
+    for s in ["ClaimRequest", "HeartbeatRequest"] {
+        let lease = &mut schemas[s]["properties"]["lease_ms"];
+        if lease.is_object() {
+            lease["minimum"] = json!(lease_margin_ms + 1);
+        }
+    }
+    // A call that is not one answers in its own slot (SPEC §10): the
+    // envelope takes any value as a call.
+    schemas["BatchRequest"]["properties"]["calls"]["items"] = json!({
+        "anyOf": [{"$ref": "#/components/schemas/BatchCall"}, {}],
+        "description": "A `BatchCall`; anything else answers 400 or 422 in its own slot.",
+    });
+    let paths = &mut doc["paths"];
+    // An empty body is `{}`; JSON `null` is not an object (400).
+    for (path, schema) in [
+        ("/v1/principals/{principal}/revoke", "EmptyRequest"),
+        ("/v1/tasks/{task}/warnings/{class}", "WarnRequest"),
+    ] {
+        let body = &mut paths[path]["post"]["requestBody"];
+        body["required"] = json!(false);
+        body["content"]["application/json"]["schema"] =
+            json!({"$ref": format!("#/components/schemas/{schema}")});
+    }
+    if let Some(params) = paths["/v1/operations"]["get"]["parameters"].as_array_mut() {
+        for p in params.iter_mut().filter(|p| p["name"] == "status") {
+            p["schema"]["pattern"] = json!(STATUS_LIST);
+        }
+    }
 }

@@ -157,7 +157,9 @@ impl Problem {
     /// The problem+json response, with `Retry-After` and `WWW-Authenticate` where due.
     pub fn into_response(self) -> Response {
         let status = self.status_code();
-        let mut resp = Response::new(Body::from(self.to_json()));
+        let mut body = self.to_json();
+        body.push(b'\n');
+        let mut resp = Response::new(Body::from(body));
         *resp.status_mut() = status;
         resp.headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));

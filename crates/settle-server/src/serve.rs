@@ -97,8 +97,15 @@ pub async fn run(
         let app = app.clone();
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
             let mut app = app.clone();
-            async move { app.call(req.map(axum::body::Body::new)).await }
+            let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+            async move {
+                match crate::target::too_long(target) {
+                    Some(p) => Ok(crate::http::finish(crate::http::Route::Unmatched, Err(p))),
+                    None => app.call(req.map(axum::body::Body::new)).await,
+                }
+            }
         });
+        let stream = crate::target::ProblemFor414::new(stream);
         let conn = http.serve_connection(TokioIo::new(stream), service);
         let conn = graceful.watch(conn);
         tokio::spawn(async move {

@@ -217,7 +217,8 @@ fn template<'a>(doc: &'a Value, path: &str) -> &'a str {
 fn round_trip(name: &str, body: &str) {
     fn rt<T: DeserializeOwned + Serialize>(body: &str) -> String {
         let v: T = serde_json::from_str(body).unwrap();
-        serde_json::to_string(&v).unwrap()
+        // Every body ends with a newline (a terminal's prompt follows it).
+        serde_json::to_string(&v).unwrap() + "\n"
     }
     let again = match name {
         "ClaimDecision" => rt::<api::ClaimDecision>(body),

@@ -63,7 +63,9 @@ impl Store for FailingStore {
 
 fn app(store: Arc<dyn Store>) -> axum::Router {
     let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let config = Config::local(addr, PathBuf::new());
+    let mut config = Config::local(addr, PathBuf::new());
+    // Every scrape reads the store afresh (the gauge tests below).
+    config.metrics_refresh_ms = 0;
     router(Arc::new(AppState::new(store, &config)))
 }
 
@@ -469,4 +471,151 @@ async fn lease_ms_not_above_the_margin_is_422() {
         (s, v["field"].as_str()),
         (StatusCode::UNPROCESSABLE_ENTITY, Some("lease_ms"))
     );
+}
+
+/// Counts the calls that read every record.
+struct Counting {
+    inner: MemStore,
+    stats: std::sync::atomic::AtomicU64,
+    scans: std::sync::atomic::AtomicU64,
+}
+
+impl Store for Counting {
+    fn execute<'a>(
+        &'a self,
+        t: &'a TenantId,
+        cmd: Command,
+    ) -> BoxFuture<'a, Result<Reply, StoreError>> {
+        self.inner.execute(t, cmd)
+    }
+    fn get<'a>(
+        &'a self,
+        t: &'a TenantId,
+        k: &'a Key,
+    ) -> BoxFuture<'a, Result<Result<Option<Record>, RefusalCode>, StoreError>> {
+        self.inner.get(t, k)
+    }
+    fn warnings<'a>(
+        &'a self,
+        t: &'a TenantId,
+        task: &'a TaskId,
+    ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>> {
+        self.inner.warnings(t, task)
+    }
+    fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
+        self.inner.sweep()
+    }
+    fn stats(&self, stuck_after_ms: u64) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
+        self.stats.fetch_add(1, Ordering::SeqCst);
+        self.inner.stats(stuck_after_ms)
+    }
+    fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
+        self.inner.now()
+    }
+    fn scan<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        after: Option<&'a Key>,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Scan, StoreError>> {
+        self.scans.fetch_add(1, Ordering::SeqCst);
+        self.inner.scan(tenant, after, max)
+    }
+    fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        self.inner.health()
+    }
+}
+
+/// Issue 29 item 3: a scrape storm costs one scan of the store per
+/// `metrics_refresh_ms`, and `metrics_token_sha256` puts `/metrics` behind
+/// a bearer token (401 without it or with another one, a tenant's included).
+#[tokio::test]
+async fn metrics_scan_the_store_once_per_interval_behind_an_optional_token() {
+    let store = Arc::new(Counting {
+        inner: MemStore::default(),
+        stats: Default::default(),
+        scans: Default::default(),
+    });
+    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+    let mut config = Config::local(addr, PathBuf::new());
+    config.metrics_refresh_ms = 3_600_000;
+    let digest =
+        |t: &str| settle_core::Digest::parse("t", &settle_server::auth::token_sha256(t)).unwrap();
+    config.metrics_token_sha256 = Some(digest("scrape-me"));
+    let app = router(Arc::new(AppState::new(store.clone(), &config)));
+    let scrape = |auth: Option<&str>| {
+        let mut req = Request::builder().method("GET").uri("/metrics");
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let req = req.body(Body::empty()).unwrap();
+        let app = app.clone();
+        async move { app.oneshot(req).await.unwrap().status() }
+    };
+    assert_eq!(scrape(None).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(scrape(Some("Bearer nope")).await, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        scrape(Some("Basic scrape-me")).await,
+        StatusCode::UNAUTHORIZED
+    );
+    // Refused scrapes read nothing.
+    assert_eq!(store.stats.load(Ordering::SeqCst), 0);
+    assert_eq!(store.scans.load(Ordering::SeqCst), 0);
+    let storm: Vec<_> = (0..20).map(|_| scrape(Some("Bearer scrape-me"))).collect();
+    for status in futures::future::join_all(storm).await {
+        assert_eq!(status, StatusCode::OK);
+    }
+    assert_eq!(
+        store.stats.load(Ordering::SeqCst),
+        1,
+        "one stats read for 20 scrapes"
+    );
+    assert_eq!(
+        store.scans.load(Ordering::SeqCst),
+        1,
+        "one scan (an empty store is one page) for 20 scrapes"
+    );
+}
+
+/// Issue 29 item 4b: a known path with another method is 405 with `Allow`
+/// (it was 404); an unknown path stays 404; every body ends with a newline.
+#[tokio::test]
+async fn a_known_path_with_another_method_is_405_with_allow() {
+    let app = app(Arc::new(MemStore::default()));
+    for (method, path, allow) in [
+        ("TRACE", "/healthz", "GET,HEAD"),
+        ("DELETE", "/v1/operations/k", "GET,HEAD"),
+        ("GET", "/v1/operations/k/claim", "POST"),
+    ] {
+        let (s, h, body) = call_raw(&app, method, path, "").await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}: {body}");
+        assert_eq!(h["allow"], allow, "{method} {path}");
+        assert_eq!(h["content-type"], "application/problem+json");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["code"], "method_not_allowed");
+        assert!(body.ends_with("}\n"), "{body:?}");
+    }
+    let (s, _, body) = call_raw(&app, "GET", "/v2/nothing", "").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(body.ends_with("}\n"), "{body:?}");
+    for path in [
+        "/v1/stats",
+        "/v1/operations",
+        "/v1/operations/nope",
+        "/openapi.json",
+    ] {
+        let (_, _, body) = call_raw(&app, "GET", path, "").await;
+        assert!(
+            body.ends_with('\n') && !body.ends_with("\n\n"),
+            "{path}: {body:?}"
+        );
+    }
+    let (_, _, body) = call_raw(
+        &app,
+        "POST",
+        "/v1/batch",
+        r#"{"calls":[{"op":"get","key":"k"}]}"#,
+    )
+    .await;
+    assert!(body.ends_with("]}\n"), "{body:?}");
 }

@@ -119,6 +119,14 @@ pub struct ServeArgs {
     /// PostgreSQL: client-side deadline for each round trip [default: 15000].
     #[arg(long, env = "SETTLE_PG_CLIENT_TIMEOUT_MS")]
     pub pg_client_timeout_ms: Option<u64>,
+    /// `/metrics` then needs `Authorization: Bearer <token>`, the token
+    /// whose hex SHA-256 this is [default: /metrics is open].
+    #[arg(long, env = "SETTLE_METRICS_TOKEN_SHA256", value_name = "SHA256")]
+    pub metrics_token_sha256: Option<String>,
+    /// The gauges that scan the store (open records, quarantined evidence)
+    /// are refreshed at most this often, whatever the scrape rate [default: 10000].
+    #[arg(long, env = "SETTLE_METRICS_REFRESH_MS")]
+    pub metrics_refresh_ms: Option<u64>,
     /// Testing only: moves the store's clock by this many milliseconds [default: 0].
     #[arg(
         long,
@@ -154,6 +162,8 @@ impl From<ServeArgs> for Settings {
             pg_lock_timeout_ms: a.pg_lock_timeout_ms,
             pg_idle_in_transaction_timeout_ms: a.pg_idle_in_transaction_timeout_ms,
             pg_client_timeout_ms: a.pg_client_timeout_ms,
+            metrics_token_sha256: a.metrics_token_sha256,
+            metrics_refresh_ms: a.metrics_refresh_ms,
             clock_skew_ms: a.clock_skew_ms,
         }
     }

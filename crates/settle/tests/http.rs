@@ -447,17 +447,21 @@ async fn not_found_for_unknown_keys_and_routes() {
     .await;
     assert_problem(&r, 404, "not_found");
     assert_problem(&get(&ep, "/v2/nothing").await, 404, "not_found");
-    assert_problem(
-        &post(&ep, "/v1/operations/k", json!({})).await,
-        404,
-        "not_found",
-    );
+    // A known path with another method: 405 (the router's tests check `Allow`).
+    let r = post(&ep, "/v1/operations/k", json!({})).await;
+    assert_problem(&r, 405, "method_not_allowed");
     let r = ep
         .send_raw(Method::DELETE, "/v1/operations/k", None)
         .await
         .unwrap();
-    assert_problem(&r, 404, "not_found");
-    assert_problem(&get(&ep, "/v1/operations/k/claim").await, 404, "not_found");
+    assert_problem(&r, 405, "method_not_allowed");
+    assert_problem(
+        &get(&ep, "/v1/operations/k/claim").await,
+        405,
+        "method_not_allowed",
+    );
+    // No such path at all: 404.
+    assert_problem(&get(&ep, "/v1/operations/k/nope").await, 404, "not_found");
 }
 
 #[allow(clippy::too_many_lines)] // one scenario, kept whole
@@ -1884,4 +1888,43 @@ async fn batch_limits_refuse_the_whole_request() {
 
     let doc = get(&ep, "/openapi.json").await.json();
     assert!(doc["paths"]["/v1/batch"]["post"].is_object());
+}
+
+/// Issue 29 item 4: an over-long request target answers 414 problem+json,
+/// code `uri_too_long`, like every other error: over the server's limit
+/// (8 KiB) and over hyper's own (64 KiB, which hyper refuses before the
+/// server sees a request, with an empty body until the server replaced it).
+#[tokio::test]
+async fn an_over_long_target_is_414_problem_json() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let dir = TempDir::new("uri");
+    let s = Server::start(dir.path(), &[]);
+    for len in [9_000usize, 70_000] {
+        let mut c = tokio::net::TcpStream::connect(&s.addr).await.unwrap();
+        let req = format!(
+            "GET /v1/operations/{} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+            "a".repeat(len)
+        );
+        c.write_all(req.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.unwrap();
+        let text = String::from_utf8_lossy(&out);
+        let (head, body) = text.split_once("\r\n\r\n").expect("a response");
+        assert!(head.starts_with("HTTP/1.1 414 "), "{len}: {head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/problem+json"),
+            "{len}: {head}"
+        );
+        let v: Value =
+            serde_json::from_str(body).unwrap_or_else(|e| panic!("{len}: {e}: {body:?}"));
+        assert_eq!(
+            (v["status"].as_u64(), v["code"].as_str()),
+            (Some(414), Some("uri_too_long")),
+            "{len}"
+        );
+        assert!(body.ends_with("}\n"), "{len}: {body:?}");
+    }
+    // The server still serves.
+    assert_eq!(get(&s.ep(), "/healthz").await.status, 200);
 }

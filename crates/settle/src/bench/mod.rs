@@ -240,6 +240,7 @@ impl Pager {
             while !flag.load(Ordering::Relaxed) {
                 let q = ListQuery {
                     filter: ListFilter::default(),
+                    order: Default::default(),
                     after: after.take(),
                     limit: 1000,
                     stuck_after_ms: 3_600_000,

@@ -210,8 +210,32 @@ pub struct ReconcileArgs {
 
 #[derive(Args)]
 pub struct GetArgs {
-    #[command(flatten)]
-    key: KeyArg,
+    /// The operation's idempotency key (1–255 visible ASCII characters).
+    #[arg(value_name = "KEY", required_unless_present = "idempotency_key")]
+    key: Option<String>,
+    /// Instead of KEY: the `Idempotency-Key` header value a client sent to
+    /// a settle middleware (quoted or bare); the ledger key is computed as
+    /// the middleware does (SPEC §8: `mw-` + SHA-256 of namespace,
+    /// principal and key).
+    #[arg(
+        long,
+        value_name = "VALUE",
+        conflicts_with = "key",
+        requires = "principal"
+    )]
+    idempotency_key: Option<String>,
+    /// With --idempotency-key: the principal the middleware's extractor
+    /// gave for that client (its account, not the binding's `sha256:` form).
+    #[arg(long, value_name = "PRINCIPAL", requires = "idempotency_key")]
+    principal: Option<String>,
+    /// With --idempotency-key: the middleware's namespace.
+    #[arg(
+        long,
+        value_name = "NAMESPACE",
+        default_value = "default",
+        requires = "idempotency_key"
+    )]
+    namespace: String,
     #[command(flatten)]
     remote: Remote,
 }
@@ -268,9 +292,13 @@ pub struct ListArgs {
     /// Only records holding quarantined evidence.
     #[arg(long)]
     quarantined: bool,
-    /// Only keys starting with this.
+    /// Only keys starting with this (the scan starts at the prefix).
     #[arg(long, value_name = "PREFIX")]
     key_prefix: Option<String>,
+    /// key (default), updated (most recently updated first) or attention
+    /// (reconcile required, disputed, stuck, then the rest).
+    #[arg(long, value_name = "ORDER", value_parser = ["key", "updated", "attention"])]
+    order: Option<String>,
     /// Records per page (1-1000; the server's default is 100).
     #[arg(long, value_name = "N")]
     limit: Option<u32>,
@@ -426,7 +454,25 @@ pub async fn reconcile(a: ReconcileArgs) -> Result<(), Failure> {
 }
 
 pub async fn get(a: GetArgs) -> Result<(), Failure> {
-    a.remote.run(Ok(calls::get(&a.key.key))).await
+    let key = match (&a.key, &a.idempotency_key, &a.principal) {
+        (Some(k), None, _) => k.clone(),
+        (None, Some(header), Some(principal)) => {
+            let key = settle_middleware::layout::parse_idempotency_key(&[header.as_bytes()])
+                .map_err(|e| Failure::usage(format!("--idempotency-key: {e}")))?
+                .ok_or_else(|| Failure::usage("--idempotency-key: empty"))?;
+            let ledger_key = settle_middleware::layout::ledger_key(&a.namespace, principal, &key);
+            if !a.remote.json {
+                eprintln!("ledger key: {ledger_key}");
+            }
+            ledger_key
+        }
+        _ => {
+            return Err(Failure::usage(
+                "give KEY, or --idempotency-key with --principal",
+            ));
+        }
+    };
+    a.remote.run(Ok(calls::get(&key))).await
 }
 
 pub async fn revoke(a: RevokeArgs) -> Result<(), Failure> {
@@ -453,6 +499,7 @@ pub async fn list(a: ListArgs) -> Result<(), Failure> {
         stuck: yes(a.stuck),
         quarantined: yes(a.quarantined),
         key_prefix: a.key_prefix,
+        order: a.order,
         limit: a.limit,
         after: a.cursor,
     };

@@ -174,6 +174,16 @@ impl Summary for RecordView {
                 l.dispatched
             );
         }
+        // The worker label of the latest claim that gave one (a middleware
+        // writes the client's Idempotency-Key and principal there).
+        if let Some(w) = self
+            .attempts
+            .iter()
+            .rev()
+            .find_map(|a| a.lease.worker.as_deref())
+        {
+            println!("worker:             {w}");
+        }
         println!("reconcile_required: {}", self.reconcile_required);
         println!("disputed:           {}", self.disputed);
         println!("attempts:           {}", self.attempts_total);
