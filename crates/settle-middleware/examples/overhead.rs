@@ -172,6 +172,7 @@ async fn main() {
                 Some(IdempotencyLayer::embedded(
                     settle_ledger::Ledger::new(store),
                     settle_core::TenantId::default_tenant(),
+                    settle_middleware::principal::fixed("acct-bench"),
                 ))
             }
             "remote" => {
@@ -181,6 +182,7 @@ async fn main() {
                 };
                 Some(IdempotencyLayer::remote(
                     settle_client::Client::new(&url).unwrap(),
+                    settle_middleware::principal::fixed("acct-bench"),
                 ))
             }
             other => panic!("unknown mode {other:?}"),

@@ -34,7 +34,12 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use settle_middleware::IdempotencyLayer;
+use settle_middleware::{IdempotencyLayer, principal};
+
+/// The one account this example serves (SPEC §8: the principal names the
+/// caller's account, never a credential; an application with one caller
+/// uses a fixed one, an application with users `principal::from_extension`).
+pub const PRINCIPAL: &str = "acct-demo";
 
 /// The service's state: how many times the handler ran.
 #[derive(Default)]
@@ -148,7 +153,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 b = b.token(t.clone());
             }
             eprintln!("ledger: settle serve at {url}");
-            IdempotencyLayer::remote(b.build()?)
+            IdempotencyLayer::remote(b.build()?, principal::fixed(PRINCIPAL))
         }
         (None, data) => {
             let dir = match data {
@@ -171,6 +176,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             IdempotencyLayer::embedded(
                 settle_ledger::Ledger::new(s),
                 settle_core::TenantId::default_tenant(),
+                principal::fixed(PRINCIPAL),
             )
         }
     };

@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes, HttpBody};
@@ -15,15 +15,17 @@ use futures::FutureExt as _;
 use http_body_util::{BodyExt as _, LengthLimitError, Limited};
 use settle_core::{
     Binding, ClaimDecision, Command, Digest, Dispatch, ErrorText, Fence, Finding, Grant, Heartbeat,
-    Key, LeaseMs, Outcome, Principal, Reconcile, Release, ReleaseReason, Reply, ResultJson,
-    RetentionS, Scopes, Settle, Text,
+    Key, LeaseMs, Outcome, Principal, Reconcile, RefusalCode, Release, ReleaseReason, Reply,
+    ResultJson, RetentionS, Scopes, Settle, Text,
 };
 use settle_ledger::BoxFuture;
+use sha2::{Digest as _, Sha256};
 use tower::{Layer, Service};
 
 use crate::backend::{CallError, Transport, call};
 use crate::layout::{self, FingerprintInput, StoredResponse};
-use crate::table::{self, AfterClaim, Arrival, Disposition, Problem, RoutePolicy};
+use crate::principal::{Identity, PrincipalFn};
+use crate::table::{self, AfterClaim, Arrival, Disposition, LedgerFailure, Problem, RoutePolicy};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -48,8 +50,6 @@ pub enum Resolution {
     Unavailable,
 }
 
-/// Picks the principal of a request (the scope of its keys).
-pub type PrincipalFn = Arc<dyn Fn(&Parts) -> String + Send + Sync>;
 /// Picks the policy of a route (`None`: not wrapped).
 pub type RoutesFn = Arc<dyn Fn(&Method, &str) -> Option<RoutePolicy> + Send + Sync>;
 /// The reconcile hook: ledger key, fence and the retried request's parts.
@@ -64,7 +64,7 @@ struct Settings {
     namespace: String,
     methods: Vec<Method>,
     routes: Option<RoutesFn>,
-    principal: Option<PrincipalFn>,
+    principal: PrincipalFn,
     stored_headers: Vec<String>,
     fingerprint_headers: Vec<String>,
     canonical: Option<CanonicalFn>,
@@ -82,19 +82,27 @@ struct Settings {
 /// ```no_run
 /// # async fn demo(ledger: settle_ledger::Ledger) {
 /// use axum::{Router, routing::post};
-/// use settle_middleware::IdempotencyLayer;
+/// use settle_middleware::{IdempotencyLayer, principal};
 ///
+/// let layer = IdempotencyLayer::embedded(
+///     ledger,
+///     settle_core::TenantId::default_tenant(),
+///     principal::fixed("svc-checkout"),
+/// );
 /// let app: Router = Router::new()
 ///     .route("/payments", post(|| async { "paid" }))
-///     .layer(IdempotencyLayer::embedded(ledger, settle_core::TenantId::default_tenant()).namespace("payments"));
+///     .layer(layer.namespace("payments"));
 /// # }
 /// ```
 ///
-/// Every option has the default SPEC §8 names: POST and PATCH wrapped and
-/// requiring a key, principal = SHA-256 of `Authorization` (or
-/// `anonymous`), `content-type` and `location` stored, 32 KiB stored
-/// body, 1 MiB request body, 30 s lease heartbeated every 10 s, no
-/// handler timeout, fail closed.
+/// The principal extractor is required (SPEC §8: it names the caller's
+/// account, never a credential; [`principal::fixed`](crate::principal::fixed)
+/// and [`principal::from_extension`](crate::principal::from_extension) cover
+/// the common cases). Every other option has the default SPEC §8 names:
+/// POST and PATCH wrapped and requiring a key, `content-type` and
+/// `location` stored, 32 KiB stored body (a larger response is streamed
+/// to the client and settled as not stored), 1 MiB request body, 30 s
+/// lease heartbeated every 10 s, no handler timeout, fail closed.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     settings: Arc<Settings>,
@@ -102,20 +110,26 @@ pub struct IdempotencyLayer {
 
 impl IdempotencyLayer {
     /// Over any [`Transport`] of the worker SDK (the in-process ledger,
-    /// the HTTP client, a simulated network).
-    pub fn new(transport: impl Transport + 'static) -> IdempotencyLayer {
-        IdempotencyLayer::with_transport(Arc::new(transport))
+    /// the HTTP client, a simulated network), with the principal extractor.
+    pub fn new(
+        transport: impl Transport + 'static,
+        principal: impl Fn(&Parts) -> Option<Identity> + Send + Sync + 'static,
+    ) -> IdempotencyLayer {
+        IdempotencyLayer::with_transport(Arc::new(transport), principal)
     }
 
     /// Over a shared [`Transport`].
-    pub fn with_transport(backend: Arc<dyn Transport>) -> IdempotencyLayer {
+    pub fn with_transport(
+        backend: Arc<dyn Transport>,
+        principal: impl Fn(&Parts) -> Option<Identity> + Send + Sync + 'static,
+    ) -> IdempotencyLayer {
         IdempotencyLayer {
             settings: Arc::new(Settings {
                 backend,
                 namespace: "default".into(),
                 methods: vec![Method::POST, Method::PATCH],
                 routes: None,
-                principal: None,
+                principal: Arc::new(principal),
                 stored_headers: layout::DEFAULT_STORED_HEADERS
                     .iter()
                     .map(|s| s.to_string())
@@ -137,13 +151,20 @@ impl IdempotencyLayer {
     pub fn embedded(
         ledger: settle_ledger::Ledger,
         tenant: settle_core::TenantId,
+        principal: impl Fn(&Parts) -> Option<Identity> + Send + Sync + 'static,
     ) -> IdempotencyLayer {
-        IdempotencyLayer::new(settle_worker::LedgerTransport::for_tenant(ledger, tenant))
+        IdempotencyLayer::new(
+            settle_worker::LedgerTransport::for_tenant(ledger, tenant),
+            principal,
+        )
     }
 
     /// Over a remote `settle serve`.
-    pub fn remote(client: settle_client::Client) -> IdempotencyLayer {
-        IdempotencyLayer::new(client)
+    pub fn remote(
+        client: settle_client::Client,
+        principal: impl Fn(&Parts) -> Option<Identity> + Send + Sync + 'static,
+    ) -> IdempotencyLayer {
+        IdempotencyLayer::new(client, principal)
     }
 
     fn with(mut self, f: impl FnOnce(&mut Settings)) -> Self {
@@ -174,10 +195,9 @@ impl IdempotencyLayer {
         self.with(|s| s.routes = Some(Arc::new(f)))
     }
 
-    /// Principal extraction (default: hex SHA-256 of `Authorization`, or
-    /// `anonymous`). Keys of different principals never meet.
-    pub fn principal(self, f: impl Fn(&Parts) -> String + Send + Sync + 'static) -> Self {
-        self.with(|s| s.principal = Some(Arc::new(f)))
+    /// Replaces the principal extractor. Keys of different principals never meet.
+    pub fn principal(self, f: impl Fn(&Parts) -> Option<Identity> + Send + Sync + 'static) -> Self {
+        self.with(|s| s.principal = Arc::new(f))
     }
 
     /// Response headers stored and replayed besides `content-type` and
@@ -220,8 +240,10 @@ impl IdempotencyLayer {
         self.with(|s| s.canonical = Some(Arc::new(f)))
     }
 
-    /// Largest response body stored for replay (default 32 KiB); above, a
-    /// replay answers 409 `response_not_stored`.
+    /// Largest response body stored for replay (default 32 KiB); a larger
+    /// one is streamed to the client as the handler produces it (never held
+    /// whole), settled as not stored, and a replay answers 409
+    /// `response_not_stored`.
     pub fn max_stored_body(self, bytes: usize) -> Self {
         self.with(|s| s.max_stored_body = bytes)
     }
@@ -248,7 +270,10 @@ impl IdempotencyLayer {
     }
 
     /// Runs the handler without idempotency when the ledger is unreachable
-    /// (logged) instead of answering 503 — default off: fail closed.
+    /// (no answer, or its 503 `unavailable`; logged) instead of answering
+    /// 503 — default off: fail closed. A ledger that answers with a
+    /// refusal (`stale_binding`, `record_refused`, 429, an invalid call)
+    /// never runs the handler.
     pub fn fail_open(self, yes: bool) -> Self {
         self.with(|s| s.policy.fail_open = yes)
     }
@@ -338,6 +363,8 @@ struct Claimed {
 /// What the handler left behind.
 enum Handled<E> {
     Response(axum::http::response::Parts, Bytes),
+    /// A body past the stored limit: what was read, and the rest, unread.
+    Streamed(axum::http::response::Parts, Bytes, Body),
     /// A panic, a timeout, a body that broke: the outcome is unknown.
     Failed(&'static str),
     /// The inner service returned an error (it goes up unchanged).
@@ -370,6 +397,9 @@ where
         };
         let policy = policy.expect("a wrapped request has a policy");
         let (parts, body) = req.into_parts();
+        let Some(identity) = (self.settings.principal)(&parts) else {
+            return Ok(refuse(&table::PRINCIPAL_MISSING, Some(&key)));
+        };
         let body = match Limited::new(body, self.settings.max_request_body)
             .collect()
             .await
@@ -390,7 +420,7 @@ where
                 }));
             }
         };
-        let claimed = match self.claimed(key, parts, body) {
+        let claimed = match self.claimed(key, &identity, parts, body) {
             Ok(c) => c,
             Err((c, why)) => return self.unavailable(&policy, c, why).await,
         };
@@ -419,19 +449,12 @@ where
     fn claimed(
         &self,
         key: String,
+        identity: &Identity,
         parts: Parts,
         body: Bytes,
     ) -> Result<Claimed, ((Parts, Bytes), String)> {
         let s = &self.settings;
-        let principal = match &s.principal {
-            Some(f) => f(&parts),
-            None => layout::default_principal(
-                parts
-                    .headers
-                    .get(axum::http::header::AUTHORIZATION)
-                    .map(HeaderValue::as_bytes),
-            ),
-        };
+        let principal = &identity.principal;
         let target = match parts.uri.query() {
             Some(q) if !q.is_empty() => format!("{}?{q}", parts.uri.path()),
             _ => parts.uri.path().to_string(),
@@ -466,12 +489,12 @@ where
         );
         let built = (|| {
             Ok::<_, settle_core::InvalidInput>((
-                Key::new(layout::ledger_key(&s.namespace, &principal, &key))?,
+                Key::new(layout::ledger_key(&s.namespace, principal, &key))?,
                 Digest::parse("fingerprint", &fp)?,
                 Binding {
-                    principal: Principal::new(layout::binding_principal(&principal))?,
+                    principal: Principal::new(layout::binding_principal(principal))?,
                     scopes: Scopes::new(Vec::new())?,
-                    generation: 0,
+                    generation: identity.generation,
                 },
             ))
         })();
@@ -506,7 +529,7 @@ where
             retention_s: s.retention_s,
         };
         let answer = call(&*s.backend, Command::Claim(claim)).await;
-        match table::after_claim(answer) {
+        match table::after_claim(answer, s.unavailable_retry_after_s) {
             AfterClaim::Execute(g) => self.execute(policy, c, g).await,
             AfterClaim::Reconcile(g) => match reconcile(&self.settings, &c, g).await {
                 Some(g) => self.execute(policy, c, g).await,
@@ -558,18 +581,32 @@ where
             key: c.lkey.clone(),
             fence: g.fence,
         });
-        if let Err(e) = call(&*s.backend, dispatch).await {
-            // Nothing was sent: with marks_dispatch and no dispatch this
-            // release is allowed (or the lease simply lapses, flag-free).
-            let release = Command::Release(Release {
-                key: c.lkey.clone(),
-                fence: g.fence,
-                reason: ReleaseReason::NotDispatched,
-            });
-            let _ = call(&*s.backend, release).await;
-            return self
-                .unavailable(&policy, (c.parts, c.body), e.to_string())
-                .await;
+        // A lost answer is retried under the same fence (dispatch is
+        // idempotent), for half the lease: the other half is left to hand
+        // the lease back if the ledger stays silent.
+        let half_lease = Duration::from_millis(s.lease_ms.get() / 2);
+        if let Err(e) = retry(&s.backend, dispatch, half_lease).await {
+            // The handler never ran. Hand the lease back: `not_dispatched`
+            // while no dispatch is recorded; if one was (its answer lost),
+            // `not_committed`, which is true: nothing was applied.
+            let release = |reason| {
+                Command::Release(Release {
+                    key: c.lkey.clone(),
+                    fence: g.fence,
+                    reason,
+                })
+            };
+            if let Err(CallError::Refused(RefusalCode::ReceiptRequired)) =
+                call(&*s.backend, release(ReleaseReason::NotDispatched)).await
+            {
+                let _ = call(&*s.backend, release(ReleaseReason::NotCommitted)).await;
+            }
+            return match table::ledger_failure(&e, s.unavailable_retry_after_s) {
+                LedgerFailure::Unreachable(why) => {
+                    self.unavailable(&policy, (c.parts, c.body), why).await
+                }
+                LedgerFailure::Refused(p) => Ok(refuse(&p, Some(&c.key))),
+            };
         }
         let mut pending = Unsettled {
             settings: s.clone(),
@@ -585,17 +622,27 @@ where
                 binding: c.binding.clone(),
                 outcome: Outcome::unknown(ErrorText::new("error", "handler cancelled").ok()),
             })),
+            ended: false,
         };
         note("executed");
         let req = Request::from_parts(c.parts, Body::from(c.body));
-        let handler = self.inner.call(req);
+        // A service may panic in `call` itself, before any future exists.
+        let handler = match std::panic::catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
+            Ok(f) => f,
+            Err(_) => {
+                pending.unknown("panic").await;
+                return Ok(refuse(&table::HANDLER_FAILED, Some(&c.key)));
+            }
+        };
+        let max_stored = s.max_stored_body;
         let handled = {
             let run = async {
                 match handler.await {
                     Ok(resp) => {
                         let (parts, body) = resp.into_parts();
-                        match body.collect().await {
-                            Ok(b) => Handled::Response(parts, b.to_bytes()),
+                        match read_up_to(body, max_stored).await {
+                            Ok(Read::Whole(b)) => Handled::Response(parts, b),
+                            Ok(Read::Over(prefix, rest)) => Handled::Streamed(parts, prefix, rest),
                             Err(_) => Handled::Failed("response body failed"),
                         }
                     }
@@ -618,6 +665,7 @@ where
         };
         match handled {
             Handled::Response(parts, body) => Ok(pending.finish(parts, body).await),
+            Handled::Streamed(parts, prefix, rest) => Ok(pending.stream(parts, prefix, rest).await),
             Handled::Failed(why) => {
                 pending.unknown(why).await;
                 Ok(refuse(&table::HANDLER_FAILED, Some(&c.key)))
@@ -711,6 +759,9 @@ struct Unsettled {
     binding: Binding,
     /// The call that records the outcome known so far (`None`: recorded).
     state: Option<Command>,
+    /// A streamed response ended: dropping records its outcome, nothing
+    /// was cancelled.
+    ended: bool,
 }
 
 impl Unsettled {
@@ -811,6 +862,233 @@ impl Unsettled {
     }
 }
 
+impl Unsettled {
+    /// A response past the stored limit: nothing to replay is stored, so
+    /// the body goes to the client as the handler produces it; the outcome
+    /// (its status, and the body's length and digest once the stream
+    /// ends) is recorded when the body ends or is dropped, the lease
+    /// heartbeated until then.
+    async fn stream(
+        mut self,
+        parts: axum::http::response::Parts,
+        prefix: Bytes,
+        rest: Body,
+    ) -> Response<Body> {
+        let s = self.settings.clone();
+        let status = parts.status.as_u16();
+        let disposition = table::disposition(status, parts.extensions.get::<Retryable>().is_some());
+        if disposition == Disposition::NotCommitted {
+            note("not_committed");
+            let cmd = Command::Release(Release {
+                key: self.lkey.clone(),
+                fence: self.fence,
+                reason: ReleaseReason::NotCommitted,
+            });
+            self.state = Some(cmd.clone());
+            self.record(cmd).await;
+            let body = Streamed::plain(prefix, rest);
+            return Response::from_parts(parts, Body::new(body));
+        }
+        let headers: Vec<(String, Vec<u8>)> = parts
+            .headers
+            .iter()
+            .map(|(n, v)| (n.as_str().to_string(), v.as_bytes().to_vec()))
+            .collect();
+        // Until the stream ends, what is known: the status, not the body.
+        let (result, digest) =
+            layout::encode_streamed_response(status, &headers, &s.stored_headers, None);
+        self.state = Some(self.streamed_cmd(disposition, &result, &digest));
+        let beat = tokio::spawn(heartbeat(
+            s.backend.clone(),
+            self.lkey.clone(),
+            self.fence,
+            s.lease_ms,
+        ));
+        let body = Streamed {
+            settle: Some(StreamSettle {
+                pending: self,
+                disposition,
+                status,
+                headers,
+                heartbeat: beat,
+            }),
+            digest: Some(Sha256::new()),
+            ..Streamed::plain(prefix, rest)
+        };
+        Response::from_parts(parts, Body::new(body))
+    }
+
+    fn streamed_cmd(&self, d: Disposition, result: &serde_json::Value, digest: &str) -> Command {
+        match stored_outcome(d, result, digest) {
+            Ok(o) => self.settle_cmd(o),
+            Err(e) => {
+                tracing::error!(key = self.key, error = %e, "idempotency: the response cannot be stored");
+                self.settle_cmd(Outcome::unknown(
+                    ErrorText::new("error", "response not storable").ok(),
+                ))
+            }
+        }
+    }
+}
+
+/// What a streamed response records when its body ends or is dropped.
+struct StreamSettle {
+    pending: Unsettled,
+    disposition: Disposition,
+    status: u16,
+    headers: Vec<(String, Vec<u8>)>,
+    heartbeat: tokio::task::JoinHandle<Infallible>,
+}
+
+impl Drop for StreamSettle {
+    fn drop(&mut self) {
+        // The lease needs no more beats; `pending` records the outcome.
+        self.heartbeat.abort();
+    }
+}
+
+/// A response body past the stored limit: the part read first, then the
+/// rest as the handler produces it, digested on the way. One frame is
+/// always held back, so the client has the whole body only once its
+/// outcome is recorded (a retry right after it gets `response_not_stored`,
+/// not `request_in_progress`).
+struct Streamed {
+    prefix: Option<Bytes>,
+    rest: Body,
+    digest: Option<Sha256>,
+    len: u64,
+    held: Option<http_body::Frame<Bytes>>,
+    /// `None` for a body nothing is recorded for (released `not_committed`).
+    settle: Option<StreamSettle>,
+    /// Recording the outcome, before the held frame and the end go out.
+    recording: Option<BoxFuture<'static, ()>>,
+    done: bool,
+}
+
+impl Streamed {
+    fn plain(prefix: Bytes, rest: Body) -> Streamed {
+        Streamed {
+            prefix: Some(prefix),
+            rest,
+            digest: None,
+            len: 0,
+            held: None,
+            settle: None,
+            recording: None,
+            done: false,
+        }
+    }
+
+    /// The body ended: what records it, with its length and digest.
+    fn record_end(&mut self) -> Option<BoxFuture<'static, ()>> {
+        let mut st = self.settle.take()?;
+        let digest = self.digest.take().expect("digested while it is recorded");
+        let body = (self.len, hex::encode(digest.finalize()));
+        let stored = st.pending.settings.stored_headers.clone();
+        let (result, response) =
+            layout::encode_streamed_response(st.status, &st.headers, &stored, Some(body));
+        let cmd = st.pending.streamed_cmd(st.disposition, &result, &response);
+        st.pending.state = Some(cmd.clone());
+        st.pending.ended = true;
+        Some(Box::pin(async move {
+            st.pending.record(cmd).await;
+        }))
+    }
+}
+
+impl HttpBody for Streamed {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            if let Some(rec) = &mut this.recording {
+                ready!(rec.as_mut().poll(cx));
+                this.recording = None;
+            }
+            if this.done {
+                return Poll::Ready(this.held.take().map(Ok));
+            }
+            let next = match this.prefix.take() {
+                Some(p) => Some(Ok(http_body::Frame::data(p))),
+                None => ready!(std::pin::Pin::new(&mut this.rest).poll_frame(cx)),
+            };
+            match next {
+                Some(Ok(frame)) => {
+                    if let Some(data) = frame.data_ref() {
+                        if let Some(d) = &mut this.digest {
+                            d.update(data);
+                        }
+                        this.len += data.len() as u64;
+                    }
+                    if let Some(out) = this.held.replace(frame) {
+                        return Poll::Ready(Some(Ok(out)));
+                    }
+                }
+                // The handler's body broke: what went out stays out; the
+                // outcome is recorded without the body's digest (on drop).
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None => {
+                    this.done = true;
+                    this.recording = this.record_end();
+                }
+            }
+        }
+    }
+}
+
+/// A response body read up to the stored limit.
+enum Read {
+    /// All of it (within the limit).
+    Whole(Bytes),
+    /// Past the limit: what was read, and the rest, unread.
+    Over(Bytes, Body),
+}
+
+/// Reads `body` until it ends or passes `max` bytes (trailers are not kept,
+/// as before).
+async fn read_up_to<B>(body: B, max: usize) -> Result<Read, BoxError>
+where
+    B: HttpBody<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let mut body = Box::pin(body);
+    let mut buf = axum::body::Bytes::new();
+    let mut parts: Vec<Bytes> = Vec::new();
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(Into::into)?;
+        if let Ok(data) = frame.into_data() {
+            len += data.len();
+            parts.push(data);
+            if len > max {
+                let prefix = join(parts);
+                return Ok(Read::Over(prefix, Body::new(body)));
+            }
+        }
+    }
+    if !parts.is_empty() {
+        buf = join(parts);
+    }
+    Ok(Read::Whole(buf))
+}
+
+/// The chunks as one buffer (no copy for one chunk).
+fn join(mut parts: Vec<Bytes>) -> Bytes {
+    if parts.len() == 1 {
+        return parts.pop().expect("one part");
+    }
+    let mut out = Vec::with_capacity(parts.iter().map(Bytes::len).sum());
+    for p in &parts {
+        out.extend_from_slice(p);
+    }
+    Bytes::from(out)
+}
+
 fn stored_outcome(
     d: Disposition,
     result: &serde_json::Value,
@@ -829,11 +1107,18 @@ impl Drop for Unsettled {
         let Some(cmd) = self.state.take() else {
             return;
         };
-        note("cancelled");
-        tracing::warn!(
-            key = self.key,
-            "idempotency: the request was cancelled (client gone); recording its outcome"
-        );
+        if self.ended {
+            tracing::debug!(
+                key = self.key,
+                "idempotency: streamed response sent; recording it"
+            );
+        } else {
+            note("cancelled");
+            tracing::warn!(
+                key = self.key,
+                "idempotency: the request was cancelled (client gone); recording its outcome"
+            );
+        }
         let backend = self.settings.backend.clone();
         let deadline = Duration::from_millis(self.settings.lease_ms.get() + 1000);
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

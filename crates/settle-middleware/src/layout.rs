@@ -31,8 +31,10 @@ fn visible(s: &[u8]) -> bool {
 }
 
 /// The key carried by the `Idempotency-Key` field lines `values`: `None`
-/// when absent; an RFC 8941 sf-string (`"abc"`) or a bare value (`abc`),
-/// 1–255 visible ASCII after unquoting. Two lines are invalid.
+/// when absent; an RFC 8941 sf-string Item (`"abc"`, optionally followed
+/// by parameters, `"abc";a=1`, which are parsed and ignored) or a bare
+/// value (`abc`, taken whole), 1–255 visible ASCII after unquoting. Two
+/// lines are invalid.
 pub fn parse_idempotency_key(values: &[&[u8]]) -> Result<Option<String>, KeyInvalid> {
     let v = match values {
         [] => return Ok(None),
@@ -44,30 +46,10 @@ pub fn parse_idempotency_key(values: &[&[u8]]) -> Result<Option<String>, KeyInva
         }
     };
     let v = trim_ows(v);
-    let key: Vec<u8> = if let Some(rest) = v.strip_prefix(b"\"") {
-        let Some(inner) = rest.strip_suffix(b"\"") else {
-            return Err(KeyInvalid("unterminated sf-string in Idempotency-Key"));
-        };
-        let mut out = Vec::with_capacity(inner.len());
-        let mut it = inner.iter();
-        while let Some(&c) = it.next() {
-            match c {
-                b'\\' => match it.next() {
-                    Some(&e @ (b'"' | b'\\')) => out.push(e),
-                    _ => {
-                        return Err(KeyInvalid("bad escape in the Idempotency-Key sf-string"));
-                    }
-                },
-                b'"' => {
-                    return Err(KeyInvalid("bad character in the Idempotency-Key sf-string"));
-                }
-                0x20..=0x7e => out.push(c),
-                _ => {
-                    return Err(KeyInvalid("bad character in the Idempotency-Key sf-string"));
-                }
-            }
-        }
-        out
+    let key: Vec<u8> = if v.starts_with(b"\"") {
+        let (key, rest) = sf_string(v)?;
+        parameters(rest)?;
+        key
     } else {
         v.to_vec()
     };
@@ -80,6 +62,101 @@ pub fn parse_idempotency_key(values: &[&[u8]]) -> Result<Option<String>, KeyInva
     Ok(Some(String::from_utf8(key).map_err(|_| {
         KeyInvalid("the Idempotency-Key must be 1-255 visible ASCII characters")
     })?))
+}
+
+/// An RFC 8941 sf-string at the start of `v` (which starts with `"`): its
+/// unescaped value and what follows the closing quote.
+fn sf_string(v: &[u8]) -> Result<(Vec<u8>, &[u8]), KeyInvalid> {
+    let mut out = Vec::with_capacity(v.len());
+    let mut i = 1;
+    loop {
+        match v.get(i) {
+            None => return Err(KeyInvalid("unterminated sf-string in Idempotency-Key")),
+            Some(b'"') => return Ok((out, &v[i + 1..])),
+            Some(b'\\') => match v.get(i + 1) {
+                Some(&e @ (b'"' | b'\\')) => {
+                    out.push(e);
+                    i += 2;
+                }
+                _ => return Err(KeyInvalid("bad escape in the Idempotency-Key sf-string")),
+            },
+            Some(&c @ 0x20..=0x7e) => {
+                out.push(c);
+                i += 1;
+            }
+            Some(_) => {
+                return Err(KeyInvalid("bad character in the Idempotency-Key sf-string"));
+            }
+        }
+    }
+}
+
+/// RFC 8941 parameters after an Item: `*( ";" *SP key [ "=" bare-item ] )`
+/// and nothing else. Checked, then ignored.
+fn parameters(mut rest: &[u8]) -> Result<(), KeyInvalid> {
+    const BAD: KeyInvalid = KeyInvalid("bad parameters after the Idempotency-Key sf-string");
+    let taken = |s: &[u8], ok: &dyn Fn(u8) -> bool| s.iter().take_while(|&&c| ok(c)).count();
+    while !rest.is_empty() {
+        rest = rest.strip_prefix(b";").ok_or(BAD)?;
+        rest = &rest[taken(rest, &|c| c == b' ')..];
+        // key: lcalpha / "*", then lcalpha / DIGIT / "_" / "-" / "." / "*"
+        match rest.first() {
+            Some(c) if c.is_ascii_lowercase() || *c == b'*' => {}
+            _ => return Err(BAD),
+        }
+        rest = &rest[taken(rest, &|c| {
+            c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'_' | b'-' | b'.' | b'*')
+        })..];
+        if let Some(after) = rest.strip_prefix(b"=") {
+            rest = bare_item(after)?;
+        }
+    }
+    Ok(())
+}
+
+/// One RFC 8941 bare item at the start of `v`; what follows it.
+fn bare_item(v: &[u8]) -> Result<&[u8], KeyInvalid> {
+    const BAD: KeyInvalid = KeyInvalid("bad parameter value after the Idempotency-Key sf-string");
+    let taken = |s: &[u8], ok: &dyn Fn(u8) -> bool| s.iter().take_while(|&&c| ok(c)).count();
+    match v.first() {
+        Some(b'"') => sf_string(v).map(|(_, rest)| rest).map_err(|_| BAD),
+        Some(b'?') => match v.get(1) {
+            Some(b'0' | b'1') => Ok(&v[2..]),
+            _ => Err(BAD),
+        },
+        Some(b':') => {
+            let n = taken(&v[1..], &|c| {
+                c.is_ascii_alphanumeric() || matches!(c, b'+' | b'/' | b'=')
+            });
+            v.get(1 + n)
+                .filter(|&&c| c == b':')
+                .map(|_| &v[n + 2..])
+                .ok_or(BAD)
+        }
+        Some(c) if c.is_ascii_digit() || *c == b'-' => {
+            let sign = usize::from(*c == b'-');
+            let int = taken(&v[sign..], &|c| c.is_ascii_digit());
+            let at = sign + int;
+            if v.get(at) == Some(&b'.') {
+                let frac = taken(&v[at + 1..], &|c| c.is_ascii_digit());
+                if !(1..=12).contains(&int) || !(1..=3).contains(&frac) {
+                    return Err(BAD);
+                }
+                Ok(&v[at + 1 + frac..])
+            } else if (1..=15).contains(&int) {
+                Ok(&v[at..])
+            } else {
+                Err(BAD)
+            }
+        }
+        Some(c) if c.is_ascii_alphabetic() || *c == b'*' => {
+            let n = taken(&v[1..], &|c| {
+                c.is_ascii_alphanumeric() || b"!#$%&'*+.^_`|~:/-".contains(&c)
+            });
+            Ok(&v[1 + n..])
+        }
+        _ => Err(BAD),
+    }
 }
 
 fn trim_ows(mut v: &[u8]) -> &[u8] {
@@ -179,15 +256,6 @@ pub fn request_fingerprint(
     sha256_hex(&frame(parts))
 }
 
-/// The default principal: hex SHA-256 of the whole `Authorization` value
-/// (scheme included), or `anonymous` without one.
-pub fn default_principal(authorization: Option<&[u8]>) -> String {
-    match authorization {
-        None => "anonymous".to_string(),
-        Some(a) => sha256_hex(a),
-    }
-}
-
 /// The claim's `binding.principal`: the principal itself when it fits the
 /// key syntax, else `sha256:` + its hex digest.
 pub fn binding_principal(principal: &str) -> String {
@@ -258,6 +326,38 @@ pub fn encode_response(
         result.insert("body_sha256".into(), json!(sha256_hex(body)));
     }
     (Value::Object(result), response_sha256(status, body))
+}
+
+/// The settled `result` of a response whose body went to the client as
+/// the handler produced it, past the stored limit (the Rust layer streams
+/// such bodies instead of holding them whole): like [`encode_response`]'s
+/// not-stored form, with the body's length and SHA-256 once the stream
+/// ended (`None`: it did not, the client went away). Its
+/// `response_sha256` is the hex SHA-256 of `F(status) || F(body_sha256)`
+/// (the hex text, empty when unknown): the body's own digest stands in
+/// for the body, which is never held whole.
+pub fn encode_streamed_response(
+    status: u16,
+    headers: &[(String, Vec<u8>)],
+    stored: &[String],
+    body: Option<(u64, String)>,
+) -> (Value, String) {
+    let (mut result, _) = encode_response(status, headers, b"", stored, 0);
+    let o = result
+        .as_object_mut()
+        .expect("encode_response writes an object");
+    o.insert("body".into(), Value::Null);
+    let digest = body.as_ref().map_or("", |(_, d)| d.as_str());
+    o.insert(
+        "body_bytes".into(),
+        body.as_ref().map_or(Value::Null, |(n, _)| json!(n)),
+    );
+    o.insert(
+        "body_sha256".into(),
+        body.as_ref().map_or(Value::Null, |(_, d)| json!(d)),
+    );
+    let response = sha256_hex(&frame([status.to_string().as_bytes(), digest.as_bytes()]));
+    (result, response)
 }
 
 /// A response read back from the ledger.

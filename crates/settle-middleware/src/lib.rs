@@ -3,7 +3,8 @@
 //! A tower [`Layer`](tower::Layer) for axum and hyper services that makes a
 //! route idempotent over the settle ledger, in-process
 //! ([`IdempotencyLayer::embedded`]) or on a remote `settle serve`
-//! ([`IdempotencyLayer::remote`]):
+//! ([`IdempotencyLayer::remote`]), scoped by the caller's principal (a
+//! required extractor, [`principal`]: the account, never a credential):
 //!
 //! * the first request with a key runs the handler once; its response is
 //!   captured, settled and sent unchanged;
@@ -15,7 +16,9 @@
 //!   leaves the record `unknown`: retries get 409 `outcome_unknown` until
 //!   it is reconciled (an operator, or the [`reconcile`](IdempotencyLayer::reconcile) hook);
 //! * the ledger unreachable: 503 `idempotency_unavailable`, the handler
-//!   does not run (fail closed).
+//!   does not run (fail closed, unless the route fails open); a ledger
+//!   refusal never runs it (`stale_binding`: 403 `idempotency_forbidden`);
+//! * no principal for the request: 401 `idempotency_principal_missing`.
 //!
 //! The byte layouts (ledger key, fingerprint, stored response) are those
 //! of the Python and TypeScript middlewares (`sdk/MIDDLEWARE-KEYS.md`), in
@@ -24,13 +27,15 @@
 pub mod backend;
 mod layer;
 pub mod layout;
+pub mod principal;
 pub mod table;
 
 pub use backend::{CallError, Transport};
 pub use layer::{
-    CanonicalFn, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer, PrincipalFn,
-    ReconcileFn, Resolution, Retryable, RoutesFn,
+    CanonicalFn, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer, ReconcileFn,
+    Resolution, Retryable, RoutesFn,
 };
+pub use principal::{Identity, PrincipalFn};
 pub use table::RoutePolicy;
 
 /// The RFC 8785 canonical text of a JSON body (the `canonical_json`

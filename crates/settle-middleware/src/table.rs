@@ -95,6 +95,19 @@ pub const PAYLOAD_TOO_LARGE: Problem = Problem::new(
     "the request body is over the idempotency limit",
 );
 
+/// 401 `idempotency_principal_missing`: the extractor found no identity.
+pub const PRINCIPAL_MISSING: Problem = Problem::new(
+    401,
+    "idempotency_principal_missing",
+    "no principal was found for this request (see the principal option)",
+);
+/// 403 `idempotency_forbidden`: the ledger refused the caller's binding.
+pub const FORBIDDEN: Problem = Problem::new(
+    403,
+    "idempotency_forbidden",
+    "the ledger refused this caller's binding (its principal was revoked or moved on)",
+);
+
 /// 503 `idempotency_unavailable` with `Retry-After`.
 pub fn unavailable(retry_after_s: u64) -> Problem {
     Problem {
@@ -158,15 +171,54 @@ pub enum AfterClaim {
     Reconcile(Grant),
     /// Replay this stored response (`Idempotent-Replayed: true`).
     Replay(StoredResponse),
-    /// Answer this problem; the handler does not run.
+    /// Answer this problem; the handler does not run, fail-open or not.
     Refuse(Problem),
-    /// The ledger cannot be asked: 503, or the route's fail-open.
+    /// The ledger cannot be asked (no answer, or its 503 `unavailable`):
+    /// 503, or the route's fail-open.
     Unavailable(String),
+}
+
+/// What a failed ledger call leads to (SPEC §8, amended): only a
+/// transport error or a 503 `unavailable` may fail open; a refusal never
+/// runs the handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LedgerFailure {
+    /// Unreachable or unavailable: 503, or the route's fail-open.
+    Unreachable(String),
+    /// Answered, and not with a go-ahead: this problem, never the handler.
+    Refused(Problem),
+}
+
+/// The SPEC §8 answer to a failed ledger call; `retry_after_s` is the
+/// middleware's own `Retry-After` for a 503 the ledger gave no hint for.
+pub fn ledger_failure(e: &CallError, retry_after_s: u64) -> LedgerFailure {
+    use settle_worker::TransportError as T;
+    let hinted = |d: Option<Duration>| {
+        unavailable(d.map_or(retry_after_s, |d| d.as_millis().div_ceil(1000) as u64))
+    };
+    match e {
+        CallError::Unavailable(
+            t @ (T::NotSent { .. } | T::NoAnswer { .. } | T::Unavailable { .. }),
+        ) => LedgerFailure::Unreachable(t.to_string()),
+        CallError::Unavailable(T::Limited { retry_after, .. }) => {
+            LedgerFailure::Refused(hinted(*retry_after))
+        }
+        CallError::Refused(RefusalCode::StaleBinding) => LedgerFailure::Refused(FORBIDDEN),
+        CallError::Refused(RefusalCode::FingerprintMismatch | RefusalCode::BindingMismatch) => {
+            LedgerFailure::Refused(KEY_REUSED)
+        }
+        // A record the store refuses, a bad token, an invalid call, any
+        // other refusal: the ledger answered no; never run the handler.
+        other => {
+            tracing::error!(error = %other, "idempotency: the ledger refused the call; the request is not run");
+            LedgerFailure::Refused(unavailable(retry_after_s))
+        }
+    }
 }
 
 /// Rows "first request", "after completion", "different request", "still
 /// running" and "settle unreachable" (the claim's side).
-pub fn after_claim(answer: Result<Reply, CallError>) -> AfterClaim {
+pub fn after_claim(answer: Result<Reply, CallError>, retry_after_s: u64) -> AfterClaim {
     match answer {
         Ok(Reply::Claim(ClaimDecision::Execute(g))) => AfterClaim::Execute(g),
         Ok(Reply::Claim(ClaimDecision::Reconcile(g))) => AfterClaim::Reconcile(g),
@@ -184,16 +236,17 @@ pub fn after_claim(answer: Result<Reply, CallError>) -> AfterClaim {
                 _ => AfterClaim::Refuse(RESPONSE_NOT_STORED),
             }
         }
-        Err(CallError::Refused(
-            RefusalCode::FingerprintMismatch | RefusalCode::BindingMismatch,
-        )) => AfterClaim::Refuse(KEY_REUSED),
-        // A revoked middleware principal (stale_binding), a record the
-        // store refuses, a misconfigured claim, no answer: fail closed.
-        Err(e) => AfterClaim::Unavailable(e.to_string()),
-        Ok(other) => AfterClaim::Unavailable(format!(
-            "the ledger answered a claim with {}",
-            other.label()
-        )),
+        Err(e) => match ledger_failure(&e, retry_after_s) {
+            LedgerFailure::Unreachable(why) => AfterClaim::Unavailable(why),
+            LedgerFailure::Refused(p) => AfterClaim::Refuse(p),
+        },
+        Ok(other) => {
+            tracing::error!(
+                answer = other.label(),
+                "idempotency: the ledger answered a claim unexpectedly; the request is not run"
+            );
+            AfterClaim::Refuse(unavailable(retry_after_s))
+        }
     }
 }
 
@@ -264,15 +317,18 @@ mod tests {
 
     #[test]
     fn row_first_request_executes() {
-        let r = after_claim(Ok(Reply::Claim(ClaimDecision::Execute(grant()))));
+        let r = after_claim(Ok(Reply::Claim(ClaimDecision::Execute(grant()))), 1);
         assert_eq!(r, AfterClaim::Execute(grant()));
     }
 
     #[test]
     fn row_still_running_is_409_with_whole_seconds() {
-        let r = after_claim(Ok(Reply::Claim(ClaimDecision::InFlight {
-            retry_after_ms: 1001,
-        })));
+        let r = after_claim(
+            Ok(Reply::Claim(ClaimDecision::InFlight {
+                retry_after_ms: 1001,
+            })),
+            1,
+        );
         let AfterClaim::Refuse(p) = r else { panic!() };
         assert_eq!((p.status, p.code), (409, "request_in_progress"));
         assert_eq!(p.retry_after.as_deref(), Some("2"));
@@ -285,25 +341,81 @@ mod tests {
             RefusalCode::BindingMismatch,
         ] {
             assert_eq!(
-                after_claim(Err(CallError::Refused(c))),
+                after_claim(Err(CallError::Refused(c)), 1),
                 AfterClaim::Refuse(KEY_REUSED)
             );
         }
     }
 
     #[test]
-    fn row_ledger_unreachable_fails_closed() {
+    fn row_ledger_unreachable_fails_closed_and_only_unreachable_may_fail_open() {
+        use settle_worker::TransportError as T;
+        let d = || "x".to_string();
+        // No answer, or the ledger's own 503 `unavailable`: may fail open.
         for e in [
-            CallError::Unavailable(settle_worker::TransportError::from(
-                settle_client::ClientError::Request("bad token".into()),
-            )),
-            CallError::Refused(RefusalCode::StaleBinding),
-            CallError::Refused(RefusalCode::RecordRefused),
+            T::NotSent { detail: d() },
+            T::NoAnswer { detail: d() },
+            T::Unavailable {
+                retry_after: None,
+                detail: d(),
+            },
         ] {
-            assert!(matches!(after_claim(Err(e)), AfterClaim::Unavailable(_)));
+            assert!(matches!(
+                after_claim(Err(CallError::Unavailable(e)), 1),
+                AfterClaim::Unavailable(_)
+            ));
         }
         let p = unavailable(0);
         assert_eq!((p.status, p.retry_after.as_deref()), (503, Some("1")));
+    }
+
+    /// SPEC §8 (amended): a ledger refusal of the claim never runs the
+    /// handler, fail-open or not.
+    #[test]
+    fn refusals_never_fail_open() {
+        use settle_worker::TransportError as T;
+        let refused = |e: CallError| match after_claim(Err(e), 7) {
+            AfterClaim::Refuse(p) => p,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            refused(CallError::Refused(RefusalCode::StaleBinding)),
+            FORBIDDEN
+        );
+        let p = refused(CallError::Refused(RefusalCode::RecordRefused));
+        assert_eq!(
+            (p.status, p.code, p.retry_after.as_deref()),
+            (503, "idempotency_unavailable", Some("7"))
+        );
+        // 429 from settle: 503 with settle's own Retry-After, rounded up.
+        let p = refused(CallError::Unavailable(T::Limited {
+            retry_after: Some(Duration::from_millis(2500)),
+            detail: "x".into(),
+        }));
+        assert_eq!(
+            (p.status, p.code, p.retry_after.as_deref()),
+            (503, "idempotency_unavailable", Some("3"))
+        );
+        let p = refused(CallError::Unavailable(T::Limited {
+            retry_after: None,
+            detail: "x".into(),
+        }));
+        assert_eq!(p.retry_after.as_deref(), Some("7"));
+        // A bad token, an invalid call, an unexpected answer.
+        for e in [
+            CallError::Unavailable(T::Fatal {
+                detail: "401 unauthorized".into(),
+            }),
+            CallError::Invalid(settle_core::InvalidInput {
+                field: "lease_ms".into(),
+                reason: "x".into(),
+            }),
+            CallError::Refused(RefusalCode::StaleFence),
+        ] {
+            assert_eq!(refused(e).code, "idempotency_unavailable");
+        }
+        let odd = after_claim(Ok(Reply::Released { fence: Fence(1) }), 1);
+        assert!(matches!(odd, AfterClaim::Refuse(p) if p.status == 503));
     }
 
     fn replay_of(result: serde_json::Value) -> AfterClaim {
@@ -318,7 +430,10 @@ mod tests {
             committed_at: Timestamp(0),
             durable: true,
         };
-        after_claim(Ok(Reply::Claim(ClaimDecision::Replay { outcome, receipt })))
+        after_claim(
+            Ok(Reply::Claim(ClaimDecision::Replay { outcome, receipt })),
+            1,
+        )
     }
 
     #[test]

@@ -84,12 +84,10 @@ fn request_fingerprints() {
 }
 
 #[test]
-fn default_and_binding_principals_and_worker_label() {
+fn binding_principals_and_worker_label() {
     let v = vectors();
-    for c in v["default_principal"].as_array().unwrap() {
-        let auth = c["authorization"].as_str().map(str::as_bytes);
-        assert_eq!(layout::default_principal(auth), s(&c["principal"]), "{c}");
-    }
+    // SPEC §8 (amended): there is no default principal, so no vectors for one.
+    assert!(v.get("default_principal").is_none());
     for c in v["binding_principal"].as_array().unwrap() {
         assert_eq!(
             layout::binding_principal(s(&c["principal"])),

@@ -9,19 +9,23 @@ mod common;
 #[path = "../examples/payments.rs"]
 mod payments;
 
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::http::{Request, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use common::{Answer, Ledgers, Mode, lkey, post as req, send};
+use futures::StreamExt as _;
+use http_body_util::BodyExt as _;
 use settle_core::LeaseMs;
-use settle_middleware::{IdempotencyLayer, Resolution, Retryable};
+use settle_middleware::{IdempotencyLayer, Identity, Resolution, Retryable, principal};
 use tokio::sync::Notify;
+use tower::ServiceExt as _;
 
 const PAY: &str = r#"{"amount": 10, "currency": "EUR"}"#;
 
@@ -518,18 +522,53 @@ both!(
     }
 );
 
+/// The account an authentication layer in front found for a token: the
+/// test's stand-in for a real one (two tokens of alice's, one of bob's).
+#[derive(Clone)]
+struct Account(String);
+
+fn with_accounts(app: Router) -> Router {
+    app.layer(axum::middleware::map_request(
+        |mut req: Request<Body>| async move {
+            let account = match req
+                .headers()
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+            {
+                Some("Bearer alice-token-1" | "Bearer alice-token-2") => Some("alice"),
+                Some("Bearer bob-token") => Some("bob"),
+                _ => None,
+            };
+            if let Some(a) = account {
+                req.extensions_mut().insert(Account(a.into()));
+            }
+            req
+        },
+    ))
+}
+
+fn as_account(l: &Ledgers) -> IdempotencyLayer {
+    l.layer()
+        .principal(principal::from_extension(|a: &Account| {
+            Some(Identity::new(a.0.clone()))
+        }))
+}
+
+fn with_token(token: Option<&str>) -> Request<Body> {
+    let mut b = Request::post("/payments")
+        .header("content-type", "application/json")
+        .header("idempotency-key", "same");
+    if let Some(t) = token {
+        b = b.header("authorization", format!("Bearer {t}"));
+    }
+    b.body(Body::from(PAY)).unwrap()
+}
+
 both!(principals_never_share_keys, |l: Ledgers| async move {
-    let (app, _) = payments::app(l.layer());
-    let with_auth = |token: &str| {
-        Request::post("/payments")
-            .header("content-type", "application/json")
-            .header("idempotency-key", "same")
-            .header("authorization", format!("Bearer {token}"))
-            .body(Body::from(PAY))
-            .unwrap()
-    };
-    let alice = send(&app, with_auth("alice")).await;
-    let bob = send(&app, with_auth("bob")).await;
+    let (app, _) = payments::app(as_account(&l));
+    let app = with_accounts(app);
+    let alice = send(&app, with_token(Some("alice-token-1"))).await;
+    let bob = send(&app, with_token(Some("bob-token"))).await;
     assert_eq!(
         (alice.status, bob.status),
         (StatusCode::CREATED, StatusCode::CREATED)
@@ -539,9 +578,203 @@ both!(principals_never_share_keys, |l: Ledgers| async move {
         "another principal's key is another operation"
     );
     assert_ne!(alice.body, bob.body);
-    assert!(send(&app, with_auth("alice")).await.replayed());
     assert_eq!(count(&app).await, 2);
 });
+
+// Issue 29 item 6: the principal is the account, not the credential: a
+// retry sent after a token refresh replays (it ran again when the default
+// principal was a hash of the Authorization header).
+both!(
+    a_retry_with_a_refreshed_token_replays,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(as_account(&l));
+        let app = with_accounts(app);
+        let first = send(&app, with_token(Some("alice-token-1"))).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        let refreshed = send(&app, with_token(Some("alice-token-2"))).await;
+        assert!(refreshed.replayed(), "{:?}", refreshed.body);
+        assert_eq!(refreshed.body, first.body);
+        assert_eq!(count(&app).await, 1);
+    }
+);
+
+// SPEC §8: no identity → 401 `idempotency_principal_missing`, handler not run.
+both!(a_request_without_identity_is_401, |l: Ledgers| async move {
+    let (app, _) = payments::app(as_account(&l));
+    let app = with_accounts(app);
+    for token in [None, Some("stranger")] {
+        let a = send(&app, with_token(token)).await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (StatusCode::UNAUTHORIZED, "idempotency_principal_missing")
+        );
+    }
+    assert_eq!(count(&app).await, 0);
+});
+
+// Issue 29 item 5: a ledger refusal never runs the handler, fail-open or
+// not: a revoked principal's retry of a completed request is 403
+// `idempotency_forbidden` (it ran the handler again under fail_open), and
+// an extractor that moves the principal to the new generation replays.
+both!(
+    a_revoked_principal_with_fail_open_never_runs_a_completed_request_again,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer().fail_open(true));
+        let first = send(&app, req("/payments", Some("k"), PAY)).await;
+        assert_eq!(first.status, StatusCode::CREATED);
+        l.revoke(common::PRINCIPAL).await;
+        for key in ["k", "fresh"] {
+            let a = send(&app, req("/payments", Some(key), PAY)).await;
+            assert_eq!(
+                (a.status, a.code().as_str()),
+                (StatusCode::FORBIDDEN, "idempotency_forbidden"),
+                "{key}"
+            );
+        }
+        assert_eq!(count(&app).await, 1, "the handler did not run again");
+        let moved = l.layer().fail_open(true).principal(principal::fixed(
+            Identity::new(common::PRINCIPAL).generation(1),
+        ));
+        let (app2, _) = payments::app(moved);
+        let again = send(&app2, req("/payments", Some("k"), PAY)).await;
+        assert!(again.replayed(), "{:?}", again.body);
+        assert_eq!(again.body, first.body);
+        assert_eq!(count(&app2).await, 0);
+    }
+);
+
+// Issue 29 item 10: a service that panics in `call` itself (before any
+// future exists) is a failed handler: 500 `outcome_unknown`, the record
+// `unknown`, retries 409 — not a panic out of the layer.
+both!(
+    a_synchronous_panic_in_call_is_outcome_unknown,
+    |l: Ledgers| async move {
+        let svc = tower::service_fn(
+            |_req: Request<Body>| -> std::future::Ready<Result<Response, Infallible>> {
+                panic!("the service panicked in call")
+            },
+        );
+        let app = Router::new().route_service(
+            "/op",
+            tower::ServiceBuilder::new().layer(l.layer()).service(svc),
+        );
+        let a = send(&app, req("/op", Some("sync"), "{}")).await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, "outcome_unknown")
+        );
+        assert_eq!(l.record(&lkey("sync")).await, ("unknown".into(), true));
+        let again = send(&app, req("/op", Some("sync"), "{}")).await;
+        assert_eq!(
+            (again.status, again.code().as_str()),
+            (StatusCode::CONFLICT, "outcome_unknown")
+        );
+    }
+);
+
+// Issue 29 item 10: a response past `max_stored_body` goes to the client
+// as the handler produces it (it was buffered whole): the client reads the
+// first part while the handler still holds the rest back; the record is
+// settled as not stored, and a retry is 409 `response_not_stored`.
+both!(
+    a_response_past_the_stored_limit_is_streamed,
+    |l: Ledgers| async move {
+        let gate = Arc::new(Notify::new());
+        let g = gate.clone();
+        let app = Router::new()
+            .route(
+                "/big",
+                post(move || {
+                    let g = g.clone();
+                    async move {
+                        let first = futures::stream::iter([
+                            Ok::<_, Infallible>(Bytes::from(vec![b'a'; 4096])),
+                            Ok(Bytes::from(vec![b'b'; 4096])),
+                        ]);
+                        let rest = futures::stream::once(async move {
+                            g.notified().await;
+                            Ok::<_, Infallible>(Bytes::from(vec![b'c'; 4096]))
+                        });
+                        (StatusCode::CREATED, Body::from_stream(first.chain(rest)))
+                    }
+                }),
+            )
+            .layer(l.layer().max_stored_body(1024));
+        let resp = app
+            .clone()
+            .oneshot(req("/big", Some("big"), "{}"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::CREATED);
+        let mut body = resp.into_body();
+        // The first part arrives while the handler holds the rest back (a
+        // layer that buffers whole never answers: the guard fails it).
+        let first = tokio::time::timeout(Duration::from_secs(10), body.frame())
+            .await
+            .expect("the first part is streamed before the handler finishes")
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .unwrap();
+        assert_eq!(&first[..], &[b'a'; 4096][..]);
+        gate.notify_one();
+        let rest = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        assert_eq!(&rest[..4096], &[b'b'; 4096][..]);
+        assert_eq!(&rest[4096..], &[b'c'; 4096][..]);
+        // Settled as not stored before the body ended.
+        assert_eq!(l.record(&lkey("big")).await, ("completed".into(), false));
+        let again = send(&app, req("/big", Some("big"), "{}")).await;
+        assert_eq!(
+            (again.status, again.code().as_str()),
+            (StatusCode::CONFLICT, "response_not_stored")
+        );
+    }
+);
+
+/// A transport that loses the answer of the first dispatch it forwards.
+struct LosesFirstDispatch {
+    inner: Arc<dyn settle_middleware::Transport>,
+    lost: std::sync::atomic::AtomicBool,
+}
+
+impl settle_middleware::Transport for LosesFirstDispatch {
+    fn execute(
+        &self,
+        cmd: settle_core::Command,
+    ) -> settle_ledger::BoxFuture<'_, Result<settle_core::Reply, settle_worker::TransportError>>
+    {
+        Box::pin(async move {
+            let dispatch = matches!(cmd, settle_core::Command::Dispatch(_));
+            let r = self.inner.execute(cmd).await;
+            if dispatch && !self.lost.swap(true, Ordering::SeqCst) {
+                return Err(settle_worker::TransportError::NoAnswer {
+                    detail: "the answer was lost".into(),
+                });
+            }
+            r
+        })
+    }
+}
+
+// Issue 29 item 10: a lost dispatch answer is retried under the same
+// fence and the handler runs (the fallback release(not_dispatched) got
+// receipt_required and left the record unknown, the handler never run).
+both!(
+    a_lost_dispatch_answer_is_retried_under_the_same_fence,
+    |l: Ledgers| async move {
+        let t = LosesFirstDispatch {
+            inner: l.transport(),
+            lost: Default::default(),
+        };
+        let layer = IdempotencyLayer::new(t, principal::fixed(common::PRINCIPAL))
+            .namespace("payments-example");
+        let (app, _) = payments::app(layer);
+        let a = send(&app, req("/payments", Some("lost"), PAY)).await;
+        assert_eq!(a.status, StatusCode::CREATED, "{:?}", a.body);
+        assert_eq!(count(&app).await, 1);
+        assert_eq!(l.record(&lkey("lost")).await, ("completed".into(), false));
+    }
+);
 
 both!(
     request_body_over_the_limit_is_413,

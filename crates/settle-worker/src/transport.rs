@@ -70,6 +70,16 @@ pub enum TransportError {
         /// What the ledger said.
         detail: String,
     },
+    /// The ledger is limiting this caller (429: a tenant's quota, SPEC
+    /// §12); nothing was done. Retry the same call like a 503, not before
+    /// `retry_after`; never a reason to act without the ledger.
+    #[error("ledger rate limited: {detail}")]
+    Limited {
+        /// The ledger's hint, if it gave one.
+        retry_after: Option<Duration>,
+        /// What the ledger said.
+        detail: String,
+    },
     /// The ledger will not serve this call however often it is sent (no or
     /// a wrong token, a bad URL, an answer that is not this API's).
     #[error("ledger call failed: {detail}")]
@@ -88,7 +98,8 @@ impl TransportError {
     /// The ledger's hint of when to retry.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            TransportError::Unavailable { retry_after, .. } => *retry_after,
+            TransportError::Unavailable { retry_after, .. }
+            | TransportError::Limited { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
@@ -103,6 +114,10 @@ impl From<ClientError> for TransportError {
                 TransportError::NoAnswer { detail }
             }
             _ if e.status() == Some(503) => TransportError::Unavailable {
+                retry_after: e.retry_after(),
+                detail,
+            },
+            _ if e.status() == Some(429) => TransportError::Limited {
                 retry_after: e.retry_after(),
                 detail,
             },

@@ -16,7 +16,10 @@ use settle_client::Client;
 use settle_core::{Key, TenantId};
 use settle_embedded::EmbeddedStore;
 use settle_ledger::Ledger;
-use settle_middleware::IdempotencyLayer;
+use settle_middleware::{IdempotencyLayer, principal};
+
+/// The principal every test layer acts for.
+pub const PRINCIPAL: &str = "acct-1";
 use tower::ServiceExt as _;
 
 /// Which ledger the layer talks to.
@@ -62,13 +65,41 @@ impl Ledgers {
     /// A layer over this ledger (the namespace of the example).
     pub fn layer(&self) -> IdempotencyLayer {
         let l = match (&self.embedded, &self.remote) {
-            (Some((ledger, _)), _) => {
-                IdempotencyLayer::embedded(ledger.clone(), TenantId::default_tenant())
+            (Some((ledger, _)), _) => IdempotencyLayer::embedded(
+                ledger.clone(),
+                TenantId::default_tenant(),
+                principal::fixed(PRINCIPAL),
+            ),
+            (_, Some((client, _, _))) => {
+                IdempotencyLayer::remote(client.clone(), principal::fixed(PRINCIPAL))
             }
-            (_, Some((client, _, _))) => IdempotencyLayer::remote(client.clone()),
             _ => unreachable!(),
         };
         l.namespace("payments-example")
+    }
+
+    /// The ledger as a transport (to wrap, or to act on it directly).
+    pub fn transport(&self) -> Arc<dyn settle_middleware::Transport> {
+        match (&self.embedded, &self.remote) {
+            (Some((ledger, _)), _) => Arc::new(settle_worker::LedgerTransport::for_tenant(
+                ledger.clone(),
+                TenantId::default_tenant(),
+            )),
+            (_, Some((client, _, _))) => Arc::new(client.clone()),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Revokes a principal (its generation moves up by one).
+    pub async fn revoke(&self, principal: &str) {
+        let cmd = settle_core::Command::Revoke(settle_core::Revoke {
+            principal: settle_core::Principal::new(principal).unwrap(),
+        });
+        let reply = self.transport().execute(cmd).await.unwrap();
+        assert!(
+            matches!(reply, settle_core::Reply::Revoked { .. }),
+            "{reply:?}"
+        );
     }
 
     /// A layer whose ledger is unreachable: the embedded store closed
@@ -86,7 +117,7 @@ impl Ledgers {
             l.local_addr().unwrap().port()
         };
         let dead = Client::new(&format!("http://127.0.0.1:{port}")).unwrap();
-        IdempotencyLayer::remote(dead).namespace("payments-example")
+        IdempotencyLayer::remote(dead, principal::fixed(PRINCIPAL)).namespace("payments-example")
     }
 
     /// The record of a ledger key: `status` and `reconcile_required`.
@@ -178,7 +209,7 @@ pub fn post(path: &str, key: Option<&str>, body: &str) -> Request<Body> {
     b.body(Body::from(body.to_string())).unwrap()
 }
 
-/// The ledger key of `key` for the default principal (no Authorization).
+/// The ledger key of `key` for the tests' principal.
 pub fn lkey(key: &str) -> String {
-    settle_middleware::layout::ledger_key("payments-example", "anonymous", key)
+    settle_middleware::layout::ledger_key("payments-example", PRINCIPAL, key)
 }
