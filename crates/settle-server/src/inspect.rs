@@ -147,7 +147,7 @@ fn parse_list_query(raw: Option<&str>, stuck_after_ms: u64) -> Result<ListQuery,
         ("key_prefix" = Option<String>, Query, description = "Only keys starting with this (1-255 bytes of visible ASCII); the scan starts at the prefix and ends past it", pattern = "^[!-~]{1,255}$"),
         ("order" = Option<String>, Query, description = "key (default): by key, a bounded scan per page; updated: most recently updated first; attention: reconcile required, then disputed, then stuck, then the rest, most recently updated first within each (these two read every record the prefix allows per page). The cursor carries the order.", pattern = "^(key|updated|attention)$"),
         ("limit" = Option<u32>, Query, description = "Most records per page, 1-1000 (default 100)", minimum = 1, maximum = 1000),
-        ("after" = Option<String>, Query, description = "The previous page's `next` cursor"),
+        ("after" = Option<String>, Query, description = "The previous page's `next` cursor (opaque; give the same `order`)", pattern = "^([0-9a-f]{2})+$"),
     ),
     responses(
         (status = 200, description = "One page in the listing's order. A page may hold fewer than `limit` records while `next` is not null (a bounded scan); the listing ends when `next` is null.", body = ListResponse),

@@ -149,6 +149,8 @@ fn enforce(doc: &mut serde_json::Value, lease_margin_ms: u64) {
     }
     // A call that is not one answers in its own slot (SPEC §10): the
     // envelope takes any value as a call.
+    // The envelope has one member (serde refuses others: 422).
+    schemas["BatchRequest"]["additionalProperties"] = json!(false);
     schemas["BatchRequest"]["properties"]["calls"]["items"] = json!({
         "anyOf": [{"$ref": "#/components/schemas/BatchCall"}, {}],
         "description": "A `BatchCall`; anything else answers 400 or 422 in its own slot.",
