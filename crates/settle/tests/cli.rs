@@ -268,3 +268,106 @@ fn the_start_up_log_says_whether_authentication_is_on() {
     let err = start(&[]);
     assert!(err.contains("AUTHENTICATION IS OFF"), "{err}");
 }
+
+/// Issue 29 item 11: an operator finds a middleware's record by what the
+/// client sent (`Idempotency-Key: neg`, quoted or with parameters), the
+/// principal and the namespace; the summary shows the claim's worker label.
+/// And `settle list --order`/`--key-prefix` reach the server's listing.
+#[tokio::test]
+async fn get_finds_a_middleware_record_by_its_idempotency_key() {
+    let dir = TempDir::new("cli-mw");
+    let s = Server::start(dir.path(), &[]);
+    let lkey = settle_middleware::layout::ledger_key("payments", "acct-1", "neg");
+    let f = fp(1);
+    let claim = [
+        "claim",
+        &lkey,
+        "--fingerprint",
+        &f,
+        "--principal",
+        "acct-1",
+        "--worker",
+        "idempotency-key=neg principal=acct-1",
+    ];
+    let out = settle(&claim, &s.url());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    for header in ["neg", "\"neg\"", "\"neg\";a=1"] {
+        let out = settle(
+            &[
+                "get",
+                "--idempotency-key",
+                header,
+                "--principal",
+                "acct-1",
+                "--namespace",
+                "payments",
+            ],
+            &s.url(),
+        );
+        assert_eq!(out.status.code(), Some(0), "{header}: {}", stderr(&out));
+        assert!(
+            stdout(&out).contains(&format!("key:                {lkey}")),
+            "{}",
+            stdout(&out)
+        );
+        assert!(
+            stdout(&out).contains("worker:             idempotency-key=neg principal=acct-1"),
+            "{}",
+            stdout(&out)
+        );
+        assert!(
+            stderr(&out).contains(&lkey),
+            "the ledger key is printed: {}",
+            stderr(&out)
+        );
+    }
+    // Another principal or namespace is another record.
+    let out = settle(
+        &[
+            "get",
+            "--idempotency-key",
+            "neg",
+            "--principal",
+            "acct-2",
+            "--namespace",
+            "payments",
+        ],
+        &s.url(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stdout(&out));
+    // --principal is required with --idempotency-key; KEY and it exclude each other.
+    assert_eq!(
+        settle(&["get", "--idempotency-key", "neg"], &s.url())
+            .status
+            .code(),
+        Some(2)
+    );
+    assert_eq!(
+        settle(
+            &["get", &lkey, "--idempotency-key", "neg", "--principal", "p"],
+            &s.url()
+        )
+        .status
+        .code(),
+        Some(2)
+    );
+    // The listing's order and prefix.
+    let out = settle(
+        &[
+            "list",
+            "--key-prefix",
+            "mw-",
+            "--order",
+            "attention",
+            "--json",
+        ],
+        &s.url(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["operations"][0]["key"], lkey.as_str());
+    assert_eq!(
+        settle(&["list", "--order", "time"], &s.url()).status.code(),
+        Some(2)
+    );
+}
