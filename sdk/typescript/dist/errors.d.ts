@@ -26,6 +26,8 @@ export declare class ProblemError extends SettleError {
     readonly field: string | null;
     readonly correlationId: string | null;
     readonly body: unknown;
+    /** The answer's Retry-After in seconds, when it sent a number. */
+    retryAfterS: number | null;
     constructor(status: number, code: string, body: unknown);
 }
 export declare class BadRequest extends ProblemError {
@@ -63,7 +65,6 @@ export declare class TooManyClasses extends Refusal {
 }
 /** 503 `unavailable`: retryable; `retryAfterS` from Retry-After. */
 export declare class Unavailable extends ProblemError {
-    retryAfterS: number | null;
 }
 /** 503 `record_refused` (SPEC §6.9): an operator must look; not retried. */
 export declare class RecordRefused extends ProblemError {

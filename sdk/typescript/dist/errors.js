@@ -18,6 +18,8 @@ export class ProblemError extends SettleError {
     field;
     correlationId;
     body;
+    /** The answer's Retry-After in seconds, when it sent a number. */
+    retryAfterS = null;
     constructor(status, code, body) {
         const b = (body && typeof body === 'object' ? body : {});
         super(`${status} ${code}: ${b.detail ?? b.title ?? String(body ?? '')}`);
@@ -65,7 +67,6 @@ export class TooManyClasses extends Refusal {
 }
 /** 503 `unavailable`: retryable; `retryAfterS` from Retry-After. */
 export class Unavailable extends ProblemError {
-    retryAfterS = null;
 }
 /** 503 `record_refused` (SPEC §6.9): an operator must look; not retried. */
 export class RecordRefused extends ProblemError {
@@ -96,8 +97,7 @@ export function problemError(status, body, retryAfterS = null) {
     const code = (b && typeof b.code === 'string' && b.code) || DEFAULT_CODES[status] || `http_${status}`;
     const cls = PROBLEM_CLASSES[code] ?? (status === 409 ? Refusal : ProblemError);
     const e = new cls(status, code, body);
-    if (e instanceof Unavailable)
-        e.retryAfterS = retryAfterS;
+    e.retryAfterS = retryAfterS;
     return e;
 }
 /** SPEC §11.4: a `reconcile` lease was granted and no hook was given (the

@@ -3,7 +3,9 @@ import type { Client } from './client.js';
 export interface RoutePolicy {
     /** A request without a key gets 400 (else it runs unwrapped). Default true. */
     required?: boolean;
-    /** Ledger unreachable: run the handler without idempotency (logged) instead of 503. */
+    /** Ledger unreachable (no answer, or a 503 `unavailable`): run the handler
+     * without idempotency (logged) instead of 503. A refusal of the ledger
+     * (`stale_binding`, `record_refused`, 429, 401, ...) never runs it. */
     failOpen?: boolean;
     /** The handler counts as failed (unknown) after this many ms. Default: none. */
     timeoutMs?: number | null;
@@ -13,16 +15,27 @@ export interface Logger {
     warn(msg: string): void;
     error(msg: string, err?: unknown): void;
 }
+/** What a principal extractor finds: the caller's account (generation 0),
+ * the account with its generation, or null/undefined when the request has
+ * no identity (401 `idempotency_principal_missing`). */
+export type Principal = string | {
+    principal: string;
+    generation?: number;
+} | null | undefined;
+/** The `principal` option: the request → its caller. It must name the
+ * caller's account, stable across credential refresh: never a token or a
+ * header value (a retry sent after an OAuth refresh must replay). */
+export type PrincipalExtractor = (req: IncomingMessage) => Principal | Promise<Principal>;
 export interface IdempotencyOptions {
     client: Client;
+    /** Required: who the caller is (see `fixedPrincipal`, `authenticatedPrincipal`). */
+    principal: PrincipalExtractor;
     /** Part of every ledger key (default "default"). */
     namespace?: string;
     /** Methods wrapped when `routes` is not given (default POST, PATCH). */
     methods?: string[];
     /** Per-route policy by method and path; null/undefined: not wrapped. */
     routes?: (method: string, path: string) => RoutePolicy | null | undefined;
-    /** The principal of a request (default: SHA-256 of Authorization, or "anonymous"). */
-    principal?: (req: IncomingMessage) => string;
     /** Headers stored and replayed besides content-type and location. */
     storedHeaders?: string[];
     /** Request headers that are part of the fingerprint. */
@@ -57,5 +70,15 @@ export interface IdempotencyMiddleware {
 /** Mark the response as saying nothing happened: not stored, the lease is
  * released with not_committed, and a retry runs the handler again. */
 export declare function markRetryable(res: ServerResponse): void;
+/** The `principal` of an application with one caller: every request is
+ * `name` (at `generation`; move it forward after revoking `name`). */
+export declare function fixedPrincipal(name: string, generation?: number): PrincipalExtractor;
+/** The `principal` from the authenticated identity that an earlier
+ * middleware put in `req.user` (the Passport/Express convention): no
+ * `req.user` → null (401 `idempotency_principal_missing`). The principal is
+ * `pick(user)` when given (a string, `{ principal, generation? }` or null),
+ * else `String(user.id ?? user.username)` (null when it has neither). It
+ * must name the account, never a token. */
+export declare function authenticatedPrincipal(pick?: (user: any) => Principal | Promise<Principal>): PrincipalExtractor;
 export declare function idempotency(options: IdempotencyOptions): IdempotencyMiddleware;
 export {};

@@ -1,4 +1,4 @@
-import { BindingMismatch, FingerprintMismatch, InvalidRequest, SettleError } from './errors.js';
+import { BindingMismatch, FingerprintMismatch, InvalidRequest, ReceiptRequired } from './errors.js';
 import * as mw from './mwcore.js';
 import { Deadline, retrying, startHeartbeat } from './worker.js';
 const STATE = Symbol.for('settle.idempotency');
@@ -25,11 +25,65 @@ function targetOf(req) {
     const u = req.originalUrl ?? req.url ?? '/';
     return u.endsWith('?') ? u.slice(0, -1) : u; // "/p?" and "/p" are one target, as in ASGI
 }
+function checkGeneration(g) {
+    if (typeof g !== 'number' || !Number.isSafeInteger(g) || g < 0) {
+        throw new RangeError(`a principal's generation must be an integer in [0, 2^53 - 1], got ${String(g)}`);
+    }
+    return g;
+}
+/** The principal and generation an extractor found, or null (no identity). */
+function principalParts(found) {
+    if (found === null || found === undefined)
+        return null;
+    if (typeof found === 'string')
+        return { principal: found, generation: 0 };
+    if (typeof found === 'object' && typeof found.principal === 'string') {
+        return { principal: found.principal, generation: found.generation === undefined ? 0 : checkGeneration(found.generation) };
+    }
+    throw new TypeError(`the principal extractor must return a string, { principal, generation? }, null or undefined, not ${String(found)}`);
+}
+/** The `principal` of an application with one caller: every request is
+ * `name` (at `generation`; move it forward after revoking `name`). */
+export function fixedPrincipal(name, generation = 0) {
+    if (typeof name !== 'string')
+        throw new TypeError('fixedPrincipal(name): the name must be a string');
+    const found = { principal: name, generation: checkGeneration(generation) };
+    return () => found;
+}
+/** The `principal` from the authenticated identity that an earlier
+ * middleware put in `req.user` (the Passport/Express convention): no
+ * `req.user` → null (401 `idempotency_principal_missing`). The principal is
+ * `pick(user)` when given (a string, `{ principal, generation? }` or null),
+ * else `String(user.id ?? user.username)` (null when it has neither). It
+ * must name the account, never a token. */
+export function authenticatedPrincipal(pick) {
+    if (pick !== undefined && typeof pick !== 'function')
+        throw new TypeError('authenticatedPrincipal(pick?): pick must be a function of req.user');
+    return (req) => {
+        const user = req.user;
+        if (user === null || user === undefined)
+            return null;
+        if (pick)
+            return pick(user);
+        if (typeof user !== 'object')
+            return null;
+        const u = user;
+        const id = u.id ?? u.username;
+        return id === null || id === undefined ? null : String(id);
+    };
+}
 const silent = { info: () => { }, warn: (m) => console.warn(m), error: (m, e) => console.error(m, e ?? '') };
 export function idempotency(options) {
     const client = options.client;
     if (!client)
         throw new TypeError('idempotency({ client }) needs a settle Client');
+    const extractPrincipal = options.principal;
+    if (typeof extractPrincipal !== 'function') {
+        throw new TypeError("idempotency({ principal }) is required: a function of the request that names the caller's account " +
+            '(never a token or a header value), e.g. principal: fixedPrincipal("acct-1") for an application with one caller, ' +
+            'or principal: authenticatedPrincipal() for req.user');
+    }
+    const unavailableRetryAfterS = options.unavailableRetryAfterS ?? 1;
     const namespace = options.namespace ?? 'default';
     const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
     const stored = [...new Set([...mw.DEFAULT_STORED_HEADERS, ...(options.storedHeaders ?? []).map((h) => h.toLowerCase())])];
@@ -70,6 +124,9 @@ export function idempotency(options) {
         log.info(`idempotency: ${code} for key ${key}`);
         problem(res, status, code, detail);
     }
+    /** The whole request body (the fingerprint needs it), put back into the
+     * request stream once read: the handler and any body parser after the
+     * middleware read the request exactly as without it. */
     async function readBody(req) {
         if (req.readableEnded || req._body) {
             // A body parser ran first: use the raw bytes it kept, else its result.
@@ -77,30 +134,64 @@ export function idempotency(options) {
                 return req.rawBody;
             return Buffer.from(req.body === undefined ? '' : typeof req.body === 'string' ? req.body : JSON.stringify(req.body));
         }
+        const encoding = req.readableEncoding; // set by an earlier setEncoding: read() gives strings
         const parts = [];
+        const texts = [];
         let size = 0;
-        for await (const chunk of req) {
-            const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk);
-            size += b.length;
-            if (size <= maxRequestBody)
-                parts.push(b);
-        }
+        await new Promise((resolve, reject) => {
+            const cleanup = () => {
+                req.off('readable', onReadable);
+                req.off('error', onError);
+                req.off('close', onClose);
+            };
+            const onError = (e) => {
+                cleanup();
+                reject(e);
+            };
+            const onClose = () => onError(new Error('the request was aborted before its body arrived'));
+            // Paused mode: read() what arrives, and stop before the end is read
+            // (req.complete: the parser has pushed the end). The stream's 'end' is
+            // not emitted as long as data is put back before the next tick.
+            const onReadable = () => {
+                while (req.readableLength > 0) {
+                    const chunk = req.read();
+                    if (chunk === null)
+                        break;
+                    const b = typeof chunk === 'string' ? Buffer.from(chunk, encoding ?? 'utf8') : chunk;
+                    size += b.length;
+                    if (size <= maxRequestBody) {
+                        parts.push(b);
+                        if (typeof chunk === 'string')
+                            texts.push(chunk);
+                    }
+                }
+                if (!req.complete || req.readableLength > 0)
+                    return;
+                cleanup();
+                if (size <= maxRequestBody && size > 0) {
+                    if (encoding)
+                        req.unshift(texts.join(''), encoding);
+                    else
+                        req.unshift(Buffer.concat(parts));
+                }
+                resolve();
+            };
+            req.on('error', onError);
+            req.on('close', onClose);
+            if (req.complete && req.readableLength === 0) {
+                cleanup();
+                resolve(); // no body, or it was all read before: nothing to put back
+            }
+            else {
+                req.on('readable', onReadable);
+            }
+        });
+        // Removing the 'readable' listener hands the stream back (no reading
+        // mode) on the next tick: before anything downstream attaches.
+        await new Promise((r) => process.nextTick(r));
         if (size > maxRequestBody)
             return 'too_large';
-        const body = Buffer.concat(parts);
-        // Downstream handlers get the bytes and, for JSON, the parsed body
-        // (body parsers skip a request whose stream was read).
-        req.rawBody = body;
-        if (req.body === undefined && body.length > 0 && /^application\/(.+\+)?json\b/i.test(req.headers['content-type'] ?? '')) {
-            try {
-                req.body = JSON.parse(body.toString('utf8'));
-            }
-            catch {
-                // left undefined: the handler decides what a bad body means
-            }
-        }
-        req._body = true;
-        return body;
+        return Buffer.concat(parts);
     }
     async function handle(req, res, next) {
         const method = (req.method ?? 'GET').toUpperCase();
@@ -120,13 +211,16 @@ export function idempotency(options) {
                 return next();
             return refuse(res, 400, 'idempotency_key_missing', 'this route requires an Idempotency-Key header', null);
         }
+        const who = principalParts(await extractPrincipal(req));
+        if (who === null)
+            return refuse(res, 401, 'idempotency_principal_missing', mw.PRINCIPAL_MISSING_DETAIL, key);
         const body = await readBody(req);
         if (body === 'too_large')
             return refuse(res, 413, 'payload_too_large', 'the request body is over the idempotency limit', key);
         const fp = mw.requestFingerprint(method, targetOf(req), req.headers['content-type'] ?? '', body, fpHeaders.map((h) => [h, headerValues(req, h).join(', ')]), options.canonicalJson ?? false);
-        const principal = options.principal ? options.principal(req) : mw.defaultPrincipal(headerValues(req, 'authorization')[0]);
+        const { principal, generation } = who;
         const lkey = mw.ledgerKey(namespace, principal, key);
-        const binding = { principal: mw.bindingPrincipal(principal), scopes: [], generation: 0 };
+        const binding = { principal: mw.bindingPrincipal(principal), scopes: [], generation };
         let dec;
         try {
             dec = await client.claim(lkey, fp, binding, {
@@ -140,7 +234,7 @@ export function idempotency(options) {
             if (e instanceof FingerprintMismatch || e instanceof BindingMismatch) {
                 return refuse(res, 422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
             }
-            return unavailable(req, res, next, policy, key, e);
+            return ledgerFailed(res, next, policy, key, e, 'claim');
         }
         if (dec.decision === 'replay')
             return replay(res, key, dec.outcome.result);
@@ -158,14 +252,43 @@ export function idempotency(options) {
                 return refuse(res, 409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
             grant = g;
         }
+        // A dispatch whose answer was lost is retried under the same fence (the
+        // ledger answers a repeated dispatch alike), for half the lease: the
+        // rest is left for handing the lease back.
+        const fence = grant.fence;
+        const lease = new Deadline(leaseMs);
         try {
-            await client.dispatch(lkey, grant.fence);
+            await retrying(() => client.dispatch(lkey, fence), new Deadline(leaseMs / 2), 'dispatch');
         }
         catch (e) {
-            await client.release(lkey, grant.fence, 'not_dispatched').catch(() => { }); // else the lease lapses, unflagged
-            return unavailable(req, res, next, policy, key, e);
+            await releaseUndispatched(lkey, fence, key, lease);
+            return ledgerFailed(res, next, policy, key, e, 'dispatch');
         }
         await execute(req, res, next, policy, key, lkey, fp, binding, grant.fence);
+    }
+    /** Hands back a lease whose handler never ran, after a dispatch that
+     * failed: `not_dispatched`, or, when the ledger had recorded the dispatch
+     * after all (its answer was lost: `receipt_required`), `not_committed`
+     * (true: the handler did not run). */
+    async function releaseUndispatched(lkey, fence, key, lease) {
+        try {
+            await retrying(() => client.release(lkey, fence, 'not_dispatched'), lease, 'release');
+            return;
+        }
+        catch (e) {
+            if (!(e instanceof ReceiptRequired)) {
+                // The lease lapses; with no dispatch recorded nothing is flagged.
+                log.warn(`idempotency: release(not_dispatched) of key ${key} failed: ${String(e)}`);
+                return;
+            }
+        }
+        try {
+            await retrying(() => client.release(lkey, fence, 'not_committed'), lease, 'release');
+        }
+        catch (e) {
+            log.error(`idempotency: the dispatch of key ${key} was recorded but the handler did not run, and release(not_committed) failed: ` +
+                'the record becomes unknown when its lease lapses', e);
+        }
     }
     async function reconcile(req, lkey, grant, key) {
         let finding = 'unavailable';
@@ -364,19 +487,22 @@ export function idempotency(options) {
         log.info(`idempotency: replay of key ${key}`);
         send(res, s.status, [...s.headers, ['idempotent-replayed', 'true']], s.body);
     }
-    function unavailable(req, res, next, policy, key, err) {
-        if (policy.failOpen) {
+    /** A claim or dispatch that failed (SPEC §8): only a ledger that gave no
+     * answer or a 503 `unavailable` lets a failOpen route run the handler; a
+     * refusal never does. */
+    function ledgerFailed(res, next, policy, key, err, call) {
+        const f = mw.classifyLedgerError(err, unavailableRetryAfterS);
+        if (policy.failOpen && f.failOpen) {
             count('fail_open');
             log.warn(`idempotency: ledger unreachable (${String(err)}); key ${key} runs WITHOUT idempotency (failOpen)`);
             return next();
         }
-        if (!(err instanceof SettleError))
-            log.error(`idempotency: unexpected error for key ${key}`, err);
-        count('idempotency_unavailable');
-        log.warn(`idempotency: ledger unreachable for key ${key}: ${String(err)}`);
-        problem(res, 503, 'idempotency_unavailable', 'the idempotency ledger is unreachable; the request was not run', [
-            ['retry-after', String(Math.max(1, options.unavailableRetryAfterS ?? 1))],
-        ]);
+        count(f.code);
+        if (f.unexpected)
+            log.error(`idempotency: unexpected answer of the ledger to the ${call} of key ${key}`, err);
+        else
+            log.warn(`idempotency: the ${call} of key ${key} failed (${f.code}): ${String(err)}`);
+        problem(res, f.status, f.code, f.detail, f.retryAfter === null ? [] : [['retry-after', String(f.retryAfter)]]);
     }
     const middleware = ((req, res, next) => {
         handle(req, res, next).catch((e) => next(e));

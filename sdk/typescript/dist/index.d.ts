@@ -3,5 +3,5 @@ export * from './types.js';
 export { Client, type ClientOptions, type ClaimOptions, type ReconcileAnswer } from './client.js';
 export { runOnce, type Done, type Effect, type EffectContext, type Finding, type ReconcileHook, type RunOptions, type RunResult, } from './worker.js';
 export { canonicalize, fingerprint, selectFields, sha256Hex, FingerprintError } from './jcs.js';
-export { idempotency, markRetryable, type IdempotencyMiddleware, type IdempotencyOptions, type RoutePolicy, type Logger } from './express.js';
+export { idempotency, markRetryable, fixedPrincipal, authenticatedPrincipal, type IdempotencyMiddleware, type IdempotencyOptions, type Principal, type PrincipalExtractor, type RoutePolicy, type Logger, } from './express.js';
 export * as middlewareCore from './mwcore.js';

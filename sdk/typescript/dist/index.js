@@ -4,5 +4,5 @@ export * from './types.js';
 export { Client } from './client.js';
 export { runOnce, } from './worker.js';
 export { canonicalize, fingerprint, selectFields, sha256Hex, FingerprintError } from './jcs.js';
-export { idempotency, markRetryable } from './express.js';
+export { idempotency, markRetryable, fixedPrincipal, authenticatedPrincipal, } from './express.js';
 export * as middlewareCore from './mwcore.js';

@@ -6,9 +6,12 @@ export declare class KeyHeaderError extends Error {
     readonly code: 'idempotency_key_missing' | 'idempotency_key_invalid';
     constructor(code: 'idempotency_key_missing' | 'idempotency_key_invalid', message: string);
 }
-/** The key of the Idempotency-Key field lines: null when absent; an RFC 8941
- * sf-string ("abc") or a bare token (abc), 1–255 visible ASCII after
- * unquoting; sent twice → idempotency_key_invalid. */
+/** The key of the Idempotency-Key field lines: null when absent. After
+ * trimming spaces and tabs, a value starting with `"` is an RFC 8941
+ * sf-string, optionally followed by RFC 8941 parameters (parsed and
+ * ignored: `"abc";a=1` is the key `abc`); any other value is the key as it
+ * is (`abc;a=1` is the key `abc;a=1`). 1–255 visible ASCII after unquoting;
+ * sent twice → idempotency_key_invalid. */
 export declare function parseIdempotencyKey(values: readonly string[]): string | null;
 /** Each field as a 4-byte big-endian length followed by its bytes. */
 export declare function frame(...fields: Uint8Array[]): Buffer;
@@ -21,8 +24,6 @@ export declare function ledgerKey(namespace: string, principal: string, key: str
  * and value, sorted by name. With canonicalJson, a body of a JSON media
  * type that parses is replaced by its RFC 8785 form. */
 export declare function requestFingerprint(method: string, target: string, contentType: string, body: Uint8Array, headers?: ReadonlyArray<readonly [string, string]>, canonicalJson?: boolean): string;
-/** SHA-256 hex of the Authorization header value, or `anonymous`. */
-export declare function defaultPrincipal(authorization: string | undefined | null): string;
 /** The claim's binding.principal: the principal when it fits the key syntax, else `sha256:` + its digest. */
 export declare function bindingPrincipal(principal: string): string;
 /** The claim's `worker` field, for operators. */
@@ -41,7 +42,29 @@ export declare function encodeResponse(status: number, headers: ReadonlyArray<re
 };
 /** A stored response, or null when `result` is not one. */
 export declare function decodeResponse(result: unknown): StoredResponse | null;
+export declare const PRINCIPAL_MISSING_DETAIL = "no principal was found for this request (see the principal option)";
+export declare const UNAVAILABLE_DETAIL = "the idempotency ledger is unreachable; the request was not run";
+export declare const FORBIDDEN_DETAIL = "the ledger refused this caller's binding (its principal was revoked or moved on)";
 /** An RFC 9457 problem+json body with the extra `code` member. */
 export declare function problemBody(status: number, code: string, detail: string): Buffer;
 /** Whole seconds, at least 1 (SPEC §8). */
 export declare function retryAfterHeader(retryAfterMs: number): string;
+/** How the middleware answers a ledger call (claim, dispatch) that failed. */
+export interface LedgerFailure {
+    /** A route with failOpen may run the handler: settle gave no answer, or a 503 `unavailable`. */
+    failOpen: boolean;
+    status: number;
+    code: 'idempotency_unavailable' | 'idempotency_forbidden';
+    detail: string;
+    /** The Retry-After header in whole seconds; null: none (403). */
+    retryAfter: number | null;
+    /** An answer the middleware has no rule for (logged as an error). */
+    unexpected: boolean;
+}
+/** SPEC §8's rule for a claim or dispatch that failed, shared by the three
+ * SDKs: no answer or 503 `unavailable` → 503 `idempotency_unavailable`
+ * (fail-open allowed); `stale_binding` → 403 `idempotency_forbidden`;
+ * `record_refused` and any 429 → 503 (a 429's own Retry-After, rounded up,
+ * when it sent one); anything else (`invalid_request`, 401, ...) → 503,
+ * logged as an error. A refusal never runs the handler. */
+export declare function classifyLedgerError(err: unknown, unavailableRetryAfterS: number): LedgerFailure;

@@ -3,6 +3,7 @@
 // the problem answers. The byte layouts are in sdk/MIDDLEWARE-KEYS.md; the
 // Python middleware (settle_client/_mw.py) implements the same ones and both
 // are tested against sdk/middleware-vectors.json.
+import { DeadlineExceeded, ProblemError, RecordRefused, StaleBinding, TransportError, Unavailable } from './errors.js';
 import { canonicalize, sha256Hex } from './jcs.js';
 export const NOT_COMMITTED_STATUSES = new Set([408, 409, 425, 429]);
 export const DEFAULT_STORED_HEADERS = ['content-type', 'location'];
@@ -26,41 +27,116 @@ function visible(s) {
     }
     return true;
 }
-/** The key of the Idempotency-Key field lines: null when absent; an RFC 8941
- * sf-string ("abc") or a bare token (abc), 1–255 visible ASCII after
- * unquoting; sent twice → idempotency_key_invalid. */
+function invalid(message) {
+    return new KeyHeaderError('idempotency_key_invalid', message);
+}
+/** The RFC 8941 sf-string that starts at v[i] (a `"`): its unescaped text
+ * and the index after its closing quote. Escapes `\"` and `\\` only;
+ * characters 0x20–0x7E. */
+function sfString(v, i) {
+    let out = '';
+    for (i++; i < v.length; i++) {
+        const c = v[i];
+        if (c === '\\') {
+            const n = v[i + 1];
+            if (n !== '"' && n !== '\\')
+                throw invalid('bad escape in an Idempotency-Key sf-string');
+            out += n;
+            i++;
+        }
+        else if (c === '"') {
+            return [out, i + 1];
+        }
+        else {
+            const code = c.charCodeAt(0);
+            if (code < 0x20 || code > 0x7e)
+                throw invalid('bad character in an Idempotency-Key sf-string');
+            out += c;
+        }
+    }
+    throw invalid('unterminated sf-string in Idempotency-Key');
+}
+const badParameter = (what) => invalid(`malformed parameter after the Idempotency-Key sf-string: ${what}`);
+const KEY = /[a-z*][a-z0-9_.*-]*/y;
+const TOKEN = /[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*/y;
+const NUMBER = /-?[0-9]+(\.[0-9]*)?/y;
+const BYTES = /:[A-Za-z0-9+/=]*:/y;
+/** The match of the sticky `re` starting exactly at v[i], or null. */
+function matchAt(re, v, i) {
+    re.lastIndex = i;
+    return re.exec(v);
+}
+/** The index after the RFC 8941 bare item at v[i]: an sf-string, a token,
+ * an integer or decimal, a byte sequence or a boolean. */
+function bareItemEnd(v, i) {
+    const c = v[i];
+    if (c === undefined)
+        throw badParameter("a value is missing after '='");
+    if (c === '"')
+        return sfString(v, i)[1];
+    if (c === '-' || (c >= '0' && c <= '9')) {
+        const m = matchAt(NUMBER, v, i);
+        if (!m)
+            throw badParameter('a number has at least one digit');
+        const [whole, frac] = m[0].replace(/^-/, '').split('.');
+        if (frac === undefined ? whole.length > 15 : whole.length > 12 || frac.length < 1 || frac.length > 3) {
+            throw badParameter('an integer has 1-15 digits, a decimal 1-12 integer and 1-3 fraction digits');
+        }
+        return i + m[0].length;
+    }
+    if (c === ':') {
+        const m = matchAt(BYTES, v, i);
+        if (!m)
+            throw badParameter('a byte sequence is base64 between colons');
+        return i + m[0].length;
+    }
+    if (c === '?') {
+        if (v[i + 1] === '0' || v[i + 1] === '1')
+            return i + 2;
+        throw badParameter('a boolean is ?0 or ?1');
+    }
+    const m = matchAt(TOKEN, v, i);
+    if (!m)
+        throw badParameter(`unexpected ${JSON.stringify(c)}`);
+    return i + m[0].length;
+}
+/** Checks that v[i..] is zero or more RFC 8941 parameters (then ignored):
+ * `;`, spaces (SP only), a key, optionally `=` and a bare item. */
+function skipParameters(v, i) {
+    while (i < v.length) {
+        if (v[i] !== ';')
+            throw invalid('unexpected characters after the Idempotency-Key sf-string');
+        i++;
+        while (v[i] === ' ')
+            i++;
+        const k = matchAt(KEY, v, i);
+        if (!k)
+            throw badParameter("a key is lower-case letters, digits and '_-.*', starting with a letter or '*'");
+        i += k[0].length;
+        if (v[i] === '=')
+            i = bareItemEnd(v, i + 1);
+    }
+}
+/** The key of the Idempotency-Key field lines: null when absent. After
+ * trimming spaces and tabs, a value starting with `"` is an RFC 8941
+ * sf-string, optionally followed by RFC 8941 parameters (parsed and
+ * ignored: `"abc";a=1` is the key `abc`); any other value is the key as it
+ * is (`abc;a=1` is the key `abc;a=1`). 1–255 visible ASCII after unquoting;
+ * sent twice → idempotency_key_invalid. */
 export function parseIdempotencyKey(values) {
     if (values.length === 0)
         return null;
     if (values.length > 1)
-        throw new KeyHeaderError('idempotency_key_invalid', 'the Idempotency-Key header was sent more than once');
+        throw invalid('the Idempotency-Key header was sent more than once');
     const v = values[0].replace(/^[ \t]+|[ \t]+$/g, '');
     let key = v;
     if (v.startsWith('"')) {
-        if (v.length < 2 || !v.endsWith('"'))
-            throw new KeyHeaderError('idempotency_key_invalid', 'unterminated sf-string in Idempotency-Key');
-        let out = '';
-        for (let i = 1; i < v.length - 1; i++) {
-            const c = v[i];
-            if (c === '\\') {
-                const n = v[i + 1];
-                if (i + 1 >= v.length - 1 || (n !== '"' && n !== '\\')) {
-                    throw new KeyHeaderError('idempotency_key_invalid', 'bad escape in the Idempotency-Key sf-string');
-                }
-                out += n;
-                i++;
-                continue;
-            }
-            const code = c.charCodeAt(0);
-            if (c === '"' || code < 0x20 || code > 0x7e) {
-                throw new KeyHeaderError('idempotency_key_invalid', 'bad character in the Idempotency-Key sf-string');
-            }
-            out += c;
-        }
-        key = out;
+        const [text, end] = sfString(v, 0);
+        skipParameters(v, end);
+        key = text;
     }
     if (!visible(key))
-        throw new KeyHeaderError('idempotency_key_invalid', 'the Idempotency-Key must be 1-255 visible ASCII characters');
+        throw invalid('the Idempotency-Key must be 1-255 visible ASCII characters');
     return key;
 }
 const enc = new TextEncoder();
@@ -105,10 +181,6 @@ export function requestFingerprint(method, target, contentType, body, headers = 
     for (const [n, v] of hs)
         parts.push(utf8(n), utf8(v));
     return sha256Hex(frame(...parts));
-}
-/** SHA-256 hex of the Authorization header value, or `anonymous`. */
-export function defaultPrincipal(authorization) {
-    return authorization == null ? 'anonymous' : sha256Hex(utf8(authorization));
 }
 /** The claim's binding.principal: the principal when it fits the key syntax, else `sha256:` + its digest. */
 export function bindingPrincipal(principal) {
@@ -166,7 +238,12 @@ const TITLES = {
     idempotency_unavailable: 'Idempotency unavailable',
     response_not_stored: 'Response not stored',
     payload_too_large: 'Payload too large',
+    idempotency_forbidden: 'Idempotency forbidden',
+    idempotency_principal_missing: 'Idempotency principal missing',
 };
+export const PRINCIPAL_MISSING_DETAIL = 'no principal was found for this request (see the principal option)';
+export const UNAVAILABLE_DETAIL = 'the idempotency ledger is unreachable; the request was not run';
+export const FORBIDDEN_DETAIL = "the ledger refused this caller's binding (its principal was revoked or moved on)";
 /** An RFC 9457 problem+json body with the extra `code` member. */
 export function problemBody(status, code, detail) {
     return Buffer.from(JSON.stringify({ type: `urn:settle:problem:${code}`, title: TITLES[code] ?? code, status, detail, code }));
@@ -174,4 +251,36 @@ export function problemBody(status, code, detail) {
 /** Whole seconds, at least 1 (SPEC §8). */
 export function retryAfterHeader(retryAfterMs) {
     return String(Math.max(1, Math.ceil(retryAfterMs / 1000)));
+}
+/** SPEC §8's rule for a claim or dispatch that failed, shared by the three
+ * SDKs: no answer or 503 `unavailable` → 503 `idempotency_unavailable`
+ * (fail-open allowed); `stale_binding` → 403 `idempotency_forbidden`;
+ * `record_refused` and any 429 → 503 (a 429's own Retry-After, rounded up,
+ * when it sent one); anything else (`invalid_request`, 401, ...) → 503,
+ * logged as an error. A refusal never runs the handler. */
+export function classifyLedgerError(err, unavailableRetryAfterS) {
+    const configured = Math.max(1, Math.ceil(unavailableRetryAfterS));
+    const unavailable = (failOpen, retryAfter, unexpected) => ({
+        failOpen,
+        status: 503,
+        code: 'idempotency_unavailable',
+        detail: UNAVAILABLE_DETAIL,
+        retryAfter,
+        unexpected,
+    });
+    // Retried until the deadline: what the last try got.
+    if (err instanceof DeadlineExceeded && err.cause !== undefined)
+        err = err.cause;
+    if (err instanceof TransportError || (err instanceof Unavailable && err.status === 503))
+        return unavailable(true, configured, false);
+    if (err instanceof StaleBinding) {
+        return { failOpen: false, status: 403, code: 'idempotency_forbidden', detail: FORBIDDEN_DETAIL, retryAfter: null, unexpected: false };
+    }
+    if (err instanceof ProblemError && err.status === 429) {
+        const ra = err.retryAfterS;
+        return unavailable(false, ra !== null && Number.isFinite(ra) && ra >= 0 ? Math.max(1, Math.ceil(ra)) : configured, false);
+    }
+    if (err instanceof RecordRefused)
+        return unavailable(false, configured, false);
+    return unavailable(false, configured, true);
 }

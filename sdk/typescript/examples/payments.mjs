@@ -13,9 +13,14 @@
 // then 409 outcome_unknown on retries). GET /executions → {"count": n}, not
 // wrapped. --listen accepts port 0; "listening on HOST:PORT" is printed once
 // the server accepts connections.
+//
+// The example has one caller, the account "acct-1" (fixedPrincipal). An
+// application with users names the authenticated account instead:
+// principal: authenticatedPrincipal() reads req.user (Passport), never a
+// token, so that a retry after a token refresh replays.
 import express from 'express';
 import { parseArgs } from 'node:util';
-import { Client, idempotency } from '@settle/client';
+import { Client, fixedPrincipal, idempotency } from '@settle/client';
 
 const { values } = parseArgs({
   options: {
@@ -37,13 +42,15 @@ const client = new Client({ url: values['settle-url'], token: values['settle-tok
 const idem = idempotency({
   client,
   namespace: values.namespace,
+  principal: fixedPrincipal('acct-1'),
   routes: (method, path) => (method === 'POST' && path === '/payments' ? { required: true } : null),
   onError: (err) => console.error('payments: handler failed:', err.message),
 });
 
 let executions = 0;
 const app = express();
-app.use(idem); // reads and parses the JSON body itself (req.body), then runs the route once
+app.use(idem); // before the body parser: it reads the body for the fingerprint and puts it back
+app.use(express.json());
 
 app.post('/payments', async (req, res) => {
   executions += 1; // first, on every run, whatever happens next

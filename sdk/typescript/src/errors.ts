@@ -31,6 +31,8 @@ export class ProblemError extends SettleError {
   readonly field: string | null;
   readonly correlationId: string | null;
   readonly body: unknown;
+  /** The answer's Retry-After in seconds, when it sent a number. */
+  retryAfterS: number | null = null;
   constructor(status: number, code: string, body: unknown) {
     const b = (body && typeof body === 'object' ? body : {}) as ProblemBody;
     super(`${status} ${code}: ${b.detail ?? b.title ?? String(body ?? '')}`);
@@ -62,9 +64,7 @@ export class ResultMismatch extends Refusal {}
 export class ReceiptRequired extends Refusal {}
 export class TooManyClasses extends Refusal {}
 /** 503 `unavailable`: retryable; `retryAfterS` from Retry-After. */
-export class Unavailable extends ProblemError {
-  retryAfterS: number | null = null;
-}
+export class Unavailable extends ProblemError {}
 /** 503 `record_refused` (SPEC §6.9): an operator must look; not retried. */
 export class RecordRefused extends ProblemError {}
 
@@ -98,7 +98,7 @@ export function problemError(status: number, body: unknown, retryAfterS: number 
   const code = (b && typeof b.code === 'string' && b.code) || DEFAULT_CODES[status] || `http_${status}`;
   const cls = PROBLEM_CLASSES[code] ?? (status === 409 ? Refusal : ProblemError);
   const e = new cls(status, code, body);
-  if (e instanceof Unavailable) e.retryAfterS = retryAfterS;
+  e.retryAfterS = retryAfterS;
   return e;
 }
 

@@ -2,8 +2,9 @@
 // (Express 4/5, Connect, or plain node:http through `wrap`), on a remote
 // `settle serve`.
 //
-//   const idem = idempotency({ client });
+//   const idem = idempotency({ client, principal: authenticatedPrincipal() });
 //   app.use(idem);                 // before the routes and before body parsers
+//   app.use(express.json());       // body parsers see the request as without it
 //   app.post('/payments', handler);
 //   app.use(idem.errorHandler);    // after the routes, before your error handlers
 //
@@ -14,7 +15,7 @@
 // plain 500 that the middleware would store and replay as a returned 5xx.
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Client } from './client.js';
-import { BindingMismatch, FingerprintMismatch, InvalidRequest, SettleError } from './errors.js';
+import { BindingMismatch, FingerprintMismatch, InvalidRequest, ReceiptRequired } from './errors.js';
 import * as mw from './mwcore.js';
 import type { Binding, Grant } from './types.js';
 import { Deadline, retrying, startHeartbeat } from './worker.js';
@@ -22,7 +23,9 @@ import { Deadline, retrying, startHeartbeat } from './worker.js';
 export interface RoutePolicy {
   /** A request without a key gets 400 (else it runs unwrapped). Default true. */
   required?: boolean;
-  /** Ledger unreachable: run the handler without idempotency (logged) instead of 503. */
+  /** Ledger unreachable (no answer, or a 503 `unavailable`): run the handler
+   * without idempotency (logged) instead of 503. A refusal of the ledger
+   * (`stale_binding`, `record_refused`, 429, 401, ...) never runs it. */
   failOpen?: boolean;
   /** The handler counts as failed (unknown) after this many ms. Default: none. */
   timeoutMs?: number | null;
@@ -34,16 +37,26 @@ export interface Logger {
   error(msg: string, err?: unknown): void;
 }
 
+/** What a principal extractor finds: the caller's account (generation 0),
+ * the account with its generation, or null/undefined when the request has
+ * no identity (401 `idempotency_principal_missing`). */
+export type Principal = string | { principal: string; generation?: number } | null | undefined;
+
+/** The `principal` option: the request → its caller. It must name the
+ * caller's account, stable across credential refresh: never a token or a
+ * header value (a retry sent after an OAuth refresh must replay). */
+export type PrincipalExtractor = (req: IncomingMessage) => Principal | Promise<Principal>;
+
 export interface IdempotencyOptions {
   client: Client;
+  /** Required: who the caller is (see `fixedPrincipal`, `authenticatedPrincipal`). */
+  principal: PrincipalExtractor;
   /** Part of every ledger key (default "default"). */
   namespace?: string;
   /** Methods wrapped when `routes` is not given (default POST, PATCH). */
   methods?: string[];
   /** Per-route policy by method and path; null/undefined: not wrapped. */
   routes?: (method: string, path: string) => RoutePolicy | null | undefined;
-  /** The principal of a request (default: SHA-256 of Authorization, or "anonymous"). */
-  principal?: (req: IncomingMessage) => string;
   /** Headers stored and replayed besides content-type and location. */
   storedHeaders?: string[];
   /** Request headers that are part of the fingerprint. */
@@ -67,7 +80,7 @@ export interface IdempotencyOptions {
 }
 
 type Next = (err?: unknown) => void;
-type Req = IncomingMessage & { body?: unknown; rawBody?: Buffer; originalUrl?: string; _body?: boolean; [STATE]?: State };
+type Req = IncomingMessage & { body?: unknown; rawBody?: Buffer; originalUrl?: string; _body?: boolean; user?: unknown; [STATE]?: State };
 type Res = ServerResponse;
 
 export interface IdempotencyMiddleware {
@@ -112,11 +125,64 @@ function targetOf(req: Req): string {
   return u.endsWith('?') ? u.slice(0, -1) : u; // "/p?" and "/p" are one target, as in ASGI
 }
 
+function checkGeneration(g: unknown): number {
+  if (typeof g !== 'number' || !Number.isSafeInteger(g) || g < 0) {
+    throw new RangeError(`a principal's generation must be an integer in [0, 2^53 - 1], got ${String(g)}`);
+  }
+  return g;
+}
+
+/** The principal and generation an extractor found, or null (no identity). */
+function principalParts(found: Principal): { principal: string; generation: number } | null {
+  if (found === null || found === undefined) return null;
+  if (typeof found === 'string') return { principal: found, generation: 0 };
+  if (typeof found === 'object' && typeof found.principal === 'string') {
+    return { principal: found.principal, generation: found.generation === undefined ? 0 : checkGeneration(found.generation) };
+  }
+  throw new TypeError(`the principal extractor must return a string, { principal, generation? }, null or undefined, not ${String(found)}`);
+}
+
+/** The `principal` of an application with one caller: every request is
+ * `name` (at `generation`; move it forward after revoking `name`). */
+export function fixedPrincipal(name: string, generation = 0): PrincipalExtractor {
+  if (typeof name !== 'string') throw new TypeError('fixedPrincipal(name): the name must be a string');
+  const found = { principal: name, generation: checkGeneration(generation) };
+  return () => found;
+}
+
+/** The `principal` from the authenticated identity that an earlier
+ * middleware put in `req.user` (the Passport/Express convention): no
+ * `req.user` → null (401 `idempotency_principal_missing`). The principal is
+ * `pick(user)` when given (a string, `{ principal, generation? }` or null),
+ * else `String(user.id ?? user.username)` (null when it has neither). It
+ * must name the account, never a token. */
+export function authenticatedPrincipal(pick?: (user: any) => Principal | Promise<Principal>): PrincipalExtractor { // eslint-disable-line @typescript-eslint/no-explicit-any
+  if (pick !== undefined && typeof pick !== 'function') throw new TypeError('authenticatedPrincipal(pick?): pick must be a function of req.user');
+  return (req) => {
+    const user = (req as Req).user;
+    if (user === null || user === undefined) return null;
+    if (pick) return pick(user);
+    if (typeof user !== 'object') return null;
+    const u = user as { id?: unknown; username?: unknown };
+    const id = u.id ?? u.username;
+    return id === null || id === undefined ? null : String(id);
+  };
+}
+
 const silent: Logger = { info: () => {}, warn: (m) => console.warn(m), error: (m, e) => console.error(m, e ?? '') };
 
 export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware {
   const client = options.client;
   if (!client) throw new TypeError('idempotency({ client }) needs a settle Client');
+  const extractPrincipal = options.principal;
+  if (typeof extractPrincipal !== 'function') {
+    throw new TypeError(
+      "idempotency({ principal }) is required: a function of the request that names the caller's account " +
+        '(never a token or a header value), e.g. principal: fixedPrincipal("acct-1") for an application with one caller, ' +
+        'or principal: authenticatedPrincipal() for req.user',
+    );
+  }
+  const unavailableRetryAfterS = options.unavailableRetryAfterS ?? 1;
   const namespace = options.namespace ?? 'default';
   const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
   const stored = [...new Set([...mw.DEFAULT_STORED_HEADERS, ...(options.storedHeaders ?? []).map((h) => h.toLowerCase())])];
@@ -159,33 +225,66 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
     problem(res, status, code, detail);
   }
 
+  /** The whole request body (the fingerprint needs it), put back into the
+   * request stream once read: the handler and any body parser after the
+   * middleware read the request exactly as without it. */
   async function readBody(req: Req): Promise<Buffer | 'too_large'> {
     if (req.readableEnded || req._body) {
       // A body parser ran first: use the raw bytes it kept, else its result.
       if (Buffer.isBuffer(req.rawBody)) return req.rawBody;
       return Buffer.from(req.body === undefined ? '' : typeof req.body === 'string' ? req.body : JSON.stringify(req.body));
     }
+    const encoding = req.readableEncoding; // set by an earlier setEncoding: read() gives strings
     const parts: Buffer[] = [];
+    const texts: string[] = [];
     let size = 0;
-    for await (const chunk of req) {
-      const b = Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk as string);
-      size += b.length;
-      if (size <= maxRequestBody) parts.push(b);
-    }
-    if (size > maxRequestBody) return 'too_large';
-    const body = Buffer.concat(parts);
-    // Downstream handlers get the bytes and, for JSON, the parsed body
-    // (body parsers skip a request whose stream was read).
-    req.rawBody = body;
-    if (req.body === undefined && body.length > 0 && /^application\/(.+\+)?json\b/i.test(req.headers['content-type'] ?? '')) {
-      try {
-        req.body = JSON.parse(body.toString('utf8'));
-      } catch {
-        // left undefined: the handler decides what a bad body means
+    await new Promise<void>((resolve, reject) => {
+      const cleanup = () => {
+        req.off('readable', onReadable);
+        req.off('error', onError);
+        req.off('close', onClose);
+      };
+      const onError = (e: unknown) => {
+        cleanup();
+        reject(e);
+      };
+      const onClose = () => onError(new Error('the request was aborted before its body arrived'));
+      // Paused mode: read() what arrives, and stop before the end is read
+      // (req.complete: the parser has pushed the end). The stream's 'end' is
+      // not emitted as long as data is put back before the next tick.
+      const onReadable = () => {
+        while (req.readableLength > 0) {
+          const chunk: unknown = req.read();
+          if (chunk === null) break;
+          const b = typeof chunk === 'string' ? Buffer.from(chunk, encoding ?? 'utf8') : (chunk as Buffer);
+          size += b.length;
+          if (size <= maxRequestBody) {
+            parts.push(b);
+            if (typeof chunk === 'string') texts.push(chunk);
+          }
+        }
+        if (!req.complete || req.readableLength > 0) return;
+        cleanup();
+        if (size <= maxRequestBody && size > 0) {
+          if (encoding) req.unshift(texts.join(''), encoding);
+          else req.unshift(Buffer.concat(parts));
+        }
+        resolve();
+      };
+      req.on('error', onError);
+      req.on('close', onClose);
+      if (req.complete && req.readableLength === 0) {
+        cleanup();
+        resolve(); // no body, or it was all read before: nothing to put back
+      } else {
+        req.on('readable', onReadable);
       }
-    }
-    req._body = true;
-    return body;
+    });
+    // Removing the 'readable' listener hands the stream back (no reading
+    // mode) on the next tick: before anything downstream attaches.
+    await new Promise<void>((r) => process.nextTick(r));
+    if (size > maxRequestBody) return 'too_large';
+    return Buffer.concat(parts);
   }
 
   async function handle(req: Req, res: Res, next: Next): Promise<void> {
@@ -203,6 +302,8 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
       if (!policy.required) return next();
       return refuse(res, 400, 'idempotency_key_missing', 'this route requires an Idempotency-Key header', null);
     }
+    const who = principalParts(await extractPrincipal(req));
+    if (who === null) return refuse(res, 401, 'idempotency_principal_missing', mw.PRINCIPAL_MISSING_DETAIL, key);
     const body = await readBody(req);
     if (body === 'too_large') return refuse(res, 413, 'payload_too_large', 'the request body is over the idempotency limit', key);
     const fp = mw.requestFingerprint(
@@ -213,9 +314,9 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
       fpHeaders.map((h) => [h, headerValues(req, h).join(', ')] as const),
       options.canonicalJson ?? false,
     );
-    const principal = options.principal ? options.principal(req) : mw.defaultPrincipal(headerValues(req, 'authorization')[0]);
+    const { principal, generation } = who;
     const lkey = mw.ledgerKey(namespace, principal, key);
-    const binding: Binding = { principal: mw.bindingPrincipal(principal), scopes: [], generation: 0 };
+    const binding: Binding = { principal: mw.bindingPrincipal(principal), scopes: [], generation };
 
     let dec;
     try {
@@ -229,7 +330,7 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
       if (e instanceof FingerprintMismatch || e instanceof BindingMismatch) {
         return refuse(res, 422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
       }
-      return unavailable(req, res, next, policy, key, e);
+      return ledgerFailed(res, next, policy, key, e, 'claim');
     }
     if (dec.decision === 'replay') return replay(res, key, dec.outcome.result);
     if (dec.decision === 'in_flight') {
@@ -245,13 +346,44 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
       if (!g) return refuse(res, 409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
       grant = g;
     }
+    // A dispatch whose answer was lost is retried under the same fence (the
+    // ledger answers a repeated dispatch alike), for half the lease: the
+    // rest is left for handing the lease back.
+    const fence = grant.fence;
+    const lease = new Deadline(leaseMs);
     try {
-      await client.dispatch(lkey, grant.fence);
+      await retrying(() => client.dispatch(lkey, fence), new Deadline(leaseMs / 2), 'dispatch');
     } catch (e) {
-      await client.release(lkey, grant.fence, 'not_dispatched').catch(() => {}); // else the lease lapses, unflagged
-      return unavailable(req, res, next, policy, key, e);
+      await releaseUndispatched(lkey, fence, key, lease);
+      return ledgerFailed(res, next, policy, key, e, 'dispatch');
     }
     await execute(req, res, next, policy, key, lkey, fp, binding, grant.fence);
+  }
+
+  /** Hands back a lease whose handler never ran, after a dispatch that
+   * failed: `not_dispatched`, or, when the ledger had recorded the dispatch
+   * after all (its answer was lost: `receipt_required`), `not_committed`
+   * (true: the handler did not run). */
+  async function releaseUndispatched(lkey: string, fence: number, key: string, lease: Deadline): Promise<void> {
+    try {
+      await retrying(() => client.release(lkey, fence, 'not_dispatched'), lease, 'release');
+      return;
+    } catch (e) {
+      if (!(e instanceof ReceiptRequired)) {
+        // The lease lapses; with no dispatch recorded nothing is flagged.
+        log.warn(`idempotency: release(not_dispatched) of key ${key} failed: ${String(e)}`);
+        return;
+      }
+    }
+    try {
+      await retrying(() => client.release(lkey, fence, 'not_committed'), lease, 'release');
+    } catch (e) {
+      log.error(
+        `idempotency: the dispatch of key ${key} was recorded but the handler did not run, and release(not_committed) failed: ` +
+          'the record becomes unknown when its lease lapses',
+        e,
+      );
+    }
   }
 
   async function reconcile(req: Req, lkey: string, grant: Grant, key: string): Promise<Grant | null> {
@@ -439,18 +571,20 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
     send(res, s.status, [...s.headers, ['idempotent-replayed', 'true']], s.body);
   }
 
-  function unavailable(req: Req, res: Res, next: Next, policy: RoutePolicy, key: string, err: unknown): void {
-    if (policy.failOpen) {
+  /** A claim or dispatch that failed (SPEC §8): only a ledger that gave no
+   * answer or a 503 `unavailable` lets a failOpen route run the handler; a
+   * refusal never does. */
+  function ledgerFailed(res: Res, next: Next, policy: RoutePolicy, key: string, err: unknown, call: string): void {
+    const f = mw.classifyLedgerError(err, unavailableRetryAfterS);
+    if (policy.failOpen && f.failOpen) {
       count('fail_open');
       log.warn(`idempotency: ledger unreachable (${String(err)}); key ${key} runs WITHOUT idempotency (failOpen)`);
       return next();
     }
-    if (!(err instanceof SettleError)) log.error(`idempotency: unexpected error for key ${key}`, err);
-    count('idempotency_unavailable');
-    log.warn(`idempotency: ledger unreachable for key ${key}: ${String(err)}`);
-    problem(res, 503, 'idempotency_unavailable', 'the idempotency ledger is unreachable; the request was not run', [
-      ['retry-after', String(Math.max(1, options.unavailableRetryAfterS ?? 1))],
-    ]);
+    count(f.code);
+    if (f.unexpected) log.error(`idempotency: unexpected answer of the ledger to the ${call} of key ${key}`, err);
+    else log.warn(`idempotency: the ${call} of key ${key} failed (${f.code}): ${String(err)}`);
+    problem(res, f.status, f.code, f.detail, f.retryAfter === null ? [] : [['retry-after', String(f.retryAfter)]]);
   }
 
   const middleware = ((req: IncomingMessage, res: ServerResponse, next: Next) => {

@@ -13,5 +13,16 @@ export {
   type RunResult,
 } from './worker.js';
 export { canonicalize, fingerprint, selectFields, sha256Hex, FingerprintError } from './jcs.js';
-export { idempotency, markRetryable, type IdempotencyMiddleware, type IdempotencyOptions, type RoutePolicy, type Logger } from './express.js';
+export {
+  idempotency,
+  markRetryable,
+  fixedPrincipal,
+  authenticatedPrincipal,
+  type IdempotencyMiddleware,
+  type IdempotencyOptions,
+  type Principal,
+  type PrincipalExtractor,
+  type RoutePolicy,
+  type Logger,
+} from './express.js';
 export * as middlewareCore from './mwcore.js';

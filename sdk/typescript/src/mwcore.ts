@@ -3,6 +3,7 @@
 // the problem answers. The byte layouts are in sdk/MIDDLEWARE-KEYS.md; the
 // Python middleware (settle_client/_mw.py) implements the same ones and both
 // are tested against sdk/middleware-vectors.json.
+import { DeadlineExceeded, ProblemError, RecordRefused, StaleBinding, TransportError, Unavailable } from './errors.js';
 import { canonicalize, sha256Hex } from './jcs.js';
 
 export const NOT_COMMITTED_STATUSES: ReadonlySet<number> = new Set([408, 409, 425, 429]);
@@ -28,37 +29,105 @@ function visible(s: string): boolean {
   return true;
 }
 
-/** The key of the Idempotency-Key field lines: null when absent; an RFC 8941
- * sf-string ("abc") or a bare token (abc), 1–255 visible ASCII after
- * unquoting; sent twice → idempotency_key_invalid. */
+function invalid(message: string): KeyHeaderError {
+  return new KeyHeaderError('idempotency_key_invalid', message);
+}
+
+/** The RFC 8941 sf-string that starts at v[i] (a `"`): its unescaped text
+ * and the index after its closing quote. Escapes `\"` and `\\` only;
+ * characters 0x20–0x7E. */
+function sfString(v: string, i: number): [string, number] {
+  let out = '';
+  for (i++; i < v.length; i++) {
+    const c = v[i] as string;
+    if (c === '\\') {
+      const n = v[i + 1];
+      if (n !== '"' && n !== '\\') throw invalid('bad escape in an Idempotency-Key sf-string');
+      out += n;
+      i++;
+    } else if (c === '"') {
+      return [out, i + 1];
+    } else {
+      const code = c.charCodeAt(0);
+      if (code < 0x20 || code > 0x7e) throw invalid('bad character in an Idempotency-Key sf-string');
+      out += c;
+    }
+  }
+  throw invalid('unterminated sf-string in Idempotency-Key');
+}
+
+const badParameter = (what: string) => invalid(`malformed parameter after the Idempotency-Key sf-string: ${what}`);
+const KEY = /[a-z*][a-z0-9_.*-]*/y;
+const TOKEN = /[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*/y;
+const NUMBER = /-?[0-9]+(\.[0-9]*)?/y;
+const BYTES = /:[A-Za-z0-9+/=]*:/y;
+
+/** The match of the sticky `re` starting exactly at v[i], or null. */
+function matchAt(re: RegExp, v: string, i: number): RegExpExecArray | null {
+  re.lastIndex = i;
+  return re.exec(v);
+}
+
+/** The index after the RFC 8941 bare item at v[i]: an sf-string, a token,
+ * an integer or decimal, a byte sequence or a boolean. */
+function bareItemEnd(v: string, i: number): number {
+  const c = v[i];
+  if (c === undefined) throw badParameter("a value is missing after '='");
+  if (c === '"') return sfString(v, i)[1];
+  if (c === '-' || (c >= '0' && c <= '9')) {
+    const m = matchAt(NUMBER, v, i);
+    if (!m) throw badParameter('a number has at least one digit');
+    const [whole, frac] = m[0].replace(/^-/, '').split('.') as [string, string | undefined];
+    if (frac === undefined ? whole.length > 15 : whole.length > 12 || frac.length < 1 || frac.length > 3) {
+      throw badParameter('an integer has 1-15 digits, a decimal 1-12 integer and 1-3 fraction digits');
+    }
+    return i + m[0].length;
+  }
+  if (c === ':') {
+    const m = matchAt(BYTES, v, i);
+    if (!m) throw badParameter('a byte sequence is base64 between colons');
+    return i + m[0].length;
+  }
+  if (c === '?') {
+    if (v[i + 1] === '0' || v[i + 1] === '1') return i + 2;
+    throw badParameter('a boolean is ?0 or ?1');
+  }
+  const m = matchAt(TOKEN, v, i);
+  if (!m) throw badParameter(`unexpected ${JSON.stringify(c)}`);
+  return i + m[0].length;
+}
+
+/** Checks that v[i..] is zero or more RFC 8941 parameters (then ignored):
+ * `;`, spaces (SP only), a key, optionally `=` and a bare item. */
+function skipParameters(v: string, i: number): void {
+  while (i < v.length) {
+    if (v[i] !== ';') throw invalid('unexpected characters after the Idempotency-Key sf-string');
+    i++;
+    while (v[i] === ' ') i++;
+    const k = matchAt(KEY, v, i);
+    if (!k) throw badParameter("a key is lower-case letters, digits and '_-.*', starting with a letter or '*'");
+    i += k[0].length;
+    if (v[i] === '=') i = bareItemEnd(v, i + 1);
+  }
+}
+
+/** The key of the Idempotency-Key field lines: null when absent. After
+ * trimming spaces and tabs, a value starting with `"` is an RFC 8941
+ * sf-string, optionally followed by RFC 8941 parameters (parsed and
+ * ignored: `"abc";a=1` is the key `abc`); any other value is the key as it
+ * is (`abc;a=1` is the key `abc;a=1`). 1–255 visible ASCII after unquoting;
+ * sent twice → idempotency_key_invalid. */
 export function parseIdempotencyKey(values: readonly string[]): string | null {
   if (values.length === 0) return null;
-  if (values.length > 1) throw new KeyHeaderError('idempotency_key_invalid', 'the Idempotency-Key header was sent more than once');
+  if (values.length > 1) throw invalid('the Idempotency-Key header was sent more than once');
   const v = (values[0] as string).replace(/^[ \t]+|[ \t]+$/g, '');
   let key = v;
   if (v.startsWith('"')) {
-    if (v.length < 2 || !v.endsWith('"')) throw new KeyHeaderError('idempotency_key_invalid', 'unterminated sf-string in Idempotency-Key');
-    let out = '';
-    for (let i = 1; i < v.length - 1; i++) {
-      const c = v[i] as string;
-      if (c === '\\') {
-        const n = v[i + 1];
-        if (i + 1 >= v.length - 1 || (n !== '"' && n !== '\\')) {
-          throw new KeyHeaderError('idempotency_key_invalid', 'bad escape in the Idempotency-Key sf-string');
-        }
-        out += n;
-        i++;
-        continue;
-      }
-      const code = c.charCodeAt(0);
-      if (c === '"' || code < 0x20 || code > 0x7e) {
-        throw new KeyHeaderError('idempotency_key_invalid', 'bad character in the Idempotency-Key sf-string');
-      }
-      out += c;
-    }
-    key = out;
+    const [text, end] = sfString(v, 0);
+    skipParameters(v, end);
+    key = text;
   }
-  if (!visible(key)) throw new KeyHeaderError('idempotency_key_invalid', 'the Idempotency-Key must be 1-255 visible ASCII characters');
+  if (!visible(key)) throw invalid('the Idempotency-Key must be 1-255 visible ASCII characters');
   return key;
 }
 
@@ -114,11 +183,6 @@ export function requestFingerprint(
   const hs = headers.map(([n, v]) => [n.toLowerCase(), v] as const).sort((x, y) => (x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : x[1] < y[1] ? -1 : x[1] > y[1] ? 1 : 0));
   for (const [n, v] of hs) parts.push(utf8(n), utf8(v));
   return sha256Hex(frame(...parts));
-}
-
-/** SHA-256 hex of the Authorization header value, or `anonymous`. */
-export function defaultPrincipal(authorization: string | undefined | null): string {
-  return authorization == null ? 'anonymous' : sha256Hex(utf8(authorization));
 }
 
 /** The claim's binding.principal: the principal when it fits the key syntax, else `sha256:` + its digest. */
@@ -190,7 +254,13 @@ const TITLES: Record<string, string> = {
   idempotency_unavailable: 'Idempotency unavailable',
   response_not_stored: 'Response not stored',
   payload_too_large: 'Payload too large',
+  idempotency_forbidden: 'Idempotency forbidden',
+  idempotency_principal_missing: 'Idempotency principal missing',
 };
+
+export const PRINCIPAL_MISSING_DETAIL = 'no principal was found for this request (see the principal option)';
+export const UNAVAILABLE_DETAIL = 'the idempotency ledger is unreachable; the request was not run';
+export const FORBIDDEN_DETAIL = "the ledger refused this caller's binding (its principal was revoked or moved on)";
 
 /** An RFC 9457 problem+json body with the extra `code` member. */
 export function problemBody(status: number, code: string, detail: string): Buffer {
@@ -200,4 +270,47 @@ export function problemBody(status: number, code: string, detail: string): Buffe
 /** Whole seconds, at least 1 (SPEC §8). */
 export function retryAfterHeader(retryAfterMs: number): string {
   return String(Math.max(1, Math.ceil(retryAfterMs / 1000)));
+}
+
+/** How the middleware answers a ledger call (claim, dispatch) that failed. */
+export interface LedgerFailure {
+  /** A route with failOpen may run the handler: settle gave no answer, or a 503 `unavailable`. */
+  failOpen: boolean;
+  status: number;
+  code: 'idempotency_unavailable' | 'idempotency_forbidden';
+  detail: string;
+  /** The Retry-After header in whole seconds; null: none (403). */
+  retryAfter: number | null;
+  /** An answer the middleware has no rule for (logged as an error). */
+  unexpected: boolean;
+}
+
+/** SPEC §8's rule for a claim or dispatch that failed, shared by the three
+ * SDKs: no answer or 503 `unavailable` → 503 `idempotency_unavailable`
+ * (fail-open allowed); `stale_binding` → 403 `idempotency_forbidden`;
+ * `record_refused` and any 429 → 503 (a 429's own Retry-After, rounded up,
+ * when it sent one); anything else (`invalid_request`, 401, ...) → 503,
+ * logged as an error. A refusal never runs the handler. */
+export function classifyLedgerError(err: unknown, unavailableRetryAfterS: number): LedgerFailure {
+  const configured = Math.max(1, Math.ceil(unavailableRetryAfterS));
+  const unavailable = (failOpen: boolean, retryAfter: number, unexpected: boolean): LedgerFailure => ({
+    failOpen,
+    status: 503,
+    code: 'idempotency_unavailable',
+    detail: UNAVAILABLE_DETAIL,
+    retryAfter,
+    unexpected,
+  });
+  // Retried until the deadline: what the last try got.
+  if (err instanceof DeadlineExceeded && err.cause !== undefined) err = err.cause;
+  if (err instanceof TransportError || (err instanceof Unavailable && err.status === 503)) return unavailable(true, configured, false);
+  if (err instanceof StaleBinding) {
+    return { failOpen: false, status: 403, code: 'idempotency_forbidden', detail: FORBIDDEN_DETAIL, retryAfter: null, unexpected: false };
+  }
+  if (err instanceof ProblemError && err.status === 429) {
+    const ra = err.retryAfterS;
+    return unavailable(false, ra !== null && Number.isFinite(ra) && ra >= 0 ? Math.max(1, Math.ceil(ra)) : configured, false);
+  }
+  if (err instanceof RecordRefused) return unavailable(false, configured, false);
+  return unavailable(false, configured, true);
 }

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { createHash } from 'node:crypto';
 import http from 'node:http';
 import express from 'express';
-import { Client, idempotency, markRetryable, middlewareCore as mw } from '@settle/client';
+import { Client, idempotency, markRetryable, fixedPrincipal, authenticatedPrincipal, middlewareCore as mw } from '@settle/client';
 import { startSettle, newKey, deadUrl, notCommittedSupported, NOT_COMMITTED_MISSING } from './helpers.mjs';
 
 let server, ledger, ncSupported;
@@ -20,13 +20,23 @@ after(async () => {
   await server?.close();
 });
 
-/** A test app: POST /items answers what its body asks for. */
-async function makeApp(options = {}, { settleUrl, errorHandler = true } = {}) {
+/** A test app: POST /items answers what its body asks for (express.json()
+ * after the middleware). `before`: middleware before it (authentication);
+ * `client`: the middleware's settle client. */
+async function makeApp(options = {}, { settleUrl, errorHandler = true, before, client } = {}) {
   const state = { count: 0, gate: null, entered: null };
-  const namespace = newKey('ns');
-  const idem = idempotency({ client: new Client({ url: settleUrl ?? server.url }), namespace, onError: () => {}, ...options });
+  const namespace = options.namespace ?? newKey('ns');
+  const idem = idempotency({
+    client: client ?? new Client({ url: settleUrl ?? server.url }),
+    namespace,
+    principal: fixedPrincipal('acct-1'),
+    onError: () => {},
+    ...options,
+  });
   const app = express();
+  if (before) app.use(before);
   app.use(idem);
+  app.use(express.json());
   const items = async (req, res) => {
     state.count++;
     const n = state.count;
@@ -166,18 +176,110 @@ test('canonicalJson makes key order and whitespace irrelevant', async () => {
   assert.equal(await again.text(), await first.text());
 });
 
+/** A stand-in for Passport: req.user from the bearer token. Two tokens of
+ * alice (before and after an OAuth refresh), one of bob. */
+const TOKENS_OF = { 'Bearer alice-1': { id: 'alice' }, 'Bearer alice-2': { id: 'alice' }, 'Bearer bob-1': { id: 42, username: 'bob' } };
+const auth = (req, res, next) => {
+  const u = TOKENS_OF[req.headers.authorization];
+  if (u) req.user = u;
+  next();
+};
+
 test('principals do not collide', async () => {
-  const a = await makeApp();
-  const r1 = await post(a, '/items', {}, { ...H, Authorization: 'Bearer alice' });
-  const r2 = await post(a, '/items', {}, { ...H, Authorization: 'Bearer bob' });
-  const r3 = await post(a, '/items', {});
-  assert.deepEqual([(await r1.json()).n, (await r2.json()).n, (await r3.json()).n], [1, 2, 3]);
+  const a = await makeApp({ principal: authenticatedPrincipal() }, { before: auth });
+  const r1 = await post(a, '/items', {}, { ...H, Authorization: 'Bearer alice-1' });
+  const r2 = await post(a, '/items', {}, { ...H, Authorization: 'Bearer bob-1' });
+  assert.deepEqual([(await r1.json()).n, (await r2.json()).n], [1, 2]);
+  const b = await makeApp({ principal: (req) => req.headers['x-account'] });
+  const r3 = await post(b, '/items', {}, { ...H, 'X-Account': 'acct-a' });
+  const r4 = await post(b, '/items', {}, { ...H, 'X-Account': 'acct-b' });
+  assert.deepEqual([(await r3.json()).n, (await r4.json()).n], [1, 2]);
+});
+
+test('principal: the option is required; the error names it and the helpers', () => {
+  for (const bad of [{}, { principal: undefined }, { principal: 'acct-1' }]) {
+    assert.throws(
+      () => idempotency({ client: ledger, ...bad }),
+      (e) => e instanceof TypeError && /\bprincipal\b/.test(e.message) && e.message.includes('fixedPrincipal') && e.message.includes('authenticatedPrincipal'),
+    );
+  }
+  assert.throws(() => fixedPrincipal('acct-1', -1), RangeError);
+  assert.throws(() => fixedPrincipal('acct-1', 1.5), RangeError);
+  assert.throws(() => fixedPrincipal(7), TypeError);
+});
+
+test('principal: a retry with a refreshed token replays (same user, another Authorization)', async () => {
+  const a = await makeApp({ principal: authenticatedPrincipal() }, { before: auth });
+  const first = await post(a, '/items', {}, { ...H, Authorization: 'Bearer alice-1' });
+  assert.equal(first.status, 201);
+  const again = await post(a, '/items', {}, { ...H, Authorization: 'Bearer alice-2' });
+  assert.equal(again.status, 201);
+  assert.equal(again.headers.get('idempotent-replayed'), 'true');
+  assert.equal(await again.text(), await first.text());
+  assert.equal(a.state.count, 1);
+  // The default pick is user.id ?? user.username, as a string.
+  await post(a, '/items', {}, { ...H, Authorization: 'Bearer bob-1' });
+  const rec = await ledger.get(mw.ledgerKey(a.namespace, '42', 'k-1'));
+  assert.equal(rec.reservation.principal, '42');
+});
+
+test('principal: no identity → 401 idempotency_principal_missing, handler not run', async () => {
+  const a = await makeApp({ principal: authenticatedPrincipal() }, { before: auth });
+  const b = await problem(await post(a, '/items', {}, { ...H, Authorization: 'Bearer expired' }), 401, 'idempotency_principal_missing');
+  assert.equal(b.title, 'Idempotency principal missing');
+  assert.equal(b.detail, 'no principal was found for this request (see the principal option)');
+  await problem(await post(a, '/items', {}), 401, 'idempotency_principal_missing');
+  const c = await makeApp({ principal: () => undefined });
+  await problem(await post(c, '/items', {}), 401, 'idempotency_principal_missing');
+  const d = await makeApp({ principal: authenticatedPrincipal() }, { before: (req, res, next) => ((req.user = { name: 'no id' }), next()) });
+  await problem(await post(d, '/items', {}), 401, 'idempotency_principal_missing');
+  assert.equal(a.state.count + c.state.count + d.state.count, 0);
+  assert.equal(a.idem.stats.idempotency_principal_missing, 2);
+  // A route that runs without a key needs no principal.
+  const e = await makeApp({ principal: authenticatedPrincipal(), routes: () => ({ required: false }) });
+  assert.equal((await post(e, '/items', {}, { 'content-type': 'application/json' })).status, 201);
+});
+
+test('principal: a custom pick, an async extractor, and the generation', async () => {
+  const p = newKey('acct');
+  const pick = authenticatedPrincipal((user) => ({ principal: user.account, generation: user.gen }));
+  const a = await makeApp({ principal: pick }, { before: (req, res, next) => ((req.user = { account: p, gen: 0 }), next()) });
+  assert.equal((await post(a, '/items', {})).status, 201);
+  const rec = await ledger.get(mw.ledgerKey(a.namespace, p, 'k-1'));
+  assert.equal(rec.reservation.principal, p);
+  assert.equal(rec.reservation.generation, 0);
+  await ledger.revoke(p); // generation 1
+  // Moved forward: the same account at generation 1 replays, and runs new requests.
+  const c = await makeApp({ principal: fixedPrincipal(p, 1), namespace: a.namespace });
+  const again = await post(c, '/items', {});
+  assert.equal(again.headers.get('idempotent-replayed'), 'true');
+  const d = await makeApp({ principal: async () => ({ principal: p, generation: 1 }), namespace: a.namespace });
+  const k = newKey();
+  assert.equal((await post(d, '/items', {}, { ...H, 'Idempotency-Key': k })).status, 201);
+  assert.equal((await ledger.get(mw.ledgerKey(a.namespace, p, k))).reservation.generation, 1);
+  assert.equal(a.state.count + c.state.count + d.state.count, 2);
+});
+
+test('failOpen: a revoked principal gets 403 idempotency_forbidden; the completed request does not run again', async () => {
+  const p = newKey('acct');
+  const a = await makeApp({ principal: fixedPrincipal(p), failOpen: true });
+  assert.equal((await post(a, '/items', {})).status, 201);
+  await ledger.revoke(p);
+  const r = await post(a, '/items', {});
+  const b = await problem(r, 403, 'idempotency_forbidden');
+  assert.equal(b.title, 'Idempotency forbidden');
+  assert.equal(b.detail, "the ledger refused this caller's binding (its principal was revoked or moved on)");
+  assert.equal(r.headers.get('retry-after'), null);
+  await problem(await post(a, '/items', {}, { ...H, 'Idempotency-Key': newKey() }), 403, 'idempotency_forbidden');
+  assert.equal(a.state.count, 1);
+  assert.equal(a.idem.stats.idempotency_forbidden, 2);
+  assert.equal(a.idem.stats.fail_open, undefined);
 });
 
 test('the ledger key, worker label and fingerprint are those of MIDDLEWARE-KEYS.md', async () => {
-  const a = await makeApp();
-  await post(a, '/items', '{}', { 'Idempotency-Key': 'order-7', Authorization: 'Bearer alice', 'content-type': 'application/json' });
-  const principal = createHash('sha256').update('Bearer alice').digest('hex');
+  const a = await makeApp({ principal: fixedPrincipal('acct-7') });
+  await post(a, '/items', '{}', { 'Idempotency-Key': 'order-7', Authorization: 'Bearer alice-1', 'content-type': 'application/json' });
+  const principal = 'acct-7';
   const len = (s) => {
     const b = Buffer.alloc(4);
     b.writeUInt32BE(Buffer.byteLength(s));
@@ -315,6 +417,127 @@ test('row: ledger unreachable → 503 idempotency_unavailable, handler not run; 
   assert.equal(b.state.count, 1);
 });
 
+/** A settle client whose answers to `path` calls (claim, dispatch) are replaced by `answer()`. */
+function fakeClient(path, answer) {
+  return new Client({
+    url: server.url,
+    fetch: async (url, init) => (String(url).endsWith(`/${path}`) ? answer() : fetch(url, init)),
+  });
+}
+const problemAnswer = (status, code, headers = {}) =>
+  new Response(JSON.stringify({ type: `urn:settle:problem:${code}`, title: code, status, detail: code, code }), {
+    status,
+    headers: { 'content-type': 'application/problem+json', ...headers },
+  });
+const capture = () => {
+  const log = { warn: [], error: [] };
+  return { log, logger: { info() {}, warn: (m) => log.warn.push(m), error: (m) => log.error.push(m) } };
+};
+
+test('failOpen: a refusal of the claim never runs the handler (record_refused, 429, invalid_request, a proxy page)', async () => {
+  const cases = [
+    [() => problemAnswer(503, 'record_refused'), '7', false],
+    [() => problemAnswer(429, 'too_many_requests', { 'retry-after': '2.5' }), '3', false],
+    [() => problemAnswer(429, 'too_many_requests', { 'retry-after': '0' }), '1', false],
+    [() => new Response('slow down', { status: 429 }), '7', false],
+    [() => problemAnswer(422, 'invalid_request'), '7', true],
+    [() => problemAnswer(409, 'wrong_purpose'), '7', true],
+    [() => new Response('<html>bad gateway</html>', { status: 502 }), '7', true],
+    [() => new Response('{"decision":"surprise"}', { status: 200 }), '7', true],
+  ];
+  for (const [answer, retryAfter, unexpected] of cases) {
+    const { log, logger } = capture();
+    const a = await makeApp({ failOpen: true, unavailableRetryAfterS: 7, logger }, { client: fakeClient('claim', answer) });
+    const r = await post(a, '/items', {});
+    const b = await problem(r, 503, 'idempotency_unavailable');
+    assert.equal(b.title, 'Idempotency unavailable');
+    assert.equal(r.headers.get('retry-after'), retryAfter);
+    assert.equal(a.state.count, 0);
+    assert.equal(a.idem.stats.fail_open, undefined);
+    assert.equal(log.error.length, unexpected ? 1 : 0, JSON.stringify(log));
+  }
+});
+
+test('failOpen: a 401 from settle (a wrong token) → 503, handler not run', async () => {
+  const authd = await startSettle({ auth: true });
+  try {
+    const { log, logger } = capture();
+    const a = await makeApp({ failOpen: true, logger }, { client: new Client({ url: authd.url, token: 'wrong-token' }) });
+    await problem(await post(a, '/items', {}), 503, 'idempotency_unavailable');
+    assert.equal(a.state.count, 0);
+    assert.equal(log.error.length, 1);
+  } finally {
+    await authd.close();
+  }
+});
+
+test('failOpen: only no answer or a 503 unavailable runs the handler', async () => {
+  const a = await makeApp({ failOpen: true, logger: capture().logger }, { client: fakeClient('claim', () => problemAnswer(503, 'unavailable')) });
+  assert.equal((await post(a, '/items', {})).status, 201);
+  const b = await makeApp({ failOpen: true, logger: capture().logger }, { settleUrl: await deadUrl() });
+  assert.equal((await post(b, '/items', {})).status, 201);
+  assert.deepEqual([a.state.count, b.state.count, a.idem.stats.fail_open, b.idem.stats.fail_open], [1, 1, 1, 1]);
+});
+
+test('failOpen: a refused dispatch never runs the handler; the lease is handed back', async () => {
+  const a = await makeApp({ failOpen: true, logger: capture().logger }, { client: fakeClient('dispatch', () => problemAnswer(503, 'record_refused')) });
+  await problem(await post(a, '/items', {}), 503, 'idempotency_unavailable');
+  assert.equal(a.state.count, 0);
+  // Released not_dispatched: the retry, with a ledger that accepts the dispatch, runs at once.
+  const b = await makeApp({ namespace: a.namespace });
+  assert.equal((await post(b, '/items', {})).status, 201);
+  assert.equal(b.state.count, 1);
+});
+
+/** A settle client that loses the answers of the dispatch calls that `lose(n)` (1-based) picks: the call reaches the ledger. */
+function losingClient(lose) {
+  let n = 0;
+  const c = new Client({
+    url: server.url,
+    fetch: async (url, init) => {
+      const r = await fetch(url, init);
+      if (String(url).endsWith('/dispatch') && lose(++n)) {
+        await r.arrayBuffer();
+        throw new TypeError('fetch failed: the connection was reset (test)');
+      }
+      return r;
+    },
+  });
+  c.dispatches = () => n;
+  return c;
+}
+
+test('dispatch: a lost answer is retried under the same fence; the handler runs once', async () => {
+  const client = losingClient((n) => n === 1);
+  const a = await makeApp({ logger: capture().logger }, { client });
+  const first = await post(a, '/items', {});
+  assert.equal(first.status, 201);
+  assert.equal(a.state.count, 1);
+  assert.equal(client.dispatches(), 2);
+  const rec = await ledger.get(mw.ledgerKey(a.namespace, 'acct-1', 'k-1'));
+  assert.equal(rec.status, 'completed');
+  assert.equal(rec.attempts.length, 1);
+  assert.equal((await post(a, '/items', {})).headers.get('idempotent-replayed'), 'true');
+  assert.equal(a.state.count, 1);
+});
+
+test('dispatch: every answer lost → released not_committed (the dispatch was recorded), never left unknown', async (t) => {
+  if (!ncSupported) return t.skip(NOT_COMMITTED_MISSING);
+  const client = losingClient(() => true);
+  const a = await makeApp({ leaseMs: 1000, logger: capture().logger }, { client });
+  await problem(await post(a, '/items', {}), 503, 'idempotency_unavailable');
+  assert.equal(a.state.count, 0);
+  assert.ok(client.dispatches() >= 2, 'retried');
+  const rec = await ledger.get(mw.ledgerKey(a.namespace, 'acct-1', 'k-1'));
+  assert.equal(rec.status, 'pending');
+  assert.equal(rec.lease.ended?.reason, 'not_committed', JSON.stringify(rec.raw));
+  // The retry runs the handler at once (not 409 request_in_progress, not outcome_unknown).
+  const b = await makeApp({ namespace: a.namespace });
+  const again = await post(b, '/items', {});
+  assert.equal(again.status, 201);
+  assert.equal(b.state.count, 1);
+});
+
 test('route selection', async () => {
   const a = await makeApp({ routes: (m, p) => (m === 'POST' && p === '/items' ? { required: false } : null) });
   assert.equal((await post(a, '/items', {}, { 'content-type': 'application/json' })).status, 201); // optional key
@@ -347,11 +570,13 @@ test('replays and refusals are counted', async () => {
 
 test('plain node:http through wrap()', async () => {
   let n = 0;
-  const idem = idempotency({ client: ledger, namespace: newKey('ns'), onError: () => {} });
+  const idem = idempotency({ client: ledger, namespace: newKey('ns'), principal: fixedPrincipal('acct-1'), onError: () => {} });
   const srv = http.createServer(
     idem.wrap(async (req, res) => {
       n++;
-      if (req.body?.raise) throw new Error('boom');
+      let raw = '';
+      for await (const c of req) raw += c;
+      if (JSON.parse(raw).raise) throw new Error('boom');
       res.writeHead(201, { 'content-type': 'application/json', location: `/x/${n}` });
       res.end(JSON.stringify({ n }));
     }),

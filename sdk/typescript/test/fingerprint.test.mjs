@@ -99,8 +99,43 @@ test('middleware vectors: Idempotency-Key header', () => {
   }
 });
 
+test('Idempotency-Key: an sf-string with RFC 8941 parameters (parsed and ignored)', () => {
+  const ok = [
+    ['"p-1";a=1', 'p-1'],
+    ['"p-1";a', 'p-1'],
+    ['"p-1"; a=1', 'p-1'],
+    ['"p-1";   a=1;b', 'p-1'],
+    ['"p-1";a="x;y";b=?1;c=:YWJj:;d=-1.5;e=tok/x', 'p-1'],
+    ['"p-1";*k=1', 'p-1'],
+    ['"p-1";a=?0;b=::;c=*t:x;d=0.001;e=""', 'p-1'],
+    ['"p-1";a="q\\"\\\\"', 'p-1'],
+    ['"p-1";a=123456789012345', 'p-1'],
+    ['"p-1";a=-123456789012.123', 'p-1'],
+    ['"p-1";k_.*-9=Tok!#$%&\'*+.^_`|~:/', 'p-1'],
+    [' \t"p-1";a=1 \t', 'p-1'],
+    ['"p;1";a=1', 'p;1'],
+    ['"a\\"b";x', 'a"b'],
+    ['abc;a=1', 'abc;a=1'],
+    ['abc;', 'abc;'],
+  ];
+  for (const [v, key] of ok) assert.equal(mw.parseIdempotencyKey([v]), key, v);
+  const bad = [
+    '"p-1" ;a=1', '"p-1";', '"p-1";A=1', '"p-1";a=', '"p-1";a=1 x', '"p-1";a="x', '"p-1"x',
+    '"p-1";=1', '"p-1";1a=1', '"p-1";a=1;;b', '"p-1";\ta=1', '"p-1";a=1234567890123456',
+    '"p-1";a=1234567890123.1', '"p-1";a=1.1234', '"p-1";a=1.', '"p-1";a=-', '"p-1";a=?2', '"p-1";a=?',
+    '"p-1";a=:YW*j:', '"p-1";a=:YWJj', '"p-1";a="\\x"', '"p-1";a=@', '"p-1",a', '"";a=1', '"p-1";a=1;',
+    '"p-1";a=1=2', '"p-1";a="é"', '"p-1";a=--1', '"p-1";a=.5',
+  ];
+  for (const v of bad) {
+    assert.throws(() => mw.parseIdempotencyKey([v]), (e) => e instanceof mw.KeyHeaderError && e.code === 'idempotency_key_invalid', v);
+  }
+});
+
+test('there is no default principal (the application names its callers)', () => {
+  assert.equal(mw.defaultPrincipal, undefined);
+});
+
 test('middleware vectors: principals, worker label, responses, Retry-After', () => {
-  for (const c of mwv.default_principal) assert.equal(mw.defaultPrincipal(c.authorization), c.principal);
   for (const c of mwv.binding_principal) assert.equal(mw.bindingPrincipal(c.principal), c.binding_principal);
   for (const c of mwv.worker_label) assert.equal(mw.workerLabel(c.key, c.principal), c.worker);
   for (const c of mwv.responses) {
