@@ -123,6 +123,9 @@ test('rows: first request unchanged; replay byte for byte with Idempotent-Replay
   }
   const quoted = await post(a, '/items', '{"status": 201}', { ...H, 'Idempotency-Key': '"k-1"' });
   assert.equal(quoted.headers.get('idempotent-replayed'), 'true');
+  const params = await post(a, '/items', '{"status": 201}', { ...H, 'Idempotency-Key': '"k-1";a=1; b="x;y"' });
+  assert.equal(params.headers.get('idempotent-replayed'), 'true'); // RFC 8941 parameters are ignored
+  await problem(await post(a, '/items', '{"status": 201}', { ...H, 'Idempotency-Key': '"k-1" ;a=1' }), 400, 'idempotency_key_invalid');
   assert.equal(a.state.count, 1);
 });
 
