@@ -527,7 +527,7 @@ test('dispatch: a lost answer is retried under the same fence; the handler runs 
 test('dispatch: every answer lost → released not_committed (the dispatch was recorded), never left unknown', async (t) => {
   if (!ncSupported) return t.skip(NOT_COMMITTED_MISSING);
   const client = losingClient(() => true);
-  const a = await makeApp({ leaseMs: 1000, logger: capture().logger }, { client });
+  const a = await makeApp({ leaseMs: 2000, logger: capture().logger }, { client });
   await problem(await post(a, '/items', {}), 503, 'idempotency_unavailable');
   assert.equal(a.state.count, 0);
   assert.ok(client.dispatches() >= 2, 'retried');
