@@ -26,6 +26,20 @@ function token() {
   return sessionStorage.getItem(TOKEN);
 }
 
+/** Whether the server runs without authentication (no tenants, loopback
+ *  only: `/v1/stats` answers without a token). The console then asks for
+ *  no token and offers no sign-out. */
+let authOff = false;
+
+async function probeAuthOff() {
+  try {
+    const resp = await fetch("/v1/stats", { headers: { Accept: "application/json" } });
+    return resp.ok;
+  } catch {
+    return false;
+  }
+}
+
 class ApiError extends Error {
   constructor(status, problem) {
     super(problem?.detail || problem?.title || `HTTP ${status}`);
@@ -50,7 +64,11 @@ async function api(method, path, body) {
   let json = null;
   try { json = text ? JSON.parse(text) : null; } catch { json = null; }
   if (!resp.ok) {
-    if (resp.status === 401 && token() !== null) signOut("Your token was refused; sign in again.");
+    if (resp.status === 401 && (token() !== null || authOff)) {
+      // A server that now wants a token (or refuses this one): ask for it.
+      authOff = false;
+      signOut(token() === null ? "The server now asks for a tenant token; sign in." : "Your token was refused; sign in again.");
+    }
     throw new ApiError(resp.status, json);
   }
   return json;
@@ -477,10 +495,12 @@ const SECTIONS = ["signin", "overview", "record", "warnings", "principals"];
 function show(id) {
   for (const s of SECTIONS) $(s).hidden = s !== id;
   $("nav").hidden = id === "signin";
+  $("signout").hidden = authOff;
+  $("authoff").hidden = !authOff;
 }
 
 function route() {
-  if (token() === null) {
+  if (!authOff && token() === null) {
     show("signin");
     $("token").focus();
     return;
@@ -511,4 +531,7 @@ $("first").addEventListener("click", firstPage);
 $("warnings-form").addEventListener("submit", showWarnings);
 $("revoke-form").addEventListener("submit", revoke);
 window.addEventListener("hashchange", route);
+
+// Without a stored token, find out first whether the server asks for one.
+if (token() === null) authOff = await probeAuthOff();
 route();

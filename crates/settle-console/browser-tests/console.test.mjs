@@ -25,10 +25,12 @@ const fp = (n) => n.toString(16).padStart(2, "0").repeat(32);
 
 let server, url, data, browser;
 
-async function call(token, method, path, body) {
-  const r = await fetch(url + path, {
+async function call(token, method, path, body, base = url) {
+  const headers = { "Content-Type": "application/json" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const r = await fetch(base + path, {
     method,
-    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    headers,
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   const text = await r.text();
@@ -55,21 +57,33 @@ function serverEnv() {
   return env;
 }
 
-before(async () => {
-  mkdirSync(SHOTS, { recursive: true });
-  data = mkdtempSync(join(tmpdir(), "settle-console-"));
-  server = spawn(BIN, [
-    "serve", "--listen", "127.0.0.1:0", "--data", data, "--stuck-after-s", "0",
-    "--tenant", `acme=${sha(ACME)}`, "--tenant", `beta=${sha(BETA)}`,
-  ], { stdio: ["ignore", "pipe", "inherit"], env: serverEnv() });
+/** Starts `settle serve` on loopback with `args`; resolves to {proc, url, data}. */
+async function startServer(args) {
+  const dir = mkdtempSync(join(tmpdir(), "settle-console-"));
+  const proc = spawn(BIN, ["serve", "--listen", "127.0.0.1:0", "--data", dir, "--stuck-after-s", "0", ...args],
+    { stdio: ["ignore", "pipe", "inherit"], env: serverEnv() });
   const line = await new Promise((res, rej) => {
-    const rl = createInterface({ input: server.stdout });
+    const rl = createInterface({ input: proc.stdout });
     rl.once("line", res);
-    server.once("exit", (c) => rej(new Error(`settle serve exited ${c}`)));
+    proc.once("exit", (c) => rej(new Error(`settle serve exited ${c}`)));
   });
   const m = /^listening on (.+)$/.exec(line.trim());
   assert.ok(m, `settle serve did not start: ${line}`);
-  url = `http://${m[1]}`;
+  return { proc, url: `http://${m[1]}`, data: dir };
+}
+
+async function stopServer(proc, dir) {
+  if (proc && proc.exitCode === null) {
+    const exited = new Promise((res) => proc.once("exit", res));
+    proc.kill("SIGTERM");
+    await exited;
+  }
+  if (dir) rmSync(dir, { recursive: true, force: true });
+}
+
+before(async () => {
+  mkdirSync(SHOTS, { recursive: true });
+  ({ proc: server, url, data } = await startServer(["--tenant", `acme=${sha(ACME)}`, "--tenant", `beta=${sha(BETA)}`]));
 
   // acme: a stuck record (released, nothing applied, left alone), a
   // disputed one, an unknown one (reconcile required), some completed.
@@ -93,22 +107,17 @@ before(async () => {
 
 after(async () => {
   await browser?.close();
-  if (server && server.exitCode === null) {
-    const exited = new Promise((res) => server.once("exit", res));
-    server.kill("SIGTERM");
-    await exited;
-  }
-  if (data) rmSync(data, { recursive: true, force: true });
+  await stopServer(server, data);
 });
 
-async function page(viewport = { width: 1280, height: 800 }) {
+async function page(viewport = { width: 1280, height: 800 }, base = url) {
   const ctx = await browser.newContext({ viewport });
   const p = await ctx.newPage();
   const errors = [];
   p.on("pageerror", (e) => errors.push(e));
   p.on("console", (m) => { if (m.type() === "error" && !/401/.test(m.text())) errors.push(m.text()); });
   p.errors = errors;
-  await p.goto(`${url}/console/`);
+  await p.goto(`${base}/console/`);
   return p;
 }
 
@@ -125,6 +134,48 @@ test("a wrong token is refused and nothing is shown", async () => {
   assert.equal(await p.evaluate(() => sessionStorage.length), 0);
   await p.screenshot({ path: join(SHOTS, "signin-refused.png") });
   assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("the sign-in page shows no navigation (no Sign out)", async () => {
+  const p = await page();
+  await p.getByLabel("Tenant token").waitFor();
+  assert.equal(await p.locator("#nav").isVisible(), false);
+  assert.equal(await p.getByRole("button", { name: "Sign out" }).isVisible(), false);
+  assert.equal(await p.getByRole("navigation", { name: "Main" }).count(), 0, "no Main navigation in the accessibility tree");
+  assert.equal(await p.locator("#overview").isVisible(), false);
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("a server without tenants opens the dashboard with no token prompt", async () => {
+  const open = await startServer([]);
+  try {
+    const f = await call("", "POST", "/v1/operations/open-1/claim", { fingerprint: fp(1), binding }, open.url);
+    assert.equal(f.json.decision, "execute");
+    const p = await page(undefined, open.url);
+    await p.locator('tr[data-key="open-1"]').waitFor();
+    assert.equal(await p.locator('[data-stat="total"] .n').innerText(), "1");
+    assert.equal(await p.locator("#signin").isVisible(), false);
+    assert.equal(await p.getByLabel("Tenant token").isVisible(), false);
+    assert.equal(await p.getByRole("button", { name: "Sign out" }).isVisible(), false);
+    assert.equal(await p.getByRole("link", { name: "Principals" }).isVisible(), true);
+    assert.match(await p.locator("#nav").innerText(), /no sign-in/);
+    // No token was stored, asked for or sent.
+    assert.equal(await p.evaluate(() => sessionStorage.length), 0);
+    await p.screenshot({ path: join(SHOTS, "auth-off.png") });
+    assert.deepEqual(p.errors, []);
+    await p.context().close();
+  } finally {
+    await stopServer(open.proc, open.data);
+  }
+});
+
+test("a server with tenants still asks for a token", async () => {
+  const p = await page();
+  await p.getByLabel("Tenant token").waitFor();
+  assert.equal(await p.locator("#signin").isVisible(), true);
+  assert.equal(await p.locator("#overview").isVisible(), false);
   await p.context().close();
 });
 
