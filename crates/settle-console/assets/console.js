@@ -325,7 +325,12 @@ function timeline(r) {
   return h("ol", { class: "timeline", "aria-label": "Timeline" }, items);
 }
 
-async function loadRecord(key) {
+/** A notice shown above a record (what an action just did). */
+function notice(text, alert = false) {
+  return h("div", { class: `card notice${alert ? " alert" : ""}`, role: alert ? "alert" : "status" }, text);
+}
+
+async function loadRecord(key, note = null) {
   const body = $("record-body");
   $("record-h").textContent = `Operation ${key}`;
   body.setAttribute("aria-busy", "true");
@@ -333,6 +338,7 @@ async function loadRecord(key) {
   try {
     const r = await api("GET", `/v1/operations/${seg(key)}`);
     body.replaceChildren(
+      note ?? "",
       h("div", { class: "card" },
         h("p", {}, badge(r.status, `s-${r.status}`), flags({ ...r, stuck: false, quarantined: r.quarantine_total })),
         kv([["updated", fmtTime(r.updated_at)],
@@ -408,14 +414,33 @@ async function reconcile(r, form) {
   const key = seg(r.key);
   out.replaceChildren(h("p", { class: "loading" }, "Reconciling…"));
   try {
-    // marks_dispatch: the lease says whether anything was sent, so after
-    // not_committed it can be released as not_dispatched.
+    // Look again first: since the page was drawn someone may have
+    // reconciled the record, or it settled and was collected; a claim
+    // would then execute it (or create it afresh).
+    let now;
+    try {
+      now = await api("GET", `/v1/operations/${key}`);
+    } catch (e) {
+      if (e.status === 404) return loadRecord(r.key);
+      throw e;
+    }
+    if (!now.reconcile_required) {
+      return loadRecord(r.key, notice("Nothing was reported: the record no longer requires reconciliation (someone reported a finding meanwhile).", true));
+    }
+    // marks_dispatch: the lease says whether anything was sent, so an
+    // execute lease can be released as not_dispatched.
     const claim = await api("POST", `/v1/operations/${key}/claim`, { fingerprint: r.reservation.fingerprint, binding, marks_dispatch: true });
+    if (claim.decision === "execute") {
+      // Reconciled (or collected) between the look and the claim: the
+      // console holds an execute lease it will never use. Let go at once,
+      // or a real worker waits in_flight for the whole lease.
+      await api("POST", `/v1/operations/${key}/release`, { fence: claim.fence, reason: "not_dispatched" });
+      return loadRecord(r.key, notice(`Nothing was reported: the record no longer required reconciliation, and the claim answered execute. The console released that lease (fence ${claim.fence}, not_dispatched) at once, so a worker's claim executes now.`, true));
+    }
     if (claim.decision !== "reconcile") {
-      out.replaceChildren(h("p", { class: "error", role: "alert" },
-        claim.decision === "in_flight" ? "Someone holds the reconcile lease right now; try again shortly."
-          : `The claim answered ${claim.decision}; the record no longer requires reconciliation.`));
-      return loadRecord(r.key);
+      return loadRecord(r.key, notice(claim.decision === "in_flight"
+        ? "Nothing was reported: someone holds the record's lease right now; try again shortly."
+        : `Nothing was reported: the claim answered ${claim.decision}; the record no longer requires reconciliation.`, true));
     }
     const body = { fence: claim.fence, finding };
     if (finding === "committed") Object.assign(body, { fingerprint: r.reservation.fingerprint, binding, outcome });
@@ -426,7 +451,9 @@ async function reconcile(r, form) {
       await api("POST", `/v1/operations/${key}/release`, { fence: claim.fence, reason: "not_dispatched" });
     }
     say(`Reconciled ${r.key}: ${finding.replace("_", " ")}.`);
-    await loadRecord(r.key);
+    await loadRecord(r.key, finding === "not_committed"
+      ? notice(`Finding not_committed recorded. The execute lease it became (fence ${claim.fence}) was released (not_dispatched): the next worker's claim executes.`)
+      : null);
   } catch (e) {
     out.replaceChildren(errorBox(e));
   }

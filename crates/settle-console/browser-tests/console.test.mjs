@@ -248,9 +248,40 @@ test("reconcile an unknown record (not committed): the next claim executes", asy
   assert.equal(r.json.status, "unknown", "the rank never decreases");
   assert.equal(r.json.reconcile_required, false);
   assert.equal(r.json.lease.ended.reason, "released");
+  assert.match(await p.locator("#record-body").innerText(), /was released \(not_dispatched\)/);
   // A worker's next claim executes.
   const again = await call(ACME, "POST", "/v1/operations/order-unknown/claim", { fingerprint: fp(1), binding });
   assert.equal(again.json.decision, "execute");
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("reconcile, but a claim answers execute (reconciled meanwhile): the console releases that lease at once", async () => {
+  const key = "order-raced";
+  const f = await claim(ACME, key);
+  assert.equal((await settle(ACME, key, f, { status: "unknown", error: "timeout after send" })).status, 200);
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await p.goto(`${url}/console/#/op/${key}`);
+  await p.getByRole("heading", { name: "Reconcile" }).waitFor();
+  await p.getByLabel(/not committed/).check();
+  // Another operator reconciles it just before the console's claim
+  // reaches the server: that claim is then granted an execute lease.
+  const path = `/v1/operations/${key}`;
+  await p.route(`**${path}/claim`, async (route) => {
+    const c = await call(ACME, "POST", `${path}/claim`, { fingerprint: fp(1), binding });
+    await call(ACME, "POST", `${path}/reconcile`, { fence: c.json.fence, finding: "not_committed" });
+    await call(ACME, "POST", `${path}/release`, { fence: c.json.fence, reason: "not_committed" });
+    await route.continue();
+  }, { times: 1 });
+  await p.getByRole("button", { name: "Reconcile…" }).click();
+  await p.getByRole("dialog").getByRole("button", { name: "Confirm" }).click();
+  await p.waitForFunction(() => !document.querySelector("#reconcile-form"));
+  // A worker's claim executes at once (not in_flight behind the console's lease).
+  const again = await call(ACME, "POST", `${path}/claim`, { fingerprint: fp(1), binding });
+  assert.equal(again.json.decision, "execute", JSON.stringify(again.json));
+  assert.match(await p.locator("#record-body").innerText(), /released that lease \(fence \d+, not_dispatched\)/);
   assert.deepEqual(p.errors, []);
   await p.context().close();
 });
