@@ -283,14 +283,43 @@ function leaseText(l) {
   return `${l.purpose} lease · fence ${l.fence} · generation ${l.generation}${l.worker ? ` · worker ${l.worker}` : ""} · ${end}`;
 }
 
+/** A time for sorting: milliseconds, or `fallback` when there is none. */
+function timeOf(t, fallback) {
+  const ms = t ? Date.parse(t) : NaN;
+  return Number.isNaN(ms) ? fallback : ms;
+}
+
+function quarantineEntry(q, r) {
+  const b = q.binding;
+  const foreignFp = q.fingerprint && q.fingerprint !== r.reservation.fingerprint;
+  return h("li", { class: "bad" }, h("strong", {}, "Quarantined evidence"), " ",
+    h("span", { class: "when" }, fmtTime(q.at)),
+    h("p", {}, `${q.call} under fence ${q.fence} refused: ${q.reason}`),
+    kv([
+      ["principal", b ? `${b.principal} (generation ${b.generation})` : "–"],
+      b && ["scopes", b.scopes.join(", ") || "–"],
+      q.status && ["reported status", q.status],
+      q.finding && ["reported finding", q.finding],
+      q.response_sha256 && ["response_sha256", h("code", {}, q.response_sha256)],
+      q.fingerprint && ["fingerprint", [h("code", {}, q.fingerprint), foreignFp ? " (not the reservation's)" : ""]],
+    ]));
+}
+
+/** One record's history, every entry in time order (equal times keep the
+ *  order they are built in: reservation, attempts, receipt, quarantine). */
 function timeline(r) {
-  const items = [];
-  items.push(h("li", {}, h("strong", {}, "Reserved"), " ", h("span", { class: "when" }, fmtTime(r.created_at)),
+  const created = timeOf(r.created_at, 0);
+  const entries = [];
+  const add = (at, el) => {
+    if (at) el.dataset.at = at;
+    entries.push({ t: timeOf(at, Infinity), el });
+  };
+  add(r.created_at, h("li", {}, h("strong", {}, "Reserved"), " ", h("span", { class: "when" }, fmtTime(r.created_at)),
     kv([["fingerprint", h("code", {}, r.reservation.fingerprint)],
         ["principal", `${r.reservation.principal} (generation ${r.reservation.generation})`],
         ["scopes", r.reservation.scopes.join(", ") || "–"]])));
   if (r.attempts_total > r.attempts.length) {
-    items.push(h("li", {}, `${r.attempts_total - r.attempts.length} older attempts not kept`));
+    entries.push({ t: created, el: h("li", {}, `${r.attempts_total - r.attempts.length} older attempts not kept`) });
   }
   for (const a of r.attempts) {
     const l = a.lease;
@@ -307,17 +336,20 @@ function timeline(r) {
     }
     if (a.receipt) parts.push(h("p", {}, `Receipt: ${a.receipt.status} at ${fmtTime(a.receipt.committed_at)}`));
     if (a.error) parts.push(h("p", {}, `Error reported: ${a.error}`));
-    items.push(h("li", { class: a.receipt?.status === "unknown" ? "bad" : "" }, parts));
-  }
-  for (const q of r.quarantine) {
-    items.push(h("li", { class: "bad" }, h("strong", {}, "Quarantined evidence"), " ",
-      h("span", { class: "when" }, fmtTime(q.at)),
-      h("p", {}, `${q.call} under fence ${q.fence} refused: ${q.reason}${q.status ? ` (reported ${q.status})` : ""}${q.finding ? ` (finding ${q.finding})` : ""}`)));
+    add(l.granted_at, h("li", { class: a.receipt?.status === "unknown" ? "bad" : "" }, parts));
   }
   if (r.receipt) {
-    items.push(h("li", {}, h("strong", {}, `Settled ${r.receipt.status}`), " ", h("span", { class: "when" }, fmtTime(r.receipt.committed_at)),
+    add(r.receipt.committed_at, h("li", {}, h("strong", {}, `Settled ${r.receipt.status}`), " ", h("span", { class: "when" }, fmtTime(r.receipt.committed_at)),
       r.outcome?.result !== undefined && h("pre", {}, JSON.stringify(r.outcome.result, null, 2))));
   }
+  if (r.quarantine_total > r.quarantine.length) {
+    const first = Math.min(...r.quarantine.map((q) => timeOf(q.at, Infinity)));
+    entries.push({ t: first, el: h("li", { class: "bad" }, `${r.quarantine_total - r.quarantine.length} older quarantined entries not kept`) });
+  }
+  for (const q of r.quarantine) add(q.at, quarantineEntry(q, r));
+  // Array.prototype.sort is stable.
+  entries.sort((x, y) => x.t - y.t);
+  const items = entries.map((e) => e.el);
   if (r.reconcile_required) {
     items.push(h("li", { class: "bad" }, h("strong", {}, "Reconcile required"),
       h("p", {}, "The effect may or may not have happened. No new execution is allowed until someone finds out and reports it.")));

@@ -229,6 +229,40 @@ test("a record's timeline: attempts, quarantined evidence, the receipt", async (
   await p.context().close();
 });
 
+test("the timeline is in time order; a quarantined entry shows its principal, fence, status, digest and reason", async () => {
+  const key = "order-foreign";
+  const f = await claim(ACME, key);
+  assert.equal((await settle(ACME, key, f, completed(3))).status, 200);
+  await new Promise((res) => setTimeout(res, 20));
+  // A later settle from another principal: refused and quarantined.
+  const zombie = { principal: "svc-zombie", scopes: ["pay"], generation: 0 };
+  const q = await call(ACME, "POST", `/v1/operations/${key}/settle`, { fence: f, fingerprint: fp(1), binding: zombie, outcome: completed(4) });
+  assert.equal(q.status, 409, JSON.stringify(q.json));
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await p.goto(`${url}/console/#/op/${key}`);
+  const tl = p.getByRole("list", { name: "Timeline" });
+  await tl.waitFor();
+  const texts = await tl.locator(":scope > li").allInnerTexts();
+  const settled = texts.findIndex((t) => /^Settled completed/.test(t));
+  const quarantined = texts.findIndex((t) => /^Quarantined evidence/.test(t));
+  assert.ok(settled >= 0 && quarantined > settled, `the settle before the later quarantined settle: ${JSON.stringify(texts)}`);
+  const qt = texts[quarantined];
+  assert.match(qt, /svc-zombie/);
+  assert.match(qt, new RegExp(`fence ${f}\\b`));
+  assert.match(qt, /\bcompleted\b/);
+  assert.match(qt, new RegExp(fp(104)));
+  assert.match(qt, /stale_fence/);
+  // Every entry with a time is in time order.
+  const ats = await tl.locator(":scope > li[data-at]").evaluateAll((ls) => ls.map((l) => Date.parse(l.dataset.at)));
+  assert.ok(ats.length >= 4, JSON.stringify(ats));
+  assert.deepEqual(ats, [...ats].sort((x, y) => x - y));
+  await p.screenshot({ path: join(SHOTS, "timeline-quarantine.png"), fullPage: true });
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
 test("reconcile an unknown record (not committed): the next claim executes", async () => {
   const p = await page();
   await signIn(p, ACME);
