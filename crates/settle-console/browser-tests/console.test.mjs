@@ -9,7 +9,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -22,6 +22,12 @@ const ACME = "tok-acme-console";
 const BETA = "tok-beta-console";
 const sha = (s) => createHash("sha256").update(s).digest("hex");
 const fp = (n) => n.toString(16).padStart(2, "0").repeat(32);
+const VECTORS = JSON.parse(readFileSync(new URL("../../../sdk/middleware-vectors.json", import.meta.url), "utf8"));
+/** SPEC §8's ledger key, computed here independently of the console. */
+function mwKey(namespace, principal, key) {
+  const frame = (s) => { const b = Buffer.from(s, "utf8"); const n = Buffer.alloc(4); n.writeUInt32BE(b.length); return [n, b]; };
+  return `mw-${createHash("sha256").update(Buffer.concat([namespace, principal, key].flatMap(frame))).digest("hex")}`;
+}
 
 let server, url, data, browser;
 
@@ -277,7 +283,7 @@ test("reconcile an unknown record (not committed): the next claim executes", asy
   await p.screenshot({ path: join(SHOTS, "reconcile-confirm.png") });
   await dialog.getByRole("button", { name: "Confirm" }).click();
   await p.getByText("Reconciled order-unknown: not committed.").waitFor();
-  await p.waitForFunction(() => !document.querySelector("#reconcile-form"));
+  await p.waitForFunction(() => document.querySelector("#record-body ol.timeline") && !document.querySelector("#reconcile-form"));
   const r = await call(ACME, "GET", "/v1/operations/order-unknown");
   assert.equal(r.json.status, "unknown", "the rank never decreases");
   assert.equal(r.json.reconcile_required, false);
@@ -311,13 +317,76 @@ test("reconcile, but a claim answers execute (reconciled meanwhile): the console
   }, { times: 1 });
   await p.getByRole("button", { name: "Reconcile…" }).click();
   await p.getByRole("dialog").getByRole("button", { name: "Confirm" }).click();
-  await p.waitForFunction(() => !document.querySelector("#reconcile-form"));
+  await p.waitForFunction(() => document.querySelector("#record-body ol.timeline") && !document.querySelector("#reconcile-form"));
   // A worker's claim executes at once (not in_flight behind the console's lease).
   const again = await call(ACME, "POST", `${path}/claim`, { fingerprint: fp(1), binding });
   assert.equal(again.json.decision, "execute", JSON.stringify(again.json));
   assert.match(await p.locator("#record-body").innerText(), /released that lease \(fence \d+, not_dispatched\)/);
   assert.deepEqual(p.errors, []);
   await p.context().close();
+});
+
+test("search by what the client sent (Idempotency-Key, principal, namespace) opens a middleware record, which shows the claim's worker", async () => {
+  const key = mwKey("default", "acct-1", "neg");
+  assert.equal(mwKey("default", "acct-1", "abc"), VECTORS.ledger_keys[0].ledger_key);
+  const worker = "idempotency-key=neg principal=acct-1";
+  const c = await call(ACME, "POST", `/v1/operations/${key}/claim`, {
+    fingerprint: fp(7), binding: { principal: "acct-1", scopes: [], generation: 0 }, worker, marks_dispatch: true,
+  });
+  assert.equal(c.json.decision, "execute", JSON.stringify(c.json));
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await p.getByLabel(/Idempotency-Key \(what the client sent\)/).check();
+  await p.getByRole("textbox", { name: "Idempotency-Key value" }).fill("neg");
+  await p.getByRole("textbox", { name: "Principal" }).fill("acct-1");
+  assert.equal(await p.getByRole("textbox", { name: "Namespace" }).inputValue(), "default");
+  await p.screenshot({ path: join(SHOTS, "search.png") });
+  await p.getByRole("button", { name: "Open", exact: true }).click();
+  await p.getByRole("heading", { name: `Operation ${key}` }).waitFor();
+  const card = p.locator("#record-body .card").filter({ hasText: "worker" }).first();
+  await card.waitFor();
+  assert.match(await card.innerText(), new RegExp(`worker\\s+${worker}`));
+  const tl = await p.getByRole("list", { name: "Timeline" }).innerText();
+  assert.match(tl, new RegExp(`Attempt 1: claimed[\\s\\S]*worker[\\s\\S]*${worker}`));
+  await p.screenshot({ path: join(SHOTS, "record-worker.png"), fullPage: true });
+  // The sf-string form with a parameter is the same key.
+  await p.goto(`${url}/console/#/`);
+  await p.getByLabel(/Idempotency-Key \(what the client sent\)/).check();
+  await p.getByRole("textbox", { name: "Idempotency-Key value" }).fill('"neg";v=1');
+  await p.getByRole("textbox", { name: "Principal" }).fill("acct-1");
+  await p.getByRole("button", { name: "Open", exact: true }).click();
+  await p.getByRole("heading", { name: `Operation ${key}` }).waitFor();
+  await p.getByText(worker).first().waitFor();
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("the console's ledger key and Idempotency-Key parsing match sdk/middleware-vectors.json (crypto.subtle and the module's own SHA-256)", async () => {
+  const headers = VECTORS.idempotency_key_header.filter((v) => v.values.length === 1);
+  for (const subtle of [true, false]) {
+    const ctx = await browser.newContext();
+    if (!subtle) {
+      // As on plain HTTP off loopback: no crypto.subtle.
+      await ctx.addInitScript(() => Object.defineProperty(Crypto.prototype, "subtle", { get: () => undefined, configurable: true }));
+    }
+    const p = await ctx.newPage();
+    await p.goto(`${url}/console/`);
+    await p.getByLabel("Tenant token").waitFor();
+    const got = await p.evaluate(async ({ keys, hdrs }) => {
+      const m = await import("./console.js");
+      const out = [];
+      for (const v of keys) out.push(await m.ledgerKey(v.namespace, v.principal, v.key));
+      const parsed = hdrs.map((v) => {
+        try { return { key: m.parseIdempotencyKey(v.values[0]) }; } catch { return { error: "idempotency_key_invalid" }; }
+      });
+      return { out, parsed, subtle: Boolean(globalThis.crypto.subtle) };
+    }, { keys: VECTORS.ledger_keys, hdrs: headers });
+    assert.equal(got.subtle, subtle);
+    assert.deepEqual(got.out, VECTORS.ledger_keys.map((v) => v.ledger_key));
+    assert.deepEqual(got.parsed, headers.map((v) => (v.error ? { error: v.error } : { key: v.key })));
+    await ctx.close();
+  }
 });
 
 test("cancelling a confirmation changes nothing; warnings per task; revoke", async () => {
@@ -355,8 +424,11 @@ test("usable at phone width", async () => {
   const p = await page({ width: 390, height: 844 });
   await signIn(p, ACME);
   await p.locator('tr[data-key="order-stuck"]').waitFor();
-  const overflow = await p.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
-  assert.ok(overflow <= 0, `no horizontal scrolling (${overflow}px)`);
+  const overflow = () => p.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert.ok(await overflow() <= 0, `no horizontal scrolling (${await overflow()}px)`);
   await p.screenshot({ path: join(SHOTS, "phone.png"), fullPage: true });
+  await p.getByLabel(/Idempotency-Key \(what the client sent\)/).check();
+  assert.ok(await overflow() <= 0, `no horizontal scrolling with the Idempotency-Key search (${await overflow()}px)`);
+  await p.screenshot({ path: join(SHOTS, "phone-search.png") });
   await p.context().close();
 });
