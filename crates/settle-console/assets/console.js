@@ -301,8 +301,16 @@ async function loadStats() {
   }
 }
 
-/** The listing state: filters from the form, the cursor stack for paging. */
-const listing = { query: "", cursors: [null], page: 0, next: null };
+/** The listing state: filters and order from the form (the cursors carry
+ *  the order, so every page is asked with the same query), the cursor
+ *  stack for paging. */
+const listing = { query: "", order: "key", cursors: [null], page: 0, next: null };
+
+const ORDERS = {
+  key: "in key order",
+  updated: "recently updated first",
+  attention: "needs attention first (reconcile required, disputed, stuck, then the rest; recently updated first within each)",
+};
 
 function formQuery() {
   const f = new FormData($("filters"));
@@ -314,13 +322,22 @@ function formQuery() {
   }
   const prefix = String(f.get("key_prefix") || "").trim();
   if (prefix) p.set("key_prefix", prefix);
+  const order = String(f.get("order") || "key");
+  if (order !== "key") p.set("order", order);
   p.set("limit", String(f.get("limit") || "50"));
   return p.toString();
 }
 
+function takeQuery() {
+  listing.query = formQuery();
+  listing.order = new URLSearchParams(listing.query).get("order") || "key";
+}
+
 function setFilters(filter) {
   const form = $("filters");
+  const order = form.elements.order.value;
   form.reset();
+  form.elements.order.value = order;
   for (const [k, v] of Object.entries(filter)) {
     const box = form.querySelector(`input[name="${k}"][value="${v}"]`);
     if (box) box.checked = true;
@@ -330,7 +347,7 @@ function setFilters(filter) {
 
 function applyFilters(ev) {
   ev?.preventDefault();
-  listing.query = formQuery();
+  takeQuery();
   listing.cursors = [null];
   listing.page = 0;
   loadPage();
@@ -360,11 +377,11 @@ async function loadPage() {
     listing.next = r.next;
     if (r.operations.length === 0) {
       box.replaceChildren(h("p", { class: "empty" }, r.next
-        ? "No matching operations in this stretch of keys; the scan continues on the next page."
+        ? "No matching operations in this stretch of the scan; it continues on the next page."
         : (listing.page === 0 ? "No operations match these filters." : "No more operations.")));
     } else {
       box.replaceChildren(h("table", {},
-        h("caption", {}, `Operations, page ${listing.page + 1}, in key order`),
+        h("caption", {}, `Operations, page ${listing.page + 1}, ${ORDERS[listing.order]}`),
         h("thead", {}, h("tr", {}, ["Key", "Status", "Attention", "Lease", "Attempts", "Updated"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, r.operations.map((o) => h("tr", { "data-key": o.key },
           h("td", { class: "key", "data-label": "Key" }, h("a", { href: `#/op/${seg(o.key)}` }, o.key)),
@@ -756,7 +773,7 @@ function route() {
   } else {
     show("overview");
     loadStats();
-    if (!listing.query) listing.query = formQuery();
+    if (!listing.query) takeQuery();
     loadPage();
   }
 }

@@ -389,6 +389,48 @@ test("the console's ledger key and Idempotency-Key parsing match sdk/middleware-
   }
 });
 
+test("the list offers its order (key, recently updated, needs attention) and pages with it", async () => {
+  // 30 records created in an order unlike their keys'; one needs
+  // reconciling, one is stuck, the rest completed.
+  const keys = Array.from({ length: 30 }, (_, i) => `bulk-${String((i * 7) % 30).padStart(2, "0")}`);
+  for (const k of keys) {
+    const f = await claim(ACME, k);
+    if (k === "bulk-07") await settle(ACME, k, f, { status: "unknown", error: "timeout after send" });
+    else if (k === "bulk-14") await call(ACME, "POST", `/v1/operations/${k}/release`, { fence: f, reason: "not_committed" });
+    else await settle(ACME, k, f, completed(1));
+  }
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  const listed = async () => {
+    const seen = [];
+    for (;;) {
+      await p.waitForFunction(() => document.querySelector("#list").getAttribute("aria-busy") === "false");
+      seen.push(...await p.locator("tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.key)));
+      if (await p.locator("#next").isDisabled()) return seen;
+      await p.locator("#next").click();
+    }
+  };
+  for (const [label, order] of [["key", "key"], ["recently updated", "updated"], ["needs attention", "attention"]]) {
+    await p.getByLabel("Key prefix").fill("bulk-");
+    await p.getByLabel("Per page").selectOption("25");
+    await p.getByLabel("Order").selectOption({ label });
+    await p.getByRole("button", { name: "Apply" }).click();
+    const seen = await listed();
+    const api = await call(ACME, "GET", `/v1/operations?key_prefix=bulk-&order=${order}&limit=1000`);
+    assert.equal(api.json.next, null);
+    assert.deepEqual(seen, api.json.operations.map((o) => o.key), `order ${order}`);
+    assert.equal(new Set(seen).size, 30, `every record once (${order})`);
+    if (order === "key") assert.deepEqual(seen, [...keys].sort());
+    if (order === "updated") assert.equal(seen[0], keys.at(-1), "the last one written first");
+    if (order === "attention") assert.deepEqual(seen.slice(0, 2), ["bulk-07", "bulk-14"], "reconcile required, then stuck");
+    assert.match(await p.locator("caption").innerText(), new RegExp(label === "key" ? "in key order" : label));
+  }
+  await p.screenshot({ path: join(SHOTS, "order-attention.png") });
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
 test("cancelling a confirmation changes nothing; warnings per task; revoke", async () => {
   const p = await page();
   await signIn(p, ACME);
