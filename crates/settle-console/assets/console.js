@@ -26,6 +26,20 @@ function token() {
   return sessionStorage.getItem(TOKEN);
 }
 
+/** Whether the server runs without authentication (no tenants, loopback
+ *  only: `/v1/stats` answers without a token). The console then asks for
+ *  no token and offers no sign-out. */
+let authOff = false;
+
+async function probeAuthOff() {
+  try {
+    const resp = await fetch("/v1/stats", { headers: { Accept: "application/json" } });
+    return resp.ok;
+  } catch {
+    return false;
+  }
+}
+
 class ApiError extends Error {
   constructor(status, problem) {
     super(problem?.detail || problem?.title || `HTTP ${status}`);
@@ -50,7 +64,11 @@ async function api(method, path, body) {
   let json = null;
   try { json = text ? JSON.parse(text) : null; } catch { json = null; }
   if (!resp.ok) {
-    if (resp.status === 401 && token() !== null) signOut("Your token was refused; sign in again.");
+    if (resp.status === 401 && (token() !== null || authOff)) {
+      // A server that now wants a token (or refuses this one): ask for it.
+      authOff = false;
+      signOut(token() === null ? "The server now asks for a tenant token; sign in." : "Your token was refused; sign in again.");
+    }
     throw new ApiError(resp.status, json);
   }
   return json;
@@ -73,6 +91,139 @@ function errorBox(e) {
 
 function fmtTime(t) {
   return t ? t.replace("T", " ").replace("Z", " UTC") : "–";
+}
+
+// ---- the middleware's ledger key (SPEC §8, sdk/MIDDLEWARE-KEYS.md) ----
+
+const K256 = new Uint32Array([
+  0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
+  0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
+  0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
+  0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
+  0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
+  0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
+  0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
+  0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2,
+]);
+
+const hex = (bytes) => Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+
+/** SHA-256 (FIPS 180-4) in plain JavaScript, for pages without
+ *  `crypto.subtle` (plain HTTP off loopback is not a secure context). */
+export function sha256Fallback(bytes) {
+  const H = new Uint32Array([0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19]);
+  const buf = new Uint8Array(Math.ceil((bytes.length + 9) / 64) * 64);
+  buf.set(bytes);
+  buf[bytes.length] = 0x80;
+  const dv = new DataView(buf.buffer);
+  const bits = bytes.length * 8;
+  dv.setUint32(buf.length - 8, Math.floor(bits / 0x100000000));
+  dv.setUint32(buf.length - 4, bits >>> 0);
+  const W = new Uint32Array(64);
+  const rotr = (x, n) => (x >>> n) | (x << (32 - n));
+  for (let off = 0; off < buf.length; off += 64) {
+    for (let i = 0; i < 16; i++) W[i] = dv.getUint32(off + 4 * i);
+    for (let i = 16; i < 64; i++) {
+      const s0 = rotr(W[i - 15], 7) ^ rotr(W[i - 15], 18) ^ (W[i - 15] >>> 3);
+      const s1 = rotr(W[i - 2], 17) ^ rotr(W[i - 2], 19) ^ (W[i - 2] >>> 10);
+      W[i] = W[i - 16] + s0 + W[i - 7] + s1;
+    }
+    let [a, b, c, d, e, f, g, hh] = H;
+    for (let i = 0; i < 64; i++) {
+      const t1 = (hh + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + K256[i] + W[i]) >>> 0;
+      const t2 = ((rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c))) >>> 0;
+      hh = g; g = f; f = e; e = (d + t1) >>> 0;
+      d = c; c = b; b = a; a = (t1 + t2) >>> 0;
+    }
+    H[0] += a; H[1] += b; H[2] += c; H[3] += d; H[4] += e; H[5] += f; H[6] += g; H[7] += hh;
+  }
+  const out = new Uint8Array(32);
+  const ov = new DataView(out.buffer);
+  H.forEach((x, i) => ov.setUint32(4 * i, x));
+  return out;
+}
+
+/** Lowercase hex SHA-256: `crypto.subtle` when the page has it, else the
+ *  module's own. */
+export async function sha256Hex(bytes) {
+  const subtle = globalThis.crypto?.subtle;
+  return hex(subtle ? new Uint8Array(await subtle.digest("SHA-256", bytes)) : sha256Fallback(bytes));
+}
+
+/** The ledger key of a middleware record: "mw-" + hex SHA-256(F(namespace)
+ *  || F(principal) || F(key)), F = 4-byte big-endian UTF-8 length, bytes. */
+export async function ledgerKey(namespace, principal, key) {
+  const parts = [namespace, principal, key].map((x) => new TextEncoder().encode(x));
+  const buf = new Uint8Array(parts.reduce((n, p) => n + 4 + p.length, 0));
+  const dv = new DataView(buf.buffer);
+  let at = 0;
+  for (const p of parts) {
+    dv.setUint32(at, p.length);
+    buf.set(p, at + 4);
+    at += 4 + p.length;
+  }
+  return `mw-${await sha256Hex(buf)}`;
+}
+
+class KeyInvalid extends Error {}
+
+/** An RFC 8941 sf-string starting at v[i] (a quote): [text, index after it]. */
+function sfString(v, i) {
+  let out = "";
+  for (i += 1; i < v.length; i++) {
+    const c = v[i];
+    if (c === "\\") {
+      const e = v[i + 1];
+      if (e !== '"' && e !== "\\") throw new KeyInvalid("bad escape in an sf-string (only \\\" and \\\\)");
+      out += e;
+      i += 1;
+    } else if (c === '"') {
+      return [out, i + 1];
+    } else if (c < " " || c > "~") {
+      throw new KeyInvalid("bad character in an sf-string");
+    } else {
+      out += c;
+    }
+  }
+  throw new KeyInvalid("unterminated sf-string");
+}
+
+const PARAM_KEY = /^[a-z*][a-z0-9_.*-]*/;
+// A token, a decimal, an integer, a byte sequence or a boolean (MIDDLEWARE-KEYS.md).
+const BARE_ITEM = /^(?:[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*|-?[0-9]{1,12}\.[0-9]{1,3}|-?[0-9]{1,15}|:[A-Za-z0-9+/=]*:|\?[01])/;
+
+/** The key an Idempotency-Key header value carries, as every settle
+ *  middleware reads it: spaces and tabs trimmed; a value starting with a
+ *  quote is an sf-string with optional parameters (parsed and ignored),
+ *  any other value is the key as sent; then 1-255 visible ASCII. Throws
+ *  an Error saying what is wrong. */
+export function parseIdempotencyKey(header) {
+  const v = header.replace(/^[ \t]+|[ \t]+$/g, "");
+  let key = v;
+  if (v.startsWith('"')) {
+    let i;
+    [key, i] = sfString(v, 0);
+    while (i < v.length) {
+      if (v[i] !== ";") throw new KeyInvalid(`unexpected ${JSON.stringify(v[i])} after the key (only ;parameters may follow)`);
+      i += 1;
+      while (v[i] === " ") i += 1;
+      const k = PARAM_KEY.exec(v.slice(i));
+      if (!k) throw new KeyInvalid("a parameter needs a lower-case key");
+      i += k[0].length;
+      if (v[i] === "=") {
+        i += 1;
+        if (v[i] === '"') {
+          i = sfString(v, i)[1];
+        } else {
+          const item = BARE_ITEM.exec(v.slice(i));
+          if (!item) throw new KeyInvalid("a parameter's value is not an sf-string, token, number, byte sequence or boolean");
+          i += item[0].length;
+        }
+      }
+    }
+  }
+  if (!/^[\x21-\x7e]{1,255}$/.test(key)) throw new KeyInvalid("the key must be 1-255 visible ASCII characters");
+  return key;
 }
 
 // ---- sign in ----
@@ -150,8 +301,16 @@ async function loadStats() {
   }
 }
 
-/** The listing state: filters from the form, the cursor stack for paging. */
-const listing = { query: "", cursors: [null], page: 0, next: null };
+/** The listing state: filters and order from the form (the cursors carry
+ *  the order, so every page is asked with the same query), the cursor
+ *  stack for paging. */
+const listing = { query: "", order: "key", cursors: [null], page: 0, next: null };
+
+const ORDERS = {
+  key: "in key order",
+  updated: "recently updated first",
+  attention: "needs attention first (reconcile required, disputed, stuck, then the rest; recently updated first within each)",
+};
 
 function formQuery() {
   const f = new FormData($("filters"));
@@ -163,13 +322,22 @@ function formQuery() {
   }
   const prefix = String(f.get("key_prefix") || "").trim();
   if (prefix) p.set("key_prefix", prefix);
+  const order = String(f.get("order") || "key");
+  if (order !== "key") p.set("order", order);
   p.set("limit", String(f.get("limit") || "50"));
   return p.toString();
 }
 
+function takeQuery() {
+  listing.query = formQuery();
+  listing.order = new URLSearchParams(listing.query).get("order") || "key";
+}
+
 function setFilters(filter) {
   const form = $("filters");
+  const order = form.elements.order.value;
   form.reset();
+  form.elements.order.value = order;
   for (const [k, v] of Object.entries(filter)) {
     const box = form.querySelector(`input[name="${k}"][value="${v}"]`);
     if (box) box.checked = true;
@@ -179,7 +347,7 @@ function setFilters(filter) {
 
 function applyFilters(ev) {
   ev?.preventDefault();
-  listing.query = formQuery();
+  takeQuery();
   listing.cursors = [null];
   listing.page = 0;
   loadPage();
@@ -209,11 +377,11 @@ async function loadPage() {
     listing.next = r.next;
     if (r.operations.length === 0) {
       box.replaceChildren(h("p", { class: "empty" }, r.next
-        ? "No matching operations in this stretch of keys; the scan continues on the next page."
+        ? "No matching operations in this stretch of the scan; it continues on the next page."
         : (listing.page === 0 ? "No operations match these filters." : "No more operations.")));
     } else {
       box.replaceChildren(h("table", {},
-        h("caption", {}, `Operations, page ${listing.page + 1}, in key order`),
+        h("caption", {}, `Operations, page ${listing.page + 1}, ${ORDERS[listing.order]}`),
         h("thead", {}, h("tr", {}, ["Key", "Status", "Attention", "Lease", "Attempts", "Updated"].map((c) => h("th", { scope: "col" }, c)))),
         h("tbody", {}, r.operations.map((o) => h("tr", { "data-key": o.key },
           h("td", { class: "key", "data-label": "Key" }, h("a", { href: `#/op/${seg(o.key)}` }, o.key)),
@@ -262,23 +430,53 @@ function kv(pairs) {
 
 function leaseText(l) {
   const end = l.ended ? `ended ${fmtTime(l.ended.at)} (${l.ended.reason})` : `open until ${fmtTime(l.expires_at)}`;
-  return `${l.purpose} lease · fence ${l.fence} · generation ${l.generation}${l.worker ? ` · worker ${l.worker}` : ""} · ${end}`;
+  return `${l.purpose} lease · fence ${l.fence} · generation ${l.generation} · ${end}`;
 }
 
+/** A time for sorting: milliseconds, or `fallback` when there is none. */
+function timeOf(t, fallback) {
+  const ms = t ? Date.parse(t) : NaN;
+  return Number.isNaN(ms) ? fallback : ms;
+}
+
+function quarantineEntry(q, r) {
+  const b = q.binding;
+  const foreignFp = q.fingerprint && q.fingerprint !== r.reservation.fingerprint;
+  return h("li", { class: "bad" }, h("strong", {}, "Quarantined evidence"), " ",
+    h("span", { class: "when" }, fmtTime(q.at)),
+    h("p", {}, `${q.call} under fence ${q.fence} refused: ${q.reason}`),
+    kv([
+      ["principal", b ? `${b.principal} (generation ${b.generation})` : "–"],
+      b && ["scopes", b.scopes.join(", ") || "–"],
+      q.status && ["reported status", q.status],
+      q.finding && ["reported finding", q.finding],
+      q.response_sha256 && ["response_sha256", h("code", {}, q.response_sha256)],
+      q.fingerprint && ["fingerprint", [h("code", {}, q.fingerprint), foreignFp ? " (not the reservation's)" : ""]],
+    ]));
+}
+
+/** One record's history, every entry in time order (equal times keep the
+ *  order they are built in: reservation, attempts, receipt, quarantine). */
 function timeline(r) {
-  const items = [];
-  items.push(h("li", {}, h("strong", {}, "Reserved"), " ", h("span", { class: "when" }, fmtTime(r.created_at)),
+  const created = timeOf(r.created_at, 0);
+  const entries = [];
+  const add = (at, el) => {
+    if (at) el.dataset.at = at;
+    entries.push({ t: timeOf(at, Infinity), el });
+  };
+  add(r.created_at, h("li", {}, h("strong", {}, "Reserved"), " ", h("span", { class: "when" }, fmtTime(r.created_at)),
     kv([["fingerprint", h("code", {}, r.reservation.fingerprint)],
         ["principal", `${r.reservation.principal} (generation ${r.reservation.generation})`],
         ["scopes", r.reservation.scopes.join(", ") || "–"]])));
   if (r.attempts_total > r.attempts.length) {
-    items.push(h("li", {}, `${r.attempts_total - r.attempts.length} older attempts not kept`));
+    entries.push({ t: created, el: h("li", {}, `${r.attempts_total - r.attempts.length} older attempts not kept`) });
   }
   for (const a of r.attempts) {
     const l = a.lease;
     const parts = [
       h("strong", {}, `Attempt ${a.number}: claimed`), " ", h("span", { class: "when" }, fmtTime(l.granted_at)),
       h("p", {}, leaseText(l)),
+      l.worker && kv([["worker", h("code", {}, l.worker)]]),
       l.marks_dispatch && h("p", {}, l.dispatched ? "Dispatch recorded: the remote write may have started." : "Not dispatched."),
     ];
     if (a.observations.length) {
@@ -289,17 +487,20 @@ function timeline(r) {
     }
     if (a.receipt) parts.push(h("p", {}, `Receipt: ${a.receipt.status} at ${fmtTime(a.receipt.committed_at)}`));
     if (a.error) parts.push(h("p", {}, `Error reported: ${a.error}`));
-    items.push(h("li", { class: a.receipt?.status === "unknown" ? "bad" : "" }, parts));
-  }
-  for (const q of r.quarantine) {
-    items.push(h("li", { class: "bad" }, h("strong", {}, "Quarantined evidence"), " ",
-      h("span", { class: "when" }, fmtTime(q.at)),
-      h("p", {}, `${q.call} under fence ${q.fence} refused: ${q.reason}${q.status ? ` (reported ${q.status})` : ""}${q.finding ? ` (finding ${q.finding})` : ""}`)));
+    add(l.granted_at, h("li", { class: a.receipt?.status === "unknown" ? "bad" : "" }, parts));
   }
   if (r.receipt) {
-    items.push(h("li", {}, h("strong", {}, `Settled ${r.receipt.status}`), " ", h("span", { class: "when" }, fmtTime(r.receipt.committed_at)),
+    add(r.receipt.committed_at, h("li", {}, h("strong", {}, `Settled ${r.receipt.status}`), " ", h("span", { class: "when" }, fmtTime(r.receipt.committed_at)),
       r.outcome?.result !== undefined && h("pre", {}, JSON.stringify(r.outcome.result, null, 2))));
   }
+  if (r.quarantine_total > r.quarantine.length) {
+    const first = Math.min(...r.quarantine.map((q) => timeOf(q.at, Infinity)));
+    entries.push({ t: first, el: h("li", { class: "bad" }, `${r.quarantine_total - r.quarantine.length} older quarantined entries not kept`) });
+  }
+  for (const q of r.quarantine) add(q.at, quarantineEntry(q, r));
+  // Array.prototype.sort is stable.
+  entries.sort((x, y) => x.t - y.t);
+  const items = entries.map((e) => e.el);
   if (r.reconcile_required) {
     items.push(h("li", { class: "bad" }, h("strong", {}, "Reconcile required"),
       h("p", {}, "The effect may or may not have happened. No new execution is allowed until someone finds out and reports it.")));
@@ -307,7 +508,54 @@ function timeline(r) {
   return h("ol", { class: "timeline", "aria-label": "Timeline" }, items);
 }
 
-async function loadRecord(key) {
+/** The claim's worker label of the latest attempt (the middlewares write
+ *  `idempotency-key=<key> principal=<binding principal>` there). */
+function latestWorker(r) {
+  return r.attempts.at(-1)?.lease.worker ?? r.lease?.worker ?? null;
+}
+
+/** The last search by Idempotency-Key: the ledger key and how it was found. */
+let found = null;
+
+async function findRecord(ev) {
+  ev.preventDefault();
+  const form = $("find");
+  const err = $("find-error");
+  err.hidden = true;
+  let key;
+  try {
+    if (form.elements.mode.value === "idempotency") {
+      const header = parseIdempotencyKey($("find-header").value);
+      const principal = $("find-principal").value;
+      const namespace = $("find-namespace").value;
+      key = await ledgerKey(namespace, principal, header);
+      found = { key, text: `Ledger key computed from Idempotency-Key ${header}, principal ${principal === "" ? "(empty)" : principal}, namespace ${namespace === "" ? "(empty)" : namespace}.` };
+    } else {
+      key = $("find-key").value.trim();
+      if (!key) throw new Error("Give the ledger key.");
+    }
+  } catch (e) {
+    err.textContent = e instanceof KeyInvalid ? `Not a valid Idempotency-Key: ${e.message}.` : e.message;
+    err.hidden = false;
+    return;
+  }
+  location.hash = `#/op/${seg(key)}`;
+}
+
+function findMode() {
+  const byHeader = $("find").elements.mode.value === "idempotency";
+  $("find-by-key").hidden = byHeader;
+  $("find-by-header").hidden = !byHeader;
+  $("find-hint").hidden = !byHeader;
+  $("find-error").hidden = true;
+}
+
+/** A notice shown above a record (what an action just did). */
+function notice(text, alert = false) {
+  return h("div", { class: `card notice${alert ? " alert" : ""}`, role: alert ? "alert" : "status" }, text);
+}
+
+async function loadRecord(key, note = null) {
   const body = $("record-body");
   $("record-h").textContent = `Operation ${key}`;
   body.setAttribute("aria-busy", "true");
@@ -315,9 +563,12 @@ async function loadRecord(key) {
   try {
     const r = await api("GET", `/v1/operations/${seg(key)}`);
     body.replaceChildren(
+      note ?? "",
       h("div", { class: "card" },
         h("p", {}, badge(r.status, `s-${r.status}`), flags({ ...r, stuck: false, quarantined: r.quarantine_total })),
-        kv([["updated", fmtTime(r.updated_at)],
+        found?.key === key && h("p", {}, found.text),
+        kv([latestWorker(r) && ["worker", h("code", {}, latestWorker(r))],
+            ["updated", fmtTime(r.updated_at)],
             ["attempts", r.attempts_total],
             r.settled_at && ["settled", fmtTime(r.settled_at)],
             r.expires_at && ["collected after", fmtTime(r.expires_at)]])),
@@ -326,7 +577,10 @@ async function loadRecord(key) {
       ...(r.reconcile_required ? [reconcileForm(r)] : []),
     );
   } catch (e) {
-    body.replaceChildren(e.status === 404 ? h("p", { class: "empty" }, "No such operation (or it was collected after its retention).") : errorBox(e));
+    body.replaceChildren(e.status === 404
+      ? h("p", { class: "empty" }, "No such operation (or it was collected after its retention).",
+        found?.key === key ? ` ${found.text} The ledger key depends on all three: check the principal and the namespace.` : "")
+      : errorBox(e));
   } finally {
     body.setAttribute("aria-busy", "false");
   }
@@ -390,14 +644,33 @@ async function reconcile(r, form) {
   const key = seg(r.key);
   out.replaceChildren(h("p", { class: "loading" }, "Reconciling…"));
   try {
-    // marks_dispatch: the lease says whether anything was sent, so after
-    // not_committed it can be released as not_dispatched.
+    // Look again first: since the page was drawn someone may have
+    // reconciled the record, or it settled and was collected; a claim
+    // would then execute it (or create it afresh).
+    let now;
+    try {
+      now = await api("GET", `/v1/operations/${key}`);
+    } catch (e) {
+      if (e.status === 404) return loadRecord(r.key);
+      throw e;
+    }
+    if (!now.reconcile_required) {
+      return loadRecord(r.key, notice("Nothing was reported: the record no longer requires reconciliation (someone reported a finding meanwhile).", true));
+    }
+    // marks_dispatch: the lease says whether anything was sent, so an
+    // execute lease can be released as not_dispatched.
     const claim = await api("POST", `/v1/operations/${key}/claim`, { fingerprint: r.reservation.fingerprint, binding, marks_dispatch: true });
+    if (claim.decision === "execute") {
+      // Reconciled (or collected) between the look and the claim: the
+      // console holds an execute lease it will never use. Let go at once,
+      // or a real worker waits in_flight for the whole lease.
+      await api("POST", `/v1/operations/${key}/release`, { fence: claim.fence, reason: "not_dispatched" });
+      return loadRecord(r.key, notice(`Nothing was reported: the record no longer required reconciliation, and the claim answered execute. The console released that lease (fence ${claim.fence}, not_dispatched) at once, so a worker's claim executes now.`, true));
+    }
     if (claim.decision !== "reconcile") {
-      out.replaceChildren(h("p", { class: "error", role: "alert" },
-        claim.decision === "in_flight" ? "Someone holds the reconcile lease right now; try again shortly."
-          : `The claim answered ${claim.decision}; the record no longer requires reconciliation.`));
-      return loadRecord(r.key);
+      return loadRecord(r.key, notice(claim.decision === "in_flight"
+        ? "Nothing was reported: someone holds the record's lease right now; try again shortly."
+        : `Nothing was reported: the claim answered ${claim.decision}; the record no longer requires reconciliation.`, true));
     }
     const body = { fence: claim.fence, finding };
     if (finding === "committed") Object.assign(body, { fingerprint: r.reservation.fingerprint, binding, outcome });
@@ -408,7 +681,9 @@ async function reconcile(r, form) {
       await api("POST", `/v1/operations/${key}/release`, { fence: claim.fence, reason: "not_dispatched" });
     }
     say(`Reconciled ${r.key}: ${finding.replace("_", " ")}.`);
-    await loadRecord(r.key);
+    await loadRecord(r.key, finding === "not_committed"
+      ? notice(`Finding not_committed recorded. The execute lease it became (fence ${claim.fence}) was released (not_dispatched): the next worker's claim executes.`)
+      : null);
   } catch (e) {
     out.replaceChildren(errorBox(e));
   }
@@ -477,10 +752,12 @@ const SECTIONS = ["signin", "overview", "record", "warnings", "principals"];
 function show(id) {
   for (const s of SECTIONS) $(s).hidden = s !== id;
   $("nav").hidden = id === "signin";
+  $("signout").hidden = authOff;
+  $("authoff").hidden = !authOff;
 }
 
 function route() {
-  if (token() === null) {
+  if (!authOff && token() === null) {
     show("signin");
     $("token").focus();
     return;
@@ -496,13 +773,15 @@ function route() {
   } else {
     show("overview");
     loadStats();
-    if (!listing.query) listing.query = formQuery();
+    if (!listing.query) takeQuery();
     loadPage();
   }
 }
 
 $("signin-form").addEventListener("submit", signIn);
 $("signout").addEventListener("click", () => signOut());
+$("find").addEventListener("submit", findRecord);
+$("find").addEventListener("change", findMode);
 $("filters").addEventListener("submit", applyFilters);
 $("filters").addEventListener("reset", () => setTimeout(applyFilters, 0));
 $("next").addEventListener("click", nextPage);
@@ -511,4 +790,7 @@ $("first").addEventListener("click", firstPage);
 $("warnings-form").addEventListener("submit", showWarnings);
 $("revoke-form").addEventListener("submit", revoke);
 window.addEventListener("hashchange", route);
+
+// Without a stored token, find out first whether the server asks for one.
+if (token() === null) authOff = await probeAuthOff();
 route();

@@ -9,7 +9,7 @@ import { after, before, test } from "node:test";
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
-import { mkdirSync, mkdtempSync, rmSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -22,13 +22,21 @@ const ACME = "tok-acme-console";
 const BETA = "tok-beta-console";
 const sha = (s) => createHash("sha256").update(s).digest("hex");
 const fp = (n) => n.toString(16).padStart(2, "0").repeat(32);
+const VECTORS = JSON.parse(readFileSync(new URL("../../../sdk/middleware-vectors.json", import.meta.url), "utf8"));
+/** SPEC §8's ledger key, computed here independently of the console. */
+function mwKey(namespace, principal, key) {
+  const frame = (s) => { const b = Buffer.from(s, "utf8"); const n = Buffer.alloc(4); n.writeUInt32BE(b.length); return [n, b]; };
+  return `mw-${createHash("sha256").update(Buffer.concat([namespace, principal, key].flatMap(frame))).digest("hex")}`;
+}
 
 let server, url, data, browser;
 
-async function call(token, method, path, body) {
-  const r = await fetch(url + path, {
+async function call(token, method, path, body, base = url) {
+  const headers = { "Content-Type": "application/json" };
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const r = await fetch(base + path, {
     method,
-    headers: { Authorization: `Bearer ${token}`, "Content-Type": "application/json" },
+    headers,
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   const text = await r.text();
@@ -55,21 +63,33 @@ function serverEnv() {
   return env;
 }
 
-before(async () => {
-  mkdirSync(SHOTS, { recursive: true });
-  data = mkdtempSync(join(tmpdir(), "settle-console-"));
-  server = spawn(BIN, [
-    "serve", "--listen", "127.0.0.1:0", "--data", data, "--stuck-after-s", "0",
-    "--tenant", `acme=${sha(ACME)}`, "--tenant", `beta=${sha(BETA)}`,
-  ], { stdio: ["ignore", "pipe", "inherit"], env: serverEnv() });
+/** Starts `settle serve` on loopback with `args`; resolves to {proc, url, data}. */
+async function startServer(args) {
+  const dir = mkdtempSync(join(tmpdir(), "settle-console-"));
+  const proc = spawn(BIN, ["serve", "--listen", "127.0.0.1:0", "--data", dir, "--stuck-after-s", "0", ...args],
+    { stdio: ["ignore", "pipe", "inherit"], env: serverEnv() });
   const line = await new Promise((res, rej) => {
-    const rl = createInterface({ input: server.stdout });
+    const rl = createInterface({ input: proc.stdout });
     rl.once("line", res);
-    server.once("exit", (c) => rej(new Error(`settle serve exited ${c}`)));
+    proc.once("exit", (c) => rej(new Error(`settle serve exited ${c}`)));
   });
   const m = /^listening on (.+)$/.exec(line.trim());
   assert.ok(m, `settle serve did not start: ${line}`);
-  url = `http://${m[1]}`;
+  return { proc, url: `http://${m[1]}`, data: dir };
+}
+
+async function stopServer(proc, dir) {
+  if (proc && proc.exitCode === null) {
+    const exited = new Promise((res) => proc.once("exit", res));
+    proc.kill("SIGTERM");
+    await exited;
+  }
+  if (dir) rmSync(dir, { recursive: true, force: true });
+}
+
+before(async () => {
+  mkdirSync(SHOTS, { recursive: true });
+  ({ proc: server, url, data } = await startServer(["--tenant", `acme=${sha(ACME)}`, "--tenant", `beta=${sha(BETA)}`]));
 
   // acme: a stuck record (released, nothing applied, left alone), a
   // disputed one, an unknown one (reconcile required), some completed.
@@ -93,22 +113,17 @@ before(async () => {
 
 after(async () => {
   await browser?.close();
-  if (server && server.exitCode === null) {
-    const exited = new Promise((res) => server.once("exit", res));
-    server.kill("SIGTERM");
-    await exited;
-  }
-  if (data) rmSync(data, { recursive: true, force: true });
+  await stopServer(server, data);
 });
 
-async function page(viewport = { width: 1280, height: 800 }) {
+async function page(viewport = { width: 1280, height: 800 }, base = url) {
   const ctx = await browser.newContext({ viewport });
   const p = await ctx.newPage();
   const errors = [];
   p.on("pageerror", (e) => errors.push(e));
   p.on("console", (m) => { if (m.type() === "error" && !/401/.test(m.text())) errors.push(m.text()); });
   p.errors = errors;
-  await p.goto(`${url}/console/`);
+  await p.goto(`${base}/console/`);
   return p;
 }
 
@@ -125,6 +140,48 @@ test("a wrong token is refused and nothing is shown", async () => {
   assert.equal(await p.evaluate(() => sessionStorage.length), 0);
   await p.screenshot({ path: join(SHOTS, "signin-refused.png") });
   assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("the sign-in page shows no navigation (no Sign out)", async () => {
+  const p = await page();
+  await p.getByLabel("Tenant token").waitFor();
+  assert.equal(await p.locator("#nav").isVisible(), false);
+  assert.equal(await p.getByRole("button", { name: "Sign out" }).isVisible(), false);
+  assert.equal(await p.getByRole("navigation", { name: "Main" }).count(), 0, "no Main navigation in the accessibility tree");
+  assert.equal(await p.locator("#overview").isVisible(), false);
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("a server without tenants opens the dashboard with no token prompt", async () => {
+  const open = await startServer([]);
+  try {
+    const f = await call("", "POST", "/v1/operations/open-1/claim", { fingerprint: fp(1), binding }, open.url);
+    assert.equal(f.json.decision, "execute");
+    const p = await page(undefined, open.url);
+    await p.locator('tr[data-key="open-1"]').waitFor();
+    assert.equal(await p.locator('[data-stat="total"] .n').innerText(), "1");
+    assert.equal(await p.locator("#signin").isVisible(), false);
+    assert.equal(await p.getByLabel("Tenant token").isVisible(), false);
+    assert.equal(await p.getByRole("button", { name: "Sign out" }).isVisible(), false);
+    assert.equal(await p.getByRole("link", { name: "Principals" }).isVisible(), true);
+    assert.match(await p.locator("#nav").innerText(), /no sign-in/);
+    // No token was stored, asked for or sent.
+    assert.equal(await p.evaluate(() => sessionStorage.length), 0);
+    await p.screenshot({ path: join(SHOTS, "auth-off.png") });
+    assert.deepEqual(p.errors, []);
+    await p.context().close();
+  } finally {
+    await stopServer(open.proc, open.data);
+  }
+});
+
+test("a server with tenants still asks for a token", async () => {
+  const p = await page();
+  await p.getByLabel("Tenant token").waitFor();
+  assert.equal(await p.locator("#signin").isVisible(), true);
+  assert.equal(await p.locator("#overview").isVisible(), false);
   await p.context().close();
 });
 
@@ -178,6 +235,40 @@ test("a record's timeline: attempts, quarantined evidence, the receipt", async (
   await p.context().close();
 });
 
+test("the timeline is in time order; a quarantined entry shows its principal, fence, status, digest and reason", async () => {
+  const key = "order-foreign";
+  const f = await claim(ACME, key);
+  assert.equal((await settle(ACME, key, f, completed(3))).status, 200);
+  await new Promise((res) => setTimeout(res, 20));
+  // A later settle from another principal: refused and quarantined.
+  const zombie = { principal: "svc-zombie", scopes: ["pay"], generation: 0 };
+  const q = await call(ACME, "POST", `/v1/operations/${key}/settle`, { fence: f, fingerprint: fp(1), binding: zombie, outcome: completed(4) });
+  assert.equal(q.status, 409, JSON.stringify(q.json));
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await p.goto(`${url}/console/#/op/${key}`);
+  const tl = p.getByRole("list", { name: "Timeline" });
+  await tl.waitFor();
+  const texts = await tl.locator(":scope > li").allInnerTexts();
+  const settled = texts.findIndex((t) => /^Settled completed/.test(t));
+  const quarantined = texts.findIndex((t) => /^Quarantined evidence/.test(t));
+  assert.ok(settled >= 0 && quarantined > settled, `the settle before the later quarantined settle: ${JSON.stringify(texts)}`);
+  const qt = texts[quarantined];
+  assert.match(qt, /svc-zombie/);
+  assert.match(qt, new RegExp(`fence ${f}\\b`));
+  assert.match(qt, /\bcompleted\b/);
+  assert.match(qt, new RegExp(fp(104)));
+  assert.match(qt, /stale_fence/);
+  // Every entry with a time is in time order.
+  const ats = await tl.locator(":scope > li[data-at]").evaluateAll((ls) => ls.map((l) => Date.parse(l.dataset.at)));
+  assert.ok(ats.length >= 4, JSON.stringify(ats));
+  assert.deepEqual(ats, [...ats].sort((x, y) => x - y));
+  await p.screenshot({ path: join(SHOTS, "timeline-quarantine.png"), fullPage: true });
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
 test("reconcile an unknown record (not committed): the next claim executes", async () => {
   const p = await page();
   await signIn(p, ACME);
@@ -192,14 +283,150 @@ test("reconcile an unknown record (not committed): the next claim executes", asy
   await p.screenshot({ path: join(SHOTS, "reconcile-confirm.png") });
   await dialog.getByRole("button", { name: "Confirm" }).click();
   await p.getByText("Reconciled order-unknown: not committed.").waitFor();
-  await p.waitForFunction(() => !document.querySelector("#reconcile-form"));
+  await p.waitForFunction(() => document.querySelector("#record-body ol.timeline") && !document.querySelector("#reconcile-form"));
   const r = await call(ACME, "GET", "/v1/operations/order-unknown");
   assert.equal(r.json.status, "unknown", "the rank never decreases");
   assert.equal(r.json.reconcile_required, false);
   assert.equal(r.json.lease.ended.reason, "released");
+  assert.match(await p.locator("#record-body").innerText(), /was released \(not_dispatched\)/);
   // A worker's next claim executes.
   const again = await call(ACME, "POST", "/v1/operations/order-unknown/claim", { fingerprint: fp(1), binding });
   assert.equal(again.json.decision, "execute");
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("reconcile, but a claim answers execute (reconciled meanwhile): the console releases that lease at once", async () => {
+  const key = "order-raced";
+  const f = await claim(ACME, key);
+  assert.equal((await settle(ACME, key, f, { status: "unknown", error: "timeout after send" })).status, 200);
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await p.goto(`${url}/console/#/op/${key}`);
+  await p.getByRole("heading", { name: "Reconcile" }).waitFor();
+  await p.getByLabel(/not committed/).check();
+  // Another operator reconciles it just before the console's claim
+  // reaches the server: that claim is then granted an execute lease.
+  const path = `/v1/operations/${key}`;
+  await p.route(`**${path}/claim`, async (route) => {
+    const c = await call(ACME, "POST", `${path}/claim`, { fingerprint: fp(1), binding });
+    await call(ACME, "POST", `${path}/reconcile`, { fence: c.json.fence, finding: "not_committed" });
+    await call(ACME, "POST", `${path}/release`, { fence: c.json.fence, reason: "not_committed" });
+    await route.continue();
+  }, { times: 1 });
+  await p.getByRole("button", { name: "Reconcile…" }).click();
+  await p.getByRole("dialog").getByRole("button", { name: "Confirm" }).click();
+  await p.waitForFunction(() => document.querySelector("#record-body ol.timeline") && !document.querySelector("#reconcile-form"));
+  // A worker's claim executes at once (not in_flight behind the console's lease).
+  const again = await call(ACME, "POST", `${path}/claim`, { fingerprint: fp(1), binding });
+  assert.equal(again.json.decision, "execute", JSON.stringify(again.json));
+  assert.match(await p.locator("#record-body").innerText(), /released that lease \(fence \d+, not_dispatched\)/);
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("search by what the client sent (Idempotency-Key, principal, namespace) opens a middleware record, which shows the claim's worker", async () => {
+  const key = mwKey("default", "acct-1", "neg");
+  assert.equal(mwKey("default", "acct-1", "abc"), VECTORS.ledger_keys[0].ledger_key);
+  const worker = "idempotency-key=neg principal=acct-1";
+  const c = await call(ACME, "POST", `/v1/operations/${key}/claim`, {
+    fingerprint: fp(7), binding: { principal: "acct-1", scopes: [], generation: 0 }, worker, marks_dispatch: true,
+  });
+  assert.equal(c.json.decision, "execute", JSON.stringify(c.json));
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await p.getByLabel(/Idempotency-Key \(what the client sent\)/).check();
+  await p.getByRole("textbox", { name: "Idempotency-Key value" }).fill("neg");
+  await p.getByRole("textbox", { name: "Principal" }).fill("acct-1");
+  assert.equal(await p.getByRole("textbox", { name: "Namespace" }).inputValue(), "default");
+  await p.screenshot({ path: join(SHOTS, "search.png") });
+  await p.getByRole("button", { name: "Open", exact: true }).click();
+  await p.getByRole("heading", { name: `Operation ${key}` }).waitFor();
+  const card = p.locator("#record-body .card").filter({ hasText: "worker" }).first();
+  await card.waitFor();
+  assert.match(await card.innerText(), new RegExp(`worker\\s+${worker}`));
+  const tl = await p.getByRole("list", { name: "Timeline" }).innerText();
+  assert.match(tl, new RegExp(`Attempt 1: claimed[\\s\\S]*worker[\\s\\S]*${worker}`));
+  await p.screenshot({ path: join(SHOTS, "record-worker.png"), fullPage: true });
+  // The sf-string form with a parameter is the same key.
+  await p.goto(`${url}/console/#/`);
+  await p.getByLabel(/Idempotency-Key \(what the client sent\)/).check();
+  await p.getByRole("textbox", { name: "Idempotency-Key value" }).fill('"neg";v=1');
+  await p.getByRole("textbox", { name: "Principal" }).fill("acct-1");
+  await p.getByRole("button", { name: "Open", exact: true }).click();
+  await p.getByRole("heading", { name: `Operation ${key}` }).waitFor();
+  await p.getByText(worker).first().waitFor();
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("the console's ledger key and Idempotency-Key parsing match sdk/middleware-vectors.json (crypto.subtle and the module's own SHA-256)", async () => {
+  const headers = VECTORS.idempotency_key_header.filter((v) => v.values.length === 1);
+  for (const subtle of [true, false]) {
+    const ctx = await browser.newContext();
+    if (!subtle) {
+      // As on plain HTTP off loopback: no crypto.subtle.
+      await ctx.addInitScript(() => Object.defineProperty(Crypto.prototype, "subtle", { get: () => undefined, configurable: true }));
+    }
+    const p = await ctx.newPage();
+    await p.goto(`${url}/console/`);
+    await p.getByLabel("Tenant token").waitFor();
+    const got = await p.evaluate(async ({ keys, hdrs }) => {
+      const m = await import("./console.js");
+      const out = [];
+      for (const v of keys) out.push(await m.ledgerKey(v.namespace, v.principal, v.key));
+      const parsed = hdrs.map((v) => {
+        try { return { key: m.parseIdempotencyKey(v.values[0]) }; } catch { return { error: "idempotency_key_invalid" }; }
+      });
+      return { out, parsed, subtle: Boolean(globalThis.crypto.subtle) };
+    }, { keys: VECTORS.ledger_keys, hdrs: headers });
+    assert.equal(got.subtle, subtle);
+    assert.deepEqual(got.out, VECTORS.ledger_keys.map((v) => v.ledger_key));
+    assert.deepEqual(got.parsed, headers.map((v) => (v.error ? { error: v.error } : { key: v.key })));
+    await ctx.close();
+  }
+});
+
+test("the list offers its order (key, recently updated, needs attention) and pages with it", async () => {
+  // 30 records created in an order unlike their keys'; one needs
+  // reconciling, one is stuck, the rest completed.
+  const keys = Array.from({ length: 30 }, (_, i) => `bulk-${String((i * 7) % 30).padStart(2, "0")}`);
+  for (const k of keys) {
+    const f = await claim(ACME, k);
+    if (k === "bulk-07") await settle(ACME, k, f, { status: "unknown", error: "timeout after send" });
+    else if (k === "bulk-14") await call(ACME, "POST", `/v1/operations/${k}/release`, { fence: f, reason: "not_committed" });
+    else await settle(ACME, k, f, completed(1));
+  }
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  const listed = async () => {
+    const seen = [];
+    for (;;) {
+      await p.waitForFunction(() => document.querySelector("#list").getAttribute("aria-busy") === "false");
+      seen.push(...await p.locator("tbody tr").evaluateAll((rs) => rs.map((r) => r.dataset.key)));
+      if (await p.locator("#next").isDisabled()) return seen;
+      await p.locator("#next").click();
+    }
+  };
+  for (const [label, order] of [["key", "key"], ["recently updated", "updated"], ["needs attention", "attention"]]) {
+    await p.getByLabel("Key prefix").fill("bulk-");
+    await p.getByLabel("Per page").selectOption("25");
+    await p.getByLabel("Order").selectOption({ label });
+    await p.getByRole("button", { name: "Apply" }).click();
+    const seen = await listed();
+    const api = await call(ACME, "GET", `/v1/operations?key_prefix=bulk-&order=${order}&limit=1000`);
+    assert.equal(api.json.next, null);
+    assert.deepEqual(seen, api.json.operations.map((o) => o.key), `order ${order}`);
+    assert.equal(new Set(seen).size, 30, `every record once (${order})`);
+    if (order === "key") assert.deepEqual(seen, [...keys].sort());
+    if (order === "updated") assert.equal(seen[0], keys.at(-1), "the last one written first");
+    if (order === "attention") assert.deepEqual(seen.slice(0, 2), ["bulk-07", "bulk-14"], "reconcile required, then stuck");
+    assert.match(await p.locator("caption").innerText(), new RegExp(label === "key" ? "in key order" : label));
+  }
+  await p.screenshot({ path: join(SHOTS, "order-attention.png") });
   assert.deepEqual(p.errors, []);
   await p.context().close();
 });
@@ -239,8 +466,11 @@ test("usable at phone width", async () => {
   const p = await page({ width: 390, height: 844 });
   await signIn(p, ACME);
   await p.locator('tr[data-key="order-stuck"]').waitFor();
-  const overflow = await p.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
-  assert.ok(overflow <= 0, `no horizontal scrolling (${overflow}px)`);
+  const overflow = () => p.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert.ok(await overflow() <= 0, `no horizontal scrolling (${await overflow()}px)`);
   await p.screenshot({ path: join(SHOTS, "phone.png"), fullPage: true });
+  await p.getByLabel(/Idempotency-Key \(what the client sent\)/).check();
+  assert.ok(await overflow() <= 0, `no horizontal scrolling with the Idempotency-Key search (${await overflow()}px)`);
+  await p.screenshot({ path: join(SHOTS, "phone-search.png") });
   await p.context().close();
 });
