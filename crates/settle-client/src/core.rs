@@ -298,8 +298,10 @@ mod tests {
                 c,
                 Code::BadRequest
                     | Code::Unauthorized
+                    | Code::MethodNotAllowed
                     | Code::RequestTimeout
                     | Code::PayloadTooLarge
+                    | Code::UriTooLong
                     | Code::Unavailable
             );
             assert_eq!(reply, expected, "{c}");
