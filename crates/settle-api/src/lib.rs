@@ -45,8 +45,8 @@ pub use request::{
     WarnRequest,
 };
 pub use response::{
-    ClaimDecision, Dispatched, Grant, Health, HealthStatus, LeaseInfo, Receipt, ReceiptResponse,
-    ReconcileResponse, Released, Revoked, Warning, Warnings,
+    ClaimDecision, Dispatched, Grant, Health, HealthStatus, LeaseInfo, PrincipalGeneration,
+    Receipt, ReceiptResponse, ReconcileResponse, Released, Revoked, Warning, Warnings,
 };
 pub use schema::CrossFieldRules;
 pub use time::Time;

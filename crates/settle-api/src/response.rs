@@ -39,6 +39,8 @@ pub enum ClaimDecision {
     InFlight {
         /// Until that lease expires, capped at 1000, at least 10.
         retry_after_ms: u64,
+        /// When the running lease expires (RFC 3339, the store's clock).
+        lease_expires_at: Time,
     },
     /// Already settled: the one true outcome.
     Replay {
@@ -73,8 +75,12 @@ impl From<&core::ClaimDecision> for ClaimDecision {
         match d {
             core::ClaimDecision::Execute(g) => ClaimDecision::Execute(g.into()),
             core::ClaimDecision::Reconcile(g) => ClaimDecision::Reconcile(g.into()),
-            core::ClaimDecision::InFlight { retry_after_ms } => ClaimDecision::InFlight {
+            core::ClaimDecision::InFlight {
+                retry_after_ms,
+                lease_expires_at,
+            } => ClaimDecision::InFlight {
                 retry_after_ms: *retry_after_ms,
+                lease_expires_at: (*lease_expires_at).into(),
             },
             core::ClaimDecision::Replay { outcome, receipt } => ClaimDecision::Replay {
                 outcome: outcome.into(),
@@ -91,9 +97,13 @@ impl TryFrom<ClaimDecision> for core::ClaimDecision {
         Ok(match d {
             ClaimDecision::Execute(g) => core::ClaimDecision::Execute(g.into()),
             ClaimDecision::Reconcile(g) => core::ClaimDecision::Reconcile(g.into()),
-            ClaimDecision::InFlight { retry_after_ms } => {
-                core::ClaimDecision::InFlight { retry_after_ms }
-            }
+            ClaimDecision::InFlight {
+                retry_after_ms,
+                lease_expires_at,
+            } => core::ClaimDecision::InFlight {
+                retry_after_ms,
+                lease_expires_at: lease_expires_at.into(),
+            },
             ClaimDecision::Replay { outcome, receipt } => core::ClaimDecision::Replay {
                 outcome: outcome.to_core()?,
                 receipt: receipt.try_into()?,
@@ -256,6 +266,19 @@ pub struct Revoked {
     pub generation: u64,
 }
 
+/// `GET /v1/principals/{principal}`: what a reconciler needs to claim
+/// with the current generation (SPEC §7).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
+pub struct PrincipalGeneration {
+    /// The principal.
+    pub principal: String,
+    /// Its current generation: 0 for a principal never seen, one more for
+    /// each revocation (and raised by a claim at a higher generation). Past
+    /// 2^53 − 1 only once revoked at the top of the range, like `Revoked`.
+    #[schema(minimum = 0)]
+    pub generation: u64,
+}
+
 /// One bounded durable warning per `(tenant, task, class)`.
 #[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize, ToSchema)]
 pub struct Warning {
@@ -365,6 +388,9 @@ impl TryFrom<DecisionFields> for ClaimDecision {
                 Decision::Reconcile => ClaimDecision::Reconcile(f.grant()?),
                 Decision::InFlight => ClaimDecision::InFlight {
                     retry_after_ms: f.retry_after_ms.ok_or_else(|| missing("retry_after_ms"))?,
+                    lease_expires_at: f
+                        .lease_expires_at
+                        .ok_or_else(|| missing("lease_expires_at"))?,
                 },
                 Decision::Replay => ClaimDecision::Replay {
                     outcome: f.outcome.ok_or_else(|| missing("outcome"))?,

@@ -12,9 +12,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use settle_api::{
     BatchRequest, BatchResponse, ClaimDecision, ClaimRequest, DispatchRequest, Dispatched,
-    EmptyRequest, Health, HeartbeatRequest, LeaseInfo, ListResponse, ReceiptResponse,
-    ReconcileRequest, ReconcileResponse, RecordView, ReleaseRequest, Released, Revoked,
-    SettleRequest, Stats, WarnRequest, Warning, Warnings,
+    EmptyRequest, Health, HeartbeatRequest, LeaseInfo, ListResponse, PrincipalGeneration,
+    ReceiptResponse, ReconcileRequest, ReconcileResponse, RecordView, ReleaseRequest, Released,
+    Revoked, SettleRequest, Stats, WarnRequest, Warning, Warnings,
 };
 
 use crate::error::ClientError;
@@ -96,6 +96,12 @@ pub fn get(key: &str) -> Call<RecordView> {
 pub fn revoke(principal: &str) -> Result<Call<Revoked>, ClientError> {
     let path = format!("/v1/principals/{}/revoke", encode_segment(principal));
     Call::post(path, &EmptyRequest {})
+}
+
+/// `GET /v1/principals/{principal}`: the principal's current generation.
+pub fn principal(principal: &str) -> Call<PrincipalGeneration> {
+    let path = format!("/v1/principals/{}", encode_segment(principal));
+    Call::new(Method::GET, path, None)
 }
 
 /// `/v1/tasks/{task}/warnings/{class}`: record a bounded warning.

@@ -10,9 +10,9 @@ use hyper::{Method, Request, Uri};
 use serde::de::DeserializeOwned;
 use settle_api::{
     BatchRequest, BatchResponse, ClaimDecision, ClaimRequest, DispatchRequest, Dispatched, Health,
-    HeartbeatRequest, LeaseInfo, ListResponse, ReceiptResponse, ReconcileRequest,
-    ReconcileResponse, RecordView, ReleaseRequest, Released, Revoked, SettleRequest, Stats,
-    WarnRequest, Warning, Warnings,
+    HeartbeatRequest, LeaseInfo, ListResponse, PrincipalGeneration, ReceiptResponse,
+    ReconcileRequest, ReconcileResponse, RecordView, ReleaseRequest, Released, Revoked,
+    SettleRequest, Stats, WarnRequest, Warning, Warnings,
 };
 
 use crate::call::{self, Call};
@@ -316,6 +316,10 @@ impl Client {
     /// Raises a principal's generation (revokes its older leases).
     pub async fn revoke(&self, principal: &str) -> Result<Revoked, ClientError> {
         self.call(&call::revoke(principal)?).await
+    }
+    /// A principal's current generation (0 for one never seen).
+    pub async fn principal(&self, principal: &str) -> Result<PrincipalGeneration, ClientError> {
+        self.call(&call::principal(principal)).await
     }
     /// Records a bounded warning.
     pub async fn warn(

@@ -402,6 +402,9 @@ pub enum ClaimDecision {
     InFlight {
         /// Milliseconds until the holding lease expires, within [10, 1000].
         retry_after_ms: u64,
+        /// When the running lease expires (the store's clock): how long a
+        /// duplicate may have to wait at most, unless it is heartbeated.
+        lease_expires_at: Timestamp,
     },
     /// Already settled: here is the one true outcome.
     Replay {

@@ -496,7 +496,10 @@ fn claim_rules(state: &mut OpState, c: &Claim, ctx: &Ctx, tx: &mut Tx) -> Reply 
     // Rule 6: someone holds a live lease.
     if let Some(l) = r.open_lease() {
         let retry_after_ms = l.expires_at.ms_since(now).clamp(10, 1000);
-        return Reply::Claim(ClaimDecision::InFlight { retry_after_ms });
+        return Reply::Claim(ClaimDecision::InFlight {
+            retry_after_ms,
+            lease_expires_at: l.expires_at,
+        });
     }
     // Rule 7: an effect may have happened: find out before writing.
     if r.reconcile_required {

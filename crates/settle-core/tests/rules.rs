@@ -111,23 +111,31 @@ fn claim_rule6_live_lease_is_in_flight_with_bounded_retry_hint() {
     let mut h = H::new();
     h.exec(claim_with("a", 1, binding("alice", 0), 5000, false));
     let r = h.run(claim("a", 1, binding("alice", 0)));
+    let expires = Timestamp(h.now + 5000);
     assert_eq!(
         r,
         Reply::Claim(ClaimDecision::InFlight {
-            retry_after_ms: 1000
+            retry_after_ms: 1000,
+            lease_expires_at: expires,
         })
     );
     h.advance(4995);
     let r = h.run(claim("a", 1, binding("alice", 0)));
     assert_eq!(
         r,
-        Reply::Claim(ClaimDecision::InFlight { retry_after_ms: 10 })
+        Reply::Claim(ClaimDecision::InFlight {
+            retry_after_ms: 10,
+            lease_expires_at: expires,
+        })
     );
     h.advance(2);
     let r = h.run(claim("a", 1, binding("alice", 0)));
     assert_eq!(
         r,
-        Reply::Claim(ClaimDecision::InFlight { retry_after_ms: 10 })
+        Reply::Claim(ClaimDecision::InFlight {
+            retry_after_ms: 10,
+            lease_expires_at: expires,
+        })
     );
 }
 

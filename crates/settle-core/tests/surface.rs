@@ -206,7 +206,13 @@ fn claim_decisions_are_named_as_their_wire_tag() {
     let decisions = [
         (ClaimDecision::Execute(g), Some(g)),
         (ClaimDecision::Reconcile(g), Some(g)),
-        (ClaimDecision::InFlight { retry_after_ms: 10 }, None),
+        (
+            ClaimDecision::InFlight {
+                retry_after_ms: 10,
+                lease_expires_at: Timestamp(5),
+            },
+            None,
+        ),
         (
             ClaimDecision::Replay {
                 outcome: completed(1),
@@ -241,7 +247,10 @@ fn replies_are_labelled_for_metrics() {
     };
     let table = [
         (
-            Reply::Claim(ClaimDecision::InFlight { retry_after_ms: 10 }),
+            Reply::Claim(ClaimDecision::InFlight {
+                retry_after_ms: 10,
+                lease_expires_at: Timestamp(5),
+            }),
             "in_flight",
         ),
         (Reply::Heartbeat(info), "heartbeat"),

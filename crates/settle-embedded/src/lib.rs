@@ -755,6 +755,19 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
         Box::pin(async move { blocking(move || get_sync(&shared, &tenant, &key)).await? })
     }
 
+    fn generation<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        principal: &'a settle_core::Principal,
+    ) -> BoxFuture<'a, Result<Result<u64, RefusalCode>, StoreError>> {
+        let shared = self.shared.clone();
+        let (tenant, principal) = (tenant.clone(), principal.clone());
+        Box::pin(async move {
+            blocking(move || Ok(shared.principal(&tenant, &principal)?.map(|s| s.generation)))
+                .await?
+        })
+    }
+
     fn warnings<'a>(
         &'a self,
         tenant: &'a TenantId,
@@ -1021,6 +1034,19 @@ impl<F: Fs, I: Index> Store for InlineStore<F, I> {
         task: &'a TaskId,
     ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>> {
         Box::pin(async move { warnings_sync(&self.shared, tenant, task) })
+    }
+
+    fn generation<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        principal: &'a settle_core::Principal,
+    ) -> BoxFuture<'a, Result<Result<u64, RefusalCode>, StoreError>> {
+        Box::pin(async move {
+            Ok(self
+                .shared
+                .principal(tenant, principal)?
+                .map(|s| s.generation))
+        })
     }
 
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {

@@ -5,7 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use settle_core::{
-    Command, Key, Limits, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning, World,
+    Command, Key, Limits, Principal, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp,
+    Warning, World,
 };
 
 use crate::inspect::Scan;
@@ -71,6 +72,14 @@ impl Store for MemStore {
             let now = self.now();
             Ok(w.get(tenant, key, now))
         })
+    }
+
+    fn generation<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        principal: &'a Principal,
+    ) -> BoxFuture<'a, Result<Result<u64, RefusalCode>, StoreError>> {
+        Box::pin(async move { Ok(Ok(self.world.lock().generation(tenant, principal))) })
     }
 
     fn warnings<'a>(

@@ -5,7 +5,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
-use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
+use settle_core::{
+    Command, Key, Principal, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning,
+};
 
 use crate::inspect::Scan;
 use crate::rounds::{Placement, Rounds};
@@ -189,6 +191,15 @@ pub trait Store: Send + Sync + 'static {
         task: &'a TaskId,
     ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>>;
 
+    /// A principal's current generation (0 for one never seen; SPEC §7
+    /// `GET /v1/principals/{principal}`), or `Err(RecordRefused)` when its
+    /// stored state cannot be decoded.
+    fn generation<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        principal: &'a Principal,
+    ) -> BoxFuture<'a, Result<Result<u64, RefusalCode>, StoreError>>;
+
     /// Ends lapsed leases and collects expired terminal records (the same
     /// rules also run lazily on every access).
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>>;
@@ -263,6 +274,13 @@ impl<S: Store + ?Sized> Store for Arc<S> {
         task: &'a TaskId,
     ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>> {
         (**self).warnings(tenant, task)
+    }
+    fn generation<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        principal: &'a Principal,
+    ) -> BoxFuture<'a, Result<Result<u64, RefusalCode>, StoreError>> {
+        (**self).generation(tenant, principal)
     }
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
         (**self).sweep()

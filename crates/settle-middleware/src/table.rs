@@ -222,8 +222,16 @@ pub fn after_claim(answer: Result<Reply, CallError>, retry_after_s: u64) -> Afte
     match answer {
         Ok(Reply::Claim(ClaimDecision::Execute(g))) => AfterClaim::Execute(g),
         Ok(Reply::Claim(ClaimDecision::Reconcile(g))) => AfterClaim::Reconcile(g),
-        Ok(Reply::Claim(ClaimDecision::InFlight { retry_after_ms })) => {
-            AfterClaim::Refuse(in_progress(retry_after_ms))
+        Ok(Reply::Claim(ClaimDecision::InFlight {
+            retry_after_ms,
+            lease_expires_at,
+        })) => {
+            // The running lease's time left, by this host's clock; at least
+            // the ledger's own hint (a clock behind the store's).
+            let left = lease_expires_at.ms_since(settle_core::Timestamp::from_system_time(
+                std::time::SystemTime::now(),
+            ));
+            AfterClaim::Refuse(in_progress(left.max(retry_after_ms)))
         }
         Ok(Reply::Claim(ClaimDecision::Replay { outcome, .. })) => {
             match outcome
@@ -326,6 +334,7 @@ mod tests {
         let r = after_claim(
             Ok(Reply::Claim(ClaimDecision::InFlight {
                 retry_after_ms: 1001,
+                lease_expires_at: Timestamp(0),
             })),
             1,
         );

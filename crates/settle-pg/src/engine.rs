@@ -337,6 +337,29 @@ pub async fn warnings(
     .await
 }
 
+/// A principal's current generation (0 without a row).
+pub async fn generation(
+    inner: &Inner,
+    tenant: &TenantId,
+    principal: &settle_core::Principal,
+) -> Result<u64, PgError> {
+    read(inner, |conn| async move {
+        let st = conn.prepare(&inner.sql.generation).await?;
+        let row = conn
+            .within(
+                conn.client()
+                    .query_opt(&st, &[&tenant.as_str(), &principal.as_str()]),
+            )
+            .await??;
+        conn.done();
+        Ok(match row {
+            Some(r) => principal_state(r.get(0), r.get(1), r.get(2))?.generation,
+            None => 0,
+        })
+    })
+    .await
+}
+
 pub async fn now(inner: &Inner) -> Result<Timestamp, PgError> {
     read(inner, |conn| async move {
         let st = conn.prepare(&inner.sql.now).await?;

@@ -517,6 +517,14 @@ impl Store for PgStore {
         Box::pin(async move { Ok(engine::warnings(&self.inner, tenant, task).await?) })
     }
 
+    fn generation<'a>(
+        &'a self,
+        tenant: &'a TenantId,
+        principal: &'a settle_core::Principal,
+    ) -> BoxFuture<'a, Result<Result<u64, RefusalCode>, StoreError>> {
+        Box::pin(async move { Ok(Ok(engine::generation(&self.inner, tenant, principal).await?)) })
+    }
+
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
         Box::pin(async move { Ok(engine::sweep(&self.inner).await?) })
     }

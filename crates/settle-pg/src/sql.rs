@@ -70,6 +70,8 @@ pub struct Sql {
     pub update_warnings: String,
     pub get: String,
     pub warnings: String,
+    /// A principal's row (`$1` tenant, `$2` principal).
+    pub generation: String,
     pub now: String,
     pub due_leases: String,
     pub revoked_leases: String,
@@ -191,6 +193,9 @@ impl Sql {
                  LEFT JOIN {pri} p ON p.tenant = r.tenant AND p.principal = r.owner"
             ),
             warnings: format!("SELECT format, value FROM {war} WHERE tenant = $1 AND task = $2"),
+            generation: format!(
+                "SELECT generation::text, moved_at, moves FROM {pri} WHERE tenant = $1 AND principal = $2"
+            ),
             now: format!("SELECT {NOW_MS}"),
             due_leases: format!(
                 "SELECT tenant, key FROM {rec} \

@@ -96,6 +96,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/operations", get(crate::inspect::list))
         .route("/v1/stats", get(crate::inspect::stats))
         .route("/v1/operations/{key}", get(get_record))
+        .route("/v1/principals/{principal}", get(principal))
         .route("/v1/principals/{principal}/revoke", post(revoke))
         .route("/v1/tasks/{task}/warnings/{class}", post(warn))
         .route("/v1/tasks/{task}/warnings", get(warnings))
@@ -173,6 +174,7 @@ pub(crate) enum Route {
     Openapi,
     Unmatched,
     Batch,
+    Principal,
 }
 
 /// The reply does not fit the command: a bug, answered 503 (never 500).
@@ -586,6 +588,34 @@ async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     Ok(json_response(record_body(&key, found)?))
 }
 
+/// A principal's current generation (0 for one never seen): what a
+/// reconciler claims with (SPEC §7, §11.10).
+#[utoipa::path(
+    get, path = "/v1/principals/{principal}", tag = "principals",
+    params(("principal" = api::Token, Path, description = "The principal, one percent-encoded segment")),
+    responses(
+        (status = 200, description = "success", body = api::PrincipalGeneration),
+        V1Errors,
+    )
+)]
+pub async fn principal(State(st): St, req: Request) -> Response {
+    finish(Route::Principal, principal_inner(&st, req).await)
+}
+
+async fn principal_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
+    let (parts, _body) = req.into_parts();
+    let tenant = st.auth.tenant(&parts.headers)?;
+    let principal: Principal = segment("principal", raw_segment(&parts, 2))?;
+    match st.store.generation(tenant, &principal).await {
+        Ok(Ok(generation)) => Ok(json(&api::PrincipalGeneration {
+            principal: principal.to_string(),
+            generation,
+        })),
+        Ok(Err(code)) => Err(Problem::refusal(code)),
+        Err(e) => Err(store_error("principal", None, &e)),
+    }
+}
+
 /// Raise the principal's generation: every older lease and settlement is refused.
 #[utoipa::path(
     post, path = "/v1/principals/{principal}/revoke", tag = "principals",
@@ -810,6 +840,7 @@ mod tests {
             (Route::Openapi, "openapi"),
             (Route::Unmatched, "unmatched"),
             (Route::Batch, "batch"),
+            (Route::Principal, "principal"),
         ];
         for (r, label) in pairs {
             assert_eq!(m::ROUTES[r as usize], label);

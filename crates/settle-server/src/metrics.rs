@@ -145,7 +145,7 @@ pub fn set_stats(s: &StoreStats) {
 }
 
 /// The `route` label values of [`REQUESTS`].
-pub const ROUTES: [&str; 18] = [
+pub const ROUTES: [&str; 19] = [
     "claim",
     "heartbeat",
     "dispatch",
@@ -164,6 +164,7 @@ pub const ROUTES: [&str; 18] = [
     "openapi",
     "unmatched",
     "batch",
+    "principal",
 ];
 
 const STATUSES: [&str; 10] = [

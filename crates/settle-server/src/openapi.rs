@@ -102,6 +102,7 @@ impl Modify for BearerAuth {
         crate::http::release,
         crate::http::reconcile,
         crate::http::get_record,
+        crate::http::principal,
         crate::http::revoke,
         crate::http::warn,
         crate::http::warnings,

@@ -32,6 +32,13 @@ impl Store for FailingStore {
     ) -> BoxFuture<'a, Result<Result<Option<Record>, RefusalCode>, StoreError>> {
         Box::pin(async { Err(StoreError::Io("disk gone".into())) })
     }
+    fn generation<'a>(
+        &'a self,
+        _: &'a TenantId,
+        _: &'a settle_core::Principal,
+    ) -> BoxFuture<'a, Result<Result<u64, RefusalCode>, StoreError>> {
+        Box::pin(async { Err(StoreError::Poisoned) })
+    }
     fn warnings<'a>(
         &'a self,
         _: &'a TenantId,
@@ -181,6 +188,13 @@ impl Store for Scripted {
     ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>> {
         self.inner.warnings(t, task)
     }
+    fn generation<'a>(
+        &'a self,
+        t: &'a TenantId,
+        p: &'a settle_core::Principal,
+    ) -> BoxFuture<'a, Result<Result<u64, RefusalCode>, StoreError>> {
+        self.inner.generation(t, p)
+    }
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
         self.inner.sweep()
     }
@@ -251,8 +265,15 @@ async fn the_router_answers_the_rules_over_any_store() {
         (s, v["decision"].as_str()),
         (StatusCode::OK, Some("in_flight"))
     );
+    let (s, v) = call(&app, "GET", "/v1/principals/p", "").await;
+    assert_eq!(v, serde_json::json!({"principal": "p", "generation": 0}));
+    assert_eq!(s, StatusCode::OK);
     let (s, v) = call(&app, "POST", "/v1/principals/p/revoke", "").await;
     assert_eq!((s, v["generation"].as_u64()), (StatusCode::OK, Some(1)));
+    let (_, v) = call(&app, "GET", "/v1/principals/p", "").await;
+    assert_eq!(v["generation"], 1, "GET reads what revoke wrote");
+    let (s, _) = call(&app, "GET", "/v1/principals/a%20b", "").await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY);
     let (s, v) = call(&app, "POST", "/v1/principals/p/revoke", r#"{"x":1}"#).await;
     assert_eq!(
         (s, v["code"].as_str()),
@@ -501,6 +522,13 @@ impl Store for Counting {
         task: &'a TaskId,
     ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>> {
         self.inner.warnings(t, task)
+    }
+    fn generation<'a>(
+        &'a self,
+        t: &'a TenantId,
+        p: &'a settle_core::Principal,
+    ) -> BoxFuture<'a, Result<Result<u64, RefusalCode>, StoreError>> {
+        self.inner.generation(t, p)
     }
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
         self.inner.sweep()

@@ -332,7 +332,9 @@ impl World {
                 self.hold(w, g.fence, Purpose::Reconcile);
                 self.call(w, Pending::Remote(RemoteOp::Query(g.fence)));
             }
-            ClaimDecision::InFlight { retry_after_ms } => self.wait_then_claim(w, retry_after_ms),
+            ClaimDecision::InFlight { retry_after_ms, .. } => {
+                self.wait_then_claim(w, retry_after_ms);
+            }
             ClaimDecision::Replay { .. } => self.finish(w, "replayed"),
         }
     }

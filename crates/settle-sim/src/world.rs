@@ -724,7 +724,7 @@ pub fn describe(r: &Result<Reply, String>) -> String {
         Ok(Reply::Claim(d)) => match d {
             settle_core::ClaimDecision::Execute(g) => format!("execute fence {}", g.fence.0),
             settle_core::ClaimDecision::Reconcile(g) => format!("reconcile fence {}", g.fence.0),
-            settle_core::ClaimDecision::InFlight { retry_after_ms } => {
+            settle_core::ClaimDecision::InFlight { retry_after_ms, .. } => {
                 format!("in_flight {retry_after_ms} ms")
             }
             settle_core::ClaimDecision::Replay { receipt, .. } => {

@@ -489,7 +489,7 @@ impl Op<'_> {
                         reconciled: false,
                     }));
                 }
-                ClaimDecision::InFlight { retry_after_ms } => {
+                ClaimDecision::InFlight { retry_after_ms, .. } => {
                     let wait = in_flight_wait(retry_after_ms);
                     if !self.deadline.allows(wait) {
                         return Err(RunError::DeadlineExceeded {

@@ -57,8 +57,13 @@ impl Summary for ClaimDecision {
                 g.attempt,
                 g.lease_expires_at
             ),
-            ClaimDecision::InFlight { retry_after_ms } => {
-                println!("in_flight  retry_after_ms={retry_after_ms}")
+            ClaimDecision::InFlight {
+                retry_after_ms,
+                lease_expires_at,
+            } => {
+                println!(
+                    "in_flight  retry_after_ms={retry_after_ms} lease_expires_at={lease_expires_at}"
+                )
             }
             ClaimDecision::Replay { outcome, receipt } => {
                 println!("replay  status={}", wire(&outcome.status));
