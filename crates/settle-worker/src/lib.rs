@@ -45,6 +45,7 @@ mod batch;
 mod error;
 pub mod fingerprint;
 pub mod names;
+mod reconciler;
 mod retry;
 mod run;
 mod transport;
@@ -54,7 +55,9 @@ pub use error::{BoxError, EffectError, RunError};
 pub use fingerprint::{
     FingerprintError, canonicalize, fingerprint, fingerprint_fields, select_fields, sha256,
 };
+pub use reconciler::{Inspect, KeyPage, Reconciler, Sweep};
 pub use run::{
-    DEFAULT_DEADLINE, Done, EffectContext, Finding, Reconciler, RunOptions, RunResult, run_once,
+    DEFAULT_DEADLINE, Done, EffectContext, Finding, Reconcile, ReconcileHook, RunOptions,
+    RunResult, run_once,
 };
 pub use transport::{LedgerTransport, Transport, TransportError};

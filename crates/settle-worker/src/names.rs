@@ -12,3 +12,6 @@ pub const RETRIES: &str = "settle_worker_retries_total";
 pub const IN_FLIGHT_WAITS: &str = "settle_worker_in_flight_waits_total";
 /// Counter: leases lost while the effect or the settle ran.
 pub const LEASES_LOST: &str = "settle_worker_leases_lost_total";
+/// Counter, label `result` (committed, not_committed, unavailable, skipped,
+/// error): records the [`Reconciler`](crate::Reconciler) looked at.
+pub const RECONCILER: &str = "settle_reconciler_records_total";

@@ -6,11 +6,13 @@
 //!   without calling the effect;
 //! * `in_flight` (§11.5): waits `retry_after_ms` with jitter and claims
 //!   again, until the caller's deadline;
-//! * `reconcile` (§11.4): asks the caller's [`Reconciler`] whether the remote
-//!   effect happened and reports the finding; `not_committed` continues as
-//!   `execute` under the same fence; without a hook the lease is handed back
-//!   (`reconcile(unavailable)`) and the run fails with
-//!   [`RunError::ReconcileRequired`];
+//! * `reconcile` (§11.4): asks the caller's [`ReconcileHook`] whether the
+//!   remote effect happened and reports the finding; `not_committed`
+//!   continues as `execute` under the same fence; without a hook the lease
+//!   is handed back (`reconcile(unavailable)`) and the run fails with
+//!   [`RunError::ReconcileRequired`]; with [`Reconcile::Resend`] (§11.9)
+//!   the effect runs again under the reconcile lease, for a remote that
+//!   de-duplicates by the key itself;
 //! * `execute` (§11.3): heartbeats at a third of `lease_ms` while the effect
 //!   runs, tells the effect through [`EffectContext::lease_lost`] when the
 //!   lease ended, then settles the outcome, retrying a settle that got no
@@ -30,8 +32,8 @@ use futures::FutureExt as _;
 use serde_json::Value;
 use settle_core::{
     Binding, ClaimDecision, Command, Digest, ErrorText, Fence, Grant, Heartbeat, InvalidInput, Key,
-    LeaseMs, Outcome, Principal, Receipt, Reconcile, Release, ReleaseReason, Reply, ResultJson,
-    RetentionS, Scopes, Settle, Text,
+    LeaseMs, Outcome, Principal, Receipt, Reconcile as ReconcileCmd, Release, ReleaseReason, Reply,
+    ResultJson, RetentionS, Scopes, Settle, Text,
 };
 use settle_ledger::BoxFuture;
 use tokio::time::Instant;
@@ -144,19 +146,55 @@ pub enum Finding {
 /// The caller's reconcile hook (SPEC §11 step 4): asks the remote, with the
 /// key and fence an earlier attempt passed to it, whether that attempt's
 /// effect happened. Any `Fn(Key, Fence) -> impl Future<Output =
-/// Result<Finding, BoxError>>` is one.
-pub trait Reconciler: Send + Sync {
+/// Result<Finding, BoxError>>` is one. The same hook serves `run_once` and
+/// the [`Reconciler`](crate::Reconciler) that sweeps records left `unknown`.
+pub trait ReconcileHook: Send + Sync {
     /// Finds out whether the effect for `key` happened.
     fn reconcile(&self, key: Key, fence: Fence) -> BoxFuture<'_, Result<Finding, BoxError>>;
 }
 
-impl<F, Fut> Reconciler for F
+/// What a run does with a `reconcile` grant (an earlier attempt may have
+/// reached the remote).
+#[derive(Clone)]
+pub enum Reconcile {
+    /// Ask this hook whether the effect happened (SPEC §11 step 4).
+    Hook(Arc<dyn ReconcileHook>),
+    /// Run the effect again, with the same key, under the reconcile lease
+    /// (SPEC §11.9): only for a remote that de-duplicates by the key itself
+    /// (it honours an `Idempotency-Key`, or it is behind settle), so that
+    /// a second send of an applied effect is answered, not applied again.
+    /// Success is reported `committed` with its outcome; any failure
+    /// `unavailable`. The effect's `dispatch` is a local no-op (a reconcile
+    /// lease cannot dispatch).
+    Resend,
+}
+
+impl Reconcile {
+    /// [`Reconcile::Hook`] from any hook (a closure included).
+    pub fn hook(h: impl ReconcileHook + 'static) -> Reconcile {
+        Reconcile::Hook(Arc::new(h))
+    }
+}
+
+impl<H: ReconcileHook + 'static> From<H> for Reconcile {
+    fn from(h: H) -> Reconcile {
+        Reconcile::hook(h)
+    }
+}
+
+impl<F, Fut> ReconcileHook for F
 where
     F: Fn(Key, Fence) -> Fut + Send + Sync,
     Fut: Future<Output = Result<Finding, BoxError>> + Send + 'static,
 {
     fn reconcile(&self, key: Key, fence: Fence) -> BoxFuture<'_, Result<Finding, BoxError>> {
         Box::pin(self(key, fence))
+    }
+}
+
+impl ReconcileHook for Arc<dyn ReconcileHook> {
+    fn reconcile(&self, key: Key, fence: Fence) -> BoxFuture<'_, Result<Finding, BoxError>> {
+        (**self).reconcile(key, fence)
     }
 }
 
@@ -175,7 +213,7 @@ pub struct RunOptions {
     worker: Option<String>,
     retention_s: Option<u64>,
     deadline: Option<Duration>,
-    reconcile: Option<Arc<dyn Reconciler>>,
+    reconcile: Option<Reconcile>,
 }
 
 impl std::fmt::Debug for RunOptions {
@@ -188,7 +226,14 @@ impl std::fmt::Debug for RunOptions {
             .field("lease_ms", &self.lease_ms)
             .field("marks_dispatch", &self.marks_dispatch)
             .field("deadline", &self.deadline)
-            .field("reconcile", &self.reconcile.is_some())
+            .field(
+                "reconcile",
+                &match &self.reconcile {
+                    None => "none",
+                    Some(Reconcile::Hook(_)) => "hook",
+                    Some(Reconcile::Resend) => "resend",
+                },
+            )
             .finish_non_exhaustive()
     }
 }
@@ -268,10 +313,11 @@ impl RunOptions {
         self.deadline = deadline;
         self
     }
-    /// The reconcile hook (SPEC §11 step 4).
+    /// What to do with a `reconcile` grant: a hook (SPEC §11 step 4; a
+    /// closure converts), or [`Reconcile::Resend`] (§11.9).
     #[must_use]
-    pub fn reconcile(mut self, hook: impl Reconciler + 'static) -> Self {
-        self.reconcile = Some(Arc::new(hook));
+    pub fn reconcile(mut self, r: impl Into<Reconcile>) -> Self {
+        self.reconcile = Some(r.into());
         self
     }
 
@@ -432,7 +478,12 @@ where
         return Ok(r);
     }
     if let Granted::Reconcile(g) = grant {
-        grant = op.reconcile(g, o.reconcile.as_deref()).await?;
+        let hook = match &o.reconcile {
+            Some(Reconcile::Resend) => return op.resend(g, effect).await,
+            Some(Reconcile::Hook(h)) => Some(&**h),
+            None => None,
+        };
+        grant = op.reconcile(g, hook).await?;
         if let Granted::Replay(r) = grant {
             return Ok(r);
         }
@@ -524,7 +575,7 @@ impl Op<'_> {
     async fn reconcile(
         &self,
         g: Grant,
-        hook: Option<&dyn Reconciler>,
+        hook: Option<&dyn ReconcileHook>,
     ) -> Result<Granted, RunError> {
         let lost = CancellationToken::new();
         let found = match hook {
@@ -534,6 +585,47 @@ impl Op<'_> {
                 self.with_heartbeats(g.fence, &lost, asked).await
             }
         };
+        self.report(g, found).await
+    }
+
+    /// SPEC §11.9: the effect again, with the same key, under the reconcile
+    /// lease (the remote de-duplicates by the key); its success is the
+    /// finding `committed`, any failure `unavailable`.
+    async fn resend<E>(&self, g: Grant, effect: E) -> Result<RunResult, RunError>
+    where
+        E: AsyncFnOnce(&EffectContext<'_>) -> Result<Done, EffectError>,
+    {
+        let ctx = EffectContext {
+            transport: self.t,
+            key: self.key.clone(),
+            fence: g.fence,
+            attempt: g.attempt,
+            // A reconcile lease cannot dispatch: `dispatch` is a no-op.
+            marks_dispatch: false,
+            dispatched: AtomicBool::new(false),
+            lease_lost: CancellationToken::new(),
+            deadline: self.deadline,
+        };
+        let ran = AssertUnwindSafe(effect(&ctx)).catch_unwind();
+        let ran = self.with_heartbeats(g.fence, &ctx.lease_lost, ran).await;
+        let found: Result<Finding, BoxError> = match ran {
+            Ok(Ok(done)) => Ok(Finding::Committed(done)),
+            Ok(Err(e)) => Err(Box::new(e)),
+            Err(_) => Err("the resent effect panicked".into()),
+        };
+        tracing::info!(key = %self.key, fence = g.fence.0, committed = found.is_ok(), "resent under the reconcile lease");
+        match self.report(g, found).await? {
+            Granted::Replay(r) => Ok(r),
+            _ => unreachable!("a committed finding answers a receipt, unavailable an error"),
+        }
+    }
+
+    /// Reports a finding (a hook's, or a resend's) under the reconcile lease.
+    async fn report(
+        &self,
+        g: Grant,
+        found: Result<Finding, BoxError>,
+    ) -> Result<Granted, RunError> {
         let (finding, failure) = match found {
             Ok(f) => (f, None),
             Err(e) => (Finding::Unavailable, Some(e)),
@@ -549,7 +641,7 @@ impl Op<'_> {
             Finding::NotCommitted => settle_core::Finding::NotCommitted,
             Finding::Unavailable => settle_core::Finding::Unavailable,
         };
-        let cmd = Command::Reconcile(Reconcile {
+        let cmd = Command::Reconcile(ReconcileCmd {
             key: self.key.clone(),
             fence: g.fence,
             finding: core_finding,
@@ -633,6 +725,12 @@ impl Op<'_> {
         };
         let outcome = match done.outcome() {
             Ok(o) => o,
+            Err(e) if nothing_sent => {
+                // SPEC §11.8: under marks_dispatch, a failure before the
+                // dispatch mark is "not sent", whatever it was.
+                self.release(g.fence, ReleaseReason::NotDispatched).await;
+                return Err(e);
+            }
             Err(e) => {
                 // The effect ran but its result cannot be recorded.
                 let receipt = self

@@ -20,15 +20,19 @@ pub struct TestLedger {
     pub transport: Arc<dyn Transport>,
     /// The client of an HTTP ledger.
     pub client: Option<settle_client::Client>,
+    /// The in-process ledger's transport.
+    pub local: Option<LedgerTransport>,
     server: Option<(oneshot::Sender<()>, JoinHandle<()>, tempfile::TempDir)>,
 }
 
 impl TestLedger {
     pub fn in_process() -> TestLedger {
         let ledger = Ledger::new(Arc::new(MemStore::default()));
+        let local = LedgerTransport::new(ledger);
         TestLedger {
-            transport: Arc::new(LedgerTransport::new(ledger)),
+            transport: Arc::new(local.clone()),
             client: None,
+            local: Some(local),
             server: None,
         }
     }
@@ -75,6 +79,7 @@ impl TestLedger {
         TestLedger {
             transport: Arc::new(client.clone()),
             client: Some(client),
+            local: None,
             server: Some((stop, handle, dir)),
         }
     }
@@ -83,6 +88,15 @@ impl TestLedger {
         if let Some((stop, handle, _dir)) = self.server {
             let _ = stop.send(());
             handle.await.expect("the server shut down");
+        }
+    }
+
+    /// A reconciler over this ledger (SPEC §11.10), without hooks.
+    pub fn reconciler(&self) -> settle_worker::Reconciler {
+        match (&self.local, &self.client) {
+            (Some(l), _) => settle_worker::Reconciler::new(l.clone()),
+            (_, Some(c)) => settle_worker::Reconciler::new(c.clone()),
+            _ => unreachable!("a ledger is in process or over HTTP"),
         }
     }
 
