@@ -1,4 +1,4 @@
-import { type Binding, type ClaimDecision, type Dispatched, type Grant, type LeaseInfo, type OperationRecord, type Outcome, type Receipt, type Released, type Revoked, type WarningRecord } from './types.js';
+import { type BatchCall, type BatchResult, type Binding, type ClaimDecision, type Dispatched, type Grant, type LeaseInfo, type ListParams, type OperationPage, type OperationRecord, type Outcome, type Receipt, type Released, type Revoked, type Stats, type WarningRecord } from './types.js';
 import { type Effect, type RunOptions, type RunResult } from './worker.js';
 export interface ClientOptions {
     /** Base URL of a `settle serve`, e.g. http://127.0.0.1:7411 */
@@ -39,6 +39,17 @@ export declare class Client {
         outcome?: Outcome;
     }): Promise<ReconcileAnswer>;
     get(key: string): Promise<OperationRecord>;
+    /** SPEC §9: one page of the tenant's records, filtered; pass `next` as
+     * `after` (with the same filters) for the next page, until it is null. */
+    list(params?: ListParams): Promise<OperationPage>;
+    /** SPEC §9: the tenant's counts by status and flag. */
+    stats(): Promise<Stats>;
+    /** SPEC §10: several calls in one request, applied in order (not
+     * atomically); one result per call, each what the single call would have
+     * answered. */
+    batch(calls: readonly BatchCall[]): Promise<BatchResult[]>;
+    /** SPEC §7: the principal's current generation (0 for one never seen). */
+    principal(principal: string): Promise<number>;
     revoke(principal: string): Promise<Revoked>;
     warn(task: string, cls: string, detail?: string): Promise<WarningRecord>;
     warnings(task: string): Promise<WarningRecord[]>;
@@ -51,6 +62,6 @@ export declare class Client {
     metrics(): Promise<string>;
     openapi(): Promise<Record<string, unknown>>;
     /** SPEC §11: run `effect` at most once for `key` (see runOnce). */
-    runOnce<R = unknown>(key: string, request: unknown, effect: Effect<R>, options: RunOptions): Promise<RunResult>;
+    runOnce<R = unknown>(key: string, request: unknown, effect: Effect<R>, options: RunOptions): Promise<RunResult<R>>;
 }
 export { seg as encodeSegment };

@@ -1,7 +1,31 @@
 // The typed HTTP client of SPEC §7, on the built-in fetch.
 import { problemError, TransportError } from './errors.js';
-import { claimFromWire, outcomeToWire, receiptFromWire, recordFromWire, warningFromWire, } from './types.js';
+import { claimFromWire, outcomeToWire, receiptFromWire, recordFromWire, statsFromWire, summaryFromWire, warningFromWire, } from './types.js';
 import { runOnce } from './worker.js';
+function query(params) {
+    const q = [];
+    const add = (name, v) => q.push(`${name}=${encodeURIComponent(v)}`);
+    if (params.status !== undefined)
+        add('status', typeof params.status === 'string' ? params.status : params.status.join(','));
+    for (const [name, v] of [
+        ['reconcile_required', params.reconcileRequired],
+        ['disputed', params.disputed],
+        ['stuck', params.stuck],
+        ['quarantined', params.quarantined],
+    ]) {
+        if (v !== undefined)
+            add(name, v ? 'true' : 'false');
+    }
+    if (params.keyPrefix !== undefined)
+        add('key_prefix', params.keyPrefix);
+    if (params.order !== undefined)
+        add('order', params.order);
+    if (params.limit !== undefined)
+        add('limit', String(params.limit));
+    if (params.after !== undefined && params.after !== null)
+        add('after', String(params.after));
+    return q.length ? '?' + q.join('&') : '';
+}
 /** Every byte but the unreserved ones percent-encoded (SPEC §7 path segments). */
 function seg(s) {
     if (typeof s !== 'string')
@@ -127,6 +151,32 @@ export class Client {
     }
     async get(key) {
         return recordFromWire(await this.send('GET', `/v1/operations/${seg(key)}`));
+    }
+    /** SPEC §9: one page of the tenant's records, filtered; pass `next` as
+     * `after` (with the same filters) for the next page, until it is null. */
+    async list(params = {}) {
+        const d = await this.send('GET', `/v1/operations${query(params)}`);
+        return { operations: d.operations.map(summaryFromWire), next: d.next === null || d.next === undefined ? null : String(d.next) };
+    }
+    /** SPEC §9: the tenant's counts by status and flag. */
+    async stats() {
+        return statsFromWire(await this.send('GET', '/v1/stats'));
+    }
+    /** SPEC §10: several calls in one request, applied in order (not
+     * atomically); one result per call, each what the single call would have
+     * answered. */
+    async batch(calls) {
+        const d = await this.send('POST', '/v1/batch', { calls });
+        return d.results.map((r) => ({
+            status: r.status,
+            body: r.body,
+            error: r.status === 200 ? null : problemError(r.status, r.body),
+        }));
+    }
+    /** SPEC §7: the principal's current generation (0 for one never seen). */
+    async principal(principal) {
+        const d = await this.send('GET', `/v1/principals/${seg(principal)}`);
+        return uint('generation', d.generation);
     }
     async revoke(principal) {
         const d = await this.send('POST', `/v1/principals/${seg(principal)}/revoke`, {});

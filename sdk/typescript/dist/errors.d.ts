@@ -66,6 +66,10 @@ export declare class TooManyClasses extends Refusal {
 /** 503 `unavailable`: retryable; `retryAfterS` from Retry-After. */
 export declare class Unavailable extends ProblemError {
 }
+/** 429 `rate_limited`: retried like 503 `unavailable` (honouring
+ * `retryAfterS`) by the SDK's retry loops until their deadline. */
+export declare class RateLimited extends ProblemError {
+}
 /** 503 `record_refused` (SPEC §6.9): an operator must look; not retried. */
 export declare class RecordRefused extends ProblemError {
 }
@@ -73,12 +77,16 @@ type ProblemClass = new (status: number, code: string, body: unknown) => Problem
 export declare const PROBLEM_CLASSES: Readonly<Record<string, ProblemClass>>;
 /** The typed error of a problem answer. */
 export declare function problemError(status: number, body: unknown, retryAfterS?: number | null): ProblemError;
-/** SPEC §11.4: a `reconcile` lease was granted and no hook was given (the
- * lease was handed back with reconcile(unavailable)). */
+/** SPEC §11.4: a `reconcile` lease was granted and no hook was given, the
+ * hook answered `unavailable` (or threw), or a resend failed (SPEC §11.9);
+ * the lease was handed back with reconcile(unavailable): the record stays
+ * `unknown`. `cause`: the hook's or the resent effect's error, if any. */
 export declare class ReconcileRequired extends SettleError {
     readonly key: string;
     readonly fence: number;
-    constructor(key: string, fence: number);
+    constructor(key: string, fence: number, why?: string, options?: {
+        cause?: unknown;
+    });
 }
 /** The caller's deadline passed while waiting or retrying; `cause` is the last error. */
 export declare class DeadlineExceeded extends SettleError {
@@ -90,11 +98,31 @@ export declare class OutcomeUnknown extends SettleError {
     readonly receipt: unknown;
     constructor(key: string, receipt: unknown, cause: unknown);
 }
-/** Throw from an effect when nothing reached the remote: the lease is released. */
+/** SPEC §11.8: throw from an effect (or a `makeIdempotent` function) when
+ * nothing reached the remote: the lease is released (`not_dispatched` when
+ * the claim used `marksDispatch` and no dispatch was marked, else
+ * `not_committed`: the caller attests that nothing was applied) and the
+ * next run executes. Under `marksDispatch`, any error thrown before
+ * `ctx.dispatch()` counts as this. */
 export declare class EffectNotSent extends SettleError {
 }
-/** Throw from an effect when the remote definitively refused it (nothing
- * applied): the lease is released with `not_committed`. */
+/** SPEC §11.8: throw from an effect when the remote refused it for certain
+ * (nothing was applied: a validation error, 409, 425, 429): the lease is
+ * released with `not_committed` and the next run executes. */
 export declare class EffectRefused extends SettleError {
+}
+/** The value an effect returned cannot be stored as JSON (a BigInt, a Map,
+ * a Set, a class instance, NaN, a function, ...) and no `serializer` turned
+ * it into JSON. `typeName` names the value's type, `path` (a JSON pointer)
+ * where it sits in the result. Before the dispatch mark (`marksDispatch`)
+ * the lease is released and this error is thrown; after it the record is
+ * settled `unknown` with this message and `OutcomeUnknown` is thrown with
+ * this error as its `cause`. Never silently run again. */
+export declare class ResultNotSerializable extends SettleError {
+    readonly typeName: string;
+    readonly path: string;
+    constructor(typeName: string, path: string, options?: {
+        cause?: unknown;
+    });
 }
 export {};

@@ -9,6 +9,11 @@ export interface RoutePolicy {
     failOpen?: boolean;
     /** The handler counts as failed (unknown) after this many ms. Default: none. */
     timeoutMs?: number | null;
+    /** Seconds a duplicate of a request still running waits for its outcome
+     * (claiming again after the ledger's retry hint) before it answers 409
+     * `request_in_progress`: the outcome, if it arrives, is replayed (default
+     * 0: no wait). */
+    wait?: number;
 }
 export interface Logger {
     info(msg: string): void;
@@ -22,6 +27,26 @@ export type Principal = string | {
     principal: string;
     generation?: number;
 } | null | undefined;
+/** The response a middleware reconcile hook found: what the first request's
+ * handler answered (e.g. rebuilt from the upstream's record). A body that is
+ * neither a string nor bytes is sent as JSON (content-type
+ * application/json unless given). */
+export interface ReconciledResponse {
+    status: number;
+    headers?: Record<string, string> | ReadonlyArray<readonly [string, string]>;
+    body?: string | Uint8Array | unknown;
+}
+/** What a middleware reconcile hook found (SPEC §8): the effect applied,
+ * with the response to store and replay; not applied (the handler runs
+ * under the same fence); or it cannot tell (409 `outcome_unknown`). */
+export type MiddlewareFinding = 'not_committed' | 'unavailable' | {
+    finding: 'committed';
+    response: ReconciledResponse;
+};
+/** Asked when a retry finds the record `unknown`: the ledger key, the
+ * reconcile lease's fence and the retried request (read its headers; do
+ * not consume its body, the handler may still need it). */
+export type MiddlewareReconcileHook = (ledgerKey: string, fence: number, req: IncomingMessage) => Promise<MiddlewareFinding> | MiddlewareFinding;
 /** The `principal` option: the request → its caller. It must name the
  * caller's account, stable across credential refresh: never a token or a
  * header value (a retry sent after an OAuth refresh must replay). */
@@ -50,9 +75,14 @@ export interface IdempotencyOptions {
     retentionS?: number;
     timeoutMs?: number | null;
     failOpen?: boolean;
+    /** Seconds a duplicate waits for the running request's outcome (RoutePolicy.wait; default 0). */
+    wait?: number;
     unavailableRetryAfterS?: number;
-    /** Resolves a record left unknown: "not_committed" runs the handler again. */
-    reconcile?: (ledgerKey: string, fence: number, req: IncomingMessage) => Promise<'not_committed' | 'unavailable'> | 'not_committed' | 'unavailable';
+    /** Resolves a record left unknown when a retry arrives (SPEC §8):
+     * `{ finding: 'committed', response }` stores and replays that response,
+     * 'not_committed' runs the handler under the same fence, 'unavailable'
+     * (or a throw) answers 409 `outcome_unknown`. */
+    reconcile?: MiddlewareReconcileHook;
     /** Called with every escaped failure (default: console.error). */
     onError?: (err: unknown, req: IncomingMessage) => void;
     logger?: Logger;

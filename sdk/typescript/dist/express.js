@@ -1,6 +1,7 @@
 import { BindingMismatch, FingerprintMismatch, InvalidRequest, ReceiptRequired } from './errors.js';
 import * as mw from './mwcore.js';
 import { Deadline, retrying, startHeartbeat } from './worker.js';
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const STATE = Symbol.for('settle.idempotency');
 const RETRYABLE = Symbol.for('settle.idempotency.retryable');
 /** Mark the response as saying nothing happened: not stored, the lease is
@@ -93,7 +94,19 @@ export function idempotency(options) {
     const leaseMs = options.leaseMs ?? 30_000;
     const log = options.logger ?? silent;
     const onError = options.onError ?? ((err) => console.error('idempotency: handler failed', err));
-    const defaultPolicy = { required: true, failOpen: options.failOpen ?? false, timeoutMs: options.timeoutMs ?? null };
+    const checkWait = (w) => {
+        if (w === undefined)
+            return 0;
+        if (typeof w !== 'number' || !Number.isFinite(w) || w < 0)
+            throw new RangeError(`the wait option is seconds >= 0, got ${String(w)}`);
+        return w;
+    };
+    const defaultPolicy = {
+        required: true,
+        failOpen: options.failOpen ?? false,
+        timeoutMs: options.timeoutMs ?? null,
+        wait: checkWait(options.wait),
+    };
     const stats = {};
     const count = (k) => {
         stats[k] = (stats[k] ?? 0) + 1;
@@ -103,7 +116,12 @@ export function idempotency(options) {
             const p = options.routes(method, path);
             if (!p)
                 return null;
-            return { required: p.required ?? true, failOpen: p.failOpen ?? false, timeoutMs: p.timeoutMs ?? defaultPolicy.timeoutMs ?? null };
+            return {
+                required: p.required ?? true,
+                failOpen: p.failOpen ?? false,
+                timeoutMs: p.timeoutMs ?? defaultPolicy.timeoutMs ?? null,
+                wait: p.wait === undefined ? (defaultPolicy.wait ?? 0) : checkWait(p.wait),
+            };
         }
         return methods.has(method.toUpperCase()) ? defaultPolicy : null;
     }
@@ -222,19 +240,27 @@ export function idempotency(options) {
         const lkey = mw.ledgerKey(namespace, principal, key);
         const binding = { principal: mw.bindingPrincipal(principal), scopes: [], generation };
         let dec;
-        try {
-            dec = await client.claim(lkey, fp, binding, {
-                leaseMs,
-                worker: mw.workerLabel(key, principal),
-                marksDispatch: true,
-                ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
-            });
-        }
-        catch (e) {
-            if (e instanceof FingerprintMismatch || e instanceof BindingMismatch) {
-                return refuse(res, 422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
+        // A duplicate of a request still running waits up to policy.wait
+        // seconds for its outcome, claiming again after the ledger's hint.
+        const waiting = new Deadline((policy.wait ?? 0) * 1000);
+        for (;;) {
+            try {
+                dec = await client.claim(lkey, fp, binding, {
+                    leaseMs,
+                    worker: mw.workerLabel(key, principal),
+                    marksDispatch: true,
+                    ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
+                });
             }
-            return ledgerFailed(res, next, policy, key, e, 'claim');
+            catch (e) {
+                if (e instanceof FingerprintMismatch || e instanceof BindingMismatch) {
+                    return refuse(res, 422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
+                }
+                return ledgerFailed(res, next, policy, key, e, 'claim');
+            }
+            if (dec.decision !== 'in_flight' || waiting.left() <= 0)
+                break;
+            await sleep(Math.min(dec.retryAfterMs, waiting.left()));
         }
         if (dec.decision === 'replay')
             return replay(res, key, dec.outcome.result);
@@ -242,12 +268,14 @@ export function idempotency(options) {
             count('request_in_progress');
             log.info(`idempotency: key ${key} in progress`);
             return problem(res, 409, 'request_in_progress', 'a request with this Idempotency-Key is still being processed', [
-                ['retry-after', mw.retryAfterHeader(dec.retryAfterMs)],
+                ['retry-after', inProgressRetryAfter(dec)],
             ]);
         }
         let grant = dec;
         if (grant.decision === 'reconcile') {
-            const g = await reconcile(req, lkey, grant, key);
+            const g = await reconcile(req, res, lkey, grant, key, fp, binding);
+            if (g === 'answered')
+                return;
             if (!g)
                 return refuse(res, 409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
             grant = g;
@@ -290,30 +318,91 @@ export function idempotency(options) {
                 'the record becomes unknown when its lease lapses', e);
         }
     }
-    async function reconcile(req, lkey, grant, key) {
+    /** `Retry-After` of request_in_progress: the time the running lease has
+     * left, in whole seconds, at least 1 and at least the ledger's hint. */
+    function inProgressRetryAfter(d) {
+        return String(mw.inProgressRetryAfterS(d.retryAfterMs, d.leaseExpiresAt));
+    }
+    /** SPEC §8: a retry found the record `unknown` (a reconcile lease).
+     * Returns the execute grant under the same fence (not_committed: run the
+     * handler), 'answered' (the found response was settled and replayed), or
+     * null (409 `outcome_unknown`: the record stays unknown). */
+    async function reconcile(req, res, lkey, grant, key, fp, binding) {
+        const fence = grant.fence;
+        const lease = new Deadline(leaseMs);
         let finding = 'unavailable';
         if (options.reconcile) {
+            const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, new AbortController());
             try {
-                finding = await options.reconcile(lkey, grant.fence, req);
+                finding = await options.reconcile(lkey, fence, req);
             }
             catch (e) {
                 log.error(`idempotency: reconcile hook failed for key ${key}`, e);
+                finding = 'unavailable';
             }
+            finally {
+                stopHeartbeat();
+            }
+        }
+        let found = null;
+        if (typeof finding === 'object' && finding !== null && finding.finding === 'committed') {
+            try {
+                found = foundResponse(finding.response);
+            }
+            catch (e) {
+                log.error(`idempotency: the reconcile hook of key ${key} found an invalid response; taken as unavailable`, e);
+                finding = 'unavailable';
+            }
+        }
+        else if (finding !== 'not_committed' && finding !== 'unavailable') {
+            log.error(`idempotency: the reconcile hook of key ${key} returned ${JSON.stringify(finding)}; taken as unavailable`);
+            finding = 'unavailable';
         }
         try {
+            if (found) {
+                const { result, responseSha256 } = mw.encodeResponse(found.status, found.headers, found.body, stored_(), maxStoredBody);
+                const status = found.status;
+                await retrying(() => client.reconcile(lkey, fence, 'committed', { fingerprint: fp, binding, outcome: { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 } }), lease, 'reconcile');
+                count('reconciled');
+                log.info(`idempotency: key ${key} reconciled: the hook found its response (${status})`);
+                replay(res, key, result);
+                return 'answered';
+            }
             if (finding === 'not_committed') {
-                const ans = await client.reconcile(lkey, grant.fence, 'not_committed');
-                if ('decision' in ans)
+                const ans = await retrying(() => client.reconcile(lkey, fence, 'not_committed'), lease, 'reconcile');
+                if ('decision' in ans) {
+                    log.info(`idempotency: key ${key} reconciled: not committed, the handler runs (fence ${fence})`);
                     return ans;
+                }
+                return null;
             }
-            else {
-                await client.reconcile(lkey, grant.fence, 'unavailable');
-            }
+            await retrying(() => client.reconcile(lkey, fence, 'unavailable'), lease, 'reconcile');
         }
-        catch {
-            log.warn(`idempotency: reconcile of key ${key} got no answer`);
+        catch (e) {
+            // The reconcile lease lapses: the record stays unknown.
+            log.warn(`idempotency: reconcile of key ${key} failed: ${String(e)}`);
         }
         return null;
+    }
+    /** A hook's response as status, headers and body bytes. */
+    function foundResponse(r) {
+        if (!r || typeof r !== 'object' || !Number.isInteger(r.status) || r.status < 100 || r.status > 599) {
+            throw new TypeError('a committed finding needs response: { status (100-599), headers?, body? }');
+        }
+        const headers = (Array.isArray(r.headers) ? r.headers : Object.entries(r.headers ?? {})).map(([n, v]) => [String(n).toLowerCase(), String(v)]);
+        let body;
+        if (r.body === undefined || r.body === null)
+            body = Buffer.alloc(0);
+        else if (typeof r.body === 'string')
+            body = Buffer.from(r.body, 'utf8');
+        else if (r.body instanceof Uint8Array)
+            body = Buffer.from(r.body);
+        else {
+            body = Buffer.from(JSON.stringify(r.body), 'utf8');
+            if (!headers.some(([n]) => n === 'content-type'))
+                headers.push(['content-type', 'application/json']);
+        }
+        return { status: r.status, headers, body };
     }
     async function execute(req, res, next, policy, key, lkey, fp, binding, fence) {
         count('executed');

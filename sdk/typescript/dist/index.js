@@ -2,7 +2,8 @@
 export * from './errors.js';
 export * from './types.js';
 export { Client } from './client.js';
-export { runOnce, } from './worker.js';
+export { runOnce, makeIdempotent, encodeResult, } from './worker.js';
+export { Reconciler } from './reconciler.js';
 export { canonicalize, fingerprint, selectFields, sha256Hex, FingerprintError } from './jcs.js';
 export { idempotency, markRetryable, fixedPrincipal, authenticatedPrincipal, } from './express.js';
 export * as middlewareCore from './mwcore.js';

@@ -49,6 +49,10 @@ export declare const FORBIDDEN_DETAIL = "the ledger refused this caller's bindin
 export declare function problemBody(status: number, code: string, detail: string): Buffer;
 /** Whole seconds, at least 1 (SPEC §8). */
 export declare function retryAfterHeader(retryAfterMs: number): string;
+/** SPEC §8 (amended): the `Retry-After` of `request_in_progress` in whole
+ * seconds: the time the running lease has left (ceil of lease_expires_at −
+ * now), at least 1, and at least the ledger's `retry_after_ms` hint. */
+export declare function inProgressRetryAfterS(retryAfterMs: number, leaseExpiresAt: string | null | undefined, now?: number): number;
 /** How the middleware answers a ledger call (claim, dispatch) that failed. */
 export interface LedgerFailure {
     /** A route with failOpen may run the handler: settle gave no answer, or a 503 `unavailable`. */

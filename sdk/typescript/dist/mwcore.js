@@ -252,6 +252,16 @@ export function problemBody(status, code, detail) {
 export function retryAfterHeader(retryAfterMs) {
     return String(Math.max(1, Math.ceil(retryAfterMs / 1000)));
 }
+/** SPEC §8 (amended): the `Retry-After` of `request_in_progress` in whole
+ * seconds: the time the running lease has left (ceil of lease_expires_at −
+ * now), at least 1, and at least the ledger's `retry_after_ms` hint. */
+export function inProgressRetryAfterS(retryAfterMs, leaseExpiresAt, now = Date.now()) {
+    let s = Math.max(1, Math.ceil(retryAfterMs / 1000));
+    const at = leaseExpiresAt ? Date.parse(leaseExpiresAt) : NaN;
+    if (Number.isFinite(at))
+        s = Math.max(s, Math.ceil((at - now) / 1000));
+    return s;
+}
 /** SPEC §8's rule for a claim or dispatch that failed, shared by the three
  * SDKs: no answer or 503 `unavailable` → 503 `idempotency_unavailable`
  * (fail-open allowed); `stale_binding` → 403 `idempotency_forbidden`;

@@ -1,6 +1,3 @@
-// Typed views of the SPEC §7 answers. Field names are camelCase; the wire
-// is snake_case. Fences and generations are JavaScript numbers: exact over
-// the whole SPEC §2 range [0, 2^53 − 1] (Number.MAX_SAFE_INTEGER).
 export function outcomeFromWire(d) {
     return { status: d.status, result: d.result ?? null, responseSha256: d.response_sha256 ?? null, error: d.error ?? null };
 }
@@ -31,7 +28,7 @@ export function claimFromWire(d) {
         case 'reconcile':
             return { decision: d.decision, fence: d.fence, leaseExpiresAt: d.lease_expires_at, attempt: d.attempt };
         case 'in_flight':
-            return { decision: 'in_flight', retryAfterMs: d.retry_after_ms };
+            return { decision: 'in_flight', retryAfterMs: d.retry_after_ms, leaseExpiresAt: d.lease_expires_at ?? null };
         case 'replay':
             return { decision: 'replay', outcome: outcomeFromWire(d.outcome), receipt: receiptFromWire(d.receipt) };
         default:
@@ -65,6 +62,37 @@ export function recordFromWire(d) {
         createdAt: d.created_at,
         updatedAt: d.updated_at,
         expiresAt: d.expires_at ?? null,
+        raw: d,
+    };
+}
+export function summaryFromWire(d) {
+    const l = d.lease;
+    return {
+        key: d.key,
+        status: d.status,
+        rank: d.rank,
+        reconcileRequired: d.reconcile_required,
+        disputed: d.disputed,
+        stuck: d.stuck,
+        quarantined: d.quarantined,
+        lease: l ? { fence: l.fence, purpose: l.purpose, expiresAt: l.expires_at, dispatched: l.dispatched ?? null } : null,
+        attempts: d.attempts,
+        createdAt: d.created_at,
+        updatedAt: d.updated_at,
+        expiresAt: d.expires_at ?? null,
+        raw: d,
+    };
+}
+export function statsFromWire(d) {
+    return {
+        byStatus: d.by_status,
+        total: d.total,
+        reconcileRequired: d.reconcile_required,
+        disputed: d.disputed,
+        stuck: d.stuck,
+        quarantined: d.quarantined,
+        quarantinedRecords: d.quarantined_records,
+        refused: d.refused,
         raw: d,
     };
 }

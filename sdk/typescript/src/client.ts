@@ -1,24 +1,50 @@
 // The typed HTTP client of SPEC §7, on the built-in fetch.
 import { problemError, TransportError } from './errors.js';
 import {
+  type BatchCall,
+  type BatchResult,
   type Binding,
   type ClaimDecision,
   type Dispatched,
   type Grant,
   type LeaseInfo,
+  type ListParams,
+  type OperationPage,
   type OperationRecord,
   type Outcome,
   type Receipt,
   type Released,
   type Revoked,
+  type Stats,
   type WarningRecord,
   claimFromWire,
   outcomeToWire,
   receiptFromWire,
   recordFromWire,
+  statsFromWire,
+  summaryFromWire,
   warningFromWire,
 } from './types.js';
 import { runOnce, type Effect, type RunOptions, type RunResult } from './worker.js';
+
+function query(params: ListParams): string {
+  const q: string[] = [];
+  const add = (name: string, v: string) => q.push(`${name}=${encodeURIComponent(v)}`);
+  if (params.status !== undefined) add('status', typeof params.status === 'string' ? params.status : params.status.join(','));
+  for (const [name, v] of [
+    ['reconcile_required', params.reconcileRequired],
+    ['disputed', params.disputed],
+    ['stuck', params.stuck],
+    ['quarantined', params.quarantined],
+  ] as const) {
+    if (v !== undefined) add(name, v ? 'true' : 'false');
+  }
+  if (params.keyPrefix !== undefined) add('key_prefix', params.keyPrefix);
+  if (params.order !== undefined) add('order', params.order);
+  if (params.limit !== undefined) add('limit', String(params.limit));
+  if (params.after !== undefined && params.after !== null) add('after', String(params.after));
+  return q.length ? '?' + q.join('&') : '';
+}
 
 export interface ClientOptions {
   /** Base URL of a `settle serve`, e.g. http://127.0.0.1:7411 */
@@ -168,6 +194,36 @@ export class Client {
     return recordFromWire(await this.send('GET', `/v1/operations/${seg(key)}`));
   }
 
+  /** SPEC §9: one page of the tenant's records, filtered; pass `next` as
+   * `after` (with the same filters) for the next page, until it is null. */
+  async list(params: ListParams = {}): Promise<OperationPage> {
+    const d = await this.send('GET', `/v1/operations${query(params)}`);
+    return { operations: (d.operations as W[]).map(summaryFromWire), next: d.next === null || d.next === undefined ? null : String(d.next) };
+  }
+
+  /** SPEC §9: the tenant's counts by status and flag. */
+  async stats(): Promise<Stats> {
+    return statsFromWire(await this.send('GET', '/v1/stats'));
+  }
+
+  /** SPEC §10: several calls in one request, applied in order (not
+   * atomically); one result per call, each what the single call would have
+   * answered. */
+  async batch(calls: readonly BatchCall[]): Promise<BatchResult[]> {
+    const d = await this.send('POST', '/v1/batch', { calls });
+    return (d.results as W[]).map((r) => ({
+      status: r.status,
+      body: r.body,
+      error: r.status === 200 ? null : problemError(r.status, r.body),
+    }));
+  }
+
+  /** SPEC §7: the principal's current generation (0 for one never seen). */
+  async principal(principal: string): Promise<number> {
+    const d = await this.send('GET', `/v1/principals/${seg(principal)}`);
+    return uint('generation', d.generation);
+  }
+
   async revoke(principal: string): Promise<Revoked> {
     const d = await this.send('POST', `/v1/principals/${seg(principal)}/revoke`, {});
     return { principal: d.principal, generation: d.generation };
@@ -200,7 +256,7 @@ export class Client {
   }
 
   /** SPEC §11: run `effect` at most once for `key` (see runOnce). */
-  runOnce<R = unknown>(key: string, request: unknown, effect: Effect<R>, options: RunOptions): Promise<RunResult> {
+  runOnce<R = unknown>(key: string, request: unknown, effect: Effect<R>, options: RunOptions): Promise<RunResult<R>> {
     return runOnce(this, key, request, effect, options);
   }
 }

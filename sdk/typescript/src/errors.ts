@@ -65,6 +65,9 @@ export class ReceiptRequired extends Refusal {}
 export class TooManyClasses extends Refusal {}
 /** 503 `unavailable`: retryable; `retryAfterS` from Retry-After. */
 export class Unavailable extends ProblemError {}
+/** 429 `rate_limited`: retried like 503 `unavailable` (honouring
+ * `retryAfterS`) by the SDK's retry loops until their deadline. */
+export class RateLimited extends ProblemError {}
 /** 503 `record_refused` (SPEC §6.9): an operator must look; not retried. */
 export class RecordRefused extends ProblemError {}
 
@@ -87,10 +90,11 @@ export const PROBLEM_CLASSES: Readonly<Record<string, ProblemClass>> = {
   receipt_required: ReceiptRequired,
   too_many_classes: TooManyClasses,
   unavailable: Unavailable,
+  rate_limited: RateLimited,
   record_refused: RecordRefused,
 };
 
-const DEFAULT_CODES: Record<number, string> = { 401: 'unauthorized', 404: 'not_found', 413: 'payload_too_large', 503: 'unavailable' };
+const DEFAULT_CODES: Record<number, string> = { 401: 'unauthorized', 404: 'not_found', 413: 'payload_too_large', 429: 'rate_limited', 503: 'unavailable' };
 
 /** The typed error of a problem answer. */
 export function problemError(status: number, body: unknown, retryAfterS: number | null = null): ProblemError {
@@ -102,13 +106,15 @@ export function problemError(status: number, body: unknown, retryAfterS: number 
   return e;
 }
 
-/** SPEC §11.4: a `reconcile` lease was granted and no hook was given (the
- * lease was handed back with reconcile(unavailable)). */
+/** SPEC §11.4: a `reconcile` lease was granted and no hook was given, the
+ * hook answered `unavailable` (or threw), or a resend failed (SPEC §11.9);
+ * the lease was handed back with reconcile(unavailable): the record stays
+ * `unknown`. `cause`: the hook's or the resent effect's error, if any. */
 export class ReconcileRequired extends SettleError {
   readonly key: string;
   readonly fence: number;
-  constructor(key: string, fence: number) {
-    super(`operation ${JSON.stringify(key)} needs reconciliation (fence ${fence}); no reconcile hook was given`);
+  constructor(key: string, fence: number, why = 'no reconcile hook was given', options?: { cause?: unknown }) {
+    super(`operation ${JSON.stringify(key)} needs reconciliation (fence ${fence}); ${why}`, options);
     this.key = key;
     this.fence = fence;
   }
@@ -123,15 +129,44 @@ export class OutcomeUnknown extends SettleError {
   readonly key: string;
   readonly receipt: unknown;
   constructor(key: string, receipt: unknown, cause: unknown) {
-    super(`the outcome of operation ${JSON.stringify(key)} is unknown; it must be reconciled`, { cause });
+    const why = cause instanceof Error ? `: ${cause.message}` : '';
+    super(`the outcome of operation ${JSON.stringify(key)} is unknown; it must be reconciled${why}`, { cause });
     this.key = key;
     this.receipt = receipt;
   }
 }
 
-/** Throw from an effect when nothing reached the remote: the lease is released. */
+/** SPEC §11.8: throw from an effect (or a `makeIdempotent` function) when
+ * nothing reached the remote: the lease is released (`not_dispatched` when
+ * the claim used `marksDispatch` and no dispatch was marked, else
+ * `not_committed`: the caller attests that nothing was applied) and the
+ * next run executes. Under `marksDispatch`, any error thrown before
+ * `ctx.dispatch()` counts as this. */
 export class EffectNotSent extends SettleError {}
 
-/** Throw from an effect when the remote definitively refused it (nothing
- * applied): the lease is released with `not_committed`. */
+/** SPEC §11.8: throw from an effect when the remote refused it for certain
+ * (nothing was applied: a validation error, 409, 425, 429): the lease is
+ * released with `not_committed` and the next run executes. */
 export class EffectRefused extends SettleError {}
+
+/** The value an effect returned cannot be stored as JSON (a BigInt, a Map,
+ * a Set, a class instance, NaN, a function, ...) and no `serializer` turned
+ * it into JSON. `typeName` names the value's type, `path` (a JSON pointer)
+ * where it sits in the result. Before the dispatch mark (`marksDispatch`)
+ * the lease is released and this error is thrown; after it the record is
+ * settled `unknown` with this message and `OutcomeUnknown` is thrown with
+ * this error as its `cause`. Never silently run again. */
+export class ResultNotSerializable extends SettleError {
+  readonly typeName: string;
+  readonly path: string;
+  constructor(typeName: string, path: string, options?: { cause?: unknown }) {
+    super(
+      `the effect returned ${/^[AEIOU]/.test(typeName) ? 'an' : 'a'} ${typeName}${path ? ` at ${path}` : ''}, which cannot be stored as JSON; ` +
+        'register a serializer: the `serializer` option of runOnce / makeIdempotent, a function (value) => JSON value ' +
+        `called for every value that is not JSON (e.g. serializer: (v) => typeof v === 'bigint' ? v.toString() : v instanceof Map ? Object.fromEntries(v) : String(v))`,
+      options,
+    );
+    this.typeName = typeName;
+    this.path = path;
+  }
+}

@@ -17,8 +17,10 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Client } from './client.js';
 import { BindingMismatch, FingerprintMismatch, InvalidRequest, ReceiptRequired } from './errors.js';
 import * as mw from './mwcore.js';
-import type { Binding, Grant } from './types.js';
+import type { Binding, Grant, InFlight } from './types.js';
 import { Deadline, retrying, startHeartbeat } from './worker.js';
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
 
 export interface RoutePolicy {
   /** A request without a key gets 400 (else it runs unwrapped). Default true. */
@@ -29,6 +31,11 @@ export interface RoutePolicy {
   failOpen?: boolean;
   /** The handler counts as failed (unknown) after this many ms. Default: none. */
   timeoutMs?: number | null;
+  /** Seconds a duplicate of a request still running waits for its outcome
+   * (claiming again after the ledger's retry hint) before it answers 409
+   * `request_in_progress`: the outcome, if it arrives, is replayed (default
+   * 0: no wait). */
+  wait?: number;
 }
 
 export interface Logger {
@@ -41,6 +48,26 @@ export interface Logger {
  * the account with its generation, or null/undefined when the request has
  * no identity (401 `idempotency_principal_missing`). */
 export type Principal = string | { principal: string; generation?: number } | null | undefined;
+
+/** The response a middleware reconcile hook found: what the first request's
+ * handler answered (e.g. rebuilt from the upstream's record). A body that is
+ * neither a string nor bytes is sent as JSON (content-type
+ * application/json unless given). */
+export interface ReconciledResponse {
+  status: number;
+  headers?: Record<string, string> | ReadonlyArray<readonly [string, string]>;
+  body?: string | Uint8Array | unknown;
+}
+
+/** What a middleware reconcile hook found (SPEC §8): the effect applied,
+ * with the response to store and replay; not applied (the handler runs
+ * under the same fence); or it cannot tell (409 `outcome_unknown`). */
+export type MiddlewareFinding = 'not_committed' | 'unavailable' | { finding: 'committed'; response: ReconciledResponse };
+
+/** Asked when a retry finds the record `unknown`: the ledger key, the
+ * reconcile lease's fence and the retried request (read its headers; do
+ * not consume its body, the handler may still need it). */
+export type MiddlewareReconcileHook = (ledgerKey: string, fence: number, req: IncomingMessage) => Promise<MiddlewareFinding> | MiddlewareFinding;
 
 /** The `principal` option: the request → its caller. It must name the
  * caller's account, stable across credential refresh: never a token or a
@@ -71,9 +98,14 @@ export interface IdempotencyOptions {
   retentionS?: number;
   timeoutMs?: number | null;
   failOpen?: boolean;
+  /** Seconds a duplicate waits for the running request's outcome (RoutePolicy.wait; default 0). */
+  wait?: number;
   unavailableRetryAfterS?: number;
-  /** Resolves a record left unknown: "not_committed" runs the handler again. */
-  reconcile?: (ledgerKey: string, fence: number, req: IncomingMessage) => Promise<'not_committed' | 'unavailable'> | 'not_committed' | 'unavailable';
+  /** Resolves a record left unknown when a retry arrives (SPEC §8):
+   * `{ finding: 'committed', response }` stores and replays that response,
+   * 'not_committed' runs the handler under the same fence, 'unavailable'
+   * (or a throw) answers 409 `outcome_unknown`. */
+  reconcile?: MiddlewareReconcileHook;
   /** Called with every escaped failure (default: console.error). */
   onError?: (err: unknown, req: IncomingMessage) => void;
   logger?: Logger;
@@ -192,7 +224,17 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
   const leaseMs = options.leaseMs ?? 30_000;
   const log = options.logger ?? silent;
   const onError = options.onError ?? ((err: unknown) => console.error('idempotency: handler failed', err));
-  const defaultPolicy: RoutePolicy = { required: true, failOpen: options.failOpen ?? false, timeoutMs: options.timeoutMs ?? null };
+  const checkWait = (w: number | undefined): number => {
+    if (w === undefined) return 0;
+    if (typeof w !== 'number' || !Number.isFinite(w) || w < 0) throw new RangeError(`the wait option is seconds >= 0, got ${String(w)}`);
+    return w;
+  };
+  const defaultPolicy: RoutePolicy = {
+    required: true,
+    failOpen: options.failOpen ?? false,
+    timeoutMs: options.timeoutMs ?? null,
+    wait: checkWait(options.wait),
+  };
   const stats: Record<string, number> = {};
   const count = (k: string) => {
     stats[k] = (stats[k] ?? 0) + 1;
@@ -202,7 +244,12 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
     if (options.routes) {
       const p = options.routes(method, path);
       if (!p) return null;
-      return { required: p.required ?? true, failOpen: p.failOpen ?? false, timeoutMs: p.timeoutMs ?? defaultPolicy.timeoutMs ?? null };
+      return {
+        required: p.required ?? true,
+        failOpen: p.failOpen ?? false,
+        timeoutMs: p.timeoutMs ?? defaultPolicy.timeoutMs ?? null,
+        wait: p.wait === undefined ? (defaultPolicy.wait ?? 0) : checkWait(p.wait),
+      };
     }
     return methods.has(method.toUpperCase()) ? defaultPolicy : null;
   }
@@ -319,30 +366,38 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
     const binding: Binding = { principal: mw.bindingPrincipal(principal), scopes: [], generation };
 
     let dec;
-    try {
-      dec = await client.claim(lkey, fp, binding, {
-        leaseMs,
-        worker: mw.workerLabel(key, principal),
-        marksDispatch: true,
-        ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
-      });
-    } catch (e) {
-      if (e instanceof FingerprintMismatch || e instanceof BindingMismatch) {
-        return refuse(res, 422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
+    // A duplicate of a request still running waits up to policy.wait
+    // seconds for its outcome, claiming again after the ledger's hint.
+    const waiting = new Deadline((policy.wait ?? 0) * 1000);
+    for (;;) {
+      try {
+        dec = await client.claim(lkey, fp, binding, {
+          leaseMs,
+          worker: mw.workerLabel(key, principal),
+          marksDispatch: true,
+          ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
+        });
+      } catch (e) {
+        if (e instanceof FingerprintMismatch || e instanceof BindingMismatch) {
+          return refuse(res, 422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
+        }
+        return ledgerFailed(res, next, policy, key, e, 'claim');
       }
-      return ledgerFailed(res, next, policy, key, e, 'claim');
+      if (dec.decision !== 'in_flight' || waiting.left() <= 0) break;
+      await sleep(Math.min(dec.retryAfterMs, waiting.left()));
     }
     if (dec.decision === 'replay') return replay(res, key, dec.outcome.result);
     if (dec.decision === 'in_flight') {
       count('request_in_progress');
       log.info(`idempotency: key ${key} in progress`);
       return problem(res, 409, 'request_in_progress', 'a request with this Idempotency-Key is still being processed', [
-        ['retry-after', mw.retryAfterHeader(dec.retryAfterMs)],
+        ['retry-after', inProgressRetryAfter(dec)],
       ]);
     }
     let grant: Grant = dec;
     if (grant.decision === 'reconcile') {
-      const g = await reconcile(req, lkey, grant, key);
+      const g = await reconcile(req, res, lkey, grant, key, fp, binding);
+      if (g === 'answered') return;
       if (!g) return refuse(res, 409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
       grant = g;
     }
@@ -386,26 +441,90 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
     }
   }
 
-  async function reconcile(req: Req, lkey: string, grant: Grant, key: string): Promise<Grant | null> {
-    let finding: 'not_committed' | 'unavailable' = 'unavailable';
+  /** `Retry-After` of request_in_progress: the time the running lease has
+   * left, in whole seconds, at least 1 and at least the ledger's hint. */
+  function inProgressRetryAfter(d: InFlight): string {
+    return String(mw.inProgressRetryAfterS(d.retryAfterMs, d.leaseExpiresAt));
+  }
+
+  /** SPEC §8: a retry found the record `unknown` (a reconcile lease).
+   * Returns the execute grant under the same fence (not_committed: run the
+   * handler), 'answered' (the found response was settled and replayed), or
+   * null (409 `outcome_unknown`: the record stays unknown). */
+  async function reconcile(req: Req, res: Res, lkey: string, grant: Grant, key: string, fp: string, binding: Binding): Promise<Grant | 'answered' | null> {
+    const fence = grant.fence;
+    const lease = new Deadline(leaseMs);
+    let finding: MiddlewareFinding = 'unavailable';
     if (options.reconcile) {
+      const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, new AbortController());
       try {
-        finding = await options.reconcile(lkey, grant.fence, req);
+        finding = await options.reconcile(lkey, fence, req);
       } catch (e) {
         log.error(`idempotency: reconcile hook failed for key ${key}`, e);
+        finding = 'unavailable';
+      } finally {
+        stopHeartbeat();
       }
+    }
+    let found: { status: number; headers: [string, string][]; body: Buffer } | null = null;
+    if (typeof finding === 'object' && finding !== null && finding.finding === 'committed') {
+      try {
+        found = foundResponse(finding.response);
+      } catch (e) {
+        log.error(`idempotency: the reconcile hook of key ${key} found an invalid response; taken as unavailable`, e);
+        finding = 'unavailable';
+      }
+    } else if (finding !== 'not_committed' && finding !== 'unavailable') {
+      log.error(`idempotency: the reconcile hook of key ${key} returned ${JSON.stringify(finding)}; taken as unavailable`);
+      finding = 'unavailable';
     }
     try {
-      if (finding === 'not_committed') {
-        const ans = await client.reconcile(lkey, grant.fence, 'not_committed');
-        if ('decision' in ans) return ans;
-      } else {
-        await client.reconcile(lkey, grant.fence, 'unavailable');
+      if (found) {
+        const { result, responseSha256 } = mw.encodeResponse(found.status, found.headers, found.body, stored_(), maxStoredBody);
+        const status = found.status;
+        await retrying(
+          () => client.reconcile(lkey, fence, 'committed', { fingerprint: fp, binding, outcome: { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 } }),
+          lease,
+          'reconcile',
+        );
+        count('reconciled');
+        log.info(`idempotency: key ${key} reconciled: the hook found its response (${status})`);
+        replay(res, key, result);
+        return 'answered';
       }
-    } catch {
-      log.warn(`idempotency: reconcile of key ${key} got no answer`);
+      if (finding === 'not_committed') {
+        const ans = await retrying(() => client.reconcile(lkey, fence, 'not_committed'), lease, 'reconcile');
+        if ('decision' in ans) {
+          log.info(`idempotency: key ${key} reconciled: not committed, the handler runs (fence ${fence})`);
+          return ans;
+        }
+        return null;
+      }
+      await retrying(() => client.reconcile(lkey, fence, 'unavailable'), lease, 'reconcile');
+    } catch (e) {
+      // The reconcile lease lapses: the record stays unknown.
+      log.warn(`idempotency: reconcile of key ${key} failed: ${String(e)}`);
     }
     return null;
+  }
+
+  /** A hook's response as status, headers and body bytes. */
+  function foundResponse(r: ReconciledResponse): { status: number; headers: [string, string][]; body: Buffer } {
+    if (!r || typeof r !== 'object' || !Number.isInteger(r.status) || r.status < 100 || r.status > 599) {
+      throw new TypeError('a committed finding needs response: { status (100-599), headers?, body? }');
+    }
+    const headers: [string, string][] = (Array.isArray(r.headers) ? r.headers : Object.entries(r.headers ?? {})).map(
+      ([n, v]) => [String(n).toLowerCase(), String(v)] as [string, string],
+    );
+    let body: Buffer;
+    if (r.body === undefined || r.body === null) body = Buffer.alloc(0);
+    else if (typeof r.body === 'string') body = Buffer.from(r.body, 'utf8');
+    else if (r.body instanceof Uint8Array) body = Buffer.from(r.body);
+    else {
+      body = Buffer.from(JSON.stringify(r.body), 'utf8');
+      if (!headers.some(([n]) => n === 'content-type')) headers.push(['content-type', 'application/json']);
+    }
+    return { status: r.status, headers, body };
   }
 
   async function execute(req: Req, res: Res, next: Next, policy: RoutePolicy, key: string, lkey: string, fp: string, binding: Binding, fence: number): Promise<void> {

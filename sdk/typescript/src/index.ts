@@ -4,14 +4,20 @@ export * from './types.js';
 export { Client, type ClientOptions, type ClaimOptions, type ReconcileAnswer } from './client.js';
 export {
   runOnce,
+  makeIdempotent,
+  encodeResult,
   type Done,
   type Effect,
   type EffectContext,
   type Finding,
+  type IdempotentFunction,
+  type IdempotentOptions,
   type ReconcileHook,
   type RunOptions,
   type RunResult,
+  type Serializer,
 } from './worker.js';
+export { Reconciler, type ReconcileCounts, type ReconcilerOptions } from './reconciler.js';
 export { canonicalize, fingerprint, selectFields, sha256Hex, FingerprintError } from './jcs.js';
 export {
   idempotency,
@@ -20,6 +26,9 @@ export {
   authenticatedPrincipal,
   type IdempotencyMiddleware,
   type IdempotencyOptions,
+  type MiddlewareFinding,
+  type MiddlewareReconcileHook,
+  type ReconciledResponse,
   type Principal,
   type PrincipalExtractor,
   type RoutePolicy,

@@ -272,6 +272,16 @@ export function retryAfterHeader(retryAfterMs: number): string {
   return String(Math.max(1, Math.ceil(retryAfterMs / 1000)));
 }
 
+/** SPEC §8 (amended): the `Retry-After` of `request_in_progress` in whole
+ * seconds: the time the running lease has left (ceil of lease_expires_at −
+ * now), at least 1, and at least the ledger's `retry_after_ms` hint. */
+export function inProgressRetryAfterS(retryAfterMs: number, leaseExpiresAt: string | null | undefined, now: number = Date.now()): number {
+  let s = Math.max(1, Math.ceil(retryAfterMs / 1000));
+  const at = leaseExpiresAt ? Date.parse(leaseExpiresAt) : NaN;
+  if (Number.isFinite(at)) s = Math.max(s, Math.ceil((at - now) / 1000));
+  return s;
+}
+
 /** How the middleware answers a ledger call (claim, dispatch) that failed. */
 export interface LedgerFailure {
   /** A route with failOpen may run the handler: settle gave no answer, or a 503 `unavailable`. */

@@ -1,6 +1,7 @@
 // Typed views of the SPEC §7 answers. Field names are camelCase; the wire
 // is snake_case. Fences and generations are JavaScript numbers: exact over
 // the whole SPEC §2 range [0, 2^53 − 1] (Number.MAX_SAFE_INTEGER).
+import type { ProblemError } from './errors.js';
 
 export type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
 
@@ -12,9 +13,11 @@ export interface Binding {
 
 export type OutcomeStatus = 'completed' | 'failed' | 'unknown';
 
-export interface Outcome {
+/** A settled (or found) outcome; `R` types `result` (what the effect
+ * returned, or, on a replay, its stored JSON form). */
+export interface Outcome<R = unknown> {
   status: OutcomeStatus;
-  result?: unknown;
+  result?: R;
   responseSha256?: string | null;
   error?: string | null;
 }
@@ -39,11 +42,13 @@ export interface Grant {
 export interface InFlight {
   decision: 'in_flight';
   retryAfterMs: number;
+  /** When the running lease expires (RFC 3339); null from a server that does not say. */
+  leaseExpiresAt: string | null;
 }
 
-export interface Replay {
+export interface Replay<R = unknown> {
   decision: 'replay';
-  outcome: Outcome;
+  outcome: Outcome<R>;
   receipt: Receipt;
 }
 
@@ -76,6 +81,77 @@ export interface WarningRecord {
   firstAt: string;
   lastAt: string;
   saturated: boolean;
+}
+
+/** A record of `list` (SPEC §9). */
+export interface OperationSummary {
+  key: string;
+  status: string;
+  rank: number;
+  reconcileRequired: boolean;
+  disputed: boolean;
+  stuck: boolean;
+  /** Quarantined evidence entries. */
+  quarantined: number;
+  lease: { fence: number; purpose: string; expiresAt: string; dispatched: boolean | null } | null;
+  /** The number of attempts. */
+  attempts: number;
+  createdAt: string;
+  updatedAt: string;
+  expiresAt: string | null;
+  raw: Record<string, unknown>;
+}
+
+/** The filters of `list` (SPEC §9); every one optional. */
+export interface ListParams {
+  /** One status or several (`pending` includes `running`). */
+  status?: string | readonly string[];
+  reconcileRequired?: boolean;
+  disputed?: boolean;
+  stuck?: boolean;
+  quarantined?: boolean;
+  keyPrefix?: string;
+  order?: 'key' | 'updated' | 'attention';
+  /** 1–1000 (server default 100). */
+  limit?: number;
+  /** The `next` cursor of the previous page (with the same filters and order). */
+  after?: string;
+}
+
+export interface OperationPage {
+  operations: OperationSummary[];
+  /** The cursor of the next page; null: the listing ended. */
+  next: string | null;
+}
+
+/** `GET /v1/stats` (SPEC §9), for the caller's tenant. */
+export interface Stats {
+  byStatus: { pending: number; running: number; unknown: number; conflict: number; failed: number; completed: number };
+  total: number;
+  reconcileRequired: number;
+  disputed: number;
+  stuck: number;
+  /** Quarantined evidence entries. */
+  quarantined: number;
+  quarantinedRecords: number;
+  refused: number;
+  raw: Record<string, unknown>;
+}
+
+/** One call of a batch (SPEC §10): the op, the raw key, and the call's wire
+ * fields (snake_case, as in the single call's body). */
+export interface BatchCall {
+  op: 'claim' | 'heartbeat' | 'dispatch' | 'settle' | 'release' | 'reconcile' | 'get';
+  key: string;
+  [field: string]: unknown;
+}
+
+/** One result of a batch: the status and body the single call would have
+ * answered; `error` is the typed problem of a non-200 result. */
+export interface BatchResult {
+  status: number;
+  body: unknown;
+  error: ProblemError | null;
 }
 
 /** The record of `get` (SPEC §7): the main fields typed, the whole answer in `raw`. */
@@ -129,7 +205,7 @@ export function claimFromWire(d: W): ClaimDecision {
     case 'reconcile':
       return { decision: d.decision, fence: d.fence, leaseExpiresAt: d.lease_expires_at, attempt: d.attempt };
     case 'in_flight':
-      return { decision: 'in_flight', retryAfterMs: d.retry_after_ms };
+      return { decision: 'in_flight', retryAfterMs: d.retry_after_ms, leaseExpiresAt: d.lease_expires_at ?? null };
     case 'replay':
       return { decision: 'replay', outcome: outcomeFromWire(d.outcome), receipt: receiptFromWire(d.receipt) };
     default:
@@ -165,6 +241,39 @@ export function recordFromWire(d: W): OperationRecord {
     createdAt: d.created_at,
     updatedAt: d.updated_at,
     expiresAt: d.expires_at ?? null,
+    raw: d,
+  };
+}
+
+export function summaryFromWire(d: W): OperationSummary {
+  const l = d.lease;
+  return {
+    key: d.key,
+    status: d.status,
+    rank: d.rank,
+    reconcileRequired: d.reconcile_required,
+    disputed: d.disputed,
+    stuck: d.stuck,
+    quarantined: d.quarantined,
+    lease: l ? { fence: l.fence, purpose: l.purpose, expiresAt: l.expires_at, dispatched: l.dispatched ?? null } : null,
+    attempts: d.attempts,
+    createdAt: d.created_at,
+    updatedAt: d.updated_at,
+    expiresAt: d.expires_at ?? null,
+    raw: d,
+  };
+}
+
+export function statsFromWire(d: W): Stats {
+  return {
+    byStatus: d.by_status,
+    total: d.total,
+    reconcileRequired: d.reconcile_required,
+    disputed: d.disputed,
+    stuck: d.stuck,
+    quarantined: d.quarantined,
+    quarantinedRecords: d.quarantined_records,
+    refused: d.refused,
     raw: d,
   };
 }
