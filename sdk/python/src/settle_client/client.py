@@ -11,26 +11,29 @@ import asyncio
 import json
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, Union
-from urllib.parse import quote
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Union
+from urllib.parse import quote, urlencode
 
 import httpx
 
 from .errors import ProblemError, TransportError, problem_error
 from .types import (
     MAX_SAFE_INTEGER,
+    BatchResult,
     Binding,
     ClaimDecision,
     Dispatched,
     Grant,
     LeaseInfo,
     Outcome,
+    Page,
     Receipt,
     Record,
     Released,
     Revoked,
+    Stats,
     Warning,
     claim_decision,
 )
@@ -38,11 +41,13 @@ from .types import (
 if TYPE_CHECKING:  # the worker imports this module
     from .worker import AsyncEffectContext, Done, EffectContext, RunResult
 
-__all__ = ["Client", "AsyncClient", "ReconcileAnswer", "DEFAULT_TIMEOUT"]
+__all__ = ["Client", "AsyncClient", "ReconcileAnswer", "DEFAULT_TIMEOUT", "ListOrder"]
 
 DEFAULT_TIMEOUT = 10.0
 T = TypeVar("T")
 ReconcileAnswer = Union[Grant, Receipt, Released]
+ListOrder = Literal["key", "updated", "attention"]
+_List = list  # the classes below have a method named list
 
 
 def _seg(s: str) -> str:
@@ -185,6 +190,57 @@ class _Calls:
         return _Req("GET", f"/v1/operations/{_seg(key)}", None, Record.from_json)
 
     @staticmethod
+    def list(
+        status: str | Sequence[str] | None,
+        reconcile_required: bool | None,
+        disputed: bool | None,
+        stuck: bool | None,
+        quarantined: bool | None,
+        key_prefix: str | None,
+        order: str | None,
+        limit: int | None,
+        after: str | None,
+    ) -> _Req[Page]:
+        q: list[tuple[str, str]] = []
+        if status is not None:
+            q.append(("status", status if isinstance(status, str) else ",".join(status)))
+        for name, flag in (
+            ("reconcile_required", reconcile_required),
+            ("disputed", disputed),
+            ("stuck", stuck),
+            ("quarantined", quarantined),
+        ):
+            if flag is not None:
+                q.append((name, "true" if flag else "false"))
+        if key_prefix is not None:
+            q.append(("key_prefix", key_prefix))
+        if order is not None:
+            q.append(("order", order))
+        if limit is not None:
+            q.append(("limit", str(_uint("limit", limit, 1))))
+        if after is not None:
+            q.append(("after", after))
+        path = "/v1/operations" + ("?" + urlencode(q, quote_via=quote, safe="") if q else "")
+        return _Req("GET", path, None, Page.from_json)
+
+    @staticmethod
+    def stats() -> _Req[Stats]:
+        return _Req("GET", "/v1/stats", None, Stats.from_json)
+
+    @staticmethod
+    def batch(calls: Sequence[dict[str, Any]]) -> _Req[_List[BatchResult]]:
+        return _Req(
+            "POST",
+            "/v1/batch",
+            {"calls": [dict(c) for c in calls]},
+            lambda d: [BatchResult(int(r["status"]), r.get("body")) for r in d["results"]],
+        )
+
+    @staticmethod
+    def principal(principal: str) -> _Req[int]:
+        return _Req("GET", f"/v1/principals/{_seg(principal)}", None, lambda d: _uint("generation", int(d["generation"])))
+
+    @staticmethod
     def revoke(principal: str) -> _Req[Revoked]:
         return _Req(
             "POST",
@@ -201,7 +257,7 @@ class _Calls:
         return _Req("POST", f"/v1/tasks/{_seg(task)}/warnings/{_seg(class_)}", body, Warning.from_json)
 
     @staticmethod
-    def warnings(task: str) -> _Req[list[Warning]]:
+    def warnings(task: str) -> _Req[_List[Warning]]:
         return _Req(
             "GET",
             f"/v1/tasks/{_seg(task)}/warnings",
@@ -316,13 +372,48 @@ class Client:
     def get(self, key: str) -> Record:
         return self._send(_Calls.get(key))
 
+    def list(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        reconcile_required: bool | None = None,
+        disputed: bool | None = None,
+        stuck: bool | None = None,
+        quarantined: bool | None = None,
+        key_prefix: str | None = None,
+        order: ListOrder | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> Page:
+        """SPEC §9: one page of the tenant's records (``Page.operations``,
+        ``Page.next``); pass ``next`` as ``after``, with the same filters and
+        order, until it is None."""
+        return self._send(
+            _Calls.list(status, reconcile_required, disputed, stuck, quarantined, key_prefix, order, limit, after)
+        )
+
+    def stats(self) -> Stats:
+        """SPEC §9: the tenant's counts by status and flag."""
+        return self._send(_Calls.stats())
+
+    def batch(self, calls: Sequence[dict[str, Any]]) -> _List[BatchResult]:
+        """SPEC §10: several calls in one request (``{"op": "claim", "key":
+        ..., ...the call's fields}``), applied in order, not atomically; one
+        ``BatchResult`` per call, each what the single call would have
+        answered (``.error()`` gives its typed error)."""
+        return self._send(_Calls.batch(calls))
+
+    def principal(self, principal: str) -> int:
+        """SPEC §7: the principal's current generation (0 for one never seen)."""
+        return self._send(_Calls.principal(principal))
+
     def revoke(self, principal: str) -> Revoked:
         return self._send(_Calls.revoke(principal))
 
     def warn(self, task: str, class_: str, detail: str | None = None) -> Warning:
         return self._send(_Calls.warn(task, class_, detail))
 
-    def warnings(self, task: str) -> list[Warning]:
+    def warnings(self, task: str) -> _List[Warning]:
         return self._send(_Calls.warnings(task))
 
     def health(self) -> dict[str, Any]:
@@ -492,13 +583,39 @@ class AsyncClient:
     async def get(self, key: str) -> Record:
         return await self._send(_Calls.get(key))
 
+    async def list(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        reconcile_required: bool | None = None,
+        disputed: bool | None = None,
+        stuck: bool | None = None,
+        quarantined: bool | None = None,
+        key_prefix: str | None = None,
+        order: ListOrder | None = None,
+        limit: int | None = None,
+        after: str | None = None,
+    ) -> Page:
+        return await self._send(
+            _Calls.list(status, reconcile_required, disputed, stuck, quarantined, key_prefix, order, limit, after)
+        )
+
+    async def stats(self) -> Stats:
+        return await self._send(_Calls.stats())
+
+    async def batch(self, calls: Sequence[dict[str, Any]]) -> _List[BatchResult]:
+        return await self._send(_Calls.batch(calls))
+
+    async def principal(self, principal: str) -> int:
+        return await self._send(_Calls.principal(principal))
+
     async def revoke(self, principal: str) -> Revoked:
         return await self._send(_Calls.revoke(principal))
 
     async def warn(self, task: str, class_: str, detail: str | None = None) -> Warning:
         return await self._send(_Calls.warn(task, class_, detail))
 
-    async def warnings(self, task: str) -> list[Warning]:
+    async def warnings(self, task: str) -> _List[Warning]:
         return await self._send(_Calls.warnings(task))
 
     async def health(self) -> dict[str, Any]:

@@ -30,12 +30,14 @@ __all__ = [
     "ReceiptRequired",
     "TooManyClasses",
     "Unavailable",
+    "RateLimited",
     "RecordRefused",
     "ReconcileRequired",
     "DeadlineExceeded",
     "OutcomeUnknown",
     "EffectNotSent",
     "EffectRefused",
+    "ResultNotSerializable",
     "problem_error",
     "PROBLEM_CLASSES",
 ]
@@ -148,6 +150,15 @@ class Unavailable(ProblemError):
     code = "unavailable"
 
 
+class RateLimited(ProblemError):
+    """429 (code ``rate_limited``, or any code with status 429): a quota of
+    settle or of a proxy in front of it. Retried like a 503 ``unavailable``
+    (honouring ``retry_after_s``) by the SDK's retry loops until their
+    deadline (SPEC §11.8)."""
+
+    code = "rate_limited"
+
+
 class RecordRefused(ProblemError):
     """503 ``record_refused`` (SPEC §6.9): the stored record is refused on
     load; an operator must look at it. Not retried."""
@@ -174,6 +185,7 @@ PROBLEM_CLASSES: dict[str, type[ProblemError]] = {
         ReceiptRequired,
         TooManyClasses,
         Unavailable,
+        RateLimited,
         RecordRefused,
     )
 }
@@ -189,10 +201,12 @@ def problem_error(status: int, body: Any, retry_after_s: float | None = None) ->
     else:
         code, title, detail = "", "", str(body)[:500] if body is not None else ""
     if not code:
-        code = {401: "unauthorized", 404: "not_found", 413: "payload_too_large", 503: "unavailable"}.get(status, f"http_{status}")
+        code = {401: "unauthorized", 404: "not_found", 413: "payload_too_large", 429: "rate_limited", 503: "unavailable"}.get(
+            status, f"http_{status}"
+        )
     cls = PROBLEM_CLASSES.get(code)
     if cls is None:
-        cls = Refusal if status == 409 else ProblemError
+        cls = Refusal if status == 409 else RateLimited if status == 429 else ProblemError
     return cls(status, code, title, detail, body, retry_after_s=retry_after_s)
 
 
@@ -201,11 +215,13 @@ def problem_error(status: int, body: Any, retry_after_s: float | None = None) ->
 
 class ReconcileRequired(SettleError):
     """SPEC §11.4: the ledger granted a ``reconcile`` lease (an earlier attempt
-    may have reached the remote) and no reconcile hook was given. The lease
-    was handed back with ``reconcile(unavailable)``."""
+    may have reached the remote) and no reconcile hook was given, the hook
+    answered ``"unavailable"``, or a resend failed (SPEC §11.9; the resent
+    effect's error is ``__cause__``). The lease was handed back with
+    ``reconcile(unavailable)``: the record stays ``unknown``."""
 
-    def __init__(self, key: str, fence: int) -> None:
-        super().__init__(f"operation {key!r} needs reconciliation (fence {fence}); no reconcile hook was given")
+    def __init__(self, key: str, fence: int, why: str = "no reconcile hook was given") -> None:
+        super().__init__(f"operation {key!r} needs reconciliation (fence {fence}); {why}")
         self.key = key
         self.fence = fence
 
@@ -223,20 +239,55 @@ class OutcomeUnknown(SettleError):
     """The effect raised after it may have reached the remote: the operation
     was settled ``unknown`` (reconcile required). The effect's exception is
     ``__cause__``; ``receipt`` is the unknown receipt when the settle was
-    answered."""
+    answered. The message repeats the cause's."""
 
-    def __init__(self, key: str, receipt: Any = None) -> None:
-        super().__init__(f"the outcome of operation {key!r} is unknown; it must be reconciled")
+    def __init__(self, key: str, receipt: Any = None, cause: BaseException | None = None) -> None:
+        why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
+        super().__init__(f"the outcome of operation {key!r} is unknown; it must be reconciled{why}")
         self.key = key
         self.receipt: Any = receipt
 
 
 class EffectNotSent(SettleError):
-    """Raise from an effect when nothing reached the remote (SPEC §11.3: the
-    lease is released and the next claim executes). The run re-raises it."""
+    """SPEC §11.8: raise from an effect (or an ``@idempotent`` function) when
+    nothing reached the remote: the lease is released (``not_dispatched``
+    when the claim used ``marks_dispatch`` and no dispatch was marked, else
+    ``not_committed``: the caller attests that nothing was applied) and the
+    next run executes. The run re-raises it. Under ``marks_dispatch`` any
+    exception raised before the dispatch mark counts as this (and is
+    re-raised as it is)."""
 
 
 class EffectRefused(SettleError):
-    """Raise from an effect when the remote definitively refused it (a
-    validation error, 409, 425, 429: nothing was applied). The lease is
-    released with ``not_committed`` and the run re-raises it."""
+    """SPEC §11.8: raise from an effect when the remote refused it for
+    certain (a validation error, 409, 425, 429: nothing was applied). The
+    lease is released with ``not_committed``, the next run executes, and the
+    run re-raises it."""
+
+
+class ResultNotSerializable(SettleError):
+    """The value an effect (or an ``@idempotent`` function, or a reconcile
+    hook's ``Done``) returned cannot be stored as JSON: a ``Decimal``, a
+    ``datetime``, a set, a class instance, a non-string object key, NaN...,
+    and no ``default=`` serializer turned it into JSON. ``type_name`` names
+    the value's type and ``path`` (a JSON pointer) where it sits in the
+    result.
+
+    Before the dispatch mark (``marks_dispatch``) the lease is released and
+    this error is raised: the key is usable again. After it (or without
+    ``marks_dispatch``) the effect may have happened: the record is settled
+    ``unknown`` with this message as the attempt's error, and
+    ``OutcomeUnknown`` is raised with this error as its ``__cause__``.
+    Never silently run again."""
+
+    def __init__(self, type_name: str, path: str, reason: str | None = None) -> None:
+        where = f" at {path}" if path else ""
+        what = reason or f"{type_name} is not a JSON value"
+        super().__init__(
+            f"the result cannot be stored as JSON: {what}{where}; register a serializer with default= "
+            "(run_once, run_once_async, @idempotent; like json.dumps's default: a function called with every "
+            "value that is not JSON, returning a JSON value or raising TypeError), e.g. default=str for "
+            "Decimal, or lambda o: o.isoformat() for datetime"
+        )
+        self.type_name = type_name
+        self.path = path

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Union
 
+from .errors import ProblemError, problem_error
+
 __all__ = [
     "JSON",
     "Binding",
@@ -24,6 +26,10 @@ __all__ = [
     "Revoked",
     "Warning",
     "Record",
+    "OperationSummary",
+    "Page",
+    "Stats",
+    "BatchResult",
     "OutcomeStatus",
     "MAX_SAFE_INTEGER",
 ]
@@ -112,10 +118,13 @@ class Grant:
 
 @dataclass(frozen=True)
 class InFlight:
-    """Another worker holds a live lease; claim again after ``retry_after_ms``."""
+    """Another worker holds a live lease; claim again after ``retry_after_ms``.
+    ``lease_expires_at``: when that lease expires (RFC 3339; None from a
+    server that does not say)."""
 
     retry_after_ms: int
     decision: Literal["in_flight"] = "in_flight"
+    lease_expires_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +144,8 @@ def claim_decision(d: dict[str, Any]) -> ClaimDecision:
     if dec in ("execute", "reconcile"):
         return Grant(dec, int(d["fence"]), str(d["lease_expires_at"]), int(d["attempt"]))
     if dec == "in_flight":
-        return InFlight(int(d["retry_after_ms"]))
+        at = d.get("lease_expires_at")
+        return InFlight(int(d["retry_after_ms"]), lease_expires_at=None if at is None else str(at))
     if dec == "replay":
         return Replay(Outcome.from_json(d["outcome"]), Receipt.from_json(d["receipt"]))
     raise ValueError(f"unknown claim decision {dec!r}")
@@ -229,3 +239,103 @@ class Record:
             expires_at=d.get("expires_at"),
             raw=d,
         )
+
+
+@dataclass(frozen=True)
+class OperationSummary:
+    """A record of ``list`` (SPEC §9). The whole answer is in ``raw``."""
+
+    key: str
+    status: str
+    rank: int
+    reconcile_required: bool
+    disputed: bool
+    stuck: bool
+    quarantined: int
+    lease: dict[str, Any] | None
+    attempts: int
+    created_at: str
+    updated_at: str
+    expires_at: str | None
+    raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> OperationSummary:
+        return OperationSummary(
+            key=str(d["key"]),
+            status=str(d["status"]),
+            rank=int(d["rank"]),
+            reconcile_required=bool(d["reconcile_required"]),
+            disputed=bool(d["disputed"]),
+            stuck=bool(d.get("stuck", False)),
+            quarantined=int(d.get("quarantined", 0)),
+            lease=d.get("lease"),
+            attempts=int(d.get("attempts", 0)),
+            created_at=str(d["created_at"]),
+            updated_at=str(d["updated_at"]),
+            expires_at=d.get("expires_at"),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of ``list`` (SPEC §9): pass ``next`` as ``after`` (with the
+    same filters and order) for the next page; None: the listing ended. A
+    page may be shorter than ``limit`` while ``next`` is not None."""
+
+    operations: list[OperationSummary]
+    next: str | None
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Page:
+        nxt = d.get("next")
+        return Page([OperationSummary.from_json(o) for o in d.get("operations") or []], None if nxt is None else str(nxt))
+
+
+@dataclass(frozen=True)
+class Stats:
+    """``GET /v1/stats`` (SPEC §9), for the caller's tenant."""
+
+    by_status: dict[str, int]
+    total: int
+    reconcile_required: int
+    disputed: int
+    stuck: int
+    quarantined: int
+    quarantined_records: int
+    refused: int
+    raw: dict[str, Any] = field(repr=False, compare=False, default_factory=dict)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Stats:
+        return Stats(
+            by_status={str(k): int(v) for k, v in dict(d.get("by_status") or {}).items()},
+            total=int(d["total"]),
+            reconcile_required=int(d["reconcile_required"]),
+            disputed=int(d["disputed"]),
+            stuck=int(d["stuck"]),
+            quarantined=int(d["quarantined"]),
+            quarantined_records=int(d["quarantined_records"]),
+            refused=int(d["refused"]),
+            raw=d,
+        )
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """One call's answer in a batch (SPEC §10): its HTTP ``status`` and
+    ``body``, exactly what the single call would have answered (a refusal
+    is a problem object)."""
+
+    status: int
+    body: Any
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 200
+
+    def error(self) -> ProblemError | None:
+        """The typed error of a call that was not answered 200 (as the
+        single call would have raised it), else None."""
+        return None if self.ok else problem_error(self.status, self.body)
