@@ -1,9 +1,13 @@
 """settle_client: the Python SDK of settle (SPEC §7, §8, §11).
 
 - ``Client`` / ``AsyncClient``: every SPEC §7 call, typed;
-- ``run_once`` / ``run_once_async``: the worker contract of SPEC §11;
+- ``run_once`` / ``run_once_async``: the worker contract of SPEC §11, with
+  its failure classes (``EffectNotSent``, ``EffectRefused``), ``resend`` and
+  ``dispatch()`` / ``effect_context()`` inside an effect;
 - ``fingerprint``: RFC 8785 canonical JSON → SHA-256 (SPEC §11.1);
 - ``idempotent``: a Powertools-style decorator;
+- ``Reconciler`` / ``AsyncReconciler``: resolve ``unknown`` records by key
+  prefix with reconcile hooks (SPEC §11.10);
 - ``settle_client.asgi.IdempotencyMiddleware``: SPEC §8 for Starlette/FastAPI,
   with its principal helpers ``fixed_principal`` and ``authenticated_principal``.
 """
@@ -25,12 +29,14 @@ from .errors import (
     OutcomeUnknown,
     PayloadTooLarge,
     ProblemError,
+    RateLimited,
     ReceiptRequired,
     ReconcileRequired,
     RecordRefused,
     Refusal,
     RequestTimeout,
     ResultMismatch,
+    ResultNotSerializable,
     SettleError,
     StaleBinding,
     StaleFence,
@@ -41,21 +47,39 @@ from .errors import (
     WrongPurpose,
 )
 from .types import (
+    BatchResult,
     Binding,
     ClaimDecision,
     Dispatched,
     Grant,
     InFlight,
     LeaseInfo,
+    OperationSummary,
     Outcome,
+    Page,
     Receipt,
     Record,
     Released,
     Replay,
     Revoked,
+    Stats,
     Warning,
 )
-from .worker import AsyncEffectContext, Done, EffectContext, Finding, RunResult, run_once, run_once_async
+from .worker import (
+    AsyncEffectContext,
+    AsyncReconcileHook,
+    Done,
+    EffectContext,
+    Finding,
+    ReconcileHook,
+    RunResult,
+    Serializer,
+    dispatch,
+    effect_context,
+    encode_result,
+    run_once,
+    run_once_async,
+)
 
 __version__ = "0.1.0"
 
@@ -63,7 +87,9 @@ __all__ = [
     "AsyncClient",
     "AsyncEffectContext",
     "AsyncIdempotentFunction",
+    "AsyncReconcileHook",
     "BadRequest",
+    "BatchResult",
     "Binding",
     "BindingMismatch",
     "ClaimDecision",
@@ -85,12 +111,16 @@ __all__ = [
     "LeaseExpired",
     "LeaseInfo",
     "NotFound",
+    "OperationSummary",
     "Outcome",
     "OutcomeUnknown",
+    "Page",
     "PayloadTooLarge",
     "ProblemError",
+    "RateLimited",
     "Receipt",
     "ReceiptRequired",
+    "ReconcileHook",
     "ReconcileRequired",
     "Record",
     "RecordRefused",
@@ -99,11 +129,14 @@ __all__ = [
     "Replay",
     "RequestTimeout",
     "ResultMismatch",
+    "ResultNotSerializable",
     "Revoked",
     "RunResult",
+    "Serializer",
     "SettleError",
     "StaleBinding",
     "StaleFence",
+    "Stats",
     "TooManyClasses",
     "TransportError",
     "Unauthorized",
@@ -112,6 +145,9 @@ __all__ = [
     "WrongPurpose",
     "authenticated_principal",
     "canonicalize",
+    "dispatch",
+    "effect_context",
+    "encode_result",
     "fingerprint",
     "fixed_principal",
     "idempotent",

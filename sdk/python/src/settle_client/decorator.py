@@ -13,10 +13,18 @@ It answers the complaints of AWS Lambda Powertools' idempotency users:
   fingerprint of the payload is checked by every claim (another payload under
   the same key raises ``FingerprintMismatch``, never returns another
   request's result), and the return value must be JSON (``validate`` can add
-  checks) before it is settled.
+  checks; ``default=`` converts what is not JSON) before it is settled.
 
-The function's return value is stored as the operation's result, so it must
-be a JSON value; a replay returns the stored JSON (dicts, lists...).
+It takes every option ``run_once`` takes (``marks_dispatch``, ``reconcile``
+— a hook or ``"resend"`` —, ``lease_ms``, ``retention_s``, ``deadline``,
+``worker``, ``default``); inside the function, ``settle_client.dispatch()``
+(``await settle_client.dispatch()`` in an ``async def``) marks the commit
+boundary and ``settle_client.effect_context()`` gives the key and fence to
+pass to the remote.
+
+The function's return value is stored as the operation's result (encoded
+as JSON, through ``default`` for values that are not JSON); every call,
+first or replay, returns that stored JSON (dicts, lists...).
 """
 
 from __future__ import annotations
@@ -24,11 +32,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
 from .client import AsyncClient, Client
 from .types import Receipt
-from .worker import AsyncEffectContext, Done, EffectContext, run_once, run_once_async
+from .worker import (
+    AsyncEffectContext,
+    AsyncReconcileHook,
+    Done,
+    EffectContext,
+    ReconcileHook,
+    Serializer,
+    run_once,
+    run_once_async,
+)
 
 __all__ = ["idempotent", "Invocation", "IdempotentFunction", "AsyncIdempotentFunction"]
 
@@ -38,9 +55,15 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Invocation(Generic[R]):
+    """One call: the ``value`` (the stored JSON), whether it was a
+    ``replayed`` outcome (the function did not run), whether it was
+    ``reconciled`` (a reconcile hook or a resend resolved an earlier
+    attempt), and the ``receipt``."""
+
     value: R
     replayed: bool
     receipt: Receipt
+    reconciled: bool = False
 
 
 def _payload_default(*args: Any, **kwargs: Any) -> Any:
@@ -63,6 +86,11 @@ class _Options:
     lease_ms: int
     deadline: float | None
     validate: Callable[[Any], None] | None
+    marks_dispatch: bool
+    reconcile: Any  # ReconcileHook / AsyncReconcileHook / "resend" / None, by the client's kind
+    retention_s: int | None
+    worker: str | None
+    default: Serializer | None
 
     def key_of(self, args: Any, kwargs: Any) -> str:
         return self.namespace + self.key(*args, **kwargs)
@@ -105,9 +133,14 @@ class IdempotentFunction(Generic[P, R]):
             fields=o.fields,
             lease_ms=o.lease_ms,
             deadline=o.deadline,
+            marks_dispatch=o.marks_dispatch,
+            reconcile=o.reconcile,
+            retention_s=o.retention_s,
+            worker=o.worker,
+            default=o.default,
         )
         value: R = r.outcome.result
-        return Invocation(value, r.replayed, r.receipt)
+        return Invocation(value, r.replayed, r.receipt, r.reconciled)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.invoke(*args, **kwargs).value
@@ -142,9 +175,14 @@ class AsyncIdempotentFunction(Generic[P, R]):
             fields=o.fields,
             lease_ms=o.lease_ms,
             deadline=o.deadline,
+            marks_dispatch=o.marks_dispatch,
+            reconcile=o.reconcile,
+            retention_s=o.retention_s,
+            worker=o.worker,
+            default=o.default,
         )
         value: R = r.outcome.result
-        return Invocation(value, r.replayed, r.receipt)
+        return Invocation(value, r.replayed, r.receipt, r.reconciled)
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return (await self.invoke(*args, **kwargs)).value
@@ -164,6 +202,11 @@ def idempotent(
     lease_ms: int = 30000,
     deadline: float | None = 30.0,
     validate: Callable[[Any], None] | None = None,
+    marks_dispatch: bool = False,
+    reconcile: ReconcileHook | Literal["resend"] | None = None,
+    retention_s: int | None = None,
+    worker: str | None = None,
+    default: Serializer | None = None,
 ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]: ...
 
 
@@ -181,6 +224,11 @@ def idempotent(
     lease_ms: int = 30000,
     deadline: float | None = 30.0,
     validate: Callable[[Any], None] | None = None,
+    marks_dispatch: bool = False,
+    reconcile: AsyncReconcileHook | Literal["resend"] | None = None,
+    retention_s: int | None = None,
+    worker: str | None = None,
+    default: Serializer | None = None,
 ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], AsyncIdempotentFunction[P, R]]: ...
 
 
@@ -197,6 +245,11 @@ def idempotent(
     lease_ms: int = 30000,
     deadline: float | None = 30.0,
     validate: Callable[[Any], None] | None = None,
+    marks_dispatch: bool = False,
+    reconcile: Any = None,
+    retention_s: int | None = None,
+    worker: str | None = None,
+    default: Serializer | None = None,
 ) -> Any:
     """Make a function idempotent under the key ``namespace + key(*args)``.
 
@@ -204,7 +257,10 @@ def idempotent(
     function's own arguments. The fingerprint is that of ``payload(*args)``
     (default: the first argument), or of its ``fields`` (JSON pointers).
     With a ``Client`` the function must be synchronous; with an
-    ``AsyncClient``, a coroutine function.
+    ``AsyncClient``, a coroutine function (and ``reconcile``, when a hook,
+    an ``async def`` too). ``marks_dispatch``, ``reconcile`` (a hook or
+    ``"resend"``), ``lease_ms``, ``retention_s``, ``deadline``, ``worker``
+    and ``default`` are those of ``run_once``.
     """
     opts = _Options(
         key=key,
@@ -217,6 +273,11 @@ def idempotent(
         lease_ms=lease_ms,
         deadline=deadline,
         validate=validate,
+        marks_dispatch=marks_dispatch,
+        reconcile=reconcile,
+        retention_s=retention_s,
+        worker=worker,
+        default=default,
     )
 
     def wrap(fn: Callable[..., Any]) -> Any:
