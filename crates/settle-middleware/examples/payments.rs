@@ -12,14 +12,23 @@
 //!   on exit (nothing survives a restart).
 //!
 //! `POST /payments` (requires `Idempotency-Key`), body `{"amount": <int>,
-//! "currency": "<str>", "delay_ms": <int, optional>}`: the handler first
-//! counts the execution (every run counts), sleeps `delay_ms`, and answers
-//! 201 `{"id": "pay_<n>", "amount", "currency"}` with `Location:
-//! /payments/pay_<n>`. Amount 0 → 400 from the handler (stored and
-//! replayed); a negative amount → the handler panics (500
-//! `outcome_unknown`, then 409 `outcome_unknown`). `GET /executions` →
-//! `{"count": <handler executions>}`, not wrapped. Port 0 picks a free
-//! port; `listening on HOST:PORT` is printed once it accepts connections.
+//! "currency": "<str>", "delay_ms": <int, optional>, "crash_after_charge":
+//! <bool, optional>}`: the handler first counts the execution (every run
+//! counts), sleeps `delay_ms`, charges the (fake, in-process) payment
+//! provider under the client's `Idempotency-Key`, and answers 201 `{"id":
+//! "pay_<n>", "amount", "currency"}` with `Location: /payments/pay_<n>`.
+//! Amount 0 → 400 from the handler (stored and replayed); a negative
+//! amount → the handler panics before charging (500 `outcome_unknown`);
+//! `crash_after_charge` → it panics after charging (500
+//! `outcome_unknown`: the payment exists, the response was lost).
+//!
+//! The example wires a reconcile hook ([`Payments::reconcile_hook`], SPEC
+//! §8): a retry that finds the record `unknown` asks the provider whether
+//! a payment with that key exists — yes: the payment is settled and
+//! replayed (201); no: nothing happened, the handler runs again. `GET
+//! /executions` → `{"count": <handler executions>}`, not wrapped. Port 0
+//! picks a free port; `listening on HOST:PORT` is printed once it accepts
+//! connections.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -30,21 +39,27 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use settle_middleware::{IdempotencyLayer, principal};
+use settle_core::Fence;
+use settle_ledger::BoxFuture;
+use settle_middleware::{HookResponse, IdempotencyLayer, Resolution, layout, principal};
 
 /// The one account this example serves (SPEC §8: the principal names the
 /// caller's account, never a credential; an application with one caller
 /// uses a fixed one, an application with users `principal::from_extension`).
 pub const PRINCIPAL: &str = "acct-demo";
 
-/// The service's state: how many times the handler ran.
+/// The service's state: how many times the handler ran, and the fake
+/// payment provider's charges by idempotency key (a real provider keeps
+/// them; Stripe, for one, de-duplicates by the key it is sent).
 #[derive(Default)]
 pub struct Payments {
     executions: AtomicU64,
+    charges: std::sync::Mutex<std::collections::HashMap<String, Value>>,
 }
 
 impl Payments {
@@ -52,12 +67,61 @@ impl Payments {
     pub fn count(&self) -> u64 {
         self.executions.load(Ordering::SeqCst)
     }
+
+    /// The payment the provider holds under `key`, if any.
+    pub fn charge_of(&self, key: &str) -> Option<Value> {
+        self.charges.lock().expect("not poisoned").get(key).cloned()
+    }
+
+    /// The reconcile hook (SPEC §8): asks the provider whether the attempt
+    /// whose outcome is unknown made a payment under the client's
+    /// `Idempotency-Key`. It did: that payment is the response (settled and
+    /// replayed). It did not: the provider is the source of truth, so
+    /// nothing happened and the handler runs again.
+    pub fn reconcile_hook(
+        self: Arc<Self>,
+    ) -> impl Fn(&str, Fence, &Parts) -> BoxFuture<'static, Resolution> + Send + Sync + 'static
+    {
+        move |_ledger_key: &str, _fence: Fence, parts: &Parts| {
+            let lines: Vec<&[u8]> = parts
+                .headers
+                .get_all("idempotency-key")
+                .iter()
+                .map(|v| v.as_bytes())
+                .collect();
+            let found = layout::parse_idempotency_key(&lines)
+                .ok()
+                .flatten()
+                .and_then(|k| self.charge_of(&k));
+            Box::pin(async move {
+                match found {
+                    Some(payment) => Resolution::Committed(HookResponse {
+                        status: 201,
+                        headers: vec![
+                            ("content-type".into(), b"application/json".to_vec()),
+                            (
+                                "location".into(),
+                                format!("/payments/{}", payment["id"].as_str().unwrap_or(""))
+                                    .into_bytes(),
+                            ),
+                        ],
+                        body: serde_json::to_vec(&payment).expect("JSON").into(),
+                    }),
+                    None => Resolution::NotCommitted,
+                }
+            })
+        }
+    }
 }
 
 /// The example's router: `POST /payments` behind `layer`, `GET
 /// /executions` unwrapped.
 pub fn app(layer: IdempotencyLayer) -> (Router, Arc<Payments>) {
-    let state = Arc::new(Payments::default());
+    app_with(Arc::new(Payments::default()), layer)
+}
+
+/// [`app`] over a given state (whose [`Payments::reconcile_hook`] the layer may use).
+pub fn app_with(state: Arc<Payments>, layer: IdempotencyLayer) -> (Router, Arc<Payments>) {
     let router = Router::new()
         .route("/payments", post(create_payment))
         .layer(layer)
@@ -77,19 +141,23 @@ fn bad(msg: &str) -> Response {
     json_response(StatusCode::BAD_REQUEST, &json!({"error": msg}))
 }
 
-async fn create_payment(State(st): State<Arc<Payments>>, body: Bytes) -> Response {
+async fn create_payment(
+    State(st): State<Arc<Payments>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
     // First, on every run, whatever happens next.
     let n = st.executions.fetch_add(1, Ordering::SeqCst) + 1;
-    let Ok(Value::Object(body)) = serde_json::from_slice::<Value>(&body) else {
+    let Ok(Value::Object(body_in)) = serde_json::from_slice::<Value>(&body) else {
         return bad("the body must be a JSON object");
     };
-    let Some(amount) = body.get("amount").and_then(Value::as_i64) else {
+    let Some(amount) = body_in.get("amount").and_then(Value::as_i64) else {
         return bad("amount must be an integer");
     };
-    let Some(currency) = body.get("currency").and_then(Value::as_str) else {
+    let Some(currency) = body_in.get("currency").and_then(Value::as_str) else {
         return bad("currency must be a string");
     };
-    let delay_ms = match body.get("delay_ms") {
+    let delay_ms = match body_in.get("delay_ms") {
         None => 0,
         Some(v) => match v.as_u64() {
             Some(d) => d,
@@ -106,12 +174,33 @@ async fn create_payment(State(st): State<Arc<Payments>>, body: Bytes) -> Respons
     let id = format!("pay_{n}");
     let location = format!("/payments/{id}");
     let body = json!({"id": id, "amount": amount, "currency": currency});
+    // Charge the provider under the client's key (the layer already
+    // refused a request without a valid one).
+    let lines: Vec<&[u8]> = headers
+        .get_all("idempotency-key")
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if let Ok(Some(key)) = layout::parse_idempotency_key(&lines) {
+        st.charges
+            .lock()
+            .expect("not poisoned")
+            .entry(key)
+            .or_insert_with(|| body.clone());
+    }
+    if body_flag(&body_in, "crash_after_charge") {
+        panic!("crashed after charging {id}");
+    }
     let mut r = json_response(StatusCode::CREATED, &body);
     r.headers_mut().insert(
         header::LOCATION,
         header::HeaderValue::from_str(&location).expect("an ASCII path"),
     );
     r
+}
+
+fn body_flag(body: &serde_json::Map<String, Value>, name: &str) -> bool {
+    body.get(name).and_then(Value::as_bool).unwrap_or(false)
 }
 
 async fn executions(State(st): State<Arc<Payments>>) -> Response {
@@ -180,7 +269,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             )
         }
     };
-    let (router, _) = app(layer.namespace(args.namespace));
+    let state = Arc::new(Payments::default());
+    let layer = layer
+        .namespace(args.namespace)
+        .reconcile(state.clone().reconcile_hook());
+    let (router, _) = app_with(state, layer);
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     println!("listening on {}", listener.local_addr()?);
     axum::serve(listener, router)

@@ -41,13 +41,28 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub struct Retryable;
 
 /// What the reconcile hook found out about an earlier attempt whose
-/// outcome is unknown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// outcome is unknown (SPEC §8).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
-    /// The earlier attempt did not happen: run the handler again.
+    /// The earlier attempt happened and this is the response it made (for
+    /// a payment: the payment the provider has under this key): it is
+    /// settled as the stored response and replayed; the handler does not run.
+    Committed(HookResponse),
+    /// The earlier attempt did not happen: run the handler, under the same fence.
     NotCommitted,
     /// It cannot be told now: retries keep getting 409 `outcome_unknown`.
     Unavailable,
+}
+
+/// The response a reconcile hook reports for an attempt that happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookResponse {
+    /// The status.
+    pub status: u16,
+    /// Headers (name, value); the configured stored headers are kept.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The body.
+    pub body: Bytes,
 }
 
 /// Picks the policy of a route (`None`: not wrapped).
@@ -263,6 +278,13 @@ impl IdempotencyLayer {
         self.with(|s| s.retention_s = r)
     }
 
+    /// How long a duplicate waits for the first request's outcome on every
+    /// route (default none: 409 `request_in_progress` at once); a route's
+    /// own policy may set its own.
+    pub fn wait(self, w: Duration) -> Self {
+        self.with(|s| s.policy.wait = Some(w))
+    }
+
     /// The handler timeout of every route (default none): past it, the
     /// request answers 500 and the record becomes `unknown`.
     pub fn timeout(self, t: Duration) -> Self {
@@ -432,6 +454,7 @@ where
         match &s.routes {
             Some(f) => f(method, path).map(|mut p| {
                 p.timeout = p.timeout.or(s.policy.timeout);
+                p.wait = p.wait.or(s.policy.wait);
                 p
             }),
             None => s.methods.contains(method).then_some(s.policy),
@@ -528,16 +551,39 @@ where
             marks_dispatch: true,
             retention_s: s.retention_s,
         };
-        let answer = call(&*s.backend, Command::Claim(claim)).await;
-        match table::after_claim(answer, s.unavailable_retry_after_s) {
-            AfterClaim::Execute(g) => self.execute(policy, c, g).await,
-            AfterClaim::Reconcile(g) => match reconcile(&self.settings, &c, g).await {
-                Some(g) => self.execute(policy, c, g).await,
-                None => Ok(refuse(&table::OUTCOME_UNKNOWN, Some(&c.key))),
-            },
-            AfterClaim::Replay(stored) => Ok(replay(stored, &c.key)),
-            AfterClaim::Refuse(p) => Ok(refuse(&p, Some(&c.key))),
-            AfterClaim::Unavailable(why) => self.unavailable(&policy, (c.parts, c.body), why).await,
+        // With the route's `wait`, a duplicate claims again until the
+        // first request's outcome arrives or the wait is over.
+        let until = policy.wait.map(|w| Instant::now() + w);
+        let mut answer = call(&*s.backend, Command::Claim(claim.clone())).await;
+        loop {
+            return match table::after_claim(answer, s.unavailable_retry_after_s) {
+                AfterClaim::Execute(g) => self.execute(policy, c, g).await,
+                AfterClaim::Reconcile(g) => match reconcile(&self.settings, &c, g).await {
+                    Reconciled::Execute(g) => self.execute(policy, c, g).await,
+                    Reconciled::Replay(stored) => Ok(replay(stored, &c.key)),
+                    Reconciled::Unknown => Ok(refuse(&table::OUTCOME_UNKNOWN, Some(&c.key))),
+                },
+                AfterClaim::Replay(stored) => Ok(replay(stored, &c.key)),
+                AfterClaim::InFlight {
+                    retry_after_ms,
+                    problem,
+                } => {
+                    let left = until.map_or(Duration::ZERO, |u| {
+                        u.saturating_duration_since(Instant::now())
+                    });
+                    if left.is_zero() {
+                        return Ok(refuse(&problem, Some(&c.key)));
+                    }
+                    note("waited");
+                    tokio::time::sleep(Duration::from_millis(retry_after_ms).min(left)).await;
+                    answer = call(&*s.backend, Command::Claim(claim.clone())).await;
+                    continue;
+                }
+                AfterClaim::Refuse(p) => Ok(refuse(&p, Some(&c.key))),
+                AfterClaim::Unavailable(why) => {
+                    self.unavailable(&policy, (c.parts, c.body), why).await
+                }
+            };
         }
     }
 
@@ -678,9 +724,18 @@ where
     }
 }
 
-/// A `reconcile` lease: the hook's finding, reported; `Some` is the
-/// execute lease `not_committed` turns it into.
-async fn reconcile(s: &Settings, c: &Claimed, g: Grant) -> Option<Grant> {
+/// What reporting the hook's finding led to.
+enum Reconciled {
+    /// `not_committed`: the same fence, now an execute lease.
+    Execute(Grant),
+    /// `committed`: the hook's response, settled; replay it.
+    Replay(StoredResponse),
+    /// `unavailable` (or the report failed): 409 `outcome_unknown`.
+    Unknown,
+}
+
+/// A `reconcile` lease: the hook's finding, reported.
+async fn reconcile(s: &Settings, c: &Claimed, g: Grant) -> Reconciled {
     let resolution = match &s.reconcile {
         Some(hook) => {
             match AssertUnwindSafe(hook(c.lkey.as_str(), g.fence, &c.parts))
@@ -696,7 +751,33 @@ async fn reconcile(s: &Settings, c: &Claimed, g: Grant) -> Option<Grant> {
         }
         None => Resolution::Unavailable,
     };
+    let mut stored = None;
     let finding = match resolution {
+        Resolution::Committed(r) => {
+            let (result, digest) = layout::encode_response(
+                r.status,
+                &r.headers,
+                &r.body,
+                &s.stored_headers,
+                s.max_stored_body,
+            );
+            let d = match table::disposition(r.status, false) {
+                Disposition::Failed => Disposition::Failed,
+                _ => Disposition::Completed,
+            };
+            let committed = stored_outcome(d, &result, &digest)
+                .and_then(|o| Finding::committed(c.fingerprint, c.binding.clone(), o));
+            match committed {
+                Ok(f) => {
+                    stored = layout::decode_response(&result);
+                    f
+                }
+                Err(e) => {
+                    tracing::error!(key = c.key, error = %e, "idempotency: the hook's response cannot be stored");
+                    Finding::Unavailable
+                }
+            }
+        }
         Resolution::NotCommitted => Finding::NotCommitted,
         Resolution::Unavailable => Finding::Unavailable,
     };
@@ -706,11 +787,15 @@ async fn reconcile(s: &Settings, c: &Claimed, g: Grant) -> Option<Grant> {
         finding,
     });
     match call(&*s.backend, cmd).await {
-        Ok(Reply::Claim(ClaimDecision::Execute(g))) => Some(g),
-        Ok(_) => None,
+        Ok(Reply::Claim(ClaimDecision::Execute(g))) => Reconciled::Execute(g),
+        Ok(Reply::Receipt(_)) => match stored {
+            Some(st) if st.body.is_some() => Reconciled::Replay(st),
+            _ => Reconciled::Unknown,
+        },
+        Ok(_) => Reconciled::Unknown,
         Err(e) => {
             tracing::warn!(key = c.key, error = %e, "idempotency: reconcile got no answer");
-            None
+            Reconciled::Unknown
         }
     }
 }

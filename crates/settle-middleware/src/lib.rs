@@ -32,8 +32,8 @@ pub mod table;
 
 pub use backend::{CallError, Transport};
 pub use layer::{
-    CanonicalFn, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer, ReconcileFn,
-    Resolution, Retryable, RoutesFn,
+    CanonicalFn, HookResponse, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
+    ReconcileFn, Resolution, Retryable, RoutesFn,
 };
 pub use principal::{Identity, PrincipalFn};
 pub use table::RoutePolicy;

@@ -22,6 +22,10 @@ pub struct RoutePolicy {
     /// After this long the handler counts as failed: the record becomes
     /// `unknown` (default: none).
     pub timeout: Option<Duration>,
+    /// A duplicate that arrives while the first request runs waits up to
+    /// this long for its outcome and answers as a replay when it arrives
+    /// (default: none, 409 `request_in_progress` at once; SPEC §8 `wait`).
+    pub wait: Option<Duration>,
 }
 
 impl Default for RoutePolicy {
@@ -30,6 +34,7 @@ impl Default for RoutePolicy {
             required: true,
             fail_open: false,
             timeout: None,
+            wait: None,
         }
     }
 }
@@ -171,6 +176,15 @@ pub enum AfterClaim {
     Reconcile(Grant),
     /// Replay this stored response (`Idempotent-Replayed: true`).
     Replay(StoredResponse),
+    /// Another request with the key is running: 409 `request_in_progress`
+    /// (this problem), or, with the route's `wait`, claim again after
+    /// `retry_after_ms`.
+    InFlight {
+        /// The ledger's hint.
+        retry_after_ms: u64,
+        /// The answer when the wait is over.
+        problem: Problem,
+    },
     /// Answer this problem; the handler does not run, fail-open or not.
     Refuse(Problem),
     /// The ledger cannot be asked (no answer, or its 503 `unavailable`):
@@ -231,7 +245,10 @@ pub fn after_claim(answer: Result<Reply, CallError>, retry_after_s: u64) -> Afte
             let left = lease_expires_at.ms_since(settle_core::Timestamp::from_system_time(
                 std::time::SystemTime::now(),
             ));
-            AfterClaim::Refuse(in_progress(left.max(retry_after_ms)))
+            AfterClaim::InFlight {
+                retry_after_ms,
+                problem: in_progress(left.max(retry_after_ms)),
+            }
         }
         Ok(Reply::Claim(ClaimDecision::Replay { outcome, .. })) => {
             match outcome
@@ -338,7 +355,9 @@ mod tests {
             })),
             1,
         );
-        let AfterClaim::Refuse(p) = r else { panic!() };
+        let AfterClaim::InFlight { problem: p, .. } = r else {
+            panic!()
+        };
         assert_eq!((p.status, p.code), (409, "request_in_progress"));
         assert_eq!(p.retry_after.as_deref(), Some("2"));
     }

@@ -256,7 +256,10 @@ both!(
             (a.status, a.code().as_str()),
             (StatusCode::CONFLICT, "request_in_progress")
         );
-        assert!(a.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+        // Retry-After is the running lease's time left (30 s, heartbeated),
+        // not the ledger's 1 s polling hint (SPEC §8 amended, §7).
+        let ra: u64 = a.header("retry-after").unwrap().parse().unwrap();
+        assert!((20..=31).contains(&ra), "Retry-After {ra}");
         g.gate.notify_one();
         assert_eq!(first.await.unwrap().status, StatusCode::CREATED);
         assert_eq!(g.runs.load(Ordering::SeqCst), 1);
@@ -502,6 +505,173 @@ both!(
             (StatusCode::INTERNAL_SERVER_ERROR, "outcome_unknown")
         );
         assert_eq!(count(&app).await, 2);
+    }
+);
+
+// SPEC §8 `wait`: a duplicate that arrives while the first runs waits for
+// its outcome and answers as the replay, instead of 409.
+both!(
+    wait_answers_a_duplicate_with_the_replay,
+    |l: Ledgers| async move {
+        let tap = Arc::new(InFlightTap {
+            inner: l.transport(),
+            seen: Notify::new(),
+        });
+        let layer =
+            IdempotencyLayer::with_transport(tap.clone(), principal::fixed(common::PRINCIPAL))
+                .namespace("payments-example")
+                .wait(Duration::from_secs(20));
+        let g = gated(layer);
+        let first = tokio::spawn({
+            let app = g.app.clone();
+            async move { send(&app, req("/op", Some("w"), "{}")).await }
+        });
+        g.started.notified().await;
+        let dup = tokio::spawn({
+            let app = g.app.clone();
+            async move { send(&app, req("/op", Some("w"), "{}")).await }
+        });
+        // The duplicate was told in_flight (and waits) before the first ends.
+        tap.seen.notified().await;
+        assert!(
+            !dup.is_finished(),
+            "the duplicate waits instead of answering 409"
+        );
+        g.gate.notify_one();
+        let first = first.await.unwrap();
+        let dup = dup.await.unwrap();
+        assert_eq!(first.status, StatusCode::CREATED);
+        assert_eq!((dup.status, &dup.body), (first.status, &first.body));
+        assert!(dup.replayed());
+        assert_eq!(g.runs.load(Ordering::SeqCst), 1);
+    }
+);
+
+/// A transport that says when a claim was answered `in_flight`.
+struct InFlightTap {
+    inner: Arc<dyn settle_middleware::Transport>,
+    seen: Notify,
+}
+
+impl settle_middleware::Transport for InFlightTap {
+    fn execute(
+        &self,
+        cmd: settle_core::Command,
+    ) -> settle_ledger::BoxFuture<'_, Result<settle_core::Reply, settle_worker::TransportError>>
+    {
+        Box::pin(async move {
+            let r = self.inner.execute(cmd).await;
+            if let Ok(settle_core::Reply::Claim(settle_core::ClaimDecision::InFlight { .. })) = &r {
+                self.seen.notify_one();
+            }
+            r
+        })
+    }
+}
+
+/// The example's fake payment provider: what it charged, by key. A hook
+/// asks it whether the attempt whose handler was killed made a payment.
+fn provider_hook(
+    charged: Arc<std::sync::Mutex<Vec<String>>>,
+) -> impl Fn(
+    &str,
+    settle_core::Fence,
+    &axum::http::request::Parts,
+) -> settle_ledger::BoxFuture<'static, Resolution>
++ Send
++ Sync
++ 'static {
+    move |ledger_key: &str, _fence, _parts| {
+        let found = charged.lock().unwrap().iter().any(|k| k == ledger_key);
+        Box::pin(async move {
+            if found {
+                Resolution::Committed(settle_middleware::HookResponse {
+                    status: 201,
+                    headers: vec![
+                        ("content-type".into(), b"application/json".to_vec()),
+                        ("location".into(), b"/payments/pay_found".to_vec()),
+                    ],
+                    body: Bytes::from_static(br#"{"id":"pay_found"}"#),
+                })
+            } else {
+                Resolution::Unavailable
+            }
+        })
+    }
+}
+
+// SPEC §8 amended, the reconcile hook's `committed`: the response the
+// earlier attempt made is settled and replayed; the handler does not run.
+both!(
+    the_reconcile_hook_committed_settles_and_replays_its_response,
+    |l: Ledgers| async move {
+        let charged = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (app, _) = payments::app(l.layer());
+        // The handler dies (panics) after the provider charged: unknown.
+        let neg = r#"{"amount": -1, "currency": "EUR"}"#;
+        let a = send(&app, req("/payments", Some("killed"), neg)).await;
+        assert_eq!(a.code(), "outcome_unknown");
+        assert_eq!(l.record(&lkey("killed")).await, ("unknown".into(), true));
+        charged.lock().unwrap().push(lkey("killed"));
+        let (app2, _) = payments::app(l.layer().reconcile(provider_hook(charged.clone())));
+        let b = send(&app2, req("/payments", Some("killed"), neg)).await;
+        assert_eq!(b.status, StatusCode::CREATED, "{:?}", b.body);
+        assert!(b.replayed());
+        assert_eq!(b.header("location"), Some("/payments/pay_found"));
+        assert_eq!(&b.body[..], br#"{"id":"pay_found"}"#);
+        assert_eq!(count(&app2).await, 0, "the handler did not run again");
+        assert_eq!(l.record(&lkey("killed")).await, ("completed".into(), false));
+        // Settled: later retries replay it from the ledger.
+        let c = send(&app, req("/payments", Some("killed"), neg)).await;
+        assert_eq!((c.status, &c.body), (b.status, &b.body));
+        // A key the provider does not know stays unknown (409).
+        let d = send(&app, req("/payments", Some("lost"), neg)).await;
+        assert_eq!(d.code(), "outcome_unknown");
+        let e = send(&app2, req("/payments", Some("lost"), neg)).await;
+        assert_eq!(
+            (e.status, e.code().as_str()),
+            (StatusCode::CONFLICT, "outcome_unknown")
+        );
+    }
+);
+
+// Issue 30: the example's reconcile hook asks its payment provider: a
+// handler killed after charging is resolved on retry (the payment,
+// replayed; the handler not run again); one killed before charging runs
+// again (the provider has no such payment: nothing happened).
+both!(
+    the_examples_hook_resolves_a_handler_killed_after_charging,
+    |l: Ledgers| async move {
+        let state = Arc::new(payments::Payments::default());
+        let layer = l.layer().reconcile(state.clone().reconcile_hook());
+        let (app, _) = payments::app_with(state.clone(), layer);
+        let crash = r#"{"amount": 5, "currency": "EUR", "crash_after_charge": true}"#;
+        let a = send(&app, req("/payments", Some("crash"), crash)).await;
+        assert_eq!(
+            (a.status, a.code().as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, "outcome_unknown")
+        );
+        assert_eq!(l.record(&lkey("crash")).await, ("unknown".into(), true));
+        let b = send(&app, req("/payments", Some("crash"), crash)).await;
+        assert_eq!(b.status, StatusCode::CREATED, "{:?}", b.body);
+        assert!(b.replayed());
+        assert_eq!(
+            b.json(),
+            serde_json::json!({"id": "pay_1", "amount": 5, "currency": "EUR"})
+        );
+        assert_eq!(b.header("location"), Some("/payments/pay_1"));
+        assert_eq!(count(&app).await, 1, "charged once, run once");
+        assert_eq!(l.record(&lkey("crash")).await, ("completed".into(), false));
+        let neg = r#"{"amount": -1, "currency": "EUR"}"#;
+        let c = send(&app, req("/payments", Some("neg"), neg)).await;
+        assert_eq!(c.code(), "outcome_unknown");
+        let d = send(&app, req("/payments", Some("neg"), neg)).await;
+        assert_eq!(d.code(), "outcome_unknown");
+        assert_eq!(
+            count(&app).await,
+            3,
+            "no payment under neg: the handler ran again"
+        );
     }
 );
 
