@@ -46,6 +46,7 @@ from .errors import (
     Unavailable,
     WrongPurpose,
 )
+from .reconciler import AsyncReconciler, Reconciler
 from .types import (
     BatchResult,
     Binding,
@@ -88,6 +89,7 @@ __all__ = [
     "AsyncEffectContext",
     "AsyncIdempotentFunction",
     "AsyncReconcileHook",
+    "AsyncReconciler",
     "BadRequest",
     "BatchResult",
     "Binding",
@@ -122,6 +124,7 @@ __all__ = [
     "ReceiptRequired",
     "ReconcileHook",
     "ReconcileRequired",
+    "Reconciler",
     "Record",
     "RecordRefused",
     "Refusal",
