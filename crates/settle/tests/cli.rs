@@ -371,3 +371,83 @@ async fn get_finds_a_middleware_record_by_its_idempotency_key() {
         Some(2)
     );
 }
+
+/// Issue 30 item 6: `settle reconcile --key-prefix P --finding
+/// not_committed` reconciles every matching record that requires it, after
+/// a confirmation (`--yes` without a terminal), and prints what it did;
+/// records outside the prefix are left alone; any other finding is refused.
+#[tokio::test]
+async fn reconcile_many_by_key_prefix() {
+    let dir = TempDir::new("cli-bulk");
+    let s = Server::start(dir.path(), &[]);
+    let ep = s.ep();
+    let b = binding("svc", 0);
+    for k in ["bulk-1", "bulk-2", "bulk-3", "other-1"] {
+        let fence = execute(&ep, k, 1, &b).await;
+        let unknown = serde_json::json!({"status": "unknown", "error": "the worker was killed"});
+        let r = op(&ep, k, "settle", settle_body(fence, 1, &b, unknown)).await;
+        assert_eq!(r.status, 200, "{}", r.json());
+    }
+    let required = |v: &Value| v["reconcile_required"].as_bool().unwrap();
+    // No terminal, no --yes: refused, nothing changed.
+    let out = settle(
+        &[
+            "reconcile",
+            "--key-prefix",
+            "bulk-",
+            "--finding",
+            "not_committed",
+        ],
+        &s.url(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("3 records"), "{}", stderr(&out));
+    assert!(required(&get(&ep, "/v1/operations/bulk-1").await.json()));
+    // Only not_committed in bulk.
+    let out = settle(
+        &[
+            "reconcile",
+            "--key-prefix",
+            "bulk-",
+            "--finding",
+            "committed",
+            "--yes",
+        ],
+        &s.url(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let out = settle(
+        &[
+            "reconcile",
+            "--key-prefix",
+            "bulk-",
+            "--finding",
+            "not_committed",
+            "--yes",
+            "--json",
+        ],
+        &s.url(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (
+            v["seen"].as_u64(),
+            v["not_committed"].as_u64(),
+            v["errors"].as_u64()
+        ),
+        (Some(3), Some(3), Some(0)),
+        "{v}"
+    );
+    for k in ["bulk-1", "bulk-2", "bulk-3"] {
+        let r = get(&ep, &format!("/v1/operations/{k}")).await.json();
+        assert!(!required(&r), "{k}: {r}");
+        // The next claim executes.
+        let c = op(&ep, k, "claim", claim_body(1, &b)).await.json();
+        assert_eq!(c["decision"], "execute", "{k}: {c}");
+    }
+    assert!(
+        required(&get(&ep, "/v1/operations/other-1").await.json()),
+        "outside the prefix: untouched"
+    );
+}

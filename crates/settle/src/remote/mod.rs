@@ -172,11 +172,25 @@ pub struct SettleArgs {
 
 #[derive(Args)]
 pub struct ReconcileArgs {
-    #[command(flatten)]
-    key: KeyArg,
+    /// The operation's idempotency key (or --key-prefix for many).
+    #[arg(
+        value_name = "KEY",
+        required_unless_present = "key_prefix",
+        requires = "fence"
+    )]
+    key: Option<String>,
     /// The fence of the reconcile lease your claim returned.
     #[arg(long, value_name = "FENCE")]
-    fence: u64,
+    fence: Option<u64>,
+    /// Instead of KEY and --fence: every record that requires
+    /// reconciliation and whose key starts with PREFIX ("" for all), each
+    /// claimed and reported with --finding not_committed (the only finding
+    /// that needs no outcome per record): the next claim of each executes.
+    #[arg(long, value_name = "PREFIX", conflicts_with_all = ["key", "fence", "fingerprint", "principal", "status", "result"])]
+    key_prefix: Option<String>,
+    /// With --key-prefix: do not ask for confirmation.
+    #[arg(long, requires = "key_prefix")]
+    yes: bool,
     /// What reconciliation found: committed, not_committed or unavailable.
     #[arg(long, value_name = "FINDING")]
     finding: String,
@@ -427,6 +441,12 @@ pub async fn settle(a: SettleArgs) -> Result<(), Failure> {
 }
 
 pub async fn reconcile(a: ReconcileArgs) -> Result<(), Failure> {
+    if let Some(prefix) = &a.key_prefix {
+        return reconcile_many(&a, prefix).await;
+    }
+    let (Some(key), Some(fence)) = (&a.key, a.fence) else {
+        return Err(Failure::usage("give KEY and --fence, or --key-prefix"));
+    };
     let outcome = match &a.status {
         Some(s) => Some(
             OutcomeArgs {
@@ -440,7 +460,7 @@ pub async fn reconcile(a: ReconcileArgs) -> Result<(), Failure> {
         None => None,
     };
     let req = ReconcileRequest {
-        fence: a.fence,
+        fence,
         finding: wire_value("--finding", &a.finding)?,
         fingerprint: a.fingerprint.clone(),
         binding: a.principal.as_ref().map(|p| Binding {
@@ -450,7 +470,122 @@ pub async fn reconcile(a: ReconcileArgs) -> Result<(), Failure> {
         }),
         outcome,
     };
-    a.remote.run(calls::reconcile(&a.key.key, &req)).await
+    a.remote.run(calls::reconcile(key, &req)).await
+}
+
+/// `settle reconcile --key-prefix P --finding not_committed`: the
+/// operator attests that none of these records' effects reached the
+/// remote; each is claimed with its stored reservation (the reconciler of
+/// SPEC §11.10 with a hook that says `not_committed`), so the next claim of
+/// each executes. Asks first, unless `--yes`.
+async fn reconcile_many(a: &ReconcileArgs, prefix: &str) -> Result<(), Failure> {
+    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    if a.finding != "not_committed" {
+        return Err(Failure::usage(
+            "--key-prefix takes --finding not_committed only (committed needs an outcome per record: reconcile one KEY at a time)",
+        ));
+    }
+    let client = a.remote.client()?;
+    // What would be touched, to say so before anything is.
+    let mut keys = Vec::new();
+    let mut after = None;
+    loop {
+        let params = settle_client::ListParams {
+            reconcile_required: Some(true),
+            key_prefix: (!prefix.is_empty()).then(|| prefix.to_string()),
+            after: after.take(),
+            limit: Some(1000),
+            ..Default::default()
+        };
+        let page = client.list(&params).await.map_err(client_failure)?;
+        keys.extend(page.operations.into_iter().map(|o| o.key));
+        match page.next {
+            Some(n) => after = Some(n),
+            None => break,
+        }
+    }
+    if keys.is_empty() {
+        if a.remote.json {
+            println!(
+                "{}",
+                serde_json::json!({"seen": 0, "not_committed": 0, "skipped": 0, "errors": 0, "keys": []})
+            );
+        } else {
+            println!("no record whose key starts with {prefix:?} requires reconciliation");
+        }
+        return Ok(());
+    }
+    if !a.yes {
+        if !std::io::stdin().is_terminal() {
+            return Err(Failure::usage(format!(
+                "{} records would be reconciled as not_committed; add --yes to do it without a terminal to confirm on",
+                keys.len()
+            )));
+        }
+        eprint!(
+            "{} records whose key starts with {prefix:?} require reconciliation ({}{}).\n\
+             Report each as not_committed (nothing reached the remote), so that its next claim executes again? [y/N] ",
+            keys.len(),
+            keys.iter().take(3).cloned().collect::<Vec<_>>().join(", "),
+            if keys.len() > 3 { ", ..." } else { "" },
+        );
+        let _ = std::io::stderr().flush();
+        let mut answer = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut answer);
+        if !matches!(answer.trim(), "y" | "Y" | "yes") {
+            return Err(Failure::usage("not confirmed; nothing was changed"));
+        }
+    }
+    let done = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let asked = done.clone();
+    let sweep = settle_worker::Reconciler::new(client)
+        .hook(
+            prefix,
+            move |key: settle_core::Key, _fence: settle_core::Fence| {
+                asked
+                    .lock()
+                    .expect("not poisoned")
+                    .push(key.as_str().to_string());
+                async { Ok::<_, settle_worker::BoxError>(settle_worker::Finding::NotCommitted) }
+            },
+        )
+        .sweep()
+        .await;
+    let done = done.lock().expect("not poisoned").clone();
+    if a.remote.json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "seen": sweep.seen, "not_committed": sweep.not_committed,
+                "skipped": sweep.skipped, "errors": sweep.errors, "keys": done,
+            })
+        );
+    } else {
+        for k in &done {
+            println!("not_committed  {k}");
+        }
+        println!(
+            "{} reconciled as not_committed, {} skipped (resolved meanwhile or held by a live lease), {} errors",
+            sweep.not_committed, sweep.skipped, sweep.errors
+        );
+    }
+    if sweep.errors > 0 {
+        return Err(Failure::new(
+            crate::exit::UNAVAILABLE,
+            format!(
+                "{} records could not be reconciled (see the log with SETTLE_LOG=warn)",
+                sweep.errors
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn client_failure(e: ClientError) -> Failure {
+    match e {
+        ClientError::Http(h) => Failure::new(exit::for_status(h.status), h.to_string()),
+        e => Failure::unreachable(e),
+    }
 }
 
 pub async fn get(a: GetArgs) -> Result<(), Failure> {
