@@ -317,7 +317,7 @@ def test_reconcile_hook_resolves_unknown(server: Server) -> None:
     async def main() -> None:
         found: list[str] = []
 
-        async def hook(lkey: str, fence: int, scope: Any) -> str:
+        async def hook(lkey: str, fence: int, request: Any) -> str:
             found.append(lkey)
             return "not_committed"
 

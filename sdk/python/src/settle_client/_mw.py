@@ -11,6 +11,9 @@ import base64
 import hashlib
 import json
 import math
+import re
+import time
+from datetime import datetime, timezone
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +35,8 @@ __all__ = [
     "response_sha256",
     "problem_body",
     "retry_after_header",
+    "in_progress_retry_after",
+    "parse_rfc3339",
     "LedgerFailure",
     "classify_ledger_error",
     "PRINCIPAL_MISSING",
@@ -363,3 +368,40 @@ def problem_body(status: int, code: str, detail: str) -> bytes:
 def retry_after_header(retry_after_ms: int) -> str:
     """Whole seconds, at least 1 (SPEC §8)."""
     return str(max(1, math.ceil(retry_after_ms / 1000)))
+
+
+_RFC3339 = re.compile(
+    r"^(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(?:([Zz])|([+-])(\d{2}):(\d{2}))$"
+)
+
+
+def parse_rfc3339(s: str) -> float | None:
+    """An RFC 3339 timestamp (as settle writes them: ``...T17:05:38.147Z``)
+    as POSIX seconds, or None when it is not one."""
+    m = _RFC3339.match(s)
+    if m is None:
+        return None
+    y, mo, d, h, mi, sec, frac, z, sign, oh, om = m.groups()
+    try:
+        dt = datetime(int(y), int(mo), int(d), int(h), int(mi), int(sec), tzinfo=timezone.utc)
+    except ValueError:
+        return None
+    t = dt.timestamp() + (float("0." + frac) if frac else 0.0)
+    if not z:
+        off = int(oh) * 3600 + int(om) * 60
+        t -= off if sign == "+" else -off
+    return t
+
+
+def in_progress_retry_after(retry_after_ms: int, lease_expires_at: str | None, now: float | None = None) -> str:
+    """The ``Retry-After`` of 409 ``request_in_progress`` (SPEC §8 as
+    amended): the time the running lease has left, ceil of
+    (``lease_expires_at`` − now) in whole seconds, at least 1 and at least
+    the ``retry_after_ms`` hint rounded up. Without a readable
+    ``lease_expires_at`` (an older server): the hint alone."""
+    hint = max(1, math.ceil(retry_after_ms / 1000))
+    at = parse_rfc3339(lease_expires_at) if lease_expires_at else None
+    if at is None:
+        return str(hint)
+    left = at - (time.time() if now is None else now)
+    return str(max(hint, math.ceil(left) if math.isfinite(left) else hint))

@@ -9,6 +9,19 @@ buffered whole (to settle it before the client sees it, so that a client
 that loses the answer gets the replay), so streaming responses arrive in one
 piece. Decisions where SPEC §8 is silent are in sdk/python/README.md and
 sdk/MIDDLEWARE-KEYS.md.
+
+A ``reconcile`` hook resolves records left ``unknown`` when a retry comes:
+
+    async def reconcile(ledger_key, fence, request):      # request: ReconcileRequest
+        payment = await provider.find(request.idempotency_key)
+        if payment is None:
+            return "not_committed"                         # runs the handler under the same fence
+        return Committed(201, [("content-type", "application/json")], payment.json_bytes)
+        # or "unavailable": 409 outcome_unknown, the record stays unknown
+
+A route's ``wait`` (seconds, default 0) lets a duplicate that finds the
+first request in progress wait for its outcome instead of answering 409
+``request_in_progress`` at once.
 """
 
 from __future__ import annotations
@@ -17,7 +30,7 @@ import asyncio
 import collections
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Union
 
@@ -30,12 +43,16 @@ from .errors import (
     ReceiptRequired,
     SettleError,
 )
-from .types import MAX_SAFE_INTEGER, Binding, Grant, InFlight, Outcome, Replay
-from .worker import _aheartbeat, _aretry, _Deadline
+from .types import MAX_SAFE_INTEGER, Binding, ClaimDecision, Grant, InFlight, Outcome, Receipt, Replay
+from .worker import _aheartbeat, _aretry, _Deadline, _in_flight_wait_s
 
 __all__ = [
     "IdempotencyMiddleware",
     "RoutePolicy",
+    "ReconcileRequest",
+    "Committed",
+    "Resolution",
+    "ReconcileHook",
     "mark_retryable",
     "fixed_principal",
     "authenticated_principal",
@@ -50,12 +67,60 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-ReconcileHook = Callable[[str, int, Scope], Awaitable[Literal["not_committed", "unavailable"]]]
 Principal = Union[str, tuple[str, int], None]
 """What a principal extractor returns: the caller's account (generation 0),
 ``(account, generation)``, or None when the request has no identity."""
 PrincipalExtractor = Callable[[Scope], Union[Principal, Awaitable[Principal]]]
 """The ``principal`` option: the ASGI scope → the caller (may be async)."""
+
+
+
+@dataclass(frozen=True)
+class ReconcileRequest:
+    """The retried request a ``reconcile`` hook is asked about: its ASGI
+    ``scope``, its whole ``body``, the ``Idempotency-Key`` value the client
+    sent (unquoted) and the ``principal`` (account) it came from."""
+
+    scope: Scope
+    body: bytes
+    idempotency_key: str
+    principal: str
+
+    @property
+    def method(self) -> str:
+        return str(self.scope["method"])
+
+    @property
+    def path(self) -> str:
+        return str(self.scope["path"])
+
+    def header(self, name: str) -> str | None:
+        """The value of a request header (lines joined by ", "), or None."""
+        values = _header_values(self.scope, name.lower().encode("latin-1"))
+        return ", ".join(values) if values else None
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A reconcile hook's finding that the request's effect happened, with
+    the response to store and replay (``status``, ``headers``, ``body``):
+    settled as the handler's response would have been (``completed``, or
+    ``failed`` for a 5xx; the ``stored_headers`` kept) and sent with
+    ``Idempotent-Replayed: true``."""
+
+    status: int
+    headers: Sequence[tuple[str, str]] = ()
+    body: bytes | str = b""
+
+
+Resolution = Union[Committed, Literal["not_committed", "unavailable"]]
+"""What a reconcile hook answers: ``Committed(...)`` (settle and replay
+that response), ``"not_committed"`` (run the handler under the same fence)
+or ``"unavailable"`` (cannot tell: 409 ``outcome_unknown``)."""
+
+ReconcileHook = Callable[[str, int, ReconcileRequest], Union[Resolution, Awaitable[Resolution]]]
+"""The ``reconcile`` option: (ledger key, fence, the retried request) → a
+Resolution (may be ``async``)."""
 
 log = logging.getLogger("settle_client.asgi")
 _RETRYABLE = "settle_retryable"
@@ -68,11 +133,15 @@ class RoutePolicy:
     unreachable (no answer, or a 503 ``unavailable``), run the handler
     without idempotency (logged) instead of 503; a refusal of the ledger
     never runs the handler. ``timeout``: seconds before the handler counts
-    as failed (unknown)."""
+    as failed (unknown). ``wait``: seconds a duplicate that finds the first
+    request in progress waits for its outcome (claiming again after each
+    retry hint) before it answers 409 ``request_in_progress``; None: the
+    middleware's ``wait`` (default 0)."""
 
     required: bool = True
     fail_open: bool = False
     timeout: float | None = None
+    wait: float | None = None
 
 
 def mark_retryable(target: Any) -> None:
@@ -194,6 +263,7 @@ class IdempotencyMiddleware:
         fail_open: bool = False,
         unavailable_retry_after_s: int = 1,
         reconcile: ReconcileHook | None = None,
+        wait: float = 0.0,
     ) -> None:
         if principal is None or not callable(principal):
             raise TypeError(
@@ -214,7 +284,9 @@ class IdempotencyMiddleware:
         self.max_request_body = max_request_body
         self.lease_ms = lease_ms
         self.retention_s = retention_s
-        self.default_policy = RoutePolicy(required=True, fail_open=fail_open, timeout=timeout)
+        if wait < 0:
+            raise ValueError("wait is a number of seconds, at least 0")
+        self.default_policy = RoutePolicy(required=True, fail_open=fail_open, timeout=timeout, wait=wait)
         self.unavailable_retry_after_s = unavailable_retry_after_s
         self.reconcile = reconcile
         # Replays and refusals, by kind (SPEC §8: counted and logged).
@@ -225,6 +297,8 @@ class IdempotencyMiddleware:
             p = self.routes(method, path)
             if p is not None and p.timeout is None and self.default_policy.timeout is not None:
                 p = replace(p, timeout=self.default_policy.timeout)
+            if p is not None and p.wait is None:
+                p = replace(p, wait=self.default_policy.wait)
             return p
         return self.default_policy if method.upper() in self.methods else None
 
@@ -295,47 +369,44 @@ class IdempotencyMiddleware:
         lkey = _mw.ledger_key(self.namespace, principal, key)
         binding = Binding(_mw.binding_principal(principal), (), generation)
 
-        try:
-            dec = await self.client.claim(
-                lkey,
-                fp,
-                binding,
-                lease_ms=self.lease_ms,
-                worker=_mw.worker_label(key, principal),
-                marks_dispatch=True,
-                retention_s=self.retention_s,
-            )
-        except (FingerprintMismatch, BindingMismatch):
-            await self._refuse(send, 422, "idempotency_key_reused", "this Idempotency-Key was used for another request", key)
-            return
-        except Exception as e:  # noqa: BLE001 - every failure of the claim is classified; none runs the handler unless allowed
-            await self._ledger_failed(scope, receive, send, policy, key, body, e, "claim")
-            return
+        # A duplicate that finds the first request in progress claims again
+        # after each retry hint, up to the route's wait, then answers 409.
+        waiting = _Deadline(policy.wait or 0.0)
+        while True:
+            dec = await self._claim(scope, receive, send, policy, key, body, lkey, fp, binding, principal)
+            if dec is None:
+                return  # answered
+            if not isinstance(dec, InFlight):
+                break
+            left = waiting.left()
+            if left <= 0:
+                self.counts["request_in_progress"] += 1
+                log.info("idempotency: key %s in progress", key)
+                await self._problem(
+                    send,
+                    409,
+                    "request_in_progress",
+                    "a request with this Idempotency-Key is still being processed",
+                    [(b"retry-after", _mw.in_progress_retry_after(dec.retry_after_ms, dec.lease_expires_at).encode())],
+                )
+                return
+            await asyncio.sleep(min(left, _in_flight_wait_s(dec.retry_after_ms)))
 
         if isinstance(dec, Replay):
             await self._replay(send, key, dec)
             return
-        if isinstance(dec, InFlight):
-            self.counts["request_in_progress"] += 1
-            log.info("idempotency: key %s in progress", key)
-            await self._problem(
-                send,
-                409,
-                "request_in_progress",
-                "a request with this Idempotency-Key is still being processed",
-                [(b"retry-after", _mw.retry_after_header(dec.retry_after_ms).encode())],
-            )
-            return
         assert isinstance(dec, Grant)
         grant = dec
         if grant.decision == "reconcile":
-            g = await self._reconcile(scope, lkey, grant, key)
-            if g is None:
+            found = await self._reconcile(send, scope, body, lkey, fp, binding, grant, key, principal)
+            if isinstance(found, Receipt):
+                return  # the hook's response was settled and sent
+            if found is None:
                 await self._refuse(
                     send, 409, "outcome_unknown", "an earlier request with this Idempotency-Key failed with an unknown outcome", key
                 )
                 return
-            grant = g
+            grant = found
         # The dispatch is retried under the same fence while its answer is
         # lost (it is idempotent), for half the lease: the rest is left for
         # handing the lease back.
@@ -371,22 +442,107 @@ class IdempotencyMiddleware:
                 exc_info=True,
             )
 
-    async def _reconcile(self, scope: Scope, lkey: str, grant: Grant, key: str) -> Grant | None:
-        finding: str = "unavailable"
+    async def _claim(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        policy: RoutePolicy,
+        key: str,
+        body: bytes,
+        lkey: str,
+        fp: str,
+        binding: Binding,
+        principal: str,
+    ) -> ClaimDecision | None:
+        """The claim's decision, or None when a failure was answered."""
+        try:
+            return await self.client.claim(
+                lkey,
+                fp,
+                binding,
+                lease_ms=self.lease_ms,
+                worker=_mw.worker_label(key, principal),
+                marks_dispatch=True,
+                retention_s=self.retention_s,
+            )
+        except (FingerprintMismatch, BindingMismatch):
+            await self._refuse(send, 422, "idempotency_key_reused", "this Idempotency-Key was used for another request", key)
+        except Exception as e:  # noqa: BLE001 - every failure of the claim is classified; none runs the handler unless allowed
+            await self._ledger_failed(scope, receive, send, policy, key, body, e, "claim")
+        return None
+
+    async def _reconcile(
+        self,
+        send: Send,
+        scope: Scope,
+        body: bytes,
+        lkey: str,
+        fp: str,
+        binding: Binding,
+        grant: Grant,
+        key: str,
+        principal: str,
+    ) -> Grant | Receipt | None:
+        """Asks the hook about a record left ``unknown`` (SPEC §8): the
+        execute grant under the same fence (``not_committed``), the receipt
+        of the hook's response (``Committed``: it was sent), or None (the
+        lease was handed back: 409 ``outcome_unknown``)."""
+        finding: Any = "unavailable"
         if self.reconcile is not None:
+            # The reconcile lease is heartbeated while the hook asks the remote.
+            hb = asyncio.get_running_loop().create_task(
+                _aheartbeat(self.client, lkey, grant.fence, self.lease_ms, asyncio.Event())
+            )
             try:
-                finding = await self.reconcile(lkey, grant.fence, scope)
+                found = self.reconcile(lkey, grant.fence, ReconcileRequest(scope, body, key, principal))
+                finding = await found if inspect.isawaitable(found) else found
             except Exception:
                 log.exception("idempotency: reconcile hook failed for key %s", key)
+                finding = "unavailable"
+            finally:
+                hb.cancel()
+            if not (isinstance(finding, Committed) or finding in ("not_committed", "unavailable")):
+                log.error(
+                    "idempotency: the reconcile hook answered %r for key %s (want Committed(...), "
+                    "\"not_committed\" or \"unavailable\"); taken as unavailable",
+                    finding,
+                    key,
+                )
+                finding = "unavailable"
+        lease = _Deadline(self.lease_ms / 1000.0)
         try:
-            if finding == "not_committed":
-                ans = await self.client.reconcile(lkey, grant.fence, "not_committed")
+            if isinstance(finding, Committed):
+                headers = [(str(n), str(v)) for n, v in finding.headers]
+                out = finding.body.encode("utf-8") if isinstance(finding.body, str) else bytes(finding.body)
+                result, digest = _mw.encode_response(
+                    finding.status, headers, out, self.stored_headers, self.max_stored_body
+                )
+                outcome = Outcome(
+                    status="failed" if finding.status >= 500 else "completed", result=result, response_sha256=digest
+                )
+                ans = await _aretry(
+                    lambda: self.client.reconcile(
+                        lkey, grant.fence, "committed", fingerprint=fp, binding=binding, outcome=outcome
+                    ),
+                    lease,
+                    "reconcile",
+                )
+                if isinstance(ans, Receipt):
+                    self.counts["reconciled"] += 1
+                    log.info("idempotency: key %s reconciled as committed (%d); replayed", key, finding.status)
+                    stored = _mw.decode_response(result)
+                    await self._send_replay(send, finding.status, stored.headers if stored is not None else [], out)
+                    return ans
+            elif finding == "not_committed":
+                ans = await _aretry(lambda: self.client.reconcile(lkey, grant.fence, "not_committed"), lease, "reconcile")
                 if isinstance(ans, Grant):
+                    log.info("idempotency: key %s reconciled as not committed; the handler runs again", key)
                     return ans
             else:
-                await self.client.reconcile(lkey, grant.fence, "unavailable")
+                await _aretry(lambda: self.client.reconcile(lkey, grant.fence, "unavailable"), lease, "reconcile")
         except SettleError:
-            log.warning("idempotency: reconcile of key %s got no answer", key)
+            log.warning("idempotency: reconcile of key %s failed", key, exc_info=True)
         return None
 
     async def _execute(
@@ -522,11 +678,15 @@ class IdempotencyMiddleware:
             return
         self.counts["replayed"] += 1
         log.info("idempotency: replay of key %s", key)
-        headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in stored.headers]
-        headers.append((b"content-length", str(len(stored.body)).encode()))
+        await self._send_replay(send, stored.status, stored.headers, stored.body)
+
+    @staticmethod
+    async def _send_replay(send: Send, status: int, stored_headers: list[tuple[str, str]], body: bytes) -> None:
+        headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in stored_headers]
+        headers.append((b"content-length", str(len(body)).encode()))
         headers.append((b"idempotent-replayed", b"true"))
-        await send({"type": "http.response.start", "status": stored.status, "headers": headers})
-        await send({"type": "http.response.body", "body": stored.body, "more_body": False})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
     async def _ledger_failed(
         self,
