@@ -22,7 +22,14 @@ from test_asgi import App, problem, run
 
 from settle_client import Client, fixed_principal
 from settle_client import _mw as mw
-from settle_client.asgi import Committed, IdempotencyMiddleware, ReconcileRequest, RoutePolicy, mark_retryable
+from settle_client.asgi import (
+    Committed,
+    IdempotencyMiddleware,
+    ReconcileRequest,
+    RoutePolicy,
+    idempotency_key,
+    mark_retryable,
+)
 
 H = {"Idempotency-Key": "liveness-1"}
 
@@ -313,3 +320,11 @@ def test_a_429_of_settle_on_settle_and_release_is_retried(server: Server) -> Non
         assert rec.lease is not None and rec.lease["ended"]["reason"] == "not_committed" and not rec.reconcile_required
 
     run(main)
+
+
+def test_idempotency_key_helper_reads_the_key_as_the_middleware_does() -> None:
+    def scope(*values: bytes) -> dict[str, Any]:
+        return {"type": "http", "headers": [(b"idempotency-key", v) for v in values]}
+
+    assert idempotency_key(scope(b'"k-1";a=1')) == "k-1" and idempotency_key(scope(b"k-1;a=1")) == "k-1;a=1"
+    assert idempotency_key(scope()) is None and idempotency_key(scope(b"a", b"a")) is None

@@ -86,15 +86,44 @@ def test_amount_zero_is_a_stored_400(example: str) -> None:
     assert executions(example) == before + 1
 
 
-def test_negative_amount_is_unknown_then_409(example: str) -> None:
-    before = executions(example)
+def provider_payments(url: str) -> int:
+    r = httpx.get(url + "/provider/payments")
+    assert r.status_code == 200
+    n: int = r.json()["count"]
+    return n
+
+
+def test_negative_amount_is_unknown_and_the_hook_lets_the_retry_run(example: str) -> None:
+    """The handler raises before it charges: the outcome is unknown; on
+    retry the reconcile hook asks the provider, which has no payment with
+    that key, so the handler runs again (and fails again)."""
+    before, paid = executions(example), provider_payments(example)
     key = new_key()
-    r = pay(example, key, {"amount": -5, "currency": "EUR"})
-    assert r.status_code == 500 and r.json()["code"] == "outcome_unknown"
     for _ in range(2):
         r = pay(example, key, {"amount": -5, "currency": "EUR"})
-        assert r.status_code == 409 and r.json()["code"] == "outcome_unknown"
-    assert executions(example) == before + 1
+        assert r.status_code == 500 and r.json()["code"] == "outcome_unknown"
+    assert executions(example) == before + 2 and provider_payments(example) == paid
+
+
+def test_a_handler_killed_after_the_charge_is_resolved_by_the_hook(example: str) -> None:
+    """The handler dies after the provider recorded the payment: 500
+    outcome_unknown. The retry's reconcile hook finds the payment by its
+    idempotency key: it is settled and replayed, 201 with the provider's
+    payment, and the handler does not run (nor charge) again."""
+    before, paid = executions(example), provider_payments(example)
+    key = new_key()
+    body = {"amount": 4200, "currency": "EUR", "fail_after_charge": True}
+    r = pay(example, key, body)
+    assert r.status_code == 500 and r.json()["code"] == "outcome_unknown"
+    assert provider_payments(example) == paid + 1
+    n = before + 1
+    retry = pay(example, key, body)
+    assert retry.status_code == 201 and retry.headers["idempotent-replayed"] == "true"
+    assert retry.json() == {"id": f"pay_{n}", "amount": 4200, "currency": "EUR"}
+    assert retry.headers["location"] == f"/payments/pay_{n}"
+    again = pay(example, key, body)
+    assert again.status_code == 201 and again.content == retry.content
+    assert executions(example) == n and provider_payments(example) == paid + 1
 
 
 def test_fifty_concurrent_duplicates_execute_once(example: str) -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "Resolution",
     "ReconcileHook",
     "mark_retryable",
+    "idempotency_key",
     "fixed_principal",
     "authenticated_principal",
     "Principal",
@@ -151,6 +152,20 @@ def mark_retryable(target: Any) -> None:
     scope."""
     scope = getattr(target, "scope", target)
     scope.setdefault("state", {})[_RETRYABLE] = True
+
+
+def idempotency_key(target: Any) -> str | None:
+    """The key of the request's ``Idempotency-Key`` header, unquoted as the
+    middleware reads it (``"k-1"`` → ``k-1``), or None when absent or
+    malformed: what a handler passes on to its remote as that remote's
+    idempotency key (the reconcile hook gets the same value as
+    ``ReconcileRequest.idempotency_key``). ``target``: a Starlette
+    ``Request`` or the ASGI scope."""
+    scope = getattr(target, "scope", target)
+    try:
+        return _mw.parse_idempotency_key(_header_values(scope, b"idempotency-key"))
+    except _mw.KeyError_:
+        return None
 
 
 def fixed_principal(name: str, generation: int = 0) -> PrincipalExtractor:

@@ -5,13 +5,32 @@
         --settle-url URL [--settle-token T]
 
 - ``POST /payments`` (requires ``Idempotency-Key``), body
-  ``{"amount": <int>, "currency": "<str>", "delay_ms": <int, optional>}``:
-  the handler first counts the execution (every run counts), then sleeps
-  ``delay_ms``, and answers 201 ``{"id": "pay_<n>", "amount", "currency"}``
-  with ``Location: /payments/pay_<n>``. Amount 0 → 400 from the handler (a
-  client error: stored and replayed); a negative amount → the handler raises
-  (→ 500 ``outcome_unknown``, then 409 ``outcome_unknown`` on retries).
-- ``GET /executions`` → ``{"count": <handler executions>}`` (not wrapped).
+  ``{"amount": <int>, "currency": "<str>", "delay_ms": <int, optional>,
+  "fail_after_charge": <bool, optional>}``: the handler first counts the
+  execution (every run counts), then sleeps ``delay_ms``, charges the
+  payment provider with the request's ``Idempotency-Key`` and answers 201
+  ``{"id": "pay_<n>", "amount", "currency"}`` with ``Location:
+  /payments/pay_<n>``. Amount 0 → 400 from the handler (a client error:
+  stored and replayed); a negative amount → the handler raises before it
+  charges (→ 500 ``outcome_unknown``; a retry asks the provider, which has
+  no such payment, so the handler runs again); ``fail_after_charge`` → the
+  handler raises *after* the provider recorded the payment, as a process
+  that dies there would (→ 500 ``outcome_unknown``; a retry asks the
+  provider, which has it: the payment is settled and replayed, 201
+  ``Idempotent-Replayed: true``, the handler does not run again).
+- ``GET /executions`` → ``{"count": <handler executions>}`` and ``GET
+  /provider/payments`` → ``{"count": <payments the provider recorded>}``
+  (not wrapped).
+
+The payment provider is a fake that lives in this process
+(``PaymentProvider``): like Stripe, it records each payment under the
+idempotency key it was sent (here the client's ``Idempotency-Key``, scoped
+by the account), and answers a second charge with that key with the first
+payment. The middleware's ``reconcile`` hook asks it whether a payment with
+the retried request's key exists: that is how a request whose outcome is
+``unknown`` (the handler raised or timed out after the provider charged,
+or — with a real provider, which outlives this process — the process died
+there) is resolved on retry, without a human and without charging twice.
 
 ``--listen`` accepts port 0; the bound address is printed as
 ``listening on HOST:PORT`` once the server accepts connections. Ctrl-C
@@ -39,15 +58,55 @@ except ImportError as e:  # pragma: no cover - only without the extra
     raise SystemExit(f"the example needs the 'examples' extra: pip install 'settle-client[examples]' ({e})") from e
 
 from settle_client import AsyncClient, fixed_principal
-from settle_client.asgi import IdempotencyMiddleware
+from settle_client.asgi import Committed, IdempotencyMiddleware, ReconcileRequest, Resolution, idempotency_key
+
+ACCOUNT = "acct-1"
 
 
 class ExampleError(RuntimeError):
-    """Raised by the handler for a negative amount (an escaped failure)."""
+    """Raised by the handler for a negative amount, or after the charge with
+    ``fail_after_charge`` (an escaped failure)."""
 
 
-def build_app(client: AsyncClient, namespace: str = "payments-example") -> Starlette:
+class PaymentProvider:
+    """A fake payment provider, in process: it records payments by
+    idempotency key, and a charge with a key it has seen applies nothing
+    and answers the first payment (as Stripe's ``Idempotency-Key`` does)."""
+
+    def __init__(self) -> None:
+        self.payments: dict[str, dict[str, Any]] = {}
+
+    def charge(self, key: str, payment: dict[str, Any]) -> dict[str, Any]:
+        return self.payments.setdefault(key, payment)
+
+    def find(self, key: str) -> dict[str, Any] | None:
+        return self.payments.get(key)
+
+
+def provider_key(account: str, idempotency_key: str) -> str:
+    # The client's key, scoped by the account it came from (two accounts
+    # may choose the same key).
+    return f"{account}:{idempotency_key}"
+
+
+def payment_response(payment: dict[str, Any]) -> Response:
+    return JSONResponse(payment, status_code=201, headers={"Location": f"/payments/{payment['id']}"})
+
+
+def build_app(
+    client: AsyncClient, namespace: str = "payments-example", provider: PaymentProvider | None = None
+) -> Starlette:
     executions = 0
+    psp = provider if provider is not None else PaymentProvider()
+
+    async def reconcile(ledger_key: str, fence: int, request: ReconcileRequest) -> Resolution:
+        # A retry found the record unknown: did the provider charge?
+        payment = psp.find(provider_key(request.principal, request.idempotency_key))
+        if payment is None:
+            return "not_committed"  # it did not: the handler runs again under the same fence
+        resp = payment_response(payment)  # the response the handler would have sent
+        headers = [(n.decode("latin-1"), v.decode("latin-1")) for n, v in resp.raw_headers]
+        return Committed(resp.status_code, headers, bytes(resp.body))
 
     async def create_payment(request: Request) -> Response:
         nonlocal executions
@@ -60,37 +119,52 @@ def build_app(client: AsyncClient, namespace: str = "payments-example") -> Starl
         if not isinstance(body, dict):
             return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
         amount, currency, delay_ms = body.get("amount"), body.get("currency"), body.get("delay_ms", 0)
+        fail_after_charge = body.get("fail_after_charge", False)
         if not isinstance(amount, int) or isinstance(amount, bool):
             return JSONResponse({"error": "amount must be an integer"}, status_code=400)
         if not isinstance(currency, str):
             return JSONResponse({"error": "currency must be a string"}, status_code=400)
         if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
             return JSONResponse({"error": "delay_ms must be a non-negative integer"}, status_code=400)
+        if not isinstance(fail_after_charge, bool):
+            return JSONResponse({"error": "fail_after_charge must be a boolean"}, status_code=400)
         if delay_ms:
             await asyncio.sleep(delay_ms / 1000.0)
         if amount == 0:
             return JSONResponse({"error": "amount must not be zero"}, status_code=400)
         if amount < 0:
             raise ExampleError(f"negative amount {amount}")
-        pid = f"pay_{n}"
-        return JSONResponse(
-            {"id": pid, "amount": amount, "currency": currency},
-            status_code=201,
-            headers={"Location": f"/payments/{pid}"},
-        )
+        key = idempotency_key(request)
+        assert key is not None  # the middleware requires it on this route
+        payment = psp.charge(provider_key(ACCOUNT, key), {"id": f"pay_{n}", "amount": amount, "currency": currency})
+        if fail_after_charge:
+            raise ExampleError("the handler died after the provider recorded the payment")
+        return payment_response(payment)
 
     async def get_executions(request: Request) -> Response:
         return JSONResponse({"count": executions})
+
+    async def provider_payments(request: Request) -> Response:
+        return JSONResponse({"count": len(psp.payments)})
 
     return Starlette(
         routes=[
             Route("/payments", create_payment, methods=["POST"]),
             Route("/executions", get_executions, methods=["GET"]),
+            Route("/provider/payments", provider_payments, methods=["GET"]),
         ],
         # One caller (the example has no authentication): every request is
         # the account "acct-1". With Starlette's AuthenticationMiddleware, use
         # authenticated_principal() instead.
-        middleware=[Middleware(IdempotencyMiddleware, client=client, namespace=namespace, principal=fixed_principal("acct-1"))],
+        middleware=[
+            Middleware(
+                IdempotencyMiddleware,
+                client=client,
+                namespace=namespace,
+                principal=fixed_principal(ACCOUNT),
+                reconcile=reconcile,
+            )
+        ],
     )
 
 
