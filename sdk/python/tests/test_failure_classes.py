@@ -348,3 +348,40 @@ def test_dispatch_outside_an_effect_is_a_clear_error() -> None:
         f: Callable[[], object] = fn
         with pytest.raises(RuntimeError, match="@idempotent"):
             f()
+
+
+def test_async_resend_default_and_refusal(server: Server) -> None:
+    """The asyncio twins of resend, default= and ResultNotSerializable."""
+
+    async def main() -> None:
+        async with AsyncClient(server.url) as c:
+            remote, calls = Remote(), []
+
+            @idempotent(c, key=lambda e: e["id"], principal="svc", marks_dispatch=True, reconcile="resend", default=str)
+            async def charge(e: dict[str, Any]) -> dict[str, Any]:
+                ctx = settle_client.effect_context()
+                calls.append(ctx.resend)
+                await settle_client.dispatch()
+                result = dict(remote.charge(ctx.key, e["amount"]), fee=Decimal("0.25"))
+                if len(calls) == 1:
+                    raise TimeoutError("no answer")
+                return result
+
+            k = new_key()
+            with pytest.raises(OutcomeUnknown):
+                await charge({"id": k, "amount": 9})
+            inv = await charge.invoke({"id": k, "amount": 9})
+            assert inv.reconciled and inv.value == {"charge": "ch_1", "amount": 9, "fee": "0.25"}
+            assert calls == [False, True] and remote.applied == 1
+
+            @idempotent(c, key=lambda e: e["id"], principal="svc", marks_dispatch=True)
+            async def early(e: dict[str, Any]) -> Any:
+                return Decimal("1")
+
+            k2 = new_key()
+            with pytest.raises(ResultNotSerializable, match="Decimal"):
+                await early({"id": k2})
+            rec = await c.get(k2)
+            assert rec.status == "pending" and not rec.reconcile_required
+
+    asyncio.run(main())
