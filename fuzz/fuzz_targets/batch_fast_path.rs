@@ -7,7 +7,9 @@
 //! Input: the request body.
 //!
 //! Properties: a body serde_json refuses is refused whole with 400
-//! `bad_request` (never 200 with calls); and the two ways give the same
+//! `bad_request` (never 200 with calls), except an empty body (or JSON
+//! whitespace only),
+//! which SPEC §7 reads as `{}`; and the two ways give the same
 //! answer: the same problem for the whole request, or per call the same
 //! command, key or problem.
 #![no_main]
@@ -20,7 +22,8 @@ const MAX_CALLS: usize = 1000;
 
 fuzz_target!(|data: &[u8]| {
     let fast = parse_batch(data, MAX_CALLS, RetentionS::DEFAULT);
-    if serde_json::from_slice::<serde::de::IgnoredAny>(data).is_err() {
+    let blank = data.iter().all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+    if !blank && serde_json::from_slice::<serde::de::IgnoredAny>(data).is_err() {
         match &fast {
             Err(p) => assert_eq!(p.status, 400, "a body that is not JSON: {:?}", p.detail),
             Ok(calls) => panic!("a body that is not JSON was accepted with {} calls", calls.len()),

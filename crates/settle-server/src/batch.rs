@@ -627,6 +627,8 @@ mod tests {
             "{\"calls\":[{\"op\":\"get\",\"key\":\"k1\",\n}]}",
             r#"{"calls":[{"op":"get","key":"k1"},]}"#,
             r#"{"calls":[{"op":"get","key":"k1"}],}"#,
+            // A form feed is not JSON whitespace (it was trimmed as if it were).
+            "\u{c}{\"calls\":[{}]}",
         ] {
             match parse_calls(body.as_bytes(), 1000, RetentionS::DEFAULT) {
                 Err(p) => assert_eq!((p.status, p.code), (400, api::Code::BadRequest), "{body}"),

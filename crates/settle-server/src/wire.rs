@@ -72,12 +72,15 @@ where
     T::try_from(s).map_err(|e| Problem::invalid(what, e.reason))
 }
 
-/// Parses a request body: empty is `{}`; not JSON or not an object is 400;
-/// JSON that does not fit the schema is 422 naming the field.
+/// Parses a request body: empty (or JSON whitespace only) is `{}`; not
+/// JSON or not an object is 400; JSON that does not fit the schema is 422
+/// naming the field.
 pub fn parse_body<'de, T: Deserialize<'de>>(body: &'de [u8]) -> Result<T, Problem> {
+    // JSON's whitespace only (RFC 8259): a form feed is not, and a body
+    // that starts with one is not JSON (400), as serde_json says.
     let start = body
         .iter()
-        .position(|b| !b.is_ascii_whitespace())
+        .position(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
         .unwrap_or(body.len());
     let body = if start == body.len() {
         &b"{}"[..]

@@ -486,24 +486,7 @@ async fn reconcile_many(a: &ReconcileArgs, prefix: &str) -> Result<(), Failure> 
         ));
     }
     let client = a.remote.client()?;
-    // What would be touched, to say so before anything is.
-    let mut keys = Vec::new();
-    let mut after = None;
-    loop {
-        let params = settle_client::ListParams {
-            reconcile_required: Some(true),
-            key_prefix: (!prefix.is_empty()).then(|| prefix.to_string()),
-            after: after.take(),
-            limit: Some(1000),
-            ..Default::default()
-        };
-        let page = client.list(&params).await.map_err(client_failure)?;
-        keys.extend(page.operations.into_iter().map(|o| o.key));
-        match page.next {
-            Some(n) => after = Some(n),
-            None => break,
-        }
-    }
+    let keys = reconcile_required_keys(&client, prefix).await?;
     if keys.is_empty() {
         if a.remote.json {
             println!(
@@ -579,6 +562,27 @@ async fn reconcile_many(a: &ReconcileArgs, prefix: &str) -> Result<(), Failure> 
         ));
     }
     Ok(())
+}
+
+/// Every key that requires reconciliation and starts with `prefix`.
+async fn reconcile_required_keys(client: &Client, prefix: &str) -> Result<Vec<String>, Failure> {
+    let mut keys = Vec::new();
+    let mut after = None;
+    loop {
+        let params = settle_client::ListParams {
+            reconcile_required: Some(true),
+            key_prefix: (!prefix.is_empty()).then(|| prefix.to_string()),
+            after: after.take(),
+            limit: Some(1000),
+            ..Default::default()
+        };
+        let page = client.list(&params).await.map_err(client_failure)?;
+        keys.extend(page.operations.into_iter().map(|o| o.key));
+        match page.next {
+            Some(n) => after = Some(n),
+            None => return Ok(keys),
+        }
+    }
 }
 
 fn client_failure(e: ClientError) -> Failure {
