@@ -385,3 +385,42 @@ def test_async_resend_default_and_refusal(server: Server) -> None:
             assert rec.status == "pending" and not rec.reconcile_required
 
     asyncio.run(main())
+
+
+def test_a_lost_dispatch_answer_is_retried_under_the_same_fence(server: Server) -> None:
+    from test_run_once import tapped
+
+    c, tap = tapped(server)
+    tap.fail_after["dispatch"] = 1  # recorded by the ledger, its answer lost
+    calls: list[int] = []
+
+    def effect(ctx: EffectContext) -> Done:
+        ctx.dispatch()
+        calls.append(ctx.fence)
+        return Done({"ok": 1})
+
+    k = new_key()
+    r = run_once(c, k, REQ, effect, principal="p", marks_dispatch=True)
+    assert r.receipt.status == "completed" and tap.calls.count("dispatch") == 2 and calls == [r.fence]
+
+
+def test_a_dispatch_that_never_answers_is_not_sent(server: Server) -> None:
+    """dispatch() gives up after half the lease; the effect lets the error
+    propagate, so nothing was sent: the lease is handed back, and since the
+    ledger did record the dispatch (only its answers were lost), with
+    not_committed. The next run executes."""
+    from test_run_once import tapped
+
+    c, tap = tapped(server)
+    tap.fail_after["dispatch"] = 10**6
+    k = new_key()
+    def effect(ctx: EffectContext) -> Done:
+        ctx.dispatch()
+        raise AssertionError("dispatch() must raise")
+
+    with pytest.raises(DeadlineExceeded):
+        run_once(c, k, REQ, effect, principal="p", marks_dispatch=True, lease_ms=600)
+    rec = c.get(k)
+    assert not rec.reconcile_required and rec.attempts[0]["lease"]["ended"]["reason"] == "not_committed"
+    tap.fail_after.clear()
+    assert run_once(c, k, REQ, lambda ctx: Done({"second": 1}), principal="p", deadline=2).receipt.status == "completed"

@@ -200,7 +200,14 @@ class EffectContext:
     is then a local no-op."""
 
     def __init__(
-        self, client: Client, key: str, fence: int, attempt: int, marks_dispatch: bool, resend: bool = False
+        self,
+        client: Client,
+        key: str,
+        fence: int,
+        attempt: int,
+        marks_dispatch: bool,
+        resend: bool = False,
+        lease_ms: int = 30000,
     ) -> None:
         self.key = key
         self.fence = fence
@@ -210,12 +217,16 @@ class EffectContext:
         self.dispatched = False
         self.lease_lost = threading.Event()
         self._client = client
+        self._lease_ms = lease_ms
 
     def dispatch(self) -> None:
         """Record the commit boundary before the remote write (required when
-        the run uses ``marks_dispatch``)."""
+        the run uses ``marks_dispatch``). A dispatch whose answer was lost
+        (or a 503, a 429) is retried under the same fence for half the
+        lease; when it still fails it raises, and the effect must not make
+        its remote write (let the error propagate: "not sent")."""
         if self.marks_dispatch and not self.dispatched and not self.resend:
-            self._client.dispatch(self.key, self.fence)
+            _retry(lambda: self._client.dispatch(self.key, self.fence), _Deadline(self._lease_ms / 2000.0), "dispatch")
         self.dispatched = True
 
 
@@ -223,8 +234,16 @@ class AsyncEffectContext:
     """The asyncio twin of EffectContext: ``await ctx.dispatch()``."""
 
     def __init__(
-        self, client: AsyncClient, key: str, fence: int, attempt: int, marks_dispatch: bool, resend: bool = False
+        self,
+        client: AsyncClient,
+        key: str,
+        fence: int,
+        attempt: int,
+        marks_dispatch: bool,
+        resend: bool = False,
+        lease_ms: int = 30000,
     ) -> None:
+        self._lease_ms = lease_ms
         self.key = key
         self.fence = fence
         self.attempt = attempt
@@ -244,7 +263,9 @@ class AsyncEffectContext:
 
     async def _dispatch(self) -> None:
         if self.marks_dispatch and not self.dispatched and not self.resend:
-            await self._client.dispatch(self.key, self.fence)
+            await _aretry(
+                lambda: self._client.dispatch(self.key, self.fence), _Deadline(self._lease_ms / 2000.0), "dispatch"
+            )
         self.dispatched = True
 
     @property
@@ -568,7 +589,7 @@ def _execute_sync(
     effect: Callable[[EffectContext], Done],
     default: Serializer | None,
 ) -> RunResult:
-    ctx = EffectContext(client, key, grant.fence, grant.attempt, marks_dispatch)
+    ctx = EffectContext(client, key, grant.fence, grant.attempt, marks_dispatch, lease_ms=lease_ms)
     hb = _Heartbeat(client, key, grant.fence, lease_ms, ctx.lease_lost)
     sdl = _settle_deadline(dl, lease_ms)
     try:
@@ -806,7 +827,7 @@ async def _execute_async(
     effect: Callable[[AsyncEffectContext], Awaitable[Done]],
     default: Serializer | None,
 ) -> RunResult:
-    ctx = AsyncEffectContext(client, key, grant.fence, grant.attempt, marks_dispatch)
+    ctx = AsyncEffectContext(client, key, grant.fence, grant.attempt, marks_dispatch, lease_ms=lease_ms)
     hb = _AsyncHeartbeat(client, key, grant.fence, lease_ms, ctx.lease_lost)
     sdl = _settle_deadline(dl, lease_ms)
     try:
