@@ -80,18 +80,46 @@ test('amount 0 → a stored 400', async () => {
   assert.equal(await executions(example.url), before + 1);
 });
 
-test('negative amount → 500 outcome_unknown, then 409 outcome_unknown', async () => {
+async function payments(url) {
+  const r = await fetch(url + '/provider');
+  assert.equal(r.status, 200);
+  return (await r.json()).payments;
+}
+
+test('negative amount: the handler throws before charging → 500 outcome_unknown; the hook finds no payment, the retry runs again', async () => {
   const before = await executions(example.url);
+  const paid = await payments(example.url);
   const key = newKey();
   const r = await pay(example.url, key, { amount: -5, currency: 'EUR' });
   assert.equal(r.status, 500);
   assert.equal((await r.json()).code, 'outcome_unknown');
-  for (let i = 0; i < 2; i++) {
-    const again = await pay(example.url, key, { amount: -5, currency: 'EUR' });
-    assert.equal(again.status, 409);
-    assert.equal((await again.json()).code, 'outcome_unknown');
-  }
-  assert.equal(await executions(example.url), before + 1);
+  const again = await pay(example.url, key, { amount: -5, currency: 'EUR' });
+  assert.equal(again.status, 500); // not_committed: the handler ran again (and threw again)
+  assert.equal((await again.json()).code, 'outcome_unknown');
+  assert.equal(await executions(example.url), before + 2);
+  assert.equal(await payments(example.url), paid);
+});
+
+test('a handler killed after the provider recorded the payment: the retry is resolved by the reconcile hook, charged once', async () => {
+  const before = await executions(example.url);
+  const paid = await payments(example.url);
+  const key = newKey();
+  const body = { amount: 4200, currency: 'EUR', crash_after_charge: true };
+  const r = await pay(example.url, key, body);
+  assert.equal(r.status, 500);
+  assert.equal((await r.json()).code, 'outcome_unknown');
+  assert.equal(await payments(example.url), paid + 1, 'the provider recorded the payment');
+  const n = before + 1;
+  const again = await pay(example.url, key, body);
+  assert.equal(again.status, 201);
+  assert.deepEqual(await again.json(), { id: `pay_${n}`, amount: 4200, currency: 'EUR' });
+  assert.equal(again.headers.get('location'), `/payments/pay_${n}`);
+  assert.equal(again.headers.get('idempotent-replayed'), 'true');
+  const third = await pay(example.url, key, body);
+  assert.equal(third.status, 201);
+  assert.equal(third.headers.get('idempotent-replayed'), 'true');
+  assert.equal(await executions(example.url), n, 'the handler ran once');
+  assert.equal(await payments(example.url), paid + 1, 'charged once');
 });
 
 test('50 concurrent duplicates → exactly one execution', async () => {

@@ -45,6 +45,7 @@ async function makeApp(options = {}, { settleUrl, errorHandler = true, before, c
     if (b.block) await state.gate;
     if (b.sleep) await new Promise((r) => setTimeout(r, b.sleep));
     if (b.raise) throw new Error('handler failed');
+    if (b.raiseFirst && n === 1) throw new Error('handler failed (first run only)');
     if (b.retryable) markRetryable(res);
     res.status(b.status ?? 201).set({ Location: `/items/${n}`, 'X-Custom': 'c', 'X-Trace': `t${n}` });
     if (b.chunks) {
@@ -355,6 +356,222 @@ test('a reconcile hook resolves unknown', async () => {
   await problem(await post(a, '/items', { raise: true }), 500, 'outcome_unknown'); // the retry ran the handler again
   assert.equal(found.length, 1);
   assert.equal(a.state.count, 2);
+});
+
+test('reconcile hook, committed: the found response is settled and replayed; the hook gets the ledger key, the fence and the request', async () => {
+  const asked = [];
+  const found = {
+    'k-1': { status: 201, headers: { 'content-type': 'application/json', location: '/items/found', 'x-trace': 'not stored' }, body: '{"found":true}' },
+    'k-2': { status: 502, headers: [['content-type', 'text/plain']], body: Buffer.from('upstream failed') },
+    'k-3': { status: 200, body: { json: 'object' } },
+  };
+  const a = await makeApp({
+    reconcile: (lkey, fence, req) => {
+      asked.push({ lkey, fence, key: req.headers['idempotency-key'], method: req.method, url: req.url });
+      return { finding: 'committed', response: found[req.headers['idempotency-key']] };
+    },
+  });
+  await problem(await post(a, '/items', { raise: true }), 500, 'outcome_unknown');
+  const r = await post(a, '/items', { raise: true });
+  assert.equal(r.status, 201);
+  assert.equal(await r.text(), '{"found":true}');
+  assert.equal(r.headers.get('idempotent-replayed'), 'true');
+  assert.equal(r.headers.get('location'), '/items/found');
+  assert.equal(r.headers.get('x-trace'), null);
+  const lkey = mw.ledgerKey(a.namespace, 'acct-1', 'k-1');
+  assert.equal(asked.length, 1);
+  assert.deepEqual({ ...asked[0], fence: undefined }, { lkey, fence: undefined, key: 'k-1', method: 'POST', url: '/items' });
+  const rec = await ledger.get(lkey);
+  assert.equal(rec.status, 'completed');
+  assert.equal(rec.reconcileRequired, false);
+  assert.equal(rec.receipt.fence, asked[0].fence);
+  const again = await post(a, '/items', { raise: true });
+  assert.equal(await again.text(), '{"found":true}');
+  assert.equal(asked.length, 1, 'a replay: the hook is not asked again');
+  // A found 5xx is stored failed (as a returned 5xx); a JSON body is sent as JSON.
+  for (const [k, status, status2, text, type] of [
+    ['k-2', 502, 'failed', 'upstream failed', 'text/plain'],
+    ['k-3', 200, 'completed', '{"json":"object"}', 'application/json'],
+  ]) {
+    const h = { ...H, 'Idempotency-Key': k };
+    await problem(await post(a, '/items', { raise: true }, h), 500, 'outcome_unknown');
+    const f = await post(a, '/items', { raise: true }, h);
+    assert.equal(f.status, status);
+    assert.equal(await f.text(), text);
+    assert.equal(f.headers.get('content-type'), type);
+    assert.equal((await ledger.get(mw.ledgerKey(a.namespace, 'acct-1', k))).status, status2);
+    assert.equal((await post(a, '/items', { raise: true }, h)).status, status);
+  }
+  assert.equal(a.state.count, 3);
+});
+
+test('reconcile hook, not_committed: the handler runs under the same fence', async () => {
+  const fences = [];
+  const a = await makeApp({ reconcile: (lkey, fence) => (fences.push(fence), 'not_committed') });
+  await problem(await post(a, '/items', { raiseFirst: true }), 500, 'outcome_unknown');
+  const r = await post(a, '/items', { raiseFirst: true });
+  assert.equal(r.status, 201);
+  assert.equal(r.headers.get('idempotent-replayed'), null);
+  assert.equal(a.state.count, 2);
+  const rec = await ledger.get(mw.ledgerKey(a.namespace, 'acct-1', 'k-1'));
+  assert.equal(rec.status, 'completed');
+  assert.equal(fences.length, 1);
+  assert.equal(rec.receipt.fence, fences[0], 'settled under the reconcile lease turned execute lease');
+  assert.equal((await post(a, '/items', { raiseFirst: true })).headers.get('idempotent-replayed'), 'true');
+});
+
+test('reconcile hook, unavailable (or a throw, or a bad answer): 409 outcome_unknown, the record stays unknown', async () => {
+  let answer = 'unavailable';
+  let asked = 0;
+  const { log, logger } = capture();
+  const a = await makeApp({
+    logger,
+    reconcile: () => {
+      asked++;
+      if (answer === 'throw') throw new Error('the provider lookup failed');
+      return answer;
+    },
+  });
+  await problem(await post(a, '/items', { raise: true }), 500, 'outcome_unknown');
+  for (const next of ['unavailable', 'throw', 'committed?', { finding: 'committed', response: { status: 99 } }]) {
+    answer = next;
+    await problem(await post(a, '/items', { raise: true }), 409, 'outcome_unknown');
+  }
+  assert.equal(asked, 4);
+  assert.equal(a.state.count, 1);
+  assert.equal(log.error.length, 3, JSON.stringify(log));
+  const rec = await ledger.get(mw.ledgerKey(a.namespace, 'acct-1', 'k-1'));
+  assert.equal(rec.status, 'unknown');
+  assert.equal(rec.reconcileRequired, true);
+  assert.equal(rec.lease.ended?.reason !== undefined, true, 'each reconcile lease was handed back');
+});
+
+/** A settle client that reports when one of its claims is answered in_flight. */
+function watchingClient() {
+  let told;
+  const inFlight = new Promise((r) => (told = r));
+  const c = new Client({
+    url: server.url,
+    fetch: async (url, init) => {
+      const r = await fetch(url, init);
+      if (String(url).endsWith('/claim') && (await r.clone().text()).includes('"in_flight"')) told();
+      return r;
+    },
+  });
+  return { c, inFlight };
+}
+
+test('wait: a duplicate waits for the running request and replays its response', async () => {
+  const { c, inFlight } = watchingClient();
+  const a = await makeApp({ wait: 10 }, { client: c });
+  let open;
+  a.state.gate = new Promise((r) => (open = r));
+  const entered = new Promise((r) => (a.state.entered = r));
+  const first = post(a, '/items', { block: true });
+  let second;
+  try {
+    await entered;
+    second = post(a, '/items', { block: true });
+    await inFlight; // the duplicate is waiting
+  } finally {
+    open();
+  }
+  const [r1, r2] = await Promise.all([first, second]);
+  assert.equal(r1.status, 201);
+  assert.equal(r2.status, 201);
+  assert.equal(r2.headers.get('idempotent-replayed'), 'true');
+  assert.equal(await r2.text(), await r1.text());
+  assert.equal(a.state.count, 1);
+});
+
+test('wait: the first released not_committed → the waiting duplicate runs the handler', async (t) => {
+  if (!ncSupported) return t.skip(NOT_COMMITTED_MISSING);
+  const { c, inFlight } = watchingClient();
+  const a = await makeApp({ routes: () => ({ wait: 10 }) }, { client: c });
+  let open;
+  a.state.gate = new Promise((r) => (open = r));
+  const entered = new Promise((r) => (a.state.entered = r));
+  const first = post(a, '/items', { block: true, status: 429 });
+  let second;
+  try {
+    await entered;
+    second = post(a, '/items', { block: true, status: 429 });
+    await inFlight;
+  } finally {
+    open();
+  }
+  const [r1, r2] = await Promise.all([first, second]);
+  assert.equal(r1.status, 429);
+  assert.equal(r2.status, 429);
+  assert.equal(r2.headers.get('idempotent-replayed'), null);
+  assert.equal(a.state.count, 2, 'the duplicate got an execute lease and ran');
+});
+
+test('wait: no outcome within the wait → 409 request_in_progress', async () => {
+  const a = await makeApp({ wait: 1 });
+  let open;
+  a.state.gate = new Promise((r) => (open = r));
+  const entered = new Promise((r) => (a.state.entered = r));
+  const first = post(a, '/items', { block: true });
+  try {
+    await entered;
+    const t0 = Date.now();
+    await problem(await post(a, '/items', { block: true }), 409, 'request_in_progress');
+    assert.ok(Date.now() - t0 >= 1000, 'it waited the second');
+  } finally {
+    open();
+  }
+  assert.equal((await first).status, 201);
+  assert.equal(a.state.count, 1);
+  assert.throws(() => idempotency({ client: ledger, principal: fixedPrincipal('a'), wait: -1 }), RangeError);
+});
+
+test('Retry-After of request_in_progress is the time the running lease has left', async () => {
+  const a = await makeApp({ leaseMs: 8000 });
+  let open;
+  a.state.gate = new Promise((r) => (open = r));
+  const entered = new Promise((r) => (a.state.entered = r));
+  const first = post(a, '/items', { block: true });
+  try {
+    await entered;
+    const busy = await post(a, '/items', { block: true });
+    await problem(busy, 409, 'request_in_progress');
+    const ra = Number(busy.headers.get('retry-after'));
+    assert.ok(ra >= 7 && ra <= 8, `Retry-After ${ra} (lease 8 s; the ledger's hint is at most 1 s)`);
+  } finally {
+    open();
+  }
+  await first;
+  assert.equal(mw.inProgressRetryAfterS(1000, new Date(Date.now() + 2500).toISOString()), 3);
+  assert.equal(mw.inProgressRetryAfterS(1000, new Date(Date.now() - 500).toISOString()), 1);
+  assert.equal(mw.inProgressRetryAfterS(10, null), 1);
+});
+
+test('a 429 from settle on the settle of a response is retried (Retry-After honoured); the response goes out once settled', async () => {
+  let limited = 1;
+  let settles = 0;
+  const c = new Client({
+    url: server.url,
+    fetch: async (url, init) => {
+      if (String(url).endsWith('/settle')) {
+        settles++;
+        if (limited-- > 0) {
+          return new Response(JSON.stringify({ type: 'urn:settle:problem:rate_limited', title: 'Rate limited', status: 429, detail: 'slow down', code: 'rate_limited' }), {
+            status: 429,
+            headers: { 'content-type': 'application/problem+json', 'retry-after': '1' },
+          });
+        }
+      }
+      return fetch(url, init);
+    },
+  });
+  const a = await makeApp({ logger: capture().logger }, { client: c });
+  const t0 = Date.now();
+  assert.equal((await post(a, '/items', {})).status, 201);
+  assert.ok(Date.now() - t0 >= 1000);
+  assert.equal(settles, 2);
+  assert.equal((await ledger.get(mw.ledgerKey(a.namespace, 'acct-1', 'k-1'))).status, 'completed');
+  assert.equal((await post(a, '/items', {})).headers.get('idempotent-replayed'), 'true');
 });
 
 for (const status of [408, 409, 425, 429]) {
