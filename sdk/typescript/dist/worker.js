@@ -211,7 +211,14 @@ async function reconcileStep(s, grant, hook) {
             throw e;
         }
         if (typeof finding === 'object') {
-            const outcome = doneToOutcome(finding, s.serializer);
+            let outcome;
+            try {
+                outcome = doneToOutcome(finding, s.serializer);
+            }
+            catch (e) {
+                await retrying(() => client.reconcile(key, grant.fence, 'unavailable'), sdl, 'reconcile'); // hand the lease back
+                throw e;
+            }
             const r = await retrying(() => client.reconcile(key, grant.fence, 'committed', { fingerprint: fp, binding, outcome }), sdl, 'reconcile');
             return { outcome, receipt: r, replayed: false, fence: grant.fence, reconciled: true };
         }

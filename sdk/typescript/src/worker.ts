@@ -328,7 +328,13 @@ async function reconcileStep(s: Step, grant: Grant, hook: ReconcileHook | undefi
       throw e;
     }
     if (typeof finding === 'object') {
-      const outcome = doneToOutcome(finding, s.serializer);
+      let outcome: Outcome;
+      try {
+        outcome = doneToOutcome(finding, s.serializer);
+      } catch (e) {
+        await retrying(() => client.reconcile(key, grant.fence, 'unavailable'), sdl, 'reconcile'); // hand the lease back
+        throw e;
+      }
       const r = await retrying(
         () => client.reconcile(key, grant.fence, 'committed', { fingerprint: fp, binding, outcome }),
         sdl,

@@ -288,3 +288,16 @@ test('a 429 from settle is retried like 503, honouring Retry-After, until the de
   assert.ok(e instanceof S.DeadlineExceeded, String(e));
   assert.ok(e.cause instanceof S.RateLimited && e.cause.status === 429 && e.cause.retryAfterS === 5);
 });
+
+test('a reconcile hook whose found result cannot be stored: ResultNotSerializable, the reconcile lease is handed back at once', async () => {
+  const key = newKey();
+  await assert.rejects(client.runOnce(key, {}, () => { throw new Error('lost'); }, { principal: 'p' }), S.OutcomeUnknown);
+  const e = await client.runOnce(key, {}, () => assert.fail('ran'), { principal: 'p', reconcile: () => ({ result: { amount: 5n } }) }).catch((x) => x);
+  assert.ok(e instanceof S.ResultNotSerializable && /BigInt at \/amount/.test(e.message), String(e));
+  const rec = await client.get(key);
+  assert.equal(rec.status, 'unknown');
+  assert.notEqual(rec.lease.ended, null, 'handed back, not left to lapse');
+  const r = await client.runOnce(key, {}, () => assert.fail('ran'), { principal: 'p', reconcile: () => ({ result: { amount: 5n } }), serializer: String });
+  assert.equal(r.reconciled, true);
+  assert.deepEqual(r.outcome.result, { amount: '5' });
+});
