@@ -43,10 +43,20 @@ export type MiddlewareFinding = 'not_committed' | 'unavailable' | {
     finding: 'committed';
     response: ReconciledResponse;
 };
+/** What the middleware knows of the retried request, for a reconcile hook. */
+export interface ReconcileRequestInfo {
+    /** The Idempotency-Key the client sent (unquoted). */
+    idempotencyKey: string;
+    /** The principal the extractor found (before bindingPrincipal). */
+    principal: string;
+    /** The request body's bytes (the stream itself is left for the handler). */
+    body: Buffer;
+}
 /** Asked when a retry finds the record `unknown`: the ledger key, the
- * reconcile lease's fence and the retried request (read its headers; do
- * not consume its body, the handler may still need it). */
-export type MiddlewareReconcileHook = (ledgerKey: string, fence: number, req: IncomingMessage) => Promise<MiddlewareFinding> | MiddlewareFinding;
+ * reconcile lease's fence, the retried request (read its headers; do not
+ * consume its stream, the handler may still need it) and `info` (the key,
+ * the principal and the body's bytes). */
+export type MiddlewareReconcileHook = (ledgerKey: string, fence: number, req: IncomingMessage, info: ReconcileRequestInfo) => Promise<MiddlewareFinding> | MiddlewareFinding;
 /** The `principal` option: the request → its caller. It must name the
  * caller's account, stable across credential refresh: never a token or a
  * header value (a retry sent after an OAuth refresh must replay). */

@@ -273,7 +273,7 @@ export function idempotency(options) {
         }
         let grant = dec;
         if (grant.decision === 'reconcile') {
-            const g = await reconcile(req, res, lkey, grant, key, fp, binding);
+            const g = await reconcile(req, res, lkey, grant, key, fp, binding, { idempotencyKey: key, principal, body });
             if (g === 'answered')
                 return;
             if (!g)
@@ -327,14 +327,14 @@ export function idempotency(options) {
      * Returns the execute grant under the same fence (not_committed: run the
      * handler), 'answered' (the found response was settled and replayed), or
      * null (409 `outcome_unknown`: the record stays unknown). */
-    async function reconcile(req, res, lkey, grant, key, fp, binding) {
+    async function reconcile(req, res, lkey, grant, key, fp, binding, info) {
         const fence = grant.fence;
         const lease = new Deadline(leaseMs);
         let finding = 'unavailable';
         if (options.reconcile) {
             const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, new AbortController());
             try {
-                finding = await options.reconcile(lkey, fence, req);
+                finding = await options.reconcile(lkey, fence, req, info);
             }
             catch (e) {
                 log.error(`idempotency: reconcile hook failed for key ${key}`, e);

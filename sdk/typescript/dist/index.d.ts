@@ -4,5 +4,5 @@ export { Client, type ClientOptions, type ClaimOptions, type ReconcileAnswer } f
 export { runOnce, makeIdempotent, encodeResult, type Done, type Effect, type EffectContext, type Finding, type IdempotentFunction, type IdempotentOptions, type ReconcileHook, type RunOptions, type RunResult, type Serializer, } from './worker.js';
 export { Reconciler, type ReconcileCounts, type ReconcilerOptions } from './reconciler.js';
 export { canonicalize, fingerprint, selectFields, sha256Hex, FingerprintError } from './jcs.js';
-export { idempotency, markRetryable, fixedPrincipal, authenticatedPrincipal, type IdempotencyMiddleware, type IdempotencyOptions, type MiddlewareFinding, type MiddlewareReconcileHook, type ReconciledResponse, type Principal, type PrincipalExtractor, type RoutePolicy, type Logger, } from './express.js';
+export { idempotency, markRetryable, fixedPrincipal, authenticatedPrincipal, type IdempotencyMiddleware, type IdempotencyOptions, type MiddlewareFinding, type MiddlewareReconcileHook, type ReconciledResponse, type ReconcileRequestInfo, type Principal, type PrincipalExtractor, type RoutePolicy, type Logger, } from './express.js';
 export * as middlewareCore from './mwcore.js';

@@ -84,7 +84,7 @@ const idem = idempotency({
   // A retry found the record unknown (the first run failed after it may have
   // charged): ask the provider whether a payment with this key exists.
   reconcile: (ledgerKey, fence, req) => {
-    const payment = provider.find(providerKey(req));
+    const payment = provider.find(providerKey(req)); // the key the handler charged under
     return payment ? { finding: 'committed', response: created(payment) } : 'not_committed';
   },
 });

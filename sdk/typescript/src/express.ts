@@ -64,10 +64,26 @@ export interface ReconciledResponse {
  * under the same fence); or it cannot tell (409 `outcome_unknown`). */
 export type MiddlewareFinding = 'not_committed' | 'unavailable' | { finding: 'committed'; response: ReconciledResponse };
 
+/** What the middleware knows of the retried request, for a reconcile hook. */
+export interface ReconcileRequestInfo {
+  /** The Idempotency-Key the client sent (unquoted). */
+  idempotencyKey: string;
+  /** The principal the extractor found (before bindingPrincipal). */
+  principal: string;
+  /** The request body's bytes (the stream itself is left for the handler). */
+  body: Buffer;
+}
+
 /** Asked when a retry finds the record `unknown`: the ledger key, the
- * reconcile lease's fence and the retried request (read its headers; do
- * not consume its body, the handler may still need it). */
-export type MiddlewareReconcileHook = (ledgerKey: string, fence: number, req: IncomingMessage) => Promise<MiddlewareFinding> | MiddlewareFinding;
+ * reconcile lease's fence, the retried request (read its headers; do not
+ * consume its stream, the handler may still need it) and `info` (the key,
+ * the principal and the body's bytes). */
+export type MiddlewareReconcileHook = (
+  ledgerKey: string,
+  fence: number,
+  req: IncomingMessage,
+  info: ReconcileRequestInfo,
+) => Promise<MiddlewareFinding> | MiddlewareFinding;
 
 /** The `principal` option: the request → its caller. It must name the
  * caller's account, stable across credential refresh: never a token or a
@@ -396,7 +412,7 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
     }
     let grant: Grant = dec;
     if (grant.decision === 'reconcile') {
-      const g = await reconcile(req, res, lkey, grant, key, fp, binding);
+      const g = await reconcile(req, res, lkey, grant, key, fp, binding, { idempotencyKey: key, principal, body });
       if (g === 'answered') return;
       if (!g) return refuse(res, 409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
       grant = g;
@@ -451,14 +467,23 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
    * Returns the execute grant under the same fence (not_committed: run the
    * handler), 'answered' (the found response was settled and replayed), or
    * null (409 `outcome_unknown`: the record stays unknown). */
-  async function reconcile(req: Req, res: Res, lkey: string, grant: Grant, key: string, fp: string, binding: Binding): Promise<Grant | 'answered' | null> {
+  async function reconcile(
+    req: Req,
+    res: Res,
+    lkey: string,
+    grant: Grant,
+    key: string,
+    fp: string,
+    binding: Binding,
+    info: ReconcileRequestInfo,
+  ): Promise<Grant | 'answered' | null> {
     const fence = grant.fence;
     const lease = new Deadline(leaseMs);
     let finding: MiddlewareFinding = 'unavailable';
     if (options.reconcile) {
       const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, new AbortController());
       try {
-        finding = await options.reconcile(lkey, fence, req);
+        finding = await options.reconcile(lkey, fence, req, info);
       } catch (e) {
         log.error(`idempotency: reconcile hook failed for key ${key}`, e);
         finding = 'unavailable';

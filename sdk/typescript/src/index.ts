@@ -29,6 +29,7 @@ export {
   type MiddlewareFinding,
   type MiddlewareReconcileHook,
   type ReconciledResponse,
+  type ReconcileRequestInfo,
   type Principal,
   type PrincipalExtractor,
   type RoutePolicy,

@@ -366,8 +366,8 @@ test('reconcile hook, committed: the found response is settled and replayed; the
     'k-3': { status: 200, body: { json: 'object' } },
   };
   const a = await makeApp({
-    reconcile: (lkey, fence, req) => {
-      asked.push({ lkey, fence, key: req.headers['idempotency-key'], method: req.method, url: req.url });
+    reconcile: (lkey, fence, req, info) => {
+      asked.push({ lkey, fence, key: req.headers['idempotency-key'], method: req.method, url: req.url, info: { ...info, body: info.body.toString() } });
       return { finding: 'committed', response: found[req.headers['idempotency-key']] };
     },
   });
@@ -380,7 +380,14 @@ test('reconcile hook, committed: the found response is settled and replayed; the
   assert.equal(r.headers.get('x-trace'), null);
   const lkey = mw.ledgerKey(a.namespace, 'acct-1', 'k-1');
   assert.equal(asked.length, 1);
-  assert.deepEqual({ ...asked[0], fence: undefined }, { lkey, fence: undefined, key: 'k-1', method: 'POST', url: '/items' });
+  assert.deepEqual({ ...asked[0], fence: undefined }, {
+    lkey,
+    fence: undefined,
+    key: 'k-1',
+    method: 'POST',
+    url: '/items',
+    info: { idempotencyKey: 'k-1', principal: 'acct-1', body: '{"raise":true}' },
+  });
   const rec = await ledger.get(lkey);
   assert.equal(rec.status, 'completed');
   assert.equal(rec.reconcileRequired, false);
