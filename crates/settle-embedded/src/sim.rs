@@ -299,6 +299,14 @@ impl SimDisk {
         self.inner.lock().fail_next_sync = true;
     }
 
+    /// Disarms every fault armed and not yet fired (a cut after some syncs,
+    /// a failing next sync): from now on the disk just works.
+    pub fn disarm(&self) {
+        let mut d = self.inner.lock();
+        d.cut_after = None;
+        d.fail_next_sync = false;
+    }
+
     /// The disk after a power cut now (if it has not happened yet) and a
     /// reboot. This handle stays dead, so nothing still holding it can
     /// touch the new image.
@@ -655,6 +663,11 @@ impl MemIndex {
     /// readable but are never persisted by a later one.
     pub fn fail_next_persist(&self) {
         self.inner.lock().fail_next_persist = true;
+    }
+
+    /// Disarms a failing next persist that has not fired.
+    pub fn disarm(&self) {
+        self.inner.lock().fail_next_persist = false;
     }
 
     /// Stores raw bytes under `key`, durably (tests: a value that does not decode).

@@ -166,6 +166,13 @@ impl Engine {
         }
     }
 
+    /// A principal's generation as the store has it (`GET
+    /// /v1/principals/{p}`); `None` while the store is down or refuses it.
+    pub fn generation(&self, tenant: &TenantId, p: &settle_core::Principal) -> Option<u64> {
+        let ledger = self.ledger.as_ref()?;
+        ready(ledger.store().generation(tenant, p)).ok()?.ok()
+    }
+
     /// The background sweep.
     pub fn sweep(&self) -> Option<Result<settle_ledger::SweepReport, StoreError>> {
         self.ledger.as_ref().map(|l| ready(l.store().sweep()))
@@ -208,6 +215,14 @@ impl Engine {
     pub fn fail_next_persist(&self) {
         if let Some(d) = &self.disk {
             d.index.fail_next_persist();
+        }
+    }
+
+    /// Faults stop: every fault armed and not yet fired is disarmed.
+    pub fn disarm(&self) {
+        if let Some(d) = &self.disk {
+            d.disk.disarm();
+            d.index.disarm();
         }
     }
 

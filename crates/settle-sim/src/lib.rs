@@ -62,9 +62,15 @@ pub fn engine_for(seed: u64) -> EngineKind {
 
 /// Runs one seed (on `engine`, or the seed's default).
 pub fn run_seed(seed: u64, engine: Option<EngineKind>) -> SeedReport {
+    run_seed_with(seed, engine, true)
+}
+
+/// Runs one seed; `reconciler` false: the world as it was before the
+/// reconciler (regression seeds of that time).
+pub fn run_seed_with(seed: u64, engine: Option<EngineKind>, reconciler: bool) -> SeedReport {
     let engine = engine.unwrap_or_else(|| engine_for(seed));
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut w = World::new(seed, engine);
+        let mut w = World::with(seed, engine, reconciler);
         plan_workers(&mut w);
         w.plan_faults();
         w.run();
@@ -169,14 +175,83 @@ fn plan_workers(w: &mut World) {
                 lease_ms,
                 start,
                 deadline: start + HORIZON_MS / 2,
+                reconciler: false,
             };
             w.add_worker(spec);
         }
     }
 }
 
+/// Steps the liveness phase may take at most (a bound, not a timeout:
+/// without faults a key needs a few dozen).
+const LIVENESS_STEPS: u64 = 20_000;
+
+/// SPEC §11.10, liveness: once faults stop, the reconciler resolves every
+/// record whose hook can tell, and each caller retries its request once;
+/// within a bounded number of steps every such key is terminal. (That no
+/// key whose hook cannot tell is settled by a guess is checked on every
+/// answer: `no-guess`.)
+fn liveness(w: &mut World) {
+    w.knobs = world::Knobs::default();
+    w.engine.disarm();
+    w.horizon = w.now + world::HORIZON_MS;
+    let first = w.tally.steps;
+    if !w.engine.is_up() {
+        w.at(w.now, world::Ev::Restart);
+        w.run();
+    }
+    w.at(w.now, world::Ev::ReconcilerSweep);
+    w.run();
+    for k in 0..w.keys.len() {
+        let spec = match w.engine.get(&w.tenant, &w.keys[k]) {
+            Ok(Ok(Some(r))) => w.spec_from(k, &r, false),
+            _ => None,
+        };
+        let spec = spec.or_else(|| {
+            let mut s = w.workers.iter().find(|x| x.key == k)?.spec.clone();
+            s.generation = w.generation(s.principal);
+            (s.start, s.deadline) = (w.now, w.now + world::HORIZON_MS / 2);
+            Some(s)
+        });
+        if let Some(s) = spec {
+            w.log(Some(k), "the caller retries (liveness)");
+            w.add_worker(s);
+        }
+    }
+    w.horizon = w.now + world::HORIZON_MS;
+    w.run();
+    w.horizon = w.now + world::HORIZON_MS;
+    w.at(w.now, world::Ev::ReconcilerSweep);
+    w.run();
+    if !w.check.violations.is_empty() {
+        return;
+    }
+    let used = w.tally.steps - first;
+    if used > LIVENESS_STEPS {
+        w.check
+            .fail(None, "liveness", format!("{used} steps without faults"));
+    }
+    for k in 0..w.keys.len() {
+        w.observe(k);
+        let Some(r) = w.check.last(k).cloned() else {
+            continue;
+        };
+        if !w.opaque[k] && !r.status.is_terminal() {
+            w.check.fail(
+                Some(k),
+                "liveness",
+                format!(
+                    "{:?} (reconcile_required {}) after the reconciler and a retry without faults",
+                    r.status, r.reconcile_required
+                ),
+            );
+        }
+    }
+}
+
 /// The end of a run: restart a store that is down, check every key once
-/// more, then that no key is left without a way forward and unreported.
+/// more, then that no key is left without a way forward and unreported,
+/// then liveness.
 fn finish(w: &mut World) {
     if !w.engine.is_up() {
         w.at(w.now, world::Ev::Restart);
@@ -237,6 +312,9 @@ fn finish(w: &mut World) {
             .check
             .fail(None, "stuck-list", format!("stats failed: {e}")),
         _ => {}
+    }
+    if w.check.violations.is_empty() {
+        liveness(w);
     }
 }
 

@@ -49,6 +49,9 @@ pub enum QueryResult {
     NotCommitted,
     /// The query was refused: its fence is below one already seen.
     StaleFence,
+    /// The remote's status API cannot tell for this key (a hook that
+    /// cannot tell: the record must stay `unknown`, never be guessed).
+    CannotTell,
 }
 
 #[derive(Clone, Debug, Default)]

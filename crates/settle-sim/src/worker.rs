@@ -37,6 +37,10 @@ pub struct WorkerSpec {
     pub start: u64,
     /// When `run_once` gives up (simulated ms).
     pub deadline: u64,
+    /// A reconciler (SPEC §11.10), not a caller: it asks the hook and
+    /// reports, and hands back any execute lease instead of running the
+    /// effect (it does not hold the request).
+    pub reconciler: bool,
 }
 
 impl WorkerSpec {
@@ -227,7 +231,12 @@ impl World {
         c.lease_ms = LeaseMs::new(s.lease_ms).expect("valid lease");
         c.marks_dispatch = s.marks_dispatch;
         c.retention_s = settle_core::RetentionS::new(settle_core::RetentionS::MAX).expect("valid");
-        c.worker = Text::new("worker", format!("w{w}")).ok();
+        let role = if self.workers[w].spec.reconciler {
+            "reconciler"
+        } else {
+            "w"
+        };
+        c.worker = Text::new("worker", format!("{role}{w}")).ok();
         self.call(w, Pending::Ledger(Command::Claim(c)));
     }
 
@@ -286,6 +295,13 @@ impl World {
             (Command::Dispatch(d), Reply::Dispatched(_)) => {
                 self.call(w, Pending::Remote(RemoteOp::Write(d.fence)));
             }
+            (Command::Reconcile(_), Reply::Claim(ClaimDecision::Execute(g)))
+                if self.workers[w].spec.reconciler =>
+            {
+                // The reconciler never runs the effect: it hands the lease
+                // back (nothing was dispatched under it).
+                self.release_unused(w, g.fence);
+            }
             (Command::Reconcile(_), Reply::Claim(ClaimDecision::Execute(g))) => {
                 self.hold(w, g.fence, Purpose::Execute);
                 self.execute(w, g.fence);
@@ -299,6 +315,14 @@ impl World {
                         rc.fence.0
                     ),
                 );
+            }
+            (_, Reply::Released { .. }) if self.workers[w].spec.reconciler => {
+                self.finish(w, "the reconciler handed the lease back");
+            }
+            // run_once: a hook that cannot tell ends the run with
+            // ReconcileRequired (the record waits for the reconciler).
+            (Command::Reconcile(_), Reply::Released { .. }) => {
+                self.finish(w, "reconcile required: the hook cannot tell");
             }
             (_, Reply::Released { .. }) => self.wait_then_claim(w, 200),
             (Command::Claim(_), Reply::Refused(RefusalCode::StaleBinding))
@@ -324,6 +348,10 @@ impl World {
 
     fn on_claim(&mut self, w: usize, d: ClaimDecision) {
         match d {
+            // Resolved meanwhile: the reconciler never executes.
+            ClaimDecision::Execute(g) if self.workers[w].spec.reconciler => {
+                self.release_unused(w, g.fence);
+            }
             ClaimDecision::Execute(g) => {
                 self.hold(w, g.fence, Purpose::Execute);
                 self.execute(w, g.fence);
@@ -332,11 +360,26 @@ impl World {
                 self.hold(w, g.fence, Purpose::Reconcile);
                 self.call(w, Pending::Remote(RemoteOp::Query(g.fence)));
             }
+            ClaimDecision::InFlight { .. } if self.workers[w].spec.reconciler => {
+                self.finish(w, "skipped: a live lease holds it");
+            }
             ClaimDecision::InFlight { retry_after_ms, .. } => {
                 self.wait_then_claim(w, retry_after_ms);
             }
             ClaimDecision::Replay { .. } => self.finish(w, "replayed"),
         }
+    }
+
+    /// A reconciler hands back an execute lease it never used.
+    fn release_unused(&mut self, w: usize, fence: Fence) {
+        let key = self.workers[w].key;
+        self.drop_lease(w);
+        let cmd = Command::Release(Release {
+            key: self.keys[key].clone(),
+            fence,
+            reason: ReleaseReason::NotDispatched,
+        });
+        self.call(w, Pending::Ledger(cmd));
     }
 
     /// `execute`: dispatch first when `marks_dispatch`, then the write.

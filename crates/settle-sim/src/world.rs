@@ -74,6 +74,9 @@ pub enum Ev {
     Restart,
     /// The background sweep.
     Sweep,
+    /// The reconciler's sweep (SPEC §11.10): a reconciler worker for every
+    /// record that requires reconciliation.
+    ReconcilerSweep,
 }
 
 /// A call to the remote.
@@ -144,6 +147,13 @@ pub struct World {
     pub keys: Vec<Key>,
     /// The principals (index = principal number) and their current generation.
     pub principals: Vec<(Principal, u64)>,
+    /// Per key: the remote's status API cannot tell for it (the hooks of
+    /// these keys always answer `unavailable`).
+    pub opaque: Vec<bool>,
+    /// The generator of what the reconciler adds (its sweeps' times).
+    side: Rng,
+    /// Whether the reconciler sweeps during the run.
+    reconciler: bool,
     /// The tenant.
     pub tenant: TenantId,
     /// The checkers.
@@ -155,14 +165,17 @@ pub struct World {
     /// Per-seed knobs (probabilities in per mille).
     pub knobs: Knobs,
     restart_failures: u32,
+    /// Events past this simulated time are not run (ms).
+    pub horizon: u64,
     /// The latest store clock reading so far (ms).
     clock_high: u64,
     /// The store restarted while its clock was behind `clock_high`.
     restarted_behind: bool,
 }
 
-/// Probabilities (per mille) drawn once per seed, so seeds differ in kind.
-#[derive(Clone, Copy, Debug)]
+/// Probabilities (per mille) drawn once per seed, so seeds differ in kind
+/// (all zero: no faults, the liveness phase).
+#[derive(Clone, Copy, Debug, Default)]
 pub struct Knobs {
     /// A request or answer is lost.
     pub drop: u64,
@@ -181,9 +194,19 @@ pub struct Knobs {
 }
 
 impl World {
-    /// A world for `seed` against `engine`.
+    /// A world for `seed` against `engine`, with the reconciler (SPEC
+    /// §11.10) at work.
     pub fn new(seed: u64, engine: EngineKind) -> World {
+        World::with(seed, engine, true)
+    }
+
+    /// A world for `seed` against `engine`; `reconciler` false is the world
+    /// as it was before the reconciler and the hooks that cannot tell (for
+    /// regression seeds found then). What the reconciler adds is drawn from
+    /// a second generator, so the rest of a seed's world is the same.
+    pub fn with(seed: u64, engine: EngineKind, reconciler: bool) -> World {
         let mut rng = Rng::new(seed);
+        let mut side = Rng::new(seed ^ 0x9e37_79b9_7f4a_7c15);
         let knobs = Knobs {
             drop: rng.below(120),
             dup: rng.below(80),
@@ -203,6 +226,9 @@ impl World {
         let principals = (0..1 + rng.below(2) as usize)
             .map(|i| (Principal::new(format!("svc-{i}")).expect("valid"), 0))
             .collect();
+        let opaque = (0..nkeys)
+            .map(|_| reconciler && side.below(3) == 0)
+            .collect();
         World {
             rng,
             now: 0,
@@ -215,12 +241,16 @@ impl World {
             workers: Vec::new(),
             keys,
             principals,
+            opaque,
+            side,
+            reconciler,
             tenant: TenantId::default_tenant(),
             check: Checker::new(nkeys, limits.lease_margin_ms),
             tally: Tally::default(),
             history: Vec::new(),
             knobs,
             restart_failures: 0,
+            horizon: HORIZON_MS,
             clock_high: 0,
             restarted_behind: false,
         }
@@ -320,6 +350,11 @@ impl World {
             t += self.between(500, 5_000);
             self.at(t, Ev::Sweep);
         }
+        let mut t = 0;
+        while self.reconciler && t < HORIZON_MS {
+            t += 2_000 + self.side.below(8_001);
+            self.at(t, Ev::ReconcilerSweep);
+        }
     }
 
     /// Forward jumps of any size up to 30 days, log-uniform.
@@ -332,7 +367,7 @@ impl World {
     /// Runs the event loop until the queue is empty or the horizon passes.
     pub fn run(&mut self) {
         while let Some(((at, _), ev)) = self.queue.pop_first() {
-            if at > HORIZON_MS || !self.check.violations.is_empty() {
+            if at > self.horizon || !self.check.violations.is_empty() {
                 break;
             }
             self.now = self.now.max(at);
@@ -377,6 +412,7 @@ impl World {
                 }
                 self.after_store_call();
             }
+            Ev::ReconcilerSweep => self.reconciler_sweep(),
         }
     }
 
@@ -415,6 +451,19 @@ impl World {
     /// Checks what the ledger answered (before the network sees it).
     fn on_ledger_answer(&mut self, w: usize, cmd: &Command, reply: &Result<Reply, String>) {
         let (key, fp) = (self.workers[w].key, self.workers[w].spec.fingerprint);
+        // A hook that cannot tell never resolves a record: a committed or
+        // not_committed finding accepted on such a key is a guess.
+        if let Command::Reconcile(rc) = cmd
+            && self.opaque[key]
+            && !matches!(rc.finding, settle_core::Finding::Unavailable)
+            && matches!(reply, Ok(Reply::Receipt(_) | Reply::Claim(_)))
+        {
+            self.check.fail(
+                Some(key),
+                "no-guess",
+                format!("w{w}'s reconcile finding was accepted, but the key's hook cannot tell"),
+            );
+        }
         match reply {
             Ok(Reply::Claim(d)) if matches!(cmd, Command::Claim(_)) => {
                 self.check.on_grant(key, d);
@@ -644,6 +693,10 @@ impl World {
                 }
                 RemoteRes::Write(r)
             }
+            RemoteOp::Query(_) if self.opaque[key] => {
+                self.tally.fault("hook_cannot_tell");
+                RemoteRes::Query(QueryResult::CannotTell)
+            }
             RemoteOp::Query(fence) => {
                 if self.chance(self.knobs.unavailable) {
                     self.tally.fault("reconcile_unavailable");
@@ -698,6 +751,76 @@ impl World {
     /// The store's clock, ms.
     pub fn store_ms(&self) -> u64 {
         self.clock_ms.load(Ordering::SeqCst)
+    }
+
+    /// The reconciler (SPEC §11.10): for each record that requires
+    /// reconciliation and has no reconciler at work, a reconciler worker
+    /// that claims with the stored reservation, the principal's current
+    /// generation and `marks_dispatch`, asks the key's hook (the remote's
+    /// status API) and reports the finding; it never runs the effect.
+    pub fn reconciler_sweep(&mut self) {
+        for key in 0..self.keys.len() {
+            let busy = self
+                .workers
+                .iter()
+                .any(|w| w.key == key && w.spec.reconciler && w.done.is_none());
+            if busy {
+                continue;
+            }
+            let Ok(Ok(Some(r))) = self.engine.get(&self.tenant, &self.keys[key]) else {
+                continue;
+            };
+            if !r.reconcile_required {
+                continue;
+            }
+            if let Some(spec) = self.spec_from(key, &r, true) {
+                self.log(Some(key), "the reconciler picks it up");
+                self.tally.fault("reconciler_claim");
+                self.add_worker(spec);
+            }
+        }
+    }
+
+    /// A worker for `key` acting on the record's reservation at the
+    /// principal's current generation, starting now (a reconciler, or a
+    /// caller retrying its request).
+    pub fn spec_from(
+        &self,
+        key: usize,
+        r: &settle_core::Record,
+        reconciler: bool,
+    ) -> Option<WorkerSpec> {
+        let res = &r.reservation;
+        let principal = self
+            .principals
+            .iter()
+            .position(|(p, _)| *p == res.principal)?;
+        let marks_dispatch = reconciler
+            || self
+                .workers
+                .iter()
+                .find(|w| w.key == key && !w.spec.reconciler)
+                .is_some_and(|w| w.spec.marks_dispatch);
+        Some(WorkerSpec {
+            key,
+            principal,
+            principal_name: res.principal.clone(),
+            scopes: res.scopes.clone(),
+            fingerprint: res.fingerprint,
+            // The principal's current generation as the store has it (what
+            // a reconciler reads with GET /v1/principals/{p}).
+            generation: self
+                .engine
+                .generation(&self.tenant, &res.principal)
+                .unwrap_or(0)
+                .max(self.generation(principal))
+                .max(res.generation),
+            marks_dispatch,
+            lease_ms: 1_000,
+            start: self.now,
+            deadline: self.now + HORIZON_MS / 2,
+            reconciler,
+        })
     }
 
     /// Adds a worker and schedules its first step.

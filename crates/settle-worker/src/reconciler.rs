@@ -234,7 +234,8 @@ impl Reconciler {
         }
     }
 
-    /// The hook for the keys that start with `prefix` (`""`: every key).
+    /// The hook for the keys that start with `prefix` (`""`: every key). A
+    /// key under several prefixes is handled once, by the longest one's hook.
     #[must_use]
     pub fn hook(mut self, prefix: impl Into<String>, hook: impl ReconcileHook + 'static) -> Self {
         self.hooks.push((prefix.into(), Arc::new(hook)));
@@ -291,6 +292,16 @@ impl Reconciler {
                 }
             };
             for k in keys {
+                // A key under a longer prefix that has a hook of its own is
+                // that hook's (each key is handled once, by its most
+                // specific hook).
+                if self
+                    .hooks
+                    .iter()
+                    .any(|(p, _)| p.len() > prefix.len() && k.starts_with(p.as_str()))
+                {
+                    continue;
+                }
                 s.seen += 1;
                 let Ok(key) = Key::new(k) else {
                     s.errors += 1;
