@@ -326,6 +326,118 @@ test("reconcile, but a claim answers execute (reconciled meanwhile): the console
   await p.context().close();
 });
 
+/** A record that requires reconciliation, as a worker leaves it: claimed
+ *  with marks_dispatch, dispatched, settled unknown. */
+async function unknownAfterDispatch(key, fingerprint, b) {
+  const path = `/v1/operations/${encodeURIComponent(key)}`;
+  const c = await call(ACME, "POST", `${path}/claim`, { fingerprint, binding: b, marks_dispatch: true });
+  assert.equal(c.json.decision, "execute", JSON.stringify(c.json));
+  assert.equal((await call(ACME, "POST", `${path}/dispatch`, { fence: c.json.fence })).status, 200);
+  const s = await call(ACME, "POST", `${path}/settle`, { fence: c.json.fence, fingerprint, binding: b, outcome: { status: "unknown", error: "timeout after send" } });
+  assert.equal(s.status, 200, JSON.stringify(s.json));
+  assert.equal((await call(ACME, "GET", path)).json.reconcile_required, true);
+}
+
+/** What the bulk action may change of each record, by key. */
+async function snapshot(keys) {
+  const out = {};
+  for (const k of keys) {
+    const r = (await call(ACME, "GET", `/v1/operations/${encodeURIComponent(k)}`)).json;
+    out[k] = { status: r.status, reconcile_required: r.reconcile_required, attempts: r.attempts_total, updated_at: r.updated_at, lease: r.lease };
+  }
+  return out;
+}
+
+/** Filters the list by a key prefix and waits until it shows only that. */
+async function filterByPrefix(p, prefix) {
+  await p.getByLabel("Key prefix").fill(prefix);
+  await p.getByRole("button", { name: "Apply" }).click();
+  await p.waitForFunction((pre) => {
+    const rows = [...document.querySelectorAll("#list tbody tr")];
+    return document.querySelector("#list").getAttribute("aria-busy") === "false"
+      && rows.length > 0 && rows.every((r) => r.dataset.key.startsWith(pre));
+  }, prefix);
+}
+
+test("reconcile all as not committed: every record of the filtered selection that requires reconciliation, behind a confirmation (cancelling changes nothing)", async () => {
+  // Two principals; svc-sweep is revoked after its records were written,
+  // so the console must claim at its current generation (1), not the
+  // reservation's (0).
+  const sweeper = { principal: "svc-sweep", scopes: ["pay", "refund"], generation: 0 };
+  const A = Array.from({ length: 6 }, (_, i) => `sweep-a-${i}`);
+  const B = ["sweep-b-0", "sweep-b-1"];
+  const made = {};
+  for (const [i, key] of [...A, ...B].entries()) {
+    made[key] = { fingerprint: fp(20 + i), binding: i % 2 ? sweeper : binding };
+    await unknownAfterDispatch(key, made[key].fingerprint, made[key].binding);
+  }
+  // Under the same prefix but requiring nothing: not part of it.
+  const f = await claim(ACME, "sweep-a-done");
+  assert.equal((await settle(ACME, "sweep-a-done", f, completed(5))).status, 200);
+  assert.equal((await call(ACME, "POST", "/v1/principals/svc-sweep/revoke", {})).json.generation, 1);
+  const untouched = [...B, "sweep-a-done"];
+  const before = await snapshot([...A, ...untouched]);
+
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await filterByPrefix(p, "sweep-a-");
+  const bulk = p.getByRole("button", { name: "Reconcile all as not committed…" });
+
+  // Cancelled: nothing changes.
+  await bulk.click();
+  const dialog = p.getByRole("dialog");
+  await dialog.waitFor();
+  const text = await dialog.innerText();
+  assert.match(text, /Reconcile 6 records as not committed\?/);
+  assert.match(text, /6 records of the list's selection \(key prefix “sweep-a-”\) require reconciliation/);
+  for (const k of A.slice(0, 5)) assert.match(text, new RegExp(`\\b${k}\\b`));
+  assert.match(text, /and 1 more/);
+  assert.doesNotMatch(text, /sweep-b-|sweep-a-done/);
+  assert.match(text, /you attest that none of these effects reached the remote; the next claim of each executes again/i);
+  await p.screenshot({ path: join(SHOTS, "bulk-confirm.png") });
+  await dialog.getByRole("button", { name: "Cancel" }).click();
+  await p.getByText("Cancelled: nothing was changed.").waitFor();
+  assert.deepEqual(await snapshot([...A, ...untouched]), before);
+
+  // Confirmed.
+  await bulk.click();
+  await dialog.getByRole("button", { name: "Confirm" }).click();
+  const summary = p.locator("#bulk-body .summary");
+  await summary.waitFor();
+  assert.match(await summary.innerText(), /Reconciled 6, skipped 0, errors 0\./);
+  await summary.getByText("Reconciled (6)").click();
+  assert.deepEqual(await summary.locator("details:last-of-type li").allInnerTexts(), A, "in the selection's order");
+  await p.screenshot({ path: join(SHOTS, "bulk-done.png"), fullPage: true });
+
+  // Through the API: those records no longer require reconciliation, the
+  // console let go of every lease, and a claim of each executes at once.
+  for (const k of A) {
+    const r = (await call(ACME, "GET", `/v1/operations/${k}`)).json;
+    assert.equal(r.reconcile_required, false, k);
+    assert.equal(r.status, "unknown", `${k}: the rank never decreases`);
+    assert.equal(r.lease.ended.reason, "released", k);
+    assert.equal(r.attempts.at(-1).lease.worker, "settle-console", k);
+    assert.equal(r.attempts.at(-1).lease.generation, made[k].binding === sweeper ? 1 : 0, k);
+    const b = { ...made[k].binding, generation: made[k].binding === sweeper ? 1 : 0 };
+    const again = await call(ACME, "POST", `/v1/operations/${k}/claim`, { fingerprint: made[k].fingerprint, binding: b });
+    assert.equal(again.json.decision, "execute", `${k}: ${JSON.stringify(again.json)}`);
+  }
+  // The other prefix, and the record that required nothing: untouched.
+  const after = await snapshot(untouched);
+  for (const k of untouched) assert.deepEqual(after[k], before[k], k);
+  assert.equal(after["sweep-b-0"].reconcile_required, true);
+
+  // The list and the counts were refreshed; usable at phone width.
+  await p.waitForFunction(() => !document.querySelector("#list tbody .f-reconcile"));
+  await p.setViewportSize({ width: 390, height: 844 });
+  const overflow = await p.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert.ok(overflow <= 0, `no horizontal scrolling (${overflow}px)`);
+  await p.screenshot({ path: join(SHOTS, "bulk-phone.png"), fullPage: true });
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
 test("search by what the client sent (Idempotency-Key, principal, namespace) opens a middleware record, which shows the claim's worker", async () => {
   const key = mwKey("default", "acct-1", "neg");
   assert.equal(mwKey("default", "acct-1", "abc"), VECTORS.ledger_keys[0].ledger_key);
