@@ -438,6 +438,91 @@ test("reconcile all as not committed: every record of the filtered selection tha
   await p.context().close();
 });
 
+test("reconcile all as not committed: a record resolved meanwhile is skipped (its lease released at once), one that fails is listed with its key", async () => {
+  const keys = ["sweep-c-0", "sweep-c-1", "sweep-c-2"];
+  for (const k of keys) await unknownAfterDispatch(k, fp(1), binding);
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await filterByPrefix(p, "sweep-c-");
+  // The routes stay (no `times`): once the last route is used up,
+  // playwright stops intercepting and Chromium lets a request still held
+  // by a handler through before the handler is done.
+  // sweep-c-1: another operator reconciles it just before the console's
+  // claim reaches the server, which then grants an execute lease.
+  let raced = false;
+  await p.route("**/v1/operations/sweep-c-1/claim", async (route) => {
+    if (!raced) {
+      raced = true;
+      const path = "/v1/operations/sweep-c-1";
+      const c = await call(ACME, "POST", `${path}/claim`, { fingerprint: fp(1), binding });
+      await call(ACME, "POST", `${path}/reconcile`, { fence: c.json.fence, finding: "not_committed" });
+      await call(ACME, "POST", `${path}/release`, { fence: c.json.fence, reason: "not_committed" });
+    }
+    await route.continue();
+  });
+  // sweep-c-2: the server is overloaded when the console claims it.
+  let failed = false;
+  await p.route("**/v1/operations/sweep-c-2/claim", async (route) => {
+    if (failed) return route.continue();
+    failed = true;
+    return route.fulfill({
+      status: 503,
+      contentType: "application/problem+json",
+      body: JSON.stringify({ type: "urn:settle:problem:unavailable", title: "Unavailable", status: 503, code: "unavailable", detail: "store overloaded" }),
+    });
+  });
+  await p.getByRole("button", { name: "Reconcile all as not committed…" }).click();
+  await p.getByRole("dialog").getByRole("button", { name: "Confirm" }).click();
+  const summary = p.locator("#bulk-body .summary");
+  await summary.waitFor();
+  const text = await summary.innerText();
+  assert.match(text, /Reconciled 1, skipped 1, errors 1\./);
+  assert.match(text, /sweep-c-2 — error 503 \(unavailable\): store overloaded/);
+  await summary.getByText("Skipped (1)").click();
+  assert.match(await summary.innerText(), /sweep-c-1 — resolved meanwhile/);
+  await p.screenshot({ path: join(SHOTS, "bulk-errors.png"), fullPage: true });
+  const get = async (k) => (await call(ACME, "GET", `/v1/operations/${k}`)).json;
+  assert.equal((await get("sweep-c-0")).reconcile_required, false);
+  assert.equal((await get("sweep-c-2")).reconcile_required, true, "an error leaves the record as it was");
+  // Not in_flight behind a lease the console kept.
+  for (const k of ["sweep-c-0", "sweep-c-1"]) {
+    const again = await call(ACME, "POST", `/v1/operations/${k}/claim`, { fingerprint: fp(1), binding });
+    assert.equal(again.json.decision, "execute", `${k}: ${JSON.stringify(again.json)}`);
+  }
+  assert.deepEqual(p.errors.filter((e) => !/status of 503/.test(String(e))), []);
+  await p.context().close();
+});
+
+test("reconcile all as not committed: Stop ends it after the records under way; the rest stay as they were", async () => {
+  const keys = Array.from({ length: 8 }, (_, i) => `sweep-d-${i}`);
+  for (const k of keys) await unknownAfterDispatch(k, fp(1), binding);
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await filterByPrefix(p, "sweep-d-");
+  // Slow claims: Stop is pressed while the first records are under way.
+  await p.route("**/v1/operations/sweep-d-*/claim", async (route) => {
+    await new Promise((res) => setTimeout(res, 1500));
+    await route.continue();
+  });
+  await p.getByRole("button", { name: "Reconcile all as not committed…" }).click();
+  await p.getByRole("dialog").getByRole("button", { name: "Confirm" }).click();
+  await p.getByRole("button", { name: "Stop" }).click();
+  await p.getByText(/Stopping after the records under way/).waitFor();
+  const summary = p.locator("#bulk-body .summary");
+  await summary.waitFor();
+  const m = /Reconciled (\d+), skipped 0, errors 0\. Stopped: (\d+) not handled/.exec(await summary.innerText());
+  assert.ok(m, await summary.innerText());
+  const [done, left] = [Number(m[1]), Number(m[2])];
+  assert.ok(done >= 1 && left >= 1 && done + left === keys.length, m[0]);
+  let still = 0;
+  for (const k of keys) still += (await call(ACME, "GET", `/v1/operations/${k}`)).json.reconcile_required ? 1 : 0;
+  assert.equal(still, left);
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
 test("search by what the client sent (Idempotency-Key, principal, namespace) opens a middleware record, which shows the claim's worker", async () => {
   const key = mwKey("default", "acct-1", "neg");
   assert.equal(mwKey("default", "acct-1", "abc"), VECTORS.ledger_keys[0].ledger_key);
