@@ -702,6 +702,213 @@ function confirmDialog(title, body) {
   });
 }
 
+// ---- the list's selection: reconcile all as not committed ----
+
+/** The worker label of the bulk action's claims (SPEC §9). */
+const BULK_WORKER = "settle-console";
+/** Records handled at once. */
+const BULK_PARALLEL = 4;
+/** At most this many keys are shown in the confirmation. */
+const BULK_SHOWN = 5;
+
+const bulk = { running: false, stop: false };
+
+/** The list's filters in words (order and page size aside). */
+function describeQuery(query) {
+  const p = new URLSearchParams(query);
+  const parts = [];
+  if (p.get("key_prefix")) parts.push(`key prefix “${p.get("key_prefix")}”`);
+  if (p.get("status")) parts.push(`status ${p.get("status").split(",").join(" or ")}`);
+  for (const f of ["stuck", "disputed", "quarantined"]) if (p.get(f)) parts.push(f);
+  return parts.length ? parts.join(", ") : "no filter: every record";
+}
+
+/** Every key of the selection `query` that requires reconciliation, in the
+ *  list's order, every page (the cursor carries the order). */
+async function selectionKeys(query, progress) {
+  const p = new URLSearchParams(query);
+  p.set("reconcile_required", "true");
+  p.set("limit", "1000");
+  p.delete("after");
+  const keys = [];
+  const seen = new Set();
+  let after = null;
+  do {
+    const r = await api("GET", `/v1/operations?${p}${after ? `&after=${seg(after)}` : ""}`);
+    for (const o of r.operations) {
+      if (!seen.has(o.key)) { seen.add(o.key); keys.push(o.key); }
+    }
+    after = r.next;
+    progress(keys.length);
+  } while (after);
+  return keys;
+}
+
+/** Hands back a lease the console will not use (nothing was sent); one
+ *  that already ended is let go already. */
+async function releaseUnused(k, fence) {
+  try {
+    await api("POST", `/v1/operations/${k}/release`, { fence, reason: "not_dispatched" });
+  } catch (e) {
+    if (e.status === 409 && (e.code === "stale_fence" || e.code === "lease_expired")) return;
+    throw e;
+  }
+}
+
+/** One record of the selection, as the SDK Reconciler with a hook that
+ *  says not_committed (and `settle reconcile --key-prefix`): the stored
+ *  reservation, the principal's current generation, marks_dispatch; the
+ *  finding under the reconcile lease, then the execute lease it became is
+ *  released. Resolves {reconciled: true} or {skipped: why}; throws when a
+ *  call failed (before the finding: the record is as it was; after it:
+ *  reconciled, the unreleased lease runs out). */
+async function reconcileNotCommitted(key) {
+  const k = seg(key);
+  let r;
+  try {
+    r = await api("GET", `/v1/operations/${k}`);
+  } catch (e) {
+    if (e.status === 404) return { skipped: "collected meanwhile" };
+    throw e;
+  }
+  if (!r.reconcile_required) return { skipped: "no longer requires reconciliation" };
+  const res = r.reservation;
+  const current = await api("GET", `/v1/principals/${seg(res.principal)}`);
+  const binding = { principal: res.principal, scopes: res.scopes, generation: Math.max(current.generation, res.generation) };
+  let claim;
+  try {
+    claim = await api("POST", `/v1/operations/${k}/claim`,
+      { fingerprint: res.fingerprint, binding, marks_dispatch: true, worker: BULK_WORKER });
+  } catch (e) {
+    if (e.status === 409) return { skipped: `the claim was refused (${e.code ?? "conflict"})` };
+    throw e;
+  }
+  if (claim.decision === "execute") {
+    // Resolved meanwhile: the console executes nothing; let go at once.
+    await releaseUnused(k, claim.fence);
+    return { skipped: `resolved meanwhile (the execute lease it was granted, fence ${claim.fence}, was released)` };
+  }
+  if (claim.decision !== "reconcile") {
+    return { skipped: claim.decision === "in_flight" ? "held by a live lease" : `the claim answered ${claim.decision}` };
+  }
+  const found = await api("POST", `/v1/operations/${k}/reconcile`, { fence: claim.fence, finding: "not_committed" });
+  if (found?.decision !== "execute") throw new Error(`the reconcile answered ${JSON.stringify(found)}`);
+  // not_committed continues as an execute lease under the same fence.
+  await releaseUnused(k, claim.fence);
+  return { reconciled: true };
+}
+
+async function bulkReconcile() {
+  if (bulk.running) return;
+  const button = $("bulk-reconcile");
+  const out = $("bulk-body");
+  // What the list shows is what is acted on: filters edited but not
+  // applied are applied first.
+  if (formQuery() !== listing.query) applyFilters();
+  const query = listing.query;
+  const what = describeQuery(query);
+  bulk.running = true;
+  button.disabled = true;
+  try {
+    const looking = h("p", { class: "loading" }, "Finding the records of this selection that require reconciliation…");
+    out.replaceChildren(looking);
+    let keys;
+    try {
+      keys = await selectionKeys(query, (n) => {
+        looking.textContent = `Finding the records of this selection that require reconciliation… ${n} so far.`;
+      });
+    } catch (e) {
+      out.replaceChildren(errorBox(e));
+      return;
+    }
+    const n = keys.length;
+    if (n === 0) {
+      out.replaceChildren(h("p", { class: "empty" }, `No record of this selection (${what}) requires reconciliation; nothing to do.`));
+      return;
+    }
+    const records = n === 1 ? "1 record" : `${n} records`;
+    out.replaceChildren(h("p", { class: "hint" }, `Found ${records}; waiting for your confirmation.`));
+    const ok = await confirmDialog(`Reconcile ${records} as not committed?`, [
+      h("p", {}, `${records} of the list's selection (${what}) ${n === 1 ? "requires" : "require"} reconciliation:`),
+      h("ul", { class: "keys" }, keys.slice(0, BULK_SHOWN).map((k) => h("li", {}, h("code", {}, k))),
+        n > BULK_SHOWN && h("li", {}, `and ${n - BULK_SHOWN} more`)),
+      h("p", {}, h("strong", {}, "You attest that none of these effects reached the remote; the next claim of each executes again.")),
+      h("p", {}, "For each, the console claims the reconcile lease with the reservation's fingerprint and binding (at the principal's current generation), reports not_committed, and releases the execute lease that becomes (not_dispatched). A record resolved meanwhile, or held by a live lease, is skipped. This is recorded durably and cannot be undone."),
+    ]);
+    if (!ok) {
+      out.replaceChildren(h("p", { role: "status" }, "Cancelled: nothing was changed."));
+      return;
+    }
+    await runBulk(keys, out);
+  } finally {
+    bulk.running = false;
+    button.disabled = false;
+  }
+}
+
+async function runBulk(keys, out) {
+  const n = keys.length;
+  const tally = { reconciled: [], skipped: [], errors: [] };
+  bulk.stop = false;
+  let next = 0;
+  let done = 0;
+  const bar = h("progress", { max: n, value: 0, "aria-label": "Records handled" });
+  const text = h("p", {});
+  const stop = h("button", { type: "button", id: "bulk-stop" }, "Stop");
+  stop.addEventListener("click", () => {
+    bulk.stop = true;
+    stop.disabled = true;
+    tick();
+  });
+  const tick = () => {
+    bar.value = done;
+    text.textContent = `Reconciling as not committed: ${done} of ${n} handled (reconciled ${tally.reconciled.length}, skipped ${tally.skipped.length}, errors ${tally.errors.length})…${bulk.stop ? " Stopping after the records under way." : ""}`;
+  };
+  out.setAttribute("aria-busy", "true");
+  out.replaceChildren(h("div", { class: "card progress" }, text, bar, h("div", { class: "row" }, stop)));
+  tick();
+  const worker = async () => {
+    while (!bulk.stop && next < n) {
+      const at = next++;
+      const key = keys[at];
+      try {
+        const r = await reconcileNotCommitted(key);
+        if (r.reconciled) tally.reconciled.push({ at, key });
+        else tally.skipped.push({ at, key, why: r.skipped });
+      } catch (e) {
+        tally.errors.push({ at, key, e });
+        // Signed out (the token was refused): nothing more can succeed.
+        if (e.status === 401) bulk.stop = true;
+      }
+      done += 1;
+      tick();
+    }
+  };
+  await Promise.all(Array.from({ length: Math.min(BULK_PARALLEL, n) }, worker));
+  // In the selection's order, not the order the records were finished in.
+  for (const list of Object.values(tally)) list.sort((x, y) => x.at - y.at);
+  const left = n - done;
+  const line = `Reconciled ${tally.reconciled.length}, skipped ${tally.skipped.length}, errors ${tally.errors.length}.`;
+  const keyLink = (key) => h("a", { href: `#/op/${seg(key)}` }, key);
+  out.replaceChildren(h("div", { class: `card notice summary${tally.errors.length || left ? " alert" : ""}`, role: "status" },
+    h("p", {}, h("strong", {}, line),
+      left > 0 ? ` Stopped: ${left} not handled (they still require reconciliation).` : "",
+      tally.reconciled.length ? " The next claim of each reconciled record executes." : ""),
+    tally.errors.length > 0 && [
+      h("p", {}, "Errors (open a record to see where it stands; running the action again takes those that still require reconciliation):"),
+      h("ul", { class: "keys errors" }, tally.errors.map(({ key, e }) => h("li", {}, keyLink(key), " — ",
+        e instanceof ApiError ? (e.status === 0 ? e.message : `error ${e.status}${e.code ? ` (${e.code})` : ""}: ${e.message}`) : e.message))),
+    ],
+    tally.skipped.length > 0 && h("details", {}, h("summary", {}, `Skipped (${tally.skipped.length})`),
+      h("ul", { class: "keys" }, tally.skipped.map(({ key, why }) => h("li", {}, keyLink(key), ` — ${why}`)))),
+    tally.reconciled.length > 0 && h("details", {}, h("summary", {}, `Reconciled (${tally.reconciled.length})`),
+      h("ul", { class: "keys" }, tally.reconciled.map(({ key }) => h("li", {}, keyLink(key)))))));
+  out.setAttribute("aria-busy", "false");
+  say(`Bulk reconcile: ${line}`);
+  loadStats();
+  loadPage();
+}
+
 // ---- warnings and principals ----
 
 async function showWarnings(ev) {
@@ -789,6 +996,7 @@ $("prev").addEventListener("click", prevPage);
 $("first").addEventListener("click", firstPage);
 $("warnings-form").addEventListener("submit", showWarnings);
 $("revoke-form").addEventListener("submit", revoke);
+$("bulk-reconcile").addEventListener("click", bulkReconcile);
 window.addEventListener("hashchange", route);
 
 // Without a stored token, find out first whether the server asks for one.

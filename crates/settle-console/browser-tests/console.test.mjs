@@ -326,6 +326,203 @@ test("reconcile, but a claim answers execute (reconciled meanwhile): the console
   await p.context().close();
 });
 
+/** A record that requires reconciliation, as a worker leaves it: claimed
+ *  with marks_dispatch, dispatched, settled unknown. */
+async function unknownAfterDispatch(key, fingerprint, b) {
+  const path = `/v1/operations/${encodeURIComponent(key)}`;
+  const c = await call(ACME, "POST", `${path}/claim`, { fingerprint, binding: b, marks_dispatch: true });
+  assert.equal(c.json.decision, "execute", JSON.stringify(c.json));
+  assert.equal((await call(ACME, "POST", `${path}/dispatch`, { fence: c.json.fence })).status, 200);
+  const s = await call(ACME, "POST", `${path}/settle`, { fence: c.json.fence, fingerprint, binding: b, outcome: { status: "unknown", error: "timeout after send" } });
+  assert.equal(s.status, 200, JSON.stringify(s.json));
+  assert.equal((await call(ACME, "GET", path)).json.reconcile_required, true);
+}
+
+/** What the bulk action may change of each record, by key. */
+async function snapshot(keys) {
+  const out = {};
+  for (const k of keys) {
+    const r = (await call(ACME, "GET", `/v1/operations/${encodeURIComponent(k)}`)).json;
+    out[k] = { status: r.status, reconcile_required: r.reconcile_required, attempts: r.attempts_total, updated_at: r.updated_at, lease: r.lease };
+  }
+  return out;
+}
+
+/** Filters the list by a key prefix and waits until it shows only that. */
+async function filterByPrefix(p, prefix) {
+  await p.getByLabel("Key prefix").fill(prefix);
+  await p.getByRole("button", { name: "Apply" }).click();
+  await p.waitForFunction((pre) => {
+    const rows = [...document.querySelectorAll("#list tbody tr")];
+    return document.querySelector("#list").getAttribute("aria-busy") === "false"
+      && rows.length > 0 && rows.every((r) => r.dataset.key.startsWith(pre));
+  }, prefix);
+}
+
+test("reconcile all as not committed: every record of the filtered selection that requires reconciliation, behind a confirmation (cancelling changes nothing)", async () => {
+  // Two principals; svc-sweep is revoked after its records were written,
+  // so the console must claim at its current generation (1), not the
+  // reservation's (0).
+  const sweeper = { principal: "svc-sweep", scopes: ["pay", "refund"], generation: 0 };
+  const A = Array.from({ length: 6 }, (_, i) => `sweep-a-${i}`);
+  const B = ["sweep-b-0", "sweep-b-1"];
+  const made = {};
+  for (const [i, key] of [...A, ...B].entries()) {
+    made[key] = { fingerprint: fp(20 + i), binding: i % 2 ? sweeper : binding };
+    await unknownAfterDispatch(key, made[key].fingerprint, made[key].binding);
+  }
+  // Under the same prefix but requiring nothing: not part of it.
+  const f = await claim(ACME, "sweep-a-done");
+  assert.equal((await settle(ACME, "sweep-a-done", f, completed(5))).status, 200);
+  assert.equal((await call(ACME, "POST", "/v1/principals/svc-sweep/revoke", {})).json.generation, 1);
+  const untouched = [...B, "sweep-a-done"];
+  const before = await snapshot([...A, ...untouched]);
+
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await filterByPrefix(p, "sweep-a-");
+  const bulk = p.getByRole("button", { name: "Reconcile all as not committed…" });
+
+  // Cancelled: nothing changes.
+  await bulk.click();
+  const dialog = p.getByRole("dialog");
+  await dialog.waitFor();
+  const text = await dialog.innerText();
+  assert.match(text, /Reconcile 6 records as not committed\?/);
+  assert.match(text, /6 records of the list's selection \(key prefix “sweep-a-”\) require reconciliation/);
+  for (const k of A.slice(0, 5)) assert.match(text, new RegExp(`\\b${k}\\b`));
+  assert.match(text, /and 1 more/);
+  assert.doesNotMatch(text, /sweep-b-|sweep-a-done/);
+  assert.match(text, /you attest that none of these effects reached the remote; the next claim of each executes again/i);
+  await p.screenshot({ path: join(SHOTS, "bulk-confirm.png") });
+  await dialog.getByRole("button", { name: "Cancel" }).click();
+  await p.getByText("Cancelled: nothing was changed.").waitFor();
+  assert.deepEqual(await snapshot([...A, ...untouched]), before);
+
+  // Confirmed.
+  await bulk.click();
+  await dialog.getByRole("button", { name: "Confirm" }).click();
+  const summary = p.locator("#bulk-body .summary");
+  await summary.waitFor();
+  assert.match(await summary.innerText(), /Reconciled 6, skipped 0, errors 0\./);
+  await summary.getByText("Reconciled (6)").click();
+  assert.deepEqual(await summary.locator("details:last-of-type li").allInnerTexts(), A, "in the selection's order");
+  await p.screenshot({ path: join(SHOTS, "bulk-done.png"), fullPage: true });
+
+  // Through the API: those records no longer require reconciliation, the
+  // console let go of every lease, and a claim of each executes at once.
+  for (const k of A) {
+    const r = (await call(ACME, "GET", `/v1/operations/${k}`)).json;
+    assert.equal(r.reconcile_required, false, k);
+    assert.equal(r.status, "unknown", `${k}: the rank never decreases`);
+    assert.equal(r.lease.ended.reason, "released", k);
+    assert.equal(r.attempts.at(-1).lease.worker, "settle-console", k);
+    assert.equal(r.attempts.at(-1).lease.generation, made[k].binding === sweeper ? 1 : 0, k);
+    const b = { ...made[k].binding, generation: made[k].binding === sweeper ? 1 : 0 };
+    const again = await call(ACME, "POST", `/v1/operations/${k}/claim`, { fingerprint: made[k].fingerprint, binding: b });
+    assert.equal(again.json.decision, "execute", `${k}: ${JSON.stringify(again.json)}`);
+  }
+  // The other prefix, and the record that required nothing: untouched.
+  const after = await snapshot(untouched);
+  for (const k of untouched) assert.deepEqual(after[k], before[k], k);
+  assert.equal(after["sweep-b-0"].reconcile_required, true);
+
+  // The list and the counts were refreshed; usable at phone width.
+  await p.waitForFunction(() => !document.querySelector("#list tbody .f-reconcile"));
+  await p.setViewportSize({ width: 390, height: 844 });
+  const overflow = await p.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+  assert.ok(overflow <= 0, `no horizontal scrolling (${overflow}px)`);
+  await p.screenshot({ path: join(SHOTS, "bulk-phone.png"), fullPage: true });
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
+test("reconcile all as not committed: a record resolved meanwhile is skipped (its lease released at once), one that fails is listed with its key", async () => {
+  const keys = ["sweep-c-0", "sweep-c-1", "sweep-c-2"];
+  for (const k of keys) await unknownAfterDispatch(k, fp(1), binding);
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await filterByPrefix(p, "sweep-c-");
+  // The routes stay (no `times`): once the last route is used up,
+  // playwright stops intercepting and Chromium lets a request still held
+  // by a handler through before the handler is done.
+  // sweep-c-1: another operator reconciles it just before the console's
+  // claim reaches the server, which then grants an execute lease.
+  let raced = false;
+  await p.route("**/v1/operations/sweep-c-1/claim", async (route) => {
+    if (!raced) {
+      raced = true;
+      const path = "/v1/operations/sweep-c-1";
+      const c = await call(ACME, "POST", `${path}/claim`, { fingerprint: fp(1), binding });
+      await call(ACME, "POST", `${path}/reconcile`, { fence: c.json.fence, finding: "not_committed" });
+      await call(ACME, "POST", `${path}/release`, { fence: c.json.fence, reason: "not_committed" });
+    }
+    await route.continue();
+  });
+  // sweep-c-2: the server is overloaded when the console claims it.
+  let failed = false;
+  await p.route("**/v1/operations/sweep-c-2/claim", async (route) => {
+    if (failed) return route.continue();
+    failed = true;
+    return route.fulfill({
+      status: 503,
+      contentType: "application/problem+json",
+      body: JSON.stringify({ type: "urn:settle:problem:unavailable", title: "Unavailable", status: 503, code: "unavailable", detail: "store overloaded" }),
+    });
+  });
+  await p.getByRole("button", { name: "Reconcile all as not committed…" }).click();
+  await p.getByRole("dialog").getByRole("button", { name: "Confirm" }).click();
+  const summary = p.locator("#bulk-body .summary");
+  await summary.waitFor();
+  const text = await summary.innerText();
+  assert.match(text, /Reconciled 1, skipped 1, errors 1\./);
+  assert.match(text, /sweep-c-2 — error 503 \(unavailable\): store overloaded/);
+  await summary.getByText("Skipped (1)").click();
+  assert.match(await summary.innerText(), /sweep-c-1 — resolved meanwhile/);
+  await p.screenshot({ path: join(SHOTS, "bulk-errors.png"), fullPage: true });
+  const get = async (k) => (await call(ACME, "GET", `/v1/operations/${k}`)).json;
+  assert.equal((await get("sweep-c-0")).reconcile_required, false);
+  assert.equal((await get("sweep-c-2")).reconcile_required, true, "an error leaves the record as it was");
+  // Not in_flight behind a lease the console kept.
+  for (const k of ["sweep-c-0", "sweep-c-1"]) {
+    const again = await call(ACME, "POST", `/v1/operations/${k}/claim`, { fingerprint: fp(1), binding });
+    assert.equal(again.json.decision, "execute", `${k}: ${JSON.stringify(again.json)}`);
+  }
+  assert.deepEqual(p.errors.filter((e) => !/status of 503/.test(String(e))), []);
+  await p.context().close();
+});
+
+test("reconcile all as not committed: Stop ends it after the records under way; the rest stay as they were", async () => {
+  const keys = Array.from({ length: 8 }, (_, i) => `sweep-d-${i}`);
+  for (const k of keys) await unknownAfterDispatch(k, fp(1), binding);
+  const p = await page();
+  await signIn(p, ACME);
+  await p.locator('tr[data-key="order-stuck"]').waitFor();
+  await filterByPrefix(p, "sweep-d-");
+  // Slow claims: Stop is pressed while the first records are under way.
+  await p.route("**/v1/operations/sweep-d-*/claim", async (route) => {
+    await new Promise((res) => setTimeout(res, 1500));
+    await route.continue();
+  });
+  await p.getByRole("button", { name: "Reconcile all as not committed…" }).click();
+  await p.getByRole("dialog").getByRole("button", { name: "Confirm" }).click();
+  await p.getByRole("button", { name: "Stop" }).click();
+  await p.getByText(/Stopping after the records under way/).waitFor();
+  const summary = p.locator("#bulk-body .summary");
+  await summary.waitFor();
+  const m = /Reconciled (\d+), skipped 0, errors 0\. Stopped: (\d+) not handled/.exec(await summary.innerText());
+  assert.ok(m, await summary.innerText());
+  const [done, left] = [Number(m[1]), Number(m[2])];
+  assert.ok(done >= 1 && left >= 1 && done + left === keys.length, m[0]);
+  let still = 0;
+  for (const k of keys) still += (await call(ACME, "GET", `/v1/operations/${k}`)).json.reconcile_required ? 1 : 0;
+  assert.equal(still, left);
+  assert.deepEqual(p.errors, []);
+  await p.context().close();
+});
+
 test("search by what the client sent (Idempotency-Key, principal, namespace) opens a middleware record, which shows the claim's worker", async () => {
   const key = mwKey("default", "acct-1", "neg");
   assert.equal(mwKey("default", "acct-1", "abc"), VECTORS.ledger_keys[0].ledger_key);
