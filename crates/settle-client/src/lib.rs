@@ -45,6 +45,10 @@ mod client;
 mod core;
 mod error;
 mod reply;
+/// Request bodies and answer checks for HTTP tests (behind the `testkit`
+/// feature: not in production builds).
+#[cfg(feature = "testkit")]
+pub mod testkit;
 mod transport;
 
 pub use call::{Call, ListParams, encode_segment, operation_path};

@@ -1,6 +1,8 @@
 //! The router in process, over stores a real server cannot be made to be:
 //! one whose storage fails.
 
+mod common;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,6 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
+use common::{app, call, call_raw};
 use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
 use settle_ledger::inspect::Scan;
 use settle_ledger::{BoxFuture, MemStore, Store, StoreError, StoreStats, SweepReport};
@@ -66,51 +69,6 @@ impl Store for FailingStore {
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async { Err(StoreError::Poisoned) })
     }
-}
-
-fn app(store: Arc<dyn Store>) -> axum::Router {
-    let addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
-    let mut config = Config::local(addr, PathBuf::new());
-    // Every scrape reads the store afresh (the gauge tests below).
-    config.metrics_refresh_ms = 0;
-    router(Arc::new(AppState::new(store, &config)))
-}
-
-async fn call(
-    app: &axum::Router,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> (StatusCode, serde_json::Value) {
-    let (status, _, text) = call_raw(app, method, path, body).await;
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(serde_json::Value::Null),
-    )
-}
-
-async fn call_raw(
-    app: &axum::Router,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> (StatusCode, axum::http::HeaderMap, String) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .body(Body::from(body.to_string()))
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let headers = resp.headers().clone();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
-        .await
-        .unwrap();
-    (
-        status,
-        headers,
-        String::from_utf8_lossy(&bytes).into_owned(),
-    )
 }
 
 /// Everything the server logs in this test process (one global subscriber).

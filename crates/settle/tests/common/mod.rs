@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use hyper::Method;
 use serde_json::Value;
+pub use settle_client::testkit::*;
 use settle_client::{Bytes, Client, Reply, api, operation_path};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_settle");
@@ -120,61 +121,6 @@ impl Drop for Server {
     }
 }
 
-pub fn fp(n: u8) -> String {
-    hex::encode([n; 32])
-}
-
-/// The request bodies are built from the `settle-api` types (what every
-/// client sends) and handed to the tests as JSON values, so a test may
-/// still break one field on purpose.
-fn value<T: serde::Serialize>(body: &T) -> Value {
-    serde_json::to_value(body).unwrap()
-}
-
-pub fn binding(p: &str, generation: u64) -> Value {
-    value(&api::Binding {
-        principal: p.to_string(),
-        scopes: vec!["pay".to_string()],
-        generation,
-    })
-}
-
-fn api_binding(b: &Value) -> api::Binding {
-    serde_json::from_value(b.clone()).expect("a binding body")
-}
-
-pub fn claim_body(f: u8, b: &Value) -> Value {
-    value(&api::ClaimRequest {
-        fingerprint: fp(f),
-        binding: api_binding(b),
-        lease_ms: None,
-        worker: None,
-        marks_dispatch: false,
-        retention_s: None,
-    })
-}
-
-pub fn completed(n: u8) -> Value {
-    value(&api::Outcome {
-        status: api::OutcomeStatus::Completed,
-        result: Some(
-            serde_json::value::RawValue::from_string(format!(r#"{{"charge":{n}}}"#)).unwrap(),
-        ),
-        response_sha256: Some(fp(100 + n)),
-        error: None,
-    })
-}
-
-pub fn settle_body(fence: u64, f: u8, b: &Value, outcome: Value) -> Value {
-    let outcome: api::Outcome = serde_json::from_value(outcome).expect("an outcome body");
-    value(&api::SettleRequest {
-        fence,
-        fingerprint: fp(f),
-        binding: api_binding(b),
-        outcome,
-    })
-}
-
 pub async fn post(ep: &Client, path: &str, body: Value) -> Reply {
     let body = Bytes::from(serde_json::to_vec(&body).unwrap());
     ep.send_raw(Method::POST, path, Some(body)).await.unwrap()
@@ -187,78 +133,11 @@ pub async fn post_raw(ep: &Client, path: &str, body: &[u8]) -> Reply {
 }
 
 pub async fn get(ep: &Client, path: &str) -> Reply {
-    if VIA_BATCH.try_with(|b| *b).unwrap_or(false)
-        && let Some(seg) = path.strip_prefix("/v1/operations/")
-        && !seg.contains('/')
-        && let Some(key) = percent_decode(seg)
-    {
-        let call = api::BatchCall::new(api::BatchOp::Get, key, &api::EmptyRequest {});
-        return batch_one(ep, call).await;
-    }
     ep.send_raw(Method::GET, path, None).await.unwrap()
 }
 
 pub async fn op(ep: &Client, key: &str, call: &str, body: Value) -> Reply {
-    if VIA_BATCH.try_with(|b| *b).unwrap_or(false)
-        && let Value::Object(fields) = &body
-    {
-        let op: api::BatchOp =
-            serde_json::from_value(Value::String(call.into())).expect("a batch op");
-        let call = api::BatchCall {
-            op,
-            key: key.into(),
-            fields: fields.clone(),
-        };
-        return batch_one(ep, call).await;
-    }
     post(ep, &operation_path(key, call), body).await
-}
-
-tokio::task_local! {
-    /// Set: [`op`] and [`get`] of an operation go through `POST /v1/batch`
-    /// (one call per batch) instead of their single routes, so the same
-    /// scenario checks that a batch slot answers what the single call does.
-    pub static VIA_BATCH: bool;
-}
-
-/// Sends one call as a batch and returns its slot as if it were the single call's answer.
-pub async fn batch_one(ep: &Client, call: api::BatchCall) -> Reply {
-    let req = api::BatchRequest { calls: vec![call] };
-    let r = post(ep, "/v1/batch", serde_json::to_value(&req).unwrap()).await;
-    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
-    assert_eq!(r.content_type, "application/json");
-    // Raw bodies: a slot keeps the single call's exact bytes.
-    let v: api::BatchResponse = serde_json::from_slice(&r.body).unwrap();
-    assert_eq!(v.results.len(), 1, "{v:?}");
-    let status = v.results[0].status;
-    Reply {
-        status,
-        content_type: if status == 200 {
-            "application/json"
-        } else {
-            "application/problem+json"
-        }
-        .to_string(),
-        retry_after: None,
-        body: Bytes::from(v.results[0].body.get().to_string()),
-    }
-}
-
-/// Decodes `%XX` escapes (the test's own paths are well formed).
-fn percent_decode(seg: &str) -> Option<String> {
-    let b = seg.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            out.push(u8::from_str_radix(seg.get(i + 1..i + 3)?, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// Claims `key` and expects `execute`; returns the fence.
@@ -269,21 +148,6 @@ pub async fn execute(ep: &Client, key: &str, f: u8, b: &Value) -> u64 {
         Ok(api::ClaimDecision::Execute(g)) => g.fence,
         other => panic!("expected execute, got {other:?}"),
     }
-}
-
-/// Asserts a problem+json answer with this status and code.
-#[track_caller]
-pub fn assert_problem(r: &Reply, status: u16, code: &str) {
-    assert_eq!(
-        (r.status, r.problem().map(|p| p.code.as_str())),
-        (status, Some(code)),
-        "body: {}",
-        String::from_utf8_lossy(&r.body)
-    );
-    assert_eq!(r.content_type, "application/problem+json");
-    let v = r.json();
-    assert_eq!(v["status"], status);
-    assert!(v["title"].is_string() && v["type"].is_string() && v["detail"].is_string());
 }
 
 /// Sends raw bytes on a fresh connection and returns the status code.
@@ -304,21 +168,4 @@ pub async fn raw_status(addr: &str, request: &[u8]) -> (u16, String) {
 
 pub fn token_sha256(token: &str) -> String {
     settle_server::auth::token_sha256(token)
-}
-
-/// Reads a 200 answer as the `settle-api` type `T` and checks that the type
-/// writes it back byte for byte (the server's bodies are these types).
-#[track_caller]
-pub fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(r: &Reply) -> T {
-    assert_eq!(r.status, 200, "body: {}", String::from_utf8_lossy(&r.body));
-    let v: T = r.parse().expect("the body reads as its settle-api type");
-    // A response body ends with a newline; a batch slot's body (which
-    // `op` hands back in the via_batch tests) has none.
-    let body = String::from_utf8_lossy(&r.body);
-    assert_eq!(
-        serde_json::to_string(&v).unwrap(),
-        body.strip_suffix('\n').unwrap_or(&body),
-        "the settle-api type writes the body back unchanged"
-    );
-    v
 }
