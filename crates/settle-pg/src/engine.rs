@@ -2,7 +2,7 @@
 //! ([`Inner`]), connections that are closed unless known clean ([`Conn`]),
 //! the retry policy, and `get`, `warnings`, `now`, `health`, the sweep and
 //! `stats`. The writes run on the per-command path (`command.rs`) or the
-//! group-commit path (`batch.rs`).
+//! group-commit path (`group_commit.rs`).
 
 use std::collections::HashSet;
 use std::future::Future;

@@ -29,7 +29,7 @@
 //! claims and settlements share one transaction: the same principal locks,
 //! records read from one snapshot and written compare-and-set on `xmin`,
 //! one COMMIT, and every command answered after it (the group-commit path,
-//! `batch.rs`).
+//! `group_commit.rs`).
 //!
 //! See `docs/postgres.md` for the locking argument, the in-doubt commit
 //! handling, the schema and the benchmark.
@@ -42,7 +42,6 @@
 //! # let _ = ledger; Ok(()) }
 //! ```
 
-mod batch;
 #[cfg(not(feature = "fuzzing"))]
 mod codec;
 // The fuzz targets (fuzz/, docs/testing.md) decode stored rows from
@@ -54,6 +53,7 @@ pub mod codec;
 mod command;
 mod doubt;
 mod engine;
+mod group_commit;
 mod lock;
 mod schema;
 mod session;
@@ -314,7 +314,7 @@ pub struct InDoubtCounts {
 #[derive(Clone)]
 pub struct PgStore {
     inner: Arc<engine::Inner>,
-    batcher: Option<Arc<batch::Batcher>>,
+    batcher: Option<Arc<group_commit::Batcher>>,
 }
 
 fn valid_schema(s: &str) -> bool {
@@ -388,7 +388,7 @@ impl PgStore {
         ));
         let inner = Arc::new(engine::Inner::new(pool, doubt_pool, seen, opts));
         let batcher =
-            group.map(|(w, m, q)| Arc::new(batch::Batcher::start(inner.clone(), w, m, q)));
+            group.map(|(w, m, q)| Arc::new(group_commit::Batcher::start(inner.clone(), w, m, q)));
         Ok(PgStore { inner, batcher })
     }
 
@@ -486,7 +486,7 @@ impl Store for PgStore {
         let inner = self.inner.clone();
         let tenant = tenant.clone();
         if let Some(b) = &self.batcher
-            && batch::batchable(&cmd)
+            && group_commit::batchable(&cmd)
         {
             let b = b.clone();
             return Box::pin(async move { b.submit(tenant, cmd).await });
