@@ -30,10 +30,11 @@ use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
 use crate::PgError;
-use crate::codec::{self, FORMAT, PrincipalColumns, RecordColumns, principal_state};
+use crate::codec::{self, FORMAT, PrincipalColumns, principal_state};
 use crate::doubt::{self, Commit};
-use crate::engine::{Conn, Inner, Pending, check_durability, now_from, transient};
+use crate::engine::{Conn, Inner, Pending, now_from, transient};
 use crate::lock::principal_key;
+use crate::rows::{self, RecordRow};
 use crate::session::{Server, Token};
 
 /// What one run of the transaction decided.
@@ -392,24 +393,23 @@ fn read_loaded(
     let first = ctx_rows
         .first()
         .ok_or_else(|| PgError::Corrupt("context query returned no row".into()))?;
-    let db_now: i64 = first.get(0);
-    let durability: String = first.get(1);
+    let db_now = rows::loaded_clock(first).map_err(|e| Stop::rollback(Err(e)))?;
     let fence: Option<i64> = first.get(2);
-    check_durability(&durability).map_err(|e| Stop::rollback(Err(e)))?;
     let mut state = OpState::default();
     let (format, value): (Option<i16>, Option<Vec<u8>>) = match row {
         Some(r) => (r.get(0), r.get(1)),
         None => (None, None),
     };
     match cmd.target() {
-        Target::Record(key) => match codec::decode_record(format, value.as_deref()) {
-            Ok(r) => state.record = r,
-            Err(e) => {
-                inner.refuse_undecodable(tenant, key, &e);
-                let refused = Reply::Refused(RefusalCode::RecordRefused);
-                return Err(Stop::rollback(Ok(Step::Done(refused))));
+        Target::Record(key) => {
+            match rows::loaded_record(inner, tenant, key, format, value.as_deref()) {
+                Ok(r) => state.record = r,
+                Err(_) => {
+                    let refused = Reply::Refused(RefusalCode::RecordRefused);
+                    return Err(Stop::rollback(Ok(Step::Done(refused))));
+                }
             }
-        },
+        }
         Target::Task(_) => state.warnings = codec::decode_warnings(format, value.as_deref())?,
         Target::Principal(_) => {}
     }
@@ -463,16 +463,8 @@ fn decide_command(
     let wants_fence = matches!(cmd, Command::Claim(_));
     // Only claims take a fence; others get one no lease can have.
     let next_fence = fence.map_or(Fence(0), |f| Fence(f as u64));
-    if wants_fence
-        && let Some(last) = state.record.as_ref().and_then(|r| r.last_fence())
-        && next_fence <= last
-    {
-        // The sequence is behind the records (e.g. restored from an older
-        // backup): refuse rather than hand out a fence twice.
-        return Err(Stop::rollback(Err(PgError::Corrupt(format!(
-            "fence sequence at {} is not above the record's fence {}",
-            next_fence.0, last.0
-        )))));
+    if wants_fence && let Some(behind) = rows::fence_behind(next_fence, state.record.as_ref()) {
+        return Err(Stop::rollback(Err(PgError::Corrupt(behind))));
     }
     let ctx = Ctx {
         now: now_from(inner, db_now),
@@ -507,7 +499,7 @@ fn decide_command(
 /// What a decided command writes, encoded.
 struct CommandWrites {
     /// The record: `Some(Some(_))` written, `Some(None)` deleted (collected).
-    record: Option<Option<(Vec<u8>, RecordColumns)>>,
+    record: Option<Option<RecordRow>>,
     /// The task's warnings.
     warnings: Option<Vec<u8>>,
     /// Principals whose generation moved.
@@ -518,9 +510,7 @@ impl CommandWrites {
     fn of(cmd: &Command, applied: &Applied, state: &OpState) -> Result<CommandWrites, PgError> {
         let target = cmd.target();
         let record = match (&target, applied.changed, &state.record) {
-            (Target::Record(_), true, Some(r)) => {
-                Some(Some((codec::encode(r)?, RecordColumns::of(r))))
-            }
+            (Target::Record(_), true, Some(r)) => Some(Some(RecordRow::of(r)?)),
             (Target::Record(_), true, None) => Some(None),
             _ => None,
         };
@@ -561,11 +551,15 @@ async fn write_and_commit_command(
     let fmt = FORMAT;
     let key_params: [&(dyn ToSql + Sync); 2] = [&t, &key];
     let rec_params: Vec<&(dyn ToSql + Sync)> = match &w.record {
-        Some(Some((bytes, cols))) => vec![
+        Some(Some(RecordRow {
+            format,
+            value,
+            cols,
+        })) => vec![
             &t,
             &key,
-            &fmt,
-            bytes,
+            format,
+            value,
             &cols.owner,
             &cols.status,
             &cols.reconcile,

@@ -239,12 +239,9 @@ pub async fn get(
             .await??;
         conn.done();
         let now = now_from(inner, row.get(0));
-        let record = match codec::decode_record(row.get(1), row.get::<_, Option<&[u8]>>(2)) {
-            Ok(r) => r,
-            Err(e) => {
-                inner.refuse_undecodable(tenant, key, &e);
-                return Ok(Err(RefusalCode::RecordRefused));
-            }
+        let Ok(record) = crate::rows::loaded_record(inner, tenant, key, row.get(1), row.get(2))
+        else {
+            return Ok(Err(RefusalCode::RecordRefused));
         };
         let mut principals = Principals::new();
         if let Some(r) = &record {

@@ -43,11 +43,12 @@ use tokio::sync::{Mutex, mpsc, oneshot};
 use tokio_postgres::types::ToSql;
 
 use crate::PgError;
-use crate::codec::{self, FORMAT, RecordColumns, principal_state};
+use crate::codec::principal_state;
 use crate::command;
 use crate::doubt::{self, Commit};
-use crate::engine::{Conn, Inner, check_durability, now_from, transient};
+use crate::engine::{Conn, Inner, now_from, transient};
 use crate::lock::principal_key;
+use crate::rows::{self, RecordRow};
 use crate::session::{Server, Token};
 use crate::sql::STALE;
 
@@ -415,9 +416,7 @@ fn read_batch(inner: &Inner, ids: &[Id], rows: &[tokio_postgres::Row]) -> Result
     let first = rows
         .first()
         .ok_or_else(|| PgError::Corrupt("the load returned no row".into()))?;
-    let db_now: i64 = first.get(0);
-    let durability: String = first.get(1);
-    check_durability(&durability).map_err(Abort::rollback)?;
+    let db_now = rows::loaded_clock(first).map_err(Abort::rollback)?;
     let mut fences: Vec<i64> = first.get(2);
     fences.sort_unstable();
     let fences: Vec<Fence> = fences.into_iter().map(|f| Fence(f as u64)).collect();
@@ -442,10 +441,7 @@ fn read_batch(inner: &Inner, ids: &[Id], rows: &[tokio_postgres::Row]) -> Result
             TenantId::new(t).map_err(|e| PgError::Corrupt(format!("stored tenant: {e}")))?,
             Key::new(k).map_err(|e| PgError::Corrupt(format!("stored key: {e}")))?,
         );
-        let rec = codec::decode_record(r.get(9), r.get::<_, Option<&[u8]>>(10));
-        if let Err(e) = &rec {
-            inner.refuse_undecodable(&id.0, &id.1, e);
-        }
+        let rec = rows::loaded_record(inner, &id.0, &id.1, r.get(9), r.get(10));
         read_at.insert(id.clone(), r.get(11));
         state.insert(id, rec);
     }
@@ -544,14 +540,8 @@ fn decide_one(
     } else {
         Fence(0)
     };
-    if is_claim
-        && let Some(last) = st.record.as_ref().and_then(|r| r.last_fence())
-        && next_fence <= last
-    {
-        return Decided::Fate(Fate::Failed(StoreError::Corrupt(format!(
-            "fence sequence at {} is not above the record's fence {}",
-            next_fence.0, last.0
-        ))));
+    if is_claim && let Some(behind) = rows::fence_behind(next_fence, st.record.as_ref()) {
+        return Decided::Fate(Fate::Failed(StoreError::Corrupt(behind)));
     }
     let ctx = Ctx {
         now,
@@ -626,9 +616,13 @@ impl BatchWrites {
     }
 
     fn push_record(&mut self, r: &Record) -> Result<(), PgError> {
-        let cols = RecordColumns::of(r);
-        self.format.push(Some(FORMAT));
-        self.value.push(Some(codec::encode(r)?));
+        let RecordRow {
+            format,
+            value,
+            cols,
+        } = RecordRow::of(r)?;
+        self.format.push(Some(format));
+        self.value.push(Some(value));
         self.owner.push(Some(cols.owner));
         self.status.push(Some(cols.status));
         self.reconcile.push(Some(cols.reconcile));

@@ -55,6 +55,7 @@ mod doubt;
 mod engine;
 mod group_commit;
 mod lock;
+mod rows;
 mod schema;
 mod session;
 mod sql;
