@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use settle_core::testkit::{FullExecute, FullQuarantined, FullReconcile, FullRecord};
 use settle_core::*;
 
 fn d(n: u8) -> Digest {
@@ -24,21 +25,6 @@ fn binding() -> Binding {
         principal: Principal::new("svc-billing").unwrap(),
         scopes: Scopes::from_strs(["refund", "charge"]).unwrap(),
         generation: 3,
-    }
-}
-
-fn lease(fence: u64, ended: Option<Ended>) -> Lease {
-    Lease {
-        fence: Fence(fence),
-        purpose: Purpose::Execute,
-        generation: 3,
-        granted_at: t(0),
-        expires_at: t(30_000),
-        lease_ms: LeaseMs::new(30_000).unwrap(),
-        marks_dispatch: true,
-        dispatched: true,
-        worker: Some(Text::new("worker", "w-7").unwrap()),
-        ended,
     }
 }
 
@@ -60,98 +46,55 @@ fn result() -> ResultJson {
 
 /// A record with every part filled: two attempts (one `unknown` with an
 /// error, one settled), observations, a quarantine entry, a canonical
-/// outcome and receipt, a dispute.
+/// outcome and receipt, a dispute. The shape is the one of the engines'
+/// format fixtures (`testkit::FullRecord`), with the values pinned here.
 fn record() -> Record {
-    let unknown = Attempt {
-        number: 1,
-        lease: lease(
-            7,
-            Some(Ended {
-                reason: LeaseEnd::Settled,
-                at: t(100),
-            }),
-        ),
-        receipt: Some(receipt(7, Status::Unknown)),
-        error: Some(ErrorText::new("outcome.error", "reset\nafter 30 s").unwrap()),
-        observations: vec![Observation {
-            at: t(100),
-            call: Call::Settle,
-            status: Some(OutcomeStatus::Unknown),
-            finding: None,
-            response_sha256: None,
-            accepted: true,
-            code: None,
-        }],
-        observations_total: 1,
-    };
-    let settled = Attempt {
-        number: 2,
-        lease: Lease {
-            purpose: Purpose::Reconcile,
-            ..lease(
-                9,
-                Some(Ended {
-                    reason: LeaseEnd::Settled,
-                    at: t(500),
-                }),
-            )
+    FullRecord {
+        t0: 1_700_000_000_000,
+        key: "order-1",
+        fingerprint: 1,
+        principal: "svc-billing",
+        scopes: &["charge", "refund"],
+        generation: 3,
+        lease_ms: 30_000,
+        result: r#"{"charge":"ch_1","amount":1.50}"#,
+        response_sha256: 2,
+        execute: FullExecute {
+            fence: 7,
+            granted_at: 0,
+            worker: "w-7",
+            settled_at: 100,
+            receipt_sha256: 2,
+            receipt_at: 500,
+            observed_sha256: None,
+            error: "reset\nafter 30 s",
         },
-        receipt: Some(receipt(9, Status::Completed)),
-        error: None,
-        observations: vec![
-            Observation {
-                at: t(400),
-                call: Call::Reconcile,
-                status: Some(OutcomeStatus::Completed),
-                finding: Some(FindingKind::Committed),
-                response_sha256: Some(d(2)),
-                accepted: true,
-                code: None,
-            },
-            Observation {
-                at: t(450),
-                call: Call::Settle,
-                status: Some(OutcomeStatus::Failed),
-                finding: None,
-                response_sha256: Some(d(4)),
-                accepted: false,
-                code: Some(RefusalCode::ResultMismatch),
-            },
-        ],
-        observations_total: 40,
-    };
-    Record {
-        key: Key::new("order-1").unwrap(),
-        reservation: Reservation {
-            fingerprint: d(1),
-            principal: Principal::new("svc-billing").unwrap(),
-            scopes: Scopes::from_strs(["charge", "refund"]).unwrap(),
-            generation: 3,
+        reconcile: FullReconcile {
+            fence: 9,
+            granted_at: 0,
+            dispatched: true,
+            worker: Some("w-7"),
+            observed_at: 400,
+            committed_at: 500,
+            refused_at: 450,
+            refused_status: OutcomeStatus::Failed,
+            refused_sha256: 4,
+            observations_total: 40,
         },
-        status: Status::Completed,
-        outcome: Some(Outcome::completed(result(), d(2))),
-        receipt: Some(receipt(9, Status::Completed)),
-        reconcile_required: false,
-        disputed: true,
-        attempts: vec![unknown, settled],
-        attempts_total: 2,
-        quarantine: vec![QuarantineEntry {
-            at: t(450),
-            fence: Fence(9),
+        quarantined: FullQuarantined {
+            at: 450,
+            fence: 9,
             reason: RefusalCode::ResultMismatch,
-            call: Call::Settle,
-            status: Some(OutcomeStatus::Failed),
-            finding: None,
-            fingerprint: Some(d(1)),
-            binding: Some(binding()),
-            response_sha256: Some(d(4)),
-        }],
-        quarantine_total: 1,
-        retention_s: RetentionS::new(86_400).unwrap(),
-        created_at: t(0),
-        updated_at: t(500),
-        settled_at: Some(t(500)),
+            principal: "svc-billing",
+            scopes: &["refund", "charge"],
+            generation: 3,
+            response_sha256: 4,
+            total: 1,
+        },
+        retention_s: 86_400,
+        updated_at: 500,
     }
+    .build()
 }
 
 fn values() -> Vec<(&'static str, Vec<u8>)> {
