@@ -77,6 +77,16 @@ pub fn batch_call(op: &str, key: &str, body: Value) -> Value {
     c
 }
 
+/// The fence of a claim's `execute` answer; panics on any other answer.
+#[track_caller]
+pub fn executed(r: &Reply) -> u64 {
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    match r.parse::<api::ClaimDecision>() {
+        Ok(api::ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("expected execute, got {other:?}"),
+    }
+}
+
 /// Asserts a problem+json answer with this status and code.
 #[track_caller]
 pub fn assert_problem(r: &Reply, status: u16, code: &str) {

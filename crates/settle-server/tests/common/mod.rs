@@ -280,12 +280,7 @@ fn percent_decode(seg: &str) -> Option<String> {
 
 /// Claims `key` and expects `execute`; returns the fence.
 pub async fn execute(ep: &Client, key: &str, f: u8, b: &Value) -> u64 {
-    let r = op(ep, key, "claim", claim_body(f, b)).await;
-    assert_eq!(r.status, 200, "{:?}", r.json());
-    match r.parse::<api::ClaimDecision>() {
-        Ok(api::ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("expected execute, got {other:?}"),
-    }
+    executed(&op(ep, key, "claim", claim_body(f, b)).await)
 }
 
 pub fn token_sha256(token: &str) -> String {

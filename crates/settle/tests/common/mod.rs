@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use hyper::Method;
 use serde_json::Value;
 pub use settle_client::testkit::*;
-use settle_client::{Bytes, Client, Reply, api, operation_path};
+use settle_client::{Bytes, Client, Reply, operation_path};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_settle");
 
@@ -142,12 +142,7 @@ pub async fn op(ep: &Client, key: &str, call: &str, body: Value) -> Reply {
 
 /// Claims `key` and expects `execute`; returns the fence.
 pub async fn execute(ep: &Client, key: &str, f: u8, b: &Value) -> u64 {
-    let r = op(ep, key, "claim", claim_body(f, b)).await;
-    assert_eq!(r.status, 200, "{:?}", r.json());
-    match r.parse::<api::ClaimDecision>() {
-        Ok(api::ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("expected execute, got {other:?}"),
-    }
+    executed(&op(ep, key, "claim", claim_body(f, b)).await)
 }
 
 /// Sends raw bytes on a fresh connection and returns the status code.
