@@ -352,6 +352,20 @@ fn finish_header(out: &mut [u8], start: usize) {
     out[start + 8..start + 12].copy_from_slice(&crc.to_le_bytes());
 }
 
+/// The batch number of an encoded frame (as [`encode_frame_of`] wrote it,
+/// whatever its placement): what the log checks before it writes a frame.
+pub fn frame_lsn(frame: &[u8]) -> Option<u64> {
+    if frame.len() <= FRAME_HEADER
+        || le32(&frame[0..4]) != FRAME_MAGIC
+        || frame[FRAME_HEADER] != FRAME_VERSION
+    {
+        return None;
+    }
+    postcard::take_from_bytes::<u64>(&frame[FRAME_HEADER + 1..])
+        .ok()
+        .map(|(lsn, _)| lsn)
+}
+
 /// Seals the header of the frame at the start of `frame` for byte
 /// `offset` of segment `seq`.
 pub fn place_frame(frame: &mut [u8], seq: u64, offset: u64) {
@@ -461,6 +475,18 @@ mod tests {
     use super::*;
     use settle_core::testkit::*;
     use settle_core::{Command, Timestamp, World};
+
+    #[test]
+    fn frame_lsn_reads_the_batch_number_of_an_encoded_frame() {
+        for lsn in [1u64, 127, 128, 1 << 40] {
+            let mut buf = Vec::new();
+            encode_frame_of(lsn, 9, 0, std::iter::empty(), &mut buf);
+            assert_eq!(frame_lsn(&buf), Some(lsn));
+            place_frame(&mut buf, 3, 4096);
+            assert_eq!(frame_lsn(&buf), Some(lsn), "placement keeps it");
+        }
+        assert_eq!(frame_lsn(&[0u8; 40]), None, "no magic, no number");
+    }
 
     fn sample_record() -> Record {
         let mut w = World::default();

@@ -51,7 +51,7 @@ use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport
 
 use crate::codec::{EntityKey, Value, decode_value};
 use crate::engine::{
-    Checkpointer, CkptMsg, Core, Hasher, Msg, SealSink, Shared, Slot, Syncer, Writer,
+    Checkpointer, CkptMsg, Core, Hasher, LogThread, Msg, SealSink, Shared, Slot, Writer,
 };
 use crate::fs::{Fs, OsFs, create_dir_all_durable};
 use crate::index::{FjallIndex, Index, expiry_key};
@@ -299,31 +299,31 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         let (stx, srx) = crossbeam_channel::bounded(engine::IN_FLIGHT);
         let (done_tx, done_rx) = crossbeam_channel::bounded(engine::IN_FLIGHT);
         let writer_bell = Arc::new(engine::Doorbell::default());
-        let syncer_bell = Arc::new(engine::Doorbell::default());
-        let syncer = Syncer {
+        let log_bell = Arc::new(engine::Doorbell::default());
+        let log_thread = LogThread {
             log,
             rx: srx,
             synced: engine::Ringing {
                 tx: done_tx,
                 bell: writer_bell.clone(),
             },
-            bell: syncer_bell.clone(),
+            bell: log_bell.clone(),
         };
-        let sy = priority::spawn("settle-sync", Role::Critical, prio, move || syncer.run())
+        let lt = priority::spawn("settle-log", Role::Critical, prio, move || log_thread.run())
             .map_err(io)?;
         let writer = Writer {
             stage,
             rx,
             tx: engine::Ringing {
                 tx: stx,
-                bell: syncer_bell,
+                bell: log_bell,
             },
             synced: done_rx,
             bell: writer_bell.clone(),
         };
         let wr = priority::spawn("settle-writer", Role::Critical, prio, move || writer.run())
             .map_err(io)?;
-        let mut threads = vec![wr, sy, ck, rc];
+        let mut threads = vec![wr, lt, ck, rc];
         // The index's own background writes (compactions) take turns with
         // the log too: one step after a sync, at most every few milliseconds.
         if let Some(mut step) = shared.index.background_writeback() {
@@ -568,15 +568,13 @@ fn scan_sync<I: Index>(
     let mut end = prefix.to_vec();
     *end.last_mut().expect("separator") = 1;
     let end = Bound::Excluded(end);
-    let mem: Vec<Vec<u8>> = shared
-        .record_keys()
-        .range::<[u8], _>((
+    let mem: Vec<Vec<u8>> = shared.record_keys_in(
+        (
             start.as_ref().map(Vec::as_slice),
             end.as_ref().map(Vec::as_slice),
-        ))
-        .take(max)
-        .map(|k| k.to_vec())
-        .collect();
+        ),
+        max,
+    );
     let idx = shared.index.keys_in((start, end), max)?;
     // Each list holds every key up to its last one; a full list may stop
     // early, so the merge is only complete up to the smaller full last key.
@@ -1153,7 +1151,7 @@ mod record_key_set_tests {
     use settle_core::{ClaimDecision, Fence, Reply};
 
     fn key_set_len(store: &InlineStore<SimDisk, MemIndex>) -> usize {
-        store.shared.record_keys().len()
+        store.shared.listed_keys()
     }
 
     /// The listing's sorted key set keeps the records in memory only: a
@@ -1192,10 +1190,7 @@ mod record_key_set_tests {
         // Not folded yet (a listing would fold them): the checkpoint below
         // meets them as fresh keys.
         let s = &store.shared;
-        assert_eq!(
-            s.record_keys.read().len() + s.new_record_keys.lock().len(),
-            20
-        );
+        assert_eq!(s.sorted_keys() + s.pending_keys(), 20);
         store.checkpoint_now().unwrap();
         assert_eq!(key_set_len(&store), open.len());
         assert_eq!(store.resident(), open.len());
@@ -1250,10 +1245,7 @@ mod record_key_set_tests {
         }
         store.checkpoint_now().unwrap();
         // Nothing was kept while nobody listed.
-        assert_eq!(
-            s.record_keys.read().len() + s.new_record_keys.lock().len(),
-            0
-        );
+        assert_eq!(s.sorted_keys() + s.pending_keys(), 0);
         let listed = scan_sync(&store.shared, &t, None, 1000).unwrap();
         let keys: Vec<String> = listed.records.iter().map(|r| r.key.to_string()).collect();
         assert_eq!(keys.len(), 31, "{keys:?}");
@@ -1261,7 +1253,7 @@ mod record_key_set_tests {
         assert_eq!(key_set_len(&store), fences.len());
         assert_eq!(store.resident(), fences.len());
         let fresh = claim_only(&store, "after-listing");
-        assert_eq!(s.new_record_keys.lock().len(), 1);
+        assert_eq!(s.pending_keys(), 1);
         fences.push(("after-listing".into(), Some(fresh)));
         for (k, f) in &fences {
             if let Some(f) = f {

@@ -71,7 +71,7 @@ async fn run(on: bool) -> (Vec<i32>, Vec<i32>, Vec<i32>, Vec<i32>, Option<i32>) 
         assert!(n < 10_000, "no segment was sealed");
     }
     let writer = nice_of("settle-writer");
-    let sync = nice_of("settle-sync");
+    let sync = nice_of("settle-log");
     let reclaim = nice_of("settle-reclaim");
     let base = priority::current().unwrap();
     let background = if on { background_of(base) } else { base };

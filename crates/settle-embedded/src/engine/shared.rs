@@ -1,0 +1,408 @@
+//! The state the writer, the log thread, the checkpointer and readers
+//! share: the map of durable states in memory, what the sweep needs, and
+//! the published LSN. Its fields are private: every lock is taken through a
+//! method here (or in [`super::listing`]), in the order
+//! [`super::lock_order`] states.
+
+use std::collections::HashSet;
+use std::ops::{Bound, Deref, DerefMut};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use dashmap::DashMap;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use settle_core::{Limits, PrincipalState, RefusalCode, TenantId, Timestamp};
+use settle_ledger::{Clock, StoreError};
+
+use super::Hasher;
+use super::bloom::Ingested;
+use super::listing::Listing;
+use super::lock_order::{self, Level};
+use super::stage::{Changes, Marks};
+use crate::codec::{EntityKey, Value, decode_value};
+use crate::index::Index;
+
+/// One entity's durable state in memory.
+pub struct Slot {
+    /// The batch that wrote this state.
+    pub lsn: u64,
+    pub value: Arc<Value>,
+}
+
+impl Slot {
+    /// Terminal records, tombstones, principals and warnings may leave RAM
+    /// once checkpointed; open records stay (the sweep needs them).
+    fn evictable(&self) -> bool {
+        match &*self.value {
+            Value::Record(r) => r.status.is_terminal(),
+            _ => true,
+        }
+    }
+}
+
+/// Whether `v` is a record holding an open lease.
+fn holds_lease(v: &Value) -> bool {
+    matches!(v, Value::Record(r) if r.open_lease().is_some())
+}
+
+/// A lock's guard that also holds its [`Level`] (released after the lock).
+pub struct Locked<'a, T> {
+    guard: MutexGuard<'a, T>,
+    _order: lock_order::Held,
+}
+
+impl<T> Deref for Locked<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.guard
+    }
+}
+
+impl<T> DerefMut for Locked<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.guard
+    }
+}
+
+/// Takes `m` at `level`.
+fn lock_at<T>(m: &Mutex<T>, level: Level) -> Locked<'_, T> {
+    let order = lock_order::enter(level);
+    Locked {
+        guard: m.lock(),
+        _order: order,
+    }
+}
+
+/// State shared by the writer, the checkpointer and readers.
+pub struct Shared<I> {
+    /// Durable state changed since the last checkpoint, plus every open record.
+    pub map: DashMap<Box<[u8]>, Slot, Hasher>,
+    /// The record keys of `map`, for listings.
+    listing: Listing,
+    /// The keys of the records whose latest state holds an open lease,
+    /// kept by the writer as it applies each command (old and new state in
+    /// hand): the sweep looks at these, not at every record in memory
+    /// (which held the map's shards each second). A lease the writer has
+    /// staged the end of may still be open in `map` for a batch: the sweep
+    /// need not end it.
+    pub leased: Mutex<HashSet<Box<[u8]>, Hasher>>,
+    /// No terminal record in `map` expires before this (ms; `u64::MAX`:
+    /// none). A bound, not the minimum: the sweep scans `map` for records
+    /// to collect only once it has passed, and sets it again.
+    pub due_in_memory: AtomicU64,
+    /// The last batch whose changes are in `map` (set by whoever publishes:
+    /// the writer thread, or an inline commit). A checkpoint evicts a
+    /// segment's records only once its last batch is published.
+    published: Mutex<u64>,
+    published_cv: Condvar,
+    pub index: I,
+    /// The keys the index may hold, when known.
+    pub ingested: Ingested,
+    /// Set on any write, fsync or checkpoint failure: the store fails closed.
+    pub poisoned: AtomicBool,
+    clock: Clock,
+    pub limits: Limits,
+    /// The store's clock never goes backwards within a process.
+    last_now: AtomicU64,
+    /// Records marked disputed, store-wide, as of the last durable batch.
+    pub disputed: AtomicU64,
+    /// Keys whose stored value does not decode, met so far.
+    pub undecodable: DashMap<Box<[u8]>, (), Hasher>,
+    /// Commands admitted to the writer's queue and not yet taken.
+    pub queued: AtomicUsize,
+    pub writer_alive: AtomicBool,
+    pub checkpointer_alive: AtomicBool,
+}
+
+impl<I: Index> Shared<I> {
+    pub fn new(
+        index: I,
+        map: DashMap<Box<[u8]>, Slot, Hasher>,
+        clock: Clock,
+        limits: Limits,
+    ) -> Self {
+        let mut leased = HashSet::default();
+        let mut marks = Marks::new(&mut leased, u64::MAX);
+        for s in map.iter() {
+            if let Value::Record(r) = &*s.value {
+                marks.note(s.key(), false, Some(r));
+            }
+        }
+        let due_in_memory = marks.due;
+        // An index that lists no entity returns none: until a checkpoint
+        // adds keys (through `ingested`), lookups there can be skipped.
+        let empty = index
+            .keys_in((Bound::Unbounded, Bound::Unbounded), 1)
+            .is_ok_and(|k| k.is_empty());
+        Shared {
+            map,
+            listing: Listing::default(),
+            due_in_memory: AtomicU64::new(due_in_memory),
+            published: Mutex::new(0),
+            published_cv: Condvar::new(),
+            leased: Mutex::new(leased),
+            ingested: Ingested::new(empty),
+            index,
+            poisoned: AtomicBool::new(false),
+            clock,
+            limits,
+            last_now: AtomicU64::new(0),
+            disputed: AtomicU64::new(0),
+            undecodable: DashMap::default(),
+            queued: AtomicUsize::new(0),
+            writer_alive: AtomicBool::new(true),
+            checkpointer_alive: AtomicBool::new(true),
+        }
+    }
+
+    /// Makes a durable batch visible: its changes go into the map (the
+    /// next read sees them), then `published` moves to it. Batches come in
+    /// the order they were staged; `commands` is the batch's size (metrics).
+    pub fn publish_batch(
+        &self,
+        changes: Arc<Changes>,
+        lsn: u64,
+        disputed: u64,
+        due: u64,
+        commands: usize,
+    ) {
+        self.disputed.store(disputed, Ordering::SeqCst);
+        metrics::histogram!("settle_commit_batch_size").record(commands as f64);
+        match Arc::try_unwrap(changes) {
+            // The writer has staged a later batch and let go of this one:
+            // keys and values move into the map (one lookup, no key copy).
+            Ok(owned) => {
+                for (k, v) in owned {
+                    self.publish(k, v, lsn);
+                }
+            }
+            Err(changes) => {
+                for (k, v) in changes.iter() {
+                    let _order = lock_order::enter(Level::Map);
+                    if let Some(mut s) = self.map.get_mut(&k[..]) {
+                        s.lsn = lsn;
+                        s.value = v.clone();
+                        continue;
+                    }
+                    drop(_order);
+                    self.publish(k.clone(), v.clone(), lsn);
+                }
+            }
+        }
+        // After the states are in the map: a sweep that took the bound
+        // before this finds them there.
+        self.due_in_memory.fetch_min(due, Ordering::SeqCst);
+        let mut p = lock_at(&self.published, Level::Published);
+        // Checked in production: the checkpointer evicts by this number, and
+        // a batch published out of order would let it evict a newer state.
+        assert!(
+            *p < lsn,
+            "batches are published in order: {lsn} after {}",
+            *p
+        );
+        *p = lsn;
+        drop(p);
+        self.published_cv.notify_all();
+    }
+
+    /// The last batch whose changes are in the map.
+    pub fn published(&self) -> u64 {
+        *lock_at(&self.published, Level::Published)
+    }
+
+    /// Sets the published batch of a store just opened: recovery put every
+    /// replayed batch, up to `lsn`, into the map.
+    pub fn recovered_to(&self, lsn: u64) {
+        let mut p = lock_at(&self.published, Level::Published);
+        assert_eq!(*p, 0, "set once, before any batch is published");
+        *p = lsn;
+    }
+
+    /// Waits until batch `lsn` is published; `false` if it never will be
+    /// (the store failed or its writer stopped).
+    pub fn wait_published(&self, lsn: u64) -> bool {
+        let _order = lock_order::enter(Level::Published);
+        let mut p = self.published.lock();
+        while *p < lsn {
+            if self.poisoned.load(Ordering::SeqCst) || !self.writer_alive.load(Ordering::SeqCst) {
+                return false;
+            }
+            // Bounded: the writer's death is seen without a notification.
+            self.published_cv
+                .wait_for(&mut p, Duration::from_millis(50));
+        }
+        true
+    }
+
+    /// Puts the durable state `v` of entity `k` (written by batch `lsn`) into the map.
+    fn publish(&self, k: Box<[u8]>, v: Arc<Value>, lsn: u64) {
+        let _order = lock_order::enter(Level::Map);
+        match self.map.entry(k) {
+            dashmap::Entry::Occupied(mut e) => {
+                let s = e.get_mut();
+                s.lsn = lsn;
+                s.value = v;
+            }
+            dashmap::Entry::Vacant(e) => {
+                // Under the shard's lock (the entry): see `listing`.
+                self.listing.entered(e.key());
+                e.insert(Slot { lsn, value: v });
+            }
+        }
+    }
+
+    /// The store's clock: the configured clock, never earlier than a time already used.
+    pub fn now(&self) -> Timestamp {
+        let t = self.clock.now().0;
+        let prev = self.last_now.fetch_max(t, Ordering::SeqCst);
+        Timestamp(prev.max(t))
+    }
+
+    /// Up to `max` record keys of the map in `range`, sorted: every record
+    /// key only in memory is among them (the listing invariant, see
+    /// [`super::listing`]).
+    pub fn record_keys_in(&self, range: (Bound<&[u8]>, Bound<&[u8]>), max: usize) -> Vec<Vec<u8>> {
+        self.listing.keys_in(&self.map, range, max)
+    }
+
+    /// How many record keys a listing sees in memory (after it folded
+    /// the pending ones in, turning tracking on as any listing does).
+    #[cfg(test)]
+    pub fn listed_keys(&self) -> usize {
+        use std::ops::Bound::Unbounded;
+        self.listing.keys_in(&self.map, (Unbounded, Unbounded), 0);
+        self.listing.sorted_len()
+    }
+
+    /// How many keys the listing's sorted set holds, as it is.
+    #[cfg(test)]
+    pub fn sorted_keys(&self) -> usize {
+        self.listing.sorted_len()
+    }
+
+    /// How many keys wait to be sorted in.
+    #[cfg(test)]
+    pub fn pending_keys(&self) -> usize {
+        self.listing.pending_len()
+    }
+
+    /// The writer's lock on the leased set, held while it applies a command.
+    pub fn leased(&self) -> Locked<'_, HashSet<Box<[u8]>, Hasher>> {
+        lock_at(&self.leased, Level::Leased)
+    }
+
+    /// Evicts from the map each `(lsn, key)` of a checkpointed segment whose
+    /// state is still the one batch `lsn` wrote (a later batch may have
+    /// changed it since) and may leave memory; gives back what it took out.
+    /// Batch `last` (the segment's last) must be published: a state not
+    /// published yet would come back into the map for good.
+    pub fn evict<'k>(
+        &self,
+        last: u64,
+        taken: impl ExactSizeIterator<Item = (u64, &'k [u8])>,
+    ) -> Vec<(Box<[u8]>, Slot)> {
+        let published = self.published();
+        // Checked in production: evicting a state not yet published would
+        // lose it from memory while the index may not hold it.
+        assert!(
+            last <= published,
+            "eviction of batch {last}, published only to {published}"
+        );
+        // Every key of this segment that is new to the map is pending in the
+        // listing now (published before the segment was sealed); keys
+        // published from here on belong to later segments, never evicted here.
+        let mut eviction = self.listing.evicting();
+        let mut gone = Vec::with_capacity(taken.len());
+        for (lsn, key) in taken {
+            debug_assert!(lsn <= last, "a segment's batches end at its last");
+            let _order = lock_order::enter(Level::Map);
+            let removed = self.map.remove_if(key, |k, s| {
+                let evict = s.lsn == lsn && s.evictable();
+                // Terminal records hold no lease (settle_core asserts it):
+                // `leased` never names a key that leaves the map.
+                debug_assert!(!(evict && holds_lease(&s.value)));
+                if evict {
+                    // Under the shard lock: a writer cannot re-add it in between.
+                    eviction.evicted(k);
+                }
+                evict
+            });
+            if let Some(r) = removed {
+                gone.push(r);
+            }
+        }
+        eviction.end();
+        gone
+    }
+
+    pub fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+    }
+
+    /// Decodes a stored value; one that does not decode is remembered,
+    /// logged once, and read as [`Value::Undecodable`] (never as absent).
+    pub fn decode(&self, key: &[u8], bytes: &[u8]) -> Value {
+        match decode_value(bytes) {
+            Ok(v) => v,
+            Err(e) => {
+                if self.undecodable.insert(key.into(), ()).is_none() {
+                    tracing::error!(key = %String::from_utf8_lossy(key), error = %e,
+                        "stored value does not decode; its key is refused");
+                }
+                Value::Undecodable(e.to_string().into())
+            }
+        }
+    }
+
+    /// The durable state of an entity (map, then index).
+    pub fn load(&self, key: &[u8]) -> Result<Option<Arc<Value>>, StoreError> {
+        let order = lock_order::enter(Level::Map);
+        if let Some(s) = self.map.get(key) {
+            return Ok(Some(s.value.clone()));
+        }
+        drop(order);
+        if !self.ingested.may_hold(key) {
+            return Ok(None);
+        }
+        Ok(self
+            .index
+            .get(key)?
+            .map(|b| Arc::new(self.decode(key, b.as_ref()))))
+    }
+
+    /// What `f` makes of the durable state of an entity (map, then index),
+    /// without cloning the shared value.
+    pub fn load_with<T>(
+        &self,
+        key: &[u8],
+        f: impl FnOnce(&Value) -> T,
+    ) -> Result<Option<T>, StoreError> {
+        let order = lock_order::enter(Level::Map);
+        if let Some(s) = self.map.get(key) {
+            return Ok(Some(f(&s.value)));
+        }
+        drop(order);
+        if !self.ingested.may_hold(key) {
+            return Ok(None);
+        }
+        Ok(self
+            .index
+            .get(key)?
+            .map(|b| f(&self.decode(key, b.as_ref()))))
+    }
+
+    /// A principal's generation; `Ok(Err(_))` if its stored state does not decode.
+    pub fn principal(
+        &self,
+        tenant: &TenantId,
+        p: &settle_core::Principal,
+    ) -> Result<Result<PrincipalState, RefusalCode>, StoreError> {
+        let k = EntityKey::Principal(tenant.clone(), p.clone()).to_bytes();
+        Ok(match self.load(&k)?.as_deref() {
+            Some(Value::Principal(s)) => Ok(*s),
+            Some(Value::Undecodable(_)) => Err(RefusalCode::RecordRefused),
+            _ => Ok(PrincipalState::default()),
+        })
+    }
+}
