@@ -9,7 +9,7 @@ use settle_ledger::StoreError;
 
 /// Version of the value encoding written by this build.
 /// 2: records keep each attempt's `error`, leases can end by
-/// `release(not_committed)`, principals keep their newest moves (issue 8).
+/// `release(not_committed)`, principals keep their newest moves.
 /// A store written in version 1 is refused on open (no converter).
 pub const FORMAT_VERSION: u8 = 2;
 /// Version of the log frame encoding (2: checksummed header bound to its
@@ -150,7 +150,7 @@ impl postcard::ser_flavors::Flavor for AppendTo<'_> {
 
 /// Appends `n` as postcard writes every integer but `u8`: LEB128. (All
 /// ten groups written at once and the append cut to length was tried:
-/// more instructions, docs/performance.md, "Eleventh round".)
+/// it took more instructions.)
 pub(crate) fn put_varint(out: &mut Vec<u8>, mut n: u64) {
     while n >= 0x80 {
         out.push(n as u8 | 0x80);

@@ -6,8 +6,7 @@
 //! serde, postcard spent ~2,200 instructions on a record (a varint written
 //! into a scratch array and then appended by a `memcpy` call, per field):
 //! 15 % of the in-process benchmark's instructions, a fifth of the
-//! writer's. Writing the fields directly costs a fraction of that
-//! (docs/performance.md, "Eighth round").
+//! writer's. Writing the fields directly costs a fraction of that.
 //!
 //! Decoding stays with postcard, and the format stays postcard's: each
 //! struct is destructured whole (a field added to a stored type does not
