@@ -25,7 +25,6 @@ mod engine;
 pub mod fs;
 pub mod index;
 mod pace;
-pub mod priority;
 mod record_codec;
 mod recovery;
 pub mod sim;
@@ -56,7 +55,6 @@ use crate::engine::{
 use crate::fs::{Fs, OsFs, create_dir_all_durable};
 use crate::index::{FjallIndex, Index, expiry_key};
 use crate::pace::Pacer;
-use crate::priority::Role;
 use crate::recovery::Recovered;
 pub use crate::wal::{CheckpointStep, Faults};
 
@@ -87,14 +85,6 @@ pub struct EmbeddedOptions {
     pub max_checkpoint_backlog: usize,
     /// The retry hint given with `Overloaded`.
     pub overload_retry_after_ms: u64,
-    /// The background threads (checkpointer, reclaim, index writeback and
-    /// compaction, segment preparation) run a few nice levels below the
-    /// opener's thread, so the writer and the log thread get a core first.
-    /// Off by default: ~4 % more pairs/s on a busy 2-core machine, but now
-    /// and then a checkpoint that fell behind held the writer (p999 90-150
-    /// ms in 2 of 13 runs, against none of 16 without). Linux only; see
-    /// [`priority`].
-    pub thread_priorities: bool,
     /// Fault injection (tests).
     pub faults: Option<Arc<Faults>>,
 }
@@ -109,7 +99,6 @@ impl Default for EmbeddedOptions {
             max_queue: 65_536,
             max_checkpoint_backlog: 2,
             overload_retry_after_ms: 100,
-            thread_priorities: false,
             faults: None,
         }
     }
@@ -117,6 +106,14 @@ impl Default for EmbeddedOptions {
 
 fn io(e: std::io::Error) -> StoreError {
     StoreError::Io(e.to_string())
+}
+
+/// Starts a store thread named `name`.
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, StoreError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn(f)
+        .map_err(io)
 }
 
 /// The writeback thread steps at most this often: a step lists the index's
@@ -234,17 +231,7 @@ impl EmbeddedStore {
         let fs = OsFs;
         create_dir_all_durable(&fs, &dir.join("wal")).map_err(io)?;
         let lock = fs.lock(&dir.join("LOCK")).map_err(io)?;
-        // Opened on a background thread: fjall's compaction worker, which
-        // it starts, inherits that thread's priority.
-        let prio = opts.thread_priorities;
-        let index = std::thread::scope(|s| {
-            s.spawn(|| {
-                priority::take(Role::Background, prio);
-                FjallIndex::open(&dir.join("index"))
-            })
-            .join()
-            .unwrap_or_else(|p| std::panic::resume_unwind(p))
-        })?;
+        let index = FjallIndex::open(&dir.join("index"))?;
         // fjall created `index/` if it was new.
         fs.sync_dir(dir).map_err(io)?;
         EmbeddedStore::start(&fs, dir, lock, index, opts)
@@ -278,19 +265,12 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         let shared = core.shared.clone();
         let pacer = ckpt.pacer.clone();
         let (tx, rx) = crossbeam_channel::unbounded();
-        let prio = opts.thread_priorities;
         // Ends after the checkpointer, which holds the sending side.
         let (rtx, rrx) = crossbeam_channel::bounded(engine::RECLAIM_BACKLOG);
         let reclaimer = engine::Reclaimer { rx: rrx };
-        let rc = priority::spawn("settle-reclaim", Role::Background, prio, move || {
-            reclaimer.run()
-        })
-        .map_err(io)?;
+        let rc = spawn("settle-reclaim", move || reclaimer.run())?;
         ckpt.reclaim = Some(rtx);
-        let ck = priority::spawn("settle-checkpoint", Role::Background, prio, move || {
-            ckpt.run(crx)
-        })
-        .map_err(io)?;
+        let ck = spawn("settle-checkpoint", move || ckpt.run(crx))?;
         let Core { stage, log, .. } = core;
         // The writer gathers the next batch while the log thread makes the
         // last durable; `IN_FLIGHT` frames wait there at most (and one more
@@ -309,8 +289,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             },
             bell: syncer_bell.clone(),
         };
-        let sy = priority::spawn("settle-sync", Role::Critical, prio, move || syncer.run())
-            .map_err(io)?;
+        let sy = spawn("settle-sync", move || syncer.run())?;
         let writer = Writer {
             stage,
             rx,
@@ -321,19 +300,15 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
             synced: done_rx,
             bell: writer_bell.clone(),
         };
-        let wr = priority::spawn("settle-writer", Role::Critical, prio, move || writer.run())
-            .map_err(io)?;
+        let wr = spawn("settle-writer", move || writer.run())?;
         let mut threads = vec![wr, sy, ck, rc];
         // The index's own background writes (compactions) take turns with
         // the log too: one step after a sync, at most every few milliseconds.
         if let Some(mut step) = shared.index.background_writeback() {
             let p = pacer.clone();
-            threads.push(
-                priority::spawn("settle-writeback", Role::Background, prio, move || {
-                    p.run_after_syncs(WRITEBACK_EVERY, &mut step)
-                })
-                .map_err(io)?,
-            );
+            threads.push(spawn("settle-writeback", move || {
+                p.run_after_syncs(WRITEBACK_EVERY, &mut step)
+            })?);
         }
         Ok(Arc::new(EmbeddedStore {
             shared,

@@ -84,9 +84,6 @@ pub struct Faults {
     pub syncs: AtomicU64,
     /// Checkpoints completed so far.
     pub checkpoints: AtomicU64,
-    /// The nice value each background segment preparation ran at, once it
-    /// took its role (Linux), in the order they were started.
-    pub prepare_nice: Mutex<Vec<i32>>,
 }
 
 impl std::fmt::Debug for Faults {
@@ -424,19 +421,9 @@ impl<F: Fs> Wal<F> {
         if let Some(f) = &faults {
             f.prepares_running.fetch_add(1, Ordering::SeqCst);
         }
-        // Background work, when the thread asking for it took a role.
-        let background = crate::priority::took();
         let spawned = std::thread::Builder::new()
             .name("settle-prepare".into())
             .spawn(move || {
-                let nice = if background {
-                    crate::priority::take(crate::priority::Role::Background, true)
-                } else {
-                    crate::priority::current()
-                };
-                if let (Some(f), Some(n)) = (&faults, nice) {
-                    f.prepare_nice.lock().push(n);
-                }
                 let r = prepare(&fs, &dir, seq, size, prep, &faults, &|| pacer.step());
                 if let Some(f) = &faults {
                     f.prepares_running.fetch_sub(1, Ordering::SeqCst);
