@@ -56,6 +56,7 @@ use crate::fs::{Fs, OsFs, create_dir_all_durable};
 use crate::index::{FjallIndex, Index, expiry_key};
 use crate::pace::Pacer;
 use crate::recovery::Recovered;
+#[cfg(feature = "faults")]
 pub use crate::wal::{CheckpointStep, Faults};
 
 /// How the embedded store is opened.
@@ -85,7 +86,8 @@ pub struct EmbeddedOptions {
     pub max_checkpoint_backlog: usize,
     /// The retry hint given with `Overloaded`.
     pub overload_retry_after_ms: u64,
-    /// Fault injection (tests).
+    /// Fault injection (tests; the `faults` feature).
+    #[cfg(feature = "faults")]
     pub faults: Option<Arc<Faults>>,
 }
 
@@ -99,8 +101,19 @@ impl Default for EmbeddedOptions {
             max_queue: 65_536,
             max_checkpoint_backlog: 2,
             overload_retry_after_ms: 100,
+            #[cfg(feature = "faults")]
             faults: None,
         }
+    }
+}
+
+impl EmbeddedOptions {
+    /// The faults to inject: always none without the `faults` feature.
+    fn faults(&self) -> Option<Arc<wal::Faults>> {
+        #[cfg(feature = "faults")]
+        return self.faults.clone();
+        #[cfg(not(feature = "faults"))]
+        None
     }
 }
 
@@ -139,21 +152,15 @@ fn recover_engine<F: Fs, I: Index>(
     let pacer = Arc::new(Pacer::default());
     let wal = match rec.resume {
         // Keep filling the last segment's preallocated space.
-        Some((seq, valid)) if valid + 4096 <= size => wal::Wal::resume(
-            fs,
-            &wal_dir,
-            seq,
-            size,
-            valid,
-            opts.faults.clone(),
-            pacer.clone(),
-        ),
+        Some((seq, valid)) if valid + 4096 <= size => {
+            wal::Wal::resume(fs, &wal_dir, seq, size, valid, opts.faults(), pacer.clone())
+        }
         _ => wal::Wal::create(
             fs,
             &wal_dir,
             rec.last_seq + 1,
             size,
-            opts.faults.clone(),
+            opts.faults(),
             pacer.clone(),
         ),
     }
@@ -186,20 +193,13 @@ fn recover_engine<F: Fs, I: Index>(
         fs: fs.clone(),
         wal_dir,
         meta: rec.meta,
-        faults: opts.faults.clone(),
+        faults: opts.faults(),
         listed,
         read_buf: Vec::new(),
         pacer,
         reclaim: None,
     };
-    let core = Core::new(
-        shared,
-        wal,
-        &rec,
-        opts.max_batch,
-        sealed,
-        opts.faults.clone(),
-    );
+    let core = Core::new(shared, wal, &rec, opts.max_batch, sealed, opts.faults());
     Ok((core, ckpt))
 }
 

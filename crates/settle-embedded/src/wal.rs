@@ -108,58 +108,10 @@ impl Faults {
             .as_ref()
             .is_some_and(|f| Faults::take(&f.panic_writer))
     }
-    /// Checkpoints wait until [`Faults::release_checkpoints`].
-    pub fn hold_checkpoints(&self) {
-        self.gate.lock().held = true;
-    }
-    /// Lets held checkpoints go on (see [`Faults::hold_checkpoints`]).
-    pub fn release_checkpoints(&self) {
-        self.gate.lock().held = false;
-        self.changed.notify_all();
-    }
-    /// Blocks until the writer waits for a checkpointer that is held at
-    /// the gate, so it will wait until released (`true`), or until the
-    /// checkpoints are released (`false`).
-    pub fn wait_for_writer_to_wait(&self) -> bool {
-        let mut g = self.gate.lock();
-        while !(g.writer_waiting && g.holding) && g.held {
-            self.changed.wait(&mut g);
-        }
-        g.writer_waiting && g.holding
-    }
     pub(crate) fn set_writer_waiting(faults: &Option<Arc<Faults>>, waiting: bool) {
         if let Some(f) = faults {
             f.gate.lock().writer_waiting = waiting;
             f.changed.notify_all();
-        }
-    }
-    /// Log syncs (after their write, before the `fdatasync`) wait until
-    /// [`Faults::release_syncs`].
-    pub fn hold_syncs(&self) {
-        self.gate.lock().syncs_held = true;
-    }
-    /// Lets held syncs go on.
-    pub fn release_syncs(&self) {
-        self.gate.lock().syncs_held = false;
-        self.changed.notify_all();
-    }
-    /// Blocks until a sync waits at the gate (`true`), or syncs are released (`false`).
-    pub fn wait_for_held_sync(&self) -> bool {
-        let mut g = self.gate.lock();
-        while !g.sync_holding && g.syncs_held {
-            self.changed.wait(&mut g);
-        }
-        g.sync_holding
-    }
-    /// Commands the writer began to apply so far.
-    pub fn applied(&self) -> u64 {
-        self.gate.lock().applied
-    }
-    /// Blocks until the writer began to apply `n` commands in all.
-    pub fn wait_for_applied(&self, n: u64) {
-        let mut g = self.gate.lock();
-        while g.applied < n {
-            self.changed.wait(&mut g);
         }
     }
     pub(crate) fn applying(faults: &Option<Arc<Faults>>) {
@@ -207,6 +159,60 @@ impl Faults {
             if let Some(h) = hook {
                 h(step);
             }
+        }
+    }
+}
+
+/// What a test does with its faults: hold and release checkpoints and
+/// syncs, and wait for the writer to reach a point.
+#[cfg(feature = "faults")]
+impl Faults {
+    /// Checkpoints wait until [`Faults::release_checkpoints`].
+    pub fn hold_checkpoints(&self) {
+        self.gate.lock().held = true;
+    }
+    /// Lets held checkpoints go on (see [`Faults::hold_checkpoints`]).
+    pub fn release_checkpoints(&self) {
+        self.gate.lock().held = false;
+        self.changed.notify_all();
+    }
+    /// Blocks until the writer waits for a checkpointer that is held at
+    /// the gate, so it will wait until released (`true`), or until the
+    /// checkpoints are released (`false`).
+    pub fn wait_for_writer_to_wait(&self) -> bool {
+        let mut g = self.gate.lock();
+        while !(g.writer_waiting && g.holding) && g.held {
+            self.changed.wait(&mut g);
+        }
+        g.writer_waiting && g.holding
+    }
+    /// Log syncs (after their write, before the `fdatasync`) wait until
+    /// [`Faults::release_syncs`].
+    pub fn hold_syncs(&self) {
+        self.gate.lock().syncs_held = true;
+    }
+    /// Lets held syncs go on.
+    pub fn release_syncs(&self) {
+        self.gate.lock().syncs_held = false;
+        self.changed.notify_all();
+    }
+    /// Blocks until a sync waits at the gate (`true`), or syncs are released (`false`).
+    pub fn wait_for_held_sync(&self) -> bool {
+        let mut g = self.gate.lock();
+        while !g.sync_holding && g.syncs_held {
+            self.changed.wait(&mut g);
+        }
+        g.sync_holding
+    }
+    /// Commands the writer began to apply so far.
+    pub fn applied(&self) -> u64 {
+        self.gate.lock().applied
+    }
+    /// Blocks until the writer began to apply `n` commands in all.
+    pub fn wait_for_applied(&self, n: u64) {
+        let mut g = self.gate.lock();
+        while g.applied < n {
+            self.changed.wait(&mut g);
         }
     }
 }
