@@ -23,8 +23,8 @@ pub type OpenRecords<B> = Vec<(Vec<u8>, B)>;
 /// decoding them is the engine's business, so an undecodable value is
 /// handled the same way whatever holds it.
 ///
-/// [`FjallIndex`] is the real one; [`crate::sim::MemIndex`] keeps it in
-/// memory, with the same durability points, for power-loss tests and
+/// [`FjallIndex`] is the real one; `settle-sim`'s `disk::MemIndex` keeps
+/// it in memory, with the same durability points, for power-loss tests and
 /// simulation (fjall has no pluggable filesystem).
 pub trait Index: Send + Sync + 'static {
     /// A stored value as the index hands it out (a fjall slice, or owned bytes).

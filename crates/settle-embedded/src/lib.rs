@@ -9,9 +9,10 @@
 //!
 //! The log and recovery run over an I/O seam ([`fs::Fs`]) and the index
 //! behind a trait ([`index::Index`]): the same engine runs on the real
-//! filesystem with fjall ([`EmbeddedStore::open`]), or on a simulated disk
-//! with an in-memory index ([`sim`]), threaded ([`EmbeddedStore::open_on`])
-//! or inline on the caller's thread ([`InlineStore`], deterministic).
+//! filesystem with fjall ([`EmbeddedStore::open`]), or on another
+//! implementation of the two (the simulated disk and in-memory index of
+//! `settle-sim`'s `disk` module), threaded ([`EmbeddedStore::open_on`]) or
+//! inline on the caller's thread ([`InlineStore`], deterministic).
 
 #[cfg(not(feature = "fuzzing"))]
 mod codec;
@@ -27,7 +28,6 @@ pub mod index;
 mod pace;
 mod record_codec;
 mod recovery;
-pub mod sim;
 mod wal;
 
 #[cfg(test)]
@@ -803,8 +803,8 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
 /// The same engine with no threads: each call applies and commits its
 /// commands, then runs any checkpoint due, on the caller's thread. Batches
 /// are exactly the calls, so a run is a deterministic function of its
-/// inputs, its clock and its disk: this is what the power-loss tests drive
-/// on the simulated disk, and what a deterministic simulator can drive.
+/// inputs, its clock and its disk: this is what the power-loss tests and
+/// the deterministic simulator (`settle-sim`) drive on a simulated disk.
 pub struct InlineStore<F: Fs, I: Index> {
     inner: Mutex<Inline<F, I>>,
     shared: Arc<Shared<I>>,
@@ -1123,11 +1123,22 @@ pub fn scan(
 #[cfg(test)]
 mod record_key_set_tests {
     use super::*;
-    use crate::sim::{MemIndex, SimDisk};
     use settle_core::testkit::*;
     use settle_core::{ClaimDecision, Fence, Reply};
 
-    fn key_set_len(store: &InlineStore<SimDisk, MemIndex>) -> usize {
+    type Inline = InlineStore<OsFs, FjallIndex>;
+
+    /// The store inline (checkpoints at known points) in `dir`.
+    fn open_inline(dir: &Path) -> Inline {
+        let opts = EmbeddedOptions {
+            segment_bytes: 16 * 1024,
+            ..EmbeddedOptions::default()
+        };
+        let index = FjallIndex::open(&dir.join("index")).unwrap();
+        InlineStore::open(&OsFs, dir, index, opts).unwrap()
+    }
+
+    fn key_set_len(store: &Inline) -> usize {
         store.shared.record_keys().len()
     }
 
@@ -1137,13 +1148,8 @@ mod record_key_set_tests {
     /// stays, and one settled in a later segment leaves then.
     #[test]
     fn the_sorted_key_set_holds_exactly_the_records_in_memory() {
-        let disk = SimDisk::new();
-        let index = MemIndex::new(&disk, "/data");
-        let opts = EmbeddedOptions {
-            segment_bytes: 16 * 1024,
-            ..EmbeddedOptions::default()
-        };
-        let store = InlineStore::open(&disk, "/data", index, opts).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let store = open_inline(dir.path());
         // A listing turns the key sets on (a store nobody listed keeps none).
         assert_eq!(key_set_len(&store), 0);
         let t = TenantId::new("acme").unwrap();
@@ -1189,13 +1195,9 @@ mod record_key_set_tests {
     /// from then on the set follows the map as above.
     #[test]
     fn the_first_listing_sorts_in_what_memory_holds_and_the_sets_follow_from_then() {
-        let disk = SimDisk::new();
-        let opts = || EmbeddedOptions {
-            segment_bytes: 16 * 1024,
-            ..EmbeddedOptions::default()
-        };
+        let dir = tempfile::tempdir().unwrap();
         let t = TenantId::new("acme").unwrap();
-        let claim_only = |store: &InlineStore<SimDisk, MemIndex>, k: &str| {
+        let claim_only = |store: &Inline, k: &str| {
             let Reply::Claim(ClaimDecision::Execute(g)) =
                 store.execute_now(&t, claim(k, 1, binding("a", 0))).unwrap()
             else {
@@ -1203,13 +1205,12 @@ mod record_key_set_tests {
             };
             g.fence
         };
-        let index = MemIndex::new(&disk, "/data");
         {
-            let store = InlineStore::open(&disk, "/data", index.clone(), opts()).unwrap();
+            let store = open_inline(dir.path());
             claim_only(&store, "before-restart");
             store.close();
         }
-        let store = InlineStore::open(&disk, "/data", index, opts()).unwrap();
+        let store = open_inline(dir.path());
         let s = &store.shared;
         let mut fences: Vec<(String, Option<Fence>)> = vec![("before-restart".into(), None)];
         for i in 0..30 {
