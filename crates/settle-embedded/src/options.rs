@@ -20,8 +20,7 @@ pub struct EmbeddedOptions {
     /// at 1,024 in flight a cap of 1,024 let every in-flight command fall
     /// into one frame, which the writer applied and encoded whole before
     /// the log thread could start on it (lock-step, the disk idle
-    /// meanwhile); 512 gave 2-7 % more pairs/s and a 12 % lower p50
-    /// (docs/performance.md, "`max_batch` 512").
+    /// meanwhile); 512 gave 2-7 % more pairs/s and a 12 % lower p50.
     pub max_batch: usize,
     /// A log segment is sealed and checkpointed into the index at this size.
     pub segment_bytes: u64,

@@ -266,11 +266,11 @@ pub fn prepared<F: Fs>(fs: &F, dir: &Path) -> io::Result<Vec<PathBuf>> {
 /// next segment share each sync's device flush with the frames.
 /// [`Prep::Allocated`] only reserves the blocks (`fallocate`); each sync
 /// then also commits the journal (a fixed cost per sync), and nothing is
-/// written twice. Measured on the test machine (docs/performance.md,
-/// "Seventh round"), alternating runs: reserving gave 8–12 % more pairs/s
-/// with frames of ~190 KB (1,024 in flight) and 10–23 % with frames of
-/// ~45 KB (256 in flight), and cost 3–9 % with frames of ~8 KB (64 in
-/// flight). So the log picks by the frames it writes.
+/// written twice. Measured on the test machine, alternating runs:
+/// reserving gave 8–12 % more pairs/s with frames of ~190 KB (1,024 in
+/// flight) and 10–23 % with frames of ~45 KB (256 in flight), and cost
+/// 3–9 % with frames of ~8 KB (64 in flight). So the log picks by the
+/// frames it writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prep {
     Zeroed,
