@@ -1,6 +1,7 @@
 //! Recovery of the embedded engine's log (settle-embedded `recovery`,
-//! through `InlineStore::open` on the simulated disk): what happens to
-//! bytes of a log segment that changed while the store was closed.
+//! through `InlineStore::open` on `settle-sim`'s simulated disk): what
+//! happens to bytes of a log segment that changed while the store was
+//! closed.
 //!
 //! A template store holds three group commits in its log (`a` claimed;
 //! `b` claimed and settled; `c` claimed, the last frame), nothing
@@ -20,9 +21,9 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use settle_core::testkit::{binding, claim, completed, key, settle};
 use settle_core::{Record, Reply, TenantId, Timestamp, invariants};
-use settle_embedded::sim::{Crash, MemIndex, SimDisk};
 use settle_embedded::{EmbeddedOptions, InlineStore};
 use settle_ledger::Clock;
+use settle_sim::disk::{Crash, MemIndex, SimDisk};
 
 const DIR: &str = "/d";
 const KEYS: [&str; 3] = ["a", "b", "c"];

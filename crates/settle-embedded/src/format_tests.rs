@@ -18,11 +18,11 @@
 use std::io::Write;
 use std::path::PathBuf;
 
+use settle_core::testkit::full_record;
 use settle_core::{
-    Attempt, Binding, Call, Digest, Ended, ErrorText, Fence, FindingKind, Key, Lease, LeaseEnd,
-    LeaseMs, Move, Observation, Outcome, OutcomeStatus, Principal, PrincipalState, Purpose,
-    QuarantineEntry, Receipt, Record, RefusalCode, Reservation, ResultJson, RetentionS, Scopes,
-    Status, TaskId, TenantId, Text, Timestamp, Warning, WarningClass, invariants,
+    Attempt, Digest, Fence, Key, Lease, LeaseMs, Move, Principal, PrincipalState, Purpose, Record,
+    Reservation, RetentionS, Scopes, Status, TaskId, TenantId, Text, Timestamp, Warning,
+    WarningClass, invariants,
 };
 
 use crate::codec::{
@@ -70,138 +70,12 @@ fn lease_ms() -> LeaseMs {
     LeaseMs::new(30_000).unwrap()
 }
 
-fn receipt(key: &Key, fp: Digest, sha: Digest, status: Status, fence: u64, at: u64) -> Receipt {
-    Receipt {
-        key: key.clone(),
-        fingerprint: fp,
-        response_sha256: Some(sha),
-        status,
-        fence: Fence(fence),
-        committed_at: t(at),
-        durable: true,
-    }
-}
-
 /// A settled, disputed record: an execute attempt that settled `unknown`
 /// with an error, a reconcile attempt that committed the canonical outcome
-/// and later met disagreeing evidence, and quarantined evidence.
-// One literal of a stored record: test data, nothing to split.
-#[allow(clippy::too_many_lines)]
+/// and then met disagreeing evidence, and quarantined evidence (the
+/// values of [`full_record`], shared with settle-pg's fixtures).
 fn settled_record() -> Record {
-    let key = Key::new("order-1").unwrap();
-    let fp = d(1);
-    Record {
-        key: key.clone(),
-        reservation: Reservation {
-            fingerprint: fp,
-            principal: alice(),
-            scopes: pay_refund(),
-            generation: 2,
-        },
-        status: Status::Completed,
-        outcome: Some(Outcome::completed(
-            ResultJson::from_text(r#"{"charge":"ch_1","amount":1250}"#, 1024).unwrap(),
-            d(101),
-        )),
-        receipt: Some(receipt(&key, fp, d(101), Status::Completed, 7, 2_000)),
-        reconcile_required: false,
-        disputed: true,
-        attempts: vec![
-            Attempt {
-                number: 1,
-                lease: Lease {
-                    fence: Fence(5),
-                    purpose: Purpose::Execute,
-                    generation: 2,
-                    granted_at: t(0),
-                    expires_at: t(30_000),
-                    lease_ms: lease_ms(),
-                    marks_dispatch: true,
-                    dispatched: true,
-                    worker: Some(Text::new("worker", "w-1").unwrap()),
-                    ended: Some(Ended {
-                        reason: LeaseEnd::Settled,
-                        at: t(1_000),
-                    }),
-                },
-                receipt: Some(receipt(&key, fp, d(150), Status::Unknown, 5, 1_000)),
-                error: Some(ErrorText::new("error", "connection reset after send").unwrap()),
-                observations: vec![Observation {
-                    at: t(1_000),
-                    call: Call::Settle,
-                    status: Some(OutcomeStatus::Unknown),
-                    finding: None,
-                    response_sha256: Some(d(150)),
-                    accepted: true,
-                    code: None,
-                }],
-                observations_total: 1,
-            },
-            Attempt {
-                number: 2,
-                lease: Lease {
-                    fence: Fence(7),
-                    purpose: Purpose::Reconcile,
-                    generation: 2,
-                    granted_at: t(1_500),
-                    expires_at: t(31_500),
-                    lease_ms: lease_ms(),
-                    marks_dispatch: false,
-                    dispatched: false,
-                    worker: None,
-                    ended: Some(Ended {
-                        reason: LeaseEnd::Settled,
-                        at: t(2_000),
-                    }),
-                },
-                receipt: Some(receipt(&key, fp, d(101), Status::Completed, 7, 2_000)),
-                error: None,
-                observations: vec![
-                    Observation {
-                        at: t(2_000),
-                        call: Call::Reconcile,
-                        status: Some(OutcomeStatus::Completed),
-                        finding: Some(FindingKind::Committed),
-                        response_sha256: Some(d(101)),
-                        accepted: true,
-                        code: None,
-                    },
-                    Observation {
-                        at: t(2_500),
-                        call: Call::Settle,
-                        status: Some(OutcomeStatus::Completed),
-                        finding: None,
-                        response_sha256: Some(d(102)),
-                        accepted: false,
-                        code: Some(RefusalCode::ResultMismatch),
-                    },
-                ],
-                // One older observation is no longer kept.
-                observations_total: 3,
-            },
-        ],
-        attempts_total: 2,
-        quarantine: vec![QuarantineEntry {
-            at: t(1_200),
-            fence: Fence(4),
-            reason: RefusalCode::StaleFence,
-            call: Call::Settle,
-            status: Some(OutcomeStatus::Failed),
-            finding: None,
-            fingerprint: Some(fp),
-            binding: Some(Binding {
-                principal: Principal::new("bob").unwrap(),
-                scopes: Scopes::from_strs(["pay"]).unwrap(),
-                generation: 0,
-            }),
-            response_sha256: Some(d(103)),
-        }],
-        quarantine_total: 2,
-        retention_s: RetentionS::new(604_800).unwrap(),
-        created_at: t(0),
-        updated_at: t(2_500),
-        settled_at: Some(t(2_000)),
-    }
+    full_record()
 }
 
 /// A pending record holding an open execute lease.

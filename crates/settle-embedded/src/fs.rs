@@ -1,7 +1,7 @@
 //! The I/O seam: everything the log and its recovery do to files and
 //! directories goes through [`Fs`], so the same code runs on the real
 //! filesystem ([`OsFs`]) and on a simulated disk that loses unsynced writes
-//! at a power cut ([`crate::sim::SimDisk`]).
+//! at a power cut (`settle-sim`'s `disk::SimDisk`).
 //!
 //! The engine is generic over it (static dispatch); the calls are per
 //! batch, per segment or per recovery, never per command.

@@ -23,8 +23,8 @@ pub type OpenRecords<B> = Vec<(Vec<u8>, B)>;
 /// decoding them is the engine's business, so an undecodable value is
 /// handled the same way whatever holds it.
 ///
-/// [`FjallIndex`] is the real one; [`crate::sim::MemIndex`] keeps it in
-/// memory, with the same durability points, for power-loss tests and
+/// [`FjallIndex`] is the real one; `settle-sim`'s `disk::MemIndex` keeps
+/// it in memory, with the same durability points, for power-loss tests and
 /// simulation (fjall has no pluggable filesystem).
 pub trait Index: Send + Sync + 'static {
     /// A stored value as the index hands it out (a fjall slice, or owned bytes).
@@ -283,8 +283,8 @@ impl Writeback {
 /// before fjall merges them into level 1. fjall's default of 4 merged
 /// every fourth checkpoint into all of level 1: in a 40 s run at 1,024 in
 /// flight the p99 was 8 x the p50 (73 ms), against 2.7-3 x with 16, at less
-/// CPU per pair (docs/performance.md, "Fourth round"). Lookups pay with up to
-/// 16 more Bloom filter probes; fjall slows writes only from 20 tables.
+/// CPU per pair. Lookups pay with up to 16 more Bloom filter probes; fjall
+/// slows writes only from 20 tables.
 const L0_TABLES: u8 = 16;
 
 impl FjallIndex {

@@ -540,14 +540,26 @@ impl Recovered {
 mod tests {
     use super::*;
     use crate::codec::{Batch, Entry, FRAME_VERSION, encode_for_log, encode_frame, place_frame};
-    use crate::fs::FsFile;
-    use crate::sim::{MemIndex, SimDisk};
+    use crate::fs::{FsFile, OsFs};
+    use crate::index::FjallIndex;
     use settle_core::TenantId;
 
-    const WAL: &str = "/d/wal";
+    /// A data directory on the real filesystem with a fresh index: the
+    /// tests write (and sync) the log segments themselves, and recovery
+    /// judges what they wrote.
+    struct Data {
+        dir: tempfile::TempDir,
+        index: FjallIndex,
+    }
+
+    impl Data {
+        fn wal(&self) -> PathBuf {
+            self.dir.path().join("wal")
+        }
+    }
 
     /// A segment file of frames with the given batch numbers, preallocated.
-    fn segment(disk: &SimDisk, seq: u64, lsns: &[u64]) -> Vec<usize> {
+    fn segment(d: &Data, seq: u64, lsns: &[u64]) -> Vec<usize> {
         let k = EntityKey::Record(
             TenantId::default_tenant(),
             settle_core::Key::new("k").unwrap(),
@@ -573,28 +585,25 @@ mod tests {
             place_frame(&mut buf[start..], seq, start as u64);
         }
         buf.resize(8192, 0);
-        let f = disk
-            .create(&wal::segment_path(Path::new(WAL), seq))
-            .unwrap();
+        let f = OsFs.create(&wal::segment_path(&d.wal(), seq)).unwrap();
         f.write_at(&buf, 0).unwrap();
         f.sync_all().unwrap();
         starts
     }
 
-    fn disk() -> SimDisk {
-        let d = SimDisk::new();
-        for p in ["/d", WAL] {
-            d.create_dir(Path::new(p)).unwrap();
-        }
-        d
+    fn data() -> Data {
+        let dir = tempfile::tempdir().unwrap();
+        OsFs.create_dir(&dir.path().join("wal")).unwrap();
+        let index = FjallIndex::open(&dir.path().join("index")).unwrap();
+        Data { dir, index }
     }
 
-    fn recover_sim(disk: &SimDisk) -> Result<Recovered, StoreError> {
-        recover(disk, Path::new(WAL), &MemIndex::new(disk, "/d"))
+    fn recover_on(d: &Data) -> Result<Recovered, StoreError> {
+        recover(&OsFs, &d.wal(), &d.index)
     }
 
-    fn refused(disk: &SimDisk, what: &str) -> String {
-        match recover_sim(disk) {
+    fn refused(d: &Data, what: &str) -> String {
+        match recover_on(d) {
             Err(StoreError::Corrupt(m)) => m,
             Err(e) => panic!("{what}: {e}"),
             Ok(_) => panic!("{what}: accepted"),
@@ -603,17 +612,17 @@ mod tests {
 
     #[test]
     fn consecutive_batches_and_segments_are_accepted() {
-        let d = disk();
+        let d = data();
         segment(&d, 1, &[1, 2, 3]);
         segment(&d, 2, &[4, 5]);
-        let r = recover_sim(&d).unwrap();
+        let r = recover_on(&d).unwrap();
         assert_eq!((r.lsn, r.resume), (5, Some((2, r.resume.unwrap().1))));
         assert!(r.torn.is_none());
     }
 
     #[test]
     fn a_gap_in_batch_numbers_is_refused() {
-        let d = disk();
+        let d = data();
         segment(&d, 1, &[1, 2, 4]);
         let m = refused(&d, "gap in a segment");
         assert!(
@@ -621,26 +630,26 @@ mod tests {
             "{m}"
         );
 
-        let d = disk();
+        let d = data();
         segment(&d, 1, &[1, 2]);
         segment(&d, 2, &[4]);
         let m = refused(&d, "gap across segments");
         assert!(m.contains("00000000000000000002.log"), "{m}");
 
         // The first batch must follow the checkpoint's.
-        let d = disk();
+        let d = data();
         segment(&d, 1, &[2, 3]);
         refused(&d, "first batch after the checkpoint");
     }
 
     #[test]
     fn a_missing_segment_is_refused() {
-        let d = disk();
+        let d = data();
         segment(&d, 1, &[1]);
         segment(&d, 3, &[2]);
         let m = refused(&d, "missing segment");
         assert!(m.contains("log segment 2 is missing"), "{m}");
-        let d = disk();
+        let d = data();
         segment(&d, 2, &[1]);
         refused(&d, "first segment missing");
     }
@@ -648,10 +657,10 @@ mod tests {
     #[test]
     fn a_frame_after_zeros_is_damage_not_a_torn_tail() {
         // Frame 2 lost entirely (zeros), frame 3 intact after it.
-        let d = disk();
+        let d = data();
         let starts = segment(&d, 1, &[1, 2, 3]);
-        let path = wal::segment_path(Path::new(WAL), 1);
-        let f = d.open(&path).unwrap();
+        let path = wal::segment_path(&d.wal(), 1);
+        let f = OsFs.open(&path).unwrap();
         f.write_at(&vec![0u8; starts[2] - starts[1]], starts[1] as u64)
             .unwrap();
         f.sync_data().unwrap();
@@ -665,9 +674,9 @@ mod tests {
 
     #[test]
     fn a_format_1_frame_is_refused_not_cut() {
-        let d = disk();
-        let path = wal::segment_path(Path::new(WAL), 1);
-        let f = d.create(&path).unwrap();
+        let d = data();
+        let path = wal::segment_path(&d.wal(), 1);
+        let f = OsFs.create(&path).unwrap();
         let mut buf = FRAME_MAGIC_V1.to_le_bytes().to_vec();
         buf.extend_from_slice(&[9, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
         buf.resize(8192, 0);
@@ -680,17 +689,17 @@ mod tests {
     #[test]
     fn a_torn_tail_is_judged_by_its_header() {
         // The last frame torn after its (intact) header: its extent is known.
-        let d = disk();
+        let d = data();
         let starts = segment(&d, 1, &[1, 2, 3]);
-        let path = wal::segment_path(Path::new(WAL), 1);
-        let all = d.contents(&path).unwrap();
+        let path = wal::segment_path(&d.wal(), 1);
+        let all = OsFs.read(&path).unwrap();
         let end = crate::wal::last_nonzero(&all).unwrap() + 1;
-        let f = d.open(&path).unwrap();
+        let f = OsFs.open(&path).unwrap();
         // Lose the end of frame 3 (a torn write).
         f.write_at(&vec![0u8; end - starts[2] - 20], starts[2] as u64 + 20)
             .unwrap();
         f.sync_data().unwrap();
-        let r = recover_sim(&d).unwrap();
+        let r = recover_on(&d).unwrap();
         assert_eq!(r.lsn, 2);
         assert_eq!(r.torn.as_ref().map(|t| t.1), Some(starts[2] as u64));
         // A byte beyond that frame's extent is not explained by tearing it.
@@ -728,42 +737,40 @@ mod tests {
     /// without the copy the frame would be cut as a torn tail.
     #[test]
     fn an_intact_copy_restores_a_frame_torn_in_place() {
-        let d = disk();
+        let d = data();
         let starts = segment(&d, 1, &[1, 2, 3]);
-        let path = wal::segment_path(Path::new(WAL), 1);
-        let all = d.contents(&path).unwrap();
+        let path = wal::segment_path(&d.wal(), 1);
+        let all = OsFs.read(&path).unwrap();
         let end = crate::wal::last_nonzero(&all).unwrap() + 1;
         let copy = Copy {
             seq: 1,
             at: starts[2] as u64,
             bytes: all[starts[2]..end].to_vec(),
         };
-        let f = d.open(&path).unwrap();
+        let f = OsFs.open(&path).unwrap();
         f.write_at(&vec![0xa5; end - starts[2]], starts[2] as u64)
             .unwrap();
         f.sync_data().unwrap();
-        assert_eq!(recover_sim(&d).unwrap().lsn, 2, "torn without its copy");
+        assert_eq!(recover_on(&d).unwrap().lsn, 2, "torn without its copy");
 
-        let c = d.create(&Path::new(WAL).join(COPY)).unwrap();
+        let c = OsFs.create(&d.wal().join(COPY)).unwrap();
         c.write_at(&copy.encode(), 0).unwrap();
         c.sync_data().unwrap();
-        let mut r = recover_sim(&d).unwrap();
+        let mut r = recover_on(&d).unwrap();
         assert_eq!(r.lsn, 3);
         assert!(r.torn.is_none());
-        r.apply(&d, Path::new(WAL), &MemIndex::new(&d, "/d"))
-            .unwrap();
-        assert_eq!(d.contents(&path).unwrap(), all, "restored in place");
-        assert!(d.read(&Path::new(WAL).join(COPY)).is_err(), "copy removed");
+        r.apply(&OsFs, &d.wal(), &d.index).unwrap();
+        assert_eq!(OsFs.read(&path).unwrap(), all, "restored in place");
+        assert!(OsFs.read(&d.wal().join(COPY)).is_err(), "copy removed");
 
         // A copy torn while it was written is ignored (the rewrite had not
         // begun) and removed.
-        let c = d.create(&Path::new(WAL).join(COPY)).unwrap();
+        let c = OsFs.create(&d.wal().join(COPY)).unwrap();
         c.write_at(&copy.encode()[..30], 0).unwrap();
         c.sync_data().unwrap();
-        let mut r = recover_sim(&d).unwrap();
+        let mut r = recover_on(&d).unwrap();
         assert_eq!(r.lsn, 3);
-        r.apply(&d, Path::new(WAL), &MemIndex::new(&d, "/d"))
-            .unwrap();
-        assert!(d.read(&Path::new(WAL).join(COPY)).is_err(), "copy removed");
+        r.apply(&OsFs, &d.wal(), &d.index).unwrap();
+        assert!(OsFs.read(&d.wal().join(COPY)).is_err(), "copy removed");
     }
 }

@@ -84,9 +84,6 @@ pub struct Faults {
     pub syncs: AtomicU64,
     /// Checkpoints completed so far.
     pub checkpoints: AtomicU64,
-    /// The nice value each background segment preparation ran at, once it
-    /// took its role (Linux), in the order they were started.
-    pub prepare_nice: Mutex<Vec<i32>>,
 }
 
 impl std::fmt::Debug for Faults {
@@ -111,58 +108,10 @@ impl Faults {
             .as_ref()
             .is_some_and(|f| Faults::take(&f.panic_writer))
     }
-    /// Checkpoints wait until [`Faults::release_checkpoints`].
-    pub fn hold_checkpoints(&self) {
-        self.gate.lock().held = true;
-    }
-    /// Lets held checkpoints go on (see [`Faults::hold_checkpoints`]).
-    pub fn release_checkpoints(&self) {
-        self.gate.lock().held = false;
-        self.changed.notify_all();
-    }
-    /// Blocks until the writer waits for a checkpointer that is held at
-    /// the gate, so it will wait until released (`true`), or until the
-    /// checkpoints are released (`false`).
-    pub fn wait_for_writer_to_wait(&self) -> bool {
-        let mut g = self.gate.lock();
-        while !(g.writer_waiting && g.holding) && g.held {
-            self.changed.wait(&mut g);
-        }
-        g.writer_waiting && g.holding
-    }
     pub(crate) fn set_writer_waiting(faults: &Option<Arc<Faults>>, waiting: bool) {
         if let Some(f) = faults {
             f.gate.lock().writer_waiting = waiting;
             f.changed.notify_all();
-        }
-    }
-    /// Log syncs (after their write, before the `fdatasync`) wait until
-    /// [`Faults::release_syncs`].
-    pub fn hold_syncs(&self) {
-        self.gate.lock().syncs_held = true;
-    }
-    /// Lets held syncs go on.
-    pub fn release_syncs(&self) {
-        self.gate.lock().syncs_held = false;
-        self.changed.notify_all();
-    }
-    /// Blocks until a sync waits at the gate (`true`), or syncs are released (`false`).
-    pub fn wait_for_held_sync(&self) -> bool {
-        let mut g = self.gate.lock();
-        while !g.sync_holding && g.syncs_held {
-            self.changed.wait(&mut g);
-        }
-        g.sync_holding
-    }
-    /// Commands the writer began to apply so far.
-    pub fn applied(&self) -> u64 {
-        self.gate.lock().applied
-    }
-    /// Blocks until the writer began to apply `n` commands in all.
-    pub fn wait_for_applied(&self, n: u64) {
-        let mut g = self.gate.lock();
-        while g.applied < n {
-            self.changed.wait(&mut g);
         }
     }
     pub(crate) fn applying(faults: &Option<Arc<Faults>>) {
@@ -210,6 +159,60 @@ impl Faults {
             if let Some(h) = hook {
                 h(step);
             }
+        }
+    }
+}
+
+/// What a test does with its faults: hold and release checkpoints and
+/// syncs, and wait for the writer to reach a point.
+#[cfg(feature = "faults")]
+impl Faults {
+    /// Checkpoints wait until [`Faults::release_checkpoints`].
+    pub fn hold_checkpoints(&self) {
+        self.gate.lock().held = true;
+    }
+    /// Lets held checkpoints go on (see [`Faults::hold_checkpoints`]).
+    pub fn release_checkpoints(&self) {
+        self.gate.lock().held = false;
+        self.changed.notify_all();
+    }
+    /// Blocks until the writer waits for a checkpointer that is held at
+    /// the gate, so it will wait until released (`true`), or until the
+    /// checkpoints are released (`false`).
+    pub fn wait_for_writer_to_wait(&self) -> bool {
+        let mut g = self.gate.lock();
+        while !(g.writer_waiting && g.holding) && g.held {
+            self.changed.wait(&mut g);
+        }
+        g.writer_waiting && g.holding
+    }
+    /// Log syncs (after their write, before the `fdatasync`) wait until
+    /// [`Faults::release_syncs`].
+    pub fn hold_syncs(&self) {
+        self.gate.lock().syncs_held = true;
+    }
+    /// Lets held syncs go on.
+    pub fn release_syncs(&self) {
+        self.gate.lock().syncs_held = false;
+        self.changed.notify_all();
+    }
+    /// Blocks until a sync waits at the gate (`true`), or syncs are released (`false`).
+    pub fn wait_for_held_sync(&self) -> bool {
+        let mut g = self.gate.lock();
+        while !g.sync_holding && g.syncs_held {
+            self.changed.wait(&mut g);
+        }
+        g.sync_holding
+    }
+    /// Commands the writer began to apply so far.
+    pub fn applied(&self) -> u64 {
+        self.gate.lock().applied
+    }
+    /// Blocks until the writer began to apply `n` commands in all.
+    pub fn wait_for_applied(&self, n: u64) {
+        let mut g = self.gate.lock();
+        while g.applied < n {
+            self.changed.wait(&mut g);
         }
     }
 }
@@ -263,11 +266,11 @@ pub fn prepared<F: Fs>(fs: &F, dir: &Path) -> io::Result<Vec<PathBuf>> {
 /// next segment share each sync's device flush with the frames.
 /// [`Prep::Allocated`] only reserves the blocks (`fallocate`); each sync
 /// then also commits the journal (a fixed cost per sync), and nothing is
-/// written twice. Measured on the test machine (docs/performance.md,
-/// "Seventh round"), alternating runs: reserving gave 8–12 % more pairs/s
-/// with frames of ~190 KB (1,024 in flight) and 10–23 % with frames of
-/// ~45 KB (256 in flight), and cost 3–9 % with frames of ~8 KB (64 in
-/// flight). So the log picks by the frames it writes.
+/// written twice. Measured on the test machine, alternating runs:
+/// reserving gave 8–12 % more pairs/s with frames of ~190 KB (1,024 in
+/// flight) and 10–23 % with frames of ~45 KB (256 in flight), and cost
+/// 3–9 % with frames of ~8 KB (64 in flight). So the log picks by the
+/// frames it writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prep {
     Zeroed,
@@ -424,19 +427,9 @@ impl<F: Fs> Wal<F> {
         if let Some(f) = &faults {
             f.prepares_running.fetch_add(1, Ordering::SeqCst);
         }
-        // Background work, when the thread asking for it took a role.
-        let background = crate::priority::took();
         let spawned = std::thread::Builder::new()
             .name("settle-prepare".into())
             .spawn(move || {
-                let nice = if background {
-                    crate::priority::take(crate::priority::Role::Background, true)
-                } else {
-                    crate::priority::current()
-                };
-                if let (Some(f), Some(n)) = (&faults, nice) {
-                    f.prepare_nice.lock().push(n);
-                }
                 let r = prepare(&fs, &dir, seq, size, prep, &faults, &|| pacer.step());
                 if let Some(f) = &faults {
                     f.prepares_running.fetch_sub(1, Ordering::SeqCst);

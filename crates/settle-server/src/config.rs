@@ -97,7 +97,7 @@ pub struct FileConfig {
     pub max_queue: Option<usize>,
     /// See `--segment-bytes`.
     pub segment_bytes: Option<u64>,
-    /// See `--thread-priorities`.
+    /// Deprecated and ignored (see [`Config::deprecated`]).
     pub thread_priorities: Option<bool>,
     /// See `--pg-statement-timeout-ms`.
     pub pg_statement_timeout_ms: Option<u64>,
@@ -171,10 +171,7 @@ pub struct Settings {
     /// Size of each preallocated log segment of the embedded store; a new
     /// store takes about twice this on disk [default: 67108864].
     pub segment_bytes: Option<u64>,
-    /// Embedded store on Linux: its background threads (checkpointer, index
-    /// compaction, segment preparation) run 4 nice levels below the rest, so
-    /// the writer and the log thread get a core first; a few % more
-    /// throughput on a busy machine, at some risk to the p999 [default: false].
+    /// Deprecated and ignored (see [`Config::deprecated`]).
     pub thread_priorities: Option<bool>,
     /// PostgreSQL: server-side statement_timeout per transaction [default: 10000].
     pub pg_statement_timeout_ms: Option<u64>,
@@ -248,6 +245,10 @@ pub struct Config {
     pub metrics_refresh_ms: u64,
     /// Engine tuning; `None` keeps the engine's default.
     pub tuning: Tuning,
+    /// The deprecated settings that were given (in the file, as a flag or
+    /// its variable, whatever the value), by their file key: accepted for
+    /// one more release, ignored, and warned about at startup.
+    pub deprecated: Vec<&'static str>,
 }
 
 /// Engine settings that have good defaults in the engines themselves.
@@ -257,8 +258,6 @@ pub struct Tuning {
     pub max_queue: Option<usize>,
     /// Size of each preallocated log segment of the embedded store, in bytes.
     pub segment_bytes: Option<u64>,
-    /// Embedded store: background threads 4 nice levels below the rest.
-    pub thread_priorities: Option<bool>,
     /// PostgreSQL `statement_timeout`, in ms.
     pub pg_statement_timeout_ms: Option<u64>,
     /// PostgreSQL `lock_timeout` for row and principal locks, in ms.
@@ -267,6 +266,23 @@ pub struct Tuning {
     pub pg_idle_in_transaction_timeout_ms: Option<u64>,
     /// PostgreSQL client-side deadline of each round trip, in ms.
     pub pg_client_timeout_ms: Option<u64>,
+}
+
+/// The deprecated settings given in `file` or `args` (whatever the value),
+/// by their file key: accepted for one more release and ignored.
+///
+/// `thread_priorities` ran the embedded store's background threads at a
+/// lower priority: off by default, its measured gain (~1 %) was within the
+/// noise, so the mechanism went.
+fn deprecated_given(file: &FileConfig, args: &Settings) -> Vec<&'static str> {
+    let given = [(
+        "thread_priorities",
+        file.thread_priorities.or(args.thread_priorities).is_some(),
+    )];
+    given
+        .into_iter()
+        .filter_map(|(key, set)| set.then_some(key))
+        .collect()
 }
 
 /// Where `settle serve` listens by default (loopback: auth may be off).
@@ -295,6 +311,7 @@ impl Config {
             metrics_token_sha256: None,
             metrics_refresh_ms: 10_000,
             tuning: Tuning::default(),
+            deprecated: Vec::new(),
         }
     }
 
@@ -311,6 +328,7 @@ impl Config {
     // A table of settings, one block each.
     #[allow(clippy::too_many_lines)]
     pub fn merge(file: FileConfig, args: &Settings) -> Result<Config, ConfigError> {
+        let deprecated = deprecated_given(&file, args);
         let listen_s = args
             .listen
             .clone()
@@ -465,7 +483,6 @@ impl Config {
         let tuning = Tuning {
             max_queue: args.max_queue.or(file.max_queue),
             segment_bytes: args.segment_bytes.or(file.segment_bytes),
-            thread_priorities: args.thread_priorities.or(file.thread_priorities),
             pg_statement_timeout_ms: args
                 .pg_statement_timeout_ms
                 .or(file.pg_statement_timeout_ms),
@@ -519,6 +536,7 @@ impl Config {
             metrics_token_sha256,
             metrics_refresh_ms,
             tuning,
+            deprecated,
         })
     }
 
@@ -559,21 +577,16 @@ mod tests {
     #[test]
     fn engine_tuning_comes_from_the_file_and_flags_and_is_checked() {
         let file: FileConfig =
-            toml::from_str(
-                "max_queue = 10\nsegment_bytes = 1048576\npg_lock_timeout_ms = 250\nthread_priorities = true",
-            )
-            .unwrap();
+            toml::from_str("max_queue = 10\nsegment_bytes = 1048576\npg_lock_timeout_ms = 250")
+                .unwrap();
         let mut a = args();
         a.pg_statement_timeout_ms = Some(900);
-        // The flag wins over the file.
-        a.thread_priorities = Some(false);
         let c = Config::merge(file, &a).unwrap();
         assert_eq!(
             c.tuning,
             Tuning {
                 max_queue: Some(10),
                 segment_bytes: Some(1 << 20),
-                thread_priorities: Some(false),
                 pg_statement_timeout_ms: Some(900),
                 pg_lock_timeout_ms: Some(250),
                 ..Tuning::default()
@@ -600,6 +613,34 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    /// `thread_priorities` is still accepted, in the file and as a flag,
+    /// either value, and reported as deprecated whenever it was given.
+    #[test]
+    fn thread_priorities_is_accepted_and_reported_as_deprecated() {
+        let c = Config::merge(FileConfig::default(), &args()).unwrap();
+        assert!(c.deprecated.is_empty());
+        for value in [true, false] {
+            let file: FileConfig = toml::from_str(&format!("thread_priorities = {value}"))
+                .unwrap_or_else(|e| panic!("thread_priorities = {value}: {e}"));
+            let c = Config::merge(file, &args()).unwrap();
+            assert_eq!(c.deprecated, ["thread_priorities"], "file, {value}");
+            assert_eq!(c.tuning, Tuning::default());
+
+            let mut a = args();
+            a.thread_priorities = Some(value);
+            let c = Config::merge(FileConfig::default(), &a).unwrap();
+            assert_eq!(c.deprecated, ["thread_priorities"], "flag, {value}");
+        }
+        let mut a = args();
+        a.thread_priorities = Some(true);
+        let file: FileConfig = toml::from_str("thread_priorities = false").unwrap();
+        assert_eq!(
+            Config::merge(file, &a).unwrap().deprecated,
+            ["thread_priorities"],
+            "both: reported once"
+        );
     }
 
     #[test]

@@ -23,4 +23,4 @@ pub mod wire;
 
 pub use config::{Config, ConfigError, Settings};
 pub use http::{AppState, router};
-pub use serve::{OpenedStore, log_auth, run, shutdown_signal};
+pub use serve::{OpenedStore, log_auth, log_deprecated, run, shutdown_signal};

@@ -58,6 +58,18 @@ pub fn log_auth(config: &Config, addr: SocketAddr) {
     }
 }
 
+/// A start-up warning for each deprecated setting that was given
+/// ([`Config::deprecated`]): it is ignored, and refused from the next release.
+pub fn log_deprecated(config: &Config) {
+    for key in &config.deprecated {
+        warn!(
+            setting = key,
+            "the setting {key} (--{}) is deprecated and ignored; it will be removed in the next release",
+            key.replace('_', "-")
+        );
+    }
+}
+
 /// Serves until `shutdown` resolves, then lets in-flight requests finish
 /// and closes the store.
 pub async fn run(

@@ -11,9 +11,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use settle_core::{Command, Key, Limits, Record, RefusalCode, Reply, TenantId, Timestamp};
-use settle_embedded::sim::{Crash, MemIndex, SimDisk};
 use settle_embedded::{EmbeddedOptions, InlineStore};
 use settle_ledger::{Clock, Ledger, LedgerError, MemStore, Store, StoreError, StoreStats};
+
+use crate::disk::{Crash, MemIndex, SimDisk};
 
 /// Where the embedded store lives on the simulated disk (nested and new,
 /// so its parents must be made durable too).

@@ -4,7 +4,7 @@
 //! retries, an occasional caller with another request or binding) running
 //! SPEC §11's client against the real [`settle_ledger::Ledger`] over the
 //! in-memory store or over the embedded engine's real log, checkpoint and
-//! recovery code on a simulated disk ([`settle_embedded::sim`]). Between
+//! recovery code on a simulated disk ([`disk`]). Between
 //! them a network that delays, drops, duplicates and reorders; behind the
 //! workers a remote that honours key and fence. Faults: zombie pauses,
 //! lost acknowledgements, crashes that drop or tear unsynced writes, power
@@ -17,6 +17,7 @@
 //! threads, no real time. `settle sim --seed S` replays a seed.
 
 pub mod check;
+pub mod disk;
 pub mod engine;
 pub mod remote;
 pub mod worker;

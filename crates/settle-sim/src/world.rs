@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use settle_core::{Command, Key, Limits, Principal, Reply, Revoke, TenantId};
-use settle_embedded::sim::{Crash, Rng};
 use settle_ledger::{LedgerError, StoreError};
 
 use crate::check::Checker;
+use crate::disk::{Crash, Rng};
 use crate::engine::{Engine, EngineKind};
 use crate::remote::{QueryResult, Remote, WriteResult};
 use crate::worker::{Worker, WorkerSpec};

@@ -101,10 +101,7 @@ pub struct ServeArgs {
     /// store takes about twice this on disk [default: 67108864].
     #[arg(long, env = "SETTLE_SEGMENT_BYTES")]
     pub segment_bytes: Option<u64>,
-    /// Embedded store on Linux: its background threads (checkpointer, index
-    /// compaction, segment preparation) run 4 nice levels below the rest, so
-    /// the writer and the log thread get a core first; a few % more
-    /// throughput on a busy machine, at some risk to the p999 [default: false].
+    /// Deprecated and ignored (a warning at startup); removed in the next release.
     #[arg(long, env = "SETTLE_THREAD_PRIORITIES", value_name = "BOOL", value_parser = clap::builder::BoolishValueParser::new())]
     pub thread_priorities: Option<bool>,
     /// PostgreSQL: server-side statement_timeout per transaction [default: 10000].
@@ -174,7 +171,6 @@ fn embedded_options(t: &Tuning) -> EmbeddedOptions {
     EmbeddedOptions {
         max_queue: t.max_queue.unwrap_or(d.max_queue),
         segment_bytes: t.segment_bytes.unwrap_or(d.segment_bytes),
-        thread_priorities: t.thread_priorities.unwrap_or(d.thread_priorities),
         ..d
     }
 }
@@ -266,6 +262,7 @@ pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
     let listener = TcpListener::bind(config.listen).await.map_err(bind_error)?;
     let addr = listener.local_addr().map_err(bind_error)?;
     settle_server::log_auth(&config, addr);
+    settle_server::log_deprecated(&config);
     let opened = open_store(&config).await?;
     match &config.store {
         StoreConfig::Embedded(dir) => info!(data = %dir.display(), "embedded store open"),

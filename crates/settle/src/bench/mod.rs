@@ -65,10 +65,9 @@ pub struct BenchArgs {
     /// starting over at the end), to measure what listing costs the pairs.
     #[arg(long, requires = "data")]
     page_through: bool,
-    /// With --data: the embedded store's background threads a few nice
-    /// levels lower (`EmbeddedOptions::thread_priorities`, Linux).
-    #[arg(long, value_name = "on|off", default_value = "off", value_parser = on_off, action = clap::ArgAction::Set, requires = "data")]
-    thread_priorities: bool,
+    /// Deprecated and ignored (a warning); removed in the next release.
+    #[arg(long, value_name = "on|off", value_parser = on_off, requires = "data")]
+    thread_priorities: Option<bool>,
     /// With --data: the embedded store's log segment size in bytes
     /// (`EmbeddedOptions::segment_bytes`; as `settle serve --segment-bytes`,
     /// within [65536, 1073741824]).
@@ -117,7 +116,6 @@ impl BenchArgs {
     /// The embedded store's options for `--data` (every mode of it).
     fn embedded_options(&self) -> settle_embedded::EmbeddedOptions {
         settle_embedded::EmbeddedOptions {
-            thread_priorities: self.thread_priorities,
             segment_bytes: self.segment_bytes,
             ..Default::default()
         }
@@ -126,6 +124,11 @@ impl BenchArgs {
 
 pub async fn run(a: BenchArgs) -> Result<(), Failure> {
     crate::serve::init_tracing("warn");
+    if a.thread_priorities.is_some() {
+        tracing::warn!(
+            "--thread-priorities is deprecated and ignored; it will be removed in the next release"
+        );
+    }
     let duration = Duration::from_secs_f64(a.duration.max(0.1));
     if let Some(url) = &a.store {
         return postgres(url, &a, duration).await;

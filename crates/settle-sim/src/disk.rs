@@ -1,7 +1,9 @@
 //! A simulated disk and an in-memory index with the durability rules of
-//! real hardware, to test the real log, checkpoint and recovery code
-//! against power loss (and, later, to run them inside a deterministic
-//! simulator).
+//! real hardware, under the embedded engine's I/O seams
+//! ([`settle_embedded::fs::Fs`], [`settle_embedded::index::Index`]): the
+//! engine's real log, checkpoint and recovery code runs on them in the
+//! simulator ([`crate::engine`]), in the power-loss tests
+//! (`tests/power_loss.rs`) and in the `log_recovery` fuzz target.
 //!
 //! The model, per file: what reads see (the page cache) and what survives
 //! a power cut (the durable bytes). A write changes only the former; an
@@ -32,8 +34,10 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use settle_ledger::StoreError;
 
-use crate::fs::{Fs, FsFile};
-use crate::index::{CheckpointItem, Index, Meta, expiry_key, split_expiry_key};
+use settle_embedded::fs::{Fs, FsFile};
+use settle_embedded::index::{
+    CheckpointItem, Index, Meta, OpenRecords, expiry_key, split_expiry_key,
+};
 
 /// What happens to writes that no completed sync covered when the power goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -722,7 +726,7 @@ impl Index for MemIndex {
         }))
     }
 
-    fn open_records(&self) -> Result<crate::index::OpenRecords<Arc<[u8]>>, StoreError> {
+    fn open_records(&self) -> Result<OpenRecords<Arc<[u8]>>, StoreError> {
         self.check()?;
         let s = self.inner.lock();
         Ok(s.live

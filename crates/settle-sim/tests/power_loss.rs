@@ -1,5 +1,5 @@
 //! Power loss, on the real log, checkpoint and recovery code running on
-//! the simulated disk (`settle_embedded::sim`) with the in-memory index.
+//! the simulated disk (`settle_sim::disk`) with the in-memory index.
 //!
 //! A SIGKILL keeps the page cache, so the SIGKILL test (`crash.rs`) would
 //! pass without any `fdatasync`. Here writes that no completed sync covered
@@ -20,9 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use settle_core::invariants::check_record;
 use settle_core::testkit::*;
 use settle_core::*;
-use settle_embedded::sim::{Crash, MemIndex, Rng, SimDisk};
 use settle_embedded::{CheckpointStep, EmbeddedOptions, Faults, InlineStore};
 use settle_ledger::StoreError;
+use settle_sim::disk::{Crash, MemIndex, Rng, SimDisk};
 
 /// Nested and new: its parents must be made durable too.
 const ROOT: &str = "/srv/settle/data";

@@ -6,9 +6,9 @@
 use settle_core::testkit::*;
 use settle_core::{ClaimDecision, Fence, Reply, TenantId};
 use settle_embedded::index::Index;
-use settle_embedded::sim::{MemIndex, SimDisk};
 use settle_embedded::{EmbeddedOptions, InlineStore};
 use settle_ledger::Clock;
+use settle_sim::disk::{MemIndex, SimDisk};
 
 fn opts(clock: &Clock) -> EmbeddedOptions {
     EmbeddedOptions {
