@@ -1,13 +1,13 @@
 //! The ledger the middleware talks to: any `settle_worker::Transport` —
-//! the in-process ledger (`LedgerTransport`) or a remote server
-//! (`settle_client::Client`) — with the answers split the way SPEC §8
-//! needs them.
+//! a remote server (`settle_client::Client`) or, with the `local` feature,
+//! the in-process ledger (`LedgerTransport`) — with the answers split the
+//! way SPEC §8 needs them.
 
 use std::time::Duration;
 
 use settle_core::{Command, InvalidInput, RefusalCode, Reply};
-pub use settle_worker::Transport;
 use settle_worker::TransportError;
+pub use settle_worker::{BoxFuture, Transport};
 
 /// Why a call to the ledger did not succeed.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -18,11 +18,10 @@ use settle_core::{
     Key, LeaseMs, Outcome, Principal, Reconcile, RefusalCode, Release, ReleaseReason, Reply,
     ResultJson, RetentionS, Scopes, Settle, Text,
 };
-use settle_ledger::BoxFuture;
 use sha2::{Digest as _, Sha256};
 use tower::{Layer, Service};
 
-use crate::backend::{CallError, Transport, call};
+use crate::backend::{BoxFuture, CallError, Transport, call};
 use crate::layout::{self, FingerprintInput, StoredResponse};
 use crate::principal::{Identity, PrincipalFn};
 use crate::table::{self, AfterClaim, Arrival, Disposition, LedgerFailure, Problem, RoutePolicy};
@@ -95,15 +94,11 @@ struct Settings {
 /// SPEC §8 as a tower layer:
 ///
 /// ```no_run
-/// # async fn demo(ledger: settle_ledger::Ledger) {
+/// # async fn demo(client: settle_client::Client) {
 /// use axum::{Router, routing::post};
 /// use settle_middleware::{IdempotencyLayer, principal};
 ///
-/// let layer = IdempotencyLayer::embedded(
-///     ledger,
-///     settle_core::TenantId::default_tenant(),
-///     principal::fixed("svc-checkout"),
-/// );
+/// let layer = IdempotencyLayer::remote(client, principal::fixed("svc-checkout"));
 /// let app: Router = Router::new()
 ///     .route("/payments", post(|| async { "paid" }))
 ///     .layer(layer.namespace("payments"));
@@ -162,7 +157,9 @@ impl IdempotencyLayer {
         }
     }
 
-    /// Over the embedded ledger in-process, for one tenant.
+    /// Over the embedded ledger in-process, for one tenant. With the
+    /// `local` feature.
+    #[cfg(feature = "local")]
     pub fn embedded(
         ledger: settle_ledger::Ledger,
         tenant: settle_core::TenantId,

@@ -557,7 +557,7 @@ impl settle_middleware::Transport for InFlightTap {
     fn execute(
         &self,
         cmd: settle_core::Command,
-    ) -> settle_ledger::BoxFuture<'_, Result<settle_core::Reply, settle_worker::TransportError>>
+    ) -> settle_middleware::BoxFuture<'_, Result<settle_core::Reply, settle_worker::TransportError>>
     {
         Box::pin(async move {
             let r = self.inner.execute(cmd).await;
@@ -577,7 +577,7 @@ fn provider_hook(
     &str,
     settle_core::Fence,
     &axum::http::request::Parts,
-) -> settle_ledger::BoxFuture<'static, Resolution>
+) -> settle_middleware::BoxFuture<'static, Resolution>
 + Send
 + Sync
 + 'static {
@@ -911,7 +911,7 @@ impl settle_middleware::Transport for LosesFirstDispatch {
     fn execute(
         &self,
         cmd: settle_core::Command,
-    ) -> settle_ledger::BoxFuture<'_, Result<settle_core::Reply, settle_worker::TransportError>>
+    ) -> settle_middleware::BoxFuture<'_, Result<settle_core::Reply, settle_worker::TransportError>>
     {
         Box::pin(async move {
             let dispatch = matches!(cmd, settle_core::Command::Dispatch(_));
