@@ -50,7 +50,7 @@
 //! `docs/sdk.md` has the client contract and what happens when each step
 //! fails.
 
-mod batch;
+mod batching;
 mod error;
 pub mod fingerprint;
 pub mod names;
@@ -59,7 +59,7 @@ mod retry;
 mod run;
 mod transport;
 
-pub use batch::{BatchAnswers, BatchOptions, BatchTransport, Batching, is_batchable};
+pub use batching::{BatchAnswers, BatchOptions, BatchTransport, Batching, is_batchable};
 pub use error::{BoxError, EffectError, RunError};
 pub use fingerprint::{
     FingerprintError, canonicalize, fingerprint, fingerprint_fields, select_fields, sha256,
