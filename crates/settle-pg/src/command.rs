@@ -32,8 +32,8 @@ use tokio_postgres::types::ToSql;
 use crate::PgError;
 use crate::codec::{self, FORMAT, PrincipalColumns, principal_state};
 use crate::doubt::{self, Commit};
-use crate::engine::{Conn, Inner, Pending, now_from, transient};
 use crate::lock::principal_key;
+use crate::reads::{Conn, Inner, Pending, now_from, transient};
 use crate::rows::{self, RecordRow};
 use crate::session::{Server, Token};
 

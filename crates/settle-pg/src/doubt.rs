@@ -32,7 +32,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use crate::PgError;
-use crate::engine::{Conn, Inner};
+use crate::reads::{Conn, Inner};
 use crate::session::{Server, Token};
 
 /// What a probe learned.
