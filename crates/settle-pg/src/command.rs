@@ -33,9 +33,9 @@ use crate::PgError;
 use crate::codec::{self, FORMAT, PrincipalColumns, principal_state};
 use crate::doubt::{self, Commit};
 use crate::lock::principal_key;
-use crate::reads::{Conn, Inner, Pending, now_from, transient};
 use crate::rows::{self, RecordRow};
 use crate::session::{Server, Token};
+use crate::state::{Conn, Inner, Pending, now_from, transient};
 
 /// What one run of the transaction decided.
 enum Step {

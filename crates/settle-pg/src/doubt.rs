@@ -32,8 +32,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use crate::PgError;
-use crate::reads::{Conn, Inner};
 use crate::session::{Server, Token};
+use crate::state::{Conn, Inner};
 
 /// What a probe learned.
 enum Probe {

@@ -59,6 +59,8 @@ mod rows;
 mod schema;
 mod session;
 mod sql;
+mod state;
+mod sweep;
 
 #[cfg(test)]
 mod format_tests;
@@ -137,7 +139,7 @@ pub struct PgOptions {
 }
 
 /// The most any timeout may be: commit tokens are kept far longer
-/// (`reads::TOKEN_RETENTION_MS`) than a transaction can outlive its client.
+/// (`sweep::TOKEN_RETENTION_MS`) than a transaction can outlive its client.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl PgOptions {
@@ -314,7 +316,7 @@ pub struct InDoubtCounts {
 /// The PostgreSQL [`Store`]. Cheap to clone; clones share the pool.
 #[derive(Clone)]
 pub struct PgStore {
-    inner: Arc<reads::Inner>,
+    inner: Arc<state::Inner>,
     batcher: Option<Arc<group_commit::Batcher>>,
 }
 
@@ -387,7 +389,7 @@ impl PgStore {
             opts.max_batch,
             opts.group_commit_queue,
         ));
-        let inner = Arc::new(reads::Inner::new(pool, doubt_pool, seen, opts));
+        let inner = Arc::new(state::Inner::new(pool, doubt_pool, seen, opts));
         let batcher =
             group.map(|(w, m, q)| Arc::new(group_commit::Batcher::start(inner.clone(), w, m, q)));
         Ok(PgStore { inner, batcher })
@@ -527,7 +529,7 @@ impl Store for PgStore {
     }
 
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
-        Box::pin(async move { Ok(reads::sweep(&self.inner).await?) })
+        Box::pin(async move { Ok(sweep::sweep(&self.inner).await?) })
     }
 
     fn stats(&self, stuck_after_ms: u64) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
