@@ -33,10 +33,13 @@
 //!   remote `settle serve` compiles only the client side (`./test` checks
 //!   it).
 
+mod answer;
 pub mod backend;
+mod capture;
 mod layer;
 pub mod layout;
 pub mod principal;
+mod run;
 pub mod table;
 
 pub use backend::{BoxFuture, CallError, Transport};
