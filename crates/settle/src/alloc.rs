@@ -7,7 +7,8 @@
 //! left, was over-allocated by the alignment and its page marked as holding
 //! interior pointers. The writer's pages rarely have a free block (other
 //! threads free what it allocates), so about a quarter of its allocations
-//! took that path (docs/performance.md, "Ninth round").
+//! took that path (the profile is in docs/performance.md, under
+//! `mi_malloc_aligned`).
 
 #![allow(unsafe_code)] // a GlobalAlloc is unsafe by definition
 
