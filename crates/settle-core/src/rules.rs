@@ -1,3 +1,5 @@
+// One long file on purpose: the operations' rules share their steps (the holder
+// check, the evidence and its quarantine, a lease's end) and read in SPEC §4's order.
 //! The rule book: one pure function per operation of SPEC §4.
 //!
 //! Every function takes the current state and a context (the store's `now`

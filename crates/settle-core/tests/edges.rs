@@ -1,6 +1,6 @@
 //! Edges of the rule book that no scenario test reached: each test here
 //! was written against a mutant of the whole-core `cargo mutants` run
-//! that the other tests let through (issue 11, item 8; docs/testing.md).
+//! that the other tests let through (docs/testing.md).
 
 mod common;
 use common::*;

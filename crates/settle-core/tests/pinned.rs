@@ -1,7 +1,6 @@
 //! Named tests that pin details of the rule book no other test observed:
 //! each was written against a mutant `cargo mutants` reported as missed
-//! (issue 11, item 8; the list and the equivalent mutants are in
-//! docs/testing.md).
+//! (the list and the equivalent mutants are in docs/testing.md).
 
 mod common;
 use common::*;

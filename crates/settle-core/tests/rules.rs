@@ -1,5 +1,6 @@
 //! Named tests for every claim rule and settle rule of SPEC §4, the other
-//! operations, the "What to verify in tests" list of seed 002 and the
+//! operations, scenarios across operations (a first-claim race, mismatched
+//! and stale settlements, a client polling through a conflict) and the
 //! completion orders A, B and C.
 
 mod common;
@@ -833,7 +834,7 @@ fn tenants_never_meet() {
     assert!(h.get("a").unwrap().unwrap().reservation.fingerprint == fp(1));
 }
 
-// ---------------------------------------------------------------- seed 002: what to verify
+// ---------------------------------------------------------------- scenarios across operations
 
 #[test]
 fn seed_cas_first_claim_race_only_one_executes() {
@@ -980,7 +981,7 @@ fn order_c_mismatched_late_success_never_reaches_completed() {
     assert!(rec.receipt.is_none());
 }
 
-// ---------------------------------------------------------------- issue 8: validation and bookkeeping
+// ---------------------------------------------------------------- validation and bookkeeping
 
 #[test]
 fn quarantine_is_not_progress_a_zombie_cannot_keep_a_record_off_the_stuck_list() {

@@ -1,3 +1,5 @@
+// One long file on purpose: the cases are independent bodies that share only
+// the fixture, and the macro below lists them all; a case is found by its name.
 //! The backend conformance suite: the same test bodies for every [`Store`].
 //!
 //! The rules themselves are tested in `settle-core`; this suite checks that
@@ -531,7 +533,7 @@ pub async fn stats_count_open_records(fx: &Fixture) {
 }
 
 /// The principal's moves are stored: a lease revoked by one move and
-/// looked at after a later one is dated by the first (issue 8 item 17).
+/// looked at after a later one is dated by the first.
 pub async fn revocation_is_dated_by_the_move_that_ended_the_lease(fx: &Fixture) {
     let f = fx
         .exec(claim_with("rv", 1, binding("carol", 0), 600_000, false))
@@ -595,7 +597,7 @@ pub async fn release_not_committed_and_attempt_errors_are_persisted(fx: &Fixture
 }
 
 /// A result is stored as the compact text that was sent: a replay returns
-/// it byte for byte, floats and `null` included (issue 8 item 14).
+/// it byte for byte, floats and `null` included.
 pub async fn results_are_stored_as_sent(fx: &Fixture) {
     for (k, sent, stored) in [
         (

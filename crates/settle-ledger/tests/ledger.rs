@@ -47,7 +47,7 @@ async fn reconciling(l: &Ledger, k: &str) -> Fence {
     g.fence
 }
 
-/// Issue 8 item 11, example A: a committed finding with an `unknown`
+/// A committed finding with an `unknown`
 /// outcome used to reach a release-mode `assert!` on the store's writer.
 /// It cannot be built any more, and the store keeps answering.
 #[tokio::test]
@@ -64,7 +64,7 @@ async fn example_a_a_committed_finding_with_an_unknown_outcome_cannot_reach_the_
     assert_eq!(before.status, Status::Unknown);
 }
 
-/// Issue 8 item 11, example B: a `completed` outcome without
+/// A `completed` outcome without
 /// `response_sha256` used to be persisted, and the store then refused to
 /// reopen. It cannot be built (in code or from JSON), so it never reaches
 /// a store.
@@ -152,7 +152,7 @@ async fn the_result_limit_holds_without_the_ledger() {
     );
 }
 
-/// Issue 8 item 19: a lease that cannot outlast the margin is refused up front.
+/// A lease that cannot outlast the margin is refused up front.
 #[tokio::test]
 async fn a_lease_not_longer_than_the_margin_is_invalid() {
     let (l, _) = ledger(Limits {
@@ -178,7 +178,7 @@ async fn a_lease_not_longer_than_the_margin_is_invalid() {
     ));
 }
 
-/// Issue 10 item 0 through the library: `release(not_committed)` after
+/// Through the library: `release(not_committed)` after
 /// `dispatch` ends the lease, and the next claim executes.
 #[tokio::test]
 async fn release_not_committed_through_the_ledger() {

@@ -16,7 +16,7 @@ async fn fixture() -> Fixture {
 
 settle_ledger::conformance_tests!(fixture());
 
-/// Issue 29 item 15: `key_prefix` starts the scan at the prefix. Behind
+/// `key_prefix` starts the scan at the prefix. Behind
 /// more records than one page looks at (`SCAN_BUDGET`), the first page of
 /// `key_prefix=mw-` is the prefix's records, not an empty page with a
 /// cursor (`settle list --key-prefix mw-` printed 32 empty pages first).

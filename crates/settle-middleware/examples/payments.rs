@@ -1,4 +1,4 @@
-//! The payments example (issue 10 item 4): an axum service whose
+//! The payments example: an axum service whose
 //! `POST /payments` is made idempotent by the settle middleware.
 //!
 //! ```text
@@ -45,8 +45,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use settle_core::Fence;
-use settle_ledger::BoxFuture;
-use settle_middleware::{HookResponse, IdempotencyLayer, Resolution, layout, principal};
+use settle_middleware::{BoxFuture, HookResponse, IdempotencyLayer, Resolution, layout, principal};
 
 /// The one account this example serves (SPEC §8: the principal names the
 /// caller's account, never a credential; an application with one caller

@@ -1,13 +1,16 @@
 //! The ledger the middleware talks to: any `settle_worker::Transport` —
-//! the in-process ledger (`LedgerTransport`) or a remote server
-//! (`settle_client::Client`) — with the answers split the way SPEC §8
-//! needs them.
+//! a remote server (`settle_client::Client`) or, with the `local` feature,
+//! the in-process ledger (`LedgerTransport`) — with the answers split the
+//! way SPEC §8 needs them, a call retried until it answers, and the
+//! heartbeats of a lease.
 
-use std::time::Duration;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use settle_core::{Command, InvalidInput, RefusalCode, Reply};
-pub use settle_worker::Transport;
+use settle_core::{Command, Fence, Heartbeat, InvalidInput, Key, LeaseMs, RefusalCode, Reply};
 use settle_worker::TransportError;
+pub use settle_worker::{BoxFuture, Transport};
 
 /// Why a call to the ledger did not succeed.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -51,5 +54,65 @@ pub(crate) async fn call(t: &dyn Transport, cmd: Command) -> Result<Reply, CallE
         Ok(Reply::Invalid(e)) => Err(CallError::Invalid(e)),
         Ok(r) => Ok(r),
         Err(e) => Err(CallError::Unavailable(e)),
+    }
+}
+
+/// Sends `cmd` until it answers or `deadline` passes: only "no answer" is
+/// retried (SPEC §11: the same settle under the same fence; rule 0 returns
+/// the receipt of one that committed), with growing, jittered pauses.
+pub(crate) async fn retry(
+    backend: &Arc<dyn Transport>,
+    cmd: Command,
+    deadline: Duration,
+) -> Result<Reply, CallError> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match call(&**backend, cmd.clone()).await {
+            Err(e) if e.is_retryable() && start.elapsed() + pause < deadline => {
+                tokio::time::sleep(jitter(pause).max(e.retry_after().unwrap_or_default())).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Half to all of `d` (so that many retries do not arrive together).
+fn jitter(d: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |t| t.subsec_nanos());
+    d / 2 + d.mul_f64(f64::from(nanos % 1000) / 2000.0)
+}
+
+/// Heartbeats the lease every third of `lease_ms` until it is lost; never
+/// returns (the caller stops polling it when the handler is done).
+pub(crate) async fn heartbeat(
+    backend: Arc<dyn Transport>,
+    key: Key,
+    fence: Fence,
+    lease_ms: LeaseMs,
+) -> Infallible {
+    let every = Duration::from_millis(lease_ms.get() / 3);
+    loop {
+        tokio::time::sleep(every).await;
+        let cmd = Command::Heartbeat(Heartbeat {
+            key: key.clone(),
+            fence,
+            lease_ms: None,
+        });
+        match call(&*backend, cmd).await {
+            Ok(_) => {}
+            Err(e) if e.is_retryable() => {
+                tracing::debug!(key = key.as_str(), error = %e, "idempotency: heartbeat got no answer");
+            }
+            Err(e) => {
+                // The lease is lost (expired, revoked): its settle will be
+                // refused; the handler keeps running, nothing more to beat.
+                tracing::warn!(key = key.as_str(), error = %e, "idempotency: lease lost while the handler runs");
+                return std::future::pending().await;
+            }
+        }
     }
 }

@@ -1,10 +1,10 @@
 //! # settle-middleware: Stripe-style `Idempotency-Key` endpoints (SPEC §8)
 //!
 //! A tower [`Layer`](tower::Layer) for axum and hyper services that makes a
-//! route idempotent over the settle ledger, in-process
-//! ([`IdempotencyLayer::embedded`]) or on a remote `settle serve`
-//! ([`IdempotencyLayer::remote`]), scoped by the caller's principal (a
-//! required extractor, [`principal`]: the account, never a credential):
+//! route idempotent over the settle ledger, on a remote `settle serve`
+//! ([`IdempotencyLayer::remote`]) or in-process (`IdempotencyLayer::embedded`,
+//! the `local` feature), scoped by the caller's principal (a required
+//! extractor, [`principal`]: the account, never a credential):
 //!
 //! * the first request with a key runs the handler once; its response is
 //!   captured, settled and sent unchanged;
@@ -23,14 +23,26 @@
 //! The byte layouts (ledger key, fingerprint, stored response) are those
 //! of the Python and TypeScript middlewares (`sdk/MIDDLEWARE-KEYS.md`), in
 //! [`layout`]; the table of answers is [`table`], as pure functions.
+//!
+//! ## Features
+//!
+//! * `local` (off by default): `IdempotencyLayer::embedded`, the layer over
+//!   a `settle_ledger::Ledger` in the same process (and `settle-worker`'s
+//!   `local`, its `LedgerTransport`). Without it the crate does not depend
+//!   on `settle-ledger`, the store boundary, so a service that talks to a
+//!   remote `settle serve` compiles only the client side (`./test` checks
+//!   it).
 
+mod answer;
 pub mod backend;
+mod capture;
 mod layer;
 pub mod layout;
 pub mod principal;
+mod run;
 pub mod table;
 
-pub use backend::{CallError, Transport};
+pub use backend::{BoxFuture, CallError, Transport};
 pub use layer::{
     CanonicalFn, HookResponse, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
     ReconcileFn, Resolution, Retryable, RoutesFn,

@@ -557,7 +557,7 @@ impl settle_middleware::Transport for InFlightTap {
     fn execute(
         &self,
         cmd: settle_core::Command,
-    ) -> settle_ledger::BoxFuture<'_, Result<settle_core::Reply, settle_worker::TransportError>>
+    ) -> settle_middleware::BoxFuture<'_, Result<settle_core::Reply, settle_worker::TransportError>>
     {
         Box::pin(async move {
             let r = self.inner.execute(cmd).await;
@@ -577,7 +577,7 @@ fn provider_hook(
     &str,
     settle_core::Fence,
     &axum::http::request::Parts,
-) -> settle_ledger::BoxFuture<'static, Resolution>
+) -> settle_middleware::BoxFuture<'static, Resolution>
 + Send
 + Sync
 + 'static {
@@ -635,7 +635,7 @@ both!(
     }
 );
 
-// Issue 30: the example's reconcile hook asks its payment provider: a
+// The example's reconcile hook asks its payment provider: a
 // handler killed after charging is resolved on retry (the payment,
 // replayed; the handler not run again); one killed before charging runs
 // again (the provider has no such payment: nothing happened).
@@ -751,7 +751,7 @@ both!(principals_never_share_keys, |l: Ledgers| async move {
     assert_eq!(count(&app).await, 2);
 });
 
-// Issue 29 item 6: the principal is the account, not the credential: a
+// The principal is the account, not the credential: a
 // retry sent after a token refresh replays (it ran again when the default
 // principal was a hash of the Authorization header).
 both!(
@@ -782,7 +782,7 @@ both!(a_request_without_identity_is_401, |l: Ledgers| async move {
     assert_eq!(count(&app).await, 0);
 });
 
-// Issue 29 item 5: a ledger refusal never runs the handler, fail-open or
+// A ledger refusal never runs the handler, fail-open or
 // not: a revoked principal's retry of a completed request is 403
 // `idempotency_forbidden` (it ran the handler again under fail_open), and
 // an extractor that moves the principal to the new generation replays.
@@ -813,7 +813,7 @@ both!(
     }
 );
 
-// Issue 29 item 10: a service that panics in `call` itself (before any
+// A service that panics in `call` itself (before any
 // future exists) is a failed handler: 500 `outcome_unknown`, the record
 // `unknown`, retries 409 — not a panic out of the layer.
 both!(
@@ -842,7 +842,7 @@ both!(
     }
 );
 
-// Issue 29 item 10: a response past `max_stored_body` goes to the client
+// A response past `max_stored_body` goes to the client
 // as the handler produces it (it was buffered whole): the client reads the
 // first part while the handler still holds the rest back; the record is
 // settled as not stored, and a retry is 409 `response_not_stored`.
@@ -911,7 +911,7 @@ impl settle_middleware::Transport for LosesFirstDispatch {
     fn execute(
         &self,
         cmd: settle_core::Command,
-    ) -> settle_ledger::BoxFuture<'_, Result<settle_core::Reply, settle_worker::TransportError>>
+    ) -> settle_middleware::BoxFuture<'_, Result<settle_core::Reply, settle_worker::TransportError>>
     {
         Box::pin(async move {
             let dispatch = matches!(cmd, settle_core::Command::Dispatch(_));
@@ -926,7 +926,7 @@ impl settle_middleware::Transport for LosesFirstDispatch {
     }
 }
 
-// Issue 29 item 10: a lost dispatch answer is retried under the same
+// A lost dispatch answer is retried under the same
 // fence and the handler runs (the fallback release(not_dispatched) got
 // receipt_required and left the record unknown, the handler never run).
 both!(

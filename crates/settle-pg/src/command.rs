@@ -32,10 +32,10 @@ use tokio_postgres::types::ToSql;
 use crate::PgError;
 use crate::codec::{self, FORMAT, PrincipalColumns, principal_state};
 use crate::doubt::{self, Commit};
-use crate::engine::{Conn, Inner, Pending, now_from, transient};
 use crate::lock::principal_key;
 use crate::rows::{self, RecordRow};
 use crate::session::{Server, Token};
+use crate::state::{Conn, Inner, Pending, now_from, transient};
 
 /// What one run of the transaction decided.
 enum Step {

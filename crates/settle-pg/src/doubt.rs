@@ -20,8 +20,8 @@
 //!
 //! Transaction ids are not used: after a crash or a failover PostgreSQL
 //! hands out again the ids whose WAL was not durable, so `pg_xact_status`
-//! of a lost transaction can report another transaction's commit (issue 8,
-//! reproduced by `tests/crash.rs`). The server's identity is compared only
+//! of a lost transaction can report another transaction's commit
+//! (reproduced by `tests/crash.rs`). The server's identity is compared only
 //! to refuse deciding against a different cluster or a standby, and for the
 //! log: the postmaster start time does not even change on a crash-restart.
 
@@ -32,8 +32,8 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use crate::PgError;
-use crate::engine::{Conn, Inner};
 use crate::session::{Server, Token};
+use crate::state::{Conn, Inner};
 
 /// What a probe learned.
 enum Probe {

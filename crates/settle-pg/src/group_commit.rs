@@ -46,11 +46,11 @@ use crate::PgError;
 use crate::codec::principal_state;
 use crate::command;
 use crate::doubt::{self, Commit};
-use crate::engine::{Conn, Inner, now_from, transient};
 use crate::lock::principal_key;
 use crate::rows::{self, RecordRow};
 use crate::session::{Server, Token};
 use crate::sql::STALE;
+use crate::state::{Conn, Inner, now_from, transient};
 
 /// Scheduler turns a worker waits at most for a batch to fill up.
 const GATHER_TURNS: usize = 8;

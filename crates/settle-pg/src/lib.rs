@@ -52,13 +52,15 @@ mod codec;
 pub mod codec;
 mod command;
 mod doubt;
-mod engine;
 mod group_commit;
 mod lock;
+mod reads;
 mod rows;
 mod schema;
 mod session;
 mod sql;
+mod state;
+mod sweep;
 
 #[cfg(test)]
 mod format_tests;
@@ -137,7 +139,7 @@ pub struct PgOptions {
 }
 
 /// The most any timeout may be: commit tokens are kept far longer
-/// (`engine::TOKEN_RETENTION_MS`) than a transaction can outlive its client.
+/// (`sweep::TOKEN_RETENTION_MS`) than a transaction can outlive its client.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl PgOptions {
@@ -314,7 +316,7 @@ pub struct InDoubtCounts {
 /// The PostgreSQL [`Store`]. Cheap to clone; clones share the pool.
 #[derive(Clone)]
 pub struct PgStore {
-    inner: Arc<engine::Inner>,
+    inner: Arc<state::Inner>,
     batcher: Option<Arc<group_commit::Batcher>>,
 }
 
@@ -387,7 +389,7 @@ impl PgStore {
             opts.max_batch,
             opts.group_commit_queue,
         ));
-        let inner = Arc::new(engine::Inner::new(pool, doubt_pool, seen, opts));
+        let inner = Arc::new(state::Inner::new(pool, doubt_pool, seen, opts));
         let batcher =
             group.map(|(w, m, q)| Arc::new(group_commit::Batcher::start(inner.clone(), w, m, q)));
         Ok(PgStore { inner, batcher })
@@ -507,7 +509,7 @@ impl Store for PgStore {
         tenant: &'a TenantId,
         key: &'a Key,
     ) -> BoxFuture<'a, Result<Result<Option<Record>, RefusalCode>, StoreError>> {
-        Box::pin(async move { Ok(engine::get(&self.inner, tenant, key).await?) })
+        Box::pin(async move { Ok(reads::get(&self.inner, tenant, key).await?) })
     }
 
     fn warnings<'a>(
@@ -515,7 +517,7 @@ impl Store for PgStore {
         tenant: &'a TenantId,
         task: &'a TaskId,
     ) -> BoxFuture<'a, Result<Vec<Warning>, StoreError>> {
-        Box::pin(async move { Ok(engine::warnings(&self.inner, tenant, task).await?) })
+        Box::pin(async move { Ok(reads::warnings(&self.inner, tenant, task).await?) })
     }
 
     fn generation<'a>(
@@ -523,19 +525,19 @@ impl Store for PgStore {
         tenant: &'a TenantId,
         principal: &'a settle_core::Principal,
     ) -> BoxFuture<'a, Result<Result<u64, RefusalCode>, StoreError>> {
-        Box::pin(async move { Ok(Ok(engine::generation(&self.inner, tenant, principal).await?)) })
+        Box::pin(async move { Ok(Ok(reads::generation(&self.inner, tenant, principal).await?)) })
     }
 
     fn sweep(&self) -> BoxFuture<'_, Result<SweepReport, StoreError>> {
-        Box::pin(async move { Ok(engine::sweep(&self.inner).await?) })
+        Box::pin(async move { Ok(sweep::sweep(&self.inner).await?) })
     }
 
     fn stats(&self, stuck_after_ms: u64) -> BoxFuture<'_, Result<StoreStats, StoreError>> {
-        Box::pin(async move { Ok(engine::stats(&self.inner, stuck_after_ms).await?) })
+        Box::pin(async move { Ok(reads::stats(&self.inner, stuck_after_ms).await?) })
     }
 
     fn now(&self) -> BoxFuture<'_, Result<Timestamp, StoreError>> {
-        Box::pin(async move { Ok(engine::now(&self.inner).await?) })
+        Box::pin(async move { Ok(reads::now(&self.inner).await?) })
     }
 
     fn scan<'a>(
@@ -544,11 +546,11 @@ impl Store for PgStore {
         after: Option<&'a Key>,
         max: usize,
     ) -> BoxFuture<'a, Result<Scan, StoreError>> {
-        Box::pin(async move { Ok(engine::scan(&self.inner, tenant, after, max).await?) })
+        Box::pin(async move { Ok(reads::scan(&self.inner, tenant, after, max).await?) })
     }
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(async move { Ok(engine::health(&self.inner).await?) })
+        Box::pin(async move { Ok(reads::health(&self.inner).await?) })
     }
 }
 

@@ -10,7 +10,7 @@ use tokio_postgres::Row;
 
 use crate::PgError;
 use crate::codec::{self, FORMAT, RecordColumns};
-use crate::engine::{Inner, check_durability};
+use crate::state::{Inner, check_durability};
 
 /// The values a record's row is written with: the format this build
 /// writes, the encoded record and the columns derived from it.

@@ -2,8 +2,8 @@
 //! 5432): `pg_ctl stop -m immediate`, kill -9 of a backend (the postmaster
 //! then restarts every backend and replays the WAL), kill -9 of the
 //! postmaster, and a clean restart, each under load through a store with
-//! group commit and one without; the transaction-id reuse of issue 8 item 1;
-//! durability the server or a pooler would turn off (item 2).
+//! group commit and one without; the transaction ids PostgreSQL hands out
+//! again after a crash; durability the server or a pooler would turn off.
 //!
 //! The invariant: every grant and receipt the store returned is in the
 //! database afterwards (errors are allowed, wrong answers are not).
@@ -295,14 +295,14 @@ async fn clean_restart_under_load_loses_no_acknowledged_receipt() {
     fault_under_load("restart", Fault::Restart).await;
 }
 
-/// Issue 8 item 1: PostgreSQL crashes while a settlement's COMMIT is held
+/// PostgreSQL crashes while a settlement's COMMIT is held
 /// back (it never reached the server), before anything made its
 /// transaction id durable. After the restart that id is handed out again
 /// to other transactions, which commit (checked: the burned ids reach it,
 /// and `pg_xact_status` of it then answers, no longer "in the future").
 /// A store that resolves the lost COMMIT by transaction id returns a
-/// receipt for a settlement that never happened (the code before issue 8
-/// did, in both paths); with commit tokens the settlement is known not to
+/// receipt for a settlement that never happened (both paths once did);
+/// with commit tokens the settlement is known not to
 /// have committed, runs again, and the receipt returned is the one in the
 /// database.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -465,7 +465,7 @@ async fn xid_reuse(name: &str, group: bool) {
     store.close();
 }
 
-/// Issue 8 item 2: a server running with `fsync=off` is refused: at
+/// A server running with `fsync=off` is refused: at
 /// connect, and — if it is switched off while the store runs — on every
 /// transaction (nothing is written) and by `health`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -553,7 +553,7 @@ async fn wait_for<T, E: std::fmt::Debug, Fut: std::future::Future<Output = Resul
     }
 }
 
-/// Issue 8 item 2: `synchronous_commit=on` is set in every transaction, so
+/// `synchronous_commit=on` is set in every transaction, so
 /// a pooler that drops the startup options cannot weaken it. The server
 /// here defaults to `synchronous_commit=local` and names a synchronous
 /// standby that does not exist: a commit that really runs with `on` waits
@@ -620,7 +620,7 @@ async fn syncrep_waiter(side: &tokio_postgres::Client, application_name: &str) -
     }
 }
 
-/// Issue 8 items 1–3: a COMMIT waiting for a synchronous standby that does
+/// A COMMIT waiting for a synchronous standby that does
 /// not answer is never turned into a reply. PostgreSQL ends such a wait
 /// with success and a WARNING ("committed locally, might not have been
 /// replicated") when the backend is cancelled (`pg_cancel_backend`): that
@@ -694,7 +694,7 @@ async fn a_commit_waiting_for_the_standby_is_never_acknowledged_early() {
     );
 }
 
-/// Issue 8 item 1: an in-doubt COMMIT is never decided against another
+/// An in-doubt COMMIT is never decided against another
 /// cluster. The settlement commits on A and its answer is lost; by then the
 /// address leads to B, another cluster (its own system identifier) that
 /// has the same schema but not the commit token. Deciding there would say

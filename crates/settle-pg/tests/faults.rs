@@ -443,7 +443,7 @@ async fn an_unreadable_record_is_refused_without_group_commit() {
     unreadable_records(false).await;
 }
 
-/// Issue 8 item 10: a record that does not decode (an unknown format, or
+/// A record that does not decode (an unknown format, or
 /// garbage in the known one) is never treated as absent — every call on its
 /// key is refused with `record_refused` — nothing is written over it, it is
 /// counted, and the sweep skips it and goes on.
@@ -542,7 +542,7 @@ async fn unreadable_records(group: bool) {
     assert_eq!(store.stats(1000).await.unwrap().undecodable, 0);
 }
 
-/// Issue 8 item 15: the disputed gauge is counted from the store, so it
+/// The disputed gauge is counted from the store, so it
 /// survives a restart of the server (a new store on the same schema).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_disputed_gauge_is_counted_from_the_store() {
@@ -762,9 +762,9 @@ async fn a_record_breaking_an_invariant_is_refused_and_group_commit_goes_on() {
         Reply::Receipt(_)
     ));
     // A record that decodes but breaks an invariant (settled without a
-    // receipt). The rules used to panic on it (their production
-    // assertions); since issue 8 they refuse it as `record_refused` before
-    // any assertion, and the batch goes on either way.
+    // receipt). The rules refuse it as `record_refused` before any of
+    // their production assertions could panic on it, and the batch goes
+    // on either way.
     let mut broken = record(&store, "k").await;
     broken.receipt = None;
     let bytes = postcard::to_allocvec(&broken).unwrap();
@@ -799,7 +799,7 @@ async fn a_record_breaking_an_invariant_is_refused_and_group_commit_goes_on() {
         .expect("group commit stopped after a panic");
 }
 
-/// Issue 8 item 3: the network goes silent in the middle of a transaction
+/// The network goes silent in the middle of a transaction
 /// (the COMMIT is swallowed; nothing is closed). The call must come back
 /// (client-side deadline), and the silent session must not keep its locks
 /// (the server ends it after `idle_in_transaction_timeout`): the token then
@@ -861,7 +861,7 @@ async fn silent(group: bool, cut: Cut) {
     proxy.release();
 }
 
-/// Issue 8 item 3: a row lock held elsewhere (a stuck session) makes a
+/// A row lock held elsewhere (a stuck session) makes a
 /// command fail after `lock_timeout`, or after `statement_timeout` when that
 /// is shorter, instead of waiting for as long as the lock is held.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -906,7 +906,7 @@ async fn a_held_lock_fails_the_command_after_the_configured_timeouts() {
     }
 }
 
-/// Issue 8 item 3: in-doubt checks have a reserved connection. Here every
+/// In-doubt checks have a reserved connection. Here every
 /// pooled connection is busy (one command waits for a lock, another queues
 /// for the pool) when a COMMIT's answer is lost: the check still answers at
 /// once, instead of queueing behind them until its deadline.
@@ -980,7 +980,7 @@ async fn in_doubt_checks_do_not_queue_behind_the_pool() {
     assert_eq!(store.in_doubt().committed, 1);
 }
 
-/// Issue 8 item 3: the group-commit queue is bounded. With its worker
+/// The group-commit queue is bounded. With its worker
 /// stuck (its batch waits for a row lock), calls beyond the bound answer
 /// `Overloaded` at once, with a retry hint, instead of queueing without end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

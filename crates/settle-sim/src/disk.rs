@@ -2,7 +2,7 @@
 //! real hardware, under the embedded engine's I/O seams
 //! ([`settle_embedded::fs::Fs`], [`settle_embedded::index::Index`]): the
 //! engine's real log, checkpoint and recovery code runs on them in the
-//! simulator ([`crate::engine`]), in the power-loss tests
+//! simulator ([`crate::store`]), in the power-loss tests
 //! (`tests/power_loss.rs`) and in the `log_recovery` fuzz target.
 //!
 //! The model, per file: what reads see (the page cache) and what survives

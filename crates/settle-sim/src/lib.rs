@@ -18,8 +18,8 @@
 
 pub mod check;
 pub mod disk;
-pub mod engine;
 pub mod remote;
+pub mod store;
 pub mod worker;
 pub mod world;
 
@@ -29,7 +29,7 @@ use std::fmt::Write as _;
 use settle_core::{Digest, LeaseMs, Scopes, Status};
 
 pub use crate::check::Violation;
-pub use crate::engine::EngineKind;
+pub use crate::store::EngineKind;
 use crate::worker::WorkerSpec;
 use crate::world::{HORIZON_MS, STUCK_AFTER_MS, World};
 
@@ -194,17 +194,17 @@ const LIVENESS_STEPS: u64 = 20_000;
 /// answer: `no-guess`.)
 fn liveness(w: &mut World) {
     w.knobs = world::Knobs::default();
-    w.engine.disarm();
+    w.store.disarm();
     w.horizon = w.now + world::HORIZON_MS;
     let first = w.tally.steps;
-    if !w.engine.is_up() {
+    if !w.store.is_up() {
         w.at(w.now, world::Ev::Restart);
         w.run();
     }
     w.at(w.now, world::Ev::ReconcilerSweep);
     w.run();
     for k in 0..w.keys.len() {
-        let spec = match w.engine.get(&w.tenant, &w.keys[k]) {
+        let spec = match w.store.get(&w.tenant, &w.keys[k]) {
             Ok(Ok(Some(r))) => w.spec_from(k, &r, false),
             _ => None,
         };
@@ -254,7 +254,7 @@ fn liveness(w: &mut World) {
 /// more, then that no key is left without a way forward and unreported,
 /// then liveness.
 fn finish(w: &mut World) {
-    if !w.engine.is_up() {
+    if !w.store.is_up() {
         w.at(w.now, world::Ev::Restart);
         w.run();
     }
@@ -266,7 +266,7 @@ fn finish(w: &mut World) {
     w.clock_offset += (STUCK_AFTER_MS + 3_600_000) as i64;
     w.at(w.now, world::Ev::Sweep);
     w.run();
-    let Some(now) = w.engine.now() else { return };
+    let Some(now) = w.store.now() else { return };
     let mut expect_stuck = 0;
     let mut expect_flagged = 0;
     for k in 0..w.keys.len() {
@@ -301,7 +301,7 @@ fn finish(w: &mut World) {
             );
         }
     }
-    match w.engine.stats(STUCK_AFTER_MS) {
+    match w.store.stats(STUCK_AFTER_MS) {
         Some(Ok(s)) if s.stuck != expect_stuck || s.reconcile_required != expect_flagged => {
             let detail = format!(
                 "stats report {} stuck and {} reconciling, the records say {expect_stuck} and {expect_flagged}",

@@ -12,8 +12,8 @@ use settle_ledger::{LedgerError, StoreError};
 
 use crate::check::Checker;
 use crate::disk::{Crash, Rng};
-use crate::engine::{Engine, EngineKind};
 use crate::remote::{QueryResult, Remote, WriteResult};
+use crate::store::{EngineKind, SimStore};
 use crate::worker::{Worker, WorkerSpec};
 
 /// Where the simulated wall clock starts (2026-01-01, in ms).
@@ -138,7 +138,7 @@ pub struct World {
     queue: BTreeMap<(u64, u64), Ev>,
     seq: u64,
     /// The store under test.
-    pub engine: Engine,
+    pub store: SimStore,
     /// The remote.
     pub remote: Remote,
     /// The workers.
@@ -218,7 +218,7 @@ impl World {
         };
         let limits = Limits::default();
         let clock_ms = Arc::new(AtomicU64::new(EPOCH_MS));
-        let engine = Engine::new(engine, clock_ms.clone(), limits);
+        let store = SimStore::new(engine, clock_ms.clone(), limits);
         let nkeys = 1 + rng.below(4) as usize;
         let keys = (0..nkeys)
             .map(|i| Key::new(format!("op-{i}")).expect("a valid key"))
@@ -236,7 +236,7 @@ impl World {
             clock_ms,
             queue: BTreeMap::new(),
             seq: 0,
-            engine,
+            store,
             remote: Remote::default(),
             workers: Vec::new(),
             keys,
@@ -328,7 +328,7 @@ impl World {
         let n = self.rng.below(6);
         for _ in 0..n {
             let at = self.rng.below(HORIZON_MS / 2);
-            let embedded = self.engine.kind() == EngineKind::Embedded;
+            let embedded = self.store.kind() == EngineKind::Embedded;
             let f = match self.rng.below(if embedded { 9 } else { 4 }) {
                 0 => Fault::ClockForward(self.forward_jump()),
                 1 => Fault::ClockBackward(self.between(1, MAX_BACKWARD_JUMP_MS)),
@@ -407,7 +407,7 @@ impl World {
             Ev::Fault(f) => self.fault(f),
             Ev::Restart => self.restart(),
             Ev::Sweep => {
-                if let Some(Err(e)) = self.engine.sweep() {
+                if let Some(Err(e)) = self.store.sweep() {
                     self.log(None, format!("sweep failed: {e}"));
                 }
                 self.after_store_call();
@@ -420,8 +420,8 @@ impl World {
     fn ledger_call(&mut self, w: usize, call: u64, cmd: Command) {
         let key = self.workers[w].key;
         let name = cmd.name();
-        let poisoned_before = self.engine.is_poisoned();
-        let Ok(res) = self.engine.execute(&self.tenant, cmd.clone()) else {
+        let poisoned_before = self.store.is_poisoned();
+        let Ok(res) = self.store.execute(&self.tenant, cmd.clone()) else {
             self.log(Some(key), format!("w{w} {name} lost: the store is down"));
             return;
         };
@@ -483,7 +483,7 @@ impl World {
 
     fn result_owner(&mut self, w: usize) {
         let key = self.workers[w].key;
-        if let Ok(Ok(Some(r))) = self.engine.get(&self.tenant, &self.keys[key]) {
+        if let Ok(Ok(Some(r))) = self.store.get(&self.tenant, &self.keys[key]) {
             let spec = self.workers[w].spec.clone();
             self.check
                 .result_owner(key, &r, &spec.fingerprint, &spec.binding(spec.generation));
@@ -492,23 +492,23 @@ impl World {
 
     /// After any store call: a power cut or a failed sync takes the process down.
     fn after_store_call(&mut self) {
-        if self.engine.power_lost() {
+        if self.store.power_lost() {
             let mode = self.crash_mode();
             self.log(
                 None,
                 format!("power lost during a sync ({mode:?}); the store is down"),
             );
-            self.engine.crash(mode);
+            self.store.crash(mode);
             let d = self.between(100, 3_000);
             self.at(self.now + d, Ev::Restart);
-        } else if self.engine.is_poisoned() {
+        } else if self.store.is_poisoned() {
             self.log(None, "the store failed closed; the supervisor restarts it");
             self.tally.fault("fail_closed_restart");
-            if let Some(Ok(())) = self.engine.health() {
+            if let Some(Ok(())) = self.store.health() {
                 self.check
                     .fail(None, "fail-closed", "a poisoned store reports ready");
             }
-            self.engine.stop();
+            self.store.stop();
             let d = self.between(50, 1_000);
             self.at(self.now + d, Ev::Restart);
         }
@@ -524,7 +524,7 @@ impl World {
 
     /// Checks the record of `key` as the ledger shows it now.
     pub fn observe(&mut self, key: usize) {
-        match self.engine.get(&self.tenant, &self.keys[key]) {
+        match self.store.get(&self.tenant, &self.keys[key]) {
             Ok(Ok(r)) => {
                 self.check.record(key, r.as_ref());
                 if let Some(r) = r {
@@ -578,13 +578,13 @@ impl World {
         self.log(None, format!("fault: {f:?}"));
         match f {
             Fault::Crash(mode) => {
-                if !self.engine.is_up() {
+                if !self.store.is_up() {
                     return;
                 }
                 self.tally.fault("crash");
-                let before = self.engine.wal_files();
-                self.engine.crash(mode);
-                let after = self.engine.wal_files();
+                let before = self.store.wal_files();
+                self.store.crash(mode);
+                let after = self.store.wal_files();
                 self.log(
                     None,
                     format!("log before the crash: [{before}], after: [{after}]"),
@@ -594,15 +594,15 @@ impl World {
             }
             Fault::PowerCutDuringSync(n) => {
                 self.tally.fault("power_cut_during_sync");
-                self.engine.cut_power_after(n);
+                self.store.cut_power_after(n);
             }
             Fault::FsyncError => {
                 self.tally.fault("fsync_error");
-                self.engine.fail_next_sync();
+                self.store.fail_next_sync();
             }
             Fault::IndexPersistError => {
                 self.tally.fault("index_persist_error");
-                self.engine.fail_next_persist();
+                self.store.fail_next_persist();
             }
             Fault::ClockForward(ms) => {
                 self.tally.fault("clock_forward");
@@ -620,7 +620,7 @@ impl World {
     fn revoke(&mut self, p: usize) {
         let principal = self.principals[p].0.clone();
         match self
-            .engine
+            .store
             .execute(&self.tenant, Command::Revoke(Revoke { principal }))
         {
             Ok(Ok(Reply::Revoked { generation, .. })) => {
@@ -637,23 +637,23 @@ impl World {
     /// The supervisor restarts the store: recovery must succeed and lose
     /// nothing that was acknowledged.
     fn restart(&mut self) {
-        if self.engine.is_up() {
+        if self.store.is_up() {
             return;
         }
-        if self.engine.power_lost() {
+        if self.store.power_lost() {
             // The power went during the last attempt's recovery.
             let mode = self.crash_mode();
-            self.engine.crash(mode);
+            self.store.crash(mode);
         }
         if self.store_ms() < self.clock_high {
             // A restart forgets the time the store used before (see
             // `observe`): records settled since may now be refused.
             self.restarted_behind = true;
         }
-        match self.engine.open() {
+        match self.store.open() {
             Ok(()) => {
                 self.restart_failures = 0;
-                let files = self.engine.wal_files();
+                let files = self.store.wal_files();
                 self.log(
                     None,
                     format!("the store restarted (recovery ran): log [{files}]"),
@@ -767,7 +767,7 @@ impl World {
             if busy {
                 continue;
             }
-            let Ok(Ok(Some(r))) = self.engine.get(&self.tenant, &self.keys[key]) else {
+            let Ok(Ok(Some(r))) = self.store.get(&self.tenant, &self.keys[key]) else {
                 continue;
             };
             if !r.reconcile_required {
@@ -810,7 +810,7 @@ impl World {
             // The principal's current generation as the store has it (what
             // a reconciler reads with GET /v1/principals/{p}).
             generation: self
-                .engine
+                .store
                 .generation(&self.tenant, &res.principal)
                 .unwrap_or(0)
                 .max(self.generation(principal))

@@ -1,8 +1,8 @@
 //! # settle-worker: the Rust worker SDK (SPEC §11)
 //!
 //! [`run_once`] performs an effect at most once per key, over any
-//! [`Transport`]: the in-process ledger ([`LedgerTransport`]) or a remote
-//! server (`settle_client::Client`).
+//! [`Transport`]: a remote server (`settle_client::Client`) or, with the
+//! `local` feature, the in-process ledger (`LedgerTransport`).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), settle_worker::RunError> {
@@ -38,10 +38,19 @@
 //! * [`names`]: the metrics it records. Tracing: every run is a `run_once`
 //!   span with `key` and `fence`.
 //!
+//! ## Features
+//!
+//! * `local` (off by default): the in-process ledger, `LedgerTransport`
+//!   (a `Transport` and an [`Inspect`] over a `settle_ledger::Ledger`), and
+//!   `TransportError: From<settle_ledger::StoreError>`. Without it the
+//!   crate does not depend on `settle-ledger`, the store boundary, so a
+//!   worker that talks to a server compiles only the client side
+//!   (`./test` checks it).
+//!
 //! `docs/sdk.md` has the client contract and what happens when each step
 //! fails.
 
-mod batch;
+mod batching;
 mod error;
 pub mod fingerprint;
 pub mod names;
@@ -50,7 +59,7 @@ mod retry;
 mod run;
 mod transport;
 
-pub use batch::{BatchAnswers, BatchOptions, BatchTransport, Batching, is_batchable};
+pub use batching::{BatchAnswers, BatchOptions, BatchTransport, Batching, is_batchable};
 pub use error::{BoxError, EffectError, RunError};
 pub use fingerprint::{
     FingerprintError, canonicalize, fingerprint, fingerprint_fields, select_fields, sha256,
@@ -60,4 +69,6 @@ pub use run::{
     DEFAULT_DEADLINE, Done, EffectContext, Finding, Reconcile, ReconcileHook, RunOptions,
     RunResult, run_once,
 };
-pub use transport::{LedgerTransport, Transport, TransportError};
+#[cfg(feature = "local")]
+pub use transport::LedgerTransport;
+pub use transport::{BoxFuture, Transport, TransportError};

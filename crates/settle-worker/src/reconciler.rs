@@ -14,20 +14,21 @@ use settle_core::{
     Binding, ClaimDecision, Command, Digest, Fence, Key, LeaseMs, Principal, Reconcile,
     RefusalCode, Release, ReleaseReason, Reply, Reservation, RetentionS, Scopes, Text,
 };
-use settle_ledger::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::BoxError;
 use crate::run::{Finding, ReconcileHook};
-use crate::transport::{LedgerTransport, Transport, TransportError};
+#[cfg(feature = "local")]
+use crate::transport::LedgerTransport;
+use crate::transport::{BoxFuture, Transport, TransportError};
 
 /// One page of keys and the cursor of the next page (`None`: the last).
 pub type KeyPage = (Vec<String>, Option<String>);
 
 /// The reads a [`Reconciler`] needs besides commands: the keys that
 /// require reconciliation, a record's reservation, a principal's
-/// generation (SPEC §9, §7). The HTTP client and the in-process ledger
-/// provide them.
+/// generation (SPEC §9, §7). The HTTP client provides them, and with the
+/// `local` feature the in-process ledger (`LedgerTransport`).
 pub trait Inspect: Transport {
     /// One page of keys that require reconciliation and start with
     /// `prefix`, after the cursor of the previous page; the next cursor.
@@ -108,6 +109,7 @@ impl Inspect for settle_client::Client {
     }
 }
 
+#[cfg(feature = "local")]
 impl Inspect for LedgerTransport {
     fn reconcile_required<'a>(
         &'a self,
@@ -224,8 +226,8 @@ pub struct Reconciler {
 }
 
 impl Reconciler {
-    /// A reconciler over `ledger` (a `settle_client::Client` or a
-    /// [`LedgerTransport`]), with no hooks yet.
+    /// A reconciler over `ledger` (a `settle_client::Client`, or with the
+    /// `local` feature a `LedgerTransport`), with no hooks yet.
     pub fn new(ledger: impl Inspect + 'static) -> Reconciler {
         Reconciler {
             ledger: Arc::new(ledger),

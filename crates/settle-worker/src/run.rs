@@ -35,7 +35,6 @@ use settle_core::{
     LeaseMs, Outcome, Principal, Receipt, Reconcile as ReconcileCmd, Release, ReleaseReason, Reply,
     ResultJson, RetentionS, Scopes, Settle, Text,
 };
-use settle_ledger::BoxFuture;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -44,7 +43,7 @@ use crate::error::{BoxError, EffectError, RunError};
 use crate::fingerprint::{canonicalize, fingerprint, fingerprint_fields, sha256};
 use crate::names;
 use crate::retry::{Deadline, call, in_flight_wait};
-use crate::transport::Transport;
+use crate::transport::{BoxFuture, Transport};
 
 /// The caller's deadline when none is set: 30 s, as in the other SDKs.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);

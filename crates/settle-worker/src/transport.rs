@@ -1,7 +1,8 @@
 //! How the worker reaches the ledger: one small trait, [`Transport`], with
-//! one call, `execute(Command) -> Reply`. It is implemented by the
-//! in-process ledger ([`LedgerTransport`]) and by the HTTP client
-//! (`settle_client::Client`); a simulated network implements it too.
+//! one call, `execute(Command) -> Reply`. It is implemented by the HTTP
+//! client (`settle_client::Client`) and, with the `local` feature, by the
+//! in-process ledger (`LedgerTransport`); a simulated network implements it
+//! too.
 //!
 //! The split that matters to a worker (SPEC §11 step 7):
 //!
@@ -13,13 +14,23 @@
 //!   may not have been applied), a ledger that cannot serve right now, or
 //!   one that will not serve this caller at all.
 
+#[cfg(feature = "local")]
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use settle_client::{Client, ClientError};
-use settle_core::{Command, Reply, TenantId};
-use settle_ledger::{BoxFuture, Ledger, LedgerError, StoreError};
+#[cfg(feature = "local")]
+use settle_core::TenantId;
+use settle_core::{Command, Reply};
+#[cfg(feature = "local")]
+use settle_ledger::{Ledger, LedgerError, StoreError};
+
+/// The future a [`Transport`] (and the other traits of this crate) returns:
+/// boxed, so that the traits stay object-safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The ledger as a worker sees it. Object-safe (`Arc<dyn Transport>` works)
 /// and small, so that a test or a simulator can put a network in between.
@@ -126,6 +137,7 @@ impl From<ClientError> for TransportError {
     }
 }
 
+#[cfg(feature = "local")]
 impl From<StoreError> for TransportError {
     /// Every store failure fails closed and is retryable, as the server's
     /// 503 is; an overload carries its hint.
@@ -148,13 +160,16 @@ impl Transport for Client {
 }
 
 /// The in-process ledger, acting for one tenant (a server derives the
-/// tenant from the bearer token; in process it is named here).
+/// tenant from the bearer token; in process it is named here). With the
+/// `local` feature.
+#[cfg(feature = "local")]
 #[derive(Clone)]
 pub struct LedgerTransport {
     ledger: Ledger,
     tenant: TenantId,
 }
 
+#[cfg(feature = "local")]
 impl LedgerTransport {
     /// The ledger, acting for the default tenant.
     pub fn new(ledger: Ledger) -> LedgerTransport {
@@ -177,6 +192,7 @@ impl LedgerTransport {
     }
 }
 
+#[cfg(feature = "local")]
 impl fmt::Debug for LedgerTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LedgerTransport")
@@ -185,6 +201,7 @@ impl fmt::Debug for LedgerTransport {
     }
 }
 
+#[cfg(feature = "local")]
 impl Transport for LedgerTransport {
     fn execute(&self, cmd: Command) -> BoxFuture<'_, Result<Reply, TransportError>> {
         Box::pin(async move {
@@ -204,7 +221,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn client_errors_split_into_not_sent_no_answer_unavailable_and_fatal() {
+    fn client_errors_split_into_not_sent_no_answer_and_fatal() {
         let connect = ClientError::Connect {
             authority: "h:1".into(),
             source: "refused".into(),
@@ -223,6 +240,11 @@ mod tests {
         ));
         let fatal = TransportError::from(ClientError::Request("bad token".into()));
         assert!(!fatal.is_retryable());
+    }
+
+    #[cfg(feature = "local")]
+    #[test]
+    fn store_errors_are_unavailable_with_their_hint() {
         let overloaded = TransportError::from(StoreError::Overloaded {
             retry_after_ms: 250,
         });

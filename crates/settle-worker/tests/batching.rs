@@ -12,10 +12,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use serde_json::json;
 use settle_core::testkit::{binding, claim};
 use settle_core::{ClaimDecision, Command, Principal, Reply, Revoke};
-use settle_ledger::{BoxFuture, Ledger, MemStore};
+use settle_ledger::{Ledger, MemStore};
 use settle_worker::{
-    BatchAnswers, BatchOptions, BatchTransport, Batching, Done, EffectContext, LedgerTransport,
-    RunOptions, Transport, TransportError, run_once,
+    BatchAnswers, BatchOptions, BatchTransport, Batching, BoxFuture, Done, EffectContext,
+    LedgerTransport, RunOptions, Transport, TransportError, run_once,
 };
 use tokio::sync::Semaphore;
 

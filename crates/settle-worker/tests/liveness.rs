@@ -10,10 +10,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{Value, json};
 use settle_core::{Command, Fence, Key, Reply, Status};
-use settle_ledger::BoxFuture;
 use settle_worker::{
-    Done, EffectContext, EffectError, Finding, Reconcile, RunError, RunOptions, Transport,
-    TransportError, run_once,
+    BoxFuture, Done, EffectContext, EffectError, Finding, Reconcile, RunError, RunOptions,
+    Transport, TransportError, run_once,
 };
 
 use common::TestLedger;

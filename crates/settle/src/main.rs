@@ -1,15 +1,15 @@
 //! `settle`: the server, a client for it, an offline inspector and a
 //! benchmark. This file is the `clap` front only: each subcommand lives in
-//! its own module (`remote`: the client calls; `inspect`: inspect and
-//! check; `bench`), and every failure becomes one line on stderr and an
-//! exit code (`exit`).
+//! its own module (`remote`: the client calls; `offline`: inspect and
+//! check of a stopped store's data directory; `bench`), and every failure
+//! becomes one line on stderr and an exit code (`exit`).
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a CLI prints its answers
 
 mod alloc;
 #[cfg(feature = "bench")]
 mod bench;
 mod exit;
-mod inspect;
+mod offline;
 mod remote;
 mod serve;
 #[cfg(feature = "sim")]
@@ -66,10 +66,10 @@ enum Cmd {
     /// The tenant's counts by status, stuck, disputed, quarantined (live).
     Stats(remote::StatsArgs),
     /// Read a stopped embedded store offline.
-    Inspect(inspect::InspectArgs),
+    Inspect(offline::OfflineArgs),
     /// Check every record of a stopped embedded store against docs/spec.md
     /// §6; exits 1 if any record violates an invariant or is refused.
-    Check(inspect::InspectArgs),
+    Check(offline::OfflineArgs),
     /// Measure claim+settle pairs per second.
     #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
@@ -117,8 +117,8 @@ async fn run(cmd: Cmd) -> Result<(), Failure> {
         Cmd::Warnings(a) => remote::warnings(a).await,
         Cmd::List(a) => remote::list(a).await,
         Cmd::Stats(a) => remote::stats(a).await,
-        Cmd::Inspect(a) => inspect::run(a, false),
-        Cmd::Check(a) => inspect::run(a, true),
+        Cmd::Inspect(a) => offline::run(a, false),
+        Cmd::Check(a) => offline::run(a, true),
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench::run(a).await,
         #[cfg(feature = "sim")]

@@ -1,4 +1,4 @@
-//! The CLI as a new user meets it (issue 9 item 8): one clean line per
+//! The CLI as a new user meets it: one clean line per
 //! error, `inspect`/`check` sorted, limited
 //! and telling what to do when the store is in use; and `settle bench
 //! --store` on PostgreSQL.
@@ -269,7 +269,7 @@ fn the_start_up_log_says_whether_authentication_is_on() {
     assert!(err.contains("AUTHENTICATION IS OFF"), "{err}");
 }
 
-/// Issue 29 item 11: an operator finds a middleware's record by what the
+/// An operator finds a middleware's record by what the
 /// client sent (`Idempotency-Key: neg`, quoted or with parameters), the
 /// principal and the namespace; the summary shows the claim's worker label.
 /// And `settle list --order`/`--key-prefix` reach the server's listing.
@@ -372,7 +372,7 @@ async fn get_finds_a_middleware_record_by_its_idempotency_key() {
     );
 }
 
-/// Issue 30 item 6: `settle reconcile --key-prefix P --finding
+/// `settle reconcile --key-prefix P --finding
 /// not_committed` reconciles every matching record that requires it, after
 /// a confirmation (`--yes` without a terminal), and prints what it did;
 /// records outside the prefix are left alone; any other finding is refused.

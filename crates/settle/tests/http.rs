@@ -502,9 +502,9 @@ async fn bench_lists_of_concurrency_and_the_fill_mode_report_each_run() {
     assert_eq!(settled, 500);
 }
 
-// ---------------------------------------------------------------- issue 8 and issue 10 item 0
+// ---------------------------------------------------------------- the CLI over the wire, bad requests
 
-/// Issue 10 item 0 through the CLI: `settle release KEY --fence F --reason
+/// Through the CLI: `settle release KEY --fence F --reason
 /// not_committed` (over HTTP: crates/settle-server/tests/http_calls.rs).
 #[tokio::test]
 async fn release_not_committed_through_the_cli() {
@@ -556,7 +556,7 @@ async fn release_not_committed_through_the_cli() {
     assert_eq!(out.status.code(), Some(2), "a usage error");
 }
 
-/// Issue 8 item 14 through the CLI: it sends `--result` as written and
+/// Through the CLI: it sends `--result` as written and
 /// prints the replay as received, byte for byte (over HTTP:
 /// crates/settle-server/tests/http_calls.rs).
 #[tokio::test]
@@ -695,7 +695,7 @@ async fn batch_results_are_durable_before_the_response() {
     }
 }
 
-/// Issue 29 item 4: an over-long request target answers 414 problem+json,
+/// An over-long request target answers 414 problem+json,
 /// code `uri_too_long`, like every other error: over the server's limit
 /// (8 KiB) and over hyper's own (64 KiB, which hyper refuses before the
 /// server sees a request, with an empty body until the server replaced it).

@@ -1,5 +1,5 @@
-//! Primary → synchronous standby failover under load through `settle serve`
-//! (issue 8 item 4), on two throwaway PostgreSQL clusters of this machine
+//! Primary → synchronous standby failover under load through `settle serve`,
+//! on two throwaway PostgreSQL clusters of this machine
 //! (never the shared one on 5432): streaming replication with
 //! `synchronous_standby_names`, claim+settle pairs through the HTTP server,
 //! kill -9 of every process of the primary, promotion of the standby, a new

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use settle_core::{Command, Principal, Reply, Revoke};
-use settle_ledger::{BoxFuture, Ledger, MemStore};
+use settle_ledger::{Ledger, MemStore};
 use settle_server::{Config, OpenedStore, run};
-use settle_worker::{LedgerTransport, Transport, TransportError};
+use settle_worker::{BoxFuture, LedgerTransport, Transport, TransportError};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

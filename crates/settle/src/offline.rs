@@ -1,7 +1,9 @@
-//! `settle inspect` and `settle check`: read a stopped embedded store
-//! offline, count records by status, list the ones an operator must look
-//! at, and check every record against SPEC §6 (read-only: a store that
-//! recovery would refuse is reported, never repaired).
+//! `settle inspect` and `settle check`, offline: read the data directory
+//! of a stopped embedded store, count records by status, list the ones an
+//! operator must look at, and check every record against SPEC §6
+//! (read-only: a store that recovery would refuse is reported, never
+//! repaired). The live inspection of SPEC §9 (`settle list`, `settle
+//! stats`) is a server's, over the client (`remote/`).
 
 use std::collections::BTreeMap;
 use std::fs::{File, TryLockError};
@@ -14,7 +16,7 @@ use settle_core::{Record, Status, TenantId, Timestamp};
 use crate::exit::{self, Failure};
 
 #[derive(Args)]
-pub struct InspectArgs {
+pub struct OfflineArgs {
     /// Directory of a stopped embedded store.
     #[arg(long, value_name = "DIR", default_value = settle_server::config::DEFAULT_DATA)]
     pub data: PathBuf,
@@ -94,7 +96,7 @@ impl Findings {
 }
 
 /// `inspect` lists; `check` also fails on any violation or refused record.
-pub fn run(a: InspectArgs, check: bool) -> Result<(), Failure> {
+pub fn run(a: OfflineArgs, check: bool) -> Result<(), Failure> {
     if !a.data.is_dir() {
         return Err(Failure::local(format!(
             "{} is not a directory",
@@ -159,7 +161,7 @@ fn print_json(f: &Findings, undecodable: &[String], torn_tail: Option<&str>) {
     println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
 }
 
-fn print_summary(a: &InspectArgs, f: &Findings, undecodable: &[String], torn_tail: Option<&str>) {
+fn print_summary(a: &OfflineArgs, f: &Findings, undecodable: &[String], torn_tail: Option<&str>) {
     let total: u64 = f.counts.values().sum();
     println!("{total} records in {}", a.data.display());
     for (status, n) in &f.counts {

@@ -22,10 +22,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use settle_client::Client;
 use settle_core::{Command, Reply};
-use settle_ledger::BoxFuture;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::transport::{Transport, TransportError};
+use crate::transport::{BoxFuture, Transport, TransportError};
 
 /// The answers to a batch: one per command, in order.
 pub type BatchAnswers = Vec<Result<Reply, TransportError>>;

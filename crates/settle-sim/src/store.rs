@@ -1,7 +1,7 @@
-//! The ledger under test: the real [`Ledger`] over the in-memory store,
-//! or over the embedded engine's real log, checkpoint and recovery code
-//! running inline ([`InlineStore`]) on a simulated disk with the in-memory
-//! index. Both stores answer without ever waiting, so their futures are
+//! The store under test ([`SimStore`]): the real [`Ledger`] over the
+//! in-memory store, or over the embedded engine's real log, checkpoint and
+//! recovery code running inline ([`InlineStore`]) on a simulated disk with
+//! the in-memory index. Both stores answer without ever waiting, so their futures are
 //! polled once, on the simulator's thread: no runtime, no threads.
 
 use std::future::Future;
@@ -60,8 +60,9 @@ struct Disk {
     store: Option<Arc<Inline>>,
 }
 
-/// The store, its clock and (embedded) its disk.
-pub struct Engine {
+/// The store under test: the ledger over it, its clock and (embedded) its
+/// disk, which the world crashes, cuts the power of and reopens.
+pub struct SimStore {
     kind: EngineKind,
     /// What the store's clock source reads (virtual milliseconds).
     clock_ms: Arc<AtomicU64>,
@@ -77,10 +78,10 @@ pub enum Down {
     Crashed,
 }
 
-impl Engine {
+impl SimStore {
     /// A fresh, empty store of `kind` whose clock reads `clock_ms`.
-    pub fn new(kind: EngineKind, clock_ms: Arc<AtomicU64>, limits: Limits) -> Engine {
-        let mut e = Engine {
+    pub fn new(kind: EngineKind, clock_ms: Arc<AtomicU64>, limits: Limits) -> SimStore {
+        let mut e = SimStore {
             kind,
             clock_ms,
             limits,
@@ -242,7 +243,7 @@ impl Engine {
 
     /// Power loss and reboot: the process dies, the disk keeps what its
     /// syncs made durable plus, per `mode`, none, all or a torn part of
-    /// the rest. The store stays down until [`Engine::open`].
+    /// the rest. The store stays down until [`SimStore::open`].
     pub fn crash(&mut self, mode: Crash) {
         self.ledger = None;
         if let Some(d) = self.disk.as_mut() {
