@@ -20,15 +20,12 @@ use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, kill9, tools_or_skip};
 use common::proxy::{Cut, Proxy};
+use common::{acme, exec_fence};
 use settle_core::testkit::*;
 use settle_core::*;
 use settle_ledger::crash::{Acked, Load, Workload};
 use settle_ledger::{Store, StoreError};
 use settle_pg::PgStore;
-
-fn acme() -> TenantId {
-    TenantId::new("acme").unwrap()
-}
 
 fn cycles() -> usize {
     std::env::var("SETTLE_PG_CRASH_CYCLES")
@@ -221,14 +218,7 @@ async fn xid_reuse(name: &str, group: bool) {
         o.client_timeout = Duration::from_secs(30);
     })
     .await;
-    let f = match store
-        .execute(&acme(), claim("k", 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("{other:?}"),
-    };
+    let f = exec_fence(&store, "k").await;
 
     proxy.arm(Cut::HoldCommit);
     let s2 = store.clone();
@@ -367,14 +357,7 @@ async fn a_server_without_fsync_is_refused() {
     let url = cluster.url();
     let store =
         wait_for(|| PgStore::connect(&url, common::options(name, Default::default()))).await;
-    let f = match store
-        .execute(&acme(), claim("k", 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("{other:?}"),
-    };
+    let f = exec_fence(&store, "k").await;
     let single = common::store_on(&cluster.url(), name, |o| o.group_commit = false).await;
     store.health().await.expect("healthy with fsync on");
     set_fsync(&side, "off").await;
@@ -601,14 +584,7 @@ async fn an_in_doubt_commit_is_never_decided_on_another_cluster() {
         o.in_doubt_timeout = Duration::from_secs(2);
     })
     .await;
-    let f = match store
-        .execute(&acme(), claim("k", 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("{other:?}"),
-    };
+    let f = exec_fence(&store, "k").await;
     proxy.arm(Cut::SilentAfterCommit);
     proxy.set_upstream(&b.addr());
     let r = tokio::time::timeout(
