@@ -631,16 +631,21 @@ mod tests {
         TenantId::new("acme").unwrap()
     }
 
+    /// Runs `w` on a fresh in-memory store until `receipts` receipts were
+    /// acknowledged, then stops it.
+    async fn ran(w: &Workload, acked: Acked, receipts: usize) -> (Arc<MemStore>, Arc<Acked>) {
+        let store = Arc::new(MemStore::default());
+        let acked = Arc::new(acked);
+        let load = Load::start(store.clone(), w, acked.clone());
+        (acked.progress(receipts, Duration::from_secs(30), "in memory")).await;
+        assert_eq!(load.finish().await, None);
+        (store, acked)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_acknowledgement_of_a_load_is_verified() {
-        let store = Arc::new(MemStore::default());
         let w = Workload::new(acme(), "alice", "t", 4).unknown_every(3);
-        let acked = Arc::new(Acked::new());
-        let load = Load::start(store.clone(), &w, acked.clone());
-        acked
-            .progress(200, Duration::from_secs(30), "in memory")
-            .await;
-        assert_eq!(load.finish().await, None);
+        let (store, acked) = ran(&w, Acked::new(), 200).await;
         let v = acked.verify(&*store, &w.tenant, "in memory").await;
         assert!(v.receipts >= 200, "{v:?}");
         assert_eq!(v.receipts, acked.receipts());
@@ -674,14 +679,8 @@ mod tests {
                 })
             }
         };
-        let store = Arc::new(MemStore::default());
         let w = Workload::new(acme(), "alice", "tap", 1).unknown_every(2);
-        let acked = Arc::new(Acked::tapped(tap));
-        let load = Load::start(store, &w, acked.clone());
-        acked
-            .progress(3, Duration::from_secs(30), "in memory")
-            .await;
-        load.finish().await;
+        let (_, acked) = ran(&w, Acked::tapped(tap), 3).await;
         let seen = seen.lock();
         // tap-0-0 settles completed; tap-0-1 goes through unknown.
         assert_eq!(
@@ -698,28 +697,27 @@ mod tests {
         assert_eq!(seen.len(), acked.leases() + acked.receipts());
     }
 
+    /// An empty store, and a lease on `k` under fence 1 acknowledged
+    /// before a crash that (here) lost everything.
+    fn lost_lease(k: &str) -> (MemStore, Workload, Acked) {
+        let acked = Acked::new();
+        acked.grant(k, Fence(1));
+        let w = Workload::new(acme(), "alice", "after", 1);
+        (MemStore::default(), w, acked)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[should_panic(expected = "acknowledged lost-0-0 is gone")]
     async fn a_lost_acknowledgement_is_caught() {
-        let store = Arc::new(MemStore::default());
-        let w = Workload::new(acme(), "alice", "lost", 1);
-        let acked = Acked::new();
-        // A lease the store never granted.
-        acked.grant("lost-0-0", Fence(1));
-        acked.verify(&*store, &w.tenant, "empty store").await;
+        let (store, w, acked) = lost_lease("lost-0-0");
+        acked.verify(&store, &w.tenant, "empty store").await;
     }
 
     /// Verifies, against a store that ran the load, one of its receipts
     /// of `status` as if it had been acknowledged committed a moment later.
     async fn verify_a_changed_receipt(status: Status) {
-        let store = Arc::new(MemStore::default());
         let w = Workload::new(acme(), "alice", "changed", 1).unknown_every(1);
-        let acked = Arc::new(Acked::new());
-        let load = Load::start(store.clone(), &w, acked.clone());
-        acked
-            .progress(2, Duration::from_secs(30), "in memory")
-            .await;
-        load.finish().await;
+        let (store, acked) = ran(&w, Acked::new(), 2).await;
         let mut rc = (acked.entries.lock().values().flatten())
             .find(|rc| rc.status == status)
             .cloned()
@@ -745,14 +743,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[should_panic(expected = "fence 1 reused")]
     async fn a_reused_fence_is_caught() {
-        let store = Arc::new(MemStore::default());
-        let w = Workload::new(acme(), "alice", "fresh", 1);
-        let acked = Acked::new();
-        // Acknowledged before a crash that (here) lost everything.
-        acked.grant("gone", Fence(1));
-        acked
-            .fences_go_on(&*store, &w, "probe", "empty store")
-            .await;
+        let (store, w, acked) = lost_lease("gone");
+        acked.fences_go_on(&store, &w, "probe", "empty store").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
