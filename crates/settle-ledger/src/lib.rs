@@ -1,7 +1,8 @@
 //! # settle-ledger
 //!
 //! The [`Ledger`] API over the [`Store`] trait, the in-memory [`MemStore`],
-//! and the `conformance` suite every engine must pass (feature `conformance`).
+//! the `conformance` suite every engine must pass and the `crash` harness
+//! every crash test runs (feature `conformance`).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -46,6 +47,10 @@ pub mod bench;
 /// production builds).
 #[cfg(feature = "conformance")]
 pub mod conformance;
+/// The load-until-crash harness of every crash test (behind the
+/// `conformance` feature: not in production builds).
+#[cfg(feature = "conformance")]
+pub mod crash;
 pub mod inspect;
 mod ledger;
 mod memory;

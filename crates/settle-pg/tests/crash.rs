@@ -15,19 +15,17 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::cluster::{Cluster, kill9, tools_or_skip};
 use common::proxy::{Cut, Proxy};
+use common::{acme, exec_fence};
 use settle_core::testkit::*;
 use settle_core::*;
+use settle_ledger::crash::{Acked, Load, Workload};
 use settle_ledger::{Store, StoreError};
 use settle_pg::PgStore;
-
-fn acme() -> TenantId {
-    TenantId::new("acme").unwrap()
-}
 
 fn cycles() -> usize {
     std::env::var("SETTLE_PG_CRASH_CYCLES")
@@ -35,124 +33,6 @@ fn cycles() -> usize {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1)
         .max(1)
-}
-
-/// What one claim+settle pair of the load got.
-#[derive(Debug)]
-enum Outcome {
-    /// Both acknowledged: this receipt was returned.
-    Receipt(String, Receipt),
-    /// The claim returned a grant; the settlement then failed.
-    Granted(String, Fence),
-    /// The claim failed: nothing was acknowledged.
-    Failed,
-}
-
-struct Load {
-    stop: Arc<AtomicBool>,
-    /// Pairs that got their receipt.
-    ok: Arc<AtomicU64>,
-    tasks: Vec<tokio::task::JoinHandle<Vec<Outcome>>>,
-}
-
-/// `clients` tasks, each running claim+settle pairs on fresh keys until stopped.
-fn start_load(store: &PgStore, clients: usize, prefix: &str) -> Load {
-    let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicU64::new(0));
-    let tasks = (0..clients)
-        .map(|c| {
-            let (store, stop, ok) = (store.clone(), stop.clone(), ok.clone());
-            let prefix = format!("{prefix}-{c}");
-            tokio::spawn(async move {
-                let mut out = Vec::new();
-                let mut i = 0;
-                while !stop.load(Ordering::SeqCst) {
-                    let k = format!("{prefix}-{i}");
-                    i += 1;
-                    let b = binding("alice", 0);
-                    match store.execute(&acme(), claim(&k, 1, b.clone())).await {
-                        Ok(Reply::Claim(ClaimDecision::Execute(g))) => {
-                            let s = settle(&k, g.fence, 1, b, completed(1));
-                            match store.execute(&acme(), s).await {
-                                Ok(Reply::Receipt(rc)) => {
-                                    ok.fetch_add(1, Ordering::SeqCst);
-                                    out.push(Outcome::Receipt(k, rc));
-                                }
-                                Ok(other) => panic!("{k}: the settlement answered {other:?}"),
-                                Err(_) => out.push(Outcome::Granted(k, g.fence)),
-                            }
-                        }
-                        // A fresh key: anything else means a claim ran twice
-                        // after its first run had committed.
-                        Ok(other) => panic!("{k}: a first claim answered {other:?}"),
-                        Err(_) => {
-                            out.push(Outcome::Failed);
-                            // Do not spin while the database is down.
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                        }
-                    }
-                }
-                out
-            })
-        })
-        .collect();
-    Load { stop, ok, tasks }
-}
-
-impl Load {
-    /// Waits until `n` more pairs got their receipt (bounded).
-    async fn progress(&self, n: u64, what: &str) {
-        let target = self.ok.load(Ordering::SeqCst) + n;
-        let deadline = Instant::now() + Duration::from_secs(90);
-        while self.ok.load(Ordering::SeqCst) < target {
-            assert!(Instant::now() < deadline, "no progress {what}");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-
-    async fn finish(self) -> Vec<Outcome> {
-        self.stop.store(true, Ordering::SeqCst);
-        let mut all = Vec::new();
-        for t in self.tasks {
-            all.extend(t.await.expect("a load task panicked"));
-        }
-        all
-    }
-}
-
-/// Checks every acknowledged grant and receipt against the database.
-/// Returns (receipts, grants without receipt, failed claims).
-async fn verify(store: &PgStore, outcomes: &[Outcome]) -> (usize, usize, usize) {
-    let (mut receipts, mut grants, mut failed) = (0, 0, 0);
-    for o in outcomes {
-        match o {
-            Outcome::Receipt(k, rc) => {
-                let rec = store
-                    .get(&acme(), &key(k))
-                    .await
-                    .unwrap()
-                    .unwrap()
-                    .unwrap_or_else(|| panic!("{k}: a receipt was returned for a lost record"));
-                assert_eq!(rec.receipt.as_ref(), Some(rc), "{k}: the receipt returned");
-                receipts += 1;
-            }
-            Outcome::Granted(k, f) => {
-                let rec = store
-                    .get(&acme(), &key(k))
-                    .await
-                    .unwrap()
-                    .unwrap()
-                    .unwrap_or_else(|| panic!("{k}: a grant was returned for a lost record"));
-                assert!(
-                    rec.attempts.iter().any(|a| a.lease.fence == *f),
-                    "{k}: the granted lease {f:?} is not in the record"
-                );
-                grants += 1;
-            }
-            Outcome::Failed => failed += 1,
-        }
-    }
-    (receipts, grants, failed)
 }
 
 fn options(o: &mut settle_pg::PgOptions, group: bool) {
@@ -210,6 +90,9 @@ async fn inject(cluster: &Arc<Cluster>, fault: Fault, schemas: &[String]) {
     cluster.wait_ready().await;
 }
 
+/// How long the load may take to make progress.
+const PATIENCE: Duration = Duration::from_secs(90);
+
 async fn fault_under_load(name: &str, fault: Fault) {
     let Some(pg) = tools_or_skip(name) else {
         return;
@@ -219,53 +102,47 @@ async fn fault_under_load(name: &str, fault: Fault) {
     }));
     let url = cluster.url();
     let schemas = vec![format!("{name}_g"), format!("{name}_s")];
-    let grouped = common::store_on(&url, &schemas[0], |o| options(o, true)).await;
-    let single = common::store_on(&url, &schemas[1], |o| options(o, false)).await;
-    let load_g = start_load(&grouped, 6, "g");
-    let load_s = start_load(&single, 4, "s");
+    let grouped = Arc::new(common::store_on(&url, &schemas[0], |o| options(o, true)).await);
+    let single = Arc::new(common::store_on(&url, &schemas[1], |o| options(o, false)).await);
+    // The stores recover on their own: the clients go on after an error.
+    let pause = Duration::from_millis(20);
+    let wg = Workload::new(acme(), "alice", "g", 6).retrying(pause);
+    let ws = Workload::new(acme(), "alice", "s", 4).retrying(pause);
+    let (acked_g, acked_s) = (Arc::new(Acked::new()), Arc::new(Acked::new()));
+    let load_g = Load::start(grouped.clone(), &wg, acked_g.clone());
+    let load_s = Load::start(single.clone(), &ws, acked_s.clone());
     let started = Instant::now();
     let n = cycles();
     for i in 0..n {
-        load_g.progress(50, "before the fault").await;
-        load_s.progress(20, "before the fault").await;
+        acked_g.progress(50, PATIENCE, "before the fault").await;
+        acked_s.progress(20, PATIENCE, "before the fault").await;
         inject(&cluster, fault, &schemas).await;
         // Back: both stores recover on their own.
-        load_g.progress(50, &format!("after {fault:?} #{i}")).await;
-        load_s.progress(20, &format!("after {fault:?} #{i}")).await;
+        let after = format!("after {fault:?} #{i}");
+        acked_g.progress(50, PATIENCE, &after).await;
+        acked_s.progress(20, PATIENCE, &after).await;
     }
-    let outcomes_g = load_g.finish().await;
-    let outcomes_s = load_s.finish().await;
-    let (rg, gg, fg) = verify(&grouped, &outcomes_g).await;
-    let (rs, gs, fs) = verify(&single, &outcomes_s).await;
+    load_g.finish().await;
+    load_s.finish().await;
+    let vg = acked_g.verify(&*grouped, &acme(), name).await;
+    let vs = acked_s.verify(&*single, &acme(), name).await;
     // Fences go on increasing past every one handed out before the faults
     // (each schema has its own sequence).
-    for (s, outcomes) in [(&grouped, &outcomes_g), (&single, &outcomes_s)] {
-        let highest = outcomes
-            .iter()
-            .filter_map(|o| match o {
-                Outcome::Receipt(_, rc) => Some(rc.fence),
-                Outcome::Granted(_, f) => Some(*f),
-                Outcome::Failed => None,
-            })
-            .max()
-            .unwrap();
-        match s
-            .execute(&acme(), claim("after", 1, binding("alice", 0)))
-            .await
-            .unwrap()
-        {
-            Reply::Claim(ClaimDecision::Execute(g)) => assert!(g.fence > highest),
-            other => panic!("{other:?}"),
-        }
-    }
+    acked_g.fences_go_on(&*grouped, &wg, "after", name).await;
+    acked_s.fences_go_on(&*single, &ws, "after", name).await;
     let (dg, ds) = (grouped.in_doubt(), single.in_doubt());
+    let (fg, fs) = (acked_g.failed_claims(), acked_s.failed_claims());
     eprintln!(
-        "{name}: {n} x {fault:?} in {:.1} s; receipts checked {} (group {rg}, single {rs}), \
-         grants without receipt {} ({gg}/{gs}), failed claims {} ({fg}/{fs}); \
+        "{name}: {n} x {fault:?} in {:.1} s; receipts checked {} (group {}, single {}), \
+         grants without receipt {} ({}/{}), failed claims {} ({fg}/{fs}); \
          in-doubt commits: {} committed, {} not committed, {} unresolved",
         started.elapsed().as_secs_f64(),
-        rg + rs,
-        gg + gs,
+        vg.receipts + vs.receipts,
+        vg.receipts,
+        vs.receipts,
+        vg.grants + vs.grants,
+        vg.grants,
+        vs.grants,
         fg + fs,
         dg.committed + ds.committed,
         dg.not_committed + ds.not_committed,
@@ -341,14 +218,7 @@ async fn xid_reuse(name: &str, group: bool) {
         o.client_timeout = Duration::from_secs(30);
     })
     .await;
-    let f = match store
-        .execute(&acme(), claim("k", 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("{other:?}"),
-    };
+    let f = exec_fence(&store, "k").await;
 
     proxy.arm(Cut::HoldCommit);
     let s2 = store.clone();
@@ -487,14 +357,7 @@ async fn a_server_without_fsync_is_refused() {
     let url = cluster.url();
     let store =
         wait_for(|| PgStore::connect(&url, common::options(name, Default::default()))).await;
-    let f = match store
-        .execute(&acme(), claim("k", 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("{other:?}"),
-    };
+    let f = exec_fence(&store, "k").await;
     let single = common::store_on(&cluster.url(), name, |o| o.group_commit = false).await;
     store.health().await.expect("healthy with fsync on");
     set_fsync(&side, "off").await;
@@ -721,14 +584,7 @@ async fn an_in_doubt_commit_is_never_decided_on_another_cluster() {
         o.in_doubt_timeout = Duration::from_secs(2);
     })
     .await;
-    let f = match store
-        .execute(&acme(), claim("k", 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("{other:?}"),
-    };
+    let f = exec_fence(&store, "k").await;
     proxy.arm(Cut::SilentAfterCommit);
     proxy.set_upstream(&b.addr());
     let r = tokio::time::timeout(

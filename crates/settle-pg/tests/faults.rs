@@ -10,25 +10,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::proxy::{Cut, Proxy};
+use common::{acme, exec_fence};
 use settle_core::testkit::*;
 use settle_core::*;
 use settle_ledger::{Store, StoreError};
 use settle_pg::PgStore;
-
-fn acme() -> TenantId {
-    TenantId::new("acme").unwrap()
-}
-
-async fn exec_fence(store: &PgStore, k: &str) -> Fence {
-    match store
-        .execute(&acme(), claim(k, 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("expected execute, got {other:?}"),
-    }
-}
 
 async fn record(store: &PgStore, k: &str) -> Record {
     store

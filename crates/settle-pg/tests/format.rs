@@ -9,6 +9,7 @@ mod common;
 
 use std::path::PathBuf;
 
+use common::acme;
 use settle_core::testkit::*;
 use settle_core::*;
 use settle_ledger::Store;
@@ -30,10 +31,6 @@ fn columns(name: &str) -> Vec<(String, Option<String>)> {
             (k.to_string(), (v != "NULL").then(|| v.to_string()))
         })
         .collect()
-}
-
-fn acme() -> TenantId {
-    TenantId::new("acme").unwrap()
 }
 
 /// The fixtures' timestamps are counted from this instant (2025-11-30).

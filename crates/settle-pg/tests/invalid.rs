@@ -4,25 +4,10 @@
 
 mod common;
 
+use common::{acme, exec_fence};
 use settle_core::testkit::*;
 use settle_core::*;
 use settle_ledger::Store;
-use settle_pg::PgStore;
-
-fn acme() -> TenantId {
-    TenantId::new("acme").unwrap()
-}
-
-async fn fence_of(store: &PgStore, k: &str) -> Fence {
-    match store
-        .execute(&acme(), claim(k, 1, binding("alice", 0)))
-        .await
-        .unwrap()
-    {
-        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-        other => panic!("expected execute, got {other:?}"),
-    }
-}
 
 fn invalid_field(r: &Reply) -> &str {
     match r {
@@ -47,7 +32,7 @@ async fn invalid_commands(group: bool) {
         o.limits.max_result_bytes = 64;
     })
     .await;
-    let first = fence_of(&store, "a").await;
+    let first = exec_fence(&store, "a").await;
     // lease_ms must exceed the lease margin (100 ms by default).
     let too_short = claim_with("b", 1, binding("alice", 0), 100, false);
     for _ in 0..3 {
@@ -55,7 +40,7 @@ async fn invalid_commands(group: bool) {
         assert_eq!(invalid_field(&r), "lease_ms");
     }
     assert_eq!(
-        fence_of(&store, "c").await,
+        exec_fence(&store, "c").await,
         Fence(first.0 + 1),
         "the invalid claims took fences from the sequence"
     );

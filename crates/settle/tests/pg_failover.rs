@@ -15,112 +15,14 @@
 mod cluster;
 mod common;
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use cluster::{Cluster, tools_or_skip};
+use common::remote::Remote;
 use common::*;
-use serde_json::Value;
-use settle_client::Client;
-
-/// What the load got for one key.
-enum Acked {
-    Receipt(Value),
-    Grant(u64),
-}
-
-struct Load {
-    stop: Arc<AtomicBool>,
-    ok: Arc<AtomicU64>,
-    tasks: Vec<tokio::task::JoinHandle<(HashMap<String, Acked>, u64)>>,
-}
-
-fn start_load(ep: &Client, clients: usize, prefix: &str) -> Load {
-    let stop = Arc::new(AtomicBool::new(false));
-    let ok = Arc::new(AtomicU64::new(0));
-    let b = binding("svc", 0);
-    let tasks = (0..clients)
-        .map(|c| {
-            let (ep, stop, ok, b) = (ep.clone(), stop.clone(), ok.clone(), b.clone());
-            let prefix = format!("{prefix}-{c}");
-            tokio::spawn(async move {
-                let mut acked = HashMap::new();
-                let mut failed = 0;
-                let mut i = 0;
-                while !stop.load(Ordering::SeqCst) {
-                    let k = format!("{prefix}-{i}");
-                    i += 1;
-                    let r = ep
-                        .send_raw(
-                            hyper::Method::POST,
-                            &settle_client::operation_path(&k, "claim"),
-                            Some(serde_json::to_vec(&claim_body(1, &b)).unwrap().into()),
-                        )
-                        .await;
-                    let fence = match r {
-                        Ok(r) if r.status == 200 => {
-                            let v = r.json();
-                            assert_eq!(v["decision"], "execute", "{k}: a first claim: {v}");
-                            v["fence"].as_u64().unwrap()
-                        }
-                        // 503 (database gone, commit in doubt) or no server: nothing acknowledged.
-                        _ => {
-                            failed += 1;
-                            tokio::time::sleep(Duration::from_millis(20)).await;
-                            continue;
-                        }
-                    };
-                    let body = settle_body(fence, 1, &b, completed(1));
-                    let r = ep
-                        .send_raw(
-                            hyper::Method::POST,
-                            &settle_client::operation_path(&k, "settle"),
-                            Some(serde_json::to_vec(&body).unwrap().into()),
-                        )
-                        .await;
-                    match r {
-                        Ok(r) if r.status == 200 => {
-                            let rc = r.json()["receipt"].clone();
-                            assert_eq!(rc["durable"], true);
-                            acked.insert(k, Acked::Receipt(rc));
-                            ok.fetch_add(1, Ordering::SeqCst);
-                        }
-                        _ => {
-                            failed += 1;
-                            acked.insert(k, Acked::Grant(fence));
-                        }
-                    }
-                }
-                (acked, failed)
-            })
-        })
-        .collect();
-    Load { stop, ok, tasks }
-}
-
-impl Load {
-    async fn progress(&self, n: u64) {
-        let target = self.ok.load(Ordering::SeqCst) + n;
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while self.ok.load(Ordering::SeqCst) < target {
-            assert!(Instant::now() < deadline, "the load made no progress");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    }
-    async fn finish(self) -> (HashMap<String, Acked>, u64) {
-        self.stop.store(true, Ordering::SeqCst);
-        let mut all = HashMap::new();
-        let mut failed = 0;
-        for t in self.tasks {
-            let (a, f) = t.await.expect("a load task panicked");
-            all.extend(a);
-            failed += f;
-        }
-        (all, failed)
-    }
-}
+use settle_core::TenantId;
+use settle_ledger::crash::{Acked, Load, Workload};
 
 fn signal(pid: i32, sig: &str) {
     let st = std::process::Command::new("kill")
@@ -185,8 +87,15 @@ async fn failover_once(pg: &cluster::Pg, run: usize) {
     let dummy = TempDir::new("failover");
 
     let mut first = Server::start(dummy.path(), &["--store", &primary.url()]);
-    let load = start_load(&first.ep(), 8, &format!("run{run}"));
-    load.progress(200).await;
+    // 503 (database gone, commit in doubt) or no server: nothing
+    // acknowledged; the clients go on.
+    let workload = Workload::new(TenantId::default_tenant(), "svc", &format!("run{run}"), 8)
+        .retrying(Duration::from_millis(20));
+    let acked = Arc::new(Acked::new());
+    let load = Load::start(Arc::new(Remote(first.ep())), &workload, acked.clone());
+    acked
+        .progress(200, Duration::from_secs(60), "before the failover")
+        .await;
 
     // The standby falls behind: its WAL receiver stops for a moment (with
     // a synchronous standby, commits wait; without one, the primary goes on
@@ -199,9 +108,9 @@ async fn failover_once(pg: &cluster::Pg, run: usize) {
         .unwrap()
         .get(0);
     signal(receiver, "STOP");
-    let before_lag = load.ok.load(Ordering::SeqCst);
+    let before_lag = acked.receipts();
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let during_lag = load.ok.load(Ordering::SeqCst) - before_lag;
+    let during_lag = acked.receipts() - before_lag;
     // Then the primary's machine dies, with commits in flight.
     tokio::task::block_in_place(|| primary.kill9_all());
     let killed_at = Instant::now();
@@ -210,57 +119,25 @@ async fn failover_once(pg: &cluster::Pg, run: usize) {
     standby.wait_ready().await;
     // The operator restarts settle on the new primary.
     first.kill9();
-    let (acked, failed) = load.finish().await;
+    load.finish().await;
     let second = Server::start(dummy.path(), &["--store", &standby.url()]);
     let ep = second.ep();
     let downtime = killed_at.elapsed();
 
-    let b = binding("svc", 0);
-    let (mut receipts, mut grants, mut highest) = (0, 0, 0);
-    for (k, a) in &acked {
-        match a {
-            Acked::Receipt(rc) => {
-                // The same claim replays the same receipt: it survived.
-                let r = op(&ep, k, "claim", claim_body(1, &b)).await;
-                assert_eq!(r.status, 200, "{k}: {}", String::from_utf8_lossy(&r.body));
-                let v = r.json();
-                assert_eq!(
-                    v["decision"], "replay",
-                    "{k}: an acknowledged receipt was lost: {v}"
-                );
-                assert_eq!(&v["receipt"], rc, "{k}");
-                highest = highest.max(rc["fence"].as_u64().unwrap());
-                receipts += 1;
-            }
-            Acked::Grant(f) => {
-                let r = get(&ep, &settle_client::operation_path(k, "")).await;
-                assert_eq!(r.status, 200, "{k}: an acknowledged grant was lost");
-                let v = r.json();
-                assert!(
-                    v["attempts"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .any(|a| a["lease"]["fence"].as_u64() == Some(*f)),
-                    "{k}: the granted lease {f} is not in the record: {v}"
-                );
-                highest = highest.max(*f);
-                grants += 1;
-            }
-        }
-    }
+    // Every acknowledged receipt is in its record and replays to the same
+    // claim; every acknowledged lease is in its record.
+    let what = format!("failover run {run}");
+    let remote = Remote(ep.clone());
+    let verified = acked.verify(&remote, &workload.tenant, &what).await;
+    acked.replays(&remote, &workload, &what).await;
     // The new primary serves, and its fences are above every one acknowledged.
-    let f = execute(&ep, &format!("after-{run}"), 1, &b).await;
-    assert!(f > highest, "fence {f} after {highest}");
-    let r = op(
-        &ep,
-        &format!("after-{run}"),
-        "settle",
-        settle_body(f, 1, &b, completed(1)),
-    )
-    .await;
+    let after = format!("after-{run}");
+    let f = acked.fences_go_on(&remote, &workload, &after, &what).await;
+    let b = binding("svc", 0);
+    let r = op(&ep, &after, "settle", settle_body(f.0, 1, &b, completed(1))).await;
     assert_eq!(r.status, 200);
     assert!(get(&ep, "/readyz").await.status == 200);
+    let (receipts, grants, failed) = (verified.receipts, verified.grants, acked.failed_calls());
     eprintln!(
         "failover run {run}: {receipts} receipts and {grants} grants acknowledged before the \
          kill, all present after the failover ({during_lag} pairs acknowledged while the \

@@ -1,6 +1,17 @@
-//! Crash-test child: runs concurrent claim/settle traffic against an
-//! embedded store until it is killed, printing one JSON line per
-//! acknowledged grant or receipt (after the acknowledgement arrived).
+//! Crash-test child: runs the crash harness's load
+//! (`settle_ledger::crash`) against an embedded store until it is killed,
+//! printing one JSON line per acknowledged grant or receipt (after the
+//! acknowledgement arrived):
+//!
+//! ```text
+//! {"ready":true}
+//! {"grant":KEY,"fence":N}
+//! {"ack":KEY,"receipt":RECEIPT}
+//! ```
+//!
+//! Every fifth key is settled `unknown` first (a timeout), then claimed
+//! again and reconciled. A failed call ends the load, and the child panics
+//! with it: only the parent's SIGKILL may end a healthy run.
 //!
 //! Usage: settle-embedded-torture DIR PREFIX CONCURRENCY
 
@@ -8,10 +19,9 @@ use std::io::Write;
 use std::sync::Arc;
 
 use serde_json::json;
-use settle_core::testkit::*;
-use settle_core::*;
+use settle_core::TenantId;
 use settle_embedded::{EmbeddedOptions, EmbeddedStore};
-use settle_ledger::Store;
+use settle_ledger::crash::{Ack, Acked, Load, Workload};
 
 fn emit(v: serde_json::Value) {
     let mut out = std::io::stdout().lock();
@@ -22,7 +32,7 @@ fn emit(v: serde_json::Value) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let (dir, prefix, concurrency) = (&args[1], args[2].clone(), args[3].parse::<usize>().unwrap());
+    let (dir, prefix, concurrency) = (&args[1], &args[2], args[3].parse::<usize>().unwrap());
     let store = EmbeddedStore::open(
         dir,
         EmbeddedOptions {
@@ -33,78 +43,18 @@ async fn main() {
     )
     .expect("open");
     emit(json!({"ready": true}));
-    let tenant = TenantId::new("crash").unwrap();
-    let mut tasks = Vec::new();
-    for w in 0..concurrency {
-        let store: Arc<EmbeddedStore> = store.clone();
-        let tenant = tenant.clone();
-        let prefix = prefix.clone();
-        tasks.push(tokio::spawn(async move {
-            for n in 0u64.. {
-                let k = format!("{prefix}-{w}-{n}");
-                let fence = match store
-                    .execute(&tenant, claim(&k, 1, binding("worker", 0)))
-                    .await
-                    .expect("claim")
-                {
-                    Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
-                    other => panic!("{other:?}"),
-                };
-                emit(json!({"grant": k, "fence": fence.0}));
-                // Every fifth operation times out first, then reconciles.
-                if n % 5 == 4 {
-                    let r = store
-                        .execute(
-                            &tenant,
-                            settle(&k, fence, 1, binding("worker", 0), unknown()),
-                        )
-                        .await
-                        .expect("settle");
-                    let Reply::Receipt(rc) = r else {
-                        panic!("{r:?}")
-                    };
-                    emit(json!({"ack": k, "receipt": rc}));
-                    let g = match store
-                        .execute(&tenant, claim(&k, 1, binding("worker", 0)))
-                        .await
-                        .expect("claim")
-                    {
-                        Reply::Claim(ClaimDecision::Reconcile(g)) => g,
-                        other => panic!("{other:?}"),
-                    };
-                    emit(json!({"grant": k, "fence": g.fence.0}));
-                    let r = store
-                        .execute(
-                            &tenant,
-                            reconcile(
-                                &k,
-                                g.fence,
-                                committed(1, binding("worker", 0), completed(1)),
-                            ),
-                        )
-                        .await
-                        .expect("reconcile");
-                    let Reply::Receipt(rc) = r else {
-                        panic!("{r:?}")
-                    };
-                    emit(json!({"ack": k, "receipt": rc}));
-                } else {
-                    let r = store
-                        .execute(
-                            &tenant,
-                            settle(&k, fence, 1, binding("worker", 0), completed(1)),
-                        )
-                        .await
-                        .expect("settle");
-                    let Reply::Receipt(rc) = r else {
-                        panic!("{r:?}")
-                    };
-                    emit(json!({"ack": k, "receipt": rc}));
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        t.await.unwrap();
-    }
+    // The parent checks under the same tenant and principal.
+    let workload = Workload::new(
+        TenantId::new("crash").unwrap(),
+        "worker",
+        prefix,
+        concurrency,
+    )
+    .unknown_every(5);
+    let acked = Arc::new(Acked::tapped(|ack| match ack {
+        Ack::Grant { key, fence } => emit(json!({"grant": key, "fence": fence.0})),
+        Ack::Receipt(rc) => emit(json!({"ack": rc.key.as_str(), "receipt": rc})),
+    }));
+    let stopped = Load::start(store, &workload, acked).ended().await;
+    panic!("the load stopped: {stopped:?}");
 }

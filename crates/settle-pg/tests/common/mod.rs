@@ -10,10 +10,29 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use settle_ledger::Clock;
+use settle_core::testkit::{binding, claim};
+use settle_core::{ClaimDecision, Fence, Reply, TenantId};
 use settle_ledger::conformance::Fixture;
+use settle_ledger::{Clock, Store};
 use settle_pg::{PgOptions, PgStore};
 use tokio_postgres::NoTls;
+
+/// The tenant of these tests.
+pub fn acme() -> TenantId {
+    TenantId::new("acme").unwrap()
+}
+
+/// Claims `k` (fingerprint 1, alice) and expects `execute`; returns the fence.
+pub async fn exec_fence(store: &PgStore, k: &str) -> Fence {
+    match store
+        .execute(&acme(), claim(k, 1, binding("alice", 0)))
+        .await
+        .unwrap()
+    {
+        Reply::Claim(ClaimDecision::Execute(g)) => g.fence,
+        other => panic!("expected execute, got {other:?}"),
+    }
+}
 
 /// `SETTLE_TEST_PG_URL`, or the local test database.
 pub fn url() -> String {
