@@ -101,8 +101,9 @@ pub struct ServeArgs {
     /// store takes about twice this on disk [default: 67108864].
     #[arg(long, env = "SETTLE_SEGMENT_BYTES")]
     pub segment_bytes: Option<u64>,
-    /// Deprecated and ignored (a warning at startup); removed in the next release.
-    #[arg(long, env = "SETTLE_THREAD_PRIORITIES", value_name = "BOOL", value_parser = clap::builder::BoolishValueParser::new())]
+    /// Deprecated and ignored (a warning at startup); removed in the next
+    /// release. Hidden from --help: accepted so that old scripts still start.
+    #[arg(long, hide = true, env = "SETTLE_THREAD_PRIORITIES", value_name = "BOOL", value_parser = clap::builder::BoolishValueParser::new())]
     pub thread_priorities: Option<bool>,
     /// PostgreSQL: server-side statement_timeout per transaction [default: 10000].
     #[arg(long, env = "SETTLE_PG_STATEMENT_TIMEOUT_MS")]
