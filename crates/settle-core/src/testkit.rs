@@ -244,6 +244,101 @@ pub fn full_record() -> Record {
     FullRecord::default().build()
 }
 
+/// The open record of the engines' frozen format fixtures: pending, holding
+/// an open execute lease (alice at generation 2, fence 8).
+pub fn fixture_open_record() -> Record {
+    Record {
+        key: Key::new("order-2").unwrap(),
+        reservation: Reservation {
+            fingerprint: Digest([2; 32]),
+            principal: Principal::new("alice").unwrap(),
+            scopes: Scopes::from_strs(["pay", "refund"]).unwrap(),
+            generation: 2,
+        },
+        status: Status::Pending,
+        outcome: None,
+        receipt: None,
+        reconcile_required: false,
+        disputed: false,
+        attempts: vec![Attempt {
+            number: 1,
+            lease: Lease {
+                fence: Fence(8),
+                purpose: Purpose::Execute,
+                generation: 2,
+                granted_at: fixture_t(3_000),
+                expires_at: fixture_t(33_000),
+                lease_ms: LeaseMs::new(30_000).unwrap(),
+                marks_dispatch: false,
+                dispatched: false,
+                worker: None,
+                ended: None,
+            },
+            receipt: None,
+            error: None,
+            observations: Vec::new(),
+            observations_total: 0,
+        }],
+        attempts_total: 1,
+        quarantine: Vec::new(),
+        quarantine_total: 0,
+        retention_s: RetentionS::new(86_400).unwrap(),
+        created_at: fixture_t(3_000),
+        updated_at: fixture_t(3_000),
+        settled_at: None,
+    }
+}
+
+/// The warning set of the engines' frozen format fixtures: one saturated
+/// class, one not.
+pub fn fixture_warnings() -> Vec<Warning> {
+    let task = TaskId::new("nightly-export").unwrap();
+    vec![
+        Warning {
+            task: task.clone(),
+            class: WarningClass::new("slow-remote").unwrap(),
+            count: 3,
+            detail: Some(Text::new("detail", "p99 above 2 s").unwrap()),
+            first_at: fixture_t(100),
+            last_at: fixture_t(900),
+            saturated: false,
+        },
+        Warning {
+            task,
+            class: WarningClass::new("retry-storm").unwrap(),
+            count: 1_000,
+            detail: None,
+            first_at: fixture_t(200),
+            last_at: fixture_t(800),
+            saturated: true,
+        },
+    ]
+}
+
+/// The principal state of the engines' frozen format fixtures: bob at
+/// generation 3, with the two moves that brought him there.
+pub fn fixture_principal() -> PrincipalState {
+    PrincipalState::with_moves(
+        3,
+        fixture_t(1_400),
+        &[
+            Move {
+                left: 1,
+                at: fixture_t(50),
+            },
+            Move {
+                left: 2,
+                at: fixture_t(1_400),
+            },
+        ],
+    )
+}
+
+/// `ms` after the fixtures' epoch ([`FullRecord`]'s `t0`).
+fn fixture_t(ms: u64) -> Timestamp {
+    Timestamp(FullRecord::default().t0 + ms)
+}
+
 impl Default for FullRecord {
     fn default() -> FullRecord {
         FullRecord {

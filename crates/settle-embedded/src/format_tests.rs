@@ -18,7 +18,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use settle_core::testkit::full_record;
+use settle_core::testkit::{fixture_open_record, fixture_principal, fixture_warnings, full_record};
 use settle_core::{
     Attempt, Digest, Fence, Key, Lease, LeaseMs, Move, Principal, PrincipalState, Purpose, Record,
     Reservation, RetentionS, Scopes, Status, TaskId, TenantId, Text, Timestamp, Warning,
@@ -49,25 +49,11 @@ fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()))
 }
 
-const T0: u64 = 1_764_460_800_000; // 2025-11-30T00:00:00Z
+// The fixtures' epoch (`FullRecord::t0`), 2025-11-30T00:00:00Z.
+const T0: u64 = 1_764_460_800_000;
 
-fn t(ms: u64) -> Timestamp {
-    Timestamp(T0 + ms)
-}
-fn d(n: u8) -> Digest {
-    Digest([n; 32])
-}
 fn tenant() -> TenantId {
     TenantId::new("acme").unwrap()
-}
-fn alice() -> Principal {
-    Principal::new("alice").unwrap()
-}
-fn pay_refund() -> Scopes {
-    Scopes::from_strs(["pay", "refund"]).unwrap()
-}
-fn lease_ms() -> LeaseMs {
-    LeaseMs::new(30_000).unwrap()
 }
 
 /// A settled, disputed record: an execute attempt that settled `unknown`
@@ -76,89 +62,6 @@ fn lease_ms() -> LeaseMs {
 /// values of [`full_record`], shared with settle-pg's fixtures).
 fn settled_record() -> Record {
     full_record()
-}
-
-/// A pending record holding an open execute lease.
-fn open_record() -> Record {
-    Record {
-        key: Key::new("order-2").unwrap(),
-        reservation: Reservation {
-            fingerprint: d(2),
-            principal: alice(),
-            scopes: pay_refund(),
-            generation: 2,
-        },
-        status: Status::Pending,
-        outcome: None,
-        receipt: None,
-        reconcile_required: false,
-        disputed: false,
-        attempts: vec![Attempt {
-            number: 1,
-            lease: Lease {
-                fence: Fence(8),
-                purpose: Purpose::Execute,
-                generation: 2,
-                granted_at: t(3_000),
-                expires_at: t(33_000),
-                lease_ms: lease_ms(),
-                marks_dispatch: false,
-                dispatched: false,
-                worker: None,
-                ended: None,
-            },
-            receipt: None,
-            error: None,
-            observations: Vec::new(),
-            observations_total: 0,
-        }],
-        attempts_total: 1,
-        quarantine: Vec::new(),
-        quarantine_total: 0,
-        retention_s: RetentionS::new(86_400).unwrap(),
-        created_at: t(3_000),
-        updated_at: t(3_000),
-        settled_at: None,
-    }
-}
-
-fn warnings() -> Vec<Warning> {
-    let task = TaskId::new("nightly-export").unwrap();
-    vec![
-        Warning {
-            task: task.clone(),
-            class: WarningClass::new("slow-remote").unwrap(),
-            count: 3,
-            detail: Some(Text::new("detail", "p99 above 2 s").unwrap()),
-            first_at: t(100),
-            last_at: t(900),
-            saturated: false,
-        },
-        Warning {
-            task,
-            class: WarningClass::new("retry-storm").unwrap(),
-            count: 1_000,
-            detail: None,
-            first_at: t(200),
-            last_at: t(800),
-            saturated: true,
-        },
-    ]
-}
-
-/// bob at generation 3, with the two moves that brought him there.
-fn principal() -> PrincipalState {
-    PrincipalState::with_moves(
-        3,
-        t(1_400),
-        &[
-            Move { left: 1, at: t(50) },
-            Move {
-                left: 2,
-                at: t(1_400),
-            },
-        ],
-    )
 }
 
 /// The frame's entities, with the `open` flag and `expires_at` each entry carries.
@@ -174,19 +77,19 @@ fn frame_entities() -> Vec<(EntityKey, Value, bool, Option<u64>)> {
         ),
         (
             EntityKey::Record(tenant(), Key::new("order-2").unwrap()),
-            Value::Record(open_record()),
+            Value::Record(fixture_open_record()),
             true,
             None,
         ),
         (
             EntityKey::Principal(tenant(), Principal::new("bob").unwrap()),
-            Value::Principal(principal()),
+            Value::Principal(fixture_principal()),
             false,
             None,
         ),
         (
             EntityKey::Task(tenant(), TaskId::new("nightly-export").unwrap()),
-            Value::Warnings(warnings()),
+            Value::Warnings(fixture_warnings()),
             false,
             None,
         ),
@@ -249,7 +152,7 @@ fn serde_frame(lsn: u64, ents: &[(Vec<u8>, Value)]) -> Vec<u8> {
 fn the_writers_frame_encoder_writes_the_serde_encoding() {
     let key = |s: &str| EntityKey::Record(tenant(), Key::new(s).unwrap()).to_bytes();
     let many_warnings = |n: usize| {
-        let w = warnings();
+        let w = fixture_warnings();
         Value::Warnings((0..n).map(|i| w[i % 2].clone()).collect())
     };
     let mut ents: Vec<(Vec<u8>, Value)> = frame_entities()
@@ -299,11 +202,11 @@ fn current_fixtures() -> Vec<(String, Vec<u8>)> {
         ),
         (
             format!("value-warnings-v{FORMAT_VERSION}.bin"),
-            encode_value(&Value::Warnings(warnings())),
+            encode_value(&Value::Warnings(fixture_warnings())),
         ),
         (
             format!("value-principal-v{FORMAT_VERSION}.bin"),
-            encode_value(&Value::Principal(principal())),
+            encode_value(&Value::Principal(fixture_principal())),
         ),
     ]
 }
@@ -311,7 +214,7 @@ fn current_fixtures() -> Vec<(String, Vec<u8>)> {
 #[test]
 fn the_expected_records_are_valid_records() {
     invariants::check_record(&settled_record()).unwrap();
-    invariants::check_record(&open_record()).unwrap();
+    invariants::check_record(&fixture_open_record()).unwrap();
 }
 
 #[test]
@@ -338,8 +241,8 @@ fn log_frame_v2_fixture_decodes_to_the_expected_batch() {
 fn value_v2_fixtures_decode_to_the_expected_values() {
     for (name, want) in [
         (RECORD_V2, Value::Record(settled_record())),
-        (WARNINGS_V2, Value::Warnings(warnings())),
-        (PRINCIPAL_V2, Value::Principal(principal())),
+        (WARNINGS_V2, Value::Warnings(fixture_warnings())),
+        (PRINCIPAL_V2, Value::Principal(fixture_principal())),
     ] {
         assert_eq!(decode_value(&fixture(name)).unwrap(), want, "{name}");
     }

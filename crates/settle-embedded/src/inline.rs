@@ -43,7 +43,7 @@ impl<F: Fs, I: Index> Inline<F, I> {
         };
         let Some(&seq) = q.last() else { return };
         q.clear();
-        if self.core.shared.poisoned.load(Ordering::SeqCst) {
+        if self.core.shared.is_poisoned() {
             return;
         }
         if let Err(e) = self.ckpt.run_to(seq) {
@@ -128,7 +128,7 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
             g.core.seal()?;
         }
         g.checkpoint_sealed();
-        if self.shared.poisoned.load(Ordering::SeqCst) {
+        if self.shared.is_poisoned() {
             return Err(StoreError::Poisoned);
         }
         Ok(())
@@ -136,7 +136,7 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
 
     /// Checkpoints and stops accepting commands (a clean shutdown).
     pub fn close(&self) {
-        let poisoned = self.shared.poisoned.load(Ordering::SeqCst);
+        let poisoned = self.shared.is_poisoned();
         if !poisoned {
             let _ = self.checkpoint_now();
         }
@@ -145,12 +145,12 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
 
     /// Whether the store refuses writes after a storage failure.
     pub fn is_poisoned(&self) -> bool {
-        self.shared.poisoned.load(Ordering::SeqCst)
+        self.shared.is_poisoned()
     }
 
     /// Entities held in memory (open records plus what awaits a checkpoint).
     pub fn resident(&self) -> usize {
-        self.shared.map.len()
+        self.shared.resident()
     }
 
     /// Stats as [`Store::stats`] reports them.
@@ -162,15 +162,23 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
     pub fn records(&self) -> Result<Vec<(TenantId, Record)>, StoreError> {
         let mut out = Vec::new();
         let mut seen: HashSet<Box<[u8]>> = HashSet::new();
-        for s in self.shared.map.iter() {
-            if let Value::Record(r) = &*s.value
-                && let EntityKey::Record(t, _) = EntityKey::from_bytes(s.key())?
-            {
-                out.push((t, r.clone()));
+        let mut undecodable_key = None;
+        self.shared.for_each_resident(|key, value| {
+            if let Value::Record(r) = value {
+                match EntityKey::from_bytes(key) {
+                    Ok(EntityKey::Record(t, _)) => out.push((t, r.clone())),
+                    Ok(_) => {}
+                    Err(e) => {
+                        undecodable_key.get_or_insert(e);
+                    }
+                }
             }
-            seen.insert(s.key().clone());
+            seen.insert(key.into());
+        });
+        if let Some(e) = undecodable_key {
+            return Err(e.into());
         }
-        self.shared.index.for_each(&mut |k, v| {
+        self.shared.index().for_each(&mut |k, v| {
             if !seen.contains(k)
                 && let Ok(Value::Record(r)) = decode_value(v)
                 && let Ok(EntityKey::Record(t, _)) = EntityKey::from_bytes(k)

@@ -69,7 +69,7 @@ pub(crate) fn recover_engine<F: Fs, I: Index>(
         .collect();
     let shared = Arc::new(Shared::new(index, map, opts.clock.clone(), opts.limits));
     for k in &rec.undecodable {
-        shared.undecodable.insert(k.clone(), ());
+        shared.note_undecodable(k.clone());
     }
     let ckpt = Checkpointer {
         shared: shared.clone(),

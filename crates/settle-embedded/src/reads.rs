@@ -69,35 +69,35 @@ pub(crate) fn sweep_candidates<I: Index>(
     // on their expiries has passed is the whole map walked (it holds each
     // shard while it is read). The walk sets the bound again; a batch
     // published meanwhile lowers it after its states are in the map.
-    let bound = shared.due_in_memory.swap(u64::MAX, Ordering::SeqCst);
+    let bound = shared.take_due_bound();
     let mut next = bound;
     if bound <= now.millis() {
         next = u64::MAX;
-        for s in shared.map.iter() {
-            let Value::Record(r) = &*s.value else {
-                continue;
+        shared.for_each_resident(|key, value| {
+            let Value::Record(r) = value else {
+                return;
             };
             let Some(expires) = r.expires_at() else {
-                continue;
+                return;
             };
             if r.is_collectable(now) && !r.is_from_the_future(now) {
-                out.push(s.key().clone());
+                out.push(Box::<[u8]>::from(key));
             } else {
                 // Not collected yet (from the future, or not due): looked at again.
                 next = next.min(expires.millis());
             }
-        }
+        });
     }
-    shared.due_in_memory.fetch_min(next, Ordering::SeqCst);
+    shared.lower_due_bound(next);
     // Open leases: the records `leased` names, copied first (the writer
     // holds that lock while it applies a batch), then each looked at in the map.
-    let keys: Vec<Box<[u8]>> = shared.leased.lock().iter().cloned().collect();
+    let keys: Vec<Box<[u8]>> = shared.leased_keys();
     let mut leased = Vec::new();
     for k in keys {
-        let Some(s) = shared.map.get(&k) else {
+        let Some(value) = shared.resident_state(&k) else {
             continue;
         };
-        let Value::Record(r) = &*s.value else {
+        let Value::Record(r) = &*value else {
             continue;
         };
         if r.is_from_the_future(now) {
@@ -133,7 +133,9 @@ pub(crate) fn sweep_candidates<I: Index>(
     let mut after: Option<Vec<u8>> = None;
     let mut due = 0;
     while due < SWEEP_DUE {
-        let page = shared.index.due(after.as_deref(), now.millis(), DUE_PAGE)?;
+        let page = shared
+            .index()
+            .due(after.as_deref(), now.millis(), DUE_PAGE)?;
         for (t, k) in &page {
             match shared.load(k)?.as_deref() {
                 Some(Value::Record(r)) if r.expires_at().map(|e| e.millis()) == Some(*t) => {
@@ -145,7 +147,7 @@ pub(crate) fn sweep_candidates<I: Index>(
                 // Refused on every access and counted; its entry stays.
                 Some(Value::Undecodable(_)) => {}
                 // The record was collected or reserved afresh: the entry is stale.
-                _ => shared.index.forget_expiry(*t, k)?,
+                _ => shared.index().forget_expiry(*t, k)?,
             }
         }
         match page.last() {
@@ -159,16 +161,16 @@ pub(crate) fn sweep_candidates<I: Index>(
 pub(crate) fn stats_sync<I: Index>(shared: &Shared<I>, stuck_after_ms: u64) -> StoreStats {
     let now = shared.now();
     let mut s = StoreStats::default();
-    for slot in shared.map.iter() {
-        if let Value::Record(r) = &*slot.value {
+    shared.for_each_resident(|_, value| {
+        if let Value::Record(r) = value {
             if r.is_from_the_future(now) {
                 s.refused += 1;
             }
             s.count(r, now, stuck_after_ms);
         }
-    }
-    s.disputed = shared.disputed.load(Ordering::SeqCst);
-    s.undecodable = shared.undecodable.len() as u64;
+    });
+    s.disputed = shared.disputed();
+    s.undecodable = shared.undecodable();
     s
 }
 
@@ -202,7 +204,7 @@ pub(crate) fn scan_sync<I: Index>(
         ),
         max,
     );
-    let idx = shared.index.keys_in((start, end), max)?;
+    let idx = shared.index().keys_in((start, end), max)?;
     // Each list holds every key up to its last one; a full list may stop
     // early, so the merge is only complete up to the smaller full last key.
     let mut bound: Option<&Vec<u8>> = None;
@@ -261,13 +263,13 @@ pub(crate) fn health_sync<I: Index>(shared: &Shared<I>, closed: bool) -> Result<
     if closed {
         return Err(StoreError::Closed);
     }
-    if shared.poisoned.load(Ordering::SeqCst) {
+    if shared.is_poisoned() {
         return Err(StoreError::Poisoned);
     }
-    if !shared.writer_alive.load(Ordering::SeqCst) {
+    if !shared.is_writer_alive() {
         return Err(StoreError::Io("the writer thread stopped".into()));
     }
-    if !shared.checkpointer_alive.load(Ordering::SeqCst) {
+    if !shared.is_checkpointer_alive() {
         return Err(StoreError::Io("the checkpointer thread stopped".into()));
     }
     Ok(())

@@ -133,7 +133,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
         let mut threads = vec![wr, lt, ck, rc];
         // The index's own background writes (compactions) take turns with
         // the log too: one step after a sync, at most every few milliseconds.
-        if let Some(mut step) = shared.index.background_writeback() {
+        if let Some(mut step) = shared.index().background_writeback() {
             let p = pacer.clone();
             threads.push(spawn("settle-writeback", move || {
                 p.run_after_syncs(WRITEBACK_EVERY, &mut step)
@@ -172,7 +172,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
 
     /// Whether the store refuses writes after a storage failure.
     pub fn is_poisoned(&self) -> bool {
-        self.shared.poisoned.load(Ordering::SeqCst)
+        self.shared.is_poisoned()
     }
 
     /// The directory the store was opened on.
@@ -182,7 +182,7 @@ impl<F: Fs, I: Index> EmbeddedStore<F, I> {
 
     /// Entities held in memory (open records plus what awaits a checkpoint).
     pub fn resident(&self) -> usize {
-        self.shared.map.len()
+        self.shared.resident()
     }
 }
 
@@ -207,15 +207,14 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
         cmd: Command,
     ) -> BoxFuture<'a, Result<Reply, StoreError>> {
         Box::pin(async move {
-            if self.shared.poisoned.load(Ordering::SeqCst) {
+            if self.shared.is_poisoned() {
                 return Err(StoreError::Poisoned);
             }
             if self.closed.load(Ordering::Relaxed) {
                 return Err(StoreError::Closed);
             }
             // Admission: a bounded queue, answered at once when full.
-            if self.shared.queued.fetch_add(1, Ordering::Relaxed) >= self.max_queue {
-                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+            if !self.shared.admit(1, self.max_queue) {
                 return Err(StoreError::Overloaded {
                     retry_after_ms: self.retry_after_ms,
                 });
@@ -227,14 +226,14 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
                 reply: tx,
             });
             if sent.is_err() {
-                self.shared.queued.fetch_sub(1, Ordering::Relaxed);
+                self.shared.dequeued(1);
                 return Err(StoreError::Closed);
             }
             rx.await.map_err(|_| {
                 // The writer answers everything it takes, even on close: a
                 // reply dropped unanswered means its thread is gone (and
                 // readiness must say so now, not once it finished unwinding).
-                self.shared.writer_alive.store(false, Ordering::SeqCst);
+                self.shared.writer_stopped();
                 StoreError::Closed
             })?
         })
@@ -254,15 +253,14 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
             if n == 0 {
                 return Vec::new();
             }
-            if self.shared.poisoned.load(Ordering::SeqCst) {
+            if self.shared.is_poisoned() {
                 return all(StoreError::Poisoned);
             }
             if self.closed.load(Ordering::Relaxed) {
                 return all(StoreError::Closed);
             }
             // Admission counts every command; a batch is admitted whole or not at all.
-            if self.shared.queued.fetch_add(n, Ordering::Relaxed) + n > self.max_queue {
-                self.shared.queued.fetch_sub(n, Ordering::Relaxed);
+            if !self.shared.admit(n, self.max_queue) {
                 return all(StoreError::Overloaded {
                     retry_after_ms: self.retry_after_ms,
                 });
@@ -274,13 +272,13 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
                 reply: tx,
             });
             if sent.is_err() {
-                self.shared.queued.fetch_sub(n, Ordering::Relaxed);
+                self.shared.dequeued(n);
                 return all(StoreError::Closed);
             }
             match rx.await {
                 Ok(results) => results,
                 Err(_) => {
-                    self.shared.writer_alive.store(false, Ordering::SeqCst);
+                    self.shared.writer_stopped();
                     all(StoreError::Closed)
                 }
             }

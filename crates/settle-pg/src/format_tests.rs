@@ -20,7 +20,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use settle_core::testkit::full_record;
+use settle_core::testkit::{fixture_open_record, fixture_principal, fixture_warnings, full_record};
 use settle_core::{
     Attempt, Digest, Fence, Key, Lease, LeaseMs, Move, Principal, PrincipalState, Purpose, Record,
     Reservation, RetentionS, Scopes, Status, TaskId, Text, Timestamp, Warning, WarningClass,
@@ -50,113 +50,12 @@ fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(&p).unwrap_or_else(|e| panic!("fixture {}: {e}", p.display()))
 }
 
-const T0: u64 = 1_764_460_800_000; // 2025-11-30T00:00:00Z
-
-fn t(ms: u64) -> Timestamp {
-    Timestamp(T0 + ms)
-}
-fn d(n: u8) -> Digest {
-    Digest([n; 32])
-}
-fn alice() -> Principal {
-    Principal::new("alice").unwrap()
-}
-fn pay_refund() -> Scopes {
-    Scopes::from_strs(["pay", "refund"]).unwrap()
-}
-fn lease_ms() -> LeaseMs {
-    LeaseMs::new(30_000).unwrap()
-}
-
 /// A settled, disputed record: an execute attempt that settled `unknown`
 /// with an error, a reconcile attempt that committed the canonical outcome
 /// and later met disagreeing evidence, and quarantined evidence (the
 /// values of [`full_record`], shared with the embedded engine's fixtures).
 fn settled_record() -> Record {
     full_record()
-}
-
-/// A pending record holding an open execute lease (derived lease columns).
-fn open_record() -> Record {
-    Record {
-        key: Key::new("order-2").unwrap(),
-        reservation: Reservation {
-            fingerprint: d(2),
-            principal: alice(),
-            scopes: pay_refund(),
-            generation: 2,
-        },
-        status: Status::Pending,
-        outcome: None,
-        receipt: None,
-        reconcile_required: false,
-        disputed: false,
-        attempts: vec![Attempt {
-            number: 1,
-            lease: Lease {
-                fence: Fence(8),
-                purpose: Purpose::Execute,
-                generation: 2,
-                granted_at: t(3_000),
-                expires_at: t(33_000),
-                lease_ms: lease_ms(),
-                marks_dispatch: false,
-                dispatched: false,
-                worker: None,
-                ended: None,
-            },
-            receipt: None,
-            error: None,
-            observations: Vec::new(),
-            observations_total: 0,
-        }],
-        attempts_total: 1,
-        quarantine: Vec::new(),
-        quarantine_total: 0,
-        retention_s: RetentionS::new(86_400).unwrap(),
-        created_at: t(3_000),
-        updated_at: t(3_000),
-        settled_at: None,
-    }
-}
-
-fn warnings() -> Vec<Warning> {
-    let task = TaskId::new("nightly-export").unwrap();
-    vec![
-        Warning {
-            task: task.clone(),
-            class: WarningClass::new("slow-remote").unwrap(),
-            count: 3,
-            detail: Some(Text::new("detail", "p99 above 2 s").unwrap()),
-            first_at: t(100),
-            last_at: t(900),
-            saturated: false,
-        },
-        Warning {
-            task,
-            class: WarningClass::new("retry-storm").unwrap(),
-            count: 1_000,
-            detail: None,
-            first_at: t(200),
-            last_at: t(800),
-            saturated: true,
-        },
-    ]
-}
-
-/// bob at generation 3, with the two moves that brought him there.
-fn principal() -> PrincipalState {
-    PrincipalState::with_moves(
-        3,
-        t(1_400),
-        &[
-            Move { left: 1, at: t(50) },
-            Move {
-                left: 2,
-                at: t(1_400),
-            },
-        ],
-    )
 }
 
 /// A record row's columns besides tenant, key and value, as the engine
@@ -206,7 +105,7 @@ fn column<'a>(cols: &'a [(String, String)], name: &str) -> &'a str {
 
 /// (file name, bytes) of the fixtures of the format and schema this build writes.
 fn current_fixtures() -> Vec<(String, Vec<u8>)> {
-    let p = PrincipalColumns::of(&principal()).unwrap();
+    let p = PrincipalColumns::of(&fixture_principal()).unwrap();
     vec![
         (
             format!("record-format{FORMAT}.bin"),
@@ -218,15 +117,15 @@ fn current_fixtures() -> Vec<(String, Vec<u8>)> {
         ),
         (
             format!("open-record-format{FORMAT}.bin"),
-            encode(&open_record()).unwrap(),
+            encode(&fixture_open_record()).unwrap(),
         ),
         (
             format!("open-record-columns-format{FORMAT}-schema{SCHEMA_VERSION}.txt"),
-            record_columns_text(&open_record()).into_bytes(),
+            record_columns_text(&fixture_open_record()).into_bytes(),
         ),
         (
             format!("warnings-format{FORMAT}.bin"),
-            encode(&warnings()).unwrap(),
+            encode(&fixture_warnings()).unwrap(),
         ),
         (
             format!("principal-moves-format{FORMAT}.bin"),
@@ -242,7 +141,7 @@ fn current_fixtures() -> Vec<(String, Vec<u8>)> {
 #[test]
 fn the_expected_records_are_valid_records() {
     invariants::check_record(&settled_record()).unwrap();
-    invariants::check_record(&open_record()).unwrap();
+    invariants::check_record(&fixture_open_record()).unwrap();
 }
 
 #[test]
@@ -254,11 +153,11 @@ fn format_2_fixtures_decode_to_the_expected_values() {
     );
     assert_eq!(
         decode_record(two, Some(&fixture(OPEN_RECORD_2))).unwrap(),
-        Some(open_record())
+        Some(fixture_open_record())
     );
     assert_eq!(
         decode_warnings(two, Some(&fixture(WARNINGS_2))).unwrap(),
-        warnings()
+        fixture_warnings()
     );
     let cols = fixture(PRINCIPAL_COLUMNS_2);
     let cols = parse_columns(&cols);
@@ -268,7 +167,7 @@ fn format_2_fixtures_decode_to_the_expected_values() {
         Some(fixture(MOVES_2)),
     )
     .unwrap();
-    assert_eq!(st, principal());
+    assert_eq!(st, fixture_principal());
 }
 
 #[test]
@@ -287,7 +186,7 @@ fn the_record_columns_fixtures_describe_the_expected_records() {
     assert_eq!(column(&cols, "disputed"), "true");
     let cols = fixture(OPEN_RECORD_COLUMNS_2);
     let cols = parse_columns(&cols);
-    let lease = open_record().open_lease().unwrap().clone();
+    let lease = fixture_open_record().open_lease().unwrap().clone();
     assert_eq!(column(&cols, "status"), "0", "the rank of pending");
     let expires = lease.expires_at.millis().to_string();
     assert_eq!(column(&cols, "lease_expires_at"), expires);

@@ -163,9 +163,9 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         }
         let prepared = Instant::now();
         // Before they can be in the index (and long before they leave the map).
-        self.shared.ingested.add(items.iter().map(|it| it.key));
+        self.shared.ingesting(items.iter().map(|it| it.key));
         let pacer = &self.pacer;
-        self.shared.index.ingest(&items, &|| pacer.step())?;
+        self.shared.index().ingest(&items, &|| pacer.step())?;
         for it in items.iter().filter(|it| it.key.first() == Some(&b'r')) {
             if it.open {
                 self.listed.insert(it.key.into());
@@ -175,7 +175,7 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
         }
         Faults::step(&self.faults, CheckpointStep::TablesWritten);
         let written = Instant::now();
-        self.shared.index.commit_meta(&meta)?;
+        self.shared.index().commit_meta(&meta)?;
         Faults::step(&self.faults, CheckpointStep::Persisted);
         let persisted = Instant::now();
         // The index now holds everything the segment holds: drop it.
@@ -232,11 +232,11 @@ impl<F: Fs, I: Index> Checkpointer<F, I> {
     #[inline(never)]
     pub fn run(mut self, rx: Receiver<CkptMsg>) {
         let shared = self.shared.clone();
-        let _alive = OnDrop(move || shared.checkpointer_alive.store(false, Ordering::SeqCst));
+        let _alive = OnDrop(move || shared.checkpointer_stopped());
         for msg in rx {
             match msg {
                 CkptMsg::Sealed(seq) => {
-                    if self.shared.poisoned.load(Ordering::SeqCst) {
+                    if self.shared.is_poisoned() {
                         continue;
                     }
                     if let Err(e) = self.run_to(seq) {

@@ -40,7 +40,7 @@ impl<F: Fs, I: Index> Core<F, I> {
         sealed: SealSink,
         faults: Option<Arc<Faults>>,
     ) -> Self {
-        shared.disputed.store(rec.disputed, Ordering::SeqCst);
+        shared.recovered_disputed(rec.disputed);
         // Recovery put every replayed batch into the map.
         shared.recovered_to(rec.lsn);
         Core {

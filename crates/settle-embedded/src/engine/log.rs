@@ -110,7 +110,7 @@ impl<F: Fs, I: Index> Log<F, I> {
     pub fn write(&mut self, buf: &mut [u8]) -> Result<(), StoreError> {
         // A batch staged after a failure was applied on top of changes
         // that never became durable: it is not written.
-        if self.shared.poisoned.load(Ordering::SeqCst) {
+        if self.shared.is_poisoned() {
             return Err(StoreError::Poisoned);
         }
         // Checked in production, at the hand-off from the writer: a frame
@@ -163,7 +163,7 @@ impl<F: Fs, I: Index> Log<F, I> {
     /// finish it, then stops the checkpointer.
     pub fn close(&mut self) {
         let skip = Faults::halted(&self.faults);
-        if !skip && !self.shared.poisoned.load(Ordering::SeqCst) && self.wal.bytes() > 0 {
+        if !skip && !self.shared.is_poisoned() && self.wal.bytes() > 0 {
             let _ = self.seal();
         }
         let (tx, rx) = std::sync::mpsc::channel();

@@ -49,7 +49,7 @@ impl<F: Fs, I: Index> LogThread<F, I> {
         let shared = self.log.shared.clone();
         let writer_bell = self.synced.bell.clone();
         let _alive = OnDrop(move || {
-            shared.writer_alive.store(false, Ordering::SeqCst);
+            shared.writer_stopped();
             writer_bell.ring();
         });
         loop {

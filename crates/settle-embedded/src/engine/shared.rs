@@ -77,7 +77,7 @@ fn lock_at<T>(m: &Mutex<T>, level: Level) -> Locked<'_, T> {
 /// State shared by the writer, the checkpointer and readers.
 pub struct Shared<I> {
     /// Durable state changed since the last checkpoint, plus every open record.
-    pub map: DashMap<Box<[u8]>, Slot, Hasher>,
+    map: DashMap<Box<[u8]>, Slot, Hasher>,
     /// The record keys of `map`, for listings.
     listing: Listing,
     /// The keys of the records whose latest state holds an open lease,
@@ -86,33 +86,33 @@ pub struct Shared<I> {
     /// (which held the map's shards each second). A lease the writer has
     /// staged the end of may still be open in `map` for a batch: the sweep
     /// need not end it.
-    pub leased: Mutex<HashSet<Box<[u8]>, Hasher>>,
+    leased: Mutex<HashSet<Box<[u8]>, Hasher>>,
     /// No terminal record in `map` expires before this (ms; `u64::MAX`:
     /// none). A bound, not the minimum: the sweep scans `map` for records
     /// to collect only once it has passed, and sets it again.
-    pub due_in_memory: AtomicU64,
+    due_in_memory: AtomicU64,
     /// The last batch whose changes are in `map` (set by whoever publishes:
     /// the writer thread, or an inline commit). A checkpoint evicts a
     /// segment's records only once its last batch is published.
     published: Mutex<u64>,
     published_cv: Condvar,
-    pub index: I,
+    index: I,
     /// The keys the index may hold, when known.
-    pub ingested: Ingested,
+    ingested: Ingested,
     /// Set on any write, fsync or checkpoint failure: the store fails closed.
-    pub poisoned: AtomicBool,
+    poisoned: AtomicBool,
     clock: Clock,
-    pub limits: Limits,
+    limits: Limits,
     /// The store's clock never goes backwards within a process.
     last_now: AtomicU64,
     /// Records marked disputed, store-wide, as of the last durable batch.
-    pub disputed: AtomicU64,
+    disputed: AtomicU64,
     /// Keys whose stored value does not decode, met so far.
-    pub undecodable: DashMap<Box<[u8]>, (), Hasher>,
+    undecodable: DashMap<Box<[u8]>, (), Hasher>,
     /// Commands admitted to the writer's queue and not yet taken.
-    pub queued: AtomicUsize,
-    pub writer_alive: AtomicBool,
-    pub checkpointer_alive: AtomicBool,
+    queued: AtomicUsize,
+    writer_alive: AtomicBool,
+    checkpointer_alive: AtomicBool,
 }
 
 impl<I: Index> Shared<I> {
@@ -334,6 +334,119 @@ impl<I: Index> Shared<I> {
         }
         eviction.end();
         gone
+    }
+
+    /// Whether a storage failure made the store fail closed.
+    pub fn is_poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::SeqCst)
+    }
+
+    /// The writer thread stopped (or will never run again).
+    pub fn writer_stopped(&self) {
+        self.writer_alive.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_writer_alive(&self) -> bool {
+        self.writer_alive.load(Ordering::SeqCst)
+    }
+
+    /// The checkpointer thread stopped.
+    pub fn checkpointer_stopped(&self) {
+        self.checkpointer_alive.store(false, Ordering::SeqCst);
+    }
+
+    pub fn is_checkpointer_alive(&self) -> bool {
+        self.checkpointer_alive.load(Ordering::SeqCst)
+    }
+
+    /// Admits `n` commands to the writer's queue unless that would put more
+    /// than `max` there; `false` (nothing admitted) if it would.
+    pub fn admit(&self, n: usize, max: usize) -> bool {
+        if self.queued.fetch_add(n, Ordering::Relaxed) + n > max {
+            self.queued.fetch_sub(n, Ordering::Relaxed);
+            return false;
+        }
+        true
+    }
+
+    /// `n` admitted commands left the queue (taken by the writer, or never sent).
+    pub fn dequeued(&self, n: usize) {
+        let before = self.queued.fetch_sub(n, Ordering::Relaxed);
+        debug_assert!(before >= n, "{n} dequeued of {before} admitted");
+    }
+
+    /// Sets the disputed count a store opens with (recovery counted it).
+    pub fn recovered_disputed(&self, disputed: u64) {
+        self.disputed.store(disputed, Ordering::SeqCst);
+    }
+
+    /// Records marked disputed, as of the last published batch.
+    pub fn disputed(&self) -> u64 {
+        self.disputed.load(Ordering::SeqCst)
+    }
+
+    /// Remembers a key whose stored value does not decode (recovery met it).
+    pub fn note_undecodable(&self, key: Box<[u8]>) {
+        self.undecodable.insert(key, ());
+    }
+
+    /// Keys whose stored value does not decode, met so far.
+    pub fn undecodable(&self) -> u64 {
+        self.undecodable.len() as u64
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// The index off the critical path (its own locks, none of the above).
+    pub fn index(&self) -> &I {
+        &self.index
+    }
+
+    /// Notes keys a checkpoint is about to put into the index, before it does
+    /// (a lookup that the filters rule out skips the index).
+    pub fn ingesting<'k>(&self, keys: impl ExactSizeIterator<Item = &'k [u8]>) {
+        self.ingested.add(keys);
+    }
+
+    /// Entities held in memory.
+    pub fn resident(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Calls `f` with each entity in memory and its state. Each shard is
+    /// held while it is read: `f` must not take another lock of this store.
+    pub fn for_each_resident(&self, mut f: impl FnMut(&[u8], &Value)) {
+        let _order = lock_order::enter(Level::Map);
+        for s in self.map.iter() {
+            f(s.key(), &s.value);
+        }
+    }
+
+    /// The state of an entity if it is in memory (the index is not read).
+    pub fn resident_state(&self, key: &[u8]) -> Option<Arc<Value>> {
+        let _order = lock_order::enter(Level::Map);
+        self.map.get(key).map(|s| s.value.clone())
+    }
+
+    /// The keys of the records holding an open lease, copied (the writer
+    /// holds that set while it applies a batch).
+    pub fn leased_keys(&self) -> Vec<Box<[u8]>> {
+        self.leased().iter().cloned().collect()
+    }
+
+    /// Takes the bound on the expiries of the terminal records in memory,
+    /// leaving none: the sweep then walks the map if it has passed and
+    /// gives back the next one with [`Shared::lower_due_bound`].
+    pub fn take_due_bound(&self) -> u64 {
+        self.due_in_memory.swap(u64::MAX, Ordering::SeqCst)
+    }
+
+    /// Lowers the bound on the expiries in memory to `due` (a batch
+    /// published meanwhile may have lowered it further: the lower stays).
+    pub fn lower_due_bound(&self, due: u64) {
+        self.due_in_memory.fetch_min(due, Ordering::SeqCst);
     }
 
     pub fn poison(&self) {

@@ -131,7 +131,7 @@ impl<I: Index> Stage<I> {
             panic!("injected writer panic");
         }
         Faults::applying(&self.faults);
-        if self.shared.poisoned.load(Ordering::SeqCst) {
+        if self.shared.is_poisoned() {
             g.replies.push((r, Err(StoreError::Poisoned)));
             return;
         }
@@ -331,7 +331,7 @@ impl<I: Index> Stage<I> {
         let ctx = Ctx {
             now,
             next_fence: Fence(self.next_fence),
-            limits: self.shared.limits,
+            limits: self.shared.limits(),
         };
         let applied = apply(&mut state, cmd, &ctx);
         if applied.fence_used {

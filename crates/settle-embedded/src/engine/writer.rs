@@ -111,7 +111,7 @@ impl<I: Index> Writer<I> {
         let shared = self.stage.shared.clone();
         let log_bell = self.tx.bell.clone();
         let _alive = OnDrop(move || {
-            shared.writer_alive.store(false, Ordering::SeqCst);
+            shared.writer_stopped();
             // The log thread finds its channel closed without waiting out
             // its timeout.
             log_bell.ring();
@@ -164,7 +164,7 @@ impl<I: Index> Writer<I> {
                             next = self.rx.try_recv().ok();
                         }
                     }
-                    self.stage.shared.queued.fetch_sub(taken, Ordering::Relaxed);
+                    self.stage.shared.dequeued(taken);
                 }
                 Event::Synced(s) => {
                     // The batch gathered meanwhile goes to the disk before
@@ -317,7 +317,7 @@ impl<I: Index> Writer<I> {
             // A second close has nobody waiting for it.
             let _ = self.take(&mut g, m);
         }
-        self.stage.shared.queued.fetch_sub(taken, Ordering::Relaxed);
+        self.stage.shared.dequeued(taken);
         let mut inflight = VecDeque::new();
         self.flush(&mut g, &mut inflight);
         self.drain(&mut inflight);
