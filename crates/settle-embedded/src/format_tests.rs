@@ -19,11 +19,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use settle_core::testkit::{fixture_open_record, fixture_principal, fixture_warnings, full_record};
-use settle_core::{
-    Attempt, Digest, Fence, Key, Lease, LeaseMs, Move, Principal, PrincipalState, Purpose, Record,
-    Reservation, RetentionS, Scopes, Status, TaskId, TenantId, Text, Timestamp, Warning,
-    WarningClass, invariants,
-};
+use settle_core::{Key, Principal, Record, TaskId, TenantId, invariants};
 
 use crate::codec::{
     Batch, EntityKey, Entry, FORMAT_VERSION, FRAME_VERSION, Frame, Value, decode_frame,

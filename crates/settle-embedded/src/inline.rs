@@ -4,7 +4,6 @@
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
@@ -162,21 +161,21 @@ impl<F: Fs, I: Index> InlineStore<F, I> {
     pub fn records(&self) -> Result<Vec<(TenantId, Record)>, StoreError> {
         let mut out = Vec::new();
         let mut seen: HashSet<Box<[u8]>> = HashSet::new();
-        let mut undecodable_key = None;
+        let mut bad_key = None;
         self.shared.for_each_resident(|key, value| {
             if let Value::Record(r) = value {
                 match EntityKey::from_bytes(key) {
                     Ok(EntityKey::Record(t, _)) => out.push((t, r.clone())),
                     Ok(_) => {}
                     Err(e) => {
-                        undecodable_key.get_or_insert(e);
+                        bad_key.get_or_insert(e);
                     }
                 }
             }
             seen.insert(key.into());
         });
-        if let Some(e) = undecodable_key {
-            return Err(e.into());
+        if let Some(e) = bad_key {
+            return Err(e);
         }
         self.shared.index().for_each(&mut |k, v| {
             if !seen.contains(k)

@@ -3,8 +3,6 @@
 //! health. They read the published state ([`Shared`]) and never wait for
 //! the writer.
 
-use std::sync::atomic::Ordering;
-
 use settle_core::{
     Command, Key, Principals, Record, RefusalCode, TaskId, TenantId, Timestamp, Warning, view_at,
 };

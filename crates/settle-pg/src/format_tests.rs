@@ -21,11 +21,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use settle_core::testkit::{fixture_open_record, fixture_principal, fixture_warnings, full_record};
-use settle_core::{
-    Attempt, Digest, Fence, Key, Lease, LeaseMs, Move, Principal, PrincipalState, Purpose, Record,
-    Reservation, RetentionS, Scopes, Status, TaskId, Text, Timestamp, Warning, WarningClass,
-    invariants,
-};
+use settle_core::{Record, invariants};
 
 use crate::codec::{
     FORMAT, FORMAT_POSTCARD_V2, PrincipalColumns, RecordColumns, decode_record, decode_warnings,

@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use settle_core::{Command, Principals, Reply, TenantId};
 use settle_ledger::StoreError;

@@ -4,7 +4,6 @@
 //! receipt); seal full segments and hand them to the checkpointer.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use settle_core::Reply;

@@ -4,7 +4,6 @@
 //! threaded.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crossbeam_channel::{Receiver, TryRecvError};
 use settle_ledger::StoreError;

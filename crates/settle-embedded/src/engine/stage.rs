@@ -4,7 +4,6 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use settle_core::{
     Command, Ctx, Fence, OpState, PrincipalState, Principals, RefusalCode, Reply, Target, TenantId,

@@ -4,7 +4,6 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use crossbeam_channel::{Receiver, TryRecvError};
 use settle_core::Reply;
