@@ -51,6 +51,7 @@ pub mod conformance;
 /// `conformance` feature: not in production builds).
 #[cfg(feature = "conformance")]
 pub mod crash;
+pub mod export;
 pub mod inspect;
 mod ledger;
 mod memory;
@@ -59,4 +60,4 @@ mod store;
 
 pub use ledger::{Ledger, LedgerConfig, LedgerError, Reconciled};
 pub use memory::MemStore;
-pub use store::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
+pub use store::{BoxFuture, Clock, Snapshot, Store, StoreError, StoreStats, SweepReport};

@@ -10,7 +10,9 @@ use settle_core::{
 };
 
 use crate::inspect::Scan;
-use crate::store::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
+use settle_portable::Entity;
+
+use crate::store::{BoxFuture, Clock, Snapshot, Store, StoreError, StoreStats, SweepReport};
 
 /// The in-memory [`Store`]: the reference engine (a [`World`]) behind a
 /// lock. Replies are "durable" for as long as the process lives.
@@ -176,6 +178,41 @@ impl Store for MemStore {
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async { Ok(()) })
+    }
+
+    fn export(&self) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
+        Box::pin(async move {
+            // One lock: the copy is the snapshot.
+            let w = self.world.lock();
+            let mut entities = Vec::with_capacity(w.records.len());
+            for ((tenant, _), record) in &w.records {
+                entities.push(Entity::Record {
+                    tenant: tenant.clone(),
+                    record: record.clone(),
+                });
+            }
+            for ((tenant, principal), state) in &w.principals {
+                entities.push(Entity::Principal {
+                    tenant: tenant.clone(),
+                    principal: principal.clone(),
+                    state: *state,
+                });
+            }
+            for ((tenant, task), warnings) in &w.warnings {
+                entities.push(Entity::Warnings {
+                    tenant: tenant.clone(),
+                    task: task.clone(),
+                    warnings: warnings.clone(),
+                });
+            }
+            let floor = w.next_fence;
+            drop(w);
+            Ok(Snapshot::of("memory", floor, entities))
+        })
+    }
+
+    fn fence_floor(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move { Ok(self.world.lock().next_fence) })
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use settle_core::{
     Command, Key, Principal, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning,
 };
+use settle_portable::Entity;
 
 use crate::inspect::Scan;
 use crate::rounds::{Placement, Rounds};
@@ -46,6 +47,9 @@ pub enum StoreError {
         /// How long to wait before retrying, in ms.
         retry_after_ms: u64,
     },
+    /// The engine does not offer this operation (an export from a test store).
+    #[error("not supported by this engine: {0}")]
+    Unsupported(String),
 }
 
 impl StoreError {
@@ -225,6 +229,40 @@ pub trait Store: Send + Sync + 'static {
     /// poisoned by a failed fsync, its writer alive, its database reachable
     /// with durable settings). `/readyz` answers 503 on `Err`.
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>>;
+
+    /// One consistent snapshot of every stored entity, streamed in the
+    /// portable format's canonical order (SPEC §12): every write
+    /// acknowledged before the call is in it, none half-applied, none
+    /// twice. Writes go on meanwhile.
+    fn export(&self) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
+        Box::pin(async { Err(StoreError::Unsupported("export".into())) })
+    }
+
+    /// The fence counter now: every fence granted so far is below it.
+    fn fence_floor(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async { Err(StoreError::Unsupported("fence_floor".into())) })
+    }
+}
+
+/// What [`Store::export`] hands out: the snapshot's fence counter and its
+/// entities, in chunks, in the portable format's canonical order.
+pub struct Snapshot {
+    /// The engine's name for the export header (`embedded`, `postgres`, `memory`).
+    pub engine: &'static str,
+    /// The fence counter at the snapshot.
+    pub fence_floor: u64,
+    /// The entities; an `Err` ends the stream, and the export is then
+    /// incomplete (its file gets no trailer, so it is never read back).
+    pub entities: tokio::sync::mpsc::Receiver<Result<Vec<Entity>, StoreError>>,
+}
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("engine", &self.engine)
+            .field("fence_floor", &self.fence_floor)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Runs one round's commands concurrently, appending their results in order.
@@ -301,6 +339,14 @@ impl<S: Store + ?Sized> Store for Arc<S> {
     }
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         (**self).health()
+    }
+
+    fn export(&self) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
+        (**self).export()
+    }
+
+    fn fence_floor(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        (**self).fence_floor()
     }
 }
 
