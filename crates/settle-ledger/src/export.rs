@@ -22,6 +22,33 @@ pub enum ExportError {
     Format(#[from] settle_portable::Error),
 }
 
+/// Why an import wrote nothing (or, killed midway, nothing usable: each
+/// engine's import makes the target whole in one final step).
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The file is damaged, truncated, of a newer version, or not an export.
+    #[error(transparent)]
+    Format(#[from] settle_portable::Error),
+    /// The target already holds data.
+    #[error("the target is not empty ({0}); import only into an empty store")]
+    NotEmpty(String),
+    /// The target store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Reading the file or writing the target failed.
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// What an import wrote.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ImportReport {
+    /// The file's summary (counts, digests).
+    pub summary: Summary,
+    /// The fence counter the target starts at.
+    pub fence_floor: u64,
+}
+
 impl Snapshot {
     /// A snapshot whose entities come through the returned sender, [`CHUNK`]
     /// at a time (the producer stops when the receiver is dropped).
