@@ -195,7 +195,7 @@ pub struct Entry<'a> {
 }
 
 /// What a log entry says besides the value: (`open`, `expires_at`).
-fn describe(value: &Value) -> (bool, Option<u64>) {
+pub(crate) fn describe(value: &Value) -> (bool, Option<u64>) {
     match value {
         Value::Record(r) => (!r.status.is_terminal(), r.expires_at().map(|t| t.millis())),
         _ => (false, None),

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode};
+use fjall::{Database, Keyspace, KeyspaceCreateOptions, PersistMode, Readable};
 use settle_ledger::StoreError;
 
 use crate::pace::STEP_BYTES;
@@ -65,6 +65,9 @@ pub trait Index: Send + Sync + 'static {
     ) -> Result<Vec<Vec<u8>>, StoreError>;
     /// Every stored entity, raw (offline inspection).
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError>;
+    /// `data` as it is now, unchanged by later checkpoints (a live export
+    /// reads it while the store runs on).
+    fn view(&self) -> Result<Box<dyn IndexView>, StoreError>;
 
     /// A step of writing out what the index's own background work (fjall's
     /// compactions) has written so far, or `None` if it has none. The store
@@ -72,6 +75,39 @@ pub trait Index: Send + Sync + 'static {
     /// ([`crate::pace`]).
     fn background_writeback(&self) -> Option<Box<dyn FnMut() + Send>> {
         None
+    }
+}
+
+/// A read-only view of an index's entities at one instant ([`Index::view`]).
+pub trait IndexView: Send + 'static {
+    /// Calls `f` with every entity whose key starts with `prefix`, in key
+    /// order, until it returns `false`.
+    fn for_each_prefixed(
+        &self,
+        prefix: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError>;
+}
+
+/// A fjall snapshot of `data`: old versions stay readable while it lives.
+struct FjallView {
+    snapshot: fjall::Snapshot,
+    data: Keyspace,
+}
+
+impl IndexView for FjallView {
+    fn for_each_prefixed(
+        &self,
+        prefix: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        for g in self.snapshot.prefix(&self.data, prefix) {
+            let (k, v) = g.into_inner().map_err(err)?;
+            if !f(&k, &v) {
+                break;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -500,6 +536,13 @@ impl Index for FjallIndex {
                 .collect(),
         );
         Some(Box::new(move || w.step()))
+    }
+
+    fn view(&self) -> Result<Box<dyn IndexView>, StoreError> {
+        Ok(Box::new(FjallView {
+            snapshot: self.db.snapshot(),
+            data: self.data.clone(),
+        }))
     }
 
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError> {

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
 use settle_ledger::inspect::Scan;
-use settle_ledger::{BoxFuture, Store, StoreError, StoreStats, SweepReport};
+use settle_ledger::{BoxFuture, Snapshot, Store, StoreError, StoreStats, SweepReport};
 
 use crate::codec::{EntityKey, Value, decode_value};
 use crate::fs::{Fs, create_dir_all_durable};
 use crate::index::Index;
 use crate::open::{io, recover_engine};
 use crate::options::EmbeddedOptions;
+use crate::portable::Frozen;
 use crate::reads::{get_sync, health_sync, scan_sync, stats_sync, sweep_candidates, warnings_sync};
 use crate::{Checkpointer, Core, SealSink, Shared};
 
@@ -274,6 +275,22 @@ impl<F: Fs, I: Index> Store for InlineStore<F, I> {
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move { health_sync(&self.shared, self.inner.lock().closed) })
+    }
+
+    fn export(&self) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
+        Box::pin(async move {
+            health_sync(&self.shared, self.inner.lock().closed)?;
+            let shared = self.shared.clone();
+            // The copy of the map takes a moment: off the async workers.
+            let frozen = tokio::task::spawn_blocking(move || Frozen::of(&shared))
+                .await
+                .map_err(|e| StoreError::Io(format!("export task: {e}")))??;
+            frozen.spawn()
+        })
+    }
+
+    fn fence_floor(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move { Ok(self.shared.fence_floor()) })
     }
 }
 

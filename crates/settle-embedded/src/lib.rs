@@ -30,6 +30,7 @@ mod offline;
 mod open;
 mod options;
 mod pace;
+mod portable;
 mod reads;
 mod record_codec;
 mod recovery;
@@ -48,6 +49,7 @@ use crate::engine::{
 pub use crate::inline::InlineStore;
 pub use crate::offline::{ScanReport, scan};
 pub use crate::options::EmbeddedOptions;
+pub use crate::portable::{export_dir, import};
 pub use crate::threaded::EmbeddedStore;
 #[cfg(feature = "faults")]
 pub use crate::wal::{CheckpointStep, Faults};

@@ -10,13 +10,14 @@ use std::thread::JoinHandle;
 use parking_lot::Mutex;
 use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
 use settle_ledger::inspect::Scan;
-use settle_ledger::{BoxFuture, Store, StoreError, StoreStats, SweepReport};
+use settle_ledger::{BoxFuture, Snapshot, Store, StoreError, StoreStats, SweepReport};
 
 use crate::fs::{Fs, OsFs, create_dir_all_durable};
 use crate::index::{FjallIndex, Index};
 use crate::open::{io, recover_engine};
 use crate::options::EmbeddedOptions;
 use crate::pace::Pacer;
+use crate::portable::Frozen;
 use crate::reads::{get_sync, health_sync, scan_sync, stats_sync, sweep_candidates, warnings_sync};
 use crate::{CkptMsg, Core, LogThread, Msg, SealSink, Shared, Writer, engine};
 
@@ -364,5 +365,21 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move { health_sync(&self.shared, self.closed.load(Ordering::SeqCst)) })
+    }
+
+    fn export(&self) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
+        Box::pin(async move {
+            health_sync(&self.shared, self.closed.load(Ordering::SeqCst))?;
+            let shared = self.shared.clone();
+            // The copy of the map takes a moment: off the async workers.
+            let frozen = tokio::task::spawn_blocking(move || Frozen::of(&shared))
+                .await
+                .map_err(|e| StoreError::Io(format!("export task: {e}")))??;
+            frozen.spawn()
+        })
+    }
+
+    fn fence_floor(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move { Ok(self.shared.fence_floor()) })
     }
 }

@@ -36,7 +36,7 @@ use settle_ledger::StoreError;
 
 use settle_embedded::fs::{Fs, FsFile};
 use settle_embedded::index::{
-    CheckpointItem, Index, Meta, OpenRecords, expiry_key, split_expiry_key,
+    CheckpointItem, Index, IndexView, Meta, OpenRecords, expiry_key, split_expiry_key,
 };
 
 /// What happens to writes that no completed sync covered when the power goes.
@@ -839,11 +839,35 @@ impl Index for MemIndex {
             .collect())
     }
 
+    fn view(&self) -> Result<Box<dyn IndexView>, StoreError> {
+        self.check()?;
+        Ok(Box::new(MemView(self.inner.lock().live.data.clone())))
+    }
+
     fn for_each(&self, f: &mut dyn FnMut(&[u8], &[u8])) -> Result<(), StoreError> {
         self.check()?;
         let data = self.inner.lock().live.data.clone();
         for (k, v) in &data {
             f(k, v);
+        }
+        Ok(())
+    }
+}
+
+/// A copy of the index's entities ([`Index::view`]): later checkpoints do
+/// not change it.
+struct MemView(BTreeMap<Vec<u8>, Arc<[u8]>>);
+
+impl IndexView for MemView {
+    fn for_each_prefixed(
+        &self,
+        prefix: &[u8],
+        f: &mut dyn FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StoreError> {
+        for (k, v) in self.0.range(prefix.to_vec()..) {
+            if !k.starts_with(prefix) || !f(k, v) {
+                break;
+            }
         }
         Ok(())
     }

@@ -41,7 +41,7 @@ impl<F: Fs, I: Index> Core<F, I> {
     ) -> Self {
         shared.recovered_disputed(rec.disputed);
         // Recovery put every replayed batch into the map.
-        shared.recovered_to(rec.lsn);
+        shared.recovered_to(rec.lsn, rec.next_fence);
         Core {
             stage: Stage {
                 shared: shared.clone(),

@@ -11,17 +11,20 @@
 pub enum Level {
     /// `Listing::evicting`: an eviction or a listing's fold.
     Evicting = 1,
+    /// `Shared::frozen`: shared by a publish or an eviction, exclusive while
+    /// an export copies the map (one instant of map and index).
+    Frozen = 2,
     /// `Shared::leased`: held by the writer while it applies a command.
-    Leased = 2,
+    Leased = 3,
     /// A shard of the map (DashMap's own lock: an entry, `get`, `iter`,
     /// `remove_if`'s closure).
-    Map = 3,
+    Map = 4,
     /// `Listing::pending`.
-    Pending = 4,
+    Pending = 5,
     /// `Listing::sorted`.
-    Sorted = 5,
+    Sorted = 6,
     /// `Shared::published`.
-    Published = 6,
+    Published = 7,
 }
 
 /// A level this thread holds until it is dropped.

@@ -77,6 +77,7 @@ impl<F: Fs, I: Index> Log<F, I> {
             disputed,
             changes,
             due,
+            next_fence,
         }) = frame
         else {
             // Nothing to write; what the answers say is durable already
@@ -89,7 +90,7 @@ impl<F: Fs, I: Index> Log<F, I> {
         match self.write(&mut buf) {
             Ok(()) => {
                 self.shared
-                    .publish_batch(changes, lsn, disputed, due, replies.len());
+                    .publish_batch(changes, lsn, disputed, due, next_fence, replies.len());
                 for (r, res) in replies {
                     answer(r, res);
                 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use dashmap::DashMap;
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock};
 use settle_core::{Limits, PrincipalState, RefusalCode, TenantId, Timestamp};
 use settle_ledger::{Clock, StoreError};
 
@@ -96,6 +96,13 @@ pub struct Shared<I> {
     /// segment's records only once its last batch is published.
     published: Mutex<u64>,
     published_cv: Condvar,
+    /// The fence counter of the last published batch: every fence a caller
+    /// has been answered with is below it.
+    fence_floor: AtomicU64,
+    /// Held shared while a batch is published or a segment evicted, and
+    /// exclusively while an export copies the map and opens its view of the
+    /// index: the two are then one instant.
+    frozen: RwLock<()>,
     index: I,
     /// The keys the index may hold, when known.
     ingested: Ingested,
@@ -141,6 +148,8 @@ impl<I: Index> Shared<I> {
             due_in_memory: AtomicU64::new(due_in_memory),
             published: Mutex::new(0),
             published_cv: Condvar::new(),
+            fence_floor: AtomicU64::new(1),
+            frozen: RwLock::new(()),
             leased: Mutex::new(leased),
             ingested: Ingested::new(empty),
             index,
@@ -165,8 +174,10 @@ impl<I: Index> Shared<I> {
         lsn: u64,
         disputed: u64,
         due: u64,
+        next_fence: u64,
         commands: usize,
     ) {
+        let _frozen = self.frozen_shared();
         self.disputed.store(disputed, Ordering::SeqCst);
         metrics::histogram!("settle_commit_batch_size").record(commands as f64);
         match Arc::try_unwrap(changes) {
@@ -193,6 +204,7 @@ impl<I: Index> Shared<I> {
         // After the states are in the map: a sweep that took the bound
         // before this finds them there.
         self.due_in_memory.fetch_min(due, Ordering::SeqCst);
+        self.fence_floor.fetch_max(next_fence, Ordering::SeqCst);
         let mut p = lock_at(&self.published, Level::Published);
         // Checked in production: the checkpointer evicts by this number, and
         // a batch published out of order would let it evict a newer state.
@@ -213,10 +225,30 @@ impl<I: Index> Shared<I> {
 
     /// Sets the published batch of a store just opened: recovery put every
     /// replayed batch, up to `lsn`, into the map.
-    pub fn recovered_to(&self, lsn: u64) {
+    pub fn recovered_to(&self, lsn: u64, next_fence: u64) {
+        self.fence_floor.fetch_max(next_fence, Ordering::SeqCst);
         let mut p = lock_at(&self.published, Level::Published);
         assert_eq!(*p, 0, "set once, before any batch is published");
         *p = lsn;
+    }
+
+    /// The fence counter as of the last published batch.
+    pub fn fence_floor(&self) -> u64 {
+        self.fence_floor.load(Ordering::SeqCst)
+    }
+
+    fn frozen_shared(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        let _order = lock_order::enter(Level::Frozen);
+        self.frozen.read()
+    }
+
+    /// Runs `f` while no batch is published and no segment evicted: what it
+    /// reads of the map and the index is one instant.
+    pub fn frozen<T>(&self, f: impl FnOnce(&DashMap<Box<[u8]>, Slot, Hasher>, u64) -> T) -> T {
+        let _order = lock_order::enter(Level::Frozen);
+        let _g = self.frozen.write();
+        let _map = lock_order::enter(Level::Map);
+        f(&self.map, self.fence_floor())
     }
 
     /// Waits until batch `lsn` is published; `false` if it never will be
@@ -313,6 +345,7 @@ impl<I: Index> Shared<I> {
         // listing now (published before the segment was sealed); keys
         // published from here on belong to later segments, never evicted here.
         let mut eviction = self.listing.evicting();
+        let _frozen = self.frozen_shared();
         let mut gone = Vec::with_capacity(taken.len());
         for (lsn, key) in taken {
             debug_assert!(lsn <= last, "a segment's batches end at its last");

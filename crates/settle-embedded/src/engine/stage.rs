@@ -96,6 +96,8 @@ pub struct StagedFrame {
     pub changes: Arc<Changes>,
     /// The earliest expiry of a terminal record among `changes` (`u64::MAX`: none).
     pub due: u64,
+    /// The fence counter after the batch.
+    pub next_fence: u64,
 }
 
 /// Bound on the writer's principal cache; it is simply cleared when full.
@@ -192,6 +194,7 @@ impl<I: Index> Stage<I> {
                 disputed,
                 changes,
                 due,
+                next_fence: self.next_fence,
             }
         });
         Staged { replies, frame }

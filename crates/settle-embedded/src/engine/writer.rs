@@ -37,6 +37,7 @@ struct InFlight {
     disputed: u64,
     changes: Arc<Changes>,
     due: u64,
+    next_fence: u64,
 }
 
 /// The writer thread: applies each command as it comes into the batch
@@ -249,6 +250,7 @@ impl<I: Index> Writer<I> {
             disputed: fr.disputed,
             changes: fr.changes,
             due: fr.due,
+            next_fence: fr.next_fence,
         };
         // If a frame before failed, the store is poisoned and the log
         // thread refuses this one too.
@@ -284,9 +286,14 @@ impl<I: Index> Writer<I> {
         if let Err(e) = result {
             return f.fail(e);
         }
-        self.stage
-            .shared
-            .publish_batch(f.changes, f.lsn, f.disputed, f.due, f.replies.len());
+        self.stage.shared.publish_batch(
+            f.changes,
+            f.lsn,
+            f.disputed,
+            f.due,
+            f.next_fence,
+            f.replies.len(),
+        );
         for (r, res) in f.replies.into_iter().chain(f.after) {
             r.send(res);
         }
