@@ -280,14 +280,15 @@ pub fn import(
         _ => std::path::PathBuf::from("."),
     };
     std::fs::create_dir_all(&parent)?;
-    let tmp = parent.join(format!(
-        ".{}.import-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp)?;
+    // What an import killed before its rename left is never opened: gone.
+    let stale = format!(".{}.import-", name.to_string_lossy());
+    for e in std::fs::read_dir(&parent)? {
+        let e = e?;
+        if e.file_name().to_string_lossy().starts_with(&stale) {
+            std::fs::remove_dir_all(e.path())?;
+        }
     }
+    let tmp = parent.join(format!("{stale}{}", std::process::id()));
     // A fresh store lays out the log and the index, and closes.
     EmbeddedStore::open(&tmp, EmbeddedOptions::default())?.close();
     let floor = summary.import_floor(margin);
