@@ -54,6 +54,7 @@ mod command;
 mod doubt;
 mod export;
 mod group_commit;
+mod import;
 mod lock;
 mod reads;
 mod rows;
@@ -80,6 +81,7 @@ use settle_ledger::inspect::Scan;
 use settle_ledger::{BoxFuture, Clock, Snapshot, Store, StoreError, StoreStats, SweepReport};
 
 pub use codec::{FORMAT, FORMAT_POSTCARD_V1, FORMAT_POSTCARD_V2};
+pub use import::import;
 pub use schema::SCHEMA_VERSION;
 
 /// How to run the PostgreSQL store.
