@@ -52,7 +52,9 @@ mod codec;
 pub mod codec;
 mod command;
 mod doubt;
+mod export;
 mod group_commit;
+mod import;
 mod lock;
 mod reads;
 mod rows;
@@ -76,9 +78,10 @@ use settle_core::{
     Command, Key, Limits, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning,
 };
 use settle_ledger::inspect::Scan;
-use settle_ledger::{BoxFuture, Clock, Store, StoreError, StoreStats, SweepReport};
+use settle_ledger::{BoxFuture, Clock, Snapshot, Store, StoreError, StoreStats, SweepReport};
 
 pub use codec::{FORMAT, FORMAT_POSTCARD_V1, FORMAT_POSTCARD_V2};
+pub use import::import;
 pub use schema::SCHEMA_VERSION;
 
 /// How to run the PostgreSQL store.
@@ -341,47 +344,7 @@ impl PgStore {
     }
 
     async fn open(url: &str, opts: PgOptions) -> Result<PgStore, PgError> {
-        if !valid_schema(&opts.schema) {
-            return Err(PgError::Schema(opts.schema));
-        }
-        opts.validate()?;
-        let mut cfg =
-            tokio_postgres::Config::from_str(url).map_err(|e| PgError::Url(e.to_string()))?;
-        // Durability and the timeouts are set per transaction (SET LOCAL),
-        // where no pooler can drop them, and verified inside it; the
-        // startup option is only a default for anything else.
-        // Every statement of the store is a key lookup. Prepared statements
-        // keep their plan; one planned while a table was nearly empty would
-        // otherwise stay a sequential scan as the table grows (until the
-        // next ANALYZE), so sequential scans are priced out.
-        let options = format!(
-            "{} -c synchronous_commit=on -c enable_seqscan=off",
-            cfg.get_options().unwrap_or_default()
-        );
-        cfg.options(options.trim())
-            .application_name(&opts.application_name)
-            .connect_timeout(opts.connect_timeout)
-            .keepalives(true)
-            .keepalives_idle(Duration::from_secs(30));
-
-        let seen = session::Seen::default();
-        {
-            // Every round trip bounded: a database that hangs (a COMMIT
-            // waiting for an absent synchronous standby) fails `connect`.
-            let d = opts.client_timeout;
-            let (mut client, task) = session::connect(&cfg).await?;
-            let server = tokio::time::timeout(d, session::Server::read(&client, sql::SERVER))
-                .await
-                .map_err(|_| PgError::Timeout(d))??;
-            if let Some(refusal) = server.refusal() {
-                return Err(PgError::NotDurable(refusal));
-            }
-            seen.set(server);
-            schema::migrate(&mut client, &opts.schema, d).await?;
-            drop(client);
-            let _ = task.await;
-        }
-
+        let (cfg, seen) = prepare(url, &opts).await?;
         let pool = build_pool(&cfg, &opts, opts.pool_size, &seen)?;
         let doubt_pool = build_pool(&cfg, &opts, opts.in_doubt_connections, &seen)?;
         let group = opts.group_commit.then_some((
@@ -389,7 +352,7 @@ impl PgStore {
             opts.max_batch,
             opts.group_commit_queue,
         ));
-        let inner = Arc::new(state::Inner::new(pool, doubt_pool, seen, opts));
+        let inner = Arc::new(state::Inner::new(pool, doubt_pool, seen, cfg, opts));
         let batcher =
             group.map(|(w, m, q)| Arc::new(group_commit::Batcher::start(inner.clone(), w, m, q)));
         Ok(PgStore { inner, batcher })
@@ -420,6 +383,53 @@ impl PgStore {
         self.inner.pool.close();
         self.inner.doubt_pool.close();
     }
+}
+
+/// What opening a store and an import share: checks the options, builds
+/// the connection configuration, refuses a server that does not flush its
+/// commits, and brings the schema to [`SCHEMA_VERSION`].
+async fn prepare(
+    url: &str,
+    opts: &PgOptions,
+) -> Result<(tokio_postgres::Config, session::Seen), PgError> {
+    if !valid_schema(&opts.schema) {
+        return Err(PgError::Schema(opts.schema.clone()));
+    }
+    opts.validate()?;
+    let mut cfg = tokio_postgres::Config::from_str(url).map_err(|e| PgError::Url(e.to_string()))?;
+    // Durability and the timeouts are set per transaction (SET LOCAL),
+    // where no pooler can drop them, and verified inside it; the
+    // startup option is only a default for anything else.
+    // Every statement of the store is a key lookup. Prepared statements
+    // keep their plan; one planned while a table was nearly empty would
+    // otherwise stay a sequential scan as the table grows (until the
+    // next ANALYZE), so sequential scans are priced out.
+    let options = format!(
+        "{} -c synchronous_commit=on -c enable_seqscan=off",
+        cfg.get_options().unwrap_or_default()
+    );
+    cfg.options(options.trim())
+        .application_name(&opts.application_name)
+        .connect_timeout(opts.connect_timeout)
+        .keepalives(true)
+        .keepalives_idle(Duration::from_secs(30));
+
+    let seen = session::Seen::default();
+    // Every round trip bounded: a database that hangs (a COMMIT
+    // waiting for an absent synchronous standby) fails `connect`.
+    let d = opts.client_timeout;
+    let (mut client, task) = session::connect(&cfg).await?;
+    let server = tokio::time::timeout(d, session::Server::read(&client, sql::SERVER))
+        .await
+        .map_err(|_| PgError::Timeout(d))??;
+    if let Some(refusal) = server.refusal() {
+        return Err(PgError::NotDurable(refusal));
+    }
+    seen.set(server);
+    schema::migrate(&mut client, &opts.schema, d).await?;
+    drop(client);
+    let _ = task.await;
+    Ok((cfg, seen))
 }
 
 /// A pool whose every new connection is watched (`session::Connector`) and
@@ -551,6 +561,14 @@ impl Store for PgStore {
 
     fn health(&self) -> BoxFuture<'_, Result<(), StoreError>> {
         Box::pin(async move { Ok(reads::health(&self.inner).await?) })
+    }
+
+    fn export(&self) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
+        Box::pin(async move { Ok(export::export(&self.inner).await?) })
+    }
+
+    fn fence_floor(&self) -> BoxFuture<'_, Result<u64, StoreError>> {
+        Box::pin(async move { Ok(export::fence_floor(&self.inner).await?) })
     }
 }
 

@@ -42,10 +42,18 @@ pub struct Inner {
     /// In-doubt commits so far: resolved committed, resolved not
     /// committed, left unresolved (answered `InDoubt`).
     pub in_doubt: [AtomicU64; 3],
+    /// How to open a connection outside the pools (an export's own).
+    pub cfg: tokio_postgres::Config,
 }
 
 impl Inner {
-    pub fn new(pool: Pool, doubt_pool: Pool, seen: Seen, opts: PgOptions) -> Inner {
+    pub fn new(
+        pool: Pool,
+        doubt_pool: Pool,
+        seen: Seen,
+        cfg: tokio_postgres::Config,
+        opts: PgOptions,
+    ) -> Inner {
         Inner {
             pool,
             doubt_pool,
@@ -59,6 +67,7 @@ impl Inner {
             seen,
             undecodable: Mutex::new(HashSet::new()),
             in_doubt: Default::default(),
+            cfg,
         }
     }
 
