@@ -16,7 +16,9 @@ use settle_portable::{Entity, Header, Reader, VERSION, Writer};
 const FIXTURE: &str = "export-v1.settle";
 
 fn path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(FIXTURE)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(FIXTURE)
 }
 
 fn entities() -> Vec<Entity> {
@@ -82,6 +84,10 @@ fn this_build_writes_the_v1_fixture_byte_for_byte() {
 #[ignore = "writes the format fixture; run deliberately for a new format version"]
 fn write_fixture() {
     let p = path();
-    assert!(!p.exists(), "{} exists: a released version's fixture is frozen", p.display());
+    assert!(
+        !p.exists(),
+        "{} exists: a released version's fixture is frozen",
+        p.display()
+    );
     std::fs::write(&p, written()).unwrap();
 }

@@ -10,6 +10,8 @@ mod alloc;
 mod bench;
 mod exit;
 mod offline;
+mod pg;
+mod portable;
 mod remote;
 mod serve;
 #[cfg(feature = "sim")]
@@ -70,6 +72,13 @@ enum Cmd {
     /// Check every record of a stopped embedded store against docs/spec.md
     /// §6; exits 1 if any record violates an invariant or is refused.
     Check(offline::OfflineArgs),
+    /// Write a store's data to a portable export file (docs/spec.md §12):
+    /// a stopped embedded store (--data) or a live PostgreSQL one (--store).
+    Export(portable::ExportArgs),
+    /// Load an export file into an empty store (--data DIR or --store URL).
+    Import(portable::ImportArgs),
+    /// Move a stopped store between engines, then check both sides.
+    Migrate(portable::MigrateArgs),
     /// Measure claim+settle pairs per second.
     #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
@@ -119,6 +128,9 @@ async fn run(cmd: Cmd) -> Result<(), Failure> {
         Cmd::Stats(a) => remote::stats(a).await,
         Cmd::Inspect(a) => offline::run(a, false),
         Cmd::Check(a) => offline::run(a, true),
+        Cmd::Export(a) => portable::export(a).await,
+        Cmd::Import(a) => portable::import(a).await,
+        Cmd::Migrate(a) => portable::migrate(a).await,
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench::run(a).await,
         #[cfg(feature = "sim")]

@@ -12,6 +12,7 @@ use serde_json::Value;
 pub use settle_client::testkit::*;
 use settle_client::{Bytes, Client, Reply, operation_path};
 
+pub mod pg;
 pub mod remote;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_settle");

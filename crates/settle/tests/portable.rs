@@ -1,0 +1,361 @@
+//! `settle export`, `settle import` and `settle migrate` as a user runs
+//! them (SPEC §12): round trips through files and between engines, the
+//! `--json` summaries, refusals, and `settle import` killed at random points.
+//!
+//! The PostgreSQL cases need the test machine's server (`SETTLE_TEST_PG_URL`,
+//! default `postgres://postgres@127.0.0.1:5432/test`); each uses a database
+//! of its own.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::pg::Database;
+use common::{BIN, TempDir};
+use serde_json::Value;
+use settle_core::testkit::{binding, claim, completed, revoke, settle};
+use settle_core::{ClaimDecision, Reply, TenantId};
+use settle_embedded::{EmbeddedOptions, EmbeddedStore};
+use settle_ledger::Store;
+
+fn settle_cmd(args: &[&str]) -> Output {
+    Command::new(BIN).args(args).output().unwrap()
+}
+
+/// Runs `settle ARGS --json`, expects success, returns the JSON.
+fn json(args: &[&str]) -> Value {
+    let mut all: Vec<&str> = args.to_vec();
+    all.push("--json");
+    let out = settle_cmd(&all);
+    assert!(
+        out.status.success(),
+        "settle {args:?}: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A stopped embedded store with `n` settled records in two tenants, one
+/// open lease and a revoked principal.
+async fn populate(dir: &Path, n: usize) {
+    let store = EmbeddedStore::open(dir, EmbeddedOptions::default()).unwrap();
+    for i in 0..n {
+        let t = TenantId::new(if i % 2 == 0 { "acme" } else { "beta" }).unwrap();
+        let k = format!("k{i:06}");
+        let Reply::Claim(ClaimDecision::Execute(g)) = store
+            .execute(&t, claim(&k, 1, binding("alice", 0)))
+            .await
+            .unwrap()
+        else {
+            panic!("claim {k}")
+        };
+        store
+            .execute(
+                &t,
+                settle(&k, g.fence, 1, binding("alice", 0), completed(1)),
+            )
+            .await
+            .unwrap();
+    }
+    let acme = TenantId::new("acme").unwrap();
+    store
+        .execute(&acme, claim("open", 2, binding("bob", 0)))
+        .await
+        .unwrap();
+    store.execute(&acme, revoke("carol")).await.unwrap();
+    store.close();
+}
+
+fn keys(v: &Value) -> Vec<&str> {
+    let mut k: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+    k.sort();
+    k
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_and_import_through_a_file_on_the_embedded_engine() {
+    let tmp = TempDir::new("portable");
+    let a = tmp.path().join("a");
+    populate(&a, 300).await;
+    let file = tmp.path().join("a.settle");
+    let exported = json(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        keys(&exported),
+        [
+            "bytes",
+            "engine",
+            "entities_per_s",
+            "fence_floor",
+            "file",
+            "max_fence",
+            "principals",
+            "records",
+            "seconds",
+            "sha256",
+            "warning_tasks"
+        ]
+    );
+    assert_eq!(exported["records"], 301);
+    assert_eq!(exported["principals"], 1);
+    assert_eq!(exported["engine"], "embedded");
+    assert!(!Path::new(&format!("{}.partial", file.display())).exists());
+
+    let b = tmp.path().join("b");
+    let imported = json(&[
+        "import",
+        "--from",
+        file.to_str().unwrap(),
+        "--data",
+        b.to_str().unwrap(),
+    ]);
+    assert_eq!(imported["records"], 301);
+    let floor = imported["target_fence_floor"].as_u64().unwrap();
+    assert!(
+        floor > 1_000_000_000,
+        "the default margin is added: {floor}"
+    );
+    let again = tmp.path().join("b.settle");
+    let reexported = json(&[
+        "export",
+        "--data",
+        b.to_str().unwrap(),
+        "--to",
+        again.to_str().unwrap(),
+    ]);
+    assert_eq!(reexported["records"], exported["records"]);
+    let entities = |f: &Path| {
+        let text = std::fs::read_to_string(f).unwrap();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines[1..lines.len() - 1].to_vec()
+    };
+    assert_eq!(
+        entities(&again),
+        entities(&file),
+        "the same entities, byte for byte"
+    );
+    let check = settle_cmd(&["check", "--data", b.to_str().unwrap()]);
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_write_nothing() {
+    let tmp = TempDir::new("refusals");
+    let a = tmp.path().join("a");
+    populate(&a, 20).await;
+    let file = tmp.path().join("a.settle");
+    json(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        file.to_str().unwrap(),
+    ]);
+    // A second export to the same file is refused, the file untouched.
+    let before = std::fs::read(&file).unwrap();
+    let out = settle_cmd(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("exists"));
+    assert_eq!(std::fs::read(&file).unwrap(), before);
+
+    // Into a store that holds data: refused, nothing written.
+    let out = settle_cmd(&[
+        "import",
+        "--from",
+        file.to_str().unwrap(),
+        "--data",
+        a.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
+
+    // A damaged file: refused with its offset, no target made.
+    let mut damaged = before.clone();
+    let at = damaged.len() / 3;
+    damaged[at] ^= 0x04;
+    let bad = tmp.path().join("bad.settle");
+    std::fs::write(&bad, damaged).unwrap();
+    let c = tmp.path().join("c");
+    let out = settle_cmd(&[
+        "import",
+        "--from",
+        bad.to_str().unwrap(),
+        "--data",
+        c.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("damaged at byte"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!c.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_to_postgresql_and_back_keeps_every_tenants_digest() {
+    let tmp = TempDir::new("migrate");
+    let a = tmp.path().join("a");
+    populate(&a, 200).await;
+    let db = Database::create().await;
+    let url = db.url();
+    let there = json(&[
+        "migrate",
+        "--from-data",
+        a.to_str().unwrap(),
+        "--to-store",
+        &url,
+    ]);
+    assert_eq!(there["checked"], true);
+    assert_eq!(there["records"], 201);
+    assert_eq!(there["tenants"], 2);
+    // Into a database that now holds data: refused.
+    let out = settle_cmd(&[
+        "migrate",
+        "--from-data",
+        a.to_str().unwrap(),
+        "--to-store",
+        &url,
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not empty"));
+
+    let b = tmp.path().join("b");
+    let back = json(&[
+        "migrate",
+        "--from-store",
+        &url,
+        "--to-data",
+        b.to_str().unwrap(),
+    ]);
+    assert_eq!(back["checked"], true);
+    assert_eq!(back["records"], 201);
+    let fa = tmp.path().join("a.settle");
+    let fb = tmp.path().join("b.settle");
+    let ea = json(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        fa.to_str().unwrap(),
+    ]);
+    json(&[
+        "export",
+        "--data",
+        b.to_str().unwrap(),
+        "--to",
+        fb.to_str().unwrap(),
+    ]);
+    let body = |f: &Path| {
+        let text = std::fs::read_to_string(f).unwrap();
+        let lines: Vec<String> = text.lines().map(str::to_string).collect();
+        lines[1..lines.len() - 1].to_vec()
+    };
+    assert_eq!(body(&fa), body(&fb));
+    // The PostgreSQL store's next fence is past the margin.
+    let pg = json(&[
+        "export",
+        "--store",
+        &url,
+        "--to",
+        tmp.path().join("pg.settle").to_str().unwrap(),
+    ]);
+    assert_eq!(pg["engine"], "postgres");
+    assert!(
+        pg["fence_floor"].as_u64().unwrap() > ea["max_fence"].as_u64().unwrap() + 1_000_000_000
+    );
+}
+
+/// `settle import` killed with SIGKILL at spread-out moments leaves either
+/// no store (absent or empty, and a new import then succeeds) or the whole
+/// one, never a partial store that opens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_import_leaves_no_store_or_the_whole_one() {
+    let tmp = TempDir::new("killimport");
+    let a = tmp.path().join("a");
+    populate(&a, 3_000).await;
+    let file = tmp.path().join("a.settle");
+    let exported = json(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        file.to_str().unwrap(),
+    ]);
+    // How long a whole import takes here: the kills are spread over it.
+    let started = Instant::now();
+    json(&[
+        "import",
+        "--from",
+        file.to_str().unwrap(),
+        "--data",
+        tmp.path().join("timing").to_str().unwrap(),
+    ]);
+    let whole = started.elapsed();
+    let (mut empty, mut complete) = (0, 0);
+    for i in 0..8u32 {
+        let target = tmp.path().join(format!("t{i}"));
+        let mut child = Command::new(BIN)
+            .args([
+                "import",
+                "--from",
+                file.to_str().unwrap(),
+                "--data",
+                target.to_str().unwrap(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // A fault injected at a point in time, not a wait for something.
+        std::thread::sleep(whole.mul_f64(f64::from(i) / 7.0) + Duration::from_millis(1));
+        let _ = child.kill();
+        child.wait().unwrap();
+        let is_empty = !target.exists() || std::fs::read_dir(&target).unwrap().next().is_none();
+        if is_empty {
+            empty += 1;
+            // Nothing usable: a new import into it goes through.
+            json(&[
+                "import",
+                "--from",
+                file.to_str().unwrap(),
+                "--data",
+                target.to_str().unwrap(),
+            ]);
+        } else {
+            complete += 1;
+        }
+        let out = tmp.path().join(format!("t{i}.settle"));
+        let again = json(&[
+            "export",
+            "--data",
+            target.to_str().unwrap(),
+            "--to",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(
+            again["records"], exported["records"],
+            "kill {i}: a partial store"
+        );
+        assert_eq!(again["principals"], exported["principals"]);
+    }
+    eprintln!("killed imports: {empty} left no store, {complete} a whole one");
+}
