@@ -108,12 +108,12 @@ pub async fn export(inner: &Inner) -> Result<Snapshot, PgError> {
     let (client, driver) = session::connect(&cfg).await?;
     let d = inner.client_timeout;
     within(d, client.batch_execute(BEGIN)).await?;
-    // Read after the snapshot was fixed: every fence a record in the
-    // snapshot holds was taken (nextval) before that record's transaction
-    // committed, so before the snapshot, so before this read; and the
-    // sequence is read as it is now, not as of the snapshot. The floor is
-    // therefore above every fence in the snapshot. (Read before the
-    // snapshot, a fence granted and committed in between would be missed.)
+    // Read after the snapshot was fixed (by BEGIN's SELECT): every fence a
+    // record in the snapshot holds was taken (nextval) before that record's
+    // transaction committed, so before the snapshot, so before this read;
+    // and a sequence is read as it is now, not as of the snapshot. The
+    // floor is therefore above every fence in the snapshot. Read before
+    // the snapshot, it could miss a fence taken and committed in between.
     let floor = counter(&within(d, client.query_one(&floor_sql(&inner.schema), &[])).await?)?;
     within(d, client.batch_execute(&declare_sql(&inner.schema))).await?;
     let mut fetches = Vec::with_capacity(CURSORS.len());

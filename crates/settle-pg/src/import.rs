@@ -493,3 +493,16 @@ fn read_batches(path: &Path, tx: &mpsc::Sender<Result<Msg, ImportError>>) {
         send(Ok(Msg::End(s.clone())));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CLI and the server run an import on a spawned task.
+    #[test]
+    fn an_import_can_run_on_another_thread() {
+        fn send<T: Send>(_: &T) {}
+        let f = import("", PgOptions::default(), Path::new(""), 0, |_, _| {});
+        send(&f);
+    }
+}

@@ -31,6 +31,13 @@
 //! one COMMIT, and every command answered after it (the group-commit path,
 //! `group_commit.rs`).
 //!
+//! Export and import (SPEC §12): [`Store::export`] streams one consistent
+//! snapshot (a `REPEATABLE READ` transaction on a connection of its own,
+//! read through cursors in the portable format's bytewise order) while
+//! writes go on; [`import()`] loads a verified export file into an empty
+//! schema in one transaction and moves the fence sequence past every
+//! fence the file saw.
+//!
 //! See `docs/postgres.md` for the locking argument, the in-doubt commit
 //! handling, the schema and the benchmark.
 //!
