@@ -97,7 +97,8 @@ macro_rules! conformance_tests {
             listing_while_records_change_returns_each_once,
             listing_filters_and_tenant_stats_agree,
             listing_orders_and_prefixes,
-            generations_are_read_back
+            generations_are_read_back,
+            an_export_holds_every_entity_as_stored
         );
     };
     (@cases $make:expr; $($name:ident),* $(,)?) => {
@@ -1394,4 +1395,60 @@ pub async fn generations_are_read_back(fx: &Fixture) {
     fx.exec(claim("g-2", 1, binding("bob", 3))).await;
     assert_eq!(gen_of(t.clone(), "bob").await, 3);
     assert_eq!(gen_of(other, "alice").await, 0, "tenants never meet");
+}
+
+/// SPEC §12: an export holds every record (as `get` shows it), principal
+/// and warning task written before it, in canonical order, and a fence
+/// floor above every fence it holds.
+pub async fn an_export_holds_every_entity_as_stored(fx: &Fixture) {
+    let beta = TenantId::new("beta").unwrap();
+    let f = fx.exec(claim("settled", 1, binding("alice", 0))).await;
+    fx.run(settle("settled", f, 1, binding("alice", 0), completed(4)))
+        .await;
+    fx.exec(claim("open", 2, binding("alice", 0))).await;
+    fx.run_as(&beta, claim("other", 3, binding("bob", 0))).await;
+    fx.run(revoke("carol")).await;
+    fx.run_as(
+        &beta,
+        Command::Warn(Warn {
+            task: TaskId::new("nightly").unwrap(),
+            class: WarningClass::new("slow").unwrap(),
+            detail: None,
+        }),
+    )
+    .await;
+    let (bytes, summary) = crate::export::export_to(&*fx.store, Vec::new(), |_, _| {})
+        .await
+        .expect("the store exports");
+    let entities: Vec<settle_portable::Entity> = settle_portable::Reader::new(&bytes[..])
+        .expect("a header")
+        .map(|e| e.expect("a whole file"))
+        .collect();
+    assert_eq!(
+        (summary.records, summary.principals, summary.warning_tasks),
+        (3, 1, 1)
+    );
+    let mut records = 0;
+    for e in &entities {
+        if let settle_portable::Entity::Record { tenant, record } = e {
+            let shown = fx
+                .store
+                .get(tenant, &record.key)
+                .await
+                .expect("store works")
+                .expect("not refused")
+                .expect("exists");
+            assert_eq!(&shown, record);
+            records += 1;
+        }
+    }
+    assert_eq!(records, 3);
+    assert!(entities.iter().any(|e| matches!(e,
+        settle_portable::Entity::Principal { principal, state, .. }
+            if principal.as_str() == "carol" && state.generation == 1)));
+    assert!(entities.iter().any(|e| matches!(e,
+        settle_portable::Entity::Warnings { tenant, warnings, .. }
+            if *tenant == beta && warnings.len() == 1)));
+    assert!(summary.fence_floor > summary.max_fence);
+    assert!(fx.store.fence_floor().await.expect("store works") > summary.max_fence);
 }
