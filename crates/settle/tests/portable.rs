@@ -359,3 +359,73 @@ async fn a_killed_import_leaves_no_store_or_the_whole_one() {
     }
     eprintln!("killed imports: {empty} left no store, {complete} a whole one");
 }
+
+/// The same on PostgreSQL: an import is one transaction, so a killed one
+/// leaves the tables empty (a new import then goes through) or whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_import_into_postgresql_leaves_no_rows_or_all_of_them() {
+    let tmp = TempDir::new("killpg");
+    let a = tmp.path().join("a");
+    populate(&a, 3_000).await;
+    let file = tmp.path().join("a.settle");
+    let exported = json(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        file.to_str().unwrap(),
+    ]);
+    let timing = Database::create().await;
+    let started = Instant::now();
+    json(&[
+        "import",
+        "--from",
+        file.to_str().unwrap(),
+        "--store",
+        &timing.url(),
+    ]);
+    let whole = started.elapsed();
+    for i in 0..4u32 {
+        let db = Database::create().await;
+        let mut child = Command::new(BIN)
+            .args([
+                "import",
+                "--from",
+                file.to_str().unwrap(),
+                "--store",
+                &db.url(),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        // A fault injected at a point in time, not a wait for something.
+        std::thread::sleep(whole.mul_f64(f64::from(i) / 3.0) + Duration::from_millis(1));
+        let _ = child.kill();
+        let killed_early = !child.wait().unwrap().success();
+        let out = tmp.path().join(format!("pg{i}.settle"));
+        let got = json(&[
+            "export",
+            "--store",
+            &db.url(),
+            "--to",
+            out.to_str().unwrap(),
+        ]);
+        if got["records"] == 0 {
+            assert!(killed_early, "kill {i}: a finished import left no rows");
+            json(&[
+                "import",
+                "--from",
+                file.to_str().unwrap(),
+                "--store",
+                &db.url(),
+            ]);
+        } else {
+            assert_eq!(
+                got["records"], exported["records"],
+                "kill {i}: a partial import"
+            );
+            assert_eq!(got["principals"], exported["principals"]);
+        }
+    }
+}
