@@ -29,10 +29,8 @@ use crate::metrics as m;
 use crate::openapi::V1Errors;
 use crate::problem::{PROBLEM_JSON, Problem};
 
-/// The media type of an export (SPEC §12's portable format: lines of
-/// `CRC32 SP JSON LF`, a header first and a trailer last). Not NDJSON: a
-/// line starts with its checksum.
-pub const EXPORT_CONTENT_TYPE: &str = "application/vnd.settle.export";
+/// The media type of an export ([`settle_api::EXPORT_MEDIA_TYPE`]).
+pub use settle_api::EXPORT_MEDIA_TYPE as EXPORT_CONTENT_TYPE;
 
 /// Stream a consistent snapshot of the whole store (every tenant) in the
 /// portable export format (SPEC §12; `docs/http-api.md`, "Admin access").

@@ -104,7 +104,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/tasks/{task}/warnings/{class}", post(warn))
         .route("/v1/tasks/{task}/warnings", get(warnings))
         .route("/v1/batch", post(crate::batch::batch))
-        .route("/v1/admin/export", get(crate::admin::export))
+        .route(api::EXPORT_PATH, get(crate::admin::export))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))

@@ -438,3 +438,78 @@ async fn a_store_failure_midway_aborts_the_body_without_a_trailer() {
     let s = settle_portable::verify(&got[..]).unwrap();
     assert_eq!((s.records, s.fence_floor), (1, 7));
 }
+
+/// The router on a real socket, as `settle serve` runs it (hyper's HTTP/1.1
+/// server); the address to reach it at.
+async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}")
+}
+
+/// Over a real connection, `settle_client::Client::export` streams a
+/// whole file; an export the store fails midway reaches the client as an
+/// error after the bytes sent so far (hyper ends the chunked body without
+/// its terminator), never as a short success.
+#[tokio::test]
+async fn over_http_an_aborted_export_is_an_error_for_the_client() {
+    fn fails_midway(inner: &MemStore) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
+        Box::pin(async move {
+            let all = entities(inner).await;
+            let (snap, tx) = Snapshot::channel("memory", 5);
+            tokio::spawn(async move {
+                tx.send(Ok(all)).await.unwrap();
+                // The client has the first chunk before the failure.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tx.send(Err(StoreError::Io("disk gone".into())))
+                    .await
+                    .unwrap();
+            });
+            Ok(snap)
+        })
+    }
+    fn whole(inner: &MemStore) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
+        inner.export()
+    }
+    type Export = fn(&MemStore) -> BoxFuture<'_, Result<Snapshot, StoreError>>;
+    for (export, whole_file) in [(whole as Export, true), (fails_midway as Export, false)] {
+        let app = exporting(export, Ok(9));
+        claims(&app, 3).await;
+        let client = settle_client::Client::new(&serve(app).await).unwrap();
+        let mut d = client.export().await.unwrap();
+        assert_eq!(
+            (d.status, d.content_type.as_str()),
+            (200, EXPORT_CONTENT_TYPE)
+        );
+        let mut file = Vec::new();
+        let end = loop {
+            match d.chunk().await {
+                Ok(Some(b)) => file.extend_from_slice(&b),
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        assert_eq!(d.received(), file.len() as u64);
+        if whole_file {
+            end.unwrap();
+            assert_eq!(settle_portable::verify(&file[..]).unwrap().records, 3);
+        } else {
+            let e = end.unwrap_err();
+            assert!(e.is_transport(), "{e}");
+            assert!(!file.is_empty());
+            assert!(settle_portable::verify(&file[..]).is_err());
+        }
+    }
+
+    // An error status arrives as the problem it is.
+    fn unsupported(_: &MemStore) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
+        Box::pin(async { Err(StoreError::Unsupported("export".into())) })
+    }
+    let client = settle_client::Client::new(&serve(exporting(unsupported, Ok(1))).await).unwrap();
+    let e = client.export().await.unwrap_err();
+    assert_eq!(
+        (e.status(), e.code()),
+        (Some(501), Some(settle_client::api::Code::NotImplemented))
+    );
+}
