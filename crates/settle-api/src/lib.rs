@@ -53,3 +53,11 @@ pub use time::Time;
 
 /// The media type of every error body (RFC 9457).
 pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// The media type of `GET /v1/admin/export` (SPEC §12): the portable
+/// export format, lines of `CRC32 SP JSON LF` with a header first and a
+/// trailer last (not NDJSON: each line starts with its checksum).
+pub const EXPORT_MEDIA_TYPE: &str = "application/vnd.settle.export";
+
+/// The path of the admin export (SPEC §12).
+pub const EXPORT_PATH: &str = "/v1/admin/export";

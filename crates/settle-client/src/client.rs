@@ -16,6 +16,7 @@ use settle_api::{
 };
 
 use crate::call::{self, Call};
+use crate::download::Download;
 use crate::error::ClientError;
 use crate::reply::Reply;
 use crate::transport::{Target, Transport};
@@ -217,6 +218,24 @@ impl Client {
         body: Option<Bytes>,
     ) -> Result<Reply, ClientError> {
         let i = &self.inner;
+        let req = self.request(method, path, body)?;
+        match tokio::time::timeout(i.request_timeout, self.exchange(req)).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Timeout {
+                authority: i.target.authority.clone(),
+                after: i.request_timeout,
+            }),
+        }
+    }
+
+    /// A request for `path` with the token and, with a body, its content type.
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+    ) -> Result<Request<Full<Bytes>>, ClientError> {
+        let i = &self.inner;
         let mut req = Request::builder()
             .method(method)
             .uri(i.transport.uri(&i.target, path));
@@ -226,16 +245,62 @@ impl Client {
         if body.is_some() {
             req = req.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
-        let req = req
-            .body(Full::new(body.unwrap_or_default()))
-            .map_err(|e| ClientError::Request(e.to_string()))?;
-        match tokio::time::timeout(i.request_timeout, self.exchange(req)).await {
-            Ok(r) => r,
-            Err(_) => Err(ClientError::Timeout {
-                authority: i.target.authority.clone(),
-                after: i.request_timeout,
-            }),
+        req.body(Full::new(body.unwrap_or_default()))
+            .map_err(|e| ClientError::Request(e.to_string()))
+    }
+
+    /// `GET path`, answered as soon as the head arrives: the body is read
+    /// piece by piece ([`Download::chunk`]), for answers too large to hold
+    /// in memory. The request timeout bounds the wait for the head, and
+    /// then each wait for the next piece of the body, not the whole
+    /// download. An error status is read whole and returned as
+    /// [`ClientError::Http`].
+    pub async fn download(&self, path: &str) -> Result<Download, ClientError> {
+        let i = &self.inner;
+        let req = self.request(Method::GET, path, None)?;
+        let timeout = || ClientError::Timeout {
+            authority: i.target.authority.clone(),
+            after: i.request_timeout,
+        };
+        let resp = tokio::time::timeout(i.request_timeout, i.transport.request(&i.target, req))
+            .await
+            .map_err(|_| timeout())??;
+        let mut d = Download::new(resp, i.target.authority.clone(), i.request_timeout);
+        if (200..300).contains(&d.status) {
+            return Ok(d);
         }
+        let mut body = Vec::new();
+        while let Some(b) = d.chunk().await? {
+            body.extend_from_slice(&b);
+        }
+        let reply = Reply {
+            status: d.status,
+            content_type: d.content_type,
+            retry_after: d.retry_after,
+            body: Bytes::from(body),
+        };
+        Err(reply.error().into())
+    }
+
+    /// `GET /v1/admin/export` (SPEC §12, with an admin token): a
+    /// consistent snapshot of the whole store in the portable format,
+    /// streamed. The download is whole only if the body ends normally (a
+    /// server whose store failed midway aborts it: [`Download::chunk`]
+    /// then fails) and its last line is the trailer; check the file with
+    /// `settle_portable::verify` before trusting it.
+    pub async fn export(&self) -> Result<Download, ClientError> {
+        let d = self.download(settle_api::EXPORT_PATH).await?;
+        if !d.content_type.starts_with(settle_api::EXPORT_MEDIA_TYPE) {
+            return Err(ClientError::UnexpectedBody {
+                status: d.status,
+                reason: format!(
+                    "the content type is {:?}, not {}",
+                    d.content_type,
+                    settle_api::EXPORT_MEDIA_TYPE
+                ),
+            });
+        }
+        Ok(d)
     }
 
     /// One request and its whole answer.

@@ -188,7 +188,8 @@ impl HttpError {
             | Code::PayloadTooLarge
             | Code::UriTooLong
             | Code::InvalidRequest
-            | Code::Unavailable => return None,
+            | Code::Unavailable
+            | Code::NotImplemented => return None,
         })
     }
 }

@@ -39,10 +39,15 @@
 //!   answer as received, e.g. to print it); and [`Client::execute`], which
 //!   runs a `settle_core::Command` exactly as `Ledger::execute` does, so a
 //!   worker or middleware can run over either.
+//! * **Downloads.** [`Client::download`] and [`Client::export`] (the admin
+//!   export of SPEC §12) hand back the answer as soon as its head arrives
+//!   and the body piece by piece ([`Download`]); a body the server aborted
+//!   is an error, never a short success.
 
 mod call;
 mod client;
 mod core;
+mod download;
 mod error;
 mod reply;
 /// Request bodies and answer checks for HTTP tests (behind the `testkit`
@@ -56,6 +61,7 @@ pub use client::{
     Client, ClientBuilder, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_IDLE_TIMEOUT,
     DEFAULT_REQUEST_TIMEOUT,
 };
+pub use download::Download;
 pub use error::{BoxError, ClientError, HttpError};
 pub use hyper::Method;
 pub use hyper::body::Bytes;

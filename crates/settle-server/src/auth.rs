@@ -1,11 +1,12 @@
-//! Bearer token → tenant (SPEC §7). Tokens are configured as SHA-256
-//! digests; the presented token is hashed and compared in constant time.
+//! Bearer token → tenant (SPEC §7), and the admin tokens of the operator
+//! endpoints (SPEC §12). Tokens are configured as SHA-256 digests; the
+//! presented token is hashed and compared in constant time.
 
 use axum::http::{HeaderMap, header};
 use sha2::{Digest as _, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
-use settle_core::TenantId;
+use settle_core::{Digest, TenantId};
 
 use crate::config::AuthConfig;
 use crate::problem::Problem;
@@ -69,6 +70,58 @@ impl Auth {
     }
 }
 
+/// Who may call the operator endpoints (SPEC §12 "Admin access").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminAuth {
+    /// Authentication is off (loopback, no tenants, no `[admin]`): the
+    /// admin endpoints are open like the rest.
+    Open,
+    /// A bearer token whose SHA-256 is one of these. Empty (tenants but
+    /// no `[admin]`): no token is an admin's, every admin call is 401.
+    Tokens(Vec<[u8; 32]>),
+}
+
+impl AdminAuth {
+    /// The admin access that `auth` and the `[admin]` digests give.
+    pub fn from_config(auth: &AuthConfig, admin: &[Digest]) -> AdminAuth {
+        if matches!(auth, AuthConfig::Off) && admin.is_empty() {
+            AdminAuth::Open
+        } else {
+            AdminAuth::Tokens(admin.iter().map(|d| d.0).collect())
+        }
+    }
+
+    /// `Ok` when the request may call an admin endpoint: access is open,
+    /// or its bearer token is an admin token (compared with every digest
+    /// in constant time, no early exit). A tenant's token is refused like
+    /// an unknown one: 401 `unauthorized`.
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), Problem> {
+        let digests = match self {
+            AdminAuth::Open => return Ok(()),
+            AdminAuth::Tokens(d) => d,
+        };
+        if digests.is_empty() {
+            return Err(Problem::unauthorized(
+                "the admin endpoints need an admin token, and this server has none \
+                 configured ([admin] token_sha256)",
+            ));
+        }
+        let presented: [u8; 32] = Sha256::digest(bearer_token(headers)?).into();
+        let mut found = subtle::Choice::from(0u8);
+        for digest in digests {
+            found |= digest.ct_eq(&presented);
+        }
+        if bool::from(found) {
+            Ok(())
+        } else {
+            Err(Problem::unauthorized(
+                "the admin endpoints need an admin token ([admin] token_sha256); \
+                 this token is not one",
+            ))
+        }
+    }
+}
+
 /// The token of the request's `Authorization: Bearer <token>` header.
 pub fn bearer_token(headers: &HeaderMap) -> Result<&[u8], Problem> {
     let value = headers
@@ -109,7 +162,6 @@ pub fn token_sha256(token: &str) -> String {
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
-    use settle_core::Digest;
 
     fn auth() -> Auth {
         let d = |t: &str| Digest::parse("t", &token_sha256(t)).unwrap();
@@ -173,6 +225,39 @@ mod tests {
         }
         // Only spaces: a tab is not `SP`, and the token itself is exact.
         assert!(a.tenant(&headers("Bearer \ttok-acme")).is_err());
+    }
+
+    #[test]
+    fn admin_tokens_open_only_the_admin_endpoints() {
+        let d = |t: &str| Digest::parse("t", &token_sha256(t)).unwrap();
+        let tenants = AuthConfig::Tenants(vec![(TenantId::new("acme").unwrap(), d("tok-acme"))]);
+        let a = AdminAuth::from_config(&tenants, &[d("adm-1"), d("adm-2")]);
+        assert!(a.check(&headers("Bearer adm-1")).is_ok());
+        assert!(a.check(&headers("bearer  adm-2")).is_ok());
+        for h in ["Bearer tok-acme", "Bearer nope", "Basic adm-1", "Bearer "] {
+            assert_eq!(
+                a.check(&headers(h)).unwrap_err().code.as_str(),
+                "unauthorized",
+                "{h:?}"
+            );
+        }
+        assert_eq!(
+            a.check(&HeaderMap::new()).unwrap_err().code.as_str(),
+            "unauthorized"
+        );
+        // Tenants and no [admin]: nobody is an admin.
+        let none = AdminAuth::from_config(&tenants, &[]);
+        assert_eq!(none, AdminAuth::Tokens(vec![]));
+        assert!(none.check(&headers("Bearer tok-acme")).is_err());
+        // Authentication off: open; off with [admin]: the admin token only.
+        assert_eq!(
+            AdminAuth::from_config(&AuthConfig::Off, &[]),
+            AdminAuth::Open
+        );
+        assert!(AdminAuth::Open.check(&HeaderMap::new()).is_ok());
+        let off = AdminAuth::from_config(&AuthConfig::Off, &[d("adm-1")]);
+        assert!(off.check(&HeaderMap::new()).is_err());
+        assert!(off.check(&headers("Bearer adm-1")).is_ok());
     }
 
     #[test]

@@ -114,6 +114,44 @@ pub struct FileConfig {
     /// The `[[tenants]]` tables; `--tenant` adds to them.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
+    /// The `[admin]` table (SPEC §12); `--admin-token-sha256` adds to its tokens.
+    pub admin: Option<AdminFileConfig>,
+}
+
+/// The `[admin]` table: who may call the operator endpoints (SPEC §12,
+/// `GET /v1/admin/export`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AdminFileConfig {
+    /// Lowercase hex SHA-256 of an admin bearer token, or a list of them
+    /// (several during a rotation): `token_sha256 = "…"` or `["…", "…"]`.
+    #[serde(deserialize_with = "one_or_many")]
+    pub token_sha256: Vec<String>,
+}
+
+/// A string or a list of strings, as a list.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Vec<String>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a hex SHA-256 string or a list of them")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Vec<String>, E> {
+            Ok(vec![v.to_string()])
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Vec<String>, A::Error> {
+            let mut out = Vec::new();
+            while let Some(s) = a.next_element::<String>()? {
+                out.push(s);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(V)
 }
 
 impl FileConfig {
@@ -145,6 +183,9 @@ pub struct Settings {
     pub store: Option<String>,
     /// A tenant as NAME=SHA256-OF-TOKEN (repeatable; added to the file's `[[tenants]]`).
     pub tenants: Vec<String>,
+    /// The hex SHA-256 of an admin token (repeatable; added to the file's
+    /// `[admin] token_sha256`).
+    pub admin_tokens_sha256: Vec<String>,
     /// A settlement needs at least this much lease left [default: 100].
     pub lease_margin_ms: Option<u64>,
     /// Larger request bodies get 413 [default: 1048576].
@@ -216,6 +257,10 @@ pub struct Config {
     pub store: StoreConfig,
     /// Who may call.
     pub auth: AuthConfig,
+    /// The digests of the admin tokens (`[admin] token_sha256`, SPEC §12);
+    /// empty: no admin token (the admin endpoints are then open only while
+    /// authentication is off).
+    pub admin_tokens: Vec<Digest>,
     /// A settlement or dispatch needs at least this much lease left, in ms.
     pub lease_margin_ms: u64,
     /// Larger request bodies are answered 413.
@@ -285,6 +330,35 @@ fn deprecated_given(file: &FileConfig, args: &Settings) -> Vec<&'static str> {
         .collect()
 }
 
+/// The admin tokens' digests: the file's `[admin] token_sha256` and the
+/// flag's values, each a valid digest, none twice, none a tenant's (a
+/// token is a tenant's or an admin's, never both).
+fn admin_tokens(
+    file: Option<AdminFileConfig>,
+    flags: &[String],
+    tenants: &[(TenantId, Digest)],
+) -> Result<Vec<Digest>, ConfigError> {
+    const KEY: &str = "admin.token_sha256";
+    let given = file.map(|a| a.token_sha256).unwrap_or_default();
+    let mut out: Vec<Digest> = Vec::with_capacity(given.len() + flags.len());
+    for hex in given.iter().chain(flags) {
+        let d = Digest::parse(KEY, hex).map_err(|e| invalid(KEY, e.reason))?;
+        if out.contains(&d) {
+            return Err(invalid(KEY, format!("{hex} appears twice")));
+        }
+        if let Some((name, _)) = tenants.iter().find(|(_, t)| t == &d) {
+            return Err(invalid(
+                KEY,
+                format!(
+                    "{hex} is also the token of tenant {name}; give the admin a token of its own"
+                ),
+            ));
+        }
+        out.push(d);
+    }
+    Ok(out)
+}
+
 /// Where `settle serve` listens by default (loopback: auth may be off).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
 /// Where the embedded store lives by default.
@@ -297,6 +371,7 @@ impl Config {
             listen,
             store: StoreConfig::Embedded(dir),
             auth: AuthConfig::Off,
+            admin_tokens: Vec::new(),
             lease_margin_ms: 100,
             max_body_bytes: 1024 * 1024,
             max_batch_calls: 1000,
@@ -381,6 +456,10 @@ impl Config {
             }
             parsed.push((name, digest));
         }
+        let admin_tokens = admin_tokens(file.admin, &args.admin_tokens_sha256, &parsed)?;
+        // `[admin]` alone does not turn authentication on: the tenants'
+        // routes would still be open to anyone, so a non-loopback address
+        // still needs tenants (docs/http-api.md, "Admin access").
         let auth = if parsed.is_empty() {
             if !listen.ip().is_loopback() {
                 return Err(ConfigError::OpenWithoutTenants(listen));
@@ -522,6 +601,7 @@ impl Config {
             listen,
             store,
             auth,
+            admin_tokens,
             lease_margin_ms,
             max_body_bytes,
             max_batch_calls,
@@ -675,6 +755,76 @@ mod tests {
             panic!("auth should be on")
         };
         assert_eq!(t[0].0.as_str(), "acme");
+    }
+
+    const D1: &str = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
+    const D2: &str = "fcde2b2edba56bf408601fb721fe9b5c338d10ee429ea04fae5511b68fbf8fb9";
+    const D3: &str = "baa5a0964d3320fbc0c6a922140453c8513ea24ab8fd0577034804a967248096";
+
+    #[test]
+    fn admin_tokens_are_a_string_or_a_list_and_flags_add_to_them() {
+        let one: FileConfig = toml::from_str(&format!("[admin]\ntoken_sha256 = \"{D1}\"")).unwrap();
+        let c = Config::merge(one, &args()).unwrap();
+        assert_eq!(c.admin_tokens, [Digest::parse("t", D1).unwrap()]);
+        // [admin] without tenants leaves the tenants' routes as they were (off, on loopback).
+        assert_eq!(c.auth, AuthConfig::Off);
+
+        let many: FileConfig =
+            toml::from_str(&format!("[admin]\ntoken_sha256 = [\"{D1}\", \"{D2}\"]")).unwrap();
+        let mut a = args();
+        a.admin_tokens_sha256 = vec![D3.into()];
+        let c = Config::merge(many, &a).unwrap();
+        let want: Vec<Digest> = [D1, D2, D3]
+            .iter()
+            .map(|d| Digest::parse("t", d).unwrap())
+            .collect();
+        assert_eq!(c.admin_tokens, want);
+        assert!(
+            Config::merge(FileConfig::default(), &args())
+                .unwrap()
+                .admin_tokens
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn bad_admin_tokens_are_refused() {
+        for bad in [
+            "[admin]\ntoken_sha256 = 7".to_string(),
+            "[admin]\ntoken = \"x\"".to_string(),
+            "[admin]".to_string(),
+        ] {
+            assert!(toml::from_str::<FileConfig>(&bad).is_err(), "{bad}");
+        }
+        let mut a = args();
+        for (given, why) in [
+            (vec!["ABC".to_string()], "64 lowercase hex"),
+            (vec![D1.to_uppercase()], "lowercase hex"),
+            (vec![D1.into(), D1.into()], "appears twice"),
+        ] {
+            a.admin_tokens_sha256 = given;
+            let e = Config::merge(FileConfig::default(), &a).unwrap_err();
+            assert!(e.to_string().contains("admin.token_sha256"), "{e}");
+            assert!(e.to_string().contains(why), "{e}");
+        }
+        // A token is a tenant's or an admin's, never both.
+        a.admin_tokens_sha256 = vec![D2.into()];
+        a.tenants = vec![format!("acme={D2}")];
+        let e = Config::merge(FileConfig::default(), &a).unwrap_err();
+        assert!(e.to_string().contains("tenant acme"), "{e}");
+    }
+
+    /// `[admin]` does not stand in for tenants: on a non-loopback address
+    /// the tenants' routes would still be open to anyone.
+    #[test]
+    fn admin_without_tenants_still_needs_loopback() {
+        let mut a = args();
+        a.listen = Some("0.0.0.0:7411".into());
+        a.admin_tokens_sha256 = vec![D1.into()];
+        let e = Config::merge(FileConfig::default(), &a).unwrap_err();
+        assert!(matches!(e, ConfigError::OpenWithoutTenants(_)), "{e}");
+        a.tenants = vec![format!("acme={D2}")];
+        assert!(Config::merge(FileConfig::default(), &a).is_ok());
     }
 
     #[test]

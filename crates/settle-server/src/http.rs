@@ -22,7 +22,7 @@ use settle_core::{
 use settle_ledger::{Store, StoreError};
 use tracing::{debug, error, warn};
 
-use crate::auth::Auth;
+use crate::auth::{AdminAuth, Auth};
 use crate::metrics as m;
 use crate::openapi::V1Errors;
 use crate::problem::{PROBLEM_JSON, Problem};
@@ -34,6 +34,8 @@ pub struct AppState {
     pub store: Arc<dyn Store>,
     /// Token → tenant.
     pub auth: Auth,
+    /// Who may call the admin endpoints (SPEC §12).
+    pub admin: AdminAuth,
     /// Larger request bodies are answered 413.
     pub max_body_bytes: usize,
     /// Most calls in one `POST /v1/batch` (422 past it).
@@ -66,6 +68,7 @@ impl AppState {
         AppState {
             store,
             auth: Auth::from_config(&config.auth),
+            admin: AdminAuth::from_config(&config.auth, &config.admin_tokens),
             max_body_bytes: config.max_body_bytes,
             max_batch_calls: config.max_batch_calls,
             max_batch_body_bytes: config.max_batch_body_bytes,
@@ -101,6 +104,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/tasks/{task}/warnings/{class}", post(warn))
         .route("/v1/tasks/{task}/warnings", get(warnings))
         .route("/v1/batch", post(crate::batch::batch))
+        .route(api::EXPORT_PATH, get(crate::admin::export))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
@@ -175,6 +179,7 @@ pub(crate) enum Route {
     Unmatched,
     Batch,
     Principal,
+    AdminExport,
 }
 
 /// The reply does not fit the command: a bug, answered 503 (never 500).
@@ -841,6 +846,7 @@ mod tests {
             (Route::Unmatched, "unmatched"),
             (Route::Batch, "batch"),
             (Route::Principal, "principal"),
+            (Route::AdminExport, "admin_export"),
         ];
         for (r, label) in pairs {
             assert_eq!(m::ROUTES[r as usize], label);

@@ -9,6 +9,7 @@
 //! opens the engine, reads flags into [`Settings`], and calls [`run`].
 //! Decisions the spec leaves open are written down in `docs/http-api.md`.
 
+pub mod admin;
 pub mod auth;
 pub mod batch;
 pub mod config;

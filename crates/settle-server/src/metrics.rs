@@ -23,6 +23,11 @@ pub const STORE_ERRORS: &str = "settle_store_errors_total";
 pub const SWEEP_EXPIRED: &str = "settle_sweep_expired_total";
 /// Counter of records the sweep collected.
 pub const SWEEP_COLLECTED: &str = "settle_sweep_collected_total";
+/// Counter of `GET /v1/admin/export` streams, by `outcome`: `completed`
+/// (the trailer was sent), `failed` (the store failed midway: the body was
+/// aborted), `abandoned` (the client went away), `refused` (the store
+/// could not start one).
+pub const EXPORTS: &str = "settle_admin_exports_total";
 /// Histogram of commands per group commit (recorded by the embedded store).
 pub const COMMIT_BATCH_SIZE: &str = "settle_commit_batch_size";
 /// Histogram of group commit durations in seconds (recorded by the embedded store).
@@ -86,6 +91,10 @@ fn describe() {
         SWEEP_COLLECTED,
         "Terminal records collected after their retention."
     );
+    describe_counter!(
+        EXPORTS,
+        "Admin exports by outcome (completed, failed, abandoned, refused)."
+    );
     describe_histogram!(COMMIT_BATCH_SIZE, "Commands per durable group commit.");
     describe_histogram!(
         COMMIT_DURATION,
@@ -145,7 +154,7 @@ pub fn set_stats(s: &StoreStats) {
 }
 
 /// The `route` label values of [`REQUESTS`].
-pub const ROUTES: [&str; 19] = [
+pub const ROUTES: [&str; 20] = [
     "claim",
     "heartbeat",
     "dispatch",
@@ -165,6 +174,7 @@ pub const ROUTES: [&str; 19] = [
     "unmatched",
     "batch",
     "principal",
+    "admin_export",
 ];
 
 const STATUSES: [&str; 10] = [

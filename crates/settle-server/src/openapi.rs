@@ -82,11 +82,25 @@ impl Modify for BearerAuth {
             "bearer",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
+        components.add_security_scheme(
+            "admin",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "An admin token: its SHA-256 is one of the server's \
+                         `[admin] token_sha256` (a tenant's token is refused, 401). Not \
+                         needed while authentication is off (loopback, no tenants, no `[admin]`).",
+                    ))
+                    .build(),
+            ),
+        );
     }
 }
 
-/// The document: every route of `http.rs`, the schemas they name (and the
-/// §10 batch envelopes), bearer authentication.
+/// The document: every route of `http.rs` and `admin.rs`, the schemas
+/// they name (and the §10 batch envelopes), bearer authentication (a
+/// tenant's token, or an admin token for `/v1/admin/…`).
 #[derive(OpenApi)]
 #[openapi(
     info(
@@ -113,6 +127,7 @@ impl Modify for BearerAuth {
         crate::http::metrics,
         crate::http::openapi_json,
         crate::batch::batch,
+        crate::admin::export,
     ),
     components(schemas(api::Code, api::Refusal, api::Token)),
     modifiers(&BearerAuth, &CrossFieldRules),

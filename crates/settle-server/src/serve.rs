@@ -40,8 +40,9 @@ impl OpenedStore {
     }
 }
 
-/// The start-up line about authentication: on, and for how many tenants,
-/// or a warning that it is off (only allowed on a loopback address).
+/// The start-up lines about authentication: on, and for how many tenants,
+/// or a warning that it is off (only allowed on a loopback address); and
+/// who may call the admin endpoints.
 pub fn log_auth(config: &Config, addr: SocketAddr) {
     match &config.auth {
         AuthConfig::Off => warn!(
@@ -54,6 +55,22 @@ pub fn log_auth(config: &Config, addr: SocketAddr) {
             "authentication is on: bearer tokens of {} tenant{}",
             t.len(),
             if t.len() == 1 { "" } else { "s" }
+        ),
+    }
+    let admins = config.admin_tokens.len();
+    match (&config.auth, admins) {
+        (AuthConfig::Off, 0) => warn!(
+            "the admin endpoints (/v1/admin/…) are open too: authentication is off and no \
+             [admin] token_sha256 is configured"
+        ),
+        (_, 0) => info!(
+            "no [admin] token_sha256 is configured: the admin endpoints (/v1/admin/…) refuse \
+             every call"
+        ),
+        (_, n) => info!(
+            admin_tokens = n,
+            "the admin endpoints (/v1/admin/…) need one of {n} admin token{}",
+            if n == 1 { "" } else { "s" }
         ),
     }
 }

@@ -427,6 +427,12 @@ async fn every_answer_validates_against_the_served_document() {
     .await;
     step("GET", "/v1/operations/nope", None).await;
 
+    // The admin export (SPEC §12): open here, authentication is off.
+    let (a, _) = step("GET", "/v1/admin/export", None).await;
+    assert_eq!(a.status, 200);
+    let summary = settle_portable::verify(a.body.as_bytes()).unwrap();
+    assert!(summary.records >= 4, "{summary:?}");
+
     step("GET", "/healthz", None).await;
     step("GET", "/readyz", None).await;
     step("GET", "/metrics", None).await;
@@ -480,11 +486,22 @@ async fn the_document_describes_every_route_and_problem_code() {
         "/metrics",
         "/openapi.json",
         "/v1/batch",
+        "/v1/admin/export",
     ];
     let mut have: Vec<&str> = paths.keys().map(String::as_str).collect();
     want.sort();
     have.sort();
     assert_eq!(have, want);
+
+    // The admin export needs an admin token, not a tenant's (SPEC §12).
+    assert_eq!(
+        paths["/v1/admin/export"]["get"]["security"],
+        json!([{"admin": []}])
+    );
+    let schemes = &doc["components"]["securitySchemes"];
+    assert_eq!(schemes["admin"]["scheme"], "bearer");
+    assert_eq!(schemes["bearer"]["scheme"], "bearer");
+    assert_eq!(doc["security"], json!([{"bearer": []}]));
 
     // Every /v1 operation lists the errors that come before its rules,
     // and every path segment has the key syntax.
@@ -515,7 +532,7 @@ async fn the_document_describes_every_route_and_problem_code() {
             }
         }
     }
-    assert_eq!(ops, 14, "all fourteen /v1 operations");
+    assert_eq!(ops, 15, "all fifteen /v1 operations");
 
     // The closed list of codes, each named where a route can answer it.
     let codes: Vec<Value> = api::Code::ALL.iter().map(|c| json!(c.as_str())).collect();

@@ -63,6 +63,17 @@ pub struct ServeArgs {
         value_name = "NAME=SHA256"
     )]
     pub tenants: Vec<String>,
+    /// The hex SHA-256 of an admin token: the operator endpoints
+    /// (`/v1/admin/…`, `settle backup`) need one (repeatable; added to the file's
+    /// [admin] token_sha256) [default: none: admin endpoints open only while authentication is
+    /// off].
+    #[arg(
+        long = "admin-token-sha256",
+        env = "SETTLE_ADMIN_TOKEN_SHA256",
+        value_delimiter = ',',
+        value_name = "SHA256"
+    )]
+    pub admin_tokens_sha256: Vec<String>,
     /// A settlement needs at least this much lease left [default: 100].
     #[arg(long, env = "SETTLE_LEASE_MARGIN_MS")]
     pub lease_margin_ms: Option<u64>,
@@ -143,6 +154,7 @@ impl From<ServeArgs> for Settings {
             config: a.config,
             store: a.store,
             tenants: a.tenants,
+            admin_tokens_sha256: a.admin_tokens_sha256,
             lease_margin_ms: a.lease_margin_ms,
             max_body_bytes: a.max_body_bytes,
             max_batch_calls: a.max_batch_calls,
