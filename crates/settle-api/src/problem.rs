@@ -47,14 +47,11 @@ pub enum Code {
     RecordRefused,
     /// 503: storage failure, overload (with `Retry-After`) or internal error.
     Unavailable,
-    /// 501: this server's engine does not offer the operation (an
-    /// operator endpoint over a store without it, SPEC §12).
-    NotImplemented,
 }
 
 impl Code {
     /// Every code, in the order above.
-    pub const ALL: [Code; 20] = [
+    pub const ALL: [Code; 19] = [
         Code::BadRequest,
         Code::Unauthorized,
         Code::NotFound,
@@ -74,7 +71,6 @@ impl Code {
         Code::TooManyClasses,
         Code::RecordRefused,
         Code::Unavailable,
-        Code::NotImplemented,
     ];
 
     /// The code as the wire spells it.
@@ -99,7 +95,6 @@ impl Code {
             Code::TooManyClasses => "too_many_classes",
             Code::RecordRefused => "record_refused",
             Code::Unavailable => "unavailable",
-            Code::NotImplemented => "not_implemented",
         }
     }
 
@@ -115,7 +110,6 @@ impl Code {
             Code::UriTooLong => 414,
             Code::InvalidRequest => 422,
             Code::RecordRefused | Code::Unavailable => 503,
-            Code::NotImplemented => 501,
             Code::FingerprintMismatch
             | Code::BindingMismatch
             | Code::StaleBinding
@@ -150,7 +144,6 @@ impl Code {
             Code::TooManyClasses => "Too many warning classes",
             Code::RecordRefused => "Record refused",
             Code::Unavailable => "Service unavailable",
-            Code::NotImplemented => "Not implemented",
         }
     }
 

@@ -188,8 +188,7 @@ impl HttpError {
             | Code::PayloadTooLarge
             | Code::UriTooLong
             | Code::InvalidRequest
-            | Code::Unavailable
-            | Code::NotImplemented => return None,
+            | Code::Unavailable => return None,
         })
     }
 }
