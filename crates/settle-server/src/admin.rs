@@ -18,7 +18,6 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
-use settle_api as api;
 use settle_ledger::{Snapshot, Store, StoreError};
 use settle_portable::{Entity, Writer};
 use tokio::sync::mpsc;
@@ -27,7 +26,7 @@ use tracing::{error, info, warn};
 use crate::http::{AppState, Route, finish, store_error};
 use crate::metrics as m;
 use crate::openapi::V1Errors;
-use crate::problem::{PROBLEM_JSON, Problem};
+use crate::problem::Problem;
 
 /// The media type of an export ([`settle_api::EXPORT_MEDIA_TYPE`]).
 pub use settle_api::EXPORT_MEDIA_TYPE as EXPORT_CONTENT_TYPE;
@@ -43,7 +42,6 @@ pub use settle_api::EXPORT_MEDIA_TYPE as EXPORT_CONTENT_TYPE;
     security(("admin" = [])),
     responses(
         (status = 200, description = "the portable export: a header line, every record, principal and warning task of every tenant in canonical order, a trailer line", body = String, content_type = "application/vnd.settle.export"),
-        (status = 501, description = "not_implemented: this server's engine does not export", body = api::Problem, content_type = PROBLEM_JSON),
         V1Errors,
     )
 )]
@@ -69,12 +67,14 @@ async fn export_inner(st: &AppState, headers: &HeaderMap) -> Result<Response, Pr
     Ok(resp)
 }
 
-/// A store that cannot start an export: 501 when its engine has none,
-/// else the usual storage failure (503 with a correlation id).
+/// A store that cannot start an export: 503 `unavailable` (the closed list
+/// of problem codes of SPEC §7 has no 501; every engine of the product
+/// exports, only a library user's own `Store` may not), else the usual
+/// storage failure (503 with a correlation id).
 fn refused(e: &StoreError) -> Problem {
     metrics::counter!(m::EXPORTS, "outcome" => "refused").increment(1);
     match e {
-        StoreError::Unsupported(what) => Problem::not_implemented(format!(
+        StoreError::Unsupported(what) => Problem::unavailable(format!(
             "this server's engine cannot export ({what} is not supported); stop it and \
              export its data offline, or run a server on an engine that exports"
         )),

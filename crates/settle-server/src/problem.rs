@@ -102,10 +102,6 @@ impl Problem {
     pub fn invalid(field: impl Into<String>, reason: impl std::fmt::Display) -> Problem {
         settle_api::Problem::invalid(field, reason).into()
     }
-    /// 501 `not_implemented`: the engine does not offer the operation.
-    pub fn not_implemented(detail: impl Into<String>) -> Problem {
-        Problem::new(Code::NotImplemented, detail)
-    }
     /// 503 `unavailable`.
     pub fn unavailable(detail: impl Into<String>) -> Problem {
         Problem::new(Code::Unavailable, detail)

@@ -2,7 +2,7 @@
 //! `GET /v1/admin/export` (admin tokens only; open while authentication is
 //! off), what it streams (a file `settle_portable::verify` accepts, holding
 //! every entity written before the request, sent in several chunks), and
-//! how it fails (501 for an engine without export, 503 before the stream,
+//! how it fails (503 `unavailable` for an engine without export, 503 before the stream,
 //! an aborted body without a trailer midway).
 
 mod common;
@@ -339,16 +339,13 @@ async fn read_body(app: &axum::Router) -> (StatusCode, Vec<u8>, Option<String>) 
 }
 
 #[tokio::test]
-async fn an_engine_without_export_answers_501() {
+async fn an_engine_without_export_answers_503_unavailable() {
     // `Store::export`'s default: unsupported.
     fn unsupported(_: &MemStore) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
         Box::pin(async { Err(StoreError::Unsupported("export".into())) })
     }
     let (s, v) = call(&exporting(unsupported, Ok(1)), "GET", EXPORT, "").await;
-    assert_eq!(
-        (s.as_u16(), v["code"].as_str()),
-        (501, Some("not_implemented"))
-    );
+    assert_eq!((s.as_u16(), v["code"].as_str()), (503, Some("unavailable")));
     assert!(
         v["detail"].as_str().unwrap().contains("cannot export"),
         "{v}"
@@ -510,6 +507,6 @@ async fn over_http_an_aborted_export_is_an_error_for_the_client() {
     let e = client.export().await.unwrap_err();
     assert_eq!(
         (e.status(), e.code()),
-        (Some(501), Some(settle_client::api::Code::NotImplemented))
+        (Some(503), Some(settle_client::api::Code::Unavailable))
     );
 }
