@@ -39,6 +39,7 @@ pub(crate) struct Frozen {
 impl Frozen {
     /// The running store's snapshot.
     pub(crate) fn of<I: Index>(shared: &Shared<I>) -> Result<Frozen, StoreError> {
+        let started = std::time::Instant::now();
         let (resident, view, fence_floor) = shared.frozen(|map, floor| {
             let view = shared.index().view()?;
             let resident: Vec<(Box<[u8]>, Arc<Value>)> = map
@@ -47,6 +48,14 @@ impl Frozen {
                 .collect();
             Ok::<_, StoreError>((resident, view, floor))
         })?;
+        // How long publishing waited: the one cost an export puts on writes.
+        let held = started.elapsed();
+        metrics::histogram!("settle_export_freeze_seconds").record(held.as_secs_f64());
+        tracing::info!(
+            resident = resident.len(),
+            held_ms = held.as_secs_f64() * 1e3,
+            "export snapshot taken"
+        );
         Ok(Frozen::new(resident, view, fence_floor))
     }
 
