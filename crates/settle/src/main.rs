@@ -6,6 +6,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)] // a CLI prints its answers
 
 mod alloc;
+mod backup;
 #[cfg(feature = "bench")]
 mod bench;
 mod exit;
@@ -67,6 +68,9 @@ enum Cmd {
     List(remote::ListArgs),
     /// The tenant's counts by status, stuck, disputed, quarantined (live).
     Stats(remote::StatsArgs),
+    /// Back up a running server, live (docs/spec.md §12): a consistent
+    /// snapshot streamed into FILE.partial, verified, then renamed to FILE.
+    Backup(backup::BackupArgs),
     /// Read a stopped embedded store offline.
     Inspect(offline::OfflineArgs),
     /// Check every record of a stopped embedded store against docs/spec.md
@@ -126,6 +130,7 @@ async fn run(cmd: Cmd) -> Result<(), Failure> {
         Cmd::Warnings(a) => remote::warnings(a).await,
         Cmd::List(a) => remote::list(a).await,
         Cmd::Stats(a) => remote::stats(a).await,
+        Cmd::Backup(a) => backup::run(a).await,
         Cmd::Inspect(a) => offline::run(a, false),
         Cmd::Check(a) => offline::run(a, true),
         Cmd::Export(a) => portable::export(a).await,

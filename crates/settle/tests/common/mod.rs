@@ -64,6 +64,7 @@ impl Server {
             .arg(data)
             .args(args)
             .env_remove("SETTLE_TENANTS")
+            .env_remove("SETTLE_ADMIN_TOKEN_SHA256")
             .env_remove("SETTLE_CONFIG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
