@@ -218,24 +218,29 @@ async fn bench_on_postgres_compares_with_the_raw_protocol() {
 }
 
 /// The start-up log says whether authentication is on, and for how many
-/// tenants; with none configured it warns that it is off.
+/// tenants; with none configured it warns that it is off. It also says who
+/// may call the admin endpoints.
 #[test]
 fn the_start_up_log_says_whether_authentication_is_on() {
     use std::io::{BufRead, BufReader, Read};
     use std::process::Stdio;
-    let start = |tenants: &[String]| {
+    let start = |tenants: &[String], admin: &[String]| {
         let dir = TempDir::new("cli-auth-log");
         let mut cmd = Command::new(BIN);
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--data"])
             .arg(dir.path())
             .env_remove("SETTLE_TENANTS")
             .env_remove("SETTLE_CONFIG")
+            .env_remove("SETTLE_ADMIN_TOKEN_SHA256")
             .env("SETTLE_LOG", "info")
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         for t in tenants {
             cmd.args(["--tenant", t]);
+        }
+        for a in admin {
+            cmd.args(["--admin-token-sha256", a]);
         }
         let mut child = cmd.spawn().unwrap();
         let mut line = String::new();
@@ -259,14 +264,27 @@ fn the_start_up_log_says_whether_authentication_is_on() {
         format!("acme={}", token_sha256("tok-a")),
         format!("beta={}", token_sha256("tok-b")),
     ];
-    let err = start(&two);
+    let err = start(&two, &[]);
     assert!(
         err.contains("authentication is on: bearer tokens of 2 tenants"),
         "{err}"
     );
     assert!(!err.contains("AUTHENTICATION IS OFF"), "{err}");
-    let err = start(&[]);
+    assert!(
+        err.contains("no [admin] token_sha256 is configured: the admin endpoints"),
+        "{err}"
+    );
+    let err = start(&[], &[]);
     assert!(err.contains("AUTHENTICATION IS OFF"), "{err}");
+    assert!(
+        err.contains("the admin endpoints (/v1/admin/…) are open too"),
+        "{err}"
+    );
+    let err = start(&two, &[token_sha256("adm")]);
+    assert!(
+        err.contains("the admin endpoints (/v1/admin/…) need one of 1 admin token"),
+        "{err}"
+    );
 }
 
 /// An operator finds a middleware's record by what the
