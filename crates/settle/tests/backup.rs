@@ -262,4 +262,23 @@ async fn a_backup_under_load_holds_every_receipt_acknowledged_before_it() {
     );
     let v: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert!(v["records"].as_u64().unwrap() >= before.len() as u64);
+
+    // Restored into a fresh directory, the backup passes `settle check`.
+    let restored = dir.path().join("restored");
+    let import = std::process::Command::new(BIN)
+        .args([
+            "import",
+            "--from",
+            file.to_str().unwrap(),
+            "--data",
+            restored.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(import.status.success(), "{}", text(&import.stderr));
+    let check = std::process::Command::new(BIN)
+        .args(["check", "--data", restored.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", text(&check.stdout));
 }
