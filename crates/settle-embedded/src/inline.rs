@@ -280,12 +280,7 @@ impl<F: Fs, I: Index> Store for InlineStore<F, I> {
     fn export(&self) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
         Box::pin(async move {
             health_sync(&self.shared, self.inner.lock().closed)?;
-            let shared = self.shared.clone();
-            // The copy of the map takes a moment: off the async workers.
-            let frozen = tokio::task::spawn_blocking(move || Frozen::of(&shared))
-                .await
-                .map_err(|e| StoreError::Io(format!("export task: {e}")))??;
-            frozen.spawn()
+            Frozen::export(self.shared.clone()).await
         })
     }
 

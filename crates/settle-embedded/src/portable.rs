@@ -59,6 +59,15 @@ impl Frozen {
         Ok(Frozen::new(resident, view, fence_floor))
     }
 
+    /// A running store's snapshot, streamed (`Store::export` of both stores).
+    pub(crate) async fn export<I: Index>(shared: Arc<Shared<I>>) -> Result<Snapshot, StoreError> {
+        // The copy of the map takes a moment: off the async workers.
+        let frozen = tokio::task::spawn_blocking(move || Frozen::of(&shared))
+            .await
+            .map_err(|e| StoreError::Io(format!("export task: {e}")))??;
+        frozen.spawn()
+    }
+
     /// A stopped store's snapshot (what recovery put in memory, and its index).
     fn offline(
         map: &DashMap<Box<[u8]>, Slot, Hasher>,
