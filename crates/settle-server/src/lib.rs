@@ -24,4 +24,4 @@ pub mod wire;
 
 pub use config::{Config, ConfigError, Settings};
 pub use http::{AppState, router};
-pub use serve::{OpenedStore, log_auth, log_deprecated, run, shutdown_signal};
+pub use serve::{OpenedStore, answer, log_auth, log_deprecated, run, shutdown_signal, sweep_loop};

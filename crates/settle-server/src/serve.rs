@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use axum::Router;
+use axum::body::Body;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -125,14 +127,8 @@ pub async fn run(
         let _ = stream.set_nodelay(true);
         let app = app.clone();
         let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-            let mut app = app.clone();
-            let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
-            async move {
-                match crate::target::too_long(target) {
-                    Some(p) => Ok(crate::http::finish(crate::http::Route::Unmatched, Err(p))),
-                    None => app.call(req.map(axum::body::Body::new)).await,
-                }
-            }
+            let app = app.clone();
+            async move { Ok::<_, std::convert::Infallible>(answer(app, req.map(Body::new)).await) }
         });
         let stream = crate::target::ProblemFor414::new(stream);
         let conn = http.serve_connection(TokioIo::new(stream), service);
@@ -162,7 +158,23 @@ pub async fn run(
     info!("store closed");
 }
 
-async fn sweep_loop(
+/// The server's answer to one request, as `run` gives it on a connection:
+/// an over-long target is refused before routing (SPEC §7, 414). The
+/// in-process bindings (crates/settle-local) answer through here too.
+pub async fn answer(mut app: Router, req: axum::http::Request<Body>) -> axum::response::Response {
+    let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    match crate::target::too_long(target) {
+        Some(p) => crate::http::finish(crate::http::Route::Unmatched, Err(p)),
+        None => match app.call(req).await {
+            Ok(resp) => resp,
+            Err(never) => match never {},
+        },
+    }
+}
+
+/// Every `every`, ends lapsed leases and collects expired records (SPEC
+/// §4 retention), counting both; runs until aborted.
+pub async fn sweep_loop(
     store: Arc<dyn Store>,
     every: Duration,
     metrics: Option<metrics_exporter_prometheus::PrometheusHandle>,

@@ -1,0 +1,278 @@
+//! # settle-local: settle's HTTP API in process
+//!
+//! The Python package `settle-local` and the Node package `@settle/local`
+//! put a whole settle server inside the caller's process, without a
+//! socket: a request goes from the SDK's transport straight into the
+//! server's own router ([`settle_server::answer`]), over the in-memory
+//! store or the embedded engine. The same handlers, validation, problem
+//! codes and rules answer as over HTTP, so an SDK behaves the same on a
+//! [`LocalLedger`] as on `settle serve`.
+//!
+//! Each call blocks its thread until the store has answered (durably, on
+//! the embedded engine); the bindings call it with the GIL released (Python)
+//! or on libuv's thread pool (Node), never on an event loop.
+//!
+//! The in-memory store keeps nothing past the process: its receipts say
+//! `durable: false` (the one difference on the wire; see [`LocalLedger::call`]).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderName, HeaderValue, Method, Request};
+use http_body_util::BodyExt;
+use settle_embedded::{EmbeddedOptions, EmbeddedStore};
+use settle_ledger::{Clock, MemStore, Store, StoreError};
+use settle_server::{AppState, Config, router};
+
+/// Why opening or calling a local ledger failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalError {
+    /// The embedded store could not be opened (already open in another
+    /// process, unreadable, …).
+    #[error("cannot open the settle data directory {dir}: {source}")]
+    Open {
+        /// The directory.
+        dir: PathBuf,
+        /// What the engine said.
+        source: StoreError,
+    },
+    /// The ledger was closed; open a new one.
+    #[error("this local ledger is closed")]
+    Closed,
+    /// A request that is not HTTP (a bad method, header name or value).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The response body could not be read (not expected: bodies are in memory).
+    #[error("reading the response failed: {0}")]
+    Body(String),
+}
+
+/// One answer: what `settle serve` would have sent on the wire.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    /// The HTTP status.
+    pub status: u16,
+    /// Header names (lowercase) and values, in order.
+    pub headers: Vec<(String, String)>,
+    /// The body's bytes.
+    pub body: Vec<u8>,
+}
+
+/// The runtime every local ledger of the process shares: two workers run
+/// the sweep and the handlers' spawned work; callers drive their own
+/// request with `block_on` on their thread.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("settle-local")
+            .enable_all()
+            .build()
+            .expect("a tokio runtime (threads, timers) can be built")
+    })
+}
+
+struct Open {
+    app: axum::Router,
+    sweep: tokio::task::JoinHandle<()>,
+    close: Box<dyn FnOnce() + Send>,
+}
+
+/// A settle server in this process: the in-memory store, or the embedded
+/// engine on a directory. Authentication is off (one tenant, `default`), as
+/// on a loopback `settle serve` without tenants.
+pub struct LocalLedger {
+    open: Mutex<Option<Open>>,
+    durable: bool,
+    dir: Option<PathBuf>,
+}
+
+impl LocalLedger {
+    /// Opens a ledger: in memory when `data` is `None` (nothing survives
+    /// the process), else the embedded engine in `data` (created if
+    /// missing, recovered if it was left by a crash).
+    pub fn open(data: Option<&Path>) -> Result<LocalLedger, LocalError> {
+        let dir = data.map(Path::to_path_buf);
+        let config = Config::local(
+            "127.0.0.1:0".parse().expect("a socket address"),
+            dir.clone().unwrap_or_default(),
+        );
+        let (store, close): (Arc<dyn Store>, Box<dyn FnOnce() + Send>) = match &dir {
+            None => (
+                Arc::new(MemStore::new(config.limits(), Clock::system())),
+                Box::new(|| {}),
+            ),
+            Some(d) => {
+                let store = EmbeddedStore::open(
+                    d,
+                    EmbeddedOptions {
+                        limits: config.limits(),
+                        ..EmbeddedOptions::default()
+                    },
+                )
+                .map_err(|source| LocalError::Open {
+                    dir: d.clone(),
+                    source,
+                })?;
+                let closer = store.clone();
+                (store, Box::new(move || closer.close()))
+            }
+        };
+        let state = Arc::new(AppState::new(store.clone(), &config));
+        let sweep = runtime().spawn(settle_server::sweep_loop(
+            store,
+            Duration::from_millis(config.sweep_interval_ms),
+            state.metrics.clone(),
+        ));
+        Ok(LocalLedger {
+            open: Mutex::new(Some(Open {
+                app: router(state),
+                sweep,
+                close,
+            })),
+            durable: dir.is_some(),
+            dir,
+        })
+    }
+
+    /// Whether receipts survive the process (the embedded engine: yes).
+    pub fn durable(&self) -> bool {
+        self.durable
+    }
+
+    /// The data directory, if any.
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// Answers one request (`target` is the path with its query) as
+    /// `settle serve` would, blocking until the store has answered. Must
+    /// not be called from inside an async runtime's worker.
+    ///
+    /// On the in-memory store, every `"durable": true` of a JSON answer
+    /// (receipts are the only objects with that field) says `false`: the
+    /// engine's rules hand out receipts as durable, and only this layer
+    /// knows that nothing under it is.
+    pub fn call(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &[(String, String)],
+        body: Vec<u8>,
+    ) -> Result<Reply, LocalError> {
+        let app = self.app()?;
+        let req = request(method, target, headers, body)?;
+        let reply = runtime().block_on(async move {
+            let resp = settle_server::answer(app, req).await;
+            let status = resp.status().as_u16();
+            let headers = resp
+                .headers()
+                .iter()
+                .map(|(n, v)| {
+                    (
+                        n.as_str().to_owned(),
+                        String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                    )
+                })
+                .collect();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| LocalError::Body(e.to_string()))?
+                .to_bytes()
+                .to_vec();
+            Ok::<_, LocalError>(Reply {
+                status,
+                headers,
+                body,
+            })
+        })?;
+        Ok(if self.durable {
+            reply
+        } else {
+            not_durable(reply)
+        })
+    }
+
+    fn app(&self) -> Result<axum::Router, LocalError> {
+        let open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.as_ref()
+            .map(|o| o.app.clone())
+            .ok_or(LocalError::Closed)
+    }
+
+    /// Stops the sweep and closes the store (the embedded engine syncs and
+    /// releases its directory). Later calls answer [`LocalError::Closed`];
+    /// closing twice does nothing.
+    pub fn close(&self) {
+        let taken = self.open.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(open) = taken {
+            open.sweep.abort();
+            drop(open.app);
+            (open.close)();
+        }
+    }
+}
+
+impl Drop for LocalLedger {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn request(
+    method: &str,
+    target: &str,
+    headers: &[(String, String)],
+    body: Vec<u8>,
+) -> Result<Request<Body>, LocalError> {
+    let bad = |what: &str, e: &dyn std::fmt::Display| LocalError::Invalid(format!("{what}: {e}"));
+    let method = Method::from_bytes(method.as_bytes()).map_err(|e| bad("method", &e))?;
+    let mut req = Request::builder()
+        .method(method)
+        .uri(target)
+        .body(Body::from(body))
+        .map_err(|e| bad("request target", &e))?;
+    for (name, value) in headers {
+        let n = HeaderName::from_bytes(name.as_bytes()).map_err(|e| bad("header name", &e))?;
+        let v = HeaderValue::from_str(value).map_err(|e| bad("header value", &e))?;
+        req.headers_mut().append(n, v);
+    }
+    Ok(req)
+}
+
+/// The reply with every `"durable": true` of its JSON body set to false.
+fn not_durable(mut reply: Reply) -> Reply {
+    let json = reply
+        .headers
+        .iter()
+        .any(|(n, v)| n == "content-type" && v.starts_with("application/json"));
+    if !json || !reply.body.windows(9).any(|w| w == b"\"durable\"") {
+        return reply;
+    }
+    let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(&reply.body) else {
+        return reply;
+    };
+    mark_not_durable(&mut value);
+    let mut body = serde_json::to_vec(&value).expect("a JSON value serializes");
+    body.push(b'\n');
+    reply.body = body;
+    reply
+}
+
+fn mark_not_durable(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(map) => {
+            if let Some(d @ serde_json::Value::Bool(true)) = map.get_mut("durable") {
+                *d = serde_json::Value::Bool(false);
+            }
+            map.values_mut().for_each(mark_not_durable);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(mark_not_durable),
+        _ => {}
+    }
+}
