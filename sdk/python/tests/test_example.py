@@ -15,10 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import TOKENS, Server, new_key, stop
+from conftest import TOKENS, Server, new_key, remote_only, stop
 
 
 def start_example(settle_url: str, token: str | None = None, stderr: int = subprocess.DEVNULL) -> tuple[str, subprocess.Popen[str]]:
+    remote_only("the example app runs in another process, out of reach of a ledger in this one")
     args = [sys.executable, "-m", "settle_client.examples.payments", "--listen", "127.0.0.1:0", "--settle-url", settle_url]
     if token:
         args += ["--settle-token", token]
