@@ -47,16 +47,15 @@ pub use layer::{
     CanonicalFn, HookResponse, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
     ReconcileFn, Resolution, Retryable, RoutesFn,
 };
+pub use layout::{ConfigError, FingerprintOptions};
 pub use principal::{Identity, PrincipalFn};
 pub use table::RoutePolicy;
 
 /// The RFC 8785 canonical text of a JSON body (the `canonical_json`
-/// option, SPEC §8), or `None` when the body is not strict UTF-8 JSON the
-/// fingerprint helper of `settle-worker` accepts (then the raw bytes count).
+/// option, SPEC §8), or `None` when the body is not JSON the fingerprint
+/// reads: not strict UTF-8, not JSON, nested deeper than
+/// [`layout::MAX_JSON_DEPTH`], or refused by the fingerprint helper of
+/// `settle-worker` (then the raw bytes count).
 pub fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
-    let text = std::str::from_utf8(body).ok()?;
-    let value: serde_json::Value = serde_json::from_str(text).ok()?;
-    settle_worker::canonicalize(&value)
-        .ok()
-        .map(String::into_bytes)
+    layout::canonical_json_body(body)
 }
