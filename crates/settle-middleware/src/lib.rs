@@ -24,6 +24,25 @@
 //! of the Python and TypeScript middlewares (`sdk/MIDDLEWARE-KEYS.md`), in
 //! [`layout`]; the table of answers is [`table`], as pure functions.
 //!
+//! ## The request fingerprint
+//!
+//! JSON bodies (`application/json`, `*+json`) count by their RFC 8785
+//! canonical form **by default** ([`IdempotencyLayer::canonical_json`]), so
+//! key order and whitespace never make a retry a mismatch; a body that does
+//! not parse counts by its raw bytes. [`IdempotencyLayer::fields`] keeps
+//! only some JSON pointers of the body, [`IdempotencyLayer::exclude`] leaves
+//! some out (e.g. a client timestamp); bad combinations are refused when
+//! the layer is configured ([`FingerprintOptions::new`]).
+//!
+//! **Upgrading**: canonicalisation was off by default before. The
+//! fingerprint of a JSON request whose body is not already canonical
+//! changes, so a key first seen by the previous version and retried after
+//! the upgrade with a non-canonical body answers 422
+//! `idempotency_key_reused`. To keep the old behaviour during a rollout,
+//! set `.canonical_json(false)`, and drop it once the keys' retention
+//! ([`IdempotencyLayer::retention`], default one day) has passed since the
+//! upgrade.
+//!
 //! ## Features
 //!
 //! * `local` (off by default): `IdempotencyLayer::embedded`, the layer over

@@ -1,12 +1,13 @@
 """Writes sdk/middleware-vectors.json: the SPEC §8 byte layouts of
 sdk/MIDDLEWARE-KEYS.md as test vectors (ledger key, request fingerprint,
 header parsing, binding principals, stored responses), so that the Python, the
-TypeScript (and later the Rust) middleware agree byte for byte.
+TypeScript and the Rust middleware agree byte for byte (with the fingerprint
+body options: canonical JSON, fields, exclude, and the refused options).
 
     python sdk/python/tools/gen_mw_vectors.py        # from the repository root
 
-The Python test suite checks that the committed file equals this output; the
-TypeScript tests check their implementation against the file.
+The Python test suite checks that the committed file equals this output and
+every case; the TypeScript and Rust tests check theirs against every case.
 """
 
 from __future__ import annotations
