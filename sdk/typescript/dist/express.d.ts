@@ -75,8 +75,16 @@ export interface IdempotencyOptions {
     storedHeaders?: string[];
     /** Request headers that are part of the fingerprint. */
     fingerprintHeaders?: string[];
-    /** RFC 8785 canonical JSON bodies in the fingerprint (key order, whitespace irrelevant). */
+    /** RFC 8785 canonical JSON bodies in the fingerprint, so that key order
+     * and whitespace never make a retry a mismatch (default true; false: the
+     * raw bytes count). */
     canonicalJson?: boolean;
+    /** Only these RFC 6901 pointers of a JSON body count in the fingerprint
+     * (the object {pointer: value} of those that resolve). Not with `exclude`. */
+    fields?: string[];
+    /** These RFC 6901 pointers of a JSON body do not count in the
+     * fingerprint (e.g. a client timestamp). Not with `fields`. */
+    exclude?: string[];
     /** Responses above this are settled with their digest and not replayed (default 32 KiB). */
     maxStoredBody?: number;
     /** Request bodies above this get 413 (default 1 MiB). */

@@ -89,6 +89,8 @@ export function idempotency(options) {
     const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
     const stored = [...new Set([...mw.DEFAULT_STORED_HEADERS, ...(options.storedHeaders ?? []).map((h) => h.toLowerCase())])];
     const fpHeaders = (options.fingerprintHeaders ?? []).map((h) => h.toLowerCase());
+    // Checked here: a bad combination throws mw.MiddlewareConfigError naming the option.
+    const fpOptions = mw.fingerprintOptions({ canonicalJson: options.canonicalJson, fields: options.fields, exclude: options.exclude });
     const maxStoredBody = options.maxStoredBody ?? mw.DEFAULT_MAX_STORED_BODY;
     const maxRequestBody = options.maxRequestBody ?? 1024 * 1024;
     const leaseMs = options.leaseMs ?? 30_000;
@@ -235,7 +237,7 @@ export function idempotency(options) {
         const body = await readBody(req);
         if (body === 'too_large')
             return refuse(res, 413, 'payload_too_large', 'the request body is over the idempotency limit', key);
-        const fp = mw.requestFingerprint(method, targetOf(req), req.headers['content-type'] ?? '', body, fpHeaders.map((h) => [h, headerValues(req, h).join(', ')]), options.canonicalJson ?? false);
+        const fp = mw.requestFingerprint(method, targetOf(req), req.headers['content-type'] ?? '', body, fpHeaders.map((h) => [h, headerValues(req, h).join(', ')]), fpOptions);
         const { principal, generation } = who;
         const lkey = mw.ledgerKey(namespace, principal, key);
         const binding = { principal: mw.bindingPrincipal(principal), scopes: [], generation };

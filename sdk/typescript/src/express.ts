@@ -104,8 +104,16 @@ export interface IdempotencyOptions {
   storedHeaders?: string[];
   /** Request headers that are part of the fingerprint. */
   fingerprintHeaders?: string[];
-  /** RFC 8785 canonical JSON bodies in the fingerprint (key order, whitespace irrelevant). */
+  /** RFC 8785 canonical JSON bodies in the fingerprint, so that key order
+   * and whitespace never make a retry a mismatch (default true; false: the
+   * raw bytes count). */
   canonicalJson?: boolean;
+  /** Only these RFC 6901 pointers of a JSON body count in the fingerprint
+   * (the object {pointer: value} of those that resolve). Not with `exclude`. */
+  fields?: string[];
+  /** These RFC 6901 pointers of a JSON body do not count in the
+   * fingerprint (e.g. a client timestamp). Not with `fields`. */
+  exclude?: string[];
   /** Responses above this are settled with their digest and not replayed (default 32 KiB). */
   maxStoredBody?: number;
   /** Request bodies above this get 413 (default 1 MiB). */
@@ -235,6 +243,8 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
   const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
   const stored = [...new Set([...mw.DEFAULT_STORED_HEADERS, ...(options.storedHeaders ?? []).map((h) => h.toLowerCase())])];
   const fpHeaders = (options.fingerprintHeaders ?? []).map((h) => h.toLowerCase());
+  // Checked here: a bad combination throws mw.MiddlewareConfigError naming the option.
+  const fpOptions = mw.fingerprintOptions({ canonicalJson: options.canonicalJson, fields: options.fields, exclude: options.exclude });
   const maxStoredBody = options.maxStoredBody ?? mw.DEFAULT_MAX_STORED_BODY;
   const maxRequestBody = options.maxRequestBody ?? 1024 * 1024;
   const leaseMs = options.leaseMs ?? 30_000;
@@ -375,7 +385,7 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
       req.headers['content-type'] ?? '',
       body,
       fpHeaders.map((h) => [h, headerValues(req, h).join(', ')] as const),
-      options.canonicalJson ?? false,
+      fpOptions,
     );
     const { principal, generation } = who;
     const lkey = mw.ledgerKey(namespace, principal, key);
