@@ -35,4 +35,5 @@ export {
   type RoutePolicy,
   type Logger,
 } from './express.js';
+export type { CoreOptions } from './mwcore.js';
 export * as middlewareCore from './mwcore.js';
