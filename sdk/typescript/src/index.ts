@@ -36,4 +36,5 @@ export {
   type Logger,
 } from './express.js';
 export type { CoreOptions } from './mwcore.js';
+export { withIdempotency, type FetchHandler, type FetchIdempotencyOptions, type IdempotentFetchHandler } from './fetch.js';
 export * as middlewareCore from './mwcore.js';
