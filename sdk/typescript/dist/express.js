@@ -1,23 +1,6 @@
 import * as mw from './mwcore.js';
 export { fixedPrincipal, authenticatedPrincipal, markRetryable } from './mwcore.js';
 const STATE = Symbol.for('settle.idempotency');
-function headerValues(req, name) {
-    const out = [];
-    const raw = req.rawHeaders;
-    for (let i = 0; i + 1 < raw.length; i += 2)
-        if (raw[i].toLowerCase() === name)
-            out.push(raw[i + 1]);
-    return out;
-}
-function pathOf(req) {
-    const u = req.originalUrl ?? req.url ?? '/';
-    const q = u.indexOf('?');
-    return q === -1 ? u : u.slice(0, q);
-}
-function targetOf(req) {
-    const u = req.originalUrl ?? req.url ?? '/';
-    return u.endsWith('?') ? u.slice(0, -1) : u; // "/p?" and "/p" are one target, as in ASGI
-}
 export function idempotency(options) {
     const engine = mw.createEngine(options, 'idempotency');
     function send(res, r) {
@@ -98,12 +81,13 @@ export function idempotency(options) {
         return Buffer.concat(parts);
     }
     async function handle(req, res, next) {
+        const { path, target } = mw.pathAndTarget(req.originalUrl ?? req.url ?? '/');
         const begun = await engine.begin({
             req,
             method: req.method ?? 'GET',
-            path: pathOf(req),
-            target: targetOf(req),
-            headerValues: (name) => headerValues(req, name),
+            path,
+            target,
+            headerValues: (name) => mw.rawHeaderValues(req, name),
             body: (max) => readBody(req, max),
         });
         if (begun.kind === 'unwrapped')

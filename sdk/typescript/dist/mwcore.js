@@ -352,6 +352,21 @@ export function authenticatedPrincipal(pick) {
         return id === null || id === undefined ? null : String(id);
     };
 }
+/** Every field line of the header `name` (lower case) of a Node request, in order. */
+export function rawHeaderValues(req, name) {
+    const out = [];
+    const raw = req.rawHeaders;
+    for (let i = 0; i + 1 < raw.length; i += 2)
+        if (raw[i].toLowerCase() === name)
+            out.push(raw[i + 1]);
+    return out;
+}
+/** The path (without the query) and the request target of a raw URL as
+ * sent: "/p?" and "/p" are one target, as in ASGI. */
+export function pathAndTarget(url) {
+    const q = url.indexOf('?');
+    return { path: q === -1 ? url : url.slice(0, q), target: url.endsWith('?') ? url.slice(0, -1) : url };
+}
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const defaultLogger = { info: () => { }, warn: (m) => console.warn(m), error: (m, e) => console.error(m, e ?? '') };
 /** An answer with a body: content-length set, the given headers (lower case). */

@@ -60,24 +60,6 @@ interface State {
   fail(err: unknown): void;
 }
 
-function headerValues(req: IncomingMessage, name: string): string[] {
-  const out: string[] = [];
-  const raw = req.rawHeaders;
-  for (let i = 0; i + 1 < raw.length; i += 2) if ((raw[i] as string).toLowerCase() === name) out.push(raw[i + 1] as string);
-  return out;
-}
-
-function pathOf(req: Req): string {
-  const u = req.originalUrl ?? req.url ?? '/';
-  const q = u.indexOf('?');
-  return q === -1 ? u : u.slice(0, q);
-}
-
-function targetOf(req: Req): string {
-  const u = req.originalUrl ?? req.url ?? '/';
-  return u.endsWith('?') ? u.slice(0, -1) : u; // "/p?" and "/p" are one target, as in ASGI
-}
-
 export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware {
   const engine = mw.createEngine(options, 'idempotency');
 
@@ -151,12 +133,13 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
   }
 
   async function handle(req: Req, res: Res, next: Next): Promise<void> {
+    const { path, target } = mw.pathAndTarget(req.originalUrl ?? req.url ?? '/');
     const begun = await engine.begin({
       req,
       method: req.method ?? 'GET',
-      path: pathOf(req),
-      target: targetOf(req),
-      headerValues: (name) => headerValues(req, name),
+      path,
+      target,
+      headerValues: (name) => mw.rawHeaderValues(req, name),
       body: (max) => readBody(req, max),
     });
     if (begun.kind === 'unwrapped') return next();

@@ -53,22 +53,6 @@ interface State {
   timedOut: Promise<CoreResponse> | null;
 }
 
-function headerValues(raw: IncomingMessage, name: string): string[] {
-  const out: string[] = [];
-  const h = raw.rawHeaders;
-  for (let i = 0; i + 1 < h.length; i += 2) if ((h[i] as string).toLowerCase() === name) out.push(h[i + 1] as string);
-  return out;
-}
-
-function pathOf(url: string): string {
-  const q = url.indexOf('?');
-  return q === -1 ? url : url.slice(0, q);
-}
-
-function targetOf(url: string): string {
-  return url.endsWith('?') ? url.slice(0, -1) : url; // "/p?" and "/p" are one target
-}
-
 async function payloadBytes(payload: unknown): Promise<Buffer> {
   if (payload === null || payload === undefined) return Buffer.alloc(0);
   if (Buffer.isBuffer(payload)) return payload;
@@ -152,12 +136,13 @@ export function idempotency(options: FastifyIdempotencyOptions): FastifyIdempote
 
     instance.addHook('preHandler', async (request, reply) => {
       const st = states.get(request);
+      const { path, target } = mw.pathAndTarget(request.url);
       const begun = await engine.begin({
         req: request,
         method: request.method,
-        path: pathOf(request.url),
-        target: targetOf(request.url),
-        headerValues: (name) => headerValues(request.raw, name),
+        path,
+        target,
+        headerValues: (name) => mw.rawHeaderValues(request.raw, name),
         body: async (max) => bodyOf(request, st, max),
       });
       if (begun.kind === 'unwrapped') return;

@@ -511,6 +511,21 @@ export function authenticatedPrincipal(pick?: (user: any) => Principal | Promise
   };
 }
 
+/** Every field line of the header `name` (lower case) of a Node request, in order. */
+export function rawHeaderValues(req: IncomingMessage, name: string): string[] {
+  const out: string[] = [];
+  const raw = req.rawHeaders;
+  for (let i = 0; i + 1 < raw.length; i += 2) if ((raw[i] as string).toLowerCase() === name) out.push(raw[i + 1] as string);
+  return out;
+}
+
+/** The path (without the query) and the request target of a raw URL as
+ * sent: "/p?" and "/p" are one target, as in ASGI. */
+export function pathAndTarget(url: string): { path: string; target: string } {
+  const q = url.indexOf('?');
+  return { path: q === -1 ? url : url.slice(0, q), target: url.endsWith('?') ? url.slice(0, -1) : url };
+}
+
 /** A request as the engine sees it. */
 export interface CoreRequest<Req> {
   /** The framework's request: given to the principal extractor, the reconcile hook and onError. */

@@ -66,7 +66,7 @@ class Client {
     async send(method, path, body, raw = false) {
         const headers = {
             accept: 'application/json',
-            'user-agent': 'settle-client-typescript/0.1',
+            'user-agent': 'settle-client-typescript/0.2',
             ...this.extraHeaders,
         };
         if (body !== undefined)
@@ -99,6 +99,7 @@ class Client {
         const ra = resp.headers.get('retry-after');
         throw (0, errors_js_1.problemError)(resp.status, parsed, ra !== null && !Number.isNaN(Number(ra)) ? Number(ra) : null);
     }
+    /** `R`: the type of a replay's stored result (not checked: the ledger holds JSON). */
     async claim(key, fingerprint, binding, options = {}) {
         const body = { fingerprint, binding: bindingToWire(binding) };
         if (options.leaseMs !== undefined)
@@ -153,6 +154,7 @@ class Client {
             return (0, types_js_1.claimFromWire)(d);
         return { fence: d.fence, released: d.released };
     }
+    /** `R`: the type of the stored result (not checked: the ledger holds JSON). */
     async get(key) {
         return (0, types_js_1.recordFromWire)(await this.send('GET', `/v1/operations/${seg(key)}`));
     }

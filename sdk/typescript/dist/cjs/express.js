@@ -41,23 +41,6 @@ Object.defineProperty(exports, "fixedPrincipal", { enumerable: true, get: functi
 Object.defineProperty(exports, "authenticatedPrincipal", { enumerable: true, get: function () { return mwcore_js_1.authenticatedPrincipal; } });
 Object.defineProperty(exports, "markRetryable", { enumerable: true, get: function () { return mwcore_js_1.markRetryable; } });
 const STATE = Symbol.for('settle.idempotency');
-function headerValues(req, name) {
-    const out = [];
-    const raw = req.rawHeaders;
-    for (let i = 0; i + 1 < raw.length; i += 2)
-        if (raw[i].toLowerCase() === name)
-            out.push(raw[i + 1]);
-    return out;
-}
-function pathOf(req) {
-    const u = req.originalUrl ?? req.url ?? '/';
-    const q = u.indexOf('?');
-    return q === -1 ? u : u.slice(0, q);
-}
-function targetOf(req) {
-    const u = req.originalUrl ?? req.url ?? '/';
-    return u.endsWith('?') ? u.slice(0, -1) : u; // "/p?" and "/p" are one target, as in ASGI
-}
 function idempotency(options) {
     const engine = mw.createEngine(options, 'idempotency');
     function send(res, r) {
@@ -138,12 +121,13 @@ function idempotency(options) {
         return Buffer.concat(parts);
     }
     async function handle(req, res, next) {
+        const { path, target } = mw.pathAndTarget(req.originalUrl ?? req.url ?? '/');
         const begun = await engine.begin({
             req,
             method: req.method ?? 'GET',
-            path: pathOf(req),
-            target: targetOf(req),
-            headerValues: (name) => headerValues(req, name),
+            path,
+            target,
+            headerValues: (name) => mw.rawHeaderValues(req, name),
             body: (max) => readBody(req, max),
         });
         if (begun.kind === 'unwrapped')

@@ -41,21 +41,6 @@ var mwcore_js_1 = require("./mwcore.js");
 Object.defineProperty(exports, "fixedPrincipal", { enumerable: true, get: function () { return mwcore_js_1.fixedPrincipal; } });
 Object.defineProperty(exports, "authenticatedPrincipal", { enumerable: true, get: function () { return mwcore_js_1.authenticatedPrincipal; } });
 Object.defineProperty(exports, "markRetryable", { enumerable: true, get: function () { return mwcore_js_1.markRetryable; } });
-function headerValues(raw, name) {
-    const out = [];
-    const h = raw.rawHeaders;
-    for (let i = 0; i + 1 < h.length; i += 2)
-        if (h[i].toLowerCase() === name)
-            out.push(h[i + 1]);
-    return out;
-}
-function pathOf(url) {
-    const q = url.indexOf('?');
-    return q === -1 ? url : url.slice(0, q);
-}
-function targetOf(url) {
-    return url.endsWith('?') ? url.slice(0, -1) : url; // "/p?" and "/p" are one target
-}
 async function payloadBytes(payload) {
     if (payload === null || payload === undefined)
         return Buffer.alloc(0);
@@ -141,12 +126,13 @@ function idempotency(options) {
         });
         instance.addHook('preHandler', async (request, reply) => {
             const st = states.get(request);
+            const { path, target } = mw.pathAndTarget(request.url);
             const begun = await engine.begin({
                 req: request,
                 method: request.method,
-                path: pathOf(request.url),
-                target: targetOf(request.url),
-                headerValues: (name) => headerValues(request.raw, name),
+                path,
+                target,
+                headerValues: (name) => mw.rawHeaderValues(request.raw, name),
                 body: async (max) => bodyOf(request, st, max),
             });
             if (begun.kind === 'unwrapped')

@@ -198,6 +198,14 @@ export declare function fixedPrincipal(name: string, generation?: number): Princ
  * `String(user.id ?? user.username)` (null when it has neither). It must
  * name the account, never a token. */
 export declare function authenticatedPrincipal(pick?: (user: any) => Principal | Promise<Principal>): PrincipalExtractor<object>;
+/** Every field line of the header `name` (lower case) of a Node request, in order. */
+export declare function rawHeaderValues(req: IncomingMessage, name: string): string[];
+/** The path (without the query) and the request target of a raw URL as
+ * sent: "/p?" and "/p" are one target, as in ASGI. */
+export declare function pathAndTarget(url: string): {
+    path: string;
+    target: string;
+};
 /** A request as the engine sees it. */
 export interface CoreRequest<Req> {
     /** The framework's request: given to the principal extractor, the reconcile hook and onError. */
