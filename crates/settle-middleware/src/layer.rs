@@ -77,6 +77,7 @@ pub(crate) struct Settings {
     pub(crate) stored_headers: Vec<String>,
     pub(crate) fingerprint_headers: Vec<String>,
     pub(crate) canonical: Option<CanonicalFn>,
+    pub(crate) fingerprint: layout::FingerprintOptions,
     pub(crate) max_stored_body: usize,
     pub(crate) max_request_body: usize,
     pub(crate) lease_ms: LeaseMs,
@@ -105,7 +106,8 @@ pub(crate) struct Settings {
 /// and [`principal::from_extension`](crate::principal::from_extension) cover
 /// the common cases). Every other option has the default SPEC §8 names:
 /// POST and PATCH wrapped and requiring a key, `content-type` and
-/// `location` stored, 32 KiB stored body (a larger response is streamed
+/// `location` stored, JSON bodies fingerprinted by their RFC 8785
+/// canonical form (the whole body), 32 KiB stored body (a larger response is streamed
 /// to the client and settled as not stored), 1 MiB request body, 30 s
 /// lease heartbeated every 10 s, no handler timeout, fail closed.
 #[derive(Clone)]
@@ -141,6 +143,7 @@ impl IdempotencyLayer {
                     .collect(),
                 fingerprint_headers: Vec::new(),
                 canonical: None,
+                fingerprint: layout::FingerprintOptions::default(),
                 max_stored_body: layout::DEFAULT_MAX_STORED_BODY,
                 max_request_body: 1024 * 1024,
                 lease_ms: LeaseMs::DEFAULT,
@@ -233,17 +236,113 @@ impl IdempotencyLayer {
     }
 
     /// Fingerprints JSON bodies (`application/json`, `*+json`) by their
-    /// RFC 8785 canonical form, so that key order and whitespace do not
-    /// make another request (default off: the raw bytes count).
+    /// RFC 8785 canonical form, so that key order and whitespace never make
+    /// a retry a mismatch (default **on**; off: the raw bytes count). A JSON
+    /// body that does not parse counts by its raw bytes either way.
+    ///
+    /// # Panics
+    ///
+    /// Off while [`fields`](Self::fields) or [`exclude`](Self::exclude) is
+    /// set (they read the body as JSON): a configuration error that names
+    /// the option.
     pub fn canonical_json(self, yes: bool) -> Self {
-        self.with(|s| s.canonical = yes.then(|| Arc::new(crate::canonical_json) as CanonicalFn))
+        let o = &self.settings.fingerprint;
+        let checked = layout::FingerprintOptions::new(
+            yes,
+            o.fields().map(<[String]>::to_vec),
+            o.exclude().map(<[String]>::to_vec),
+        );
+        self.fingerprint_options(
+            checked.unwrap_or_else(|e| panic!("IdempotencyLayer::canonical_json: {e}")),
+        )
     }
 
-    /// Fingerprints JSON bodies by this canonical form instead.
+    /// Only these RFC 6901 pointers of a JSON body count in the
+    /// fingerprint: the object `{pointer: value}` of those that resolve
+    /// (the selection of `settle_worker::select_fields`). A body that is
+    /// not JSON counts by its raw bytes.
+    ///
+    /// # Panics
+    ///
+    /// An empty list, a malformed pointer, [`exclude`](Self::exclude) also
+    /// set, or [`canonical_json`](Self::canonical_json) off: a
+    /// configuration error that names the option (or use
+    /// [`fingerprint_options`](Self::fingerprint_options) with a checked
+    /// [`FingerprintOptions::new`](layout::FingerprintOptions::new)).
+    pub fn fields<I: IntoIterator<Item = S>, S: Into<String>>(self, pointers: I) -> Self {
+        assert!(
+            self.settings.canonical.is_none(),
+            "IdempotencyLayer::fields: not with canonical_body (it replaces the built-in canonical_json)"
+        );
+        let pointers = pointers.into_iter().map(Into::into).collect();
+        let o = &self.settings.fingerprint;
+        let checked = layout::FingerprintOptions::new(
+            o.canonical_json(),
+            Some(pointers),
+            o.exclude().map(<[String]>::to_vec),
+        );
+        self.fingerprint_options(
+            checked.unwrap_or_else(|e| panic!("IdempotencyLayer::fields: {e}")),
+        )
+    }
+
+    /// These RFC 6901 pointers of a JSON body do not count in the
+    /// fingerprint (e.g. a client timestamp): each pointer is resolved in
+    /// the body as received, the values found are removed (an array
+    /// element's removal shifts the later ones), one that does not resolve
+    /// is ignored. A body that is not JSON counts by its raw bytes.
+    ///
+    /// # Panics
+    ///
+    /// An empty list, a malformed pointer, `""` (the whole document),
+    /// [`fields`](Self::fields) also set, or
+    /// [`canonical_json`](Self::canonical_json) off: a configuration error
+    /// that names the option.
+    pub fn exclude<I: IntoIterator<Item = S>, S: Into<String>>(self, pointers: I) -> Self {
+        assert!(
+            self.settings.canonical.is_none(),
+            "IdempotencyLayer::exclude: not with canonical_body (it replaces the built-in canonical_json)"
+        );
+        let pointers = pointers.into_iter().map(Into::into).collect();
+        let o = &self.settings.fingerprint;
+        let checked = layout::FingerprintOptions::new(
+            o.canonical_json(),
+            o.fields().map(<[String]>::to_vec),
+            Some(pointers),
+        );
+        self.fingerprint_options(
+            checked.unwrap_or_else(|e| panic!("IdempotencyLayer::exclude: {e}")),
+        )
+    }
+
+    /// The body options of the fingerprint at once, checked beforehand by
+    /// [`FingerprintOptions::new`](layout::FingerprintOptions::new) (which
+    /// answers a [`ConfigError`](layout::ConfigError) instead of panicking).
+    /// Replaces a [`canonical_body`](Self::canonical_body) function.
+    pub fn fingerprint_options(self, options: layout::FingerprintOptions) -> Self {
+        self.with(|s| {
+            s.canonical = None;
+            s.fingerprint = options;
+        })
+    }
+
+    /// Fingerprints JSON bodies by this canonical form instead (it gets
+    /// the body of a JSON media type, `None`: the raw bytes count).
+    ///
+    /// # Panics
+    ///
+    /// With [`fields`](Self::fields) or [`exclude`](Self::exclude) set: the
+    /// function replaces the JSON handling they are part of.
     pub fn canonical_body(
         self,
         f: impl Fn(&[u8]) -> Option<Vec<u8>> + Send + Sync + 'static,
     ) -> Self {
+        let o = &self.settings.fingerprint;
+        if o.fields().is_some() || o.exclude().is_some() {
+            panic!(
+                "IdempotencyLayer::canonical_body: not with fields or exclude (they need the built-in canonical_json)"
+            );
+        }
         self.with(|s| s.canonical = Some(Arc::new(f)))
     }
 

@@ -5,6 +5,8 @@
 //! them can serve the same endpoints over one ledger;
 //! `sdk/middleware-vectors.json` pins them (see this crate's tests).
 
+use std::borrow::Cow;
+
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Map, Value, json};
@@ -196,10 +198,378 @@ pub fn ledger_key(namespace: &str, principal: &str, key: &str) -> String {
     format!("mw-{digest}")
 }
 
-fn is_json_media(content_type: &[u8]) -> bool {
+/// `application/json` or any `*+json` media type (parameters and ASCII
+/// case ignored, spaces and tabs around it trimmed): the bodies the
+/// fingerprint reads as JSON.
+pub fn is_json_media(content_type: &[u8]) -> bool {
     let media = content_type.split(|&b| b == b';').next().unwrap_or(b"");
     let media = trim_ows(media).to_ascii_lowercase();
     media == b"application/json" || media.ends_with(b"+json")
+}
+
+/// A JSON body nested deeper than this (arrays and objects) is
+/// fingerprinted as raw bytes, in every SDK (serde_json's own limit is 127).
+pub const MAX_JSON_DEPTH: usize = 100;
+
+/// A fingerprint option refused when the middleware is configured: the
+/// option it names ([`option`](Self::option): `canonical_json`, `fields`
+/// or `exclude`) and the shared vectors' `error`
+/// ([`code`](Self::code)).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct ConfigError {
+    code: &'static str,
+    option: &'static str,
+    message: String,
+}
+
+impl ConfigError {
+    fn new(code: &'static str, option: &'static str, message: impl Into<String>) -> ConfigError {
+        ConfigError {
+            code,
+            option,
+            message: message.into(),
+        }
+    }
+
+    /// `invalid_fields`, `invalid_exclude`, `fields_and_exclude` or
+    /// `canonical_json_off`.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+
+    /// The option refused: `canonical_json`, `fields` or `exclude`.
+    pub fn option(&self) -> &'static str {
+        self.option
+    }
+}
+
+/// How a request body enters the fingerprint (SPEC §8,
+/// `sdk/MIDDLEWARE-KEYS.md`): the RFC 8785 form of JSON bodies (on by
+/// default), and at most one of `fields` (keep only these JSON pointers)
+/// and `exclude` (leave these out). Checked by [`FingerprintOptions::new`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FingerprintOptions {
+    canonical_json: bool,
+    fields: Option<Vec<String>>,
+    exclude: Option<Vec<String>>,
+}
+
+impl Default for FingerprintOptions {
+    /// Canonical JSON, the whole body.
+    fn default() -> Self {
+        FingerprintOptions {
+            canonical_json: true,
+            fields: None,
+            exclude: None,
+        }
+    }
+}
+
+/// The reference tokens of an RFC 6901 pointer (`~1` is `/`, `~0` is `~`).
+fn pointer_tokens(p: &str) -> Result<Vec<String>, String> {
+    if p.is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(rest) = p.strip_prefix('/') else {
+        return Err(format!("JSON pointer {p:?} must start with '/'"));
+    };
+    rest.split('/')
+        .map(|t| {
+            let mut out = String::with_capacity(t.len());
+            let mut chars = t.chars();
+            while let Some(c) = chars.next() {
+                if c != '~' {
+                    out.push(c);
+                    continue;
+                }
+                match chars.next() {
+                    Some('0') => out.push('~'),
+                    Some('1') => out.push('/'),
+                    _ => {
+                        return Err(format!(
+                            "JSON pointer {p:?}: '~' must be followed by 0 or 1"
+                        ));
+                    }
+                }
+            }
+            Ok(out)
+        })
+        .collect()
+}
+
+fn pointer_list(
+    option: &'static str,
+    code: &'static str,
+    pointers: Vec<String>,
+) -> Result<Vec<String>, ConfigError> {
+    if pointers.is_empty() {
+        return Err(ConfigError::new(
+            code,
+            option,
+            format!("{option} must name at least one JSON pointer"),
+        ));
+    }
+    for p in &pointers {
+        pointer_tokens(p).map_err(|e| ConfigError::new(code, option, format!("{option}: {e}")))?;
+    }
+    Ok(pointers)
+}
+
+impl FingerprintOptions {
+    /// The options, checked in this order: `fields` and `exclude` both
+    /// given (`fields_and_exclude`); an empty list or a malformed pointer
+    /// (`invalid_fields`, `invalid_exclude`); `""` (the whole document)
+    /// in `exclude` (`invalid_exclude`); `fields` or `exclude` without
+    /// `canonical_json` (`canonical_json_off`).
+    pub fn new(
+        canonical_json: bool,
+        fields: Option<Vec<String>>,
+        exclude: Option<Vec<String>>,
+    ) -> Result<FingerprintOptions, ConfigError> {
+        if fields.is_some() && exclude.is_some() {
+            return Err(ConfigError::new(
+                "fields_and_exclude",
+                "exclude",
+                "fields and exclude cannot both be given (fields keeps, exclude leaves out)",
+            ));
+        }
+        let fields = fields
+            .map(|f| pointer_list("fields", "invalid_fields", f))
+            .transpose()?;
+        let exclude = exclude
+            .map(|x| pointer_list("exclude", "invalid_exclude", x))
+            .transpose()?;
+        if exclude
+            .as_ref()
+            .is_some_and(|x| x.iter().any(String::is_empty))
+        {
+            return Err(ConfigError::new(
+                "invalid_exclude",
+                "exclude",
+                "exclude cannot hold \"\" (the whole document)",
+            ));
+        }
+        if !canonical_json && (fields.is_some() || exclude.is_some()) {
+            let option = if fields.is_some() {
+                "fields"
+            } else {
+                "exclude"
+            };
+            return Err(ConfigError::new(
+                "canonical_json_off",
+                option,
+                format!(
+                    "{option} needs canonical_json (the body is read as JSON, then canonicalised)"
+                ),
+            ));
+        }
+        Ok(FingerprintOptions {
+            canonical_json,
+            fields,
+            exclude,
+        })
+    }
+
+    /// The raw body bytes, always (`canonical_json` off).
+    pub fn raw() -> FingerprintOptions {
+        FingerprintOptions {
+            canonical_json: false,
+            fields: None,
+            exclude: None,
+        }
+    }
+
+    /// Whether JSON bodies count by their RFC 8785 form.
+    pub fn canonical_json(&self) -> bool {
+        self.canonical_json
+    }
+
+    /// The pointers kept, when only some count.
+    pub fn fields(&self) -> Option<&[String]> {
+        self.fields.as_deref()
+    }
+
+    /// The pointers left out, when some do not count.
+    pub fn exclude(&self) -> Option<&[String]> {
+        self.exclude.as_deref()
+    }
+}
+
+/// True when `v` nests at most `limit` arrays/objects deep.
+fn depth_at_most(v: &Value, limit: usize) -> bool {
+    let mut stack = vec![(v, 0usize)];
+    while let Some((cur, d)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match cur {
+            Value::Array(a) => Box::new(a.iter()),
+            Value::Object(o) => Box::new(o.values()),
+            _ => continue,
+        };
+        if d + 1 > limit {
+            return false;
+        }
+        stack.extend(children.map(|c| (c, d + 1)));
+    }
+    true
+}
+
+/// The JSON value of a body the fingerprint reads as JSON: strict UTF-8
+/// (a BOM makes it not JSON), JSON, at most [`MAX_JSON_DEPTH`] deep, and
+/// accepted whole by the fingerprint helper (its canonical text is the
+/// second half). `None`: the raw bytes count.
+fn parse_json_body(body: &[u8]) -> Option<(Value, String)> {
+    let text = std::str::from_utf8(body).ok()?;
+    let value: Value = serde_json::from_str(text).ok()?;
+    if !depth_at_most(&value, MAX_JSON_DEPTH) {
+        return None;
+    }
+    let canonical = settle_worker::canonicalize(&value).ok()?;
+    Some((value, canonical))
+}
+
+/// The RFC 8785 canonical text of a JSON body, or `None` when it is not
+/// JSON the fingerprint reads (see [`fingerprint_body`]).
+pub fn canonical_json_body(body: &[u8]) -> Option<Vec<u8>> {
+    parse_json_body(body).map(|(_, c)| c.into_bytes())
+}
+
+/// An array index of RFC 6901: `0` or digits without a leading zero.
+fn array_index(t: &str) -> Option<usize> {
+    let ok =
+        !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()) && (t == "0" || !t.starts_with('0'));
+    if ok { t.parse().ok() } else { None }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Step {
+    Index(usize),
+    Member(String),
+}
+
+/// `value` without the values at `pointers` (`sdk/MIDDLEWARE-KEYS.md`):
+/// every pointer is resolved in the document as given (before any
+/// removal; one that does not resolve is ignored), then each value found
+/// is removed, an object member by its name, an array element by its
+/// index (later elements shift down). Removed last-first, deepest first,
+/// so the order of the pointers does not matter. `""` (the whole
+/// document) and malformed pointers are refused before anything is removed.
+pub fn exclude_pointers<S: AsRef<str>>(
+    value: &mut Value,
+    pointers: &[S],
+) -> Result<(), ConfigError> {
+    let mut paths: Vec<Vec<Step>> = Vec::new();
+    for p in pointers {
+        let tokens = pointer_tokens(p.as_ref())
+            .map_err(|e| ConfigError::new("invalid_exclude", "exclude", format!("exclude: {e}")))?;
+        if tokens.is_empty() {
+            return Err(ConfigError::new(
+                "invalid_exclude",
+                "exclude",
+                "exclude cannot hold \"\" (the whole document)",
+            ));
+        }
+        let mut cur = &*value;
+        let mut path = Vec::with_capacity(tokens.len());
+        let mut found = true;
+        for t in tokens {
+            let next = match cur {
+                Value::Object(m) => m.get(t.as_str()).map(|v| (v, Step::Member(t))),
+                Value::Array(a) => {
+                    array_index(&t).and_then(|i| a.get(i).map(|v| (v, Step::Index(i))))
+                }
+                _ => None,
+            };
+            let Some((v, step)) = next else {
+                found = false;
+                break;
+            };
+            path.push(step);
+            cur = v;
+        }
+        if found {
+            paths.push(path);
+        }
+    }
+    // Descending: a later array index before an earlier one, a descendant
+    // before its ancestor; equal paths are one. Siblings share a container,
+    // so they are both indices or both names.
+    paths.sort_by(|a, b| b.cmp(a));
+    paths.dedup();
+    for path in paths {
+        let Some((last, parents)) = path.split_last() else {
+            continue;
+        };
+        let mut parent = &mut *value;
+        for step in parents {
+            parent = match (parent, step) {
+                (Value::Object(m), Step::Member(k)) => {
+                    m.get_mut(k.as_str()).expect("resolved above")
+                }
+                (Value::Array(a), Step::Index(i)) => a.get_mut(*i).expect("resolved above"),
+                _ => unreachable!("resolved above"),
+            };
+        }
+        match (parent, last) {
+            (Value::Object(m), Step::Member(k)) => {
+                m.remove(k.as_str());
+            }
+            (Value::Array(a), Step::Index(i)) => {
+                a.remove(*i);
+            }
+            _ => unreachable!("resolved above"),
+        }
+    }
+    Ok(())
+}
+
+/// The body bytes that enter the fingerprint. With `canonical_json`, when
+/// the media type is JSON ([`is_json_media`]) and the body is not empty,
+/// is strict UTF-8 (a BOM makes it not JSON), parses as JSON, nests at
+/// most [`MAX_JSON_DEPTH`] deep and is accepted whole by the fingerprint
+/// helper: its RFC 8785 text, after `fields` (the selection `{pointer:
+/// value}` of `settle_worker::select_fields`) or `exclude`
+/// ([`exclude_pointers`]). Any other body: the raw bytes.
+pub fn fingerprint_body<'a>(
+    options: &FingerprintOptions,
+    content_type: &[u8],
+    body: &'a [u8],
+) -> Cow<'a, [u8]> {
+    if !options.canonical_json || body.is_empty() || !is_json_media(content_type) {
+        return Cow::Borrowed(body);
+    }
+    let Some((mut value, whole)) = parse_json_body(body) else {
+        return Cow::Borrowed(body);
+    };
+    let text = if let Some(fields) = &options.fields {
+        settle_worker::select_fields(&value, fields).and_then(|v| settle_worker::canonicalize(&v))
+    } else if let Some(exclude) = &options.exclude {
+        match exclude_pointers(&mut value, exclude) {
+            Ok(()) => settle_worker::canonicalize(&value),
+            Err(_) => return Cow::Borrowed(body), // checked by FingerprintOptions::new
+        }
+    } else {
+        Ok(whole)
+    };
+    match text {
+        Ok(t) => Cow::Owned(t.into_bytes()),
+        Err(_) => Cow::Borrowed(body),
+    }
+}
+
+/// [`request_fingerprint`] with the body as [`fingerprint_body`] makes it
+/// under `options` (what the layer computes).
+pub fn request_fingerprint_with(
+    input: FingerprintInput<'_>,
+    options: &FingerprintOptions,
+) -> String {
+    let body = fingerprint_body(options, input.content_type, input.body);
+    request_fingerprint(
+        FingerprintInput {
+            body: &body,
+            ..input
+        },
+        None,
+    )
 }
 
 /// Turns a JSON body into its canonical text (`None`: not JSON it accepts).

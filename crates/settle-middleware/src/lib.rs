@@ -24,6 +24,25 @@
 //! of the Python and TypeScript middlewares (`sdk/MIDDLEWARE-KEYS.md`), in
 //! [`layout`]; the table of answers is [`table`], as pure functions.
 //!
+//! ## The request fingerprint
+//!
+//! JSON bodies (`application/json`, `*+json`) count by their RFC 8785
+//! canonical form **by default** ([`IdempotencyLayer::canonical_json`]), so
+//! key order and whitespace never make a retry a mismatch; a body that does
+//! not parse counts by its raw bytes. [`IdempotencyLayer::fields`] keeps
+//! only some JSON pointers of the body, [`IdempotencyLayer::exclude`] leaves
+//! some out (e.g. a client timestamp); bad combinations are refused when
+//! the layer is configured ([`FingerprintOptions::new`]).
+//!
+//! **Upgrading**: canonicalisation was off by default before. The
+//! fingerprint of a JSON request whose body is not already canonical
+//! changes, so a key first seen by the previous version and retried after
+//! the upgrade with a non-canonical body answers 422
+//! `idempotency_key_reused`. To keep the old behaviour during a rollout,
+//! set `.canonical_json(false)`, and drop it once the keys' retention
+//! ([`IdempotencyLayer::retention`], default one day) has passed since the
+//! upgrade.
+//!
 //! ## Features
 //!
 //! * `local` (off by default): `IdempotencyLayer::embedded`, the layer over
@@ -47,16 +66,15 @@ pub use layer::{
     CanonicalFn, HookResponse, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
     ReconcileFn, Resolution, Retryable, RoutesFn,
 };
+pub use layout::{ConfigError, FingerprintOptions};
 pub use principal::{Identity, PrincipalFn};
 pub use table::RoutePolicy;
 
 /// The RFC 8785 canonical text of a JSON body (the `canonical_json`
-/// option, SPEC §8), or `None` when the body is not strict UTF-8 JSON the
-/// fingerprint helper of `settle-worker` accepts (then the raw bytes count).
+/// option, SPEC §8), or `None` when the body is not JSON the fingerprint
+/// reads: not strict UTF-8, not JSON, nested deeper than
+/// [`layout::MAX_JSON_DEPTH`], or refused by the fingerprint helper of
+/// `settle-worker` (then the raw bytes count).
 pub fn canonical_json(body: &[u8]) -> Option<Vec<u8>> {
-    let text = std::str::from_utf8(body).ok()?;
-    let value: serde_json::Value = serde_json::from_str(text).ok()?;
-    settle_worker::canonicalize(&value)
-        .ok()
-        .map(String::into_bytes)
+    layout::canonical_json_body(body)
 }

@@ -157,21 +157,20 @@ where
                 (n.clone(), lines.join(&b", "[..]))
             })
             .collect();
-        let fp = layout::request_fingerprint(
-            FingerprintInput {
-                method: parts.method.as_str(),
-                target: &target,
-                content_type: parts
-                    .headers
-                    .get(CONTENT_TYPE)
-                    .map_or(&b""[..], HeaderValue::as_bytes),
-                body: &body,
-                headers: &fp_headers,
-            },
-            s.canonical
-                .as_deref()
-                .map(|f| f as layout::Canonicalize<'_>),
-        );
+        let input = FingerprintInput {
+            method: parts.method.as_str(),
+            target: &target,
+            content_type: parts
+                .headers
+                .get(CONTENT_TYPE)
+                .map_or(&b""[..], HeaderValue::as_bytes),
+            body: &body,
+            headers: &fp_headers,
+        };
+        let fp = match s.canonical.as_deref() {
+            Some(f) => layout::request_fingerprint(input, Some(f as layout::Canonicalize<'_>)),
+            None => layout::request_fingerprint_with(input, &s.fingerprint),
+        };
         let built = (|| {
             Ok::<_, settle_core::InvalidInput>((
                 Key::new(layout::ledger_key(&s.namespace, principal, &key))?,

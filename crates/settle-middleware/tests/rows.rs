@@ -960,9 +960,9 @@ both!(
 );
 
 both!(
-    canonical_json_makes_key_order_and_whitespace_irrelevant,
+    canonical_json_by_default_makes_key_order_and_whitespace_irrelevant,
     |l: Ledgers| async move {
-        let (app, _) = payments::app(l.layer().canonical_json(true));
+        let (app, _) = payments::app(l.layer());
         let first = send(
             &app,
             req("/payments", Some("c"), r#"{"amount":10,"currency":"EUR"}"#),
@@ -985,8 +985,8 @@ both!(
         )
         .await;
         assert_eq!(other.code(), "idempotency_key_reused");
-        // Without the option the bytes count.
-        let (raw, _) = payments::app(l.layer());
+        // With the option off the bytes count.
+        let (raw, _) = payments::app(l.layer().canonical_json(false));
         let a = send(
             &raw,
             req("/payments", Some("c2"), r#"{"amount":10,"currency":"EUR"}"#),
@@ -999,6 +999,80 @@ both!(
         )
         .await;
         assert_eq!(b.code(), "idempotency_key_reused");
+    }
+);
+
+both!(
+    exclude_leaves_a_field_out_and_fields_keep_only_theirs,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer().exclude(["/client_ts"]));
+        let first = send(
+            &app,
+            req(
+                "/payments",
+                Some("x"),
+                r#"{"amount":10,"currency":"EUR","client_ts":"14:00:00"}"#,
+            ),
+        )
+        .await;
+        assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+        // Reordered, and the excluded field changed: the same request.
+        let same = send(
+            &app,
+            req(
+                "/payments",
+                Some("x"),
+                r#"{ "client_ts": "14:00:09", "currency": "EUR", "amount": 10 }"#,
+            ),
+        )
+        .await;
+        assert!(same.replayed());
+        assert_eq!(same.body, first.body);
+        // A field that counts changed: another request.
+        let other = send(
+            &app,
+            req(
+                "/payments",
+                Some("x"),
+                r#"{"amount":11,"currency":"EUR","client_ts":"14:00:00"}"#,
+            ),
+        )
+        .await;
+        assert_eq!(other.code(), "idempotency_key_reused");
+        assert_eq!(count(&app).await, 1);
+
+        let (kept, _) = payments::app(l.layer().fields(["/amount", "/currency"]));
+        let first = send(
+            &kept,
+            req(
+                "/payments",
+                Some("f"),
+                r#"{"amount":10,"currency":"EUR","note":"a"}"#,
+            ),
+        )
+        .await;
+        assert_eq!(first.status, StatusCode::CREATED, "{:?}", first.body);
+        let same = send(
+            &kept,
+            req(
+                "/payments",
+                Some("f"),
+                r#"{"note":"b","currency":"EUR","amount":10.0}"#,
+            ),
+        )
+        .await;
+        assert!(same.replayed());
+        let other = send(
+            &kept,
+            req(
+                "/payments",
+                Some("f"),
+                r#"{"amount":10,"currency":"USD","note":"a"}"#,
+            ),
+        )
+        .await;
+        assert_eq!(other.code(), "idempotency_key_reused");
+        assert_eq!(count(&kept).await, 1);
     }
 );
 

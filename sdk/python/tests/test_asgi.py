@@ -203,16 +203,78 @@ def test_row_key_reused_with_another_request(server: Server) -> None:
     run(main)
 
 
-def test_canonical_json_option_ignores_key_order_and_whitespace(server: Server) -> None:
+def test_canonical_json_by_default_ignores_key_order_and_whitespace(server: Server) -> None:
     async def main() -> None:
-        a = App(server.url, canonical_json=True)
+        a = App(server.url)
         async with a.http() as h:
             ct = {"content-type": "application/json"}
             first = await h.post("/items", content=b'{"a":1,"b":[1,2]}', headers={**H, **ct})
             again = await h.post("/items", content=b'{ "b": [1, 2.0], "a": 1 }', headers={**H, **ct})
             assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
+            assert a.count == 1
 
     run(main)
+
+
+def test_canonical_json_off_fingerprints_the_raw_bytes(server: Server) -> None:
+    async def main() -> None:
+        a = App(server.url, canonical_json=False)
+        async with a.http() as h:
+            ct = {"content-type": "application/json"}
+            assert (await h.post("/items", content=b'{"a":1,"b":[1,2]}', headers={**H, **ct})).status_code == 201
+            other = await h.post("/items", content=b'{ "b": [1, 2], "a": 1 }', headers={**H, **ct})
+            problem(other, 422, "idempotency_key_reused")
+            assert a.count == 1
+
+    run(main)
+
+
+def test_exclude_leaves_a_field_out_and_fields_keep_only_theirs(server: Server) -> None:
+    async def main() -> None:
+        ct = {**H, "content-type": "application/json"}
+        a = App(server.url, exclude=["/client_ts"])
+        async with a.http() as h:
+            first = await h.post("/items", content=b'{"a":1,"client_ts":"14:00:00","b":[1,2]}', headers=ct)
+            assert first.status_code == 201
+            again = await h.post("/items", content=b'{ "b": [1, 2], "client_ts": "14:00:09", "a": 1 }', headers=ct)
+            assert again.headers["idempotent-replayed"] == "true" and again.content == first.content
+            other = await h.post("/items", content=b'{"a":2,"client_ts":"14:00:00","b":[1,2]}', headers=ct)
+            problem(other, 422, "idempotency_key_reused")
+            assert a.count == 1
+        b = App(server.url, fields=["/a", "/b"])
+        async with b.http() as h:
+            assert (await h.post("/items", content=b'{"a":1,"b":[1,2],"note":"x"}', headers=ct)).status_code == 201
+            again = await h.post("/items", content=b'{"note":"y","b":[1,2],"a":1.0}', headers=ct)
+            assert again.headers["idempotent-replayed"] == "true"
+            problem(await h.post("/items", content=b'{"a":1,"b":[1,3],"note":"x"}', headers=ct), 422, "idempotency_key_reused")
+            assert b.count == 1
+
+    run(main)
+
+
+@pytest.mark.parametrize(
+    "options,option,code",
+    [
+        ({"fields": []}, "fields", "invalid_fields"),
+        ({"fields": ["a"]}, "fields", "invalid_fields"),
+        ({"fields": "/a"}, "fields", "invalid_fields"),
+        ({"exclude": [""]}, "exclude", "invalid_exclude"),
+        ({"exclude": ["/a~2"]}, "exclude", "invalid_exclude"),
+        ({"fields": ["/a"], "exclude": ["/b"]}, "exclude", "fields_and_exclude"),
+        ({"canonical_json": False, "exclude": ["/a"]}, "exclude", "canonical_json_off"),
+        ({"canonical_json": False, "fields": ["/a"]}, "fields", "canonical_json_off"),
+    ],
+)
+def test_fingerprint_options_are_checked_at_construction(options: dict[str, Any], option: str, code: str) -> None:
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("not called")
+
+    with pytest.raises(mw.ConfigError) as e:
+        IdempotencyMiddleware(app, client=AsyncClient("http://127.0.0.1:9"), principal=fixed_principal("a"), **options)
+    assert isinstance(e.value, ValueError)
+    assert (e.value.option, e.value.code) == (option, code) and option in str(e.value)
+    ok = IdempotencyMiddleware(app, client=AsyncClient("http://127.0.0.1:9"), principal=fixed_principal("a"), exclude=["/ts"])
+    assert ok.fingerprint_options == mw.FingerprintOptions(True, None, ("/ts",))
 
 
 def _account(scope: Any) -> str | None:

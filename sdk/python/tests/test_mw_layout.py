@@ -25,6 +25,55 @@ def test_committed_vectors_are_current() -> None:
     assert (SDK / "middleware-vectors.json").read_text(encoding="utf-8") == gen.render()
 
 
+VECTORS = json.loads((SDK / "middleware-vectors.json").read_text(encoding="utf-8"))
+
+
+def test_every_fingerprint_vector() -> None:
+    groups: dict[str, str] = {}
+    for c in VECTORS["fingerprints"]:
+        body = base64.b64decode(c["body_b64"])
+        opts = _mw.fingerprint_options(c["canonical_json"], c.get("fields"), c.get("exclude"))
+        got_body = _mw.fingerprint_body(opts, c["content_type"], body)
+        assert base64.b64encode(got_body).decode() == c["fingerprinted_body_b64"], c
+        headers = [(n, v) for n, v in c["headers"]]
+        got = _mw.request_fingerprint(c["method"], c["target"], c["content_type"], body, headers, options=opts)
+        assert got == c["sha256"], c
+        unchecked = _mw.request_fingerprint(
+            c["method"], c["target"], c["content_type"], body, headers, c["canonical_json"], c.get("fields"), c.get("exclude")
+        )
+        assert unchecked == c["sha256"]
+        if "same" in c:
+            assert groups.setdefault(c["same"], c["sha256"]) == c["sha256"], c["same"]
+    assert len(groups) >= 5
+
+
+def test_every_refused_option_vector() -> None:
+    assert VECTORS["fingerprint_options_refused"]
+    for c in VECTORS["fingerprint_options_refused"]:
+        with pytest.raises(_mw.ConfigError) as e:
+            _mw.fingerprint_options(c["canonical_json"], c.get("fields"), c.get("exclude"))
+        assert e.value.code == c["error"], c
+
+
+def test_exclude_by_hand() -> None:
+    # Resolved in the document as given: the order of the pointers and
+    # duplicates do not matter; array elements shift down.
+    doc = {"a": [0, 1, 2, 3], "b": {"c": 1, "d": 2}, "e": None}
+    for ptrs in (["/a/1", "/a/2", "/b/c"], ["/b/c", "/a/2", "/a/1", "/a/1"]):
+        got = _mw.exclude_pointers(json.loads(json.dumps(doc)), ptrs)
+        assert got == {"a": [0, 3], "b": {"d": 2}, "e": None}
+    assert _mw.exclude_pointers({"a": [1]}, ["/a", "/a/0"]) == {}
+    assert _mw.exclude_pointers({"a": [1]}, ["/x", "/a/1", "/a/-", "/a/00", "/a/0/q"]) == {"a": [1]}
+    assert _mw.exclude_pointers({"e": None}, ["/e"]) == {}
+
+
+def test_canonical_json_is_the_default() -> None:
+    a = _mw.request_fingerprint("POST", "/p", "application/json", b'{"b":1,"a":2}')
+    assert a == _mw.request_fingerprint("POST", "/p", "application/json", b'{ "a": 2, "b": 1 }')
+    assert a != _mw.request_fingerprint("POST", "/p", "application/json", b'{"b":1,"a":2}', canonical_json=False)
+    assert _mw.fingerprint_options() == _mw.FingerprintOptions(True, None, None)
+
+
 def _f(b: bytes) -> bytes:
     return len(b).to_bytes(4, "big") + b
 

@@ -6,6 +6,9 @@ export declare class FingerprintError extends Error {
 }
 /** The RFC 8785 canonical text of a JSON value. */
 export declare function canonicalize(value: unknown): string;
+/** The reference tokens of an RFC 6901 pointer (`~1` → `/`, `~0` → `~`);
+ * a malformed one throws FingerprintError('invalid_fields'). */
+export declare function parsePointer(p: string): string[];
 /** The object {pointer: value} of the pointers (RFC 6901) that resolve in
  * `value`. A pointer that does not resolve is left out (absent ≠ null); a
  * malformed pointer or an empty list throws FingerprintError('invalid_fields'). */

@@ -102,7 +102,9 @@ export function canonicalize(value) {
     write(value, out, 0);
     return out.join('');
 }
-function parsePointer(p) {
+/** The reference tokens of an RFC 6901 pointer (`~1` → `/`, `~0` → `~`);
+ * a malformed one throws FingerprintError('invalid_fields'). */
+export function parsePointer(p) {
     if (typeof p !== 'string')
         throw new FingerprintError('invalid_fields', 'a field must be a JSON pointer string');
     if (p === '')

@@ -20,12 +20,68 @@ export declare function frame(...fields: Uint8Array[]): Buffer;
 /** SPEC §8 scope: `mw-` + hex SHA-256 of the framed namespace, principal and
  * (unquoted) header value, all UTF-8. */
 export declare function ledgerKey(namespace: string, principal: string, key: string): string;
+/** `application/json` or any `*+json` media type (parameters and case
+ * ignored; spaces and tabs around it trimmed): the bodies the fingerprint
+ * reads as JSON. */
+export declare function isJsonMedia(contentType: string): boolean;
+/** A JSON body nested deeper than this (arrays and objects) is
+ * fingerprinted as raw bytes, in every SDK. */
+export declare const MAX_JSON_DEPTH = 100;
+/** A middleware option refused at construction. `option` names it
+ * (`canonicalJson`, `fields` or `exclude`); `code` is the shared vectors'
+ * `error`: `invalid_fields`, `invalid_exclude`, `fields_and_exclude` or
+ * `canonical_json_off` (and `invalid_canonical_json` for a value that is
+ * not a boolean). */
+export declare class MiddlewareConfigError extends TypeError {
+    readonly code: string;
+    readonly option: string;
+    constructor(code: string, option: string, message: string);
+}
+/** The body options of the fingerprint as given to a middleware. */
+export interface FingerprintOptionsInput {
+    /** RFC 8785 form of JSON bodies (default true). */
+    canonicalJson?: boolean;
+    /** Only these JSON pointers of the body count. */
+    fields?: readonly string[];
+    /** These JSON pointers of the body do not count. */
+    exclude?: readonly string[];
+}
+/** The body options of the fingerprint, checked (`fingerprintOptions`). */
+export declare class FingerprintOptions {
+    readonly canonicalJson: boolean;
+    readonly fields: readonly string[] | null;
+    readonly exclude: readonly string[] | null;
+    /** @internal use fingerprintOptions(), which checks */
+    constructor(canonicalJson: boolean, fields: readonly string[] | null, exclude: readonly string[] | null);
+}
+/** The body options of the fingerprint, checked (sdk/MIDDLEWARE-KEYS.md):
+ * `fields` and `exclude` are non-empty arrays of RFC 6901 pointers, not
+ * both; `exclude` may not hold `""` (the whole document); either needs
+ * `canonicalJson`. Anything else throws MiddlewareConfigError naming the
+ * option. */
+export declare function fingerprintOptions(input?: FingerprintOptionsInput | FingerprintOptions): FingerprintOptions;
+/** `value` without the values at `pointers` (sdk/MIDDLEWARE-KEYS.md): every
+ * pointer is resolved in the document as given (before any removal; one
+ * that does not resolve is ignored), then each value found is removed, an
+ * object member by its name, an array element by its index (later elements
+ * shift down). Removed last-first, deepest first, so the order of the
+ * pointers does not matter. `value` is changed in place and returned. */
+export declare function excludePointers(value: unknown, pointers: readonly string[]): unknown;
+/** The body bytes that enter the fingerprint. With canonicalJson, when the
+ * media type is JSON (`isJsonMedia`) and the body is not empty, is strict
+ * UTF-8 (a BOM makes it not JSON), parses as JSON, nests at most
+ * MAX_JSON_DEPTH deep and is accepted whole by the fingerprint helper: its
+ * RFC 8785 text, after `fields` (the selection {pointer: value} of the
+ * fingerprint helper) or `exclude`. Any other body: the raw bytes. */
+export declare function fingerprintBody(options: FingerprintOptions, contentType: string, body: Uint8Array): Uint8Array;
 /** SPEC §8 fingerprint: SHA-256 over the framed method (upper case), the
  * request target (path with its query, as sent), the content-type ("" when
- * absent), the body bytes, then each configured header as name (lower case)
- * and value, sorted by name. With canonicalJson, a body of a JSON media
- * type that parses is replaced by its RFC 8785 form. */
-export declare function requestFingerprint(method: string, target: string, contentType: string, body: Uint8Array, headers?: ReadonlyArray<readonly [string, string]>, canonicalJson?: boolean): string;
+ * absent), the body (`fingerprintBody`: by default the RFC 8785 form of a
+ * JSON body), then each configured header as name (lower case) and value,
+ * sorted by name. `options`: `fingerprintOptions(...)` (checked once), the
+ * unchecked `{ canonicalJson, fields, exclude }` (checked on every call), or
+ * a boolean for canonicalJson alone (default true). */
+export declare function requestFingerprint(method: string, target: string, contentType: string, body: Uint8Array, headers?: ReadonlyArray<readonly [string, string]>, options?: boolean | FingerprintOptions | FingerprintOptionsInput): string;
 /** The claim's binding.principal: the principal when it fits the key syntax, else `sha256:` + its digest. */
 export declare function bindingPrincipal(principal: string): string;
 /** The claim's `worker` field, for operators. */
@@ -153,8 +209,16 @@ export interface CoreOptions<Req = IncomingMessage> {
     storedHeaders?: string[];
     /** Request headers that are part of the fingerprint. */
     fingerprintHeaders?: string[];
-    /** RFC 8785 canonical JSON bodies in the fingerprint (key order, whitespace irrelevant). */
+    /** RFC 8785 canonical JSON bodies in the fingerprint, so that key order
+     * and whitespace never make a retry a mismatch (default true; false: the
+     * raw bytes count). */
     canonicalJson?: boolean;
+    /** Only these RFC 6901 pointers of a JSON body count in the fingerprint
+     * (the object {pointer: value} of those that resolve). Not with `exclude`. */
+    fields?: string[];
+    /** These RFC 6901 pointers of a JSON body do not count in the
+     * fingerprint (e.g. a client timestamp). Not with `fields`. */
+    exclude?: string[];
     /** Responses above this are settled with their digest and not replayed (default 32 KiB). */
     maxStoredBody?: number;
     /** Request bodies above this get 413 (default 1 MiB). */

@@ -1,6 +1,6 @@
 import { DeadlineExceeded, ProblemError, RecordRefused, StaleBinding, TransportError, Unavailable } from './errors.js';
 import { BindingMismatch, FingerprintMismatch, InvalidRequest, ReceiptRequired } from './errors.js';
-import { canonicalize, sha256Hex } from './jcs.js';
+import { FingerprintError, canonicalize, parsePointer, selectFields, sha256Hex } from './jcs.js';
 import { Deadline, retrying, startHeartbeat } from './worker.js';
 export const NOT_COMMITTED_STATUSES = new Set([408, 409, 425, 429]);
 export const DEFAULT_STORED_HEADERS = ['content-type', 'location'];
@@ -153,26 +153,209 @@ export function frame(...fields) {
 export function ledgerKey(namespace, principal, key) {
     return 'mw-' + sha256Hex(frame(utf8(namespace), utf8(principal), utf8(key)));
 }
-function isJsonMedia(contentType) {
-    const media = (contentType.split(';', 1)[0] ?? '').trim().toLowerCase();
+/** `application/json` or any `*+json` media type (parameters and case
+ * ignored; spaces and tabs around it trimmed): the bodies the fingerprint
+ * reads as JSON. */
+export function isJsonMedia(contentType) {
+    const media = (contentType.split(';', 1)[0] ?? '').replace(/^[ \t]+|[ \t]+$/g, '').toLowerCase();
     return media === 'application/json' || media.endsWith('+json');
 }
-const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
-/** SPEC §8 fingerprint: SHA-256 over the framed method (upper case), the
- * request target (path with its query, as sent), the content-type ("" when
- * absent), the body bytes, then each configured header as name (lower case)
- * and value, sorted by name. With canonicalJson, a body of a JSON media
- * type that parses is replaced by its RFC 8785 form. */
-export function requestFingerprint(method, target, contentType, body, headers = [], canonicalJson = false) {
-    let b = body;
-    if (canonicalJson && body.length > 0 && isJsonMedia(contentType)) {
+/** A JSON body nested deeper than this (arrays and objects) is
+ * fingerprinted as raw bytes, in every SDK. */
+export const MAX_JSON_DEPTH = 100;
+/** A middleware option refused at construction. `option` names it
+ * (`canonicalJson`, `fields` or `exclude`); `code` is the shared vectors'
+ * `error`: `invalid_fields`, `invalid_exclude`, `fields_and_exclude` or
+ * `canonical_json_off` (and `invalid_canonical_json` for a value that is
+ * not a boolean). */
+export class MiddlewareConfigError extends TypeError {
+    code;
+    option;
+    constructor(code, option, message) {
+        super(message);
+        this.name = 'MiddlewareConfigError';
+        this.code = code;
+        this.option = option;
+    }
+}
+/** The body options of the fingerprint, checked (`fingerprintOptions`). */
+export class FingerprintOptions {
+    canonicalJson;
+    fields;
+    exclude;
+    /** @internal use fingerprintOptions(), which checks */
+    constructor(canonicalJson, fields, exclude) {
+        this.canonicalJson = canonicalJson;
+        this.fields = fields;
+        this.exclude = exclude;
+        Object.freeze(this);
+    }
+}
+function pointerList(option, code, pointers) {
+    if (!Array.isArray(pointers))
+        throw new MiddlewareConfigError(code, option, `${option} must be an array of JSON pointers (RFC 6901)`);
+    if (pointers.length === 0)
+        throw new MiddlewareConfigError(code, option, `${option} must name at least one JSON pointer`);
+    for (const p of pointers) {
+        if (typeof p !== 'string')
+            throw new MiddlewareConfigError(code, option, `${option}: ${String(p)} is not a JSON pointer string`);
         try {
-            b = utf8(canonicalize(JSON.parse(strictUtf8.decode(body))));
+            parsePointer(p);
         }
-        catch {
-            // not JSON after all: the raw bytes count
+        catch (e) {
+            throw new MiddlewareConfigError(code, option, `${option}: ${e.message}`);
         }
     }
+    return Object.freeze([...pointers]);
+}
+/** The body options of the fingerprint, checked (sdk/MIDDLEWARE-KEYS.md):
+ * `fields` and `exclude` are non-empty arrays of RFC 6901 pointers, not
+ * both; `exclude` may not hold `""` (the whole document); either needs
+ * `canonicalJson`. Anything else throws MiddlewareConfigError naming the
+ * option. */
+export function fingerprintOptions(input = {}) {
+    if (input instanceof FingerprintOptions)
+        return input;
+    const canonical = input.canonicalJson ?? true;
+    if (typeof canonical !== 'boolean')
+        throw new MiddlewareConfigError('invalid_canonical_json', 'canonicalJson', 'canonicalJson must be true or false');
+    const { fields, exclude } = input;
+    if (fields !== undefined && fields !== null && exclude !== undefined && exclude !== null) {
+        throw new MiddlewareConfigError('fields_and_exclude', 'exclude', 'fields and exclude cannot both be given (fields keeps, exclude leaves out)');
+    }
+    const f = fields === undefined || fields === null ? null : pointerList('fields', 'invalid_fields', fields);
+    const x = exclude === undefined || exclude === null ? null : pointerList('exclude', 'invalid_exclude', exclude);
+    if (x !== null && x.includes(''))
+        throw new MiddlewareConfigError('invalid_exclude', 'exclude', 'exclude cannot hold "" (the whole document)');
+    if ((f !== null || x !== null) && !canonical) {
+        const option = f !== null ? 'fields' : 'exclude';
+        throw new MiddlewareConfigError('canonical_json_off', option, `${option} needs canonicalJson (the body is read as JSON, then canonicalised)`);
+    }
+    return new FingerprintOptions(canonical, f, x);
+}
+/** True when `v` nests at most `limit` arrays/objects deep. */
+function depthAtMost(v, limit) {
+    const stack = [[v, 0]];
+    while (stack.length > 0) {
+        const [cur, d] = stack.pop();
+        if (cur !== null && typeof cur === 'object') {
+            if (d + 1 > limit)
+                return false;
+            for (const c of Array.isArray(cur) ? cur : Object.values(cur))
+                stack.push([c, d + 1]);
+        }
+    }
+    return true;
+}
+const INDEX = /^(0|[1-9][0-9]*)$/;
+function comparePaths(a, b) {
+    for (let i = 0; i < Math.min(a.length, b.length); i++) {
+        const x = a[i];
+        const y = b[i];
+        if (x === y)
+            continue;
+        if (typeof x === 'number' && typeof y === 'number')
+            return x - y;
+        if (typeof x === 'number')
+            return -1;
+        if (typeof y === 'number')
+            return 1;
+        // UTF-16 code units, as Python compares code points: the order only
+        // has to be total and shared by siblings (one container).
+        return x < y ? -1 : 1;
+    }
+    return a.length - b.length;
+}
+/** `value` without the values at `pointers` (sdk/MIDDLEWARE-KEYS.md): every
+ * pointer is resolved in the document as given (before any removal; one
+ * that does not resolve is ignored), then each value found is removed, an
+ * object member by its name, an array element by its index (later elements
+ * shift down). Removed last-first, deepest first, so the order of the
+ * pointers does not matter. `value` is changed in place and returned. */
+export function excludePointers(value, pointers) {
+    const paths = [];
+    for (const p of pointers) {
+        const tokens = parsePointer(p);
+        if (tokens.length === 0)
+            throw new FingerprintError('invalid_fields', 'exclude cannot hold "" (the whole document)');
+        let cur = value;
+        const path = [];
+        let found = true;
+        for (const t of tokens) {
+            if (Array.isArray(cur)) {
+                if (!INDEX.test(t) || Number(t) >= cur.length) {
+                    found = false;
+                    break;
+                }
+                path.push(Number(t));
+                cur = cur[Number(t)];
+            }
+            else if (cur !== null && typeof cur === 'object' && Object.prototype.hasOwnProperty.call(cur, t)) {
+                path.push(t);
+                cur = cur[t];
+            }
+            else {
+                found = false;
+                break;
+            }
+        }
+        if (found)
+            paths.push(path);
+    }
+    paths.sort((a, b) => comparePaths(b, a)); // descending
+    let last = null;
+    for (const path of paths) {
+        if (last !== null && comparePaths(last, path) === 0)
+            continue;
+        last = path;
+        let parent = value;
+        for (const step of path.slice(0, -1))
+            parent = parent[step];
+        const end = path[path.length - 1];
+        if (Array.isArray(parent))
+            parent.splice(end, 1);
+        else
+            delete parent[end];
+    }
+    return value;
+}
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+/** The body bytes that enter the fingerprint. With canonicalJson, when the
+ * media type is JSON (`isJsonMedia`) and the body is not empty, is strict
+ * UTF-8 (a BOM makes it not JSON), parses as JSON, nests at most
+ * MAX_JSON_DEPTH deep and is accepted whole by the fingerprint helper: its
+ * RFC 8785 text, after `fields` (the selection {pointer: value} of the
+ * fingerprint helper) or `exclude`. Any other body: the raw bytes. */
+export function fingerprintBody(options, contentType, body) {
+    if (!options.canonicalJson || body.length === 0 || !isJsonMedia(contentType))
+        return body;
+    let value;
+    let whole;
+    try {
+        value = JSON.parse(strictUtf8.decode(body));
+        if (!depthAtMost(value, MAX_JSON_DEPTH))
+            return body;
+        whole = canonicalize(value); // the whole body must be JSON the helper accepts
+    }
+    catch {
+        return body; // not JSON after all: the raw bytes count
+    }
+    if (options.fields !== null)
+        return utf8(canonicalize(selectFields(value, options.fields)));
+    if (options.exclude !== null)
+        return utf8(canonicalize(excludePointers(value, options.exclude)));
+    return utf8(whole);
+}
+/** SPEC §8 fingerprint: SHA-256 over the framed method (upper case), the
+ * request target (path with its query, as sent), the content-type ("" when
+ * absent), the body (`fingerprintBody`: by default the RFC 8785 form of a
+ * JSON body), then each configured header as name (lower case) and value,
+ * sorted by name. `options`: `fingerprintOptions(...)` (checked once), the
+ * unchecked `{ canonicalJson, fields, exclude }` (checked on every call), or
+ * a boolean for canonicalJson alone (default true). */
+export function requestFingerprint(method, target, contentType, body, headers = [], options = true) {
+    const opts = fingerprintOptions(typeof options === 'boolean' ? { canonicalJson: options } : options);
+    const b = fingerprintBody(opts, contentType, body);
     const parts = [utf8(method.toUpperCase()), utf8(target), utf8(contentType), b];
     const hs = headers.map(([n, v]) => [n.toLowerCase(), v]).sort((x, y) => (x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : x[1] < y[1] ? -1 : x[1] > y[1] ? 1 : 0));
     for (const [n, v] of hs)
@@ -393,6 +576,8 @@ export function createEngine(options, who = 'idempotency') {
     const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
     const stored = [...new Set([...DEFAULT_STORED_HEADERS, ...(options.storedHeaders ?? []).map((h) => h.toLowerCase())])];
     const fpHeaders = (options.fingerprintHeaders ?? []).map((h) => h.toLowerCase());
+    // Checked here: a bad combination throws MiddlewareConfigError naming the option.
+    const fpOptions = fingerprintOptions({ canonicalJson: options.canonicalJson, fields: options.fields, exclude: options.exclude });
     const maxStoredBody = options.maxStoredBody ?? DEFAULT_MAX_STORED_BODY;
     const maxRequestBody = options.maxRequestBody ?? 1024 * 1024;
     const leaseMs = options.leaseMs ?? 30_000;
@@ -431,7 +616,7 @@ export function createEngine(options, who = 'idempotency') {
     }
     /** The one place the request fingerprint is computed (SPEC §8, MIDDLEWARE-KEYS.md). */
     function fingerprintOf(call, method, body) {
-        return requestFingerprint(method, call.target, call.headerValues('content-type')[0] ?? '', body, fpHeaders.map((h) => [h, call.headerValues(h).join(', ')]), options.canonicalJson ?? false);
+        return requestFingerprint(method, call.target, call.headerValues('content-type')[0] ?? '', body, fpHeaders.map((h) => [h, call.headerValues(h).join(', ')]), fpOptions);
     }
     const refuse = (status, code, detail, key) => {
         count(code);

@@ -103,7 +103,9 @@ export function canonicalize(value: unknown): string {
   return out.join('');
 }
 
-function parsePointer(p: string): string[] {
+/** The reference tokens of an RFC 6901 pointer (`~1` → `/`, `~0` → `~`);
+ * a malformed one throws FingerprintError('invalid_fields'). */
+export function parsePointer(p: string): string[] {
   if (typeof p !== 'string') throw new FingerprintError('invalid_fields', 'a field must be a JSON pointer string');
   if (p === '') return [];
   if (!p.startsWith('/')) throw new FingerprintError('invalid_fields', `JSON pointer ${JSON.stringify(p)} must start with "/"`);

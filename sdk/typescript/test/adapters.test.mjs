@@ -130,6 +130,8 @@ const FRAMEWORKS = {
 };
 
 const AUTHENTICATED = authenticatedPrincipal();
+/** Each adapter's factory, for configuration errors. */
+const FRAMEWORK_FACTORIES = { express: expressIdempotency, fastify: fastifyIdempotency, fetch: (o) => withIdempotency(async () => new Response(''), o) };
 /** The request header `name`, whatever the framework's request. */
 const header = (req, name) => (typeof req.headers.get === 'function' ? req.headers.get(name) : req.headers[name]);
 
@@ -237,6 +239,20 @@ for (const kind of Object.keys(FRAMEWORKS)) {
     const c = await makeApp(kind, { canonicalJson: true });
     await post(c, '/items', '{"a":1,"b":[1,2]}');
     assert.equal((await post(c, '/items', '{ "b": [1, 2.0], "a": 1 }')).headers.get('idempotent-replayed'), 'true');
+  });
+
+  test(`${kind}: fields / exclude / canonicalJson reach the fingerprint`, async () => {
+    const a = await makeApp(kind, { exclude: ['/sent_at'] });
+    await post(a, '/items', { a: 1, sent_at: 't1' });
+    assert.equal((await post(a, '/items', { sent_at: 't2', a: 1 })).headers.get('idempotent-replayed'), 'true'); // canonical by default
+    await problem(await post(a, '/items', { a: 2, sent_at: 't1' }), 422, 'idempotency_key_reused');
+    const f = await makeApp(kind, { fields: ['/a'] });
+    await post(f, '/items', { a: 1, note: 'x' });
+    assert.equal((await post(f, '/items', { a: 1, note: 'y' })).headers.get('idempotent-replayed'), 'true');
+    const raw = await makeApp(kind, { canonicalJson: false });
+    await post(raw, '/items', '{"a":1,"b":2}');
+    await problem(await post(raw, '/items', '{"b":2,"a":1}'), 422, 'idempotency_key_reused');
+    assert.throws(() => FRAMEWORK_FACTORIES[kind]({ client: ledger, principal: fixedPrincipal('a'), fields: ['/a'], exclude: ['/b'] }), /fields|exclude/);
   });
 
   test(`${kind}: same key while running → 409 request_in_progress with Retry-After; wait replays the outcome`, async () => {

@@ -172,12 +172,63 @@ test('row: key reused with another request → 422', async () => {
   assert.equal(a.state.count, 1);
 });
 
-test('canonicalJson makes key order and whitespace irrelevant', async () => {
-  const a = await makeApp({ canonicalJson: true });
+test('canonical JSON (the default) makes key order and whitespace irrelevant', async () => {
+  const a = await makeApp();
   const first = await post(a, '/items', '{"a":1,"b":[1,2]}');
   const again = await post(a, '/items', '{ "b": [1, 2.0], "a": 1 }');
   assert.equal(again.headers.get('idempotent-replayed'), 'true');
   assert.equal(await again.text(), await first.text());
+  assert.equal(a.state.count, 1);
+});
+
+test('canonicalJson: false fingerprints the raw bytes', async () => {
+  const a = await makeApp({ canonicalJson: false });
+  assert.equal((await post(a, '/items', '{"a":1,"b":[1,2]}')).status, 201);
+  await problem(await post(a, '/items', '{ "b": [1, 2], "a": 1 }'), 422, 'idempotency_key_reused');
+  assert.equal(a.state.count, 1);
+});
+
+test('exclude: an excluded field may change, a kept one may not', async () => {
+  const a = await makeApp({ exclude: ['/client_ts'] });
+  const first = await post(a, '/items', '{"a":1,"client_ts":"14:00:00","b":[1,2]}');
+  assert.equal(first.status, 201);
+  const reordered = await post(a, '/items', '{ "b": [1, 2], "client_ts": "14:00:09", "a": 1 }');
+  assert.equal(reordered.headers.get('idempotent-replayed'), 'true');
+  assert.equal(await reordered.text(), await first.text());
+  await problem(await post(a, '/items', '{"a":2,"client_ts":"14:00:00","b":[1,2]}'), 422, 'idempotency_key_reused');
+  assert.equal(a.state.count, 1);
+});
+
+test('fields: only the kept fields count', async () => {
+  const a = await makeApp({ fields: ['/a', '/b'] });
+  const first = await post(a, '/items', '{"a":1,"b":[1,2],"client_ts":"14:00:00"}');
+  assert.equal(first.status, 201);
+  const again = await post(a, '/items', '{"client_ts":"14:00:09","b":[1,2],"a":1}');
+  assert.equal(again.headers.get('idempotent-replayed'), 'true');
+  await problem(await post(a, '/items', '{"a":1,"b":[1,3],"client_ts":"14:00:00"}'), 422, 'idempotency_key_reused');
+  assert.equal(a.state.count, 1);
+});
+
+test('fingerprint options are checked when the middleware is made', () => {
+  const base = { client: new Client({ url: server.url }), principal: fixedPrincipal('acct-1') };
+  const refused = [
+    [{ fields: [] }, 'fields', 'invalid_fields'],
+    [{ fields: ['a'] }, 'fields', 'invalid_fields'],
+    [{ exclude: [''] }, 'exclude', 'invalid_exclude'],
+    [{ exclude: ['/a~2'] }, 'exclude', 'invalid_exclude'],
+    [{ fields: ['/a'], exclude: ['/b'] }, 'exclude', 'fields_and_exclude'],
+    [{ canonicalJson: false, exclude: ['/a'] }, 'exclude', 'canonical_json_off'],
+    [{ canonicalJson: false, fields: ['/a'] }, 'fields', 'canonical_json_off'],
+    [{ canonicalJson: 'no' }, 'canonicalJson', 'invalid_canonical_json'],
+  ];
+  for (const [opts, option, code] of refused) {
+    assert.throws(
+      () => idempotency({ ...base, ...opts }),
+      (e) => e instanceof mw.MiddlewareConfigError && e instanceof TypeError && e.option === option && e.code === code && e.message.includes(option),
+      JSON.stringify(opts),
+    );
+  }
+  assert.equal(typeof idempotency({ ...base, exclude: ['/ts'] }), 'function');
 });
 
 /** A stand-in for Passport: req.user from the bearer token. Two tokens of

@@ -85,11 +85,42 @@ test('middleware vectors: ledger keys', () => {
   for (const c of mwv.ledger_keys) assert.equal(mw.ledgerKey(c.namespace, c.principal, c.key), c.ledger_key);
 });
 
-test('middleware vectors: request fingerprints', () => {
+test('middleware vectors: request fingerprints (canonical JSON, fields, exclude)', () => {
+  const groups = new Map();
   for (const c of mwv.fingerprints) {
-    const got = mw.requestFingerprint(c.method, c.target, c.content_type, Buffer.from(c.body_b64, 'base64'), c.headers, c.canonical_json);
-    assert.equal(got, c.sha256, JSON.stringify(c));
+    const body = Buffer.from(c.body_b64, 'base64');
+    const opts = mw.fingerprintOptions({ canonicalJson: c.canonical_json, fields: c.fields, exclude: c.exclude });
+    const fpBody = Buffer.from(mw.fingerprintBody(opts, c.content_type, body)).toString('base64');
+    assert.equal(fpBody, c.fingerprinted_body_b64, JSON.stringify(c));
+    assert.equal(mw.requestFingerprint(c.method, c.target, c.content_type, body, c.headers, opts), c.sha256, JSON.stringify(c));
+    // The unchecked form checks and gives the same.
+    const input = { canonicalJson: c.canonical_json, fields: c.fields, exclude: c.exclude };
+    assert.equal(mw.requestFingerprint(c.method, c.target, c.content_type, body, c.headers, input), c.sha256);
+    if (c.same) {
+      if (!groups.has(c.same)) groups.set(c.same, c.sha256);
+      assert.equal(c.sha256, groups.get(c.same), c.same);
+    }
   }
+  assert.ok(groups.size >= 5);
+  assert.ok(mwv.fingerprints.some((c) => c.fields) && mwv.fingerprints.some((c) => c.exclude));
+});
+
+test('middleware vectors: refused fingerprint options', () => {
+  assert.ok(mwv.fingerprint_options_refused.length > 0);
+  for (const c of mwv.fingerprint_options_refused) {
+    assert.throws(
+      () => mw.fingerprintOptions({ canonicalJson: c.canonical_json, fields: c.fields, exclude: c.exclude }),
+      (e) => e instanceof mw.MiddlewareConfigError && e.code === c.error,
+      JSON.stringify(c),
+    );
+  }
+});
+
+test('canonical JSON is the default of the fingerprint', () => {
+  const a = mw.requestFingerprint('POST', '/p', 'application/json', Buffer.from('{"b":1,"a":2}'));
+  const b = mw.requestFingerprint('POST', '/p', 'application/json', Buffer.from('{ "a": 2, "b": 1 }'));
+  assert.equal(a, b);
+  assert.notEqual(mw.requestFingerprint('POST', '/p', 'application/json', Buffer.from('{"b":1,"a":2}'), [], false), a);
 });
 
 test('middleware vectors: Idempotency-Key header', () => {

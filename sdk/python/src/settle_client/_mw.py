@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._jcs import FingerprintError, canonicalize
+from ._jcs import FingerprintError, _is_index, _parse_pointer, canonicalize, select_fields
 from .errors import DeadlineExceeded, RecordRefused, StaleBinding, TransportError, Unavailable
 
 __all__ = [
@@ -27,6 +27,13 @@ __all__ = [
     "frame",
     "ledger_key",
     "request_fingerprint",
+    "ConfigError",
+    "FingerprintOptions",
+    "fingerprint_options",
+    "fingerprint_body",
+    "exclude_pointers",
+    "is_json_media",
+    "MAX_JSON_DEPTH",
     "binding_principal",
     "worker_label",
     "StoredResponse",
@@ -197,9 +204,166 @@ def ledger_key(namespace: str, principal: str, key: str) -> str:
     return "mw-" + digest
 
 
-def _is_json_media(content_type: str) -> bool:
-    media = content_type.split(";", 1)[0].strip().lower()
+def is_json_media(content_type: str) -> bool:
+    """``application/json`` or any ``*+json`` media type (parameters and
+    case ignored): the bodies the fingerprint reads as JSON."""
+    media = content_type.split(";", 1)[0].strip(" \t").lower()
     return media == "application/json" or media.endswith("+json")
+
+
+_is_json_media = is_json_media  # the name before the fingerprint options
+
+# A JSON body nested deeper than this (arrays and objects) is fingerprinted
+# as raw bytes, in every SDK (the Rust parser's own limit is 127).
+MAX_JSON_DEPTH = 100
+
+
+class ConfigError(ValueError):
+    """A middleware option is refused at construction. ``option`` names it
+    (``canonical_json``, ``fields`` or ``exclude``); ``code`` is the shared
+    vectors' ``error``: ``invalid_fields``, ``invalid_exclude``,
+    ``fields_and_exclude`` or ``canonical_json_off`` (and
+    ``invalid_canonical_json`` for a value that is not a bool)."""
+
+    def __init__(self, code: str, option: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.option = option
+
+
+@dataclass(frozen=True)
+class FingerprintOptions:
+    """How a request body enters the fingerprint (checked by
+    ``fingerprint_options``): ``canonical_json`` (RFC 8785 form of JSON
+    bodies), and at most one of ``fields`` (keep only these JSON pointers)
+    and ``exclude`` (leave these out)."""
+
+    canonical_json: bool = True
+    fields: tuple[str, ...] | None = None
+    exclude: tuple[str, ...] | None = None
+
+
+def _pointer_list(option: str, code: str, pointers: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(pointers, (str, bytes)) or not isinstance(pointers, (list, tuple)):
+        raise ConfigError(code, option, f"{option} must be a list of JSON pointers (RFC 6901), not {type(pointers).__name__}")
+    if not pointers:
+        raise ConfigError(code, option, f"{option} must name at least one JSON pointer")
+    for p in pointers:
+        try:
+            _parse_pointer(p)
+        except FingerprintError as e:
+            raise ConfigError(code, option, f"{option}: {e}") from None
+    return tuple(pointers)
+
+
+def fingerprint_options(
+    canonical_json: bool = True,
+    fields: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
+) -> FingerprintOptions:
+    """The body options of the fingerprint, checked (sdk/MIDDLEWARE-KEYS.md):
+    ``fields`` and ``exclude`` are non-empty lists of RFC 6901 pointers, not
+    both; ``exclude`` may not hold ``""`` (the whole document); either needs
+    ``canonical_json``. Anything else raises ``ConfigError`` naming the
+    option."""
+    if not isinstance(canonical_json, bool):
+        raise ConfigError("invalid_canonical_json", "canonical_json", "canonical_json must be True or False")
+    if fields is not None and exclude is not None:
+        raise ConfigError("fields_and_exclude", "exclude", "fields and exclude cannot both be given (fields keeps, exclude leaves out)")
+    f = None if fields is None else _pointer_list("fields", "invalid_fields", fields)
+    x = None if exclude is None else _pointer_list("exclude", "invalid_exclude", exclude)
+    if x is not None and "" in x:
+        raise ConfigError("invalid_exclude", "exclude", 'exclude cannot hold "" (the whole document)')
+    if (f is not None or x is not None) and not canonical_json:
+        option = "fields" if f is not None else "exclude"
+        raise ConfigError("canonical_json_off", option, f"{option} needs canonical_json (the body is read as JSON, then canonicalised)")
+    return FingerprintOptions(canonical_json, f, x)
+
+
+def _depth(v: Any, limit: int) -> bool:
+    """True when ``v`` nests at most ``limit`` arrays/objects deep."""
+    stack: list[tuple[Any, int]] = [(v, 0)]
+    while stack:
+        cur, d = stack.pop()
+        if isinstance(cur, (dict, list)):
+            if d + 1 > limit:
+                return False
+            items = cur.values() if isinstance(cur, dict) else cur
+            stack.extend((c, d + 1) for c in items)
+    return True
+
+
+def _path_key(path: list[str | int]) -> list[tuple[int, int | str]]:
+    return [(0, t) if isinstance(t, int) else (1, t) for t in path]
+
+
+def exclude_pointers(value: Any, pointers: Iterable[str]) -> Any:
+    """``value`` without the values at ``pointers`` (sdk/MIDDLEWARE-KEYS.md):
+    every pointer is resolved in the document as given (before any
+    removal; one that does not resolve is ignored), then each value found
+    is removed, an object member by its name, an array element by its index
+    (later elements shift down). Removed last-first, deepest first, so the
+    order of the pointers does not matter. ``value`` is changed in place
+    and returned; ``""`` is not accepted (checked by ``fingerprint_options``)."""
+    paths: list[list[str | int]] = []
+    for p in pointers:
+        tokens = _parse_pointer(p)
+        if not tokens:
+            raise FingerprintError("invalid_fields", 'exclude cannot hold "" (the whole document)')
+        cur = value
+        path: list[str | int] = []
+        for t in tokens:
+            if isinstance(cur, dict):
+                if t not in cur:
+                    break
+                path.append(t)
+                cur = cur[t]
+            elif isinstance(cur, list):
+                if not _is_index(t) or int(t) >= len(cur):
+                    break
+                path.append(int(t))
+                cur = cur[int(t)]
+            else:
+                break
+        else:
+            paths.append(path)
+    # Descending: a later array index before an earlier one, a descendant
+    # before its ancestor; equal paths are one.
+    paths.sort(key=_path_key, reverse=True)
+    done: list[list[str | int]] = []
+    for path in paths:
+        if done and done[-1] == path:
+            continue
+        done.append(path)
+        parent = value
+        for step in path[:-1]:
+            parent = parent[step]
+        del parent[path[-1]]
+    return value
+
+
+def fingerprint_body(options: FingerprintOptions, content_type: str, body: bytes) -> bytes:
+    """The body bytes that enter the fingerprint. With ``canonical_json``,
+    when the media type is JSON (``is_json_media``) and the body is not
+    empty, is strict UTF-8 (a BOM makes it not JSON), parses as JSON, nests
+    at most ``MAX_JSON_DEPTH`` deep and is accepted whole by the fingerprint
+    helper: its RFC 8785 text, after ``fields`` (the selection
+    ``{pointer: value}`` of the fingerprint helper) or ``exclude``. Any
+    other body: the raw bytes."""
+    if not options.canonical_json or not body or not is_json_media(content_type):
+        return body
+    try:
+        value = json.loads(body.decode("utf-8"))
+        if not _depth(value, MAX_JSON_DEPTH):
+            return body
+        whole = canonicalize(value)  # the whole body must be JSON the helper accepts
+        if options.fields is not None:
+            return canonicalize(select_fields(value, options.fields)).encode("utf-8")
+        if options.exclude is not None:
+            return canonicalize(exclude_pointers(value, options.exclude)).encode("utf-8")
+        return whole.encode("utf-8")
+    except (ValueError, UnicodeDecodeError, FingerprintError, RecursionError):
+        return body  # not JSON after all: the raw bytes count
 
 
 def request_fingerprint(
@@ -208,18 +372,21 @@ def request_fingerprint(
     content_type: str,
     body: bytes,
     headers: Iterable[tuple[str, str]] = (),
-    canonical_json: bool = False,
+    canonical_json: bool = True,
+    fields: Sequence[str] | None = None,
+    exclude: Sequence[str] | None = None,
+    *,
+    options: FingerprintOptions | None = None,
 ) -> str:
     """SPEC §8 fingerprint: SHA-256 over the framed method (upper case), the
     request target (path with its query, as sent), the content-type (as
-    sent, "" when absent), the body bytes, then each configured header as
-    name (lower case) and value, sorted by name. With ``canonical_json`` a
-    body of a JSON media type that parses is replaced by its RFC 8785 form."""
-    if canonical_json and body and _is_json_media(content_type):
-        try:
-            body = canonicalize(json.loads(body.decode("utf-8"))).encode("utf-8")
-        except (ValueError, UnicodeDecodeError, FingerprintError, RecursionError):
-            pass  # not JSON after all: the raw bytes count
+    sent, "" when absent), the body (``fingerprint_body``: by default the
+    RFC 8785 form of a JSON body), then each configured header as name
+    (lower case) and value, sorted by name. ``options`` (from
+    ``fingerprint_options``, checked once) wins over ``canonical_json``,
+    ``fields`` and ``exclude`` (checked on every call)."""
+    opts = options if options is not None else fingerprint_options(canonical_json, fields, exclude)
+    body = fingerprint_body(opts, content_type, body)
     parts = [method.upper().encode(), target.encode(), content_type.encode(), body]
     for name, value in sorted((n.lower(), v) for n, v in headers):
         parts += [name.encode(), value.encode()]

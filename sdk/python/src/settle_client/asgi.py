@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, Union
 
 from . import _mw
+from ._mw import ConfigError
 from .client import AsyncClient
 from .errors import (
     BindingMismatch,
@@ -48,6 +49,7 @@ from .worker import _aheartbeat, _aretry, _Deadline, _in_flight_wait_s
 
 __all__ = [
     "IdempotencyMiddleware",
+    "ConfigError",
     "RoutePolicy",
     "ReconcileRequest",
     "Committed",
@@ -269,7 +271,9 @@ class IdempotencyMiddleware:
         principal: PrincipalExtractor | None = None,
         stored_headers: tuple[str, ...] = (),
         fingerprint_headers: tuple[str, ...] = (),
-        canonical_json: bool = False,
+        canonical_json: bool = True,
+        fields: Sequence[str] | None = None,
+        exclude: Sequence[str] | None = None,
         max_stored_body: int = _mw.DEFAULT_MAX_STORED_BODY,
         max_request_body: int = 1024 * 1024,
         lease_ms: int = 30000,
@@ -294,6 +298,8 @@ class IdempotencyMiddleware:
         self.principal = principal
         self.stored_headers = tuple(dict.fromkeys(list(_mw.DEFAULT_STORED_HEADERS) + [h.lower() for h in stored_headers]))
         self.fingerprint_headers = tuple(h.lower() for h in fingerprint_headers)
+        # Checked here: a bad combination raises _mw.ConfigError (a ValueError) naming the option.
+        self.fingerprint_options = _mw.fingerprint_options(canonical_json, fields, exclude)
         self.canonical_json = canonical_json
         self.max_stored_body = max_stored_body
         self.max_request_body = max_request_body
@@ -378,7 +384,7 @@ class IdempotencyMiddleware:
         content_type = ct[0] if ct else ""
         fp_headers = [(h, ", ".join(_header_values(scope, h.encode("latin-1")))) for h in self.fingerprint_headers]
         fp = _mw.request_fingerprint(
-            str(scope["method"]), _target(scope), content_type, body, fp_headers, self.canonical_json
+            str(scope["method"]), _target(scope), content_type, body, fp_headers, options=self.fingerprint_options
         )
         principal, generation = who
         lkey = _mw.ledger_key(self.namespace, principal, key)

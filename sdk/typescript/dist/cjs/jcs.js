@@ -2,6 +2,7 @@
 Object.defineProperty(exports, "__esModule", { value: true });
 exports.FingerprintError = void 0;
 exports.canonicalize = canonicalize;
+exports.parsePointer = parsePointer;
 exports.selectFields = selectFields;
 exports.sha256Hex = sha256Hex;
 exports.fingerprint = fingerprint;
@@ -110,6 +111,8 @@ function canonicalize(value) {
     write(value, out, 0);
     return out.join('');
 }
+/** The reference tokens of an RFC 6901 pointer (`~1` → `/`, `~0` → `~`);
+ * a malformed one throws FingerprintError('invalid_fields'). */
 function parsePointer(p) {
     if (typeof p !== 'string')
         throw new FingerprintError('invalid_fields', 'a field must be a JSON pointer string');
