@@ -2,8 +2,8 @@
 # The SDK checks, against a real settle binary:
 #   Python:     a venv (sdk/python/.venv, git-ignored), pip install './sdk/python[test]',
 #               mypy --strict with the Python 3.10 floor, pytest;
-#   TypeScript: npm ci, tsc --noEmit (strict), the committed dist/ equals a fresh
-#               build, node --test.
+#   TypeScript: npm ci, tsc --noEmit (strict), the committed dist/ (ESM and
+#               dist/cjs/) equals a fresh build (scripts/build.mjs), node --test.
 # SETTLE_BIN names the server binary (default target/release/settle of the
 # repository; built with cargo when missing). SDK_VENV overrides the venv path.
 set -euo pipefail
@@ -32,7 +32,7 @@ npm ci --no-audit --no-fund --loglevel=error
 npx tsc -p tsconfig.json --noEmit
 FRESH=$(mktemp -d)
 trap 'rm -rf "$FRESH"' EXIT
-npx tsc -p tsconfig.json --outDir "$FRESH"
+node scripts/build.mjs "$FRESH"          # ES modules in dist/, CommonJS in dist/cjs/
 if ! diff -r "$FRESH" dist >/dev/null; then
   diff -r "$FRESH" dist | head -40
   echo "sdk/typescript/dist is stale: run 'npm run build' in sdk/typescript and commit dist/" >&2

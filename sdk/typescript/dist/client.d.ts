@@ -28,7 +28,8 @@ export declare class Client {
     private readonly extraHeaders;
     constructor(options: ClientOptions);
     private send;
-    claim(key: string, fingerprint: string, binding: Binding, options?: ClaimOptions): Promise<ClaimDecision>;
+    /** `R`: the type of a replay's stored result (not checked: the ledger holds JSON). */
+    claim<R = unknown>(key: string, fingerprint: string, binding: Binding, options?: ClaimOptions): Promise<ClaimDecision<R>>;
     heartbeat(key: string, fence: number, leaseMs?: number): Promise<LeaseInfo>;
     dispatch(key: string, fence: number): Promise<Dispatched>;
     settle(key: string, fence: number, fingerprint: string, binding: Binding, outcome: Outcome): Promise<Receipt>;
@@ -38,7 +39,8 @@ export declare class Client {
         binding?: Binding;
         outcome?: Outcome;
     }): Promise<ReconcileAnswer>;
-    get(key: string): Promise<OperationRecord>;
+    /** `R`: the type of the stored result (not checked: the ledger holds JSON). */
+    get<R = unknown>(key: string): Promise<OperationRecord<R>>;
     /** SPEC §9: one page of the tenant's records, filtered; pass `next` as
      * `after` (with the same filters) for the next page, until it is null. */
     list(params?: ListParams): Promise<OperationPage>;
@@ -62,6 +64,6 @@ export declare class Client {
     metrics(): Promise<string>;
     openapi(): Promise<Record<string, unknown>>;
     /** SPEC §11: run `effect` at most once for `key` (see runOnce). */
-    runOnce<R = unknown>(key: string, request: unknown, effect: Effect<R>, options: RunOptions): Promise<RunResult<R>>;
+    runOnce<R = unknown>(key: string, request: unknown, effect: Effect<R>, options: RunOptions<R>): Promise<RunResult<R>>;
 }
 export { seg as encodeSegment };

@@ -62,7 +62,7 @@ export class Client {
     async send(method, path, body, raw = false) {
         const headers = {
             accept: 'application/json',
-            'user-agent': 'settle-client-typescript/0.1',
+            'user-agent': 'settle-client-typescript/0.2',
             ...this.extraHeaders,
         };
         if (body !== undefined)
@@ -95,6 +95,7 @@ export class Client {
         const ra = resp.headers.get('retry-after');
         throw problemError(resp.status, parsed, ra !== null && !Number.isNaN(Number(ra)) ? Number(ra) : null);
     }
+    /** `R`: the type of a replay's stored result (not checked: the ledger holds JSON). */
     async claim(key, fingerprint, binding, options = {}) {
         const body = { fingerprint, binding: bindingToWire(binding) };
         if (options.leaseMs !== undefined)
@@ -149,6 +150,7 @@ export class Client {
             return claimFromWire(d);
         return { fence: d.fence, released: d.released };
     }
+    /** `R`: the type of the stored result (not checked: the ledger holds JSON). */
     async get(key) {
         return recordFromWire(await this.send('GET', `/v1/operations/${seg(key)}`));
     }

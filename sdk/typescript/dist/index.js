@@ -6,4 +6,5 @@ export { runOnce, makeIdempotent, encodeResult, } from './worker.js';
 export { Reconciler } from './reconciler.js';
 export { canonicalize, fingerprint, selectFields, sha256Hex, FingerprintError } from './jcs.js';
 export { idempotency, markRetryable, fixedPrincipal, authenticatedPrincipal, } from './express.js';
+export { withIdempotency } from './fetch.js';
 export * as middlewareCore from './mwcore.js';

@@ -1,10 +1,7 @@
-// The framework-independent half of the SPEC §8 middleware: header parsing,
-// the ledger key, the request fingerprint, the stored-response format and
-// the problem answers. The byte layouts are in sdk/MIDDLEWARE-KEYS.md; the
-// Python middleware (settle_client/_mw.py) implements the same ones and both
-// are tested against sdk/middleware-vectors.json.
 import { DeadlineExceeded, ProblemError, RecordRefused, StaleBinding, TransportError, Unavailable } from './errors.js';
+import { BindingMismatch, FingerprintMismatch, InvalidRequest, ReceiptRequired } from './errors.js';
 import { FingerprintError, canonicalize, parsePointer, selectFields, sha256Hex } from './jcs.js';
+import { Deadline, retrying, startHeartbeat } from './worker.js';
 export const NOT_COMMITTED_STATUSES = new Set([408, 409, 425, 429]);
 export const DEFAULT_STORED_HEADERS = ['content-type', 'location'];
 export const DEFAULT_MAX_STORED_BODY = 32 * 1024;
@@ -476,4 +473,443 @@ export function classifyLedgerError(err, unavailableRetryAfterS) {
     if (err instanceof RecordRefused)
         return unavailable(false, configured, false);
     return unavailable(false, configured, true);
+}
+const RETRYABLE = Symbol.for('settle.idempotency.retryable');
+/** Mark a response as saying nothing happened: not stored, the lease is
+ * released with not_committed, and a retry runs the handler again. Takes
+ * what the framework answers with (Express/node:http `res`, Fastify
+ * `reply`, a Fetch `Response`) and returns it. */
+export function markRetryable(res) {
+    res[RETRYABLE] = true;
+    return res;
+}
+/** Whether `markRetryable` marked one of these objects. */
+export function isMarkedRetryable(...objects) {
+    return objects.some((o) => typeof o === 'object' && o !== null && o[RETRYABLE] === true);
+}
+function checkGeneration(g) {
+    if (typeof g !== 'number' || !Number.isSafeInteger(g) || g < 0) {
+        throw new RangeError(`a principal's generation must be an integer in [0, 2^53 - 1], got ${String(g)}`);
+    }
+    return g;
+}
+/** The principal and generation an extractor found, or null (no identity). */
+export function principalParts(found) {
+    if (found === null || found === undefined)
+        return null;
+    if (typeof found === 'string')
+        return { principal: found, generation: 0 };
+    if (typeof found === 'object' && typeof found.principal === 'string') {
+        return { principal: found.principal, generation: found.generation === undefined ? 0 : checkGeneration(found.generation) };
+    }
+    throw new TypeError(`the principal extractor must return a string, { principal, generation? }, null or undefined, not ${String(found)}`);
+}
+/** The `principal` of an application with one caller: every request is
+ * `name` (at `generation`; move it forward after revoking `name`). */
+export function fixedPrincipal(name, generation = 0) {
+    if (typeof name !== 'string')
+        throw new TypeError('fixedPrincipal(name): the name must be a string');
+    const found = { principal: name, generation: checkGeneration(generation) };
+    return () => found;
+}
+/** The `principal` from the authenticated identity that an earlier
+ * middleware or hook put in `req.user` (Passport/Express, @fastify/jwt,
+ * @fastify/passport): no `req.user` → null (401
+ * `idempotency_principal_missing`). The principal is `pick(user)` when given
+ * (a string, `{ principal, generation? }` or null), else
+ * `String(user.id ?? user.username)` (null when it has neither). It must
+ * name the account, never a token. */
+export function authenticatedPrincipal(pick) {
+    if (pick !== undefined && typeof pick !== 'function')
+        throw new TypeError('authenticatedPrincipal(pick?): pick must be a function of req.user');
+    return (req) => {
+        const user = req.user;
+        if (user === null || user === undefined)
+            return null;
+        if (pick)
+            return pick(user);
+        if (typeof user !== 'object')
+            return null;
+        const u = user;
+        const id = u.id ?? u.username;
+        return id === null || id === undefined ? null : String(id);
+    };
+}
+/** Every field line of the header `name` (lower case) of a Node request, in order. */
+export function rawHeaderValues(req, name) {
+    const out = [];
+    const raw = req.rawHeaders;
+    for (let i = 0; i + 1 < raw.length; i += 2)
+        if (raw[i].toLowerCase() === name)
+            out.push(raw[i + 1]);
+    return out;
+}
+/** The path (without the query) and the request target of a raw URL as
+ * sent: "/p?" and "/p" are one target, as in ASGI. */
+export function pathAndTarget(url) {
+    const q = url.indexOf('?');
+    return { path: q === -1 ? url : url.slice(0, q), target: url.endsWith('?') ? url.slice(0, -1) : url };
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const defaultLogger = { info: () => { }, warn: (m) => console.warn(m), error: (m, e) => console.error(m, e ?? '') };
+/** An answer with a body: content-length set, the given headers (lower case). */
+export function answer(status, headers, body) {
+    return { status, headers: [...headers, ['content-length', String(body.length)]], body };
+}
+/** A problem+json answer. */
+export function problemResponse(status, code, detail, extra = []) {
+    return answer(status, [['content-type', 'application/problem+json'], ...extra], problemBody(status, code, detail));
+}
+/** The SPEC §8 engine for one adapter (`who` names its factory in errors). */
+export function createEngine(options, who = 'idempotency') {
+    const client = options?.client;
+    if (!client)
+        throw new TypeError(`${who}({ client }) needs a settle Client`);
+    const extractPrincipal = options.principal;
+    if (typeof extractPrincipal !== 'function') {
+        throw new TypeError(`${who}({ principal }) is required: a function of the request that names the caller's account ` +
+            '(never a token or a header value), e.g. principal: fixedPrincipal("acct-1") for an application with one caller, ' +
+            'or principal: authenticatedPrincipal() for req.user');
+    }
+    const unavailableRetryAfterS = options.unavailableRetryAfterS ?? 1;
+    const namespace = options.namespace ?? 'default';
+    const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
+    const stored = [...new Set([...DEFAULT_STORED_HEADERS, ...(options.storedHeaders ?? []).map((h) => h.toLowerCase())])];
+    const fpHeaders = (options.fingerprintHeaders ?? []).map((h) => h.toLowerCase());
+    // Checked here: a bad combination throws MiddlewareConfigError naming the option.
+    const fpOptions = fingerprintOptions({ canonicalJson: options.canonicalJson, fields: options.fields, exclude: options.exclude });
+    const maxStoredBody = options.maxStoredBody ?? DEFAULT_MAX_STORED_BODY;
+    const maxRequestBody = options.maxRequestBody ?? 1024 * 1024;
+    const leaseMs = options.leaseMs ?? 30_000;
+    const log = options.logger ?? defaultLogger;
+    const onError = options.onError ?? ((err) => console.error('idempotency: handler failed', err));
+    const checkWait = (w) => {
+        if (w === undefined)
+            return 0;
+        if (typeof w !== 'number' || !Number.isFinite(w) || w < 0)
+            throw new RangeError(`the wait option is seconds >= 0, got ${String(w)}`);
+        return w;
+    };
+    const defaultPolicy = {
+        required: true,
+        failOpen: options.failOpen ?? false,
+        timeoutMs: options.timeoutMs ?? null,
+        wait: checkWait(options.wait),
+    };
+    const stats = {};
+    const count = (k) => {
+        stats[k] = (stats[k] ?? 0) + 1;
+    };
+    function policyOf(method, path) {
+        if (options.routes) {
+            const p = options.routes(method, path);
+            if (!p)
+                return null;
+            return {
+                required: p.required ?? true,
+                failOpen: p.failOpen ?? false,
+                timeoutMs: p.timeoutMs ?? defaultPolicy.timeoutMs ?? null,
+                wait: p.wait === undefined ? (defaultPolicy.wait ?? 0) : checkWait(p.wait),
+            };
+        }
+        return methods.has(method.toUpperCase()) ? defaultPolicy : null;
+    }
+    /** The one place the request fingerprint is computed (SPEC §8, MIDDLEWARE-KEYS.md). */
+    function fingerprintOf(call, method, body) {
+        return requestFingerprint(method, call.target, call.headerValues('content-type')[0] ?? '', body, fpHeaders.map((h) => [h, call.headerValues(h).join(', ')]), fpOptions);
+    }
+    const refuse = (status, code, detail, key) => {
+        count(code);
+        log.info(`idempotency: ${code} for key ${key}`);
+        return { kind: 'answer', response: problemResponse(status, code, detail) };
+    };
+    function replay(key, result) {
+        const s = decodeResponse(result);
+        if (!s || s.body === null) {
+            return refuse(409, 'response_not_stored', 'this request completed but its response was too large to store; it will not run again', key);
+        }
+        count('replayed');
+        log.info(`idempotency: replay of key ${key}`);
+        return { kind: 'answer', response: answer(s.status, [...s.headers, ['idempotent-replayed', 'true']], s.body) };
+    }
+    /** A claim or dispatch that failed (SPEC §8): only a ledger that gave no
+     * answer or a 503 `unavailable` lets a failOpen route run the handler; a
+     * refusal never does. */
+    function ledgerFailed(policy, key, err, call) {
+        const f = classifyLedgerError(err, unavailableRetryAfterS);
+        if (policy.failOpen && f.failOpen) {
+            count('fail_open');
+            log.warn(`idempotency: ledger unreachable (${String(err)}); key ${key} runs WITHOUT idempotency (failOpen)`);
+            return { kind: 'unwrapped' };
+        }
+        count(f.code);
+        if (f.unexpected)
+            log.error(`idempotency: unexpected answer of the ledger to the ${call} of key ${key}`, err);
+        else
+            log.warn(`idempotency: the ${call} of key ${key} failed (${f.code}): ${String(err)}`);
+        return { kind: 'answer', response: problemResponse(f.status, f.code, f.detail, f.retryAfter === null ? [] : [['retry-after', String(f.retryAfter)]]) };
+    }
+    async function begin(call) {
+        const method = call.method.toUpperCase();
+        const policy = policyOf(method, call.path);
+        if (!policy)
+            return { kind: 'unwrapped' };
+        let key;
+        try {
+            key = parseIdempotencyKey(call.headerValues('idempotency-key'));
+        }
+        catch (e) {
+            const k = e;
+            return refuse(400, k.code, k.message, null);
+        }
+        if (key === null) {
+            if (!policy.required)
+                return { kind: 'unwrapped' };
+            return refuse(400, 'idempotency_key_missing', 'this route requires an Idempotency-Key header', null);
+        }
+        const who = principalParts(await extractPrincipal(call.req));
+        if (who === null)
+            return refuse(401, 'idempotency_principal_missing', PRINCIPAL_MISSING_DETAIL, key);
+        const read = await call.body(maxRequestBody);
+        if (read === 'too_large')
+            return refuse(413, 'payload_too_large', 'the request body is over the idempotency limit', key);
+        const body = Buffer.from(read.buffer, read.byteOffset, read.byteLength);
+        const fp = fingerprintOf(call, method, body);
+        const { principal, generation } = who;
+        const lkey = ledgerKey(namespace, principal, key);
+        const binding = { principal: bindingPrincipal(principal), scopes: [], generation };
+        let dec;
+        // A duplicate of a request still running waits up to policy.wait
+        // seconds for its outcome, claiming again after the ledger's hint.
+        const waiting = new Deadline((policy.wait ?? 0) * 1000);
+        for (;;) {
+            try {
+                dec = await client.claim(lkey, fp, binding, {
+                    leaseMs,
+                    worker: workerLabel(key, principal),
+                    marksDispatch: true,
+                    ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
+                });
+            }
+            catch (e) {
+                if (e instanceof FingerprintMismatch || e instanceof BindingMismatch) {
+                    return refuse(422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
+                }
+                return ledgerFailed(policy, key, e, 'claim');
+            }
+            if (dec.decision !== 'in_flight' || waiting.left() <= 0)
+                break;
+            await sleep(Math.min(dec.retryAfterMs, waiting.left()));
+        }
+        if (dec.decision === 'replay')
+            return replay(key, dec.outcome.result);
+        if (dec.decision === 'in_flight') {
+            count('request_in_progress');
+            log.info(`idempotency: key ${key} in progress`);
+            return {
+                kind: 'answer',
+                response: problemResponse(409, 'request_in_progress', 'a request with this Idempotency-Key is still being processed', [
+                    ['retry-after', inProgressRetryAfter(dec)],
+                ]),
+            };
+        }
+        let grant = dec;
+        if (grant.decision === 'reconcile') {
+            const g = await reconcile(call.req, lkey, grant, key, fp, binding, { idempotencyKey: key, principal, body });
+            if (g === null)
+                return refuse(409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
+            if ('kind' in g)
+                return g;
+            grant = g;
+        }
+        // A dispatch whose answer was lost is retried under the same fence (the
+        // ledger answers a repeated dispatch alike), for half the lease: the
+        // rest is left for handing the lease back.
+        const fence = grant.fence;
+        const lease = new Deadline(leaseMs);
+        try {
+            await retrying(() => client.dispatch(lkey, fence), new Deadline(leaseMs / 2), 'dispatch');
+        }
+        catch (e) {
+            await releaseUndispatched(lkey, fence, key, lease);
+            return ledgerFailed(policy, key, e, 'dispatch');
+        }
+        count('executed');
+        return { kind: 'run', run: execution(call.req, policy, key, lkey, fp, binding, fence) };
+    }
+    /** Hands back a lease whose handler never ran, after a dispatch that
+     * failed: `not_dispatched`, or, when the ledger had recorded the dispatch
+     * after all (its answer was lost: `receipt_required`), `not_committed`
+     * (true: the handler did not run). */
+    async function releaseUndispatched(lkey, fence, key, lease) {
+        try {
+            await retrying(() => client.release(lkey, fence, 'not_dispatched'), lease, 'release');
+            return;
+        }
+        catch (e) {
+            if (!(e instanceof ReceiptRequired)) {
+                // The lease lapses; with no dispatch recorded nothing is flagged.
+                log.warn(`idempotency: release(not_dispatched) of key ${key} failed: ${String(e)}`);
+                return;
+            }
+        }
+        try {
+            await retrying(() => client.release(lkey, fence, 'not_committed'), lease, 'release');
+        }
+        catch (e) {
+            log.error(`idempotency: the dispatch of key ${key} was recorded but the handler did not run, and release(not_committed) failed: ` +
+                'the record becomes unknown when its lease lapses', e);
+        }
+    }
+    /** `Retry-After` of request_in_progress: the time the running lease has
+     * left, in whole seconds, at least 1 and at least the ledger's hint. */
+    function inProgressRetryAfter(d) {
+        return String(inProgressRetryAfterS(d.retryAfterMs, d.leaseExpiresAt));
+    }
+    /** SPEC §8: a retry found the record `unknown` (a reconcile lease).
+     * Returns the execute grant under the same fence (not_committed: run the
+     * handler), the replay of the found response (settled), or null (409
+     * `outcome_unknown`: the record stays unknown). */
+    async function reconcile(req, lkey, grant, key, fp, binding, info) {
+        const fence = grant.fence;
+        const lease = new Deadline(leaseMs);
+        let finding = 'unavailable';
+        if (options.reconcile) {
+            const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, new AbortController());
+            try {
+                finding = await options.reconcile(lkey, fence, req, info);
+            }
+            catch (e) {
+                log.error(`idempotency: reconcile hook failed for key ${key}`, e);
+                finding = 'unavailable';
+            }
+            finally {
+                stopHeartbeat();
+            }
+        }
+        let found = null;
+        if (typeof finding === 'object' && finding !== null && finding.finding === 'committed') {
+            try {
+                found = foundResponse(finding.response);
+            }
+            catch (e) {
+                log.error(`idempotency: the reconcile hook of key ${key} found an invalid response; taken as unavailable`, e);
+                finding = 'unavailable';
+            }
+        }
+        else if (finding !== 'not_committed' && finding !== 'unavailable') {
+            log.error(`idempotency: the reconcile hook of key ${key} returned ${JSON.stringify(finding)}; taken as unavailable`);
+            finding = 'unavailable';
+        }
+        try {
+            if (found) {
+                const { result, responseSha256 } = encodeResponse(found.status, found.headers, found.body, stored, maxStoredBody);
+                const status = found.status;
+                await retrying(() => client.reconcile(lkey, fence, 'committed', { fingerprint: fp, binding, outcome: { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 } }), lease, 'reconcile');
+                count('reconciled');
+                log.info(`idempotency: key ${key} reconciled: the hook found its response (${status})`);
+                return replay(key, result);
+            }
+            if (finding === 'not_committed') {
+                const ans = await retrying(() => client.reconcile(lkey, fence, 'not_committed'), lease, 'reconcile');
+                if ('decision' in ans) {
+                    log.info(`idempotency: key ${key} reconciled: not committed, the handler runs (fence ${fence})`);
+                    return ans;
+                }
+                return null;
+            }
+            await retrying(() => client.reconcile(lkey, fence, 'unavailable'), lease, 'reconcile');
+        }
+        catch (e) {
+            // The reconcile lease lapses: the record stays unknown.
+            log.warn(`idempotency: reconcile of key ${key} failed: ${String(e)}`);
+        }
+        return null;
+    }
+    /** The handler's run under the lease: heartbeated until it answers or fails. */
+    function execution(req, policy, key, lkey, fp, binding, fence) {
+        const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, new AbortController());
+        let over = false;
+        const end = (what) => {
+            if (over)
+                throw new Error(`idempotency: ${what} after the run of key ${key} was over`);
+            over = true;
+            stopHeartbeat();
+        };
+        return {
+            key,
+            fence,
+            timeoutMs: policy.timeoutMs ?? null,
+            async respond(status, headers, body, retryable = false) {
+                end('respond');
+                if (NOT_COMMITTED_STATUSES.has(status) || retryable) {
+                    await releaseNotCommitted(lkey, fence, fp, binding, key);
+                    return;
+                }
+                const { result, responseSha256 } = encodeResponse(status, headers, body, stored, maxStoredBody);
+                try {
+                    await retrying(() => client.settle(lkey, fence, fp, binding, { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 }), new Deadline(leaseMs + 1000), 'settle');
+                }
+                catch (e) {
+                    // The response goes out anyway (the effect happened); the record
+                    // becomes unknown when its lease lapses.
+                    log.error(`idempotency: the response of key ${key} could not be settled`, e);
+                }
+            },
+            async fail(err, timeout) {
+                end('fail');
+                await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : 'error');
+                if (!timeout)
+                    onError(err, req);
+                return problemResponse(500, 'outcome_unknown', 'the request failed; its outcome is unknown and must be reconciled');
+            },
+        };
+    }
+    async function releaseNotCommitted(lkey, fence, fp, binding, key) {
+        count('not_committed');
+        try {
+            await retrying(() => client.release(lkey, fence, 'not_committed'), new Deadline(leaseMs), 'release');
+        }
+        catch (e) {
+            if (e instanceof InvalidRequest) {
+                // A server without release(not_committed) (SPEC §4): the safe record is unknown.
+                log.warn(`idempotency: the ledger refused release(not_committed) for key ${key}; settling unknown`);
+                await settleUnknown(lkey, fence, fp, binding, key, 'not_committed unsupported');
+            }
+            else {
+                log.error(`idempotency: release of key ${key} failed`, e);
+            }
+        }
+    }
+    async function settleUnknown(lkey, fence, fp, binding, key, why) {
+        count('outcome_unknown');
+        log.warn(`idempotency: key ${key} failed (${why}); outcome unknown`);
+        try {
+            await retrying(() => client.settle(lkey, fence, fp, binding, { status: 'unknown', error: `handler failed: ${why}` }), new Deadline(leaseMs + 1000), 'settle');
+        }
+        catch (e) {
+            log.error(`idempotency: settle unknown of key ${key} failed`, e); // the lease lapses after dispatch: unknown anyway
+        }
+    }
+    return { stats, maxRequestBody, begin };
+}
+/** A reconcile hook's response as status, headers and body bytes. */
+function foundResponse(r) {
+    if (!r || typeof r !== 'object' || !Number.isInteger(r.status) || r.status < 100 || r.status > 599) {
+        throw new TypeError('a committed finding needs response: { status (100-599), headers?, body? }');
+    }
+    const headers = (Array.isArray(r.headers) ? r.headers : Object.entries(r.headers ?? {})).map(([n, v]) => [String(n).toLowerCase(), String(v)]);
+    let body;
+    if (r.body === undefined || r.body === null)
+        body = Buffer.alloc(0);
+    else if (typeof r.body === 'string')
+        body = Buffer.from(r.body, 'utf8');
+    else if (r.body instanceof Uint8Array)
+        body = Buffer.from(r.body);
+    else {
+        body = Buffer.from(JSON.stringify(r.body), 'utf8');
+        if (!headers.some(([n]) => n === 'content-type'))
+            headers.push(['content-type', 'application/json']);
+    }
+    return { status: r.status, headers, body };
 }

@@ -42,7 +42,8 @@ export interface Replay<R = unknown> {
     outcome: Outcome<R>;
     receipt: Receipt;
 }
-export type ClaimDecision = Grant | InFlight | Replay;
+/** A claim's answer; `R` types a replay's `outcome.result` (its stored JSON form). */
+export type ClaimDecision<R = unknown> = Grant | InFlight | Replay<R>;
 export interface LeaseInfo {
     fence: number;
     leaseExpiresAt: string;
@@ -144,8 +145,8 @@ export interface BatchResult {
     body: unknown;
     error: ProblemError | null;
 }
-/** The record of `get` (SPEC §7): the main fields typed, the whole answer in `raw`. */
-export interface OperationRecord {
+/** The record of `get` (SPEC §7): the main fields typed, the whole answer in `raw`; `R` types `outcome.result`. */
+export interface OperationRecord<R = unknown> {
     key: string;
     status: string;
     rank: number;
@@ -156,7 +157,7 @@ export interface OperationRecord {
         generation: number;
     };
     lease: Record<string, unknown> | null;
-    outcome: Outcome | null;
+    outcome: Outcome<R> | null;
     receipt: Receipt | null;
     reconcileRequired: boolean;
     disputed: boolean;

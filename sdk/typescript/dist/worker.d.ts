@@ -22,14 +22,16 @@ export interface EffectContext {
     readonly dispatched: boolean;
 }
 export type Effect<R = unknown> = (ctx: EffectContext) => Promise<Done<R>> | Done<R>;
-export type Finding = Done | 'not_committed' | 'unavailable';
-export type ReconcileHook = (key: string, fence: number) => Promise<Finding> | Finding;
+/** What a reconcile hook found: the effect applied (`{ result }`, of the effect's type `R`), not applied, or it cannot tell. */
+export type Finding<R = unknown> = Done<R> | 'not_committed' | 'unavailable';
+export type ReconcileHook<R = unknown> = (key: string, fence: number) => Promise<Finding<R>> | Finding<R>;
 /** Turns a value that is not JSON (a BigInt, a Map, a class instance, ...)
  * into JSON. Called for every such value inside the result, with the value;
  * what it returns is stored in its place (its own non-JSON members are
  * passed to it again). */
 export type Serializer = (value: unknown) => Json;
-export interface RunOptions {
+/** The options of runOnce; `R` (the effect's result) types the reconcile hook's finding. */
+export interface RunOptions<R = unknown> {
     principal: string;
     scopes?: readonly string[];
     generation?: number;
@@ -46,11 +48,16 @@ export interface RunOptions {
     /** What to do with a record left `unknown`: a hook that finds out
      * (SPEC §11.4), or 'resend' (SPEC §11.9: run the effect again with the
      * same key; only when the remote itself de-duplicates by that key). */
-    reconcile?: ReconcileHook | 'resend';
+    reconcile?: ReconcileHook<R> | 'resend';
     /** Encodes the values of the effect's result that are not JSON. */
     serializer?: Serializer;
 }
 export interface RunResult<R = unknown> {
+    /** The result, on the first run as on a replay: `outcome.result`, the
+     * stored JSON form of what the effect returned (a Date is its ISO
+     * string; the serializer's output, if one ran). Typed `R`: give the
+     * effect a JSON-shaped result type for the type to hold on a replay. */
+    result: R;
     /** What was settled (or replayed): `outcome.result` is the stored JSON
      * form of the effect's result (the serializer's output, if one ran). */
     outcome: Outcome<R>;
@@ -82,10 +89,10 @@ export declare function startHeartbeat(client: Client, key: string, fence: numbe
 export declare function encodeResult(value: unknown, serializer?: Serializer): Json;
 export declare function doneToOutcome<R>(d: Done<R>, serializer?: Serializer): Outcome<R>;
 /** SPEC §11: run `effect` at most once for `key`. */
-export declare function runOnce<R = unknown>(client: Client, key: string, request: unknown, effect: Effect<R>, options: RunOptions): Promise<RunResult<R>>;
+export declare function runOnce<R = unknown>(client: Client, key: string, request: unknown, effect: Effect<R>, options: RunOptions<R>): Promise<RunResult<R>>;
 /** The options of makeIdempotent: every option runOnce takes, and how to
  * get the key (and the fingerprinted request) from the arguments. */
-export interface IdempotentOptions<A extends unknown[]> {
+export interface IdempotentOptions<A extends unknown[], R = unknown> {
     client: Client;
     /** The operation's key, from the arguments: the same on every retry of the same logical call. */
     key: (...args: A) => string;
@@ -93,7 +100,7 @@ export interface IdempotentOptions<A extends unknown[]> {
     scopes?: readonly string[];
     generation?: number;
     marksDispatch?: boolean;
-    reconcile?: ReconcileHook | 'resend';
+    reconcile?: ReconcileHook<R> | 'resend';
     leaseMs?: number;
     retentionS?: number;
     deadlineMs?: number | null;
@@ -116,5 +123,5 @@ export interface IdempotentFunction<A extends unknown[], R> {
  * go to the remote). The returned function resolves to `fn`'s result, or,
  * when the call was already settled, to the stored result (its JSON form:
  * the serializer's output, if one ran). Failures follow runOnce. */
-export declare function makeIdempotent<A extends unknown[], R>(fn: (...args: [...A, EffectContext]) => R | Promise<R>, options: IdempotentOptions<A>): IdempotentFunction<A, R>;
+export declare function makeIdempotent<A extends unknown[], R>(fn: (...args: [...A, EffectContext]) => R | Promise<R>, options: IdempotentOptions<A, R>): IdempotentFunction<A, R>;
 export { Deadline, SettleError };

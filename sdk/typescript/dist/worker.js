@@ -177,7 +177,8 @@ export async function runOnce(client, key, request, effect, options) {
             ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
         }), dl, 'claim');
         if (dec.decision === 'replay') {
-            return { outcome: dec.outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
+            const outcome = dec.outcome;
+            return { result: outcome.result, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
         }
         if (dec.decision === 'in_flight') {
             const wait = dec.retryAfterMs * (1 + Math.random() * 0.25); // at or above the server's hint
@@ -220,7 +221,7 @@ async function reconcileStep(s, grant, hook) {
                 throw e;
             }
             const r = await retrying(() => client.reconcile(key, grant.fence, 'committed', { fingerprint: fp, binding, outcome }), sdl, 'reconcile');
-            return { outcome, receipt: r, replayed: false, fence: grant.fence, reconciled: true };
+            return { result: outcome.result, outcome, receipt: r, replayed: false, fence: grant.fence, reconciled: true };
         }
         if (finding === 'not_committed') {
             return (await retrying(() => client.reconcile(key, grant.fence, 'not_committed'), sdl, 'reconcile'));
@@ -264,7 +265,7 @@ async function resendStep(s, grant, effect) {
             throw new ReconcileRequired(key, grant.fence, `the resend failed: ${what}`, { cause: e });
         }
         const r = await retrying(() => client.reconcile(key, grant.fence, 'committed', { fingerprint: fp, binding, outcome }), sdl, 'reconcile');
-        return { outcome, receipt: r, replayed: false, fence: grant.fence, reconciled: true };
+        return { result: outcome.result, outcome, receipt: r, replayed: false, fence: grant.fence, reconciled: true };
     }
     finally {
         stop();
@@ -342,7 +343,7 @@ async function executeStep(s, grant, effect) {
             throw new OutcomeUnknown(key, receipt, e);
         }
         const receipt = await retrying(() => client.settle(key, grant.fence, fp, binding, outcome), sdl, 'settle');
-        return { outcome, receipt, replayed: false, fence: grant.fence, reconciled: false };
+        return { result: outcome.result, outcome, receipt, replayed: false, fence: grant.fence, reconciled: false };
     }
     finally {
         stop();

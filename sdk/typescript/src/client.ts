@@ -107,7 +107,7 @@ export class Client {
   private async send(method: string, path: string, body?: unknown, raw = false): Promise<any> {
     const headers: Record<string, string> = {
       accept: 'application/json',
-      'user-agent': 'settle-client-typescript/0.1',
+      'user-agent': 'settle-client-typescript/0.2',
       ...this.extraHeaders,
     };
     if (body !== undefined) headers['content-type'] = 'application/json';
@@ -136,13 +136,14 @@ export class Client {
     throw problemError(resp.status, parsed, ra !== null && !Number.isNaN(Number(ra)) ? Number(ra) : null);
   }
 
-  async claim(key: string, fingerprint: string, binding: Binding, options: ClaimOptions = {}): Promise<ClaimDecision> {
+  /** `R`: the type of a replay's stored result (not checked: the ledger holds JSON). */
+  async claim<R = unknown>(key: string, fingerprint: string, binding: Binding, options: ClaimOptions = {}): Promise<ClaimDecision<R>> {
     const body: W = { fingerprint, binding: bindingToWire(binding) };
     if (options.leaseMs !== undefined) body.lease_ms = options.leaseMs;
     if (options.worker !== undefined) body.worker = options.worker;
     if (options.marksDispatch) body.marks_dispatch = true;
     if (options.retentionS !== undefined) body.retention_s = options.retentionS;
-    return claimFromWire(await this.send('POST', `/v1/operations/${seg(key)}/claim`, body));
+    return claimFromWire(await this.send('POST', `/v1/operations/${seg(key)}/claim`, body)) as ClaimDecision<R>;
   }
 
   async heartbeat(key: string, fence: number, leaseMs?: number): Promise<LeaseInfo> {
@@ -190,8 +191,9 @@ export class Client {
     return { fence: d.fence, released: d.released };
   }
 
-  async get(key: string): Promise<OperationRecord> {
-    return recordFromWire(await this.send('GET', `/v1/operations/${seg(key)}`));
+  /** `R`: the type of the stored result (not checked: the ledger holds JSON). */
+  async get<R = unknown>(key: string): Promise<OperationRecord<R>> {
+    return recordFromWire(await this.send('GET', `/v1/operations/${seg(key)}`)) as OperationRecord<R>;
   }
 
   /** SPEC §9: one page of the tenant's records, filtered; pass `next` as
@@ -256,7 +258,7 @@ export class Client {
   }
 
   /** SPEC §11: run `effect` at most once for `key` (see runOnce). */
-  runOnce<R = unknown>(key: string, request: unknown, effect: Effect<R>, options: RunOptions): Promise<RunResult<R>> {
+  runOnce<R = unknown>(key: string, request: unknown, effect: Effect<R>, options: RunOptions<R>): Promise<RunResult<R>> {
     return runOnce(this, key, request, effect, options);
   }
 }

@@ -1,10 +1,18 @@
 // The framework-independent half of the SPEC §8 middleware: header parsing,
-// the ledger key, the request fingerprint, the stored-response format and
-// the problem answers. The byte layouts are in sdk/MIDDLEWARE-KEYS.md; the
-// Python middleware (settle_client/_mw.py) implements the same ones and both
-// are tested against sdk/middleware-vectors.json.
+// the ledger key, the request fingerprint, the stored-response format, the
+// problem answers, and (at the end) the engine that takes every SPEC §8
+// decision for a request — claim, replay, wait, reconcile, dispatch, settle,
+// release — on which the Express, Fastify and Fetch adapters are built. The
+// byte layouts are in sdk/MIDDLEWARE-KEYS.md; the Python middleware
+// (settle_client/_mw.py) implements the same ones and both are tested
+// against sdk/middleware-vectors.json.
+import type { IncomingMessage } from 'node:http';
+import type { Client } from './client.js';
 import { DeadlineExceeded, ProblemError, RecordRefused, StaleBinding, TransportError, Unavailable } from './errors.js';
+import { BindingMismatch, FingerprintMismatch, InvalidRequest, ReceiptRequired } from './errors.js';
 import { FingerprintError, canonicalize, parsePointer, selectFields, sha256Hex } from './jcs.js';
+import type { Binding, Grant, InFlight } from './types.js';
+import { Deadline, retrying, startHeartbeat } from './worker.js';
 
 export const NOT_COMMITTED_STATUSES: ReadonlySet<number> = new Set([408, 409, 425, 429]);
 export const DEFAULT_STORED_HEADERS: readonly string[] = ['content-type', 'location'];
@@ -501,4 +509,639 @@ export function classifyLedgerError(err: unknown, unavailableRetryAfterS: number
   }
   if (err instanceof RecordRefused) return unavailable(false, configured, false);
   return unavailable(false, configured, true);
+}
+
+// ---------------------------------------------------------------------------
+// The engine: every SPEC §8 decision for one request, whatever the framework.
+// An adapter (express.ts, fastify.ts, fetch.ts) describes the request
+// (`CoreRequest`), calls `begin`, and then either runs the handler unwrapped,
+// sends the answer it got, or runs the handler under the lease and hands its
+// response (`run.respond`) or its failure (`run.fail`) back.
+// ---------------------------------------------------------------------------
+
+export interface RoutePolicy {
+  /** A request without a key gets 400 (else it runs unwrapped). Default true. */
+  required?: boolean;
+  /** Ledger unreachable (no answer, or a 503 `unavailable`): run the handler
+   * without idempotency (logged) instead of 503. A refusal of the ledger
+   * (`stale_binding`, `record_refused`, 429, 401, ...) never runs it. */
+  failOpen?: boolean;
+  /** The handler counts as failed (unknown) after this many ms. Default: none. */
+  timeoutMs?: number | null;
+  /** Seconds a duplicate of a request still running waits for its outcome
+   * (claiming again after the ledger's retry hint) before it answers 409
+   * `request_in_progress`: the outcome, if it arrives, is replayed (default
+   * 0: no wait). */
+  wait?: number;
+}
+
+export interface Logger {
+  info(msg: string): void;
+  warn(msg: string): void;
+  error(msg: string, err?: unknown): void;
+}
+
+/** What a principal extractor finds: the caller's account (generation 0),
+ * the account with its generation, or null/undefined when the request has
+ * no identity (401 `idempotency_principal_missing`). */
+export type Principal = string | { principal: string; generation?: number } | null | undefined;
+
+/** The `principal` option: the request → its caller. It must name the
+ * caller's account, stable across credential refresh: never a token or a
+ * header value (a retry sent after an OAuth refresh must replay). `Req` is
+ * the framework's request: Node's IncomingMessage (Express, node:http), a
+ * FastifyRequest, or a Fetch API Request. */
+export type PrincipalExtractor<Req = IncomingMessage> = (req: Req) => Principal | Promise<Principal>;
+
+/** The response a middleware reconcile hook found: what the first request's
+ * handler answered (e.g. rebuilt from the upstream's record). A body that is
+ * neither a string nor bytes is sent as JSON (content-type
+ * application/json unless given). */
+export interface ReconciledResponse {
+  status: number;
+  headers?: Record<string, string> | ReadonlyArray<readonly [string, string]>;
+  body?: string | Uint8Array | unknown;
+}
+
+/** What a middleware reconcile hook found (SPEC §8): the effect applied,
+ * with the response to store and replay; not applied (the handler runs
+ * under the same fence); or it cannot tell (409 `outcome_unknown`). */
+export type MiddlewareFinding = 'not_committed' | 'unavailable' | { finding: 'committed'; response: ReconciledResponse };
+
+/** What the middleware knows of the retried request, for a reconcile hook. */
+export interface ReconcileRequestInfo {
+  /** The Idempotency-Key the client sent (unquoted). */
+  idempotencyKey: string;
+  /** The principal the extractor found (before bindingPrincipal). */
+  principal: string;
+  /** The request body's bytes (the stream itself is left for the handler). */
+  body: Buffer;
+}
+
+/** Asked when a retry finds the record `unknown`: the ledger key, the
+ * reconcile lease's fence, the retried request (read its headers; do not
+ * consume its body, the handler may still need it) and `info` (the key,
+ * the principal and the body's bytes). */
+export type MiddlewareReconcileHook<Req = IncomingMessage> = (
+  ledgerKey: string,
+  fence: number,
+  req: Req,
+  info: ReconcileRequestInfo,
+) => Promise<MiddlewareFinding> | MiddlewareFinding;
+
+/** The options every adapter takes (Express `idempotency`, Fastify
+ * `idempotency` plugin, Fetch `withIdempotency`); `Req` is its request type. */
+export interface CoreOptions<Req = IncomingMessage> {
+  client: Client;
+  /** Required: who the caller is (see `fixedPrincipal`, `authenticatedPrincipal`). */
+  principal: PrincipalExtractor<Req>;
+  /** Part of every ledger key (default "default"). */
+  namespace?: string;
+  /** Methods wrapped when `routes` is not given (default POST, PATCH). */
+  methods?: string[];
+  /** Per-route policy by method and path; null/undefined: not wrapped. */
+  routes?: (method: string, path: string) => RoutePolicy | null | undefined;
+  /** Headers stored and replayed besides content-type and location. */
+  storedHeaders?: string[];
+  /** Request headers that are part of the fingerprint. */
+  fingerprintHeaders?: string[];
+  /** RFC 8785 canonical JSON bodies in the fingerprint, so that key order
+   * and whitespace never make a retry a mismatch (default true; false: the
+   * raw bytes count). */
+  canonicalJson?: boolean;
+  /** Only these RFC 6901 pointers of a JSON body count in the fingerprint
+   * (the object {pointer: value} of those that resolve). Not with `exclude`. */
+  fields?: string[];
+  /** These RFC 6901 pointers of a JSON body do not count in the
+   * fingerprint (e.g. a client timestamp). Not with `fields`. */
+  exclude?: string[];
+  /** Responses above this are settled with their digest and not replayed (default 32 KiB). */
+  maxStoredBody?: number;
+  /** Request bodies above this get 413 (default 1 MiB). */
+  maxRequestBody?: number;
+  leaseMs?: number;
+  retentionS?: number;
+  timeoutMs?: number | null;
+  failOpen?: boolean;
+  /** Seconds a duplicate waits for the running request's outcome (RoutePolicy.wait; default 0). */
+  wait?: number;
+  unavailableRetryAfterS?: number;
+  /** Resolves a record left unknown when a retry arrives (SPEC §8):
+   * `{ finding: 'committed', response }` stores and replays that response,
+   * 'not_committed' runs the handler under the same fence, 'unavailable'
+   * (or a throw) answers 409 `outcome_unknown`. */
+  reconcile?: MiddlewareReconcileHook<Req>;
+  /** Called with every escaped failure (default: console.error). */
+  onError?: (err: unknown, req: Req) => void;
+  logger?: Logger;
+}
+
+const RETRYABLE = Symbol.for('settle.idempotency.retryable');
+
+/** Mark a response as saying nothing happened: not stored, the lease is
+ * released with not_committed, and a retry runs the handler again. Takes
+ * what the framework answers with (Express/node:http `res`, Fastify
+ * `reply`, a Fetch `Response`) and returns it. */
+export function markRetryable<T extends object>(res: T): T {
+  (res as unknown as Record<symbol, boolean>)[RETRYABLE] = true;
+  return res;
+}
+
+/** Whether `markRetryable` marked one of these objects. */
+export function isMarkedRetryable(...objects: unknown[]): boolean {
+  return objects.some((o) => typeof o === 'object' && o !== null && (o as Record<symbol, unknown>)[RETRYABLE] === true);
+}
+
+function checkGeneration(g: unknown): number {
+  if (typeof g !== 'number' || !Number.isSafeInteger(g) || g < 0) {
+    throw new RangeError(`a principal's generation must be an integer in [0, 2^53 - 1], got ${String(g)}`);
+  }
+  return g;
+}
+
+/** The principal and generation an extractor found, or null (no identity). */
+export function principalParts(found: Principal): { principal: string; generation: number } | null {
+  if (found === null || found === undefined) return null;
+  if (typeof found === 'string') return { principal: found, generation: 0 };
+  if (typeof found === 'object' && typeof found.principal === 'string') {
+    return { principal: found.principal, generation: found.generation === undefined ? 0 : checkGeneration(found.generation) };
+  }
+  throw new TypeError(`the principal extractor must return a string, { principal, generation? }, null or undefined, not ${String(found)}`);
+}
+
+/** The `principal` of an application with one caller: every request is
+ * `name` (at `generation`; move it forward after revoking `name`). */
+export function fixedPrincipal(name: string, generation = 0): PrincipalExtractor<unknown> {
+  if (typeof name !== 'string') throw new TypeError('fixedPrincipal(name): the name must be a string');
+  const found = { principal: name, generation: checkGeneration(generation) };
+  return () => found;
+}
+
+/** The `principal` from the authenticated identity that an earlier
+ * middleware or hook put in `req.user` (Passport/Express, @fastify/jwt,
+ * @fastify/passport): no `req.user` → null (401
+ * `idempotency_principal_missing`). The principal is `pick(user)` when given
+ * (a string, `{ principal, generation? }` or null), else
+ * `String(user.id ?? user.username)` (null when it has neither). It must
+ * name the account, never a token. */
+export function authenticatedPrincipal(pick?: (user: any) => Principal | Promise<Principal>): PrincipalExtractor<object> { // eslint-disable-line @typescript-eslint/no-explicit-any
+  if (pick !== undefined && typeof pick !== 'function') throw new TypeError('authenticatedPrincipal(pick?): pick must be a function of req.user');
+  return (req) => {
+    const user = (req as { user?: unknown }).user;
+    if (user === null || user === undefined) return null;
+    if (pick) return pick(user);
+    if (typeof user !== 'object') return null;
+    const u = user as { id?: unknown; username?: unknown };
+    const id = u.id ?? u.username;
+    return id === null || id === undefined ? null : String(id);
+  };
+}
+
+/** Every field line of the header `name` (lower case) of a Node request, in order. */
+export function rawHeaderValues(req: IncomingMessage, name: string): string[] {
+  const out: string[] = [];
+  const raw = req.rawHeaders;
+  for (let i = 0; i + 1 < raw.length; i += 2) if ((raw[i] as string).toLowerCase() === name) out.push(raw[i + 1] as string);
+  return out;
+}
+
+/** The path (without the query) and the request target of a raw URL as
+ * sent: "/p?" and "/p" are one target, as in ASGI. */
+export function pathAndTarget(url: string): { path: string; target: string } {
+  const q = url.indexOf('?');
+  return { path: q === -1 ? url : url.slice(0, q), target: url.endsWith('?') ? url.slice(0, -1) : url };
+}
+
+/** A request as the engine sees it. */
+export interface CoreRequest<Req> {
+  /** The framework's request: given to the principal extractor, the reconcile hook and onError. */
+  req: Req;
+  method: string;
+  /** The path without its query (route selection). */
+  path: string;
+  /** The request target: the path with its query, as sent. */
+  target: string;
+  /** Every field line of a header (the name in lower case); [] when absent. */
+  headerValues(name: string): string[];
+  /** The body's bytes ('too_large' past `maxBytes`); called once, after the key and the principal were found. */
+  body(maxBytes: number): Promise<Uint8Array | 'too_large'>;
+}
+
+/** An answer to send as it is. */
+export interface CoreResponse {
+  status: number;
+  headers: [string, string][];
+  body: Buffer;
+}
+
+/** A handler running under an execute lease (dispatched, heartbeated). */
+export interface CoreRun {
+  readonly key: string;
+  readonly fence: number;
+  readonly timeoutMs: number | null;
+  /** The handler answered: settled `completed` (`failed` for a 5xx), or,
+   * for 408/409/425/429 or `retryable`, released `not_committed`. Resolves
+   * when the ledger knows (or gave up: logged); then send the response. */
+  respond(status: number, headers: ReadonlyArray<readonly [string, string]>, body: Uint8Array, retryable?: boolean): Promise<void>;
+  /** An escaped failure (a throw, a timeout): settled `unknown`; resolves to
+   * the 500 `outcome_unknown` answer. */
+  fail(err: unknown, timeout: boolean): Promise<CoreResponse>;
+}
+
+export type Begun =
+  /** Run the handler as without the middleware: the route is not wrapped, a
+   * key is optional and absent, or the ledger is unreachable under failOpen. */
+  | { kind: 'unwrapped' }
+  /** Send this (a problem or a replay); the handler does not run. */
+  | { kind: 'answer'; response: CoreResponse }
+  /** Run the handler under the lease, then `run.respond` or `run.fail`. */
+  | { kind: 'run'; run: CoreRun };
+
+export interface Engine<Req> {
+  /** Replays and refusals by kind (SPEC §8: counted). */
+  readonly stats: Record<string, number>;
+  readonly maxRequestBody: number;
+  begin(call: CoreRequest<Req>): Promise<Begun>;
+}
+
+const sleep = (ms: number) => new Promise<void>((r) => setTimeout(r, ms));
+const defaultLogger: Logger = { info: () => {}, warn: (m) => console.warn(m), error: (m, e) => console.error(m, e ?? '') };
+
+/** An answer with a body: content-length set, the given headers (lower case). */
+export function answer(status: number, headers: [string, string][], body: Buffer): CoreResponse {
+  return { status, headers: [...headers, ['content-length', String(body.length)]], body };
+}
+
+/** A problem+json answer. */
+export function problemResponse(status: number, code: string, detail: string, extra: [string, string][] = []): CoreResponse {
+  return answer(status, [['content-type', 'application/problem+json'], ...extra], problemBody(status, code, detail));
+}
+
+/** The SPEC §8 engine for one adapter (`who` names its factory in errors). */
+export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'): Engine<Req> {
+  const client = options?.client;
+  if (!client) throw new TypeError(`${who}({ client }) needs a settle Client`);
+  const extractPrincipal = options.principal;
+  if (typeof extractPrincipal !== 'function') {
+    throw new TypeError(
+      `${who}({ principal }) is required: a function of the request that names the caller's account ` +
+        '(never a token or a header value), e.g. principal: fixedPrincipal("acct-1") for an application with one caller, ' +
+        'or principal: authenticatedPrincipal() for req.user',
+    );
+  }
+  const unavailableRetryAfterS = options.unavailableRetryAfterS ?? 1;
+  const namespace = options.namespace ?? 'default';
+  const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
+  const stored = [...new Set([...DEFAULT_STORED_HEADERS, ...(options.storedHeaders ?? []).map((h) => h.toLowerCase())])];
+  const fpHeaders = (options.fingerprintHeaders ?? []).map((h) => h.toLowerCase());
+  // Checked here: a bad combination throws MiddlewareConfigError naming the option.
+  const fpOptions = fingerprintOptions({ canonicalJson: options.canonicalJson, fields: options.fields, exclude: options.exclude });
+  const maxStoredBody = options.maxStoredBody ?? DEFAULT_MAX_STORED_BODY;
+  const maxRequestBody = options.maxRequestBody ?? 1024 * 1024;
+  const leaseMs = options.leaseMs ?? 30_000;
+  const log = options.logger ?? defaultLogger;
+  const onError = options.onError ?? ((err: unknown) => console.error('idempotency: handler failed', err));
+  const checkWait = (w: number | undefined): number => {
+    if (w === undefined) return 0;
+    if (typeof w !== 'number' || !Number.isFinite(w) || w < 0) throw new RangeError(`the wait option is seconds >= 0, got ${String(w)}`);
+    return w;
+  };
+  const defaultPolicy: RoutePolicy = {
+    required: true,
+    failOpen: options.failOpen ?? false,
+    timeoutMs: options.timeoutMs ?? null,
+    wait: checkWait(options.wait),
+  };
+  const stats: Record<string, number> = {};
+  const count = (k: string) => {
+    stats[k] = (stats[k] ?? 0) + 1;
+  };
+
+  function policyOf(method: string, path: string): RoutePolicy | null {
+    if (options.routes) {
+      const p = options.routes(method, path);
+      if (!p) return null;
+      return {
+        required: p.required ?? true,
+        failOpen: p.failOpen ?? false,
+        timeoutMs: p.timeoutMs ?? defaultPolicy.timeoutMs ?? null,
+        wait: p.wait === undefined ? (defaultPolicy.wait ?? 0) : checkWait(p.wait),
+      };
+    }
+    return methods.has(method.toUpperCase()) ? defaultPolicy : null;
+  }
+
+  /** The one place the request fingerprint is computed (SPEC §8, MIDDLEWARE-KEYS.md). */
+  function fingerprintOf(call: CoreRequest<Req>, method: string, body: Uint8Array): string {
+    return requestFingerprint(
+      method,
+      call.target,
+      call.headerValues('content-type')[0] ?? '',
+      body,
+      fpHeaders.map((h) => [h, call.headerValues(h).join(', ')] as const),
+      fpOptions,
+    );
+  }
+
+  const refuse = (status: number, code: string, detail: string, key: string | null): Begun => {
+    count(code);
+    log.info(`idempotency: ${code} for key ${key}`);
+    return { kind: 'answer', response: problemResponse(status, code, detail) };
+  };
+
+  function replay(key: string, result: unknown): Begun {
+    const s = decodeResponse(result);
+    if (!s || s.body === null) {
+      return refuse(409, 'response_not_stored', 'this request completed but its response was too large to store; it will not run again', key);
+    }
+    count('replayed');
+    log.info(`idempotency: replay of key ${key}`);
+    return { kind: 'answer', response: answer(s.status, [...s.headers, ['idempotent-replayed', 'true']], s.body) };
+  }
+
+  /** A claim or dispatch that failed (SPEC §8): only a ledger that gave no
+   * answer or a 503 `unavailable` lets a failOpen route run the handler; a
+   * refusal never does. */
+  function ledgerFailed(policy: RoutePolicy, key: string, err: unknown, call: string): Begun {
+    const f = classifyLedgerError(err, unavailableRetryAfterS);
+    if (policy.failOpen && f.failOpen) {
+      count('fail_open');
+      log.warn(`idempotency: ledger unreachable (${String(err)}); key ${key} runs WITHOUT idempotency (failOpen)`);
+      return { kind: 'unwrapped' };
+    }
+    count(f.code);
+    if (f.unexpected) log.error(`idempotency: unexpected answer of the ledger to the ${call} of key ${key}`, err);
+    else log.warn(`idempotency: the ${call} of key ${key} failed (${f.code}): ${String(err)}`);
+    return { kind: 'answer', response: problemResponse(f.status, f.code, f.detail, f.retryAfter === null ? [] : [['retry-after', String(f.retryAfter)]]) };
+  }
+
+  async function begin(call: CoreRequest<Req>): Promise<Begun> {
+    const method = call.method.toUpperCase();
+    const policy = policyOf(method, call.path);
+    if (!policy) return { kind: 'unwrapped' };
+    let key: string | null;
+    try {
+      key = parseIdempotencyKey(call.headerValues('idempotency-key'));
+    } catch (e) {
+      const k = e as KeyHeaderError;
+      return refuse(400, k.code, k.message, null);
+    }
+    if (key === null) {
+      if (!policy.required) return { kind: 'unwrapped' };
+      return refuse(400, 'idempotency_key_missing', 'this route requires an Idempotency-Key header', null);
+    }
+    const who = principalParts(await extractPrincipal(call.req));
+    if (who === null) return refuse(401, 'idempotency_principal_missing', PRINCIPAL_MISSING_DETAIL, key);
+    const read = await call.body(maxRequestBody);
+    if (read === 'too_large') return refuse(413, 'payload_too_large', 'the request body is over the idempotency limit', key);
+    const body = Buffer.from(read.buffer, read.byteOffset, read.byteLength);
+    const fp = fingerprintOf(call, method, body);
+    const { principal, generation } = who;
+    const lkey = ledgerKey(namespace, principal, key);
+    const binding: Binding = { principal: bindingPrincipal(principal), scopes: [], generation };
+
+    let dec;
+    // A duplicate of a request still running waits up to policy.wait
+    // seconds for its outcome, claiming again after the ledger's hint.
+    const waiting = new Deadline((policy.wait ?? 0) * 1000);
+    for (;;) {
+      try {
+        dec = await client.claim(lkey, fp, binding, {
+          leaseMs,
+          worker: workerLabel(key, principal),
+          marksDispatch: true,
+          ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
+        });
+      } catch (e) {
+        if (e instanceof FingerprintMismatch || e instanceof BindingMismatch) {
+          return refuse(422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
+        }
+        return ledgerFailed(policy, key, e, 'claim');
+      }
+      if (dec.decision !== 'in_flight' || waiting.left() <= 0) break;
+      await sleep(Math.min(dec.retryAfterMs, waiting.left()));
+    }
+    if (dec.decision === 'replay') return replay(key, dec.outcome.result);
+    if (dec.decision === 'in_flight') {
+      count('request_in_progress');
+      log.info(`idempotency: key ${key} in progress`);
+      return {
+        kind: 'answer',
+        response: problemResponse(409, 'request_in_progress', 'a request with this Idempotency-Key is still being processed', [
+          ['retry-after', inProgressRetryAfter(dec)],
+        ]),
+      };
+    }
+    let grant: Grant = dec;
+    if (grant.decision === 'reconcile') {
+      const g = await reconcile(call.req, lkey, grant, key, fp, binding, { idempotencyKey: key, principal, body });
+      if (g === null) return refuse(409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
+      if ('kind' in g) return g;
+      grant = g;
+    }
+    // A dispatch whose answer was lost is retried under the same fence (the
+    // ledger answers a repeated dispatch alike), for half the lease: the
+    // rest is left for handing the lease back.
+    const fence = grant.fence;
+    const lease = new Deadline(leaseMs);
+    try {
+      await retrying(() => client.dispatch(lkey, fence), new Deadline(leaseMs / 2), 'dispatch');
+    } catch (e) {
+      await releaseUndispatched(lkey, fence, key, lease);
+      return ledgerFailed(policy, key, e, 'dispatch');
+    }
+    count('executed');
+    return { kind: 'run', run: execution(call.req, policy, key, lkey, fp, binding, fence) };
+  }
+
+  /** Hands back a lease whose handler never ran, after a dispatch that
+   * failed: `not_dispatched`, or, when the ledger had recorded the dispatch
+   * after all (its answer was lost: `receipt_required`), `not_committed`
+   * (true: the handler did not run). */
+  async function releaseUndispatched(lkey: string, fence: number, key: string, lease: Deadline): Promise<void> {
+    try {
+      await retrying(() => client.release(lkey, fence, 'not_dispatched'), lease, 'release');
+      return;
+    } catch (e) {
+      if (!(e instanceof ReceiptRequired)) {
+        // The lease lapses; with no dispatch recorded nothing is flagged.
+        log.warn(`idempotency: release(not_dispatched) of key ${key} failed: ${String(e)}`);
+        return;
+      }
+    }
+    try {
+      await retrying(() => client.release(lkey, fence, 'not_committed'), lease, 'release');
+    } catch (e) {
+      log.error(
+        `idempotency: the dispatch of key ${key} was recorded but the handler did not run, and release(not_committed) failed: ` +
+          'the record becomes unknown when its lease lapses',
+        e,
+      );
+    }
+  }
+
+  /** `Retry-After` of request_in_progress: the time the running lease has
+   * left, in whole seconds, at least 1 and at least the ledger's hint. */
+  function inProgressRetryAfter(d: InFlight): string {
+    return String(inProgressRetryAfterS(d.retryAfterMs, d.leaseExpiresAt));
+  }
+
+  /** SPEC §8: a retry found the record `unknown` (a reconcile lease).
+   * Returns the execute grant under the same fence (not_committed: run the
+   * handler), the replay of the found response (settled), or null (409
+   * `outcome_unknown`: the record stays unknown). */
+  async function reconcile(
+    req: Req,
+    lkey: string,
+    grant: Grant,
+    key: string,
+    fp: string,
+    binding: Binding,
+    info: ReconcileRequestInfo,
+  ): Promise<Grant | Begun | null> {
+    const fence = grant.fence;
+    const lease = new Deadline(leaseMs);
+    let finding: MiddlewareFinding = 'unavailable';
+    if (options.reconcile) {
+      const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, new AbortController());
+      try {
+        finding = await options.reconcile(lkey, fence, req, info);
+      } catch (e) {
+        log.error(`idempotency: reconcile hook failed for key ${key}`, e);
+        finding = 'unavailable';
+      } finally {
+        stopHeartbeat();
+      }
+    }
+    let found: { status: number; headers: [string, string][]; body: Buffer } | null = null;
+    if (typeof finding === 'object' && finding !== null && finding.finding === 'committed') {
+      try {
+        found = foundResponse(finding.response);
+      } catch (e) {
+        log.error(`idempotency: the reconcile hook of key ${key} found an invalid response; taken as unavailable`, e);
+        finding = 'unavailable';
+      }
+    } else if (finding !== 'not_committed' && finding !== 'unavailable') {
+      log.error(`idempotency: the reconcile hook of key ${key} returned ${JSON.stringify(finding)}; taken as unavailable`);
+      finding = 'unavailable';
+    }
+    try {
+      if (found) {
+        const { result, responseSha256 } = encodeResponse(found.status, found.headers, found.body, stored, maxStoredBody);
+        const status = found.status;
+        await retrying(
+          () => client.reconcile(lkey, fence, 'committed', { fingerprint: fp, binding, outcome: { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 } }),
+          lease,
+          'reconcile',
+        );
+        count('reconciled');
+        log.info(`idempotency: key ${key} reconciled: the hook found its response (${status})`);
+        return replay(key, result);
+      }
+      if (finding === 'not_committed') {
+        const ans = await retrying(() => client.reconcile(lkey, fence, 'not_committed'), lease, 'reconcile');
+        if ('decision' in ans) {
+          log.info(`idempotency: key ${key} reconciled: not committed, the handler runs (fence ${fence})`);
+          return ans;
+        }
+        return null;
+      }
+      await retrying(() => client.reconcile(lkey, fence, 'unavailable'), lease, 'reconcile');
+    } catch (e) {
+      // The reconcile lease lapses: the record stays unknown.
+      log.warn(`idempotency: reconcile of key ${key} failed: ${String(e)}`);
+    }
+    return null;
+  }
+
+  /** The handler's run under the lease: heartbeated until it answers or fails. */
+  function execution(req: Req, policy: RoutePolicy, key: string, lkey: string, fp: string, binding: Binding, fence: number): CoreRun {
+    const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, new AbortController());
+    let over = false;
+    const end = (what: string) => {
+      if (over) throw new Error(`idempotency: ${what} after the run of key ${key} was over`);
+      over = true;
+      stopHeartbeat();
+    };
+    return {
+      key,
+      fence,
+      timeoutMs: policy.timeoutMs ?? null,
+      async respond(status, headers, body, retryable = false) {
+        end('respond');
+        if (NOT_COMMITTED_STATUSES.has(status) || retryable) {
+          await releaseNotCommitted(lkey, fence, fp, binding, key);
+          return;
+        }
+        const { result, responseSha256 } = encodeResponse(status, headers, body, stored, maxStoredBody);
+        try {
+          await retrying(
+            () => client.settle(lkey, fence, fp, binding, { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 }),
+            new Deadline(leaseMs + 1000),
+            'settle',
+          );
+        } catch (e) {
+          // The response goes out anyway (the effect happened); the record
+          // becomes unknown when its lease lapses.
+          log.error(`idempotency: the response of key ${key} could not be settled`, e);
+        }
+      },
+      async fail(err, timeout) {
+        end('fail');
+        await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : 'error');
+        if (!timeout) onError(err, req);
+        return problemResponse(500, 'outcome_unknown', 'the request failed; its outcome is unknown and must be reconciled');
+      },
+    };
+  }
+
+  async function releaseNotCommitted(lkey: string, fence: number, fp: string, binding: Binding, key: string): Promise<void> {
+    count('not_committed');
+    try {
+      await retrying(() => client.release(lkey, fence, 'not_committed'), new Deadline(leaseMs), 'release');
+    } catch (e) {
+      if (e instanceof InvalidRequest) {
+        // A server without release(not_committed) (SPEC §4): the safe record is unknown.
+        log.warn(`idempotency: the ledger refused release(not_committed) for key ${key}; settling unknown`);
+        await settleUnknown(lkey, fence, fp, binding, key, 'not_committed unsupported');
+      } else {
+        log.error(`idempotency: release of key ${key} failed`, e);
+      }
+    }
+  }
+
+  async function settleUnknown(lkey: string, fence: number, fp: string, binding: Binding, key: string, why: string): Promise<void> {
+    count('outcome_unknown');
+    log.warn(`idempotency: key ${key} failed (${why}); outcome unknown`);
+    try {
+      await retrying(
+        () => client.settle(lkey, fence, fp, binding, { status: 'unknown', error: `handler failed: ${why}` }),
+        new Deadline(leaseMs + 1000),
+        'settle',
+      );
+    } catch (e) {
+      log.error(`idempotency: settle unknown of key ${key} failed`, e); // the lease lapses after dispatch: unknown anyway
+    }
+  }
+
+  return { stats, maxRequestBody, begin };
+}
+
+/** A reconcile hook's response as status, headers and body bytes. */
+function foundResponse(r: ReconciledResponse): { status: number; headers: [string, string][]; body: Buffer } {
+  if (!r || typeof r !== 'object' || !Number.isInteger(r.status) || r.status < 100 || r.status > 599) {
+    throw new TypeError('a committed finding needs response: { status (100-599), headers?, body? }');
+  }
+  const headers: [string, string][] = (Array.isArray(r.headers) ? r.headers : Object.entries(r.headers ?? {})).map(
+    ([n, v]) => [String(n).toLowerCase(), String(v)] as [string, string],
+  );
+  let body: Buffer;
+  if (r.body === undefined || r.body === null) body = Buffer.alloc(0);
+  else if (typeof r.body === 'string') body = Buffer.from(r.body, 'utf8');
+  else if (r.body instanceof Uint8Array) body = Buffer.from(r.body);
+  else {
+    body = Buffer.from(JSON.stringify(r.body), 'utf8');
+    if (!headers.some(([n]) => n === 'content-type')) headers.push(['content-type', 'application/json']);
+  }
+  return { status: r.status, headers, body };
 }

@@ -58,8 +58,9 @@ export interface EffectContext {
 }
 
 export type Effect<R = unknown> = (ctx: EffectContext) => Promise<Done<R>> | Done<R>;
-export type Finding = Done | 'not_committed' | 'unavailable';
-export type ReconcileHook = (key: string, fence: number) => Promise<Finding> | Finding;
+/** What a reconcile hook found: the effect applied (`{ result }`, of the effect's type `R`), not applied, or it cannot tell. */
+export type Finding<R = unknown> = Done<R> | 'not_committed' | 'unavailable';
+export type ReconcileHook<R = unknown> = (key: string, fence: number) => Promise<Finding<R>> | Finding<R>;
 
 /** Turns a value that is not JSON (a BigInt, a Map, a class instance, ...)
  * into JSON. Called for every such value inside the result, with the value;
@@ -67,7 +68,8 @@ export type ReconcileHook = (key: string, fence: number) => Promise<Finding> | F
  * passed to it again). */
 export type Serializer = (value: unknown) => Json;
 
-export interface RunOptions {
+/** The options of runOnce; `R` (the effect's result) types the reconcile hook's finding. */
+export interface RunOptions<R = unknown> {
   principal: string;
   scopes?: readonly string[];
   generation?: number;
@@ -84,12 +86,17 @@ export interface RunOptions {
   /** What to do with a record left `unknown`: a hook that finds out
    * (SPEC §11.4), or 'resend' (SPEC §11.9: run the effect again with the
    * same key; only when the remote itself de-duplicates by that key). */
-  reconcile?: ReconcileHook | 'resend';
+  reconcile?: ReconcileHook<R> | 'resend';
   /** Encodes the values of the effect's result that are not JSON. */
   serializer?: Serializer;
 }
 
 export interface RunResult<R = unknown> {
+  /** The result, on the first run as on a replay: `outcome.result`, the
+   * stored JSON form of what the effect returned (a Date is its ISO
+   * string; the serializer's output, if one ran). Typed `R`: give the
+   * effect a JSON-shaped result type for the type to hold on a replay. */
+  result: R;
   /** What was settled (or replayed): `outcome.result` is the stored JSON
    * form of the effect's result (the serializer's output, if one ran). */
   outcome: Outcome<R>;
@@ -275,7 +282,7 @@ interface Step {
 }
 
 /** SPEC §11: run `effect` at most once for `key`. */
-export async function runOnce<R = unknown>(client: Client, key: string, request: unknown, effect: Effect<R>, options: RunOptions): Promise<RunResult<R>> {
+export async function runOnce<R = unknown>(client: Client, key: string, request: unknown, effect: Effect<R>, options: RunOptions<R>): Promise<RunResult<R>> {
   const fp = options.fingerprint ?? computeFingerprint(request, options.fields);
   const binding: Binding = { principal: options.principal, scopes: options.scopes ?? [], generation: options.generation ?? 0 };
   const leaseMs = options.leaseMs ?? 30_000;
@@ -295,7 +302,8 @@ export async function runOnce<R = unknown>(client: Client, key: string, request:
       'claim',
     );
     if (dec.decision === 'replay') {
-      return { outcome: dec.outcome as Outcome<R>, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
+      const outcome = dec.outcome as Outcome<R>;
+      return { result: outcome.result as R, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
     }
     if (dec.decision === 'in_flight') {
       const wait = dec.retryAfterMs * (1 + Math.random() * 0.25); // at or above the server's hint
@@ -306,7 +314,7 @@ export async function runOnce<R = unknown>(client: Client, key: string, request:
     let grant: Grant = dec;
     if (grant.decision === 'reconcile') {
       const found =
-        options.reconcile === 'resend' ? await resendStep(step, grant, effect) : await reconcileStep(step, grant, options.reconcile);
+        options.reconcile === 'resend' ? await resendStep(step, grant, effect) : await reconcileStep<R>(step, grant, options.reconcile);
       if ('outcome' in found) return found as RunResult<R>;
       grant = found;
     }
@@ -314,13 +322,13 @@ export async function runOnce<R = unknown>(client: Client, key: string, request:
   }
 }
 
-async function reconcileStep(s: Step, grant: Grant, hook: ReconcileHook | undefined): Promise<RunResult | Grant> {
+async function reconcileStep<R>(s: Step, grant: Grant, hook: ReconcileHook<R> | undefined): Promise<RunResult<R> | Grant> {
   const { client, key, fp, binding, leaseMs } = s;
   const ac = new AbortController();
   const stop = startHeartbeat(client, key, grant.fence, leaseMs, ac);
   const sdl = settleDeadline(s.dl, leaseMs);
   try {
-    let finding: Finding;
+    let finding: Finding<R>;
     try {
       finding = hook ? await hook(key, grant.fence) : 'unavailable';
     } catch (e) {
@@ -328,7 +336,7 @@ async function reconcileStep(s: Step, grant: Grant, hook: ReconcileHook | undefi
       throw e;
     }
     if (typeof finding === 'object') {
-      let outcome: Outcome;
+      let outcome: Outcome<R>;
       try {
         outcome = doneToOutcome(finding, s.serializer);
       } catch (e) {
@@ -340,7 +348,7 @@ async function reconcileStep(s: Step, grant: Grant, hook: ReconcileHook | undefi
         sdl,
         'reconcile',
       );
-      return { outcome, receipt: r as Receipt, replayed: false, fence: grant.fence, reconciled: true };
+      return { result: outcome.result as R, outcome, receipt: r as Receipt, replayed: false, fence: grant.fence, reconciled: true };
     }
     if (finding === 'not_committed') {
       return (await retrying(() => client.reconcile(key, grant.fence, 'not_committed'), sdl, 'reconcile')) as Grant;
@@ -383,7 +391,7 @@ async function resendStep<R>(s: Step, grant: Grant, effect: Effect<R>): Promise<
       throw new ReconcileRequired(key, grant.fence, `the resend failed: ${what}`, { cause: e });
     }
     const r = await retrying(() => client.reconcile(key, grant.fence, 'committed', { fingerprint: fp, binding, outcome }), sdl, 'reconcile');
-    return { outcome, receipt: r as Receipt, replayed: false, fence: grant.fence, reconciled: true };
+    return { result: outcome.result as R, outcome, receipt: r as Receipt, replayed: false, fence: grant.fence, reconciled: true };
   } finally {
     stop();
   }
@@ -456,7 +464,7 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>): Promise
       throw new OutcomeUnknown(key, receipt, e);
     }
     const receipt = await retrying(() => client.settle(key, grant.fence, fp, binding, outcome), sdl, 'settle');
-    return { outcome, receipt, replayed: false, fence: grant.fence, reconciled: false };
+    return { result: outcome.result as R, outcome, receipt, replayed: false, fence: grant.fence, reconciled: false };
   } finally {
     stop();
   }
@@ -464,7 +472,7 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>): Promise
 
 /** The options of makeIdempotent: every option runOnce takes, and how to
  * get the key (and the fingerprinted request) from the arguments. */
-export interface IdempotentOptions<A extends unknown[]> {
+export interface IdempotentOptions<A extends unknown[], R = unknown> {
   client: Client;
   /** The operation's key, from the arguments: the same on every retry of the same logical call. */
   key: (...args: A) => string;
@@ -472,7 +480,7 @@ export interface IdempotentOptions<A extends unknown[]> {
   scopes?: readonly string[];
   generation?: number;
   marksDispatch?: boolean;
-  reconcile?: ReconcileHook | 'resend';
+  reconcile?: ReconcileHook<R> | 'resend';
   leaseMs?: number;
   retentionS?: number;
   deadlineMs?: number | null;
@@ -499,7 +507,7 @@ export interface IdempotentFunction<A extends unknown[], R> {
  * the serializer's output, if one ran). Failures follow runOnce. */
 export function makeIdempotent<A extends unknown[], R>(
   fn: (...args: [...A, EffectContext]) => R | Promise<R>,
-  options: IdempotentOptions<A>,
+  options: IdempotentOptions<A, R>,
 ): IdempotentFunction<A, R> {
   if (typeof fn !== 'function') throw new TypeError('makeIdempotent(fn, options): fn must be a function');
   if (!options || !options.client || typeof options.key !== 'function' || typeof options.principal !== 'string') {

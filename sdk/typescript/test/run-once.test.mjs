@@ -306,3 +306,22 @@ test("a zombie worker's settle is refused", async () => {
   assert.deepEqual(rec.outcome.result, { by: 'successor' });
   assert.ok(rec.quarantine.some((q) => q.fence === zombie.fence));
 });
+
+test('RunResult.result: the result on the first run, the stored JSON form on a replay and after a reconcile', async () => {
+  const key = newKey();
+  const at = new Date('2026-01-02T03:04:05Z');
+  const first = await client.runOnce(key, REQ, async () => ({ result: { id: 'c-1', at } }), { principal: 'p' });
+  assert.deepEqual(first.result, { id: 'c-1', at: at.toISOString() });
+  assert.deepEqual(first.result, first.outcome.result);
+  let ran = false;
+  const again = await client.runOnce(key, REQ, async () => ((ran = true), { result: { id: 'other' } }), { principal: 'p' });
+  assert.equal(again.replayed, true);
+  assert.equal(ran, false);
+  assert.deepEqual(again.result, first.result);
+  // Found by the reconcile hook: its result.
+  const k2 = newKey();
+  await assert.rejects(client.runOnce(k2, REQ, async () => { throw new Error('lost'); }, { principal: 'p' }), S.OutcomeUnknown);
+  const found = await client.runOnce(k2, REQ, async () => ({ result: { id: 'never' } }), { principal: 'p', reconcile: async () => ({ result: { id: 'found' } }) });
+  assert.equal(found.reconciled, true);
+  assert.deepEqual(found.result, { id: 'found' });
+});

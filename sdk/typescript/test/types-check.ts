@@ -2,16 +2,21 @@
 // makeIdempotent and runOnce survive. Every @ts-expect-error line must be
 // an error: if a type widened to any/unknown, the line would compile and
 // tsc would report the unused directive.
+import Fastify from 'fastify';
 import {
   Client,
   Reconciler,
+  fixedPrincipal,
   makeIdempotent,
   runOnce,
+  withIdempotency,
   type EffectContext,
   type IdempotentFunction,
   type ReconcileCounts,
   type RunResult,
 } from '@settle/client';
+import { idempotency as fastifyIdempotency } from '@settle/client/fastify';
+import { startSettle } from '@settle/client/testing';
 
 declare const client: Client;
 interface Charge {
@@ -82,3 +87,51 @@ export const counts: Promise<ReconcileCounts> = new Reconciler(client, {
   hooks: { 'charge-': async (key, fence) => (key.length > fence ? { result: { found: true } } : 'not_committed') },
 }).sweep();
 export const seen: Promise<number> = counts.then((c) => c.seen + c.committed + c.not_committed + c.unavailable + c.skipped + c.errors);
+
+// The result type on the first run and on a replay: RunResult<R>.result is R.
+const r3 = client.runOnce('k', {}, async () => ({ result: { id: 'c', amount: 1 } }), { principal: 'p' });
+export const res3: Promise<{ id: string; amount: number }> = r3.then((r) => r.result);
+export const replayed3: Promise<boolean> = r3.then((r) => r.replayed);
+// @ts-expect-error the result is { id, amount }, not a string
+export const res3bad: Promise<string> = r3.then((r) => r.result);
+// The reconcile hook finds a result of the effect's type.
+export const r4 = client.runOnce('k', {}, async () => ({ result: { id: 'c' } }), {
+  principal: 'p',
+  reconcile: async (key) => ({ result: { id: key } }),
+});
+client.runOnce('k', {}, async () => ({ result: { id: 'c' } }), {
+  principal: 'p',
+  // @ts-expect-error the hook finds a number where the effect returns { id }
+  reconcile: async () => ({ result: 42 }),
+});
+makeIdempotent(async (orderId: string, ctx: EffectContext): Promise<Charge> => ({ id: orderId + ctx.key, amount: 1 }), {
+  client,
+  key: (orderId) => orderId,
+  principal: 'p',
+  // @ts-expect-error the hook of makeIdempotent finds a Charge, not a string
+  reconcile: async () => ({ result: 'charged' }),
+});
+// The client: a replay's stored result and a record's outcome, typed by the caller.
+export const claimed: Promise<string | undefined> = client
+  .claim<Charge>('k', 'f'.repeat(64), { principal: 'p' })
+  .then((d) => (d.decision === 'replay' ? d.outcome.result?.id : undefined));
+export const stored: Promise<number | undefined> = client.get<Charge>('k').then((rec) => rec.outcome?.result?.amount);
+
+// The Fetch wrapper keeps the handler's arguments (Next.js's context) and needs a Response.
+export const POST = withIdempotency(
+  async (request: Request, ctx: { params: Promise<{ id: string }> }) => Response.json({ id: (await ctx.params).id, url: request.url }, { status: 201 }),
+  { client, principal: (request) => request.headers.get('x-account') },
+);
+export const answered: Promise<Response> = POST(new Request('http://localhost/p'), { params: Promise.resolve({ id: '1' }) });
+// @ts-expect-error the context argument is kept
+POST(new Request('http://localhost/p'));
+// @ts-expect-error the handler must return a Response
+withIdempotency(async () => 'text', { client, principal: fixedPrincipal('a') });
+// The Fastify plugin: the extractor gets a FastifyRequest.
+export const plugin = fastifyIdempotency({ client, principal: (req) => String(req.headers['x-account']), wait: 2 });
+Fastify().register(plugin);
+export const fastifyStats: Record<string, number> = plugin.stats;
+// @ts-expect-error a Fetch API extractor does not fit the Fastify plugin
+fastifyIdempotency({ client, principal: (req: Request) => req.headers.get('x') });
+// The testing helpers.
+export const server: Promise<string> = startSettle({ tenants: { a: 'token' } }).then((s) => s.client({ token: 'token' }).url);

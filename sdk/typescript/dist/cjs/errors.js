@@ -1,0 +1,198 @@
+"use strict";
+// Typed errors: one class per SPEC §7 problem code, plus the SDK's own.
+Object.defineProperty(exports, "__esModule", { value: true });
+exports.ResultNotSerializable = exports.EffectRefused = exports.EffectNotSent = exports.OutcomeUnknown = exports.DeadlineExceeded = exports.ReconcileRequired = exports.PROBLEM_CLASSES = exports.RecordRefused = exports.RateLimited = exports.Unavailable = exports.TooManyClasses = exports.ReceiptRequired = exports.ResultMismatch = exports.WrongPurpose = exports.LeaseExpired = exports.StaleFence = exports.StaleBinding = exports.BindingMismatch = exports.FingerprintMismatch = exports.Refusal = exports.InvalidRequest = exports.PayloadTooLarge = exports.RequestTimeout = exports.NotFound = exports.Unauthorized = exports.BadRequest = exports.ProblemError = exports.TransportError = exports.SettleError = void 0;
+exports.problemError = problemError;
+/** Base of every error thrown by @settle/client. */
+class SettleError extends Error {
+    constructor(message, options) {
+        super(message, options);
+        this.name = new.target.name;
+    }
+}
+exports.SettleError = SettleError;
+/** The request got no answer (connection refused, reset, timeout). */
+class TransportError extends SettleError {
+}
+exports.TransportError = TransportError;
+/** An RFC 9457 problem answer of the server. */
+class ProblemError extends SettleError {
+    status;
+    code;
+    title;
+    detail;
+    field;
+    correlationId;
+    body;
+    /** The answer's Retry-After in seconds, when it sent a number. */
+    retryAfterS = null;
+    constructor(status, code, body) {
+        const b = (body && typeof body === 'object' ? body : {});
+        super(`${status} ${code}: ${b.detail ?? b.title ?? String(body ?? '')}`);
+        this.status = status;
+        this.code = code;
+        this.title = b.title ?? '';
+        this.detail = b.detail ?? '';
+        this.field = typeof b.field === 'string' ? b.field : null;
+        this.correlationId = typeof b.correlation_id === 'string' ? b.correlation_id : null;
+        this.body = body;
+    }
+}
+exports.ProblemError = ProblemError;
+class BadRequest extends ProblemError {
+}
+exports.BadRequest = BadRequest;
+class Unauthorized extends ProblemError {
+}
+exports.Unauthorized = Unauthorized;
+class NotFound extends ProblemError {
+}
+exports.NotFound = NotFound;
+class RequestTimeout extends ProblemError {
+}
+exports.RequestTimeout = RequestTimeout;
+class PayloadTooLarge extends ProblemError {
+}
+exports.PayloadTooLarge = PayloadTooLarge;
+class InvalidRequest extends ProblemError {
+}
+exports.InvalidRequest = InvalidRequest;
+/** A 409 protocol refusal: never retried with another key or fingerprint (SPEC §11.7). */
+class Refusal extends ProblemError {
+}
+exports.Refusal = Refusal;
+class FingerprintMismatch extends Refusal {
+}
+exports.FingerprintMismatch = FingerprintMismatch;
+class BindingMismatch extends Refusal {
+}
+exports.BindingMismatch = BindingMismatch;
+class StaleBinding extends Refusal {
+}
+exports.StaleBinding = StaleBinding;
+class StaleFence extends Refusal {
+}
+exports.StaleFence = StaleFence;
+class LeaseExpired extends Refusal {
+}
+exports.LeaseExpired = LeaseExpired;
+class WrongPurpose extends Refusal {
+}
+exports.WrongPurpose = WrongPurpose;
+class ResultMismatch extends Refusal {
+}
+exports.ResultMismatch = ResultMismatch;
+class ReceiptRequired extends Refusal {
+}
+exports.ReceiptRequired = ReceiptRequired;
+class TooManyClasses extends Refusal {
+}
+exports.TooManyClasses = TooManyClasses;
+/** 503 `unavailable`: retryable; `retryAfterS` from Retry-After. */
+class Unavailable extends ProblemError {
+}
+exports.Unavailable = Unavailable;
+/** 429 `rate_limited`: retried like 503 `unavailable` (honouring
+ * `retryAfterS`) by the SDK's retry loops until their deadline. */
+class RateLimited extends ProblemError {
+}
+exports.RateLimited = RateLimited;
+/** 503 `record_refused` (SPEC §6.9): an operator must look; not retried. */
+class RecordRefused extends ProblemError {
+}
+exports.RecordRefused = RecordRefused;
+exports.PROBLEM_CLASSES = {
+    bad_request: BadRequest,
+    unauthorized: Unauthorized,
+    not_found: NotFound,
+    request_timeout: RequestTimeout,
+    payload_too_large: PayloadTooLarge,
+    invalid_request: InvalidRequest,
+    fingerprint_mismatch: FingerprintMismatch,
+    binding_mismatch: BindingMismatch,
+    stale_binding: StaleBinding,
+    stale_fence: StaleFence,
+    lease_expired: LeaseExpired,
+    wrong_purpose: WrongPurpose,
+    result_mismatch: ResultMismatch,
+    receipt_required: ReceiptRequired,
+    too_many_classes: TooManyClasses,
+    unavailable: Unavailable,
+    rate_limited: RateLimited,
+    record_refused: RecordRefused,
+};
+const DEFAULT_CODES = { 401: 'unauthorized', 404: 'not_found', 413: 'payload_too_large', 429: 'rate_limited', 503: 'unavailable' };
+/** The typed error of a problem answer. */
+function problemError(status, body, retryAfterS = null) {
+    const b = body && typeof body === 'object' ? body : null;
+    const code = (b && typeof b.code === 'string' && b.code) || DEFAULT_CODES[status] || `http_${status}`;
+    const cls = exports.PROBLEM_CLASSES[code] ?? (status === 409 ? Refusal : ProblemError);
+    const e = new cls(status, code, body);
+    e.retryAfterS = retryAfterS;
+    return e;
+}
+/** SPEC §11.4: a `reconcile` lease was granted and no hook was given, the
+ * hook answered `unavailable` (or threw), or a resend failed (SPEC §11.9);
+ * the lease was handed back with reconcile(unavailable): the record stays
+ * `unknown`. `cause`: the hook's or the resent effect's error, if any. */
+class ReconcileRequired extends SettleError {
+    key;
+    fence;
+    constructor(key, fence, why = 'no reconcile hook was given', options) {
+        super(`operation ${JSON.stringify(key)} needs reconciliation (fence ${fence}); ${why}`, options);
+        this.key = key;
+        this.fence = fence;
+    }
+}
+exports.ReconcileRequired = ReconcileRequired;
+/** The caller's deadline passed while waiting or retrying; `cause` is the last error. */
+class DeadlineExceeded extends SettleError {
+}
+exports.DeadlineExceeded = DeadlineExceeded;
+/** The effect threw after it may have reached the remote: settled `unknown`.
+ * `cause` is the effect's error; `receipt` the unknown receipt. */
+class OutcomeUnknown extends SettleError {
+    key;
+    receipt;
+    constructor(key, receipt, cause) {
+        const why = cause instanceof Error ? `: ${cause.message}` : '';
+        super(`the outcome of operation ${JSON.stringify(key)} is unknown; it must be reconciled${why}`, { cause });
+        this.key = key;
+        this.receipt = receipt;
+    }
+}
+exports.OutcomeUnknown = OutcomeUnknown;
+/** SPEC §11.8: throw from an effect (or a `makeIdempotent` function) when
+ * nothing reached the remote: the lease is released (`not_dispatched` when
+ * the claim used `marksDispatch` and no dispatch was marked, else
+ * `not_committed`: the caller attests that nothing was applied) and the
+ * next run executes. Under `marksDispatch`, any error thrown before
+ * `ctx.dispatch()` counts as this. */
+class EffectNotSent extends SettleError {
+}
+exports.EffectNotSent = EffectNotSent;
+/** SPEC §11.8: throw from an effect when the remote refused it for certain
+ * (nothing was applied: a validation error, 409, 425, 429): the lease is
+ * released with `not_committed` and the next run executes. */
+class EffectRefused extends SettleError {
+}
+exports.EffectRefused = EffectRefused;
+/** The value an effect returned cannot be stored as JSON (a BigInt, a Map,
+ * a Set, a class instance, NaN, a function, ...) and no `serializer` turned
+ * it into JSON. `typeName` names the value's type, `path` (a JSON pointer)
+ * where it sits in the result. Before the dispatch mark (`marksDispatch`)
+ * the lease is released and this error is thrown; after it the record is
+ * settled `unknown` with this message and `OutcomeUnknown` is thrown with
+ * this error as its `cause`. Never silently run again. */
+class ResultNotSerializable extends SettleError {
+    typeName;
+    path;
+    constructor(typeName, path, options) {
+        super(`the effect returned ${/^[AEIOU]/.test(typeName) ? 'an' : 'a'} ${typeName}${path ? ` at ${path}` : ''}, which cannot be stored as JSON; ` +
+            'register a serializer: the `serializer` option of runOnce / makeIdempotent, a function (value) => JSON value ' +
+            `called for every value that is not JSON (e.g. serializer: (v) => typeof v === 'bigint' ? v.toString() : v instanceof Map ? Object.fromEntries(v) : String(v))`, options);
+        this.typeName = typeName;
+        this.path = path;
+    }
+}
+exports.ResultNotSerializable = ResultNotSerializable;

@@ -1,0 +1,948 @@
+"use strict";
+Object.defineProperty(exports, "__esModule", { value: true });
+exports.FORBIDDEN_DETAIL = exports.UNAVAILABLE_DETAIL = exports.PRINCIPAL_MISSING_DETAIL = exports.FingerprintOptions = exports.MiddlewareConfigError = exports.MAX_JSON_DEPTH = exports.KeyHeaderError = exports.DEFAULT_MAX_STORED_BODY = exports.DEFAULT_STORED_HEADERS = exports.NOT_COMMITTED_STATUSES = void 0;
+exports.parseIdempotencyKey = parseIdempotencyKey;
+exports.frame = frame;
+exports.ledgerKey = ledgerKey;
+exports.isJsonMedia = isJsonMedia;
+exports.fingerprintOptions = fingerprintOptions;
+exports.excludePointers = excludePointers;
+exports.fingerprintBody = fingerprintBody;
+exports.requestFingerprint = requestFingerprint;
+exports.bindingPrincipal = bindingPrincipal;
+exports.workerLabel = workerLabel;
+exports.responseSha256 = responseSha256;
+exports.encodeResponse = encodeResponse;
+exports.decodeResponse = decodeResponse;
+exports.problemBody = problemBody;
+exports.retryAfterHeader = retryAfterHeader;
+exports.inProgressRetryAfterS = inProgressRetryAfterS;
+exports.classifyLedgerError = classifyLedgerError;
+exports.markRetryable = markRetryable;
+exports.isMarkedRetryable = isMarkedRetryable;
+exports.principalParts = principalParts;
+exports.fixedPrincipal = fixedPrincipal;
+exports.authenticatedPrincipal = authenticatedPrincipal;
+exports.rawHeaderValues = rawHeaderValues;
+exports.pathAndTarget = pathAndTarget;
+exports.answer = answer;
+exports.problemResponse = problemResponse;
+exports.createEngine = createEngine;
+const errors_js_1 = require("./errors.js");
+const errors_js_2 = require("./errors.js");
+const jcs_js_1 = require("./jcs.js");
+const worker_js_1 = require("./worker.js");
+exports.NOT_COMMITTED_STATUSES = new Set([408, 409, 425, 429]);
+exports.DEFAULT_STORED_HEADERS = ['content-type', 'location'];
+exports.DEFAULT_MAX_STORED_BODY = 32 * 1024;
+const RESULT_VERSION = 1;
+/** The Idempotency-Key header is malformed or sent twice. */
+class KeyHeaderError extends Error {
+    code;
+    constructor(code, message) {
+        super(message);
+        this.code = code;
+    }
+}
+exports.KeyHeaderError = KeyHeaderError;
+function visible(s) {
+    if (s.length < 1 || s.length > 255)
+        return false;
+    for (let i = 0; i < s.length; i++) {
+        const c = s.charCodeAt(i);
+        if (c < 0x21 || c > 0x7e)
+            return false;
+    }
+    return true;
+}
+function invalid(message) {
+    return new KeyHeaderError('idempotency_key_invalid', message);
+}
+/** The RFC 8941 sf-string that starts at v[i] (a `"`): its unescaped text
+ * and the index after its closing quote. Escapes `\"` and `\\` only;
+ * characters 0x20–0x7E. */
+function sfString(v, i) {
+    let out = '';
+    for (i++; i < v.length; i++) {
+        const c = v[i];
+        if (c === '\\') {
+            const n = v[i + 1];
+            if (n !== '"' && n !== '\\')
+                throw invalid('bad escape in an Idempotency-Key sf-string');
+            out += n;
+            i++;
+        }
+        else if (c === '"') {
+            return [out, i + 1];
+        }
+        else {
+            const code = c.charCodeAt(0);
+            if (code < 0x20 || code > 0x7e)
+                throw invalid('bad character in an Idempotency-Key sf-string');
+            out += c;
+        }
+    }
+    throw invalid('unterminated sf-string in Idempotency-Key');
+}
+const badParameter = (what) => invalid(`malformed parameter after the Idempotency-Key sf-string: ${what}`);
+const KEY = /[a-z*][a-z0-9_.*-]*/y;
+const TOKEN = /[A-Za-z*][A-Za-z0-9!#$%&'*+.^_`|~:/-]*/y;
+const NUMBER = /-?[0-9]+(\.[0-9]*)?/y;
+const BYTES = /:[A-Za-z0-9+/=]*:/y;
+/** The match of the sticky `re` starting exactly at v[i], or null. */
+function matchAt(re, v, i) {
+    re.lastIndex = i;
+    return re.exec(v);
+}
+/** The index after the RFC 8941 bare item at v[i]: an sf-string, a token,
+ * an integer or decimal, a byte sequence or a boolean. */
+function bareItemEnd(v, i) {
+    const c = v[i];
+    if (c === undefined)
+        throw badParameter("a value is missing after '='");
+    if (c === '"')
+        return sfString(v, i)[1];
+    if (c === '-' || (c >= '0' && c <= '9')) {
+        const m = matchAt(NUMBER, v, i);
+        if (!m)
+            throw badParameter('a number has at least one digit');
+        const [whole, frac] = m[0].replace(/^-/, '').split('.');
+        if (frac === undefined ? whole.length > 15 : whole.length > 12 || frac.length < 1 || frac.length > 3) {
+            throw badParameter('an integer has 1-15 digits, a decimal 1-12 integer and 1-3 fraction digits');
+        }
+        return i + m[0].length;
+    }
+    if (c === ':') {
+        const m = matchAt(BYTES, v, i);
+        if (!m)
+            throw badParameter('a byte sequence is base64 between colons');
+        return i + m[0].length;
+    }
+    if (c === '?') {
+        if (v[i + 1] === '0' || v[i + 1] === '1')
+            return i + 2;
+        throw badParameter('a boolean is ?0 or ?1');
+    }
+    const m = matchAt(TOKEN, v, i);
+    if (!m)
+        throw badParameter(`unexpected ${JSON.stringify(c)}`);
+    return i + m[0].length;
+}
+/** Checks that v[i..] is zero or more RFC 8941 parameters (then ignored):
+ * `;`, spaces (SP only), a key, optionally `=` and a bare item. */
+function skipParameters(v, i) {
+    while (i < v.length) {
+        if (v[i] !== ';')
+            throw invalid('unexpected characters after the Idempotency-Key sf-string');
+        i++;
+        while (v[i] === ' ')
+            i++;
+        const k = matchAt(KEY, v, i);
+        if (!k)
+            throw badParameter("a key is lower-case letters, digits and '_-.*', starting with a letter or '*'");
+        i += k[0].length;
+        if (v[i] === '=')
+            i = bareItemEnd(v, i + 1);
+    }
+}
+/** The key of the Idempotency-Key field lines: null when absent. After
+ * trimming spaces and tabs, a value starting with `"` is an RFC 8941
+ * sf-string, optionally followed by RFC 8941 parameters (parsed and
+ * ignored: `"abc";a=1` is the key `abc`); any other value is the key as it
+ * is (`abc;a=1` is the key `abc;a=1`). 1–255 visible ASCII after unquoting;
+ * sent twice → idempotency_key_invalid. */
+function parseIdempotencyKey(values) {
+    if (values.length === 0)
+        return null;
+    if (values.length > 1)
+        throw invalid('the Idempotency-Key header was sent more than once');
+    const v = values[0].replace(/^[ \t]+|[ \t]+$/g, '');
+    let key = v;
+    if (v.startsWith('"')) {
+        const [text, end] = sfString(v, 0);
+        skipParameters(v, end);
+        key = text;
+    }
+    if (!visible(key))
+        throw invalid('the Idempotency-Key must be 1-255 visible ASCII characters');
+    return key;
+}
+const enc = new TextEncoder();
+const utf8 = (s) => enc.encode(s);
+/** Each field as a 4-byte big-endian length followed by its bytes. */
+function frame(...fields) {
+    const parts = [];
+    for (const f of fields) {
+        const len = Buffer.alloc(4);
+        len.writeUInt32BE(f.length, 0);
+        parts.push(len, Buffer.from(f.buffer, f.byteOffset, f.byteLength));
+    }
+    return Buffer.concat(parts);
+}
+/** SPEC §8 scope: `mw-` + hex SHA-256 of the framed namespace, principal and
+ * (unquoted) header value, all UTF-8. */
+function ledgerKey(namespace, principal, key) {
+    return 'mw-' + (0, jcs_js_1.sha256Hex)(frame(utf8(namespace), utf8(principal), utf8(key)));
+}
+/** `application/json` or any `*+json` media type (parameters and case
+ * ignored; spaces and tabs around it trimmed): the bodies the fingerprint
+ * reads as JSON. */
+function isJsonMedia(contentType) {
+    const media = (contentType.split(';', 1)[0] ?? '').replace(/^[ \t]+|[ \t]+$/g, '').toLowerCase();
+    return media === 'application/json' || media.endsWith('+json');
+}
+/** A JSON body nested deeper than this (arrays and objects) is
+ * fingerprinted as raw bytes, in every SDK. */
+exports.MAX_JSON_DEPTH = 100;
+/** A middleware option refused at construction. `option` names it
+ * (`canonicalJson`, `fields` or `exclude`); `code` is the shared vectors'
+ * `error`: `invalid_fields`, `invalid_exclude`, `fields_and_exclude` or
+ * `canonical_json_off` (and `invalid_canonical_json` for a value that is
+ * not a boolean). */
+class MiddlewareConfigError extends TypeError {
+    code;
+    option;
+    constructor(code, option, message) {
+        super(message);
+        this.name = 'MiddlewareConfigError';
+        this.code = code;
+        this.option = option;
+    }
+}
+exports.MiddlewareConfigError = MiddlewareConfigError;
+/** The body options of the fingerprint, checked (`fingerprintOptions`). */
+class FingerprintOptions {
+    canonicalJson;
+    fields;
+    exclude;
+    /** @internal use fingerprintOptions(), which checks */
+    constructor(canonicalJson, fields, exclude) {
+        this.canonicalJson = canonicalJson;
+        this.fields = fields;
+        this.exclude = exclude;
+        Object.freeze(this);
+    }
+}
+exports.FingerprintOptions = FingerprintOptions;
+function pointerList(option, code, pointers) {
+    if (!Array.isArray(pointers))
+        throw new MiddlewareConfigError(code, option, `${option} must be an array of JSON pointers (RFC 6901)`);
+    if (pointers.length === 0)
+        throw new MiddlewareConfigError(code, option, `${option} must name at least one JSON pointer`);
+    for (const p of pointers) {
+        if (typeof p !== 'string')
+            throw new MiddlewareConfigError(code, option, `${option}: ${String(p)} is not a JSON pointer string`);
+        try {
+            (0, jcs_js_1.parsePointer)(p);
+        }
+        catch (e) {
+            throw new MiddlewareConfigError(code, option, `${option}: ${e.message}`);
+        }
+    }
+    return Object.freeze([...pointers]);
+}
+/** The body options of the fingerprint, checked (sdk/MIDDLEWARE-KEYS.md):
+ * `fields` and `exclude` are non-empty arrays of RFC 6901 pointers, not
+ * both; `exclude` may not hold `""` (the whole document); either needs
+ * `canonicalJson`. Anything else throws MiddlewareConfigError naming the
+ * option. */
+function fingerprintOptions(input = {}) {
+    if (input instanceof FingerprintOptions)
+        return input;
+    const canonical = input.canonicalJson ?? true;
+    if (typeof canonical !== 'boolean')
+        throw new MiddlewareConfigError('invalid_canonical_json', 'canonicalJson', 'canonicalJson must be true or false');
+    const { fields, exclude } = input;
+    if (fields !== undefined && fields !== null && exclude !== undefined && exclude !== null) {
+        throw new MiddlewareConfigError('fields_and_exclude', 'exclude', 'fields and exclude cannot both be given (fields keeps, exclude leaves out)');
+    }
+    const f = fields === undefined || fields === null ? null : pointerList('fields', 'invalid_fields', fields);
+    const x = exclude === undefined || exclude === null ? null : pointerList('exclude', 'invalid_exclude', exclude);
+    if (x !== null && x.includes(''))
+        throw new MiddlewareConfigError('invalid_exclude', 'exclude', 'exclude cannot hold "" (the whole document)');
+    if ((f !== null || x !== null) && !canonical) {
+        const option = f !== null ? 'fields' : 'exclude';
+        throw new MiddlewareConfigError('canonical_json_off', option, `${option} needs canonicalJson (the body is read as JSON, then canonicalised)`);
+    }
+    return new FingerprintOptions(canonical, f, x);
+}
+/** True when `v` nests at most `limit` arrays/objects deep. */
+function depthAtMost(v, limit) {
+    const stack = [[v, 0]];
+    while (stack.length > 0) {
+        const [cur, d] = stack.pop();
+        if (cur !== null && typeof cur === 'object') {
+            if (d + 1 > limit)
+                return false;
+            for (const c of Array.isArray(cur) ? cur : Object.values(cur))
+                stack.push([c, d + 1]);
+        }
+    }
+    return true;
+}
+const INDEX = /^(0|[1-9][0-9]*)$/;
+function comparePaths(a, b) {
+    for (let i = 0; i < Math.min(a.length, b.length); i++) {
+        const x = a[i];
+        const y = b[i];
+        if (x === y)
+            continue;
+        if (typeof x === 'number' && typeof y === 'number')
+            return x - y;
+        if (typeof x === 'number')
+            return -1;
+        if (typeof y === 'number')
+            return 1;
+        // UTF-16 code units, as Python compares code points: the order only
+        // has to be total and shared by siblings (one container).
+        return x < y ? -1 : 1;
+    }
+    return a.length - b.length;
+}
+/** `value` without the values at `pointers` (sdk/MIDDLEWARE-KEYS.md): every
+ * pointer is resolved in the document as given (before any removal; one
+ * that does not resolve is ignored), then each value found is removed, an
+ * object member by its name, an array element by its index (later elements
+ * shift down). Removed last-first, deepest first, so the order of the
+ * pointers does not matter. `value` is changed in place and returned. */
+function excludePointers(value, pointers) {
+    const paths = [];
+    for (const p of pointers) {
+        const tokens = (0, jcs_js_1.parsePointer)(p);
+        if (tokens.length === 0)
+            throw new jcs_js_1.FingerprintError('invalid_fields', 'exclude cannot hold "" (the whole document)');
+        let cur = value;
+        const path = [];
+        let found = true;
+        for (const t of tokens) {
+            if (Array.isArray(cur)) {
+                if (!INDEX.test(t) || Number(t) >= cur.length) {
+                    found = false;
+                    break;
+                }
+                path.push(Number(t));
+                cur = cur[Number(t)];
+            }
+            else if (cur !== null && typeof cur === 'object' && Object.prototype.hasOwnProperty.call(cur, t)) {
+                path.push(t);
+                cur = cur[t];
+            }
+            else {
+                found = false;
+                break;
+            }
+        }
+        if (found)
+            paths.push(path);
+    }
+    paths.sort((a, b) => comparePaths(b, a)); // descending
+    let last = null;
+    for (const path of paths) {
+        if (last !== null && comparePaths(last, path) === 0)
+            continue;
+        last = path;
+        let parent = value;
+        for (const step of path.slice(0, -1))
+            parent = parent[step];
+        const end = path[path.length - 1];
+        if (Array.isArray(parent))
+            parent.splice(end, 1);
+        else
+            delete parent[end];
+    }
+    return value;
+}
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+/** The body bytes that enter the fingerprint. With canonicalJson, when the
+ * media type is JSON (`isJsonMedia`) and the body is not empty, is strict
+ * UTF-8 (a BOM makes it not JSON), parses as JSON, nests at most
+ * MAX_JSON_DEPTH deep and is accepted whole by the fingerprint helper: its
+ * RFC 8785 text, after `fields` (the selection {pointer: value} of the
+ * fingerprint helper) or `exclude`. Any other body: the raw bytes. */
+function fingerprintBody(options, contentType, body) {
+    if (!options.canonicalJson || body.length === 0 || !isJsonMedia(contentType))
+        return body;
+    let value;
+    let whole;
+    try {
+        value = JSON.parse(strictUtf8.decode(body));
+        if (!depthAtMost(value, exports.MAX_JSON_DEPTH))
+            return body;
+        whole = (0, jcs_js_1.canonicalize)(value); // the whole body must be JSON the helper accepts
+    }
+    catch {
+        return body; // not JSON after all: the raw bytes count
+    }
+    if (options.fields !== null)
+        return utf8((0, jcs_js_1.canonicalize)((0, jcs_js_1.selectFields)(value, options.fields)));
+    if (options.exclude !== null)
+        return utf8((0, jcs_js_1.canonicalize)(excludePointers(value, options.exclude)));
+    return utf8(whole);
+}
+/** SPEC §8 fingerprint: SHA-256 over the framed method (upper case), the
+ * request target (path with its query, as sent), the content-type ("" when
+ * absent), the body (`fingerprintBody`: by default the RFC 8785 form of a
+ * JSON body), then each configured header as name (lower case) and value,
+ * sorted by name. `options`: `fingerprintOptions(...)` (checked once), the
+ * unchecked `{ canonicalJson, fields, exclude }` (checked on every call), or
+ * a boolean for canonicalJson alone (default true). */
+function requestFingerprint(method, target, contentType, body, headers = [], options = true) {
+    const opts = fingerprintOptions(typeof options === 'boolean' ? { canonicalJson: options } : options);
+    const b = fingerprintBody(opts, contentType, body);
+    const parts = [utf8(method.toUpperCase()), utf8(target), utf8(contentType), b];
+    const hs = headers.map(([n, v]) => [n.toLowerCase(), v]).sort((x, y) => (x[0] < y[0] ? -1 : x[0] > y[0] ? 1 : x[1] < y[1] ? -1 : x[1] > y[1] ? 1 : 0));
+    for (const [n, v] of hs)
+        parts.push(utf8(n), utf8(v));
+    return (0, jcs_js_1.sha256Hex)(frame(...parts));
+}
+/** The claim's binding.principal: the principal when it fits the key syntax, else `sha256:` + its digest. */
+function bindingPrincipal(principal) {
+    return visible(principal) ? principal : 'sha256:' + (0, jcs_js_1.sha256Hex)(utf8(principal));
+}
+/** The claim's `worker` field, for operators. */
+function workerLabel(key, principal) {
+    return `idempotency-key=${key} principal=${bindingPrincipal(principal)}`;
+}
+function responseSha256(status, body) {
+    return (0, jcs_js_1.sha256Hex)(frame(utf8(String(status)), body));
+}
+/** The settled `result` for a response, and its response_sha256. */
+function encodeResponse(status, headers, body, storedNames, maxBody) {
+    // The replay sets its own content-length; framing headers are never stored.
+    const names = new Set([...storedNames].map((n) => n.toLowerCase()).filter((n) => n !== 'content-length' && n !== 'transfer-encoding'));
+    const kept = headers.filter(([n]) => names.has(n.toLowerCase())).map(([n, v]) => [n.toLowerCase(), v]);
+    const result = { v: RESULT_VERSION, status, headers: kept };
+    if (body.length <= maxBody) {
+        result.body = Buffer.from(body).toString('base64');
+    }
+    else {
+        result.body = null;
+        result.body_bytes = body.length;
+        result.body_sha256 = (0, jcs_js_1.sha256Hex)(body);
+    }
+    return { result, responseSha256: responseSha256(status, body) };
+}
+const B64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/;
+/** A stored response, or null when `result` is not one. */
+function decodeResponse(result) {
+    if (!result || typeof result !== 'object' || Array.isArray(result))
+        return null;
+    const r = result;
+    if (r.v !== RESULT_VERSION || !Number.isInteger(r.status) || !Array.isArray(r.headers))
+        return null;
+    const hs = [];
+    for (const h of r.headers) {
+        if (!Array.isArray(h) || h.length !== 2 || typeof h[0] !== 'string' || typeof h[1] !== 'string')
+            return null;
+        hs.push([h[0], h[1]]);
+    }
+    if (r.body === null || r.body === undefined)
+        return { status: r.status, headers: hs, body: null };
+    if (typeof r.body !== 'string' || !B64.test(r.body))
+        return null;
+    return { status: r.status, headers: hs, body: Buffer.from(r.body, 'base64') };
+}
+const TITLES = {
+    idempotency_key_missing: 'Idempotency-Key missing',
+    idempotency_key_invalid: 'Idempotency-Key invalid',
+    idempotency_key_reused: 'Idempotency-Key reused',
+    request_in_progress: 'Request in progress',
+    outcome_unknown: 'Outcome unknown',
+    idempotency_unavailable: 'Idempotency unavailable',
+    response_not_stored: 'Response not stored',
+    payload_too_large: 'Payload too large',
+    idempotency_forbidden: 'Idempotency forbidden',
+    idempotency_principal_missing: 'Idempotency principal missing',
+};
+exports.PRINCIPAL_MISSING_DETAIL = 'no principal was found for this request (see the principal option)';
+exports.UNAVAILABLE_DETAIL = 'the idempotency ledger is unreachable; the request was not run';
+exports.FORBIDDEN_DETAIL = "the ledger refused this caller's binding (its principal was revoked or moved on)";
+/** An RFC 9457 problem+json body with the extra `code` member. */
+function problemBody(status, code, detail) {
+    return Buffer.from(JSON.stringify({ type: `urn:settle:problem:${code}`, title: TITLES[code] ?? code, status, detail, code }));
+}
+/** Whole seconds, at least 1 (SPEC §8). */
+function retryAfterHeader(retryAfterMs) {
+    return String(Math.max(1, Math.ceil(retryAfterMs / 1000)));
+}
+/** SPEC §8 (amended): the `Retry-After` of `request_in_progress` in whole
+ * seconds: the time the running lease has left (ceil of lease_expires_at −
+ * now), at least 1, and at least the ledger's `retry_after_ms` hint. */
+function inProgressRetryAfterS(retryAfterMs, leaseExpiresAt, now = Date.now()) {
+    let s = Math.max(1, Math.ceil(retryAfterMs / 1000));
+    const at = leaseExpiresAt ? Date.parse(leaseExpiresAt) : NaN;
+    if (Number.isFinite(at))
+        s = Math.max(s, Math.ceil((at - now) / 1000));
+    return s;
+}
+/** SPEC §8's rule for a claim or dispatch that failed, shared by the three
+ * SDKs: no answer or 503 `unavailable` → 503 `idempotency_unavailable`
+ * (fail-open allowed); `stale_binding` → 403 `idempotency_forbidden`;
+ * `record_refused` and any 429 → 503 (a 429's own Retry-After, rounded up,
+ * when it sent one); anything else (`invalid_request`, 401, ...) → 503,
+ * logged as an error. A refusal never runs the handler. */
+function classifyLedgerError(err, unavailableRetryAfterS) {
+    const configured = Math.max(1, Math.ceil(unavailableRetryAfterS));
+    const unavailable = (failOpen, retryAfter, unexpected) => ({
+        failOpen,
+        status: 503,
+        code: 'idempotency_unavailable',
+        detail: exports.UNAVAILABLE_DETAIL,
+        retryAfter,
+        unexpected,
+    });
+    // Retried until the deadline: what the last try got.
+    if (err instanceof errors_js_1.DeadlineExceeded && err.cause !== undefined)
+        err = err.cause;
+    if (err instanceof errors_js_1.TransportError || (err instanceof errors_js_1.Unavailable && err.status === 503))
+        return unavailable(true, configured, false);
+    if (err instanceof errors_js_1.StaleBinding) {
+        return { failOpen: false, status: 403, code: 'idempotency_forbidden', detail: exports.FORBIDDEN_DETAIL, retryAfter: null, unexpected: false };
+    }
+    if (err instanceof errors_js_1.ProblemError && err.status === 429) {
+        const ra = err.retryAfterS;
+        return unavailable(false, ra !== null && Number.isFinite(ra) && ra >= 0 ? Math.max(1, Math.ceil(ra)) : configured, false);
+    }
+    if (err instanceof errors_js_1.RecordRefused)
+        return unavailable(false, configured, false);
+    return unavailable(false, configured, true);
+}
+const RETRYABLE = Symbol.for('settle.idempotency.retryable');
+/** Mark a response as saying nothing happened: not stored, the lease is
+ * released with not_committed, and a retry runs the handler again. Takes
+ * what the framework answers with (Express/node:http `res`, Fastify
+ * `reply`, a Fetch `Response`) and returns it. */
+function markRetryable(res) {
+    res[RETRYABLE] = true;
+    return res;
+}
+/** Whether `markRetryable` marked one of these objects. */
+function isMarkedRetryable(...objects) {
+    return objects.some((o) => typeof o === 'object' && o !== null && o[RETRYABLE] === true);
+}
+function checkGeneration(g) {
+    if (typeof g !== 'number' || !Number.isSafeInteger(g) || g < 0) {
+        throw new RangeError(`a principal's generation must be an integer in [0, 2^53 - 1], got ${String(g)}`);
+    }
+    return g;
+}
+/** The principal and generation an extractor found, or null (no identity). */
+function principalParts(found) {
+    if (found === null || found === undefined)
+        return null;
+    if (typeof found === 'string')
+        return { principal: found, generation: 0 };
+    if (typeof found === 'object' && typeof found.principal === 'string') {
+        return { principal: found.principal, generation: found.generation === undefined ? 0 : checkGeneration(found.generation) };
+    }
+    throw new TypeError(`the principal extractor must return a string, { principal, generation? }, null or undefined, not ${String(found)}`);
+}
+/** The `principal` of an application with one caller: every request is
+ * `name` (at `generation`; move it forward after revoking `name`). */
+function fixedPrincipal(name, generation = 0) {
+    if (typeof name !== 'string')
+        throw new TypeError('fixedPrincipal(name): the name must be a string');
+    const found = { principal: name, generation: checkGeneration(generation) };
+    return () => found;
+}
+/** The `principal` from the authenticated identity that an earlier
+ * middleware or hook put in `req.user` (Passport/Express, @fastify/jwt,
+ * @fastify/passport): no `req.user` → null (401
+ * `idempotency_principal_missing`). The principal is `pick(user)` when given
+ * (a string, `{ principal, generation? }` or null), else
+ * `String(user.id ?? user.username)` (null when it has neither). It must
+ * name the account, never a token. */
+function authenticatedPrincipal(pick) {
+    if (pick !== undefined && typeof pick !== 'function')
+        throw new TypeError('authenticatedPrincipal(pick?): pick must be a function of req.user');
+    return (req) => {
+        const user = req.user;
+        if (user === null || user === undefined)
+            return null;
+        if (pick)
+            return pick(user);
+        if (typeof user !== 'object')
+            return null;
+        const u = user;
+        const id = u.id ?? u.username;
+        return id === null || id === undefined ? null : String(id);
+    };
+}
+/** Every field line of the header `name` (lower case) of a Node request, in order. */
+function rawHeaderValues(req, name) {
+    const out = [];
+    const raw = req.rawHeaders;
+    for (let i = 0; i + 1 < raw.length; i += 2)
+        if (raw[i].toLowerCase() === name)
+            out.push(raw[i + 1]);
+    return out;
+}
+/** The path (without the query) and the request target of a raw URL as
+ * sent: "/p?" and "/p" are one target, as in ASGI. */
+function pathAndTarget(url) {
+    const q = url.indexOf('?');
+    return { path: q === -1 ? url : url.slice(0, q), target: url.endsWith('?') ? url.slice(0, -1) : url };
+}
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+const defaultLogger = { info: () => { }, warn: (m) => console.warn(m), error: (m, e) => console.error(m, e ?? '') };
+/** An answer with a body: content-length set, the given headers (lower case). */
+function answer(status, headers, body) {
+    return { status, headers: [...headers, ['content-length', String(body.length)]], body };
+}
+/** A problem+json answer. */
+function problemResponse(status, code, detail, extra = []) {
+    return answer(status, [['content-type', 'application/problem+json'], ...extra], problemBody(status, code, detail));
+}
+/** The SPEC §8 engine for one adapter (`who` names its factory in errors). */
+function createEngine(options, who = 'idempotency') {
+    const client = options?.client;
+    if (!client)
+        throw new TypeError(`${who}({ client }) needs a settle Client`);
+    const extractPrincipal = options.principal;
+    if (typeof extractPrincipal !== 'function') {
+        throw new TypeError(`${who}({ principal }) is required: a function of the request that names the caller's account ` +
+            '(never a token or a header value), e.g. principal: fixedPrincipal("acct-1") for an application with one caller, ' +
+            'or principal: authenticatedPrincipal() for req.user');
+    }
+    const unavailableRetryAfterS = options.unavailableRetryAfterS ?? 1;
+    const namespace = options.namespace ?? 'default';
+    const methods = new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase()));
+    const stored = [...new Set([...exports.DEFAULT_STORED_HEADERS, ...(options.storedHeaders ?? []).map((h) => h.toLowerCase())])];
+    const fpHeaders = (options.fingerprintHeaders ?? []).map((h) => h.toLowerCase());
+    // Checked here: a bad combination throws MiddlewareConfigError naming the option.
+    const fpOptions = fingerprintOptions({ canonicalJson: options.canonicalJson, fields: options.fields, exclude: options.exclude });
+    const maxStoredBody = options.maxStoredBody ?? exports.DEFAULT_MAX_STORED_BODY;
+    const maxRequestBody = options.maxRequestBody ?? 1024 * 1024;
+    const leaseMs = options.leaseMs ?? 30_000;
+    const log = options.logger ?? defaultLogger;
+    const onError = options.onError ?? ((err) => console.error('idempotency: handler failed', err));
+    const checkWait = (w) => {
+        if (w === undefined)
+            return 0;
+        if (typeof w !== 'number' || !Number.isFinite(w) || w < 0)
+            throw new RangeError(`the wait option is seconds >= 0, got ${String(w)}`);
+        return w;
+    };
+    const defaultPolicy = {
+        required: true,
+        failOpen: options.failOpen ?? false,
+        timeoutMs: options.timeoutMs ?? null,
+        wait: checkWait(options.wait),
+    };
+    const stats = {};
+    const count = (k) => {
+        stats[k] = (stats[k] ?? 0) + 1;
+    };
+    function policyOf(method, path) {
+        if (options.routes) {
+            const p = options.routes(method, path);
+            if (!p)
+                return null;
+            return {
+                required: p.required ?? true,
+                failOpen: p.failOpen ?? false,
+                timeoutMs: p.timeoutMs ?? defaultPolicy.timeoutMs ?? null,
+                wait: p.wait === undefined ? (defaultPolicy.wait ?? 0) : checkWait(p.wait),
+            };
+        }
+        return methods.has(method.toUpperCase()) ? defaultPolicy : null;
+    }
+    /** The one place the request fingerprint is computed (SPEC §8, MIDDLEWARE-KEYS.md). */
+    function fingerprintOf(call, method, body) {
+        return requestFingerprint(method, call.target, call.headerValues('content-type')[0] ?? '', body, fpHeaders.map((h) => [h, call.headerValues(h).join(', ')]), fpOptions);
+    }
+    const refuse = (status, code, detail, key) => {
+        count(code);
+        log.info(`idempotency: ${code} for key ${key}`);
+        return { kind: 'answer', response: problemResponse(status, code, detail) };
+    };
+    function replay(key, result) {
+        const s = decodeResponse(result);
+        if (!s || s.body === null) {
+            return refuse(409, 'response_not_stored', 'this request completed but its response was too large to store; it will not run again', key);
+        }
+        count('replayed');
+        log.info(`idempotency: replay of key ${key}`);
+        return { kind: 'answer', response: answer(s.status, [...s.headers, ['idempotent-replayed', 'true']], s.body) };
+    }
+    /** A claim or dispatch that failed (SPEC §8): only a ledger that gave no
+     * answer or a 503 `unavailable` lets a failOpen route run the handler; a
+     * refusal never does. */
+    function ledgerFailed(policy, key, err, call) {
+        const f = classifyLedgerError(err, unavailableRetryAfterS);
+        if (policy.failOpen && f.failOpen) {
+            count('fail_open');
+            log.warn(`idempotency: ledger unreachable (${String(err)}); key ${key} runs WITHOUT idempotency (failOpen)`);
+            return { kind: 'unwrapped' };
+        }
+        count(f.code);
+        if (f.unexpected)
+            log.error(`idempotency: unexpected answer of the ledger to the ${call} of key ${key}`, err);
+        else
+            log.warn(`idempotency: the ${call} of key ${key} failed (${f.code}): ${String(err)}`);
+        return { kind: 'answer', response: problemResponse(f.status, f.code, f.detail, f.retryAfter === null ? [] : [['retry-after', String(f.retryAfter)]]) };
+    }
+    async function begin(call) {
+        const method = call.method.toUpperCase();
+        const policy = policyOf(method, call.path);
+        if (!policy)
+            return { kind: 'unwrapped' };
+        let key;
+        try {
+            key = parseIdempotencyKey(call.headerValues('idempotency-key'));
+        }
+        catch (e) {
+            const k = e;
+            return refuse(400, k.code, k.message, null);
+        }
+        if (key === null) {
+            if (!policy.required)
+                return { kind: 'unwrapped' };
+            return refuse(400, 'idempotency_key_missing', 'this route requires an Idempotency-Key header', null);
+        }
+        const who = principalParts(await extractPrincipal(call.req));
+        if (who === null)
+            return refuse(401, 'idempotency_principal_missing', exports.PRINCIPAL_MISSING_DETAIL, key);
+        const read = await call.body(maxRequestBody);
+        if (read === 'too_large')
+            return refuse(413, 'payload_too_large', 'the request body is over the idempotency limit', key);
+        const body = Buffer.from(read.buffer, read.byteOffset, read.byteLength);
+        const fp = fingerprintOf(call, method, body);
+        const { principal, generation } = who;
+        const lkey = ledgerKey(namespace, principal, key);
+        const binding = { principal: bindingPrincipal(principal), scopes: [], generation };
+        let dec;
+        // A duplicate of a request still running waits up to policy.wait
+        // seconds for its outcome, claiming again after the ledger's hint.
+        const waiting = new worker_js_1.Deadline((policy.wait ?? 0) * 1000);
+        for (;;) {
+            try {
+                dec = await client.claim(lkey, fp, binding, {
+                    leaseMs,
+                    worker: workerLabel(key, principal),
+                    marksDispatch: true,
+                    ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
+                });
+            }
+            catch (e) {
+                if (e instanceof errors_js_2.FingerprintMismatch || e instanceof errors_js_2.BindingMismatch) {
+                    return refuse(422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
+                }
+                return ledgerFailed(policy, key, e, 'claim');
+            }
+            if (dec.decision !== 'in_flight' || waiting.left() <= 0)
+                break;
+            await sleep(Math.min(dec.retryAfterMs, waiting.left()));
+        }
+        if (dec.decision === 'replay')
+            return replay(key, dec.outcome.result);
+        if (dec.decision === 'in_flight') {
+            count('request_in_progress');
+            log.info(`idempotency: key ${key} in progress`);
+            return {
+                kind: 'answer',
+                response: problemResponse(409, 'request_in_progress', 'a request with this Idempotency-Key is still being processed', [
+                    ['retry-after', inProgressRetryAfter(dec)],
+                ]),
+            };
+        }
+        let grant = dec;
+        if (grant.decision === 'reconcile') {
+            const g = await reconcile(call.req, lkey, grant, key, fp, binding, { idempotencyKey: key, principal, body });
+            if (g === null)
+                return refuse(409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
+            if ('kind' in g)
+                return g;
+            grant = g;
+        }
+        // A dispatch whose answer was lost is retried under the same fence (the
+        // ledger answers a repeated dispatch alike), for half the lease: the
+        // rest is left for handing the lease back.
+        const fence = grant.fence;
+        const lease = new worker_js_1.Deadline(leaseMs);
+        try {
+            await (0, worker_js_1.retrying)(() => client.dispatch(lkey, fence), new worker_js_1.Deadline(leaseMs / 2), 'dispatch');
+        }
+        catch (e) {
+            await releaseUndispatched(lkey, fence, key, lease);
+            return ledgerFailed(policy, key, e, 'dispatch');
+        }
+        count('executed');
+        return { kind: 'run', run: execution(call.req, policy, key, lkey, fp, binding, fence) };
+    }
+    /** Hands back a lease whose handler never ran, after a dispatch that
+     * failed: `not_dispatched`, or, when the ledger had recorded the dispatch
+     * after all (its answer was lost: `receipt_required`), `not_committed`
+     * (true: the handler did not run). */
+    async function releaseUndispatched(lkey, fence, key, lease) {
+        try {
+            await (0, worker_js_1.retrying)(() => client.release(lkey, fence, 'not_dispatched'), lease, 'release');
+            return;
+        }
+        catch (e) {
+            if (!(e instanceof errors_js_2.ReceiptRequired)) {
+                // The lease lapses; with no dispatch recorded nothing is flagged.
+                log.warn(`idempotency: release(not_dispatched) of key ${key} failed: ${String(e)}`);
+                return;
+            }
+        }
+        try {
+            await (0, worker_js_1.retrying)(() => client.release(lkey, fence, 'not_committed'), lease, 'release');
+        }
+        catch (e) {
+            log.error(`idempotency: the dispatch of key ${key} was recorded but the handler did not run, and release(not_committed) failed: ` +
+                'the record becomes unknown when its lease lapses', e);
+        }
+    }
+    /** `Retry-After` of request_in_progress: the time the running lease has
+     * left, in whole seconds, at least 1 and at least the ledger's hint. */
+    function inProgressRetryAfter(d) {
+        return String(inProgressRetryAfterS(d.retryAfterMs, d.leaseExpiresAt));
+    }
+    /** SPEC §8: a retry found the record `unknown` (a reconcile lease).
+     * Returns the execute grant under the same fence (not_committed: run the
+     * handler), the replay of the found response (settled), or null (409
+     * `outcome_unknown`: the record stays unknown). */
+    async function reconcile(req, lkey, grant, key, fp, binding, info) {
+        const fence = grant.fence;
+        const lease = new worker_js_1.Deadline(leaseMs);
+        let finding = 'unavailable';
+        if (options.reconcile) {
+            const stopHeartbeat = (0, worker_js_1.startHeartbeat)(client, lkey, fence, leaseMs, new AbortController());
+            try {
+                finding = await options.reconcile(lkey, fence, req, info);
+            }
+            catch (e) {
+                log.error(`idempotency: reconcile hook failed for key ${key}`, e);
+                finding = 'unavailable';
+            }
+            finally {
+                stopHeartbeat();
+            }
+        }
+        let found = null;
+        if (typeof finding === 'object' && finding !== null && finding.finding === 'committed') {
+            try {
+                found = foundResponse(finding.response);
+            }
+            catch (e) {
+                log.error(`idempotency: the reconcile hook of key ${key} found an invalid response; taken as unavailable`, e);
+                finding = 'unavailable';
+            }
+        }
+        else if (finding !== 'not_committed' && finding !== 'unavailable') {
+            log.error(`idempotency: the reconcile hook of key ${key} returned ${JSON.stringify(finding)}; taken as unavailable`);
+            finding = 'unavailable';
+        }
+        try {
+            if (found) {
+                const { result, responseSha256 } = encodeResponse(found.status, found.headers, found.body, stored, maxStoredBody);
+                const status = found.status;
+                await (0, worker_js_1.retrying)(() => client.reconcile(lkey, fence, 'committed', { fingerprint: fp, binding, outcome: { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 } }), lease, 'reconcile');
+                count('reconciled');
+                log.info(`idempotency: key ${key} reconciled: the hook found its response (${status})`);
+                return replay(key, result);
+            }
+            if (finding === 'not_committed') {
+                const ans = await (0, worker_js_1.retrying)(() => client.reconcile(lkey, fence, 'not_committed'), lease, 'reconcile');
+                if ('decision' in ans) {
+                    log.info(`idempotency: key ${key} reconciled: not committed, the handler runs (fence ${fence})`);
+                    return ans;
+                }
+                return null;
+            }
+            await (0, worker_js_1.retrying)(() => client.reconcile(lkey, fence, 'unavailable'), lease, 'reconcile');
+        }
+        catch (e) {
+            // The reconcile lease lapses: the record stays unknown.
+            log.warn(`idempotency: reconcile of key ${key} failed: ${String(e)}`);
+        }
+        return null;
+    }
+    /** The handler's run under the lease: heartbeated until it answers or fails. */
+    function execution(req, policy, key, lkey, fp, binding, fence) {
+        const stopHeartbeat = (0, worker_js_1.startHeartbeat)(client, lkey, fence, leaseMs, new AbortController());
+        let over = false;
+        const end = (what) => {
+            if (over)
+                throw new Error(`idempotency: ${what} after the run of key ${key} was over`);
+            over = true;
+            stopHeartbeat();
+        };
+        return {
+            key,
+            fence,
+            timeoutMs: policy.timeoutMs ?? null,
+            async respond(status, headers, body, retryable = false) {
+                end('respond');
+                if (exports.NOT_COMMITTED_STATUSES.has(status) || retryable) {
+                    await releaseNotCommitted(lkey, fence, fp, binding, key);
+                    return;
+                }
+                const { result, responseSha256 } = encodeResponse(status, headers, body, stored, maxStoredBody);
+                try {
+                    await (0, worker_js_1.retrying)(() => client.settle(lkey, fence, fp, binding, { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 }), new worker_js_1.Deadline(leaseMs + 1000), 'settle');
+                }
+                catch (e) {
+                    // The response goes out anyway (the effect happened); the record
+                    // becomes unknown when its lease lapses.
+                    log.error(`idempotency: the response of key ${key} could not be settled`, e);
+                }
+            },
+            async fail(err, timeout) {
+                end('fail');
+                await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : 'error');
+                if (!timeout)
+                    onError(err, req);
+                return problemResponse(500, 'outcome_unknown', 'the request failed; its outcome is unknown and must be reconciled');
+            },
+        };
+    }
+    async function releaseNotCommitted(lkey, fence, fp, binding, key) {
+        count('not_committed');
+        try {
+            await (0, worker_js_1.retrying)(() => client.release(lkey, fence, 'not_committed'), new worker_js_1.Deadline(leaseMs), 'release');
+        }
+        catch (e) {
+            if (e instanceof errors_js_2.InvalidRequest) {
+                // A server without release(not_committed) (SPEC §4): the safe record is unknown.
+                log.warn(`idempotency: the ledger refused release(not_committed) for key ${key}; settling unknown`);
+                await settleUnknown(lkey, fence, fp, binding, key, 'not_committed unsupported');
+            }
+            else {
+                log.error(`idempotency: release of key ${key} failed`, e);
+            }
+        }
+    }
+    async function settleUnknown(lkey, fence, fp, binding, key, why) {
+        count('outcome_unknown');
+        log.warn(`idempotency: key ${key} failed (${why}); outcome unknown`);
+        try {
+            await (0, worker_js_1.retrying)(() => client.settle(lkey, fence, fp, binding, { status: 'unknown', error: `handler failed: ${why}` }), new worker_js_1.Deadline(leaseMs + 1000), 'settle');
+        }
+        catch (e) {
+            log.error(`idempotency: settle unknown of key ${key} failed`, e); // the lease lapses after dispatch: unknown anyway
+        }
+    }
+    return { stats, maxRequestBody, begin };
+}
+/** A reconcile hook's response as status, headers and body bytes. */
+function foundResponse(r) {
+    if (!r || typeof r !== 'object' || !Number.isInteger(r.status) || r.status < 100 || r.status > 599) {
+        throw new TypeError('a committed finding needs response: { status (100-599), headers?, body? }');
+    }
+    const headers = (Array.isArray(r.headers) ? r.headers : Object.entries(r.headers ?? {})).map(([n, v]) => [String(n).toLowerCase(), String(v)]);
+    let body;
+    if (r.body === undefined || r.body === null)
+        body = Buffer.alloc(0);
+    else if (typeof r.body === 'string')
+        body = Buffer.from(r.body, 'utf8');
+    else if (r.body instanceof Uint8Array)
+        body = Buffer.from(r.body);
+    else {
+        body = Buffer.from(JSON.stringify(r.body), 'utf8');
+        if (!headers.some(([n]) => n === 'content-type'))
+            headers.push(['content-type', 'application/json']);
+    }
+    return { status: r.status, headers, body };
+}
