@@ -8,15 +8,14 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from settle_client import Binding, Client, Grant, InvalidRequest, fingerprint
+from settle_client.testing import SettleServer, start_settle
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -28,24 +27,12 @@ def settle_bin() -> str:
     return b
 
 
-@dataclass
-class Server:
-    url: str
-    proc: subprocess.Popen[str]
+# The plugin's server (settle_client.testing), with this repository's binary.
+Server = SettleServer
 
 
 def start_server(data: Path, config: Path | None = None, extra: list[str] | None = None) -> Server:
-    args = [settle_bin(), "serve", "--data", str(data), "--listen", "127.0.0.1:0", *(extra or [])]
-    if config is not None:
-        args += ["--config", str(config)]
-    env = dict(os.environ, SETTLE_LOG=os.environ.get("SETTLE_LOG", "warn"))
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, env=env)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()  # "listening on ADDR", printed once it accepts
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise RuntimeError(f"settle serve did not start: {line!r}")
-    return Server("http://" + line.split()[-1], proc)
+    return start_settle(data, config=config, extra=extra or (), binary=settle_bin())
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
@@ -61,7 +48,7 @@ def stop(proc: subprocess.Popen[str]) -> None:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     s = start_server(tmp_path_factory.mktemp("settle-data"))
     yield s
-    stop(s.proc)
+    s.stop()
 
 
 TOKENS = {"alpha": "token-alpha-0123456789", "beta": "token-beta-9876543210"}
@@ -79,7 +66,7 @@ def auth_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     )
     s = start_server(d / "data", cfg)
     yield s
-    stop(s.proc)
+    s.stop()
 
 
 @pytest.fixture
