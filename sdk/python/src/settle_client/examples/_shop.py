@@ -85,6 +85,25 @@ def payment_headers(payment: dict[str, Any]) -> list[tuple[str, str]]:
     return [("content-type", "application/json"), ("location", f"/payments/{payment['id']}")]
 
 
+def charge(
+    psp: PaymentProvider, req: PaymentRequest, idempotency_key: str | None, n: int
+) -> tuple[int, list[tuple[str, str]], bytes]:
+    """The handler's work after its delay, for the two WSGI examples: amount
+    0 → 400; a negative amount raises before the charge; the charge under
+    the request's key; ``fail_after_charge`` raises after it; else 201."""
+    if req.amount == 0:
+        return 400, [("content-type", "application/json")], json_bytes({"error": "amount must not be zero"})
+    if req.amount < 0:
+        raise ExampleError(f"negative amount {req.amount}")
+    assert idempotency_key is not None  # the middleware requires it on this route
+    payment = psp.charge(
+        provider_key(ACCOUNT, idempotency_key), {"id": f"pay_{n}", "amount": req.amount, "currency": req.currency}
+    )
+    if req.fail_after_charge:
+        raise ExampleError("the handler died after the provider recorded the payment")
+    return 201, payment_headers(payment), json_bytes(payment)
+
+
 def parse_args(prog: str, doc: str, argv: list[str] | None) -> tuple[argparse.Namespace, str, int]:
     p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (port 0: any free port)")

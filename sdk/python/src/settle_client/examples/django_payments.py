@@ -41,8 +41,8 @@ except ImportError as e:  # pragma: no cover - only without the extra
 from settle_client import Client, fixed_principal
 from settle_client.examples._shop import (
     ACCOUNT,
-    ExampleError,
     PaymentProvider,
+    charge,
     json_bytes,
     parse_args,
     parse_payment,
@@ -81,17 +81,9 @@ def create_payment(request: HttpRequest) -> HttpResponse:
         return _json({"error": req}, 400)
     if req.delay_ms:
         time.sleep(req.delay_ms / 1000.0)
-    if req.amount == 0:
-        return _json({"error": "amount must not be zero"}, 400)
-    if req.amount < 0:
-        raise ExampleError(f"negative amount {req.amount}")
-    key = idempotency_key(request)
-    assert key is not None  # the middleware requires it on this route
-    payment = psp.charge(provider_key(ACCOUNT, key), {"id": f"pay_{n}", "amount": req.amount, "currency": req.currency})
-    if req.fail_after_charge:
-        raise ExampleError("the view died after the provider recorded the payment")
-    resp = HttpResponse(json_bytes(payment), status=201)
-    for name, value in payment_headers(payment):
+    status, headers, body = charge(psp, req, n=n, idempotency_key=idempotency_key(request))
+    resp = HttpResponse(body, status=status)
+    for name, value in headers:
         resp[name] = value
     return resp
 

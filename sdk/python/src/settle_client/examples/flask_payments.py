@@ -30,8 +30,8 @@ from settle_client import Client, fixed_principal
 from settle_client import flask as settle_flask
 from settle_client.examples._shop import (
     ACCOUNT,
-    ExampleError,
     PaymentProvider,
+    charge,
     json_bytes,
     parse_args,
     parse_payment,
@@ -66,16 +66,8 @@ def build_app(client: Client, namespace: str = "payments-example", provider: Pay
             return flask.Response(json_bytes({"error": req}), status=400, mimetype="application/json")
         if req.delay_ms:
             time.sleep(req.delay_ms / 1000.0)
-        if req.amount == 0:
-            return flask.Response(json_bytes({"error": "amount must not be zero"}), 400, mimetype="application/json")
-        if req.amount < 0:
-            raise ExampleError(f"negative amount {req.amount}")
-        key = idempotency_key(flask.request)
-        assert key is not None  # the middleware requires it on this route
-        payment = psp.charge(provider_key(ACCOUNT, key), {"id": f"pay_{n}", "amount": req.amount, "currency": req.currency})
-        if req.fail_after_charge:
-            raise ExampleError("the handler died after the provider recorded the payment")
-        return flask.Response(json_bytes(payment), status=201, headers=payment_headers(payment))
+        status, headers, body = charge(psp, req, n=n, idempotency_key=idempotency_key(flask.request))
+        return flask.Response(body, status=status, headers=headers)
 
     @app.get("/executions")
     def get_executions() -> flask.Response:
