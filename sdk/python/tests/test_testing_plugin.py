@@ -7,10 +7,11 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from conftest import settle_bin
+from conftest import new_key, settle_bin
 
 USES_THE_SERVER = '''
 import uuid
@@ -69,3 +70,17 @@ def test_settle_ledger_without_settle_local_says_what_to_install(pytester: pytes
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines(["*pip install ./sdk/python-local*"])
+
+
+def test_the_readme_example_with_the_plugin_fixture(settle_server: Any) -> None:
+    """README "Testing your code", on the Flask example: the plugin's
+    fixture in this suite, next to the conftest's own server fixture."""
+    from settle_client.examples.flask_payments import build_app
+
+    app = build_app(settle_server.client(), namespace=new_key("test"))
+    http = app.test_client()
+    key = {"Idempotency-Key": new_key("order")}
+    first = http.post("/payments", json={"amount": 100, "currency": "EUR"}, headers=key)
+    again = http.post("/payments", json={"amount": 100, "currency": "EUR"}, headers=key)
+    assert first.status_code == 201 and again.data == first.data and again.headers["Idempotent-Replayed"] == "true"
+    assert http.get("/provider/payments").json == {"count": 1}

@@ -186,8 +186,8 @@ class IdempotencyMiddleware:
                 principal=self.principal,
                 **conf,
             )
-        except TypeError as e:
-            raise ImproperlyConfigured(str(e)) from e
+        except (TypeError, ValueError) as e:
+            raise ImproperlyConfigured(f"settings.{SETTING}: {e}") from e
         self.flow: SyncFlow[HttpResponseBase] = SyncFlow(client, self.options, log)
 
     @property
