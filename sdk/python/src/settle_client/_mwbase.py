@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Union
+from typing import Any, Literal, TypedDict, Union
 
 from . import _mw
 from .types import MAX_SAFE_INTEGER, Binding, InFlight, Outcome, Replay
@@ -23,6 +23,7 @@ __all__ = [
     "Resolution",
     "Answer",
     "Options",
+    "MiddlewareOptions",
     "RETRYABLE",
     "check_generation",
     "principal_parts",
@@ -141,6 +142,28 @@ def target_of(path: str, query: str) -> str:
     """The fingerprint's request target: the path as sent plus ``?query``
     when the query is not empty (sdk/MIDDLEWARE-KEYS.md)."""
     return path + ("?" + query if query else "")
+
+
+class MiddlewareOptions(TypedDict, total=False):
+    """The options every middleware takes besides ``client``,
+    ``principal`` and ``reconcile`` (keyword arguments of the ASGI and WSGI
+    middlewares, keys of Django's ``SETTLE_IDEMPOTENCY``); see
+    ``Options.make`` for the defaults."""
+
+    namespace: str
+    methods: Sequence[str]
+    routes: Callable[[str, str], RoutePolicy | None] | None
+    stored_headers: Sequence[str]
+    fingerprint_headers: Sequence[str]
+    canonical_json: bool
+    max_stored_body: int
+    max_request_body: int
+    lease_ms: int
+    retention_s: int | None
+    timeout: float | None
+    fail_open: bool
+    unavailable_retry_after_s: int
+    wait: float
 
 
 @dataclass(frozen=True)

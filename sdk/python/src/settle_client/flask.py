@@ -18,10 +18,13 @@ and ``mark_retryable(request)`` take ``flask.request``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .client import Client
-from .wsgi import IdempotencyMiddleware, PrincipalExtractor, ReconcileHook, mark_failed
+from .wsgi import IdempotencyMiddleware, MiddlewareOptions, PrincipalExtractor, ReconcileHook, mark_failed
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only read by type checkers
 
 try:
     import flask
@@ -42,7 +45,7 @@ def init_app(
     client: Client,
     principal: PrincipalExtractor | None = None,
     reconcile: ReconcileHook | None = None,
-    **options: Any,
+    **options: Unpack[MiddlewareOptions],
 ) -> IdempotencyMiddleware:
     """Wrap ``app`` (its ``wsgi_app``) in the Idempotency-Key middleware and
     return the middleware (its ``counts``). Options: those of

@@ -31,7 +31,17 @@ from typing import TYPE_CHECKING, Any, Union
 from urllib.parse import quote, urlsplit
 
 from . import _mw
-from ._mwbase import RETRYABLE, Answer, Committed, Options, Principal, Resolution, RoutePolicy, fixed_principal
+from ._mwbase import (
+    RETRYABLE,
+    Answer,
+    Committed,
+    MiddlewareOptions,
+    Options,
+    Principal,
+    Resolution,
+    RoutePolicy,
+    fixed_principal,
+)
 from ._mwsync import HandlerFailed, Ran, RequestInfo, SyncFlow, Unwrapped
 from .client import Client
 
@@ -49,6 +59,7 @@ __all__ = [
     "remote_user_principal",
     "Principal",
     "PrincipalExtractor",
+    "MiddlewareOptions",
     "WSGIEnviron",
 ]
 
@@ -61,6 +72,7 @@ if TYPE_CHECKING:
     # The standard library's own WSGI protocol (typeshed), as Flask and
     # Django annotate it.
     from _typeshed.wsgi import StartResponse
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only read by type checkers
 else:
     StartResponse = Callable[..., Write]
 
@@ -267,7 +279,7 @@ class IdempotencyMiddleware:
         client: Client,
         principal: PrincipalExtractor | None = None,
         reconcile: ReconcileHook | None = None,
-        **options: Any,
+        **options: Unpack[MiddlewareOptions],
     ) -> None:
         if options.get("timeout") is not None:
             raise ValueError(
