@@ -16,12 +16,12 @@ subprocess) are skipped in that mode, with the reason.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 import os
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest

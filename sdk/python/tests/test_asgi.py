@@ -274,7 +274,7 @@ def test_fingerprint_options_are_checked_at_construction(options: dict[str, Any]
     assert isinstance(e.value, ValueError)
     assert (e.value.option, e.value.code) == (option, code) and option in str(e.value)
     ok = IdempotencyMiddleware(app, client=AsyncClient("http://127.0.0.1:9"), principal=fixed_principal("a"), exclude=["/ts"])
-    assert ok.fingerprint_options == mw.FingerprintOptions(True, None, ("/ts",))
+    assert ok.options.fingerprint_options == mw.FingerprintOptions(True, None, ("/ts",))
 
 
 def _account(scope: Any) -> str | None:

@@ -1,6 +1,8 @@
 """The payments example app (issue 10 item 4), run exactly as documented:
 ``python -m settle_client.examples.payments --listen 127.0.0.1:PORT
---settle-url URL [--settle-token T]``, against a real settle server."""
+--settle-url URL [--settle-token T]``, against a real settle server; and
+its Flask and Django twins (``flask_payments``, ``django_payments``), which
+must answer alike: every test runs against the three."""
 
 from __future__ import annotations
 
@@ -18,9 +20,14 @@ import pytest
 from conftest import TOKENS, Server, new_key, remote_only, stop
 
 
-def start_example(settle_url: str, token: str | None = None, stderr: int = subprocess.DEVNULL) -> tuple[str, subprocess.Popen[str]]:
+EXAMPLES = ["payments", "flask_payments", "django_payments"]
+
+
+def start_example(
+    settle_url: str, token: str | None = None, stderr: int = subprocess.DEVNULL, module: str = "payments"
+) -> tuple[str, subprocess.Popen[str]]:
     remote_only("the example app runs in another process, out of reach of a ledger in this one")
-    args = [sys.executable, "-m", "settle_client.examples.payments", "--listen", "127.0.0.1:0", "--settle-url", settle_url]
+    args = [sys.executable, "-m", f"settle_client.examples.{module}", "--listen", "127.0.0.1:0", "--settle-url", settle_url]
     if token:
         args += ["--settle-token", token]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=dict(os.environ))
@@ -32,9 +39,9 @@ def start_example(settle_url: str, token: str | None = None, stderr: int = subpr
     return "http://" + line.split()[-1], proc
 
 
-@pytest.fixture(scope="module")
-def example(server: Server) -> Iterator[str]:
-    url, proc = start_example(server.url)
+@pytest.fixture(scope="module", params=EXAMPLES)
+def example(request: pytest.FixtureRequest, server: Server) -> Iterator[str]:
+    url, proc = start_example(server.url, module=request.param)
     yield url
     stop(proc)
 
@@ -148,12 +155,13 @@ def test_fifty_concurrent_duplicates_execute_once(example: str) -> None:
         assert r.status_code == 409 and r.json()["code"] == "request_in_progress" and int(r.headers["retry-after"]) >= 1
 
 
-def test_ledger_unreachable_is_503(server: Server) -> None:
+@pytest.mark.parametrize("module", EXAMPLES)
+def test_ledger_unreachable_is_503(server: Server, module: str) -> None:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
     dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     s.close()
-    url, proc = start_example(dead)
+    url, proc = start_example(dead, module=module)
     try:
         r = pay(url, new_key(), {"amount": 1, "currency": "EUR"})
         assert r.status_code == 503 and r.json()["code"] == "idempotency_unavailable"
@@ -163,8 +171,9 @@ def test_ledger_unreachable_is_503(server: Server) -> None:
         stop(proc)
 
 
-def test_with_a_token(auth_server: Server) -> None:
-    url, proc = start_example(auth_server.url, TOKENS["alpha"])
+@pytest.mark.parametrize("module", EXAMPLES)
+def test_with_a_token(auth_server: Server, module: str) -> None:
+    url, proc = start_example(auth_server.url, TOKENS["alpha"], module=module)
     try:
         key = new_key()
         first = pay(url, key, {"amount": 3, "currency": "EUR"})
@@ -172,7 +181,7 @@ def test_with_a_token(auth_server: Server) -> None:
         assert pay(url, key, {"amount": 3, "currency": "EUR"}).headers["idempotent-replayed"] == "true"
     finally:
         stop(proc)
-    url, proc = start_example(auth_server.url, "wrong-token")
+    url, proc = start_example(auth_server.url, "wrong-token", module=module)
     try:
         r = pay(url, new_key(), {"amount": 3, "currency": "EUR"})
         assert r.status_code == 503 and r.json()["code"] == "idempotency_unavailable"
@@ -182,10 +191,11 @@ def test_with_a_token(auth_server: Server) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.parametrize("used", [False, True], ids=["idle", "after requests"])
-def test_ctrl_c_exits_cleanly(server: Server, sig: signal.Signals, used: bool) -> None:
+@pytest.mark.parametrize("module", EXAMPLES)
+def test_ctrl_c_exits_cleanly(server: Server, sig: signal.Signals, used: bool, module: str) -> None:
     """Ctrl-C (or SIGTERM) stops the example gracefully: exit status 0 and
     nothing on stderr (no traceback)."""
-    url, proc = start_example(server.url, stderr=subprocess.PIPE)
+    url, proc = start_example(server.url, stderr=subprocess.PIPE, module=module)
     try:
         if used:
             key = new_key()

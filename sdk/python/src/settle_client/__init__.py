@@ -9,7 +9,11 @@
 - ``Reconciler`` / ``AsyncReconciler``: resolve ``unknown`` records by key
   prefix with reconcile hooks (SPEC §11.10);
 - ``settle_client.asgi.IdempotencyMiddleware``: SPEC §8 for Starlette/FastAPI,
-  with its principal helpers ``fixed_principal`` and ``authenticated_principal``.
+  with its principal helpers ``fixed_principal`` and ``authenticated_principal``;
+  the same for WSGI (``settle_client.wsgi``), Flask (``settle_client.flask``)
+  and Django (``settle_client.django``);
+- ``settle_client.testing``: the pytest plugin (``settle_server``,
+  ``settle_ledger``).
 """
 
 from ._jcs import FingerprintError, canonicalize, fingerprint, select_fields

@@ -211,6 +211,11 @@ def select_fields(value: Any, fields: Iterable[str]) -> dict[str, Any]:
 
 def fingerprint(value: Any, fields: Sequence[str] | None = None) -> str:
     """SPEC §11.1: lowercase hex SHA-256 of the RFC 8785 canonical UTF-8 text
-    of ``value``, or of the selection ``select_fields(value, fields)``."""
+    of ``value``, or of the selection ``select_fields(value, fields)``. A
+    pydantic model or a dataclass (also inside ``value``) counts as its JSON
+    (``model_dump(mode="json")``, its fields by name)."""
+    from ._typed import to_json  # late: _typed is not needed by canonicalize alone
+
+    value = to_json(value)
     target = value if fields is None else select_fields(value, fields)
     return hashlib.sha256(canonicalize(target).encode("utf-8")).hexdigest()

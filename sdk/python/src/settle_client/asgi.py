@@ -31,11 +31,34 @@ import collections
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal, Union
+from dataclasses import dataclass
+from typing import Any, Union
 
 from . import _mw
 from ._mw import ConfigError
+from ._mwbase import (
+    FAILED_DETAIL,
+    MISSING_DETAIL,
+    OUTCOME_UNKNOWN_DETAIL,
+    RETRYABLE,
+    REUSED_DETAIL,
+    TOO_LARGE_DETAIL,
+    Answer,
+    Committed,
+    Options,
+    Principal,
+    Resolution,
+    RoutePolicy,
+    checked_finding,
+    committed_answer,
+    fixed_principal,
+    in_progress_answer,
+    ledger_failure_answer,
+    principal_parts,
+    problem,
+    replay_answer,
+    response_outcome,
+)
 from .client import AsyncClient
 from .errors import (
     BindingMismatch,
@@ -44,7 +67,7 @@ from .errors import (
     ReceiptRequired,
     SettleError,
 )
-from .types import MAX_SAFE_INTEGER, Binding, ClaimDecision, Grant, InFlight, Outcome, Receipt, Replay
+from .types import Binding, ClaimDecision, Grant, InFlight, Outcome, Receipt, Replay
 from .worker import _aheartbeat, _aretry, _Deadline, _in_flight_wait_s
 
 __all__ = [
@@ -70,9 +93,6 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-Principal = Union[str, tuple[str, int], None]
-"""What a principal extractor returns: the caller's account (generation 0),
-``(account, generation)``, or None when the request has no identity."""
 PrincipalExtractor = Callable[[Scope], Union[Principal, Awaitable[Principal]]]
 """The ``principal`` option: the ASGI scope → the caller (may be async)."""
 
@@ -103,48 +123,11 @@ class ReconcileRequest:
         return ", ".join(values) if values else None
 
 
-@dataclass(frozen=True)
-class Committed:
-    """A reconcile hook's finding that the request's effect happened, with
-    the response to store and replay (``status``, ``headers``, ``body``):
-    settled as the handler's response would have been (``completed``, or
-    ``failed`` for a 5xx; the ``stored_headers`` kept) and sent with
-    ``Idempotent-Replayed: true``."""
-
-    status: int
-    headers: Sequence[tuple[str, str]] = ()
-    body: bytes | str = b""
-
-
-Resolution = Union[Committed, Literal["not_committed", "unavailable"]]
-"""What a reconcile hook answers: ``Committed(...)`` (settle and replay
-that response), ``"not_committed"`` (run the handler under the same fence)
-or ``"unavailable"`` (cannot tell: 409 ``outcome_unknown``)."""
-
 ReconcileHook = Callable[[str, int, ReconcileRequest], Union[Resolution, Awaitable[Resolution]]]
 """The ``reconcile`` option: (ledger key, fence, the retried request) → a
 Resolution (may be ``async``)."""
 
 log = logging.getLogger("settle_client.asgi")
-_RETRYABLE = "settle_retryable"
-
-
-@dataclass(frozen=True)
-class RoutePolicy:
-    """How one route is wrapped. ``required``: a request without a key gets
-    400 (else it runs unwrapped). ``fail_open``: when the ledger is
-    unreachable (no answer, or a 503 ``unavailable``), run the handler
-    without idempotency (logged) instead of 503; a refusal of the ledger
-    never runs the handler. ``timeout``: seconds before the handler counts
-    as failed (unknown). ``wait``: seconds a duplicate that finds the first
-    request in progress waits for its outcome (claiming again after each
-    retry hint) before it answers 409 ``request_in_progress``; None: the
-    middleware's ``wait`` (default 0)."""
-
-    required: bool = True
-    fail_open: bool = False
-    timeout: float | None = None
-    wait: float | None = None
 
 
 def mark_retryable(target: Any) -> None:
@@ -153,7 +136,7 @@ def mark_retryable(target: Any) -> None:
     the handler again. ``target``: a Starlette ``Request`` or the ASGI
     scope."""
     scope = getattr(target, "scope", target)
-    scope.setdefault("state", {})[_RETRYABLE] = True
+    scope.setdefault("state", {})[RETRYABLE] = True
 
 
 def idempotency_key(target: Any) -> str | None:
@@ -168,20 +151,6 @@ def idempotency_key(target: Any) -> str | None:
         return _mw.parse_idempotency_key(_header_values(scope, b"idempotency-key"))
     except _mw.KeyError_:
         return None
-
-
-def fixed_principal(name: str, generation: int = 0) -> PrincipalExtractor:
-    """The ``principal`` of an application with one caller: every request is
-    ``name`` (at ``generation``)."""
-    if not isinstance(name, str):
-        raise TypeError("fixed_principal: the name must be a str")
-    _check_generation(generation)
-    fixed: Principal = (name, generation)
-
-    def extract(scope: Scope) -> Principal:
-        return fixed
-
-    return extract
 
 
 def authenticated_principal(identity: Callable[[Any], Principal] | None = None) -> PrincipalExtractor:
@@ -209,22 +178,6 @@ def authenticated_principal(identity: Callable[[Any], Principal] | None = None) 
         return ident if isinstance(ident, str) else str(ident)
 
     return extract
-
-
-def _check_generation(generation: object) -> int:
-    if isinstance(generation, bool) or not isinstance(generation, int) or not 0 <= generation <= MAX_SAFE_INTEGER:
-        raise ValueError(f"a principal's generation must be an integer in [0, 2^53 - 1], got {generation!r}")
-    return generation
-
-
-def _principal_parts(found: object) -> tuple[str, int] | None:
-    if found is None:
-        return None
-    if isinstance(found, str):
-        return found, 0
-    if isinstance(found, tuple) and len(found) == 2 and isinstance(found[0], str):
-        return found[0], _check_generation(found[1])
-    raise TypeError(f"the principal extractor must return a str, (str, int) or None, not {found!r}")
 
 
 class _Captured:
@@ -284,50 +237,40 @@ class IdempotencyMiddleware:
         reconcile: ReconcileHook | None = None,
         wait: float = 0.0,
     ) -> None:
-        if principal is None or not callable(principal):
-            raise TypeError(
-                "IdempotencyMiddleware needs the principal option: a function of the ASGI scope that names the "
-                "caller's account (never a token), e.g. principal=fixed_principal(\"acct-1\") for an application "
-                "with one caller, or principal=authenticated_principal() for request.user"
-            )
+        self.options = Options.make(
+            middleware="IdempotencyMiddleware",
+            principal=principal,
+            namespace=namespace,
+            methods=methods,
+            routes=routes,
+            stored_headers=stored_headers,
+            fingerprint_headers=fingerprint_headers,
+            canonical_json=canonical_json,
+            fields=fields,
+            exclude=exclude,
+            max_stored_body=max_stored_body,
+            max_request_body=max_request_body,
+            lease_ms=lease_ms,
+            retention_s=retention_s,
+            timeout=timeout,
+            fail_open=fail_open,
+            unavailable_retry_after_s=unavailable_retry_after_s,
+            wait=wait,
+        )
+        assert principal is not None  # Options.make refused None
         self.app = app
         self.client = client
-        self.namespace = namespace
-        self.methods = tuple(m.upper() for m in methods)
-        self.routes = routes
         self.principal = principal
-        self.stored_headers = tuple(dict.fromkeys(list(_mw.DEFAULT_STORED_HEADERS) + [h.lower() for h in stored_headers]))
-        self.fingerprint_headers = tuple(h.lower() for h in fingerprint_headers)
-        # Checked here: a bad combination raises _mw.ConfigError (a ValueError) naming the option.
-        self.fingerprint_options = _mw.fingerprint_options(canonical_json, fields, exclude)
-        self.canonical_json = canonical_json
-        self.max_stored_body = max_stored_body
-        self.max_request_body = max_request_body
         self.lease_ms = lease_ms
-        self.retention_s = retention_s
-        if wait < 0:
-            raise ValueError("wait is a number of seconds, at least 0")
-        self.default_policy = RoutePolicy(required=True, fail_open=fail_open, timeout=timeout, wait=wait)
-        self.unavailable_retry_after_s = unavailable_retry_after_s
         self.reconcile = reconcile
         # Replays and refusals, by kind (SPEC §8: counted and logged).
         self.counts: collections.Counter[str] = collections.Counter()
-
-    def _policy(self, method: str, path: str) -> RoutePolicy | None:
-        if self.routes is not None:
-            p = self.routes(method, path)
-            if p is not None and p.timeout is None and self.default_policy.timeout is not None:
-                p = replace(p, timeout=self.default_policy.timeout)
-            if p is not None and p.wait is None:
-                p = replace(p, wait=self.default_policy.wait)
-            return p
-        return self.default_policy if method.upper() in self.methods else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        policy = self._policy(str(scope["method"]), str(scope["path"]))
+        policy = self.options.policy(str(scope["method"]), str(scope["path"]))
         if policy is None:
             await self.app(scope, receive, send)
             return
@@ -340,12 +283,12 @@ class IdempotencyMiddleware:
             if not policy.required:
                 await self.app(scope, receive, send)
                 return
-            await self._refuse(send, 400, "idempotency_key_missing", "this route requires an Idempotency-Key header", None)
+            await self._refuse(send, 400, "idempotency_key_missing", MISSING_DETAIL, None)
             return
         found = self.principal(scope)
         if inspect.isawaitable(found):
             found = await found
-        who = _principal_parts(found)
+        who = principal_parts(found)
         if who is None:
             await self._refuse(send, 401, "idempotency_principal_missing", _mw.PRINCIPAL_MISSING, key)
             return
@@ -354,7 +297,7 @@ class IdempotencyMiddleware:
             return  # the client went away before its request arrived
         body, too_large = read
         if too_large:
-            await self._refuse(send, 413, "payload_too_large", "the request body is over the idempotency limit", key)
+            await self._refuse(send, 413, "payload_too_large", TOO_LARGE_DETAIL, key)
             return
         await self._handle(scope, receive, send, policy, key, body, who)
 
@@ -370,25 +313,27 @@ class IdempotencyMiddleware:
             if m["type"] == "http.request":
                 chunk = bytes(m.get("body", b""))
                 size += len(chunk)
-                if size <= self.max_request_body:
+                if size <= self.options.max_request_body:
                     parts.append(chunk)
                 if not m.get("more_body", False):
                     break
-        too_large = size > self.max_request_body
+        too_large = size > self.options.max_request_body
         return (b"" if too_large else b"".join(parts)), too_large
 
     async def _handle(
         self, scope: Scope, receive: Receive, send: Send, policy: RoutePolicy, key: str, body: bytes, who: tuple[str, int]
     ) -> None:
         ct = _header_values(scope, b"content-type")
-        content_type = ct[0] if ct else ""
-        fp_headers = [(h, ", ".join(_header_values(scope, h.encode("latin-1")))) for h in self.fingerprint_headers]
-        fp = _mw.request_fingerprint(
-            str(scope["method"]), _target(scope), content_type, body, fp_headers, options=self.fingerprint_options
+        fp = self.options.fingerprint(
+            str(scope["method"]),
+            _target(scope),
+            ct[0] if ct else "",
+            body,
+            lambda h: ", ".join(_header_values(scope, h.encode("latin-1"))),
         )
         principal, generation = who
-        lkey = _mw.ledger_key(self.namespace, principal, key)
-        binding = Binding(_mw.binding_principal(principal), (), generation)
+        lkey = self.options.ledger_key(principal, key)
+        binding = self.options.binding(principal, generation)
 
         # A duplicate that finds the first request in progress claims again
         # after each retry hint, up to the route's wait, then answers 409.
@@ -403,13 +348,7 @@ class IdempotencyMiddleware:
             if left <= 0:
                 self.counts["request_in_progress"] += 1
                 log.info("idempotency: key %s in progress", key)
-                await self._problem(
-                    send,
-                    409,
-                    "request_in_progress",
-                    "a request with this Idempotency-Key is still being processed",
-                    [(b"retry-after", _mw.in_progress_retry_after(dec.retry_after_ms, dec.lease_expires_at).encode())],
-                )
+                await _send_answer(send, in_progress_answer(dec))
                 return
             await asyncio.sleep(min(left, _in_flight_wait_s(dec.retry_after_ms)))
 
@@ -423,9 +362,7 @@ class IdempotencyMiddleware:
             if isinstance(found, Receipt):
                 return  # the hook's response was settled and sent
             if found is None:
-                await self._refuse(
-                    send, 409, "outcome_unknown", "an earlier request with this Idempotency-Key failed with an unknown outcome", key
-                )
+                await self._refuse(send, 409, "outcome_unknown", OUTCOME_UNKNOWN_DETAIL, key)
                 return
             grant = found
         # The dispatch is retried under the same fence while its answer is
@@ -485,10 +422,10 @@ class IdempotencyMiddleware:
                 lease_ms=self.lease_ms,
                 worker=_mw.worker_label(key, principal),
                 marks_dispatch=True,
-                retention_s=self.retention_s,
+                retention_s=self.options.retention_s,
             )
         except (FingerprintMismatch, BindingMismatch):
-            await self._refuse(send, 422, "idempotency_key_reused", "this Idempotency-Key was used for another request", key)
+            await self._refuse(send, 422, "idempotency_key_reused", REUSED_DETAIL, key)
         except Exception as e:  # noqa: BLE001 - every failure of the claim is classified; none runs the handler unless allowed
             await self._ledger_failed(scope, receive, send, policy, key, body, e, "claim")
         return None
@@ -509,7 +446,7 @@ class IdempotencyMiddleware:
         execute grant under the same fence (``not_committed``), the receipt
         of the hook's response (``Committed``: it was sent), or None (the
         lease was handed back: 409 ``outcome_unknown``)."""
-        finding: Any = "unavailable"
+        finding: Resolution = "unavailable"
         if self.reconcile is not None:
             # The reconcile lease is heartbeated while the hook asks the remote.
             hb = asyncio.get_running_loop().create_task(
@@ -517,31 +454,16 @@ class IdempotencyMiddleware:
             )
             try:
                 found = self.reconcile(lkey, grant.fence, ReconcileRequest(scope, body, key, principal))
-                finding = await found if inspect.isawaitable(found) else found
+                finding = checked_finding(await found if inspect.isawaitable(found) else found, key, log)
             except Exception:
                 log.exception("idempotency: reconcile hook failed for key %s", key)
                 finding = "unavailable"
             finally:
                 hb.cancel()
-            if not (isinstance(finding, Committed) or finding in ("not_committed", "unavailable")):
-                log.error(
-                    "idempotency: the reconcile hook answered %r for key %s (want Committed(...), "
-                    "\"not_committed\" or \"unavailable\"); taken as unavailable",
-                    finding,
-                    key,
-                )
-                finding = "unavailable"
         lease = _Deadline(self.lease_ms / 1000.0)
         try:
             if isinstance(finding, Committed):
-                headers = [(str(n), str(v)) for n, v in finding.headers]
-                out = finding.body.encode("utf-8") if isinstance(finding.body, str) else bytes(finding.body)
-                result, digest = _mw.encode_response(
-                    finding.status, headers, out, self.stored_headers, self.max_stored_body
-                )
-                outcome = Outcome(
-                    status="failed" if finding.status >= 500 else "completed", result=result, response_sha256=digest
-                )
+                outcome, answer = committed_answer(self.options, finding)
                 ans = await _aretry(
                     lambda: self.client.reconcile(
                         lkey, grant.fence, "committed", fingerprint=fp, binding=binding, outcome=outcome
@@ -552,8 +474,7 @@ class IdempotencyMiddleware:
                 if isinstance(ans, Receipt):
                     self.counts["reconciled"] += 1
                     log.info("idempotency: key %s reconciled as committed (%d); replayed", key, finding.status)
-                    stored = _mw.decode_response(result)
-                    await self._send_replay(send, finding.status, stored.headers if stored is not None else [], out)
+                    await _send_answer(send, answer)
                     return ans
             elif finding == "not_committed":
                 ans = await _aretry(lambda: self.client.reconcile(lkey, grant.fence, "not_committed"), lease, "reconcile")
@@ -621,9 +542,7 @@ class IdempotencyMiddleware:
         if escaped is not None:
             what = "timeout" if not reraise and not isinstance(escaped, RuntimeError) else type(escaped).__name__
             await self._settle_unknown(lkey, fence, fp, binding, key, what)
-            await self._problem(
-                send, 500, "outcome_unknown", "the request failed; its outcome is unknown and must be reconciled", None
-            )
+            await _send_answer(send, problem(500, "outcome_unknown", FAILED_DETAIL))
             if reraise:
                 # The server (or an outer middleware) logs it, as without us.
                 raise escaped
@@ -634,12 +553,12 @@ class IdempotencyMiddleware:
         headers = [(bytes(n).decode("latin-1"), bytes(v).decode("latin-1")) for n, v in cap.start.get("headers", [])]
         out = b"".join(cap.chunks)
         state = inner.get("state")
-        retryable = status in _mw.NOT_COMMITTED_STATUSES or (isinstance(state, dict) and bool(state.get(_RETRYABLE)))
-        if retryable:
+        outcome = response_outcome(
+            self.options, status, headers, out, isinstance(state, dict) and bool(state.get(RETRYABLE))
+        )
+        if outcome is None:
             await self._release_not_committed(lkey, fence, fp, binding, key)
         else:
-            result, digest = _mw.encode_response(status, headers, out, self.stored_headers, self.max_stored_body)
-            outcome = Outcome(status="failed" if status >= 500 else "completed", result=result, response_sha256=digest)
             try:
                 await _aretry(
                     lambda: self.client.settle(lkey, fence, fp, binding, outcome),
@@ -685,29 +604,10 @@ class IdempotencyMiddleware:
             log.error("idempotency: settle unknown of key %s failed", key, exc_info=True)
 
     async def _replay(self, send: Send, key: str, dec: Replay) -> None:
-        stored = _mw.decode_response(dec.outcome.result)
-        if stored is None or stored.body is None:
-            self.counts["response_not_stored"] += 1
-            log.info("idempotency: key %s completed but its response was not stored", key)
-            await self._problem(
-                send,
-                409,
-                "response_not_stored",
-                "this request completed but its response was too large to store; it will not run again",
-                None,
-            )
-            return
-        self.counts["replayed"] += 1
-        log.info("idempotency: replay of key %s", key)
-        await self._send_replay(send, stored.status, stored.headers, stored.body)
-
-    @staticmethod
-    async def _send_replay(send: Send, status: int, stored_headers: list[tuple[str, str]], body: bytes) -> None:
-        headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in stored_headers]
-        headers.append((b"content-length", str(len(body)).encode()))
-        headers.append((b"idempotent-replayed", b"true"))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+        what, answer = replay_answer(dec)
+        self.counts[what] += 1
+        log.info("idempotency: %s for key %s", "replay" if what == "replayed" else what, key)
+        await _send_answer(send, answer)
 
     async def _ledger_failed(
         self,
@@ -723,7 +623,7 @@ class IdempotencyMiddleware:
         """A claim or dispatch that failed (SPEC §8): only a ledger that gave
         no answer or a 503 ``unavailable`` lets a fail-open route run the
         handler; a refusal never does."""
-        f = _mw.classify_ledger_error(err, self.unavailable_retry_after_s)
+        f = _mw.classify_ledger_error(err, self.options.unavailable_retry_after_s)
         if policy.fail_open and f.fail_open:
             self.counts["fail_open"] += 1
             log.warning("idempotency: ledger unreachable (%s); key %s runs WITHOUT idempotency (fail_open)", err, key)
@@ -743,19 +643,15 @@ class IdempotencyMiddleware:
             log.error("idempotency: unexpected answer of the ledger to the %s of key %s: %r", call, key, err, exc_info=err)
         else:
             log.warning("idempotency: the %s of key %s failed (%s): %s", call, key, f.code, err)
-        extra = [(b"retry-after", str(f.retry_after).encode())] if f.retry_after is not None else None
-        await self._problem(send, f.status, f.code, f.detail, extra)
+        await _send_answer(send, ledger_failure_answer(f))
 
     async def _refuse(self, send: Send, status: int, code: str, detail: str, key: str | None) -> None:
         self.counts[code] += 1
         log.info("idempotency: %s for key %s", code, key)
-        await self._problem(send, status, code, detail, None)
+        await _send_answer(send, problem(status, code, detail))
 
-    @staticmethod
-    async def _problem(send: Send, status: int, code: str, detail: str, extra: list[tuple[bytes, bytes]] | None) -> None:
-        body = _mw.problem_body(status, code, detail)
-        headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
-        headers += extra or []
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
 
+async def _send_answer(send: Send, answer: Answer) -> None:
+    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in answer.headers]
+    await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+    await send({"type": "http.response.body", "body": answer.body, "more_body": False})

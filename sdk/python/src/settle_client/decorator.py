@@ -23,8 +23,12 @@ boundary and ``settle_client.effect_context()`` gives the key and fence to
 pass to the remote.
 
 The function's return value is stored as the operation's result (encoded
-as JSON, through ``default`` for values that are not JSON); every call,
-first or replay, returns that stored JSON (dicts, lists...).
+as JSON, through ``default`` for values that are not JSON; a pydantic model
+or a dataclass as its JSON); every call, first or replay, returns that
+stored JSON (dicts, lists...), restored to the function's return annotation
+when it names a pydantic model or a dataclass (also in ``list[...]``,
+``tuple[..., ...]``, ``dict[str, ...]``, ``Optional[...]``): first call and
+replay give equal typed objects.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
+from ._typed import return_type
 from .client import AsyncClient, Client
 from .types import Receipt
 from .worker import (
@@ -114,6 +119,8 @@ class IdempotentFunction(Generic[P, R]):
         self._fn = fn
         self._client = client
         self._opts = opts
+        # Resolved once: the stored JSON is restored to it on every call.
+        self._result_type = return_type(fn)
         functools.update_wrapper(self, fn)
 
     def invoke(self, *args: P.args, **kwargs: P.kwargs) -> Invocation[R]:
@@ -138,8 +145,9 @@ class IdempotentFunction(Generic[P, R]):
             retention_s=o.retention_s,
             worker=o.worker,
             default=o.default,
+            result_type=self._result_type,
         )
-        value: R = r.outcome.result
+        value: R = r.value
         return Invocation(value, r.replayed, r.receipt, r.reconciled)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -156,6 +164,7 @@ class AsyncIdempotentFunction(Generic[P, R]):
         self._fn = fn
         self._client = client
         self._opts = opts
+        self._result_type = return_type(fn)  # of an async def: the awaited type
         functools.update_wrapper(self, fn)
 
     async def invoke(self, *args: P.args, **kwargs: P.kwargs) -> Invocation[R]:
@@ -180,8 +189,9 @@ class AsyncIdempotentFunction(Generic[P, R]):
             retention_s=o.retention_s,
             worker=o.worker,
             default=o.default,
+            result_type=self._result_type,
         )
-        value: R = r.outcome.result
+        value: R = r.value
         return Invocation(value, r.replayed, r.receipt, r.reconciled)
 
     async def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:

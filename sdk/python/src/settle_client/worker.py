@@ -37,10 +37,11 @@ import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar, Union
 
 from ._jcs import FingerprintError, canonicalize, fingerprint as compute_fingerprint
+from ._typed import restore, to_json
 from .client import AsyncClient, Client
 from .errors import (
     DeadlineExceeded,
@@ -121,6 +122,9 @@ def encode_result(value: Any, default: Serializer | None = None) -> Any:
             return out
         if isinstance(v, (list, tuple)):
             return [enc(x, f"{path}/{i}", depth + 1) for i, x in enumerate(v)]
+        as_json = to_json(v)
+        if as_json is not v:
+            return enc(as_json, path, depth + 1)  # a pydantic model or a dataclass: its JSON
         if default is None:
             raise ResultNotSerializable(type(v).__name__, path)
         try:
@@ -183,13 +187,18 @@ with an ``AsyncClient``, ``AsyncReconciler``)."""
 class RunResult:
     """The one true outcome of the operation. ``replayed``: it was stored
     before this run and the effect was not called. ``reconciled``: the
-    reconcile hook found the effect applied and recorded it."""
+    reconcile hook found the effect applied and recorded it. ``value``: the
+    stored result as ``run_once``'s ``result_type`` (a pydantic model, a
+    dataclass, ``list[...]``/``Optional[...]`` of them), the same on the
+    first run and on replays; without ``result_type``, the stored JSON
+    (``outcome.result``)."""
 
     outcome: Outcome
     receipt: Receipt
     replayed: bool
     fence: int | None = None
     reconciled: bool = False
+    value: Any = None
 
 
 class EffectContext:
@@ -430,6 +439,7 @@ def run_once(
     deadline: float | None = DEFAULT_DEADLINE_S,
     reconcile: ReconcileHook | Literal["resend"] | None = None,
     default: Serializer | None = None,
+    result_type: Any = None,
 ) -> RunResult:
     """Run ``effect`` at most once for ``key`` (SPEC §11); see the module
     docstring. ``deadline`` (seconds, None: no limit) bounds the in_flight
@@ -437,7 +447,53 @@ def run_once(
     Finding), or ``"resend"`` (SPEC §11.9: run the effect again under the
     reconcile lease with the same key; only for a remote that de-duplicates
     by that key). ``default``: the serializer of result values that are not
-    JSON (as ``json.dumps``'s ``default``)."""
+    JSON (as ``json.dumps``'s ``default``). ``request`` and the result may
+    be pydantic models or dataclasses (fingerprinted and stored as their
+    JSON); ``result_type``: the type ``RunResult.value`` is restored to."""
+    r = _run_once(
+        client,
+        key,
+        request,
+        effect,
+        principal=principal,
+        scopes=scopes,
+        generation=generation,
+        fields=fields,
+        fingerprint=fingerprint,
+        lease_ms=lease_ms,
+        marks_dispatch=marks_dispatch,
+        worker=worker,
+        retention_s=retention_s,
+        deadline=deadline,
+        reconcile=reconcile,
+        default=default,
+    )
+    return _typed_result(r, result_type)
+
+
+def _typed_result(r: RunResult, result_type: Any) -> RunResult:
+    return replace(r, value=restore(r.outcome.result, result_type))
+
+
+def _run_once(
+    client: Client,
+    key: str,
+    request: JSON,
+    effect: Callable[[EffectContext], Done],
+    *,
+    principal: str,
+    scopes: Sequence[str],
+    generation: int,
+    fields: Sequence[str] | None,
+    fingerprint: str | None,
+    lease_ms: int,
+    marks_dispatch: bool,
+    worker: str | None,
+    retention_s: int | None,
+    deadline: float | None,
+    reconcile: ReconcileHook | Literal["resend"] | None,
+    default: Serializer | None,
+) -> RunResult:
     fp = fingerprint if fingerprint is not None else compute_fingerprint(request, fields)
     binding = Binding(principal, tuple(scopes), generation)
     dl = _Deadline(deadline)
@@ -679,8 +735,49 @@ async def run_once_async(
     deadline: float | None = DEFAULT_DEADLINE_S,
     reconcile: AsyncReconcileHook | Literal["resend"] | None = None,
     default: Serializer | None = None,
+    result_type: Any = None,
 ) -> RunResult:
     """The asyncio twin of ``run_once``."""
+    r = await _run_once_async(
+        client,
+        key,
+        request,
+        effect,
+        principal=principal,
+        scopes=scopes,
+        generation=generation,
+        fields=fields,
+        fingerprint=fingerprint,
+        lease_ms=lease_ms,
+        marks_dispatch=marks_dispatch,
+        worker=worker,
+        retention_s=retention_s,
+        deadline=deadline,
+        reconcile=reconcile,
+        default=default,
+    )
+    return _typed_result(r, result_type)
+
+
+async def _run_once_async(
+    client: AsyncClient,
+    key: str,
+    request: JSON,
+    effect: Callable[[AsyncEffectContext], Awaitable[Done]],
+    *,
+    principal: str,
+    scopes: Sequence[str],
+    generation: int,
+    fields: Sequence[str] | None,
+    fingerprint: str | None,
+    lease_ms: int,
+    marks_dispatch: bool,
+    worker: str | None,
+    retention_s: int | None,
+    deadline: float | None,
+    reconcile: AsyncReconcileHook | Literal["resend"] | None,
+    default: Serializer | None,
+) -> RunResult:
     fp = fingerprint if fingerprint is not None else compute_fingerprint(request, fields)
     binding = Binding(principal, tuple(scopes), generation)
     dl = _Deadline(deadline)

@@ -1,3 +1,6 @@
 """``python -m settle_client.examples`` lists the examples."""
 
-print("examples: python -m settle_client.examples.payments --help")
+print(
+    "examples (each with --help): python -m settle_client.examples.payments (Starlette), "
+    "settle_client.examples.flask_payments (Flask), settle_client.examples.django_payments (Django)"
+)

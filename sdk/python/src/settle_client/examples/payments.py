@@ -39,9 +39,7 @@ there) is resolved on retry, without a human and without charging twice.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import signal
 import socket
 import sys
@@ -59,35 +57,15 @@ except ImportError as e:  # pragma: no cover - only without the extra
 
 from settle_client import AsyncClient, fixed_principal
 from settle_client.asgi import Committed, IdempotencyMiddleware, ReconcileRequest, Resolution, idempotency_key
-
-ACCOUNT = "acct-1"
-
-
-class ExampleError(RuntimeError):
-    """Raised by the handler for a negative amount, or after the charge with
-    ``fail_after_charge`` (an escaped failure)."""
-
-
-class PaymentProvider:
-    """A fake payment provider, in process: it records payments by
-    idempotency key, and a charge with a key it has seen applies nothing
-    and answers the first payment (as Stripe's ``Idempotency-Key`` does)."""
-
-    def __init__(self) -> None:
-        self.payments: dict[str, dict[str, Any]] = {}
-
-    def charge(self, key: str, payment: dict[str, Any]) -> dict[str, Any]:
-        return self.payments.setdefault(key, payment)
-
-    def find(self, key: str) -> dict[str, Any] | None:
-        return self.payments.get(key)
-
-
-def provider_key(account: str, idempotency_key: str) -> str:
-    # The client's key, scoped by the account it came from (two accounts
-    # may choose the same key).
-    return f"{account}:{idempotency_key}"
-
+from settle_client.examples._shop import (
+    ACCOUNT,
+    ExampleError,
+    PaymentProvider,
+    PaymentRequest,
+    parse_args,
+    parse_payment,
+    provider_key,
+)
 
 def payment_response(payment: dict[str, Any]) -> Response:
     return JSONResponse(payment, status_code=201, headers={"Location": f"/payments/{payment['id']}"})
@@ -112,32 +90,21 @@ def build_app(
         nonlocal executions
         executions += 1  # first, on every run, whatever happens next
         n = executions
-        try:
-            body: Any = json.loads(await request.body())
-        except ValueError:
-            return JSONResponse({"error": "the body must be JSON"}, status_code=400)
-        if not isinstance(body, dict):
-            return JSONResponse({"error": "the body must be a JSON object"}, status_code=400)
-        amount, currency, delay_ms = body.get("amount"), body.get("currency"), body.get("delay_ms", 0)
-        fail_after_charge = body.get("fail_after_charge", False)
-        if not isinstance(amount, int) or isinstance(amount, bool):
-            return JSONResponse({"error": "amount must be an integer"}, status_code=400)
-        if not isinstance(currency, str):
-            return JSONResponse({"error": "currency must be a string"}, status_code=400)
-        if not isinstance(delay_ms, int) or isinstance(delay_ms, bool) or delay_ms < 0:
-            return JSONResponse({"error": "delay_ms must be a non-negative integer"}, status_code=400)
-        if not isinstance(fail_after_charge, bool):
-            return JSONResponse({"error": "fail_after_charge must be a boolean"}, status_code=400)
-        if delay_ms:
-            await asyncio.sleep(delay_ms / 1000.0)
-        if amount == 0:
+        req: PaymentRequest | str = parse_payment(await request.body())
+        if isinstance(req, str):
+            return JSONResponse({"error": req}, status_code=400)
+        if req.delay_ms:
+            await asyncio.sleep(req.delay_ms / 1000.0)
+        if req.amount == 0:
             return JSONResponse({"error": "amount must not be zero"}, status_code=400)
-        if amount < 0:
-            raise ExampleError(f"negative amount {amount}")
+        if req.amount < 0:
+            raise ExampleError(f"negative amount {req.amount}")
         key = idempotency_key(request)
         assert key is not None  # the middleware requires it on this route
-        payment = psp.charge(provider_key(ACCOUNT, key), {"id": f"pay_{n}", "amount": amount, "currency": currency})
-        if fail_after_charge:
+        payment = psp.charge(
+            provider_key(ACCOUNT, key), {"id": f"pay_{n}", "amount": req.amount, "currency": req.currency}
+        )
+        if req.fail_after_charge:
             raise ExampleError("the handler died after the provider recorded the payment")
         return payment_response(payment)
 
@@ -178,18 +145,10 @@ class _Server(uvicorn.Server):
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m settle_client.examples.payments", description=__doc__.split("\n\n")[0])
-    p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (port 0: any free port)")
-    p.add_argument("--settle-url", required=True, help="URL of a running settle serve")
-    p.add_argument("--settle-token", default=None, help="bearer token of the settle tenant")
-    p.add_argument("--namespace", default="payments-example", help="middleware namespace of the ledger keys")
-    args = p.parse_args(argv)
-    host, _, port = args.listen.rpartition(":")
-    if not host or not port.isdigit():
-        p.error("--listen must be HOST:PORT")
+    args, host, port = parse_args("python -m settle_client.examples.payments", __doc__, argv)
     client = AsyncClient(args.settle_url, args.settle_token)
     app = build_app(client, args.namespace)
-    config = uvicorn.Config(app, host=host.strip("[]"), port=int(port), log_level="warning", lifespan="off")
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = _Server(config)
     # Ctrl-C (SIGINT) and SIGTERM stop the server gracefully: uvicorn
     # finishes the requests in flight, then re-raises the signal it caught;
