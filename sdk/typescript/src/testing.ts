@@ -13,7 +13,9 @@ import { spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { accessSync, constants, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
-import { delimiter, isAbsolute, join } from 'node:path';
+import { createRequire } from 'node:module';
+import { delimiter, dirname, isAbsolute, join } from 'node:path';
+import { pathToFileURL } from 'node:url';
 import { createInterface } from 'node:readline';
 import { Client, type ClientOptions } from './client.js';
 
@@ -173,15 +175,26 @@ export interface LocalLedgerOptions {
  * install @settle/local when it is missing. */
 export async function localLedger(options: LocalLedgerOptions = {}): Promise<LocalLedger> {
   const name = '@settle/local'; // a variable: not a dependency of this package, loaded only here
-  let mod: { LocalLedger?: new (o: LocalLedgerOptions) => LocalLedger; default?: { LocalLedger?: new (o: LocalLedgerOptions) => LocalLedger } };
+  type Mod = { LocalLedger?: new (o: LocalLedgerOptions) => LocalLedger; default?: { LocalLedger?: new (o: LocalLedgerOptions) => LocalLedger } };
+  const notFound = (e: unknown) => {
+    const code = (e as { code?: unknown })?.code;
+    return (code === 'ERR_MODULE_NOT_FOUND' || code === 'MODULE_NOT_FOUND') && String((e as Error).message).includes(name);
+  };
+  let mod: Mod;
   try {
     mod = await import(name);
   } catch (e) {
-    const code = (e as { code?: unknown })?.code;
-    if ((code === 'ERR_MODULE_NOT_FOUND' || code === 'MODULE_NOT_FOUND') && String((e as Error).message).includes(name)) {
+    if (!notFound(e)) throw e;
+    // `npm install ./sdk/typescript` links the folder, and Node resolves
+    // from this file's real path, outside the project: look from the
+    // project (the working directory) as well.
+    let dir: string;
+    try {
+      dir = dirname(createRequire(join(process.cwd(), 'package.json')).resolve(`${name}/package.json`));
+    } catch {
       throw new Error(`localLedger() needs the @settle/local package, which is not installed: npm install ./sdk/typescript-local`, { cause: e });
     }
-    throw e;
+    mod = await import(pathToFileURL(join(dir, 'index.mjs')).href);
   }
   const Ctor = mod.LocalLedger ?? mod.default?.LocalLedger;
   if (typeof Ctor !== 'function') throw new Error('@settle/local does not export the LocalLedger class');

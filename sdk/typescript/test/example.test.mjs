@@ -15,7 +15,7 @@ function startExample(settleUrl, token) {
 }
 
 before(async () => {
-  server = await startSettle();
+  server = await startSettle({ remote: true }) // a child process needs its URL;
   auth = await startSettle({ auth: true });
   example = await startExample(server.url);
 });

@@ -6,7 +6,7 @@ import { REPO, startSettle, spawnListening, stop, newKey } from './helpers.mjs';
 
 let server;
 before(async () => {
-  server = await startSettle();
+  server = await startSettle({ remote: true }) // child processes need its URL;
 });
 after(async () => server?.close());
 

@@ -6,7 +6,7 @@ import { mkdtempSync, rmSync, writeFileSync, existsSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { tmpdir } from 'node:os';
 import { join, resolve, dirname } from 'node:path';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
 import { createServer } from 'node:net';
 
 export const REPO = resolve(dirname(fileURLToPath(import.meta.url)), '../../..');
@@ -45,7 +45,46 @@ export async function stop(proc) {
   clearTimeout(t);
 }
 
-export async function startSettle({ auth = false, args: extra = [] } = {}) {
+// SETTLE_TEST_LEDGER=local: startSettle() gives each test file an in-process
+// ledger of @settle/local (sdk/typescript-local, built by its `npm install`)
+// on a temporary data directory, as the server would have, instead of a server. Its URL is http://settle-N.local, answered through the
+// global fetch, which every Client here uses unless a test passes its own
+// (those call the global one in turn). Tests that need a server process —
+// tenants, other flags, or a URL for a child process (`remote: true`) —
+// still get one.
+export const LOCAL = process.env.SETTLE_TEST_LEDGER === 'local';
+const locals = new Map();
+let realFetch;
+
+async function startLocal() {
+  const { LocalLedger } = await import(pathToFileURL(join(REPO, 'sdk/typescript-local/index.mjs')).href);
+  const dir = mkdtempSync(join(tmpdir(), 'settle-ts-local-'));
+  const ledger = new LocalLedger({ data: join(dir, 'data') });
+  const host = `settle-${locals.size + 1}.local`;
+  locals.set(host, ledger);
+  if (!realFetch) {
+    realFetch = globalThis.fetch;
+    globalThis.fetch = (input, init) => {
+      const url = new URL(typeof input === 'string' || input instanceof URL ? String(input) : input.url);
+      const local = locals.get(url.host);
+      if (!local) return realFetch(input, init);
+      url.host = 'settle.local';
+      return local.fetch(input instanceof Request ? new Request(url, input) : url, init);
+    };
+  }
+  return {
+    url: `http://${host}`,
+    proc: null,
+    ledger,
+    async close() {
+      ledger.close();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export async function startSettle({ auth = false, args: extra = [], remote = false } = {}) {
+  if (LOCAL && !auth && extra.length === 0 && !remote) return startLocal();
   const dir = mkdtempSync(join(tmpdir(), 'settle-ts-'));
   const args = ['serve', '--data', join(dir, 'data'), '--listen', '127.0.0.1:0', ...extra];
   if (auth) {

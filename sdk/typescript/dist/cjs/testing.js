@@ -18,7 +18,9 @@ const node_child_process_1 = require("node:child_process");
 const node_crypto_1 = require("node:crypto");
 const node_fs_1 = require("node:fs");
 const node_os_1 = require("node:os");
+const node_module_1 = require("node:module");
 const node_path_1 = require("node:path");
+const node_url_1 = require("node:url");
 const node_readline_1 = require("node:readline");
 const client_js_1 = require("./client.js");
 function executable(path) {
@@ -138,16 +140,28 @@ async function startSettle(options = {}) {
  * install @settle/local when it is missing. */
 async function localLedger(options = {}) {
     const name = '@settle/local'; // a variable: not a dependency of this package, loaded only here
+    const notFound = (e) => {
+        const code = e?.code;
+        return (code === 'ERR_MODULE_NOT_FOUND' || code === 'MODULE_NOT_FOUND') && String(e.message).includes(name);
+    };
     let mod;
     try {
         mod = await import(name);
     }
     catch (e) {
-        const code = e?.code;
-        if ((code === 'ERR_MODULE_NOT_FOUND' || code === 'MODULE_NOT_FOUND') && String(e.message).includes(name)) {
+        if (!notFound(e))
+            throw e;
+        // `npm install ./sdk/typescript` links the folder, and Node resolves
+        // from this file's real path, outside the project: look from the
+        // project (the working directory) as well.
+        let dir;
+        try {
+            dir = (0, node_path_1.dirname)((0, node_module_1.createRequire)((0, node_path_1.join)(process.cwd(), 'package.json')).resolve(`${name}/package.json`));
+        }
+        catch {
             throw new Error(`localLedger() needs the @settle/local package, which is not installed: npm install ./sdk/typescript-local`, { cause: e });
         }
-        throw e;
+        mod = await import((0, node_url_1.pathToFileURL)((0, node_path_1.join)(dir, 'index.mjs')).href);
     }
     const Ctor = mod.LocalLedger ?? mod.default?.LocalLedger;
     if (typeof Ctor !== 'function')

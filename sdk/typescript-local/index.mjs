@@ -1,0 +1,5 @@
+// @settle/local for import; index.cjs is the same class for require().
+import { Client } from '@settle/client';
+import shared from './lib/define.cjs';
+
+export const LocalLedger = shared.define(Client);
