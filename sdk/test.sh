@@ -3,7 +3,14 @@
 #   Python:     a venv (sdk/python/.venv, git-ignored), pip install './sdk/python[test]',
 #               mypy --strict with the Python 3.10 floor, pytest;
 #   TypeScript: npm ci, tsc --noEmit (strict), the committed dist/ (ESM and
-#               dist/cjs/) equals a fresh build (scripts/build.mjs), node --test.
+#               dist/cjs/) equals a fresh build (scripts/build.mjs), node --test;
+# and again in process, without a server (the native packages, each built
+# once per run, in release, on the workspace's target/):
+#   Python:     pip install ./sdk/python-local (maturin), mypy --strict, its
+#               tests, then the whole suite with SETTLE_TEST_LEDGER=local;
+#   TypeScript: npm ci in sdk/typescript-local (its install script runs
+#               napi build), its tests, then the @settle/client suite with
+#               SETTLE_TEST_LEDGER=local.
 # SETTLE_BIN names the server binary (default target/release/settle of the
 # repository; built with cargo when missing). SDK_VENV overrides the venv path.
 set -euo pipefail
@@ -39,3 +46,18 @@ if ! diff -r "$FRESH" dist >/dev/null; then
   exit 1
 fi
 node --test --test-concurrency=1 test/
+
+echo "== Python on the local ledger (settle-local)"
+cd "$ROOT"
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$ROOT/sdk/python-local"
+(cd sdk/python-local && "$VENV/bin/python" -m mypy --strict --python-version 3.10 python tests)
+(cd sdk/python && "$VENV/bin/python" -m pytest -q -p no:cacheprovider ../python-local/tests)
+# faulthandler_timeout: a test stuck for 2 minutes prints every thread's stack.
+(cd sdk/python && SETTLE_TEST_LEDGER=local "$VENV/bin/python" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120)
+
+echo "== TypeScript on the local ledger (@settle/local)"
+cd "$ROOT/sdk/typescript-local"
+npm ci --no-audit --no-fund --loglevel=error
+node --test --test-concurrency=1 test/
+cd "$ROOT/sdk/typescript"
+SETTLE_TEST_LEDGER=local node --test --test-concurrency=1 test/
