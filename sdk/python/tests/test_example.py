@@ -1,6 +1,7 @@
 """The payments example app (issue 10 item 4), run exactly as documented:
 ``python -m settle_client.examples.payments --listen 127.0.0.1:PORT
---settle-url URL [--settle-token T]``, against a real settle server; and
+--settle-url URL [--settle-token T]``, against a real settle server (with
+``SETTLE_TEST_LEDGER=local``: ``--local DIR``, its own in-process ledger); and
 its Flask and Django twins (``flask_payments``, ``django_payments``), which
 must answer alike: every test runs against the three."""
 
@@ -8,16 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from conftest import TOKENS, Server, new_key, remote_only, stop
+from conftest import LOCAL_URL, TOKENS, Server, new_key, stop
 
 
 EXAMPLES = ["payments", "flask_payments", "django_payments"]
@@ -26,11 +30,19 @@ EXAMPLES = ["payments", "flask_payments", "django_payments"]
 def start_example(
     settle_url: str, token: str | None = None, stderr: int = subprocess.DEVNULL, module: str = "payments"
 ) -> tuple[str, subprocess.Popen[str]]:
-    remote_only("the example app runs in another process, out of reach of a ledger in this one")
-    args = [sys.executable, "-m", f"settle_client.examples.{module}", "--listen", "127.0.0.1:0", "--settle-url", settle_url]
+    args = [sys.executable, "-m", f"settle_client.examples.{module}", "--listen", "127.0.0.1:0"]
+    data = None
+    if settle_url == LOCAL_URL:
+        # Local ledger mode: the example's own in-process ledger (--local DIR).
+        data = tempfile.mkdtemp(prefix="settle-example-")
+        args += ["--local", data]
+    else:
+        args += ["--settle-url", settle_url]
     if token:
         args += ["--settle-token", token]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=stderr, text=True, env=dict(os.environ))
+    if data is not None:
+        weakref.finalize(proc, shutil.rmtree, data, True)
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("listening on "):

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from settle_client import AsyncClient, Client
+
 ACCOUNT = "acct-1"
 
 
@@ -104,11 +106,34 @@ def charge(
     return 201, payment_headers(payment), json_bytes(payment)
 
 
+def sync_ledger(args: argparse.Namespace) -> Client:
+    """The ledger the command line names: a server's ``Client``, or with
+    ``--local DIR`` a ``settle_local.LocalLedger`` (itself a ``Client``)."""
+    if args.local is not None:
+        from settle_local import LocalLedger  # type: ignore[import-not-found,unused-ignore]  # optional package
+
+        ledger: Client = LocalLedger(data=args.local)
+        return ledger
+    return Client(args.settle_url, args.settle_token)
+
+
+def async_ledger(args: argparse.Namespace) -> AsyncClient:
+    """``sync_ledger``'s async twin (a ``LocalLedger``'s ``.aio``)."""
+    if args.local is not None:
+        aio: AsyncClient = sync_ledger(args).aio  # type: ignore[attr-defined]
+        return aio
+    return AsyncClient(args.settle_url, args.settle_token)
+
+
 def parse_args(prog: str, doc: str, argv: list[str] | None) -> tuple[argparse.Namespace, str, int]:
     p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT (port 0: any free port)")
-    p.add_argument("--settle-url", required=True, help="URL of a running settle serve")
-    p.add_argument("--settle-token", default=None, help="bearer token of the settle tenant")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--settle-url", help="URL of a running settle serve")
+    where.add_argument(
+        "--local", metavar="DIR", help="the ledger in this process, durable in DIR (package settle-local)"
+    )
+    p.add_argument("--settle-token", default=None, help="bearer token of the settle tenant (with --settle-url)")
     p.add_argument("--namespace", default="payments-example", help="middleware namespace of the ledger keys")
     args = p.parse_args(argv)
     host, _, port = args.listen.rpartition(":")

@@ -6,7 +6,7 @@ configured by the ``SETTLE_IDEMPOTENCY`` setting. A one-file Django project
 
     pip install './sdk/python[django]'
     python -m settle_client.examples.django_payments --listen 127.0.0.1:PORT \\
-        --settle-url URL [--settle-token T]
+        --settle-url URL [--settle-token T] | --local DIR
 
 ``POST /payments`` (requires ``Idempotency-Key``) ``{"amount", "currency",
 "delay_ms"?, "fail_after_charge"?}`` → 201 ``{"id": "pay_<n>", "amount",
@@ -49,6 +49,7 @@ from settle_client.examples._shop import (
     payment_headers,
     provider_key,
     serve_wsgi,
+    sync_ledger,
 )
 from settle_client.wsgi import Committed, ReconcileRequest, Resolution, idempotency_key
 
@@ -125,7 +126,7 @@ def configure(client: Client, namespace: str = "payments-example") -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args, host, port = parse_args("python -m settle_client.examples.django_payments", __doc__, argv)
-    configure(Client(args.settle_url, args.settle_token), args.namespace)
+    configure(sync_ledger(args), args.namespace)
     from django.core.wsgi import get_wsgi_application
 
     serve_wsgi(get_wsgi_application(), host, port)

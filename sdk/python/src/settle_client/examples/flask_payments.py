@@ -4,7 +4,7 @@ reconcile hook, with ``settle_client.flask.init_app`` and a sync ``Client``.
 
     pip install './sdk/python[flask]'
     python -m settle_client.examples.flask_payments --listen 127.0.0.1:PORT \\
-        --settle-url URL [--settle-token T]
+        --settle-url URL [--settle-token T] | --local DIR
 
 ``POST /payments`` (requires ``Idempotency-Key``) ``{"amount", "currency",
 "delay_ms"?, "fail_after_charge"?}`` → 201 ``{"id": "pay_<n>", "amount",
@@ -38,6 +38,7 @@ from settle_client.examples._shop import (
     payment_headers,
     provider_key,
     serve_wsgi,
+    sync_ledger,
 )
 from settle_client.wsgi import Committed, ReconcileRequest, Resolution, idempotency_key
 
@@ -86,7 +87,7 @@ def build_app(client: Client, namespace: str = "payments-example", provider: Pay
 
 def main(argv: list[str] | None = None) -> None:
     args, host, port = parse_args("python -m settle_client.examples.flask_payments", __doc__, argv)
-    serve_wsgi(build_app(Client(args.settle_url, args.settle_token), args.namespace), host, port)
+    serve_wsgi(build_app(sync_ledger(args), args.namespace), host, port)
 
 
 if __name__ == "__main__":

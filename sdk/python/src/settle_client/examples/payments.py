@@ -2,7 +2,7 @@
 
     pip install './sdk/python[examples]'
     python -m settle_client.examples.payments --listen 127.0.0.1:PORT \\
-        --settle-url URL [--settle-token T]
+        --settle-url URL [--settle-token T] | --local DIR
 
 - ``POST /payments`` (requires ``Idempotency-Key``), body
   ``{"amount": <int>, "currency": "<str>", "delay_ms": <int, optional>,
@@ -65,6 +65,7 @@ from settle_client.examples._shop import (
     parse_args,
     parse_payment,
     provider_key,
+    async_ledger,
 )
 
 def payment_response(payment: dict[str, Any]) -> Response:
@@ -146,7 +147,7 @@ class _Server(uvicorn.Server):
 
 def main(argv: list[str] | None = None) -> None:
     args, host, port = parse_args("python -m settle_client.examples.payments", __doc__, argv)
-    client = AsyncClient(args.settle_url, args.settle_token)
+    client = async_ledger(args)
     app = build_app(client, args.namespace)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = _Server(config)
