@@ -269,3 +269,36 @@ def test_async_reconciler(server: Server) -> None:
 def test_a_reconciler_needs_hooks(client: Client) -> None:
     with pytest.raises(ValueError):
         Reconciler(client, hooks={})
+
+
+def test_a_cancelled_caller_stays_cancelled_while_a_heartbeat_or_the_reconciler_stops(server: Server) -> None:
+    """A task cancelled while it waits for a heartbeat (or a background
+    reconciler) to stop ends cancelled: the waits once caught that task's
+    own CancelledError with the helper's, and the cancelled task ran on (the
+    async reconciler test then hung in stop())."""
+    from settle_client.worker import _AsyncHeartbeat
+
+    async def main() -> None:
+        async with AsyncClient(server.url) as ac:
+            hb = _AsyncHeartbeat(ac, new_key(), 1, 60_000, asyncio.Event())
+            ran_on = asyncio.Event()
+
+            async def caller() -> None:
+                await hb.stop()
+                ran_on.set()
+
+            t = asyncio.get_running_loop().create_task(caller())
+            await asyncio.sleep(0)  # caller is now waiting in hb.stop()
+            t.cancel()
+            await asyncio.wait({t}, timeout=5)
+            assert t.cancelled() and not ran_on.is_set()
+
+            r = AsyncReconciler(ac, hooks={new_key("none") + "/": lambda key, fence: asyncio.sleep(0)})
+            r.start(interval=60)
+            stopper = asyncio.get_running_loop().create_task(r.stop())
+            await asyncio.sleep(0)
+            stopper.cancel()
+            await asyncio.wait({stopper}, timeout=5)
+            assert stopper.cancelled()
+
+    asyncio.run(main())

@@ -3,6 +3,7 @@
 //
 //   cd sdk/typescript && npm install
 //   node sdk/typescript/examples/fastify-payments.mjs --listen 127.0.0.1:PORT --settle-url URL [--settle-token T]
+//   node sdk/typescript/examples/fastify-payments.mjs --listen 127.0.0.1:PORT --local DIR     # the ledger in process (@settle/local)
 //
 // POST /payments (requires Idempotency-Key), body {"amount": <int>,
 // "currency": "<str>", "crash_after_charge": <bool, optional>}: charges a
@@ -19,11 +20,23 @@ import { Client, middlewareCore } from '@settle/client';
 import { idempotency, fixedPrincipal } from '@settle/client/fastify';
 
 const { values } = parseArgs({
-  options: { listen: { type: 'string', default: '127.0.0.1:8080' }, 'settle-url': { type: 'string' }, 'settle-token': { type: 'string' } },
+  options: { listen: { type: 'string', default: '127.0.0.1:8080' }, 'settle-url': { type: 'string' }, 'settle-token': { type: 'string' }, local: { type: 'string' } },
 });
-if (!values['settle-url']) {
-  console.error('usage: node examples/fastify-payments.mjs --listen HOST:PORT --settle-url URL [--settle-token T]');
+if (!values['settle-url'] === (values.local === undefined)) {
+  console.error('usage: node examples/fastify-payments.mjs --listen HOST:PORT (--settle-url URL [--settle-token T] | --local DIR)');
   process.exit(2);
+}
+
+/** The ledger: a settle server (--settle-url), or with --local DIR the ledger
+ * in this process (@settle/local, durable in DIR; in this repository, the
+ * sibling folder sdk/typescript-local when the package is not installed). */
+async function openLedger() {
+  if (values.local === undefined) return new Client({ url: values['settle-url'], token: values['settle-token'] });
+  const { LocalLedger } = await import('@settle/local').catch((e) => {
+    if (e?.code !== 'ERR_MODULE_NOT_FOUND') throw e;
+    return import('../../typescript-local/index.mjs');
+  });
+  return new LocalLedger({ data: values.local });
 }
 
 /** The fake provider: payments recorded by idempotency key. */
@@ -36,7 +49,7 @@ const app = Fastify();
 // and use authenticatedPrincipal(): request.user, never a token.
 await app.register(
   idempotency({
-    client: new Client({ url: values['settle-url'], token: values['settle-token'] }),
+    client: await openLedger(),
     namespace: 'payments-example',
     principal: fixedPrincipal('acct-1'),
     routes: (method, path) => (method === 'POST' && path === '/payments' ? {} : null),

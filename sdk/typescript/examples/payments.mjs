@@ -3,6 +3,7 @@
 //
 //   cd sdk/typescript && npm install
 //   node sdk/typescript/examples/payments.mjs --listen 127.0.0.1:PORT --settle-url URL [--settle-token T]
+//   node sdk/typescript/examples/payments.mjs --listen 127.0.0.1:PORT --local DIR     # the ledger in process (@settle/local)
 //
 // POST /payments (requires Idempotency-Key), body
 // {"amount": <int>, "currency": "<str>", "delay_ms": <int, optional>,
@@ -41,11 +42,12 @@ const { values } = parseArgs({
     listen: { type: 'string', default: '127.0.0.1:8080' },
     'settle-url': { type: 'string' },
     'settle-token': { type: 'string' },
+    local: { type: 'string' },
     namespace: { type: 'string', default: 'payments-example' },
   },
 });
-if (!values['settle-url']) {
-  console.error('usage: node examples/payments.mjs --listen HOST:PORT --settle-url URL [--settle-token T]');
+if (!values['settle-url'] === (values.local === undefined)) {
+  console.error('usage: node examples/payments.mjs --listen HOST:PORT (--settle-url URL [--settle-token T] | --local DIR)');
   process.exit(2);
 }
 const sep = values.listen.lastIndexOf(':');
@@ -74,7 +76,19 @@ const created = (payment) => ({
   body: JSON.stringify(payment),
 });
 
-const client = new Client({ url: values['settle-url'], token: values['settle-token'] });
+/** The ledger: a settle server (--settle-url), or with --local DIR the ledger
+ * in this process (@settle/local, durable in DIR; in this repository, the
+ * sibling folder sdk/typescript-local when the package is not installed). */
+async function openLedger() {
+  if (values.local === undefined) return new Client({ url: values['settle-url'], token: values['settle-token'] });
+  const { LocalLedger } = await import('@settle/local').catch((e) => {
+    if (e?.code !== 'ERR_MODULE_NOT_FOUND') throw e;
+    return import('../../typescript-local/index.mjs');
+  });
+  return new LocalLedger({ data: values.local });
+}
+
+const client = await openLedger();
 const idem = idempotency({
   client,
   namespace: values.namespace,

@@ -3,21 +3,21 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { REPO, startSettle, spawnListening, stop, newKey, deadUrl, TOKENS } from './helpers.mjs';
+import { REPO, startSettle, spawnListening, stop, newKey, deadUrl, TOKENS, ledgerArgs } from './helpers.mjs';
 
 const EXAMPLE = join(REPO, 'sdk/typescript/examples/payments.mjs');
 let server, auth, example;
 
-function startExample(settleUrl, token) {
-  const args = [EXAMPLE, '--listen', '127.0.0.1:0', '--settle-url', settleUrl];
+function startExample(settle, token) {
+  const args = [EXAMPLE, '--listen', '127.0.0.1:0', ...(typeof settle === 'string' ? ['--settle-url', settle] : ledgerArgs(settle))];
   if (token) args.push('--settle-token', token);
   return spawnListening(process.execPath, args);
 }
 
 before(async () => {
-  server = await startSettle({ remote: true }) // a child process needs its URL;
+  server = await startSettle();
   auth = await startSettle({ auth: true });
-  example = await startExample(server.url);
+  example = await startExample(server);
 });
 after(async () => {
   if (example) await stop(example.proc);

@@ -2,18 +2,18 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
-import { REPO, startSettle, spawnListening, stop, newKey } from './helpers.mjs';
+import { REPO, startSettle, spawnListening, stop, newKey, ledgerArgs } from './helpers.mjs';
 
 let server;
 before(async () => {
-  server = await startSettle({ remote: true }) // child processes need its URL;
+  server = await startSettle();
 });
 after(async () => server?.close());
 
 const json = (key, body) => ({ method: 'POST', headers: { 'content-type': 'application/json', ...(key ? { 'Idempotency-Key': key } : {}) }, body: JSON.stringify(body) });
 
 test('examples/fastify-payments.mjs: create, replay, a crash after the charge reconciled by the hook', async () => {
-  const ex = await spawnListening(process.execPath, [join(REPO, 'sdk/typescript/examples/fastify-payments.mjs'), '--listen', '127.0.0.1:0', '--settle-url', server.url]);
+  const ex = await spawnListening(process.execPath, [join(REPO, 'sdk/typescript/examples/fastify-payments.mjs'), '--listen', '127.0.0.1:0', ...ledgerArgs(server)]);
   try {
     const pay = (key, body) => fetch(ex.url + '/payments', json(key, body));
     const count = async () => (await (await fetch(ex.url + '/executions')).json()).count;

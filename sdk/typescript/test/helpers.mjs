@@ -51,7 +51,7 @@ export async function stop(proc) {
 // global fetch, which every Client here uses unless a test passes its own
 // (those call the global one in turn). Tests that need a server process —
 // tenants, other flags, or a URL for a child process (`remote: true`) —
-// still get one.
+// still get one; example apps get `--local DIR` instead (ledgerArgs).
 export const LOCAL = process.env.SETTLE_TEST_LEDGER === 'local';
 const locals = new Map();
 let realFetch;
@@ -72,15 +72,28 @@ async function startLocal() {
       return local.fetch(input instanceof Request ? new Request(url, input) : url, init);
     };
   }
+  const cleanups = [];
   return {
     url: `http://${host}`,
     proc: null,
     ledger,
+    cleanups,
     async close() {
       ledger.close();
       rmSync(dir, { recursive: true, force: true });
+      for (const c of cleanups) c();
     },
   };
+}
+
+/** The ledger arguments of an example app for `server`: --settle-url, or for
+ * a local ledger --local with a fresh directory of the example's own (it
+ * runs in another process). */
+export function ledgerArgs(server) {
+  if (!server.ledger) return ['--settle-url', server.url];
+  const dir = mkdtempSync(join(tmpdir(), 'settle-ts-example-'));
+  server.cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
+  return ['--local', join(dir, 'data')];
 }
 
 export async function startSettle({ auth = false, args: extra = [], remote = false } = {}) {

@@ -68,9 +68,7 @@ class _AsyncTransport(httpx.AsyncBaseTransport):
         # A worker thread: the native call waits for the store (an fsync
         # on disk) with the GIL released, and the event loop keeps running.
         # A cancelled caller stops waiting at once; the call completes, as
-        # a request already sent to a server would. (Not anyio's shielded
-        # to_thread under asyncio: the suite's async reconciler test hung
-        # about one run in six with it, its task.cancel() never seen.)
+        # a request already sent to a server would.
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # trio

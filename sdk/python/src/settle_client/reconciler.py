@@ -376,7 +376,6 @@ class AsyncReconciler(_Base):
         t, self._task = self._task, None
         if t is not None:
             t.cancel()
-            try:
-                await t
-            except asyncio.CancelledError:
-                pass
+            # Not `await t` in a try/except CancelledError: that would also
+            # swallow a cancellation of the task calling stop().
+            await asyncio.wait({t})

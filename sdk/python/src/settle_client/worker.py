@@ -711,10 +711,10 @@ class _AsyncHeartbeat:
 
     async def stop(self) -> None:
         self._task.cancel()
-        try:
-            await self._task
-        except asyncio.CancelledError:
-            pass
+        # asyncio.wait, not `await self._task` in a try/except
+        # CancelledError: that would also swallow a cancellation of our own
+        # caller arriving meanwhile (a cancelled AsyncReconciler ran on).
+        await asyncio.wait({self._task})
 
 
 async def run_once_async(
