@@ -293,7 +293,10 @@ def test_a_cancelled_caller_stays_cancelled_while_a_heartbeat_or_the_reconciler_
             await asyncio.wait({t}, timeout=5)
             assert t.cancelled() and not ran_on.is_set()
 
-            r = AsyncReconciler(ac, hooks={new_key("none") + "/": lambda key, fence: asyncio.sleep(0)})
+            async def unavailable(key: str, fence: int) -> Finding:
+                return "unavailable"
+
+            r = AsyncReconciler(ac, hooks={new_key("none") + "/": unavailable})
             r.start(interval=60)
             stopper = asyncio.get_running_loop().create_task(r.stop())
             await asyncio.sleep(0)
