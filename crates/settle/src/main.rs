@@ -9,6 +9,7 @@ mod alloc;
 mod backup;
 #[cfg(feature = "bench")]
 mod bench;
+mod docs;
 mod exit;
 mod offline;
 mod pg;
@@ -86,6 +87,10 @@ enum Cmd {
     /// Measure claim+settle pairs per second.
     #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
+    /// Print the shell completion script for SHELL (bash, zsh, fish, ...).
+    Completions(docs::CompletionsArgs),
+    /// Print the man page (roff; `settle man | man -l -`).
+    Man,
     /// Run the deterministic simulator: --seed S replays one seed, --seeds N
     /// runs many and prints {"seeds", "steps", "faults", "violations"}.
     #[cfg(feature = "sim")]
@@ -136,6 +141,8 @@ async fn run(cmd: Cmd) -> Result<(), Failure> {
         Cmd::Export(a) => portable::export(a).await,
         Cmd::Import(a) => portable::import(a).await,
         Cmd::Migrate(a) => portable::migrate(a).await,
+        Cmd::Completions(a) => docs::completions::<Cli>(a),
+        Cmd::Man => docs::man::<Cli>(),
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench::run(a).await,
         #[cfg(feature = "sim")]

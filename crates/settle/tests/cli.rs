@@ -469,3 +469,41 @@ async fn reconcile_many_by_key_prefix() {
         "outside the prefix: untouched"
     );
 }
+
+/// `settle completions SHELL` and `settle man` print what the Debian
+/// package ships, generated from the parser: every subcommand is in them,
+/// and a shell clap_complete does not know is a usage error (exit 2).
+#[test]
+fn completions_and_man_page_come_from_the_parser() {
+    let run = |args: &[&str]| Command::new(BIN).args(args).output().unwrap();
+    let bash = run(&["completions", "bash"]);
+    assert!(bash.status.success(), "{}", stderr(&bash));
+    let bash = stdout(&bash);
+    assert!(bash.contains("complete -F _settle"), "{bash}");
+    let zsh = stdout(&run(&["completions", "zsh"]));
+    assert!(zsh.starts_with("#compdef settle"), "{zsh}");
+    let fish = stdout(&run(&["completions", "fish"]));
+    assert!(fish.contains("complete -c settle"), "{fish}");
+    let man = run(&["man"]);
+    assert!(man.status.success(), "{}", stderr(&man));
+    let man = stdout(&man);
+    assert!(man.contains(".TH settle 1"), "{man}");
+    for sub in [
+        "serve",
+        "claim",
+        "settle",
+        "backup",
+        "export",
+        "completions",
+        "man",
+    ] {
+        assert!(
+            bash.contains(sub) && zsh.contains(sub) && fish.contains(sub),
+            "completions lack {sub}"
+        );
+        assert!(man.contains(sub), "the man page lacks {sub}");
+    }
+    let bad = run(&["completions", "tcsh"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("possible values"), "{}", stderr(&bad));
+}

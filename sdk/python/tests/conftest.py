@@ -70,12 +70,15 @@ def route_to_local(data: Path) -> Iterator[None]:
 
     def handle(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
         if request.url.host == "settle.local":
-            return sync.handle_request(request)
+            # typed without settle_local installed too (mypy sees Any then)
+            resp: httpx.Response = sync.handle_request(request)
+            return resp
         return orig_sync(self, request)
 
     async def handle_async(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
         if request.url.host == "settle.local":
-            return await asyn.handle_async_request(request)
+            aresp: httpx.Response = await asyn.handle_async_request(request)
+            return aresp
         return await orig_async(self, request)
 
     mp = pytest.MonkeyPatch()
