@@ -7,7 +7,9 @@
 #     -v ./settle.toml:/etc/settle/settle.toml:ro settle
 #
 # The image listens on 0.0.0.0:7411, so settle refuses to start until the
-# mounted configuration has [[tenants]] (authentication).
+# mounted configuration has [[tenants]] (authentication) and either
+# tls_cert/tls_key (mount them too) or behind_proxy = true (a
+# TLS-terminating proxy in front). `docker kill -s HUP` reloads it.
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
@@ -29,7 +31,8 @@ WORKDIR /var/lib/settle
 EXPOSE 7411
 ENV SETTLE_LOG=info
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \
-  CMD curl -fsS http://127.0.0.1:7411/readyz >/dev/null || exit 1
+  CMD curl -fsS http://127.0.0.1:7411/readyz >/dev/null \
+   || curl -fsSk https://127.0.0.1:7411/readyz >/dev/null || exit 1
 # SIGTERM (docker stop) lets settle finish the requests in flight.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["/usr/bin/settle", "serve", "--config", "/etc/settle/settle.toml", "--listen", "0.0.0.0:7411"]

@@ -43,6 +43,10 @@ pub enum Code {
     ReceiptRequired,
     /// 409: the task already has 64 warning classes.
     TooManyClasses,
+    /// 429: the tenant's request rate is over its quota (`Retry-After` says when to retry, SPEC §12).
+    RateLimited,
+    /// 429: the claim would create a record past the tenant's `max_records` (SPEC §12).
+    QuotaExceeded,
     /// 503: the record cannot be trusted or decoded (SPEC §6.9).
     RecordRefused,
     /// 503: storage failure, overload (with `Retry-After`) or internal error.
@@ -51,7 +55,7 @@ pub enum Code {
 
 impl Code {
     /// Every code, in the order above.
-    pub const ALL: [Code; 19] = [
+    pub const ALL: [Code; 21] = [
         Code::BadRequest,
         Code::Unauthorized,
         Code::NotFound,
@@ -69,6 +73,8 @@ impl Code {
         Code::ResultMismatch,
         Code::ReceiptRequired,
         Code::TooManyClasses,
+        Code::RateLimited,
+        Code::QuotaExceeded,
         Code::RecordRefused,
         Code::Unavailable,
     ];
@@ -93,6 +99,8 @@ impl Code {
             Code::ResultMismatch => "result_mismatch",
             Code::ReceiptRequired => "receipt_required",
             Code::TooManyClasses => "too_many_classes",
+            Code::RateLimited => "rate_limited",
+            Code::QuotaExceeded => "quota_exceeded",
             Code::RecordRefused => "record_refused",
             Code::Unavailable => "unavailable",
         }
@@ -109,6 +117,7 @@ impl Code {
             Code::PayloadTooLarge => 413,
             Code::UriTooLong => 414,
             Code::InvalidRequest => 422,
+            Code::RateLimited | Code::QuotaExceeded => 429,
             Code::RecordRefused | Code::Unavailable => 503,
             Code::FingerprintMismatch
             | Code::BindingMismatch
@@ -142,6 +151,8 @@ impl Code {
             Code::ResultMismatch => "Result mismatch",
             Code::ReceiptRequired => "Receipt required",
             Code::TooManyClasses => "Too many warning classes",
+            Code::RateLimited => "Rate limited",
+            Code::QuotaExceeded => "Quota exceeded",
             Code::RecordRefused => "Record refused",
             Code::Unavailable => "Service unavailable",
         }

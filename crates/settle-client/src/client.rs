@@ -1,4 +1,5 @@
-//! The connection pool, timeouts and the bearer token; the typed calls.
+//! The connection pool, timeouts, the bearer token and the trusted CAs of
+//! an `https://` URL; the typed calls.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +20,7 @@ use crate::call::{self, Call};
 use crate::download::Download;
 use crate::error::ClientError;
 use crate::reply::Reply;
+use crate::tls::Trust;
 use crate::transport::{Target, Transport};
 
 /// Defaults of [`ClientBuilder`].
@@ -38,6 +40,7 @@ pub struct ClientBuilder {
     pool_idle_timeout: Duration,
     pool_max_idle: usize,
     single_connection: bool,
+    trust: Trust,
 }
 
 impl ClientBuilder {
@@ -48,7 +51,8 @@ impl ClientBuilder {
         self.token = (!t.is_empty()).then_some(t);
         self
     }
-    /// How long to wait for a TCP connection.
+    /// How long to wait for a TCP connection (an `https://` URL's TLS
+    /// handshake then counts towards the request timeout).
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
@@ -80,29 +84,73 @@ impl ClientBuilder {
         self
     }
 
-    /// Checks the URL and the token and builds the client. Needs a tokio
-    /// runtime when calls are made, not here.
+    /// Also trusts the CA certificates in `pem` (one or more
+    /// `-----BEGIN CERTIFICATE-----` blocks, e.g. the contents of
+    /// `/etc/settle/ca.pem`) to sign the certificate of an `https://`
+    /// server: how to reach a server whose certificate a private CA
+    /// issued. Each call adds; the platform's trusted roots stay trusted
+    /// unless [`ClientBuilder::tls_only_custom_roots`]. A PEM that holds
+    /// no certificate, or one rustls cannot use, makes
+    /// [`ClientBuilder::build`] fail with [`ClientError::Tls`] (whatever
+    /// the URL's scheme).
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/settle/ca.pem")?;
+    /// let client = settle_client::Client::builder("https://settle.internal:7411")
+    ///     .add_root_certificate_pem(&ca)
+    ///     .token("secret")
+    ///     .build()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn add_root_certificate_pem(mut self, pem: &[u8]) -> Self {
+        self.trust.add_pem(pem);
+        self
+    }
+
+    /// Trusts only the CAs added with
+    /// [`ClientBuilder::add_root_certificate_pem`], not the platform's
+    /// roots: a server certificate that a public CA issued is then refused.
+    /// (Without any added CA, [`ClientBuilder::build`] of an `https://`
+    /// URL fails.)
+    pub fn tls_only_custom_roots(mut self) -> Self {
+        self.trust.only_custom();
+        self
+    }
+
+    /// Checks the URL, the token and the added CA certificates and builds
+    /// the client (for an `https://` URL, with the TLS settings; the
+    /// platform's roots are read once per process). Needs a tokio runtime
+    /// when calls are made, not here.
     pub fn build(self) -> Result<Client, ClientError> {
-        let (authority, prefix) = parse_url(&self.url)?;
+        let url = parse_url(&self.url)?;
         let auth = match &self.token {
             Some(t) => Some(HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
                 ClientError::Request("the token is not a valid header value".into())
             })?),
             None => None,
         };
+        let custom_roots = self.trust.custom_roots()?;
+        let tls = if url.https {
+            Some(self.trust.config(custom_roots)?)
+        } else {
+            None
+        };
+        let target = Target::new(url.authority, url.prefix)?;
         let transport = if self.single_connection {
-            Transport::single(self.connect_timeout)
+            Transport::single(self.connect_timeout, tls, &target)?
         } else {
             Transport::pooled(
                 self.connect_timeout,
                 self.pool_idle_timeout,
                 self.pool_max_idle,
+                tls,
             )
         };
         Ok(Client {
             inner: Arc::new(Inner {
                 transport,
-                target: Target::new(authority, prefix)?,
+                target,
                 auth,
                 request_timeout: self.request_timeout,
             }),
@@ -110,34 +158,45 @@ impl ClientBuilder {
     }
 }
 
-/// `http://HOST[:PORT][/PREFIX]` → (`HOST:PORT`, `/PREFIX` or empty).
-fn parse_url(url: &str) -> Result<(String, String), ClientError> {
+/// A server URL, taken apart.
+#[derive(Debug, PartialEq)]
+struct ServerUrl {
+    /// `https://`, not `http://`.
+    https: bool,
+    /// `HOST:PORT` (the scheme's port when the URL has none).
+    authority: String,
+    /// `/PREFIX` without a trailing `/`, or empty.
+    prefix: String,
+}
+
+/// `http[s]://HOST[:PORT][/PREFIX]`.
+fn parse_url(url: &str) -> Result<ServerUrl, ClientError> {
+    const EXPECTED: &str = "expected http://HOST:PORT or https://HOST:PORT";
     let bad = |reason| ClientError::Url {
         url: url.to_string(),
         reason,
     };
-    let uri: Uri = url.parse().map_err(|_| bad("expected http://HOST:PORT"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(bad(
-                "https is not supported: reach the server over http, through a TLS-terminating proxy if needed",
-            ));
-        }
-        _ => return Err(bad("expected http://HOST:PORT")),
-    }
+    let uri: Uri = url.parse().map_err(|_| bad(EXPECTED))?;
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err(bad(EXPECTED)),
+    };
     let Some(a) = uri.authority() else {
-        return Err(bad("expected http://HOST:PORT"));
+        return Err(bad(EXPECTED));
     };
     if a.host().is_empty() || a.as_str().contains('@') {
-        return Err(bad("expected http://HOST:PORT"));
+        return Err(bad(EXPECTED));
     }
     if uri.query().is_some() {
         return Err(bad("a server URL has no query"));
     }
-    let authority = format!("{}:{}", a.host(), a.port_u16().unwrap_or(80));
-    let prefix = uri.path().trim_end_matches('/').to_string();
-    Ok((authority, prefix))
+    let default_port = if https { 443 } else { 80 };
+    Ok(ServerUrl {
+        https,
+        authority: format!("{}:{}", a.host(), a.port_u16().unwrap_or(default_port)),
+        prefix: uri.path().trim_end_matches('/').to_string(),
+    })
 }
 
 /// A settle server: cheap to clone (clones share one pool of keep-alive
@@ -171,8 +230,11 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client for `url` (`http://HOST:PORT`, optionally with a path
-    /// prefix) with the default settings and no token.
+    /// A client for `url` (`http://HOST:PORT` or `https://HOST:PORT`,
+    /// optionally with a path prefix) with the default settings and no
+    /// token; an `https://` server's certificate must be signed by a CA
+    /// the platform trusts (a private CA:
+    /// [`ClientBuilder::add_root_certificate_pem`]).
     pub fn new(url: &str) -> Result<Client, ClientError> {
         Client::builder(url).build()
     }
@@ -187,6 +249,7 @@ impl Client {
             pool_idle_timeout: DEFAULT_POOL_IDLE_TIMEOUT,
             pool_max_idle: usize::MAX,
             single_connection: false,
+            trust: Trust::default(),
         }
     }
 
@@ -428,13 +491,29 @@ mod tests {
 
     #[test]
     fn urls_parse() {
-        let (a, prefix) = parse_url("http://127.0.0.1:7411").unwrap();
-        assert_eq!((a.as_str(), prefix.as_str()), ("127.0.0.1:7411", ""));
-        let (a, prefix) = parse_url("http://localhost/prefix/").unwrap();
-        assert_eq!((a.as_str(), prefix.as_str()), ("localhost:80", "/prefix"));
+        let url = |https, authority: &str, prefix: &str| ServerUrl {
+            https,
+            authority: authority.into(),
+            prefix: prefix.into(),
+        };
+        for (text, expected) in [
+            ("http://127.0.0.1:7411", url(false, "127.0.0.1:7411", "")),
+            (
+                "http://localhost/prefix/",
+                url(false, "localhost:80", "/prefix"),
+            ),
+            (
+                "https://settle.internal",
+                url(true, "settle.internal:443", ""),
+            ),
+            ("HTTPS://h:7411/p", url(true, "h:7411", "/p")),
+            ("https://[::1]:7411", url(true, "[::1]:7411", "")),
+        ] {
+            assert_eq!(parse_url(text).unwrap(), expected, "{text}");
+        }
         for bad in [
-            "https://x",
             "x:1",
+            "https://",
             "http://",
             "http://u@h:1",
             "http://h:1/?q",

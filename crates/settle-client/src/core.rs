@@ -302,6 +302,8 @@ mod tests {
                     | Code::RequestTimeout
                     | Code::PayloadTooLarge
                     | Code::UriTooLong
+                    | Code::RateLimited
+                    | Code::QuotaExceeded
                     | Code::Unavailable
             );
             assert_eq!(reply, expected, "{c}");

@@ -28,6 +28,12 @@ pub enum ClientError {
     /// value, a body that does not serialize); nothing was sent.
     #[error("invalid request: {0}")]
     Request(String),
+    /// The TLS settings cannot be used (from
+    /// [`ClientBuilder::build`](crate::ClientBuilder::build)): a root
+    /// certificate that is not PEM or that rustls refuses, or no trusted
+    /// root at all; nothing was sent.
+    #[error("invalid TLS settings: {0}")]
+    Tls(String),
     /// No connection could be made (refused, unknown host, connect
     /// timeout); nothing was sent.
     #[error("cannot connect to {authority}: {}", root_cause(.source.as_ref()))]
@@ -188,6 +194,8 @@ impl HttpError {
             | Code::PayloadTooLarge
             | Code::UriTooLong
             | Code::InvalidRequest
+            | Code::RateLimited
+            | Code::QuotaExceeded
             | Code::Unavailable => return None,
         })
     }

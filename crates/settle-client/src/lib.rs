@@ -27,6 +27,26 @@
 //!   HTTP/1.1 connections, opened as concurrent calls need them. (Or one
 //!   dedicated connection, [`ClientBuilder::single_connection`], for load
 //!   generators.)
+//! * **HTTPS.** An `https://HOST[:PORT]` URL (port 443 by default) is
+//!   reached over TLS (rustls), the server's certificate checked against
+//!   the platform's trusted roots. A server whose certificate a private CA
+//!   issued: trust that CA with
+//!   [`ClientBuilder::add_root_certificate_pem`] (and, to trust it alone,
+//!   [`ClientBuilder::tls_only_custom_roots`]):
+//!
+//!   ```no_run
+//!   # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//!   let ca = std::fs::read("/etc/settle/ca.pem")?;
+//!   let client = settle_client::Client::builder("https://settle.internal:7411")
+//!       .add_root_certificate_pem(&ca)
+//!       .token("secret")
+//!       .build()?;
+//!   # Ok(()) }
+//!   ```
+//!
+//!   A certificate that does not verify is a [`ClientError::Connect`]
+//!   (nothing was sent); a CA file that is not PEM fails
+//!   [`ClientBuilder::build`] with [`ClientError::Tls`].
 //! * **Timeouts.** A connect timeout and a per-request timeout
 //!   ([`ClientBuilder`]); a timeout is [`ClientError::Timeout`].
 //! * **Errors.** [`ClientError`] separates "no answer" (connect, timeout,
@@ -54,6 +74,7 @@ mod reply;
 /// feature: not in production builds).
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod tls;
 mod transport;
 
 pub use call::{Call, ListParams, encode_segment, operation_path};

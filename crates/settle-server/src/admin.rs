@@ -50,7 +50,7 @@ pub async fn export(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Resp
 }
 
 async fn export_inner(st: &AppState, headers: &HeaderMap) -> Result<Response, Problem> {
-    st.admin.check(headers)?;
+    st.live().admin.check(headers)?;
     let snap = st.store.export().await.map_err(|e| refused(&e))?;
     let stream = ExportStream::start(st.store.clone(), snap)?;
     let mut resp = Response::new(Body::from_stream(futures::stream::unfold(

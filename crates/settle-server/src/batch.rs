@@ -69,12 +69,40 @@ pub async fn batch(State(st): State<Arc<AppState>>, req: Request) -> Response {
 
 async fn batch_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, body) = req.into_parts();
-    let tenant = st.auth.tenant(&parts.headers)?;
-    let bytes = st.body_up_to(&parts, body, st.max_batch_body_bytes).await?;
-    let calls = parse_calls(&bytes, st.max_batch_calls, st.default_retention)?;
+    let live = st.live();
+    let tenant = live.admit(&parts.headers)?;
+    let bytes = st
+        .body_up_to(&parts, body, live.max_batch_body_bytes)
+        .await?;
+    let calls = parse_calls(&bytes, live.max_batch_calls, live.default_retention)?;
     let mut slots: Vec<Slot> = (0..calls.len()).map(|_| None).collect();
     let mut pending: Vec<(usize, KeyOp, Sent, Command)> = Vec::with_capacity(calls.len());
+    // `max_records` (SPEC §12): each claim counts; while there is room a
+    // claim takes one (it may be a replay: the room is recounted before
+    // any claim is refused).
+    let max_records = live.max_records(tenant);
+    let mut room = match max_records {
+        Some(max) => st.records.headroom(&*st.store, tenant, max).await?,
+        None => u64::MAX,
+    };
     for (i, call) in calls.into_iter().enumerate() {
+        if let (Ok(Call::Command(KeyOp::Claim, cmd)), Some(max)) = (&call, max_records) {
+            if room == 0 {
+                // The calls before this one first, in order: their records count.
+                commit(st, tenant, &mut pending, &mut slots).await;
+                room = st.records.headroom(&*st.store, tenant, max).await?;
+            }
+            if room > 0 {
+                room -= 1;
+            } else if let settle_core::Target::Record(key) = cmd.target()
+                && let Err(p) =
+                    crate::quota::RecordCounts::existing_or_refuse(&*st.store, tenant, key, max)
+                        .await
+            {
+                slots[i] = Some(Err(p));
+                continue;
+            }
+        }
         match call {
             Err(p) => slots[i] = Some(Err(p)),
             Ok(Call::Command(op, cmd)) => match st.prepare(&cmd) {
@@ -328,9 +356,14 @@ async fn commit(
     }
     let results = st.store.execute_batch(tenant, cmds).await;
     assert_eq!(results.len(), meta.len(), "one result per command");
+    let mut created = 0;
     for ((i, op, sent), result) in meta.into_iter().zip(results) {
+        if matches!(&result, Ok(r) if crate::quota::creates_record(r)) {
+            created += 1;
+        }
         slots[i] = Some(st.answer(sent, result).and_then(|reply| op.body(reply)));
     }
+    st.records.created(tenant, created);
 }
 
 /// `{"results":[{"status":…,"body":…},…]}`, bodies spliced in as rendered.

@@ -35,6 +35,14 @@ pub enum ConfigError {
         reason: String,
     },
     #[error(
+        "refusing to start: listen address {0} is not loopback and TLS is off, so tokens and \
+         records would cross the network in clear text. Give --tls-cert and --tls-key (config \
+         tls_cert, tls_key), or --behind-proxy (config behind_proxy = true) when a \
+         TLS-terminating proxy is in front, or listen on 127.0.0.1 / [::1]"
+    )]
+    /// A non-loopback listen address without TLS and without `behind_proxy`.
+    PlainTextOnNetwork(SocketAddr),
+    #[error(
         "refusing to start: listen address {0} is not loopback and no tenants are configured, so \
          anyone who can reach it could read and write every record. Add [[tenants]] with \
          name and token_sha256 to the config file (or --tenant NAME=SHA256), or listen on \
@@ -52,15 +60,54 @@ fn invalid(setting: &'static str, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// One `[[tenants]]` table: the tenant's name and the SHA-256 of its bearer token.
-#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+/// One `[[tenants]]` table: the tenant's name, the SHA-256 of its bearer
+/// token(s), and its quotas (SPEC §12).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     /// The tenant's name (key syntax); records of different tenants never meet.
     pub name: String,
     /// Lowercase hex SHA-256 of the tenant's bearer token (the token itself is
-    /// never stored).
-    pub token_sha256: String,
+    /// never stored), or a list of them: several during a rotation.
+    #[serde(deserialize_with = "one_or_many")]
+    pub token_sha256: Vec<String>,
+    /// Requests per second admitted (a batch is one request); with `burst`.
+    #[serde(default)]
+    pub rate_per_s: Option<f64>,
+    /// Requests admitted at once above the rate [default: `rate_per_s`
+    /// rounded up].
+    #[serde(default)]
+    pub burst: Option<u32>,
+    /// Records the tenant may hold (terminal ones too, until collected).
+    #[serde(default)]
+    pub max_records: Option<u64>,
+}
+
+/// A tenant's quotas (SPEC §12), validated.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Quota {
+    /// Requests per second and burst; `None`: no rate limit.
+    pub rate: Option<Rate>,
+    /// Records the tenant may hold; `None`: no limit.
+    pub max_records: Option<u64>,
+}
+
+/// A request rate: `per_s` on average, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rate {
+    /// Requests per second, > 0.
+    pub per_s: f64,
+    /// Requests admitted at once, ≥ 1.
+    pub burst: u32,
+}
+
+/// `tls_cert` and `tls_key`: PEM files, re-read on SIGHUP.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain (PEM), leaf first.
+    pub cert: PathBuf,
+    /// The private key (PEM: PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
 }
 
 /// The config file as written (every key optional).
@@ -111,6 +158,14 @@ pub struct FileConfig {
     pub metrics_token_sha256: Option<String>,
     /// See `--metrics-refresh-ms`.
     pub metrics_refresh_ms: Option<u64>,
+    /// See `--tls-cert`.
+    pub tls_cert: Option<PathBuf>,
+    /// See `--tls-key`.
+    pub tls_key: Option<PathBuf>,
+    /// See `--behind-proxy`.
+    pub behind_proxy: Option<bool>,
+    /// See `--otlp-endpoint`.
+    pub otlp_endpoint: Option<String>,
     /// The `[[tenants]]` tables; `--tenant` adds to them.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
@@ -228,6 +283,14 @@ pub struct Settings {
     pub metrics_refresh_ms: Option<u64>,
     /// Testing only: moves the store's clock by this many milliseconds.
     pub clock_skew_ms: Option<i64>,
+    /// PEM certificate chain: serve HTTPS (with `tls_key`).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
+    /// A TLS-terminating proxy is in front: plain HTTP on a non-loopback address is allowed.
+    pub behind_proxy: bool,
+    /// OTLP/HTTP base URL: spans go to `URL/v1/traces`.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Where the records live.
@@ -294,6 +357,14 @@ pub struct Config {
     /// its variable, whatever the value), by their file key: accepted for
     /// one more release, ignored, and warned about at startup.
     pub deprecated: Vec<&'static str>,
+    /// Per-tenant quotas (SPEC §12); a tenant without any is not listed.
+    pub quotas: Vec<(TenantId, Quota)>,
+    /// HTTPS when set.
+    pub tls: Option<TlsFiles>,
+    /// Plain HTTP on a non-loopback address is allowed (a proxy terminates TLS).
+    pub behind_proxy: bool,
+    /// OTLP/HTTP base URL of a trace collector.
+    pub otlp_endpoint: Option<String>,
 }
 
 /// Engine settings that have good defaults in the engines themselves.
@@ -359,6 +430,112 @@ fn admin_tokens(
     Ok(out)
 }
 
+/// The tenants of the file's `[[tenants]]` and of `--tenant NAME=SHA256`:
+/// token digest → tenant (a tenant may have several tokens, for rotation),
+/// and each tenant's quotas. A name may have one `[[tenants]]` table; a
+/// flag adds a token to the table of its name, or a new tenant. A token
+/// is one tenant's only.
+#[allow(clippy::type_complexity)]
+fn tenants(
+    file: Vec<TenantConfig>,
+    flags: &[String],
+) -> Result<(Vec<(TenantId, Digest)>, Vec<(TenantId, Quota)>), ConfigError> {
+    let mut tables = file;
+    let file_tables = tables.len();
+    for t in flags {
+        let (name, digest) = t
+            .split_once('=')
+            .ok_or_else(|| invalid("tenant", format!("{t:?} is not NAME=SHA256-OF-TOKEN")))?;
+        match tables.iter_mut().find(|x| x.name == name) {
+            Some(x) => x.token_sha256.push(digest.to_string()),
+            None => tables.push(TenantConfig {
+                name: name.to_string(),
+                token_sha256: vec![digest.to_string()],
+                rate_per_s: None,
+                burst: None,
+                max_records: None,
+            }),
+        }
+    }
+    let mut tokens: Vec<(TenantId, Digest)> = Vec::with_capacity(tables.len());
+    let mut quotas = Vec::new();
+    let mut names: Vec<TenantId> = Vec::with_capacity(tables.len());
+    for (i, t) in tables.iter().enumerate() {
+        let name = TenantId::new(t.name.clone())
+            .map_err(|e| invalid("tenants.name", format!("{:?}: {}", t.name, e.reason)))?;
+        if i < file_tables && names.contains(&name) {
+            return Err(invalid("tenants.name", format!("{name} appears twice")));
+        }
+        names.push(name.clone());
+        if t.token_sha256.is_empty() {
+            return Err(invalid(
+                "tenants.token_sha256",
+                format!("tenant {name} has no token"),
+            ));
+        }
+        for hex in &t.token_sha256 {
+            let digest = Digest::parse("tenants.token_sha256", hex).map_err(|e| {
+                invalid(
+                    "tenants.token_sha256",
+                    format!("tenant {name}: {}", e.reason),
+                )
+            })?;
+            if let Some((other, _)) = tokens.iter().find(|(_, d)| d == &digest) {
+                return Err(invalid(
+                    "tenants.token_sha256",
+                    if other == &name {
+                        format!("tenant {name} lists the token {hex} twice")
+                    } else {
+                        format!("tenant {name} shares its token with tenant {other}")
+                    },
+                ));
+            }
+            tokens.push((name.clone(), digest));
+        }
+        let rate = match (t.rate_per_s, t.burst) {
+            (None, None) => None,
+            (None, Some(_)) => {
+                return Err(invalid(
+                    "tenants.burst",
+                    format!("tenant {name}: burst needs rate_per_s"),
+                ));
+            }
+            (Some(r), burst) => {
+                if !(r.is_finite() && r > 0.0 && r <= 1e9) {
+                    return Err(invalid(
+                        "tenants.rate_per_s",
+                        format!("tenant {name}: must be a number above 0 (at most 1e9)"),
+                    ));
+                }
+                let burst = burst.unwrap_or_else(|| (r.ceil() as u32).max(1));
+                if burst == 0 {
+                    return Err(invalid(
+                        "tenants.burst",
+                        format!("tenant {name}: must be at least 1"),
+                    ));
+                }
+                Some(Rate { per_s: r, burst })
+            }
+        };
+        if t.max_records == Some(0) {
+            return Err(invalid(
+                "tenants.max_records",
+                format!("tenant {name}: must be at least 1"),
+            ));
+        }
+        if rate.is_some() || t.max_records.is_some() {
+            quotas.push((
+                name,
+                Quota {
+                    rate,
+                    max_records: t.max_records,
+                },
+            ));
+        }
+    }
+    Ok((tokens, quotas))
+}
+
 /// Where `settle serve` listens by default (loopback: auth may be off).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
 /// Where the embedded store lives by default.
@@ -387,6 +564,10 @@ impl Config {
             metrics_refresh_ms: 10_000,
             tuning: Tuning::default(),
             deprecated: Vec::new(),
+            quotas: Vec::new(),
+            tls: None,
+            behind_proxy: false,
+            otlp_endpoint: None,
         }
     }
 
@@ -425,37 +606,7 @@ impl Config {
             ),
         };
 
-        let mut tenants = file.tenants;
-        for t in &args.tenants {
-            let (name, digest) = t
-                .split_once('=')
-                .ok_or_else(|| invalid("tenant", format!("{t:?} is not NAME=SHA256-OF-TOKEN")))?;
-            tenants.push(TenantConfig {
-                name: name.to_string(),
-                token_sha256: digest.to_string(),
-            });
-        }
-        let mut parsed: Vec<(TenantId, Digest)> = Vec::with_capacity(tenants.len());
-        for t in &tenants {
-            let name = TenantId::new(t.name.clone())
-                .map_err(|e| invalid("tenants.name", format!("{:?}: {}", t.name, e.reason)))?;
-            let digest = Digest::parse("tenants.token_sha256", &t.token_sha256).map_err(|e| {
-                invalid(
-                    "tenants.token_sha256",
-                    format!("tenant {}: {}", t.name, e.reason),
-                )
-            })?;
-            if parsed.iter().any(|(n, _)| n == &name) {
-                return Err(invalid("tenants.name", format!("{name} appears twice")));
-            }
-            if parsed.iter().any(|(_, d)| d == &digest) {
-                return Err(invalid(
-                    "tenants.token_sha256",
-                    format!("tenant {name} shares its token with another tenant"),
-                ));
-            }
-            parsed.push((name, digest));
-        }
+        let (parsed, quotas) = tenants(file.tenants, &args.tenants)?;
         let admin_tokens = admin_tokens(file.admin, &args.admin_tokens_sha256, &parsed)?;
         // `[admin]` alone does not turn authentication on: the tenants'
         // routes would still be open to anyone, so a non-loopback address
@@ -467,6 +618,33 @@ impl Config {
             AuthConfig::Off
         } else {
             AuthConfig::Tenants(parsed)
+        };
+        let tls = match (
+            args.tls_cert.clone().or(file.tls_cert),
+            args.tls_key.clone().or(file.tls_key),
+        ) {
+            (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+            (None, None) => None,
+            (Some(_), None) => return Err(invalid("tls_key", "tls_cert is given without tls_key")),
+            (None, Some(_)) => {
+                return Err(invalid("tls_cert", "tls_key is given without tls_cert"));
+            }
+        };
+        let behind_proxy = args.behind_proxy || file.behind_proxy.unwrap_or(false);
+        if tls.is_none() && !behind_proxy && !listen.ip().is_loopback() {
+            return Err(ConfigError::PlainTextOnNetwork(listen));
+        }
+        let otlp_endpoint = match args.otlp_endpoint.clone().or(file.otlp_endpoint) {
+            Some(u) if u.starts_with("http://") || u.starts_with("https://") => {
+                Some(u.trim_end_matches('/').to_string())
+            }
+            Some(u) => {
+                return Err(invalid(
+                    "otlp_endpoint",
+                    format!("{u:?} is not an http:// or https:// URL"),
+                ));
+            }
+            None => None,
         };
 
         let defaults = Config::local(listen, PathBuf::new());
@@ -617,6 +795,10 @@ impl Config {
             metrics_refresh_ms,
             tuning,
             deprecated,
+            quotas,
+            tls,
+            behind_proxy,
+            otlp_endpoint,
         })
     }
 
@@ -737,6 +919,7 @@ mod tests {
         let file: FileConfig = toml::from_str(
             r#"
             listen = "0.0.0.0:9000"
+            behind_proxy = true
             lease_margin_ms = 250
             warning_cap = 5
             [[tenants]]
@@ -824,7 +1007,99 @@ mod tests {
         let e = Config::merge(FileConfig::default(), &a).unwrap_err();
         assert!(matches!(e, ConfigError::OpenWithoutTenants(_)), "{e}");
         a.tenants = vec![format!("acme={D2}")];
+        a.behind_proxy = true;
         assert!(Config::merge(FileConfig::default(), &a).is_ok());
+    }
+
+    /// SPEC §12: a non-loopback address needs TLS, or `behind_proxy`.
+    #[test]
+    fn plain_http_on_the_network_needs_behind_proxy() {
+        let mut a = args();
+        a.listen = Some("0.0.0.0:7411".into());
+        a.tenants = vec![format!("acme={D2}")];
+        let e = Config::merge(FileConfig::default(), &a).unwrap_err();
+        assert!(matches!(e, ConfigError::PlainTextOnNetwork(_)), "{e}");
+        assert!(e.to_string().contains("--behind-proxy"), "{e}");
+        let file: FileConfig = toml::from_str("behind_proxy = true").unwrap();
+        let c = Config::merge(file, &a).unwrap();
+        assert!(c.behind_proxy && c.tls.is_none());
+        a.tls_cert = Some("cert.pem".into());
+        a.tls_key = Some("key.pem".into());
+        let c = Config::merge(FileConfig::default(), &a).unwrap();
+        assert_eq!(
+            c.tls,
+            Some(TlsFiles {
+                cert: "cert.pem".into(),
+                key: "key.pem".into()
+            })
+        );
+        // One file without the other is a mistake, wherever the address.
+        let file: FileConfig = toml::from_str("tls_cert = \"c.pem\"").unwrap();
+        let e = Config::merge(file, &args()).unwrap_err();
+        assert!(e.to_string().contains("tls_key"), "{e}");
+        let file: FileConfig = toml::from_str("otlp_endpoint = \"collector:4318\"").unwrap();
+        assert!(Config::merge(file, &args()).is_err());
+        let file: FileConfig =
+            toml::from_str("otlp_endpoint = \"http://collector:4318/\"").unwrap();
+        let c = Config::merge(file, &args()).unwrap();
+        assert_eq!(c.otlp_endpoint.as_deref(), Some("http://collector:4318"));
+    }
+
+    /// A tenant may list several tokens (rotation); a flag adds a token to
+    /// the table of its name; a token is one tenant's only.
+    #[test]
+    fn tenants_have_several_tokens_and_quotas() {
+        let file: FileConfig = toml::from_str(&format!(
+            "[[tenants]]\nname = \"acme\"\ntoken_sha256 = [\"{D1}\", \"{D2}\"]\nrate_per_s = 2.5\nmax_records = 10\n"
+        ))
+        .unwrap();
+        let mut a = args();
+        let d3 = "3".repeat(64);
+        a.tenants = vec![format!("acme={d3}"), format!("beta={}", "4".repeat(64))];
+        let c = Config::merge(file, &a).unwrap();
+        let AuthConfig::Tenants(t) = &c.auth else {
+            panic!("auth should be on")
+        };
+        let names: Vec<&str> = t.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["acme", "acme", "acme", "beta"]);
+        assert_eq!(c.quotas.len(), 1);
+        assert_eq!(
+            c.quotas[0].1,
+            Quota {
+                rate: Some(Rate {
+                    per_s: 2.5,
+                    burst: 3
+                }),
+                max_records: Some(10)
+            }
+        );
+        let bad = [
+            format!("[[tenants]]\nname = \"a\"\ntoken_sha256 = [\"{D1}\", \"{D1}\"]"),
+            "[[tenants]]\nname = \"a\"\ntoken_sha256 = []".to_string(),
+            format!(
+                "[[tenants]]\nname = \"a\"\ntoken_sha256 = \"{D1}\"\n[[tenants]]\nname = \"a\"\ntoken_sha256 = \"{D2}\""
+            ),
+            format!(
+                "[[tenants]]\nname = \"a\"\ntoken_sha256 = \"{D1}\"\n[[tenants]]\nname = \"b\"\ntoken_sha256 = \"{D1}\""
+            ),
+            format!("[[tenants]]\nname = \"a\"\ntoken_sha256 = \"{D1}\"\nburst = 3"),
+            format!("[[tenants]]\nname = \"a\"\ntoken_sha256 = \"{D1}\"\nrate_per_s = 0"),
+            format!("[[tenants]]\nname = \"a\"\ntoken_sha256 = \"{D1}\"\nrate_per_s = -1"),
+            format!(
+                "[[tenants]]\nname = \"a\"\ntoken_sha256 = \"{D1}\"\nrate_per_s = 1\nburst = 0"
+            ),
+            format!("[[tenants]]\nname = \"a\"\ntoken_sha256 = \"{D1}\"\nmax_records = 0"),
+        ];
+        for text in bad {
+            let file: FileConfig = toml::from_str(&text).unwrap();
+            assert!(
+                matches!(
+                    Config::merge(file, &args()),
+                    Err(ConfigError::Invalid { .. })
+                ),
+                "{text}"
+            );
+        }
     }
 
     #[test]

@@ -22,32 +22,25 @@ use settle_core::{
 use settle_ledger::{Store, StoreError};
 use tracing::{debug, error, warn};
 
-use crate::auth::{AdminAuth, Auth};
+use crate::live::Live;
 use crate::metrics as m;
 use crate::openapi::V1Errors;
 use crate::problem::{PROBLEM_JSON, Problem};
 use crate::wire::{parse_body, segment};
+use arc_swap::ArcSwap;
 
 /// Everything a handler needs; built once, shared by reference.
 pub struct AppState {
     /// The ledger's store; handlers run commands on it.
     pub store: Arc<dyn Store>,
-    /// Token → tenant.
-    pub auth: Auth,
-    /// Who may call the admin endpoints (SPEC §12).
-    pub admin: AdminAuth,
-    /// Larger request bodies are answered 413.
-    pub max_body_bytes: usize,
-    /// Most calls in one `POST /v1/batch` (422 past it).
-    pub max_batch_calls: usize,
-    /// Largest `POST /v1/batch` body (413 past it).
-    pub max_batch_body_bytes: usize,
-    /// Larger outcome results are answered 422.
+    /// The reloadable configuration (SPEC §12 "Reload"): a request loads
+    /// it once ([`AppState::live`]) and runs under it to its end.
+    live: ArcSwap<Live>,
+    /// The record counts behind `max_records`.
+    pub records: crate::quota::RecordCounts,
+    /// Larger outcome results are answered 422 (fixed at start: the store
+    /// was opened with the same limit).
     pub max_result_bytes: usize,
-    /// The `retention_s` of a claim that gives none.
-    pub default_retention: RetentionS,
-    /// When a record counts as stuck, in ms (`stuck_after_s` × 1000).
-    pub stuck_after_ms: u64,
     /// How long a request body may take to arrive (408 past it).
     pub body_timeout: Duration,
     /// The Prometheus recorder; `None` when another recorder was installed first.
@@ -56,8 +49,6 @@ pub struct AppState {
     pub openapi: Bytes,
     /// False once shutdown began (`/readyz` answers 503).
     pub ready: AtomicBool,
-    /// `/metrics` needs a bearer token with this SHA-256 when set.
-    pub metrics_token: Option<[u8; 32]>,
     /// The gauges that scan the store, refreshed at most once per interval.
     pub gauges: crate::metrics::Gauges,
 }
@@ -67,21 +58,28 @@ impl AppState {
     pub fn new(store: Arc<dyn Store>, config: &crate::config::Config) -> AppState {
         AppState {
             store,
-            auth: Auth::from_config(&config.auth),
-            admin: AdminAuth::from_config(&config.auth, &config.admin_tokens),
-            max_body_bytes: config.max_body_bytes,
-            max_batch_calls: config.max_batch_calls,
-            max_batch_body_bytes: config.max_batch_body_bytes,
+            live: ArcSwap::from_pointee(Live::new(config, None)),
+            records: crate::quota::RecordCounts::default(),
             max_result_bytes: config.max_result_bytes,
-            default_retention: config.default_retention,
-            stuck_after_ms: config.stuck_after_s.saturating_mul(1000),
             body_timeout: Duration::from_millis(config.request_timeout_ms),
             metrics: m::install(),
             openapi: Bytes::from(crate::openapi::document(config.lease_margin_ms)),
             ready: AtomicBool::new(true),
-            metrics_token: config.metrics_token_sha256.map(|d| d.0),
             gauges: crate::metrics::Gauges::new(Duration::from_millis(config.metrics_refresh_ms)),
         }
+    }
+
+    /// The configuration a request runs under, from its start to its end.
+    pub fn live(&self) -> Arc<Live> {
+        self.live.load_full()
+    }
+
+    /// Swaps in the reloadable part of `config` (tenants, tokens, admin,
+    /// limits, quotas); requests in flight keep the one they started with.
+    pub fn reload(&self, config: &crate::config::Config) {
+        let previous = self.live.load_full();
+        self.live
+            .store(Arc::new(Live::new(config, Some(&previous))));
     }
 }
 
@@ -223,10 +221,6 @@ pub(crate) struct Sent {
 }
 
 impl AppState {
-    async fn body(&self, parts: &Parts, body: Body) -> Result<Bytes, Problem> {
-        self.body_up_to(parts, body, self.max_body_bytes).await
-    }
-
     /// The request body, refused with 413 beyond `limit` bytes.
     pub(crate) async fn body_up_to(
         &self,
@@ -450,11 +444,26 @@ impl KeyOp {
 async fn key_call(st: &AppState, req: Request, op: KeyOp) -> Response {
     let result = async {
         let (parts, body) = req.into_parts();
-        let tenant = st.auth.tenant(&parts.headers)?;
+        let live = st.live();
+        let tenant = live.admit(&parts.headers)?;
         let key: Key = segment("key", raw_segment(&parts, 2))?;
-        let bytes = st.body(&parts, body).await?;
-        let cmd = op.command(st.default_retention, key, &bytes, None)?;
+        let bytes = st.body_up_to(&parts, body, live.max_body_bytes).await?;
+        // `max_records` (SPEC §12) is checked before the rules, for a claim
+        // that would create a record.
+        let max_records = match op {
+            KeyOp::Claim => live.max_records(tenant),
+            _ => None,
+        };
+        if let Some(max) = max_records
+            && st.records.headroom(&*st.store, tenant, max).await? == 0
+        {
+            crate::quota::RecordCounts::existing_or_refuse(&*st.store, tenant, &key, max).await?;
+        }
+        let cmd = op.command(live.default_retention, key, &bytes, None)?;
         let reply = st.execute(tenant, cmd).await?;
+        if max_records.is_some() && crate::quota::creates_record(&reply) {
+            st.records.created(tenant, 1);
+        }
         Ok(json_response(op.body(reply)?))
     }
     .await;
@@ -587,7 +596,8 @@ pub async fn get_record(State(st): St, req: Request) -> Response {
 
 async fn get_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, _body) = req.into_parts();
-    let tenant = st.auth.tenant(&parts.headers)?;
+    let live = st.live();
+    let tenant = live.admit(&parts.headers)?;
     let key: Key = segment("key", raw_segment(&parts, 2))?;
     let found = st.store.get(tenant, &key).await;
     Ok(json_response(record_body(&key, found)?))
@@ -609,7 +619,8 @@ pub async fn principal(State(st): St, req: Request) -> Response {
 
 async fn principal_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, _body) = req.into_parts();
-    let tenant = st.auth.tenant(&parts.headers)?;
+    let live = st.live();
+    let tenant = live.admit(&parts.headers)?;
     let principal: Principal = segment("principal", raw_segment(&parts, 2))?;
     match st.store.generation(tenant, &principal).await {
         Ok(Ok(generation)) => Ok(json(&api::PrincipalGeneration {
@@ -637,9 +648,10 @@ pub async fn revoke(State(st): St, req: Request) -> Response {
 
 async fn revoke_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, body) = req.into_parts();
-    let tenant = st.auth.tenant(&parts.headers)?;
+    let live = st.live();
+    let tenant = live.admit(&parts.headers)?;
     let principal: Principal = segment("principal", raw_segment(&parts, 2))?;
-    let bytes = st.body(&parts, body).await?;
+    let bytes = st.body_up_to(&parts, body, live.max_body_bytes).await?;
     let _: api::EmptyRequest = parse_body(&bytes)?;
     match st
         .execute(tenant, Command::Revoke(Revoke { principal }))
@@ -676,10 +688,11 @@ pub async fn warn(State(st): St, req: Request) -> Response {
 
 async fn warn_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, body) = req.into_parts();
-    let tenant = st.auth.tenant(&parts.headers)?;
+    let live = st.live();
+    let tenant = live.admit(&parts.headers)?;
     let task: TaskId = segment("task", raw_segment(&parts, 2))?;
     let class: WarningClass = segment("class", raw_segment(&parts, 4))?;
-    let bytes = st.body(&parts, body).await?;
+    let bytes = st.body_up_to(&parts, body, live.max_body_bytes).await?;
     let b: api::WarnRequest = parse_body(&bytes)?;
     let cmd = Command::Warn(b.into_warn(task, class)?);
     match st.execute(tenant, cmd).await? {
@@ -703,7 +716,8 @@ pub async fn warnings(State(st): St, req: Request) -> Response {
 
 async fn warnings_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, _body) = req.into_parts();
-    let tenant = st.auth.tenant(&parts.headers)?;
+    let live = st.live();
+    let tenant = live.admit(&parts.headers)?;
     let task: TaskId = segment("task", raw_segment(&parts, 2))?;
     match st.store.warnings(tenant, &task).await {
         Ok(w) => Ok(json(&api::Warnings {
@@ -767,7 +781,7 @@ pub async fn readyz(State(st): St) -> Response {
         (status = 401, description = "`metrics_token_sha256` is set and the bearer token is missing or another", body = api::Problem, content_type = "application/problem+json"),
     ))]
 pub async fn metrics(State(st): St, headers: axum::http::HeaderMap) -> Response {
-    if let Err(p) = crate::auth::check_token(st.metrics_token.as_ref(), &headers) {
+    if let Err(p) = crate::auth::check_token(st.live().metrics_token.as_ref(), &headers) {
         return finish(Route::Metrics, Err(p));
     }
     st.gauges.refresh(&st).await;

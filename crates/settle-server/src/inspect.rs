@@ -160,8 +160,9 @@ pub async fn list(State(st): State<Arc<AppState>>, req: Request) -> Response {
 
 async fn list_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, _body) = req.into_parts();
-    let tenant = st.auth.tenant(&parts.headers)?;
-    let q = parse_list_query(parts.uri.query(), st.stuck_after_ms)?;
+    let live = st.live();
+    let tenant = live.admit(&parts.headers)?;
+    let q = parse_list_query(parts.uri.query(), live.stuck_after_ms)?;
     let page = inspect::list(&*st.store, tenant, &q)
         .await
         .map_err(|e| store_error("list", None, &e))?;
@@ -169,7 +170,7 @@ async fn list_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
         operations: page
             .records
             .iter()
-            .map(|r| OperationSummary::of(r, page.now, st.stuck_after_ms))
+            .map(|r| OperationSummary::of(r, page.now, live.stuck_after_ms))
             .collect(),
         next: page.next.as_ref().map(cursor),
     }))
@@ -210,14 +211,15 @@ pub async fn stats(State(st): State<Arc<AppState>>, req: Request) -> Response {
 
 async fn stats_inner(st: &AppState, req: Request) -> Result<Response, Problem> {
     let (parts, _body) = req.into_parts();
-    let tenant = st.auth.tenant(&parts.headers)?;
+    let live = st.live();
+    let tenant = live.admit(&parts.headers)?;
     if parts.uri.query().is_some_and(|q| !q.is_empty()) {
         return Err(Problem::invalid(
             "query",
             "GET /v1/stats takes no parameters",
         ));
     }
-    let s = inspect::tenant_stats(&*st.store, tenant, st.stuck_after_ms)
+    let s = inspect::tenant_stats(&*st.store, tenant, live.stuck_after_ms)
         .await
         .map_err(|e| store_error("stats", None, &e))?;
     Ok(json(&stats_body(&s)))
@@ -270,8 +272,9 @@ pub async fn console(req: Request) -> Response {
 /// (`metrics::Gauges`; see docs/operations.md).
 pub async fn publish_quarantine(st: &AppState) {
     let (mut entries, mut records) = (0u64, 0u64);
-    for t in st.auth.tenants() {
-        match inspect::tenant_stats(&*st.store, &t, st.stuck_after_ms).await {
+    let live = st.live();
+    for t in live.auth.tenants() {
+        match inspect::tenant_stats(&*st.store, &t, live.stuck_after_ms).await {
             Ok(s) => {
                 entries += s.quarantined;
                 records += s.quarantined_records;

@@ -15,13 +15,19 @@ pub mod batch;
 pub mod config;
 pub mod http;
 pub mod inspect;
+pub mod live;
 pub mod metrics;
 pub mod openapi;
 pub mod problem;
+pub mod quota;
 pub mod serve;
 pub mod target;
+pub mod tls;
 pub mod wire;
 
 pub use config::{Config, ConfigError, Settings};
 pub use http::{AppState, router};
-pub use serve::{OpenedStore, answer, log_auth, log_deprecated, run, shutdown_signal, sweep_loop};
+pub use serve::{
+    Edge, LoadConfig, OpenedStore, Reloaded, answer, log_auth, log_deprecated, reload, run,
+    run_edge, shutdown_signal, sweep_loop,
+};

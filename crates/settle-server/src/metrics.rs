@@ -28,6 +28,12 @@ pub const SWEEP_COLLECTED: &str = "settle_sweep_collected_total";
 /// aborted), `abandoned` (the client went away), `refused` (the store
 /// could not start one).
 pub const EXPORTS: &str = "settle_admin_exports_total";
+/// Counter of requests refused by a tenant's quota (SPEC §12), by `code`
+/// (`rate_limited`, `quota_exceeded`); no tenant label (§7: a tenant's own
+/// figures are in its `/v1/stats`).
+pub const QUOTA_REFUSALS: &str = "settle_quota_refusals_total";
+/// Counter of configuration reloads (SIGHUP), by `result` (`applied`, `refused`).
+pub const CONFIG_RELOADS: &str = "settle_config_reloads_total";
 /// Histogram of commands per group commit (recorded by the embedded store).
 pub const COMMIT_BATCH_SIZE: &str = "settle_commit_batch_size";
 /// Histogram of group commit durations in seconds (recorded by the embedded store).
@@ -73,6 +79,14 @@ pub fn install() -> Option<PrometheusHandle> {
 fn describe() {
     use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
     describe_counter!(REQUESTS, "HTTP requests by route and status.");
+    describe_counter!(
+        QUOTA_REFUSALS,
+        "Requests refused by a tenant's quota, by code (rate_limited, quota_exceeded)."
+    );
+    describe_counter!(
+        CONFIG_RELOADS,
+        "Configuration reloads (SIGHUP), by result (applied, refused)."
+    );
     describe_counter!(
         DECISIONS,
         "Ledger answers by call and decision or refusal code."
@@ -300,7 +314,7 @@ impl Gauges {
         *last = Some(std::time::Instant::now());
         self.refreshes
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        match st.store.stats(st.stuck_after_ms).await {
+        match st.store.stats(st.live().stuck_after_ms).await {
             Ok(s) => set_stats(&s),
             Err(e) => tracing::warn!(error = %e, "store stats unavailable for /metrics"),
         }

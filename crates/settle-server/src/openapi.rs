@@ -63,6 +63,15 @@ pub enum V1Errors {
         content_type = "application/problem+json"
     )]
     Invalid(api::Problem),
+    /// A tenant's quota (SPEC §12).
+    #[response(
+        status = 429,
+        description = "rate_limited: the tenant's rate_per_s/burst is spent (with `Retry-After`); \
+                       quota_exceeded: a claim would create a record past the tenant's max_records",
+        headers(("Retry-After" = u64, description = "whole seconds until a request is admitted (rate_limited)")),
+        content_type = "application/problem+json"
+    )]
+    TooManyRequests(api::Problem),
     /// A storage failure or a refused record.
     #[response(
         status = 503,

@@ -102,6 +102,28 @@ impl Problem {
     pub fn invalid(field: impl Into<String>, reason: impl std::fmt::Display) -> Problem {
         settle_api::Problem::invalid(field, reason).into()
     }
+    /// 429 `rate_limited`, with `Retry-After` rounded up to whole seconds.
+    pub fn rate_limited(wait: std::time::Duration) -> Problem {
+        let s = wait.as_millis().div_ceil(1000).max(1) as u64;
+        let mut p = Problem::new(
+            Code::RateLimited,
+            format!(
+                "this tenant's request rate is over its quota (rate_per_s, burst); retry after {s} s"
+            ),
+        );
+        p.retry_after_s = Some(s);
+        p
+    }
+    /// 429 `quota_exceeded`: the claim would create a record past `max`.
+    pub fn quota_exceeded(max: u64) -> Problem {
+        Problem::new(
+            Code::QuotaExceeded,
+            format!(
+                "this tenant holds its max_records ({max}) records: a claim on a new key is \
+                 refused until records are collected; existing keys keep working"
+            ),
+        )
+    }
     /// 503 `unavailable`.
     pub fn unavailable(detail: impl Into<String>) -> Problem {
         Problem::new(Code::Unavailable, detail)

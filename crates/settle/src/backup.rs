@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use settle_client::{Client, ClientError, Download};
+use settle_client::{ClientError, Download};
 use settle_portable::Summary;
 
 use crate::exit::{self, Failure};
@@ -30,6 +30,9 @@ pub struct BackupArgs {
     /// not needed while the server runs without authentication on loopback.
     #[arg(long, env = "SETTLE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// PEM file of a CA to trust for an https:// URL (besides the system's roots).
+    #[arg(long, env = "SETTLE_CA_CERT", value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
     /// Print a one-line JSON summary on stdout instead of a sentence.
     #[arg(long)]
     json: bool,
@@ -68,10 +71,7 @@ impl Drop for Partial {
 /// `settle backup`.
 pub async fn run(a: BackupArgs) -> Result<(), Failure> {
     let started = Instant::now();
-    let client = Client::builder(&a.url)
-        .token(a.token.clone().unwrap_or_default())
-        .build()
-        .map_err(Failure::usage)?;
+    let client = crate::remote::client_for(&a.url, a.token.as_deref(), a.ca_cert.as_deref())?;
     if a.to.symlink_metadata().is_ok() {
         return Err(Failure::local(format!(
             "{} already exists; settle backup never overwrites a file: move it away or choose \
@@ -270,7 +270,9 @@ fn print_report(a: &BackupArgs, s: &Summary, seconds: f64) {
 /// without one.
 fn client_failure(e: ClientError) -> Failure {
     match e {
-        ClientError::Url { .. } | ClientError::Request(_) => Failure::usage(e),
+        ClientError::Url { .. } | ClientError::Request(_) | ClientError::Tls(_) => {
+            Failure::usage(e)
+        }
         ClientError::Http(h) => Failure::new(exit::for_status(h.status), h.to_string()),
         ClientError::UnexpectedBody { .. } => {
             Failure::new(exit::UNAVAILABLE, format!("error: {e}"))

@@ -30,6 +30,9 @@ pub enum ServeError {
     /// The store did not open.
     #[error("cannot open the store: {0}")]
     Store(#[from] StoreError),
+    /// The TLS certificate or key cannot be served.
+    #[error(transparent)]
+    Tls(#[from] settle_server::tls::TlsError),
     /// `--store` names no engine this binary has.
     #[error(
         "store {0:?} is not supported: use --data DIR for the embedded store or --store postgres://... for PostgreSQL"
@@ -136,6 +139,30 @@ pub struct ServeArgs {
     /// are refreshed at most this often, whatever the scrape rate [default: 10000].
     #[arg(long, env = "SETTLE_METRICS_REFRESH_MS")]
     pub metrics_refresh_ms: Option<u64>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key; re-read on SIGHUP)
+    /// [default: none: plain HTTP, loopback or --behind-proxy only].
+    #[arg(
+        long,
+        env = "SETTLE_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(
+        long,
+        env = "SETTLE_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// A TLS-terminating proxy is in front: allows plain HTTP on a non-loopback address.
+    #[arg(long, env = "SETTLE_BEHIND_PROXY", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
+    pub behind_proxy: Option<bool>,
+    /// Export OpenTelemetry traces over OTLP/HTTP to this base URL (spans go to URL/v1/traces)
+    /// [default: none].
+    #[arg(long, env = "SETTLE_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
     /// Testing only: moves the store's clock by this many milliseconds [default: 0].
     #[arg(
         long,
@@ -175,6 +202,10 @@ impl From<ServeArgs> for Settings {
             metrics_token_sha256: a.metrics_token_sha256,
             metrics_refresh_ms: a.metrics_refresh_ms,
             clock_skew_ms: a.clock_skew_ms,
+            tls_cert: a.tls_cert,
+            tls_key: a.tls_key,
+            behind_proxy: a.behind_proxy.unwrap_or(false),
+            otlp_endpoint: a.otlp_endpoint,
         }
     }
 }
@@ -267,7 +298,14 @@ pub fn init_tracing(default: &str) {
 /// SIGTERM or ctrl-c.
 pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
     init_tracing("info");
-    let config = Config::from_settings(&args.into())?;
+    let settings: Settings = args.into();
+    let config = Config::from_settings(&settings)?;
+    // Read before anything else starts: a bad certificate stops the start.
+    let tls = config
+        .tls
+        .as_ref()
+        .map(settle_server::tls::acceptor)
+        .transpose()?;
     let bind_error = |source| ServeError::Bind {
         addr: config.listen.to_string(),
         source,
@@ -287,7 +325,27 @@ pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
         let _ = writeln!(out, "listening on {addr}");
         let _ = out.flush();
     }
-    info!(%addr, "listening");
-    settle_server::run(config, opened, listener, settle_server::shutdown_signal()).await;
+    info!(%addr, tls = tls.is_some(), "listening");
+    if config.behind_proxy && tls.is_none() && !addr.ip().is_loopback() {
+        info!("plain HTTP on {addr}: behind_proxy says a TLS-terminating proxy is in front");
+    }
+    info!(
+        "SIGHUP reloads tenants, tokens, [admin], limits, quotas and the TLS files; the listen \
+         address, the engine and its directory need a restart"
+    );
+    let edge = settle_server::Edge {
+        tls,
+        reload: Some(std::sync::Arc::new(move || {
+            Config::from_settings(&settings)
+        })),
+    };
+    settle_server::run_edge(
+        config,
+        opened,
+        listener,
+        edge,
+        settle_server::shutdown_signal(),
+    )
+    .await;
     Ok(())
 }

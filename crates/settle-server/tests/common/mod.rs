@@ -76,6 +76,9 @@ pub async fn call_raw(
 pub struct Server {
     app: axum::Router,
     store: Arc<EmbeddedStore>,
+    state: Arc<AppState>,
+    started: Config,
+    settings: Settings,
 }
 
 impl Server {
@@ -94,8 +97,23 @@ impl Server {
             },
         )
         .expect("the store opens");
-        let app = router(Arc::new(AppState::new(store.clone(), &config)));
-        Server { app, store }
+        let state = Arc::new(AppState::new(store.clone(), &config));
+        let app = router(state.clone());
+        Server {
+            app,
+            store,
+            state,
+            started: config,
+            settings,
+        }
+    }
+
+    /// What SIGHUP does to `settle serve`: the configuration read again
+    /// (the file, then the same flags), swapped in when it validates.
+    pub fn reload(&self) -> settle_server::Reloaded {
+        let settings = self.settings.clone();
+        let load: settle_server::LoadConfig = Arc::new(move || Config::from_settings(&settings));
+        settle_server::reload(&self.state, None, &self.started, &load)
     }
 
     /// A client without a token.

@@ -25,9 +25,29 @@ pub struct Remote {
     /// Bearer token (not needed when the server runs without tenants on loopback).
     #[arg(long, env = "SETTLE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// PEM file of a CA to trust for an https:// URL (besides the system's roots).
+    #[arg(long, env = "SETTLE_CA_CERT", value_name = "FILE")]
+    ca_cert: Option<std::path::PathBuf>,
     /// Print the server's JSON answer as received instead of a summary.
     #[arg(long)]
     json: bool,
+}
+
+/// A client of `url` with `token`, trusting the CA in `ca_cert` besides
+/// the system's roots (shared by the remote commands and `settle backup`).
+pub fn client_for(
+    url: &str,
+    token: Option<&str>,
+    ca_cert: Option<&std::path::Path>,
+) -> Result<Client, Failure> {
+    let mut b = Client::builder(url).token(token.unwrap_or_default());
+    if let Some(path) = ca_cert {
+        let pem = std::fs::read(path).map_err(|e| {
+            Failure::usage(format!("cannot read --ca-cert {}: {e}", path.display()))
+        })?;
+        b = b.add_root_certificate_pem(&pem);
+    }
+    b.build().map_err(Failure::usage)
 }
 
 /// The operation's idempotency key.
@@ -331,10 +351,7 @@ pub struct StatsArgs {
 
 impl Remote {
     fn client(&self) -> Result<Client, Failure> {
-        Client::builder(&self.url)
-            .token(self.token.clone().unwrap_or_default())
-            .build()
-            .map_err(Failure::usage)
+        client_for(&self.url, self.token.as_deref(), self.ca_cert.as_deref())
     }
 
     /// Sends `call` and prints its answer; the status becomes the exit code.
@@ -344,7 +361,9 @@ impl Remote {
     ) -> Result<(), Failure> {
         let call = call.map_err(Failure::local)?;
         let reply = self.client()?.send(&call).await.map_err(|e| match e {
-            ClientError::Url { .. } | ClientError::Request(_) => Failure::usage(e),
+            ClientError::Url { .. } | ClientError::Request(_) | ClientError::Tls(_) => {
+                Failure::usage(e)
+            }
             e => Failure::unreachable(e),
         })?;
         if self.json {
