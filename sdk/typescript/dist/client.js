@@ -1,5 +1,9 @@
-// The typed HTTP client of SPEC §7, on the built-in fetch.
+// The typed HTTP client of SPEC §7, on the built-in fetch (on node:https with
+// a custom CA, tls.ts); every request carries the caller's W3C trace context
+// when @opentelemetry/api is installed (trace.ts).
 import { problemError, TransportError } from './errors.js';
+import { checkCA, fetchTrusting } from './tls.js';
+import { injectTraceContext } from './trace.js';
 import { claimFromWire, outcomeToWire, receiptFromWire, recordFromWire, statsFromWire, summaryFromWire, warningFromWire, } from './types.js';
 import { runOnce } from './worker.js';
 function query(params) {
@@ -48,7 +52,9 @@ export class Client {
     url;
     token;
     timeoutMs;
+    /** undefined until the fetch trusting `ca` is loaded (`tlsFetch`). */
     fetchImpl;
+    tlsFetch;
     extraHeaders;
     constructor(options) {
         if (!options || typeof options.url !== 'string')
@@ -56,8 +62,20 @@ export class Client {
         this.url = options.url.replace(/\/+$/, '');
         this.token = options.token;
         this.timeoutMs = options.timeoutMs ?? 10_000;
-        this.fetchImpl = options.fetch ?? fetch;
         this.extraHeaders = options.headers ?? {};
+        const ca = options.ca;
+        if (ca !== undefined) {
+            checkCA(ca);
+            if (options.fetch)
+                throw new TypeError('new Client({ ca, fetch }): give one of them (with your own fetch, set its TLS trust there)');
+        }
+        if (ca !== undefined && /^https:/i.test(this.url)) {
+            let loading;
+            this.tlsFetch = () => (loading ??= fetchTrusting(ca).then((f) => (this.fetchImpl = f)));
+        }
+        else {
+            this.fetchImpl = options.fetch ?? fetch;
+        }
     }
     async send(method, path, body, raw = false) {
         const headers = {
@@ -69,10 +87,14 @@ export class Client {
             headers['content-type'] = 'application/json';
         if (this.token)
             headers.authorization = `Bearer ${this.token}`;
+        const traced = injectTraceContext(headers);
+        if (traced)
+            await traced;
+        const fetchImpl = this.fetchImpl ?? (await this.tlsFetch());
         let resp;
         let text;
         try {
-            resp = await this.fetchImpl(this.url + path, {
+            resp = await fetchImpl(this.url + path, {
                 method,
                 headers,
                 body: body === undefined ? undefined : JSON.stringify(body),
@@ -81,7 +103,11 @@ export class Client {
             text = await resp.text();
         }
         catch (e) {
-            throw new TransportError(`${method} ${path}: ${e?.message ?? String(e)}`, { cause: e });
+            // fetch's own message is "fetch failed": the reason (refused, reset, a
+            // certificate not trusted) is its cause's.
+            const cause = e?.cause?.message;
+            const why = e?.message ?? String(e);
+            throw new TransportError(`${method} ${path}: ${why}${typeof cause === 'string' && cause ? ` (${cause})` : ''}`, { cause: e });
         }
         if (resp.status === 200)
             return raw ? text : JSON.parse(text);

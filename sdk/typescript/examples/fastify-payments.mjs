@@ -2,7 +2,7 @@
 // behind the idempotency plugin of @settle/client/fastify:
 //
 //   cd sdk/typescript && npm install
-//   node sdk/typescript/examples/fastify-payments.mjs --listen 127.0.0.1:PORT --settle-url URL [--settle-token T]
+//   node sdk/typescript/examples/fastify-payments.mjs --listen 127.0.0.1:PORT --settle-url URL [--settle-token T] [--settle-ca FILE]
 //   node sdk/typescript/examples/fastify-payments.mjs --listen 127.0.0.1:PORT --local DIR     # the ledger in process (@settle/local)
 //
 // POST /payments (requires Idempotency-Key), body {"amount": <int>,
@@ -15,15 +15,16 @@
 // charged once. GET /executions → {"count": n}, not wrapped. Port 0 picks
 // a free port; "listening on HOST:PORT" is printed when ready.
 import Fastify from 'fastify';
+import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { Client, middlewareCore } from '@settle/client';
 import { idempotency, fixedPrincipal } from '@settle/client/fastify';
 
 const { values } = parseArgs({
-  options: { listen: { type: 'string', default: '127.0.0.1:8080' }, 'settle-url': { type: 'string' }, 'settle-token': { type: 'string' }, local: { type: 'string' } },
+  options: { listen: { type: 'string', default: '127.0.0.1:8080' }, 'settle-url': { type: 'string' }, 'settle-token': { type: 'string' }, 'settle-ca': { type: 'string' }, local: { type: 'string' } },
 });
 if (!values['settle-url'] === (values.local === undefined)) {
-  console.error('usage: node examples/fastify-payments.mjs --listen HOST:PORT (--settle-url URL [--settle-token T] | --local DIR)');
+  console.error('usage: node examples/fastify-payments.mjs --listen HOST:PORT (--settle-url URL [--settle-token T] [--settle-ca FILE] | --local DIR)');
   process.exit(2);
 }
 
@@ -31,7 +32,11 @@ if (!values['settle-url'] === (values.local === undefined)) {
  * in this process (@settle/local, durable in DIR; in this repository, the
  * sibling folder sdk/typescript-local when the package is not installed). */
 async function openLedger() {
-  if (values.local === undefined) return new Client({ url: values['settle-url'], token: values['settle-token'] });
+  if (values.local === undefined) {
+    // --settle-ca: the CA (PEM) to trust for an https settle URL
+    const ca = values['settle-ca'] === undefined ? undefined : readFileSync(values['settle-ca']);
+    return new Client({ url: values['settle-url'], token: values['settle-token'], ca });
+  }
   const { LocalLedger } = await import('@settle/local').catch((e) => {
     if (e?.code !== 'ERR_MODULE_NOT_FOUND') throw e;
     return import('../../typescript-local/index.mjs');

@@ -2,7 +2,7 @@
 // this package) with the idempotency middleware of @settle/client:
 //
 //   cd sdk/typescript && npm install
-//   node sdk/typescript/examples/payments.mjs --listen 127.0.0.1:PORT --settle-url URL [--settle-token T]
+//   node sdk/typescript/examples/payments.mjs --listen 127.0.0.1:PORT --settle-url URL [--settle-token T] [--settle-ca FILE]
 //   node sdk/typescript/examples/payments.mjs --listen 127.0.0.1:PORT --local DIR     # the ledger in process (@settle/local)
 //
 // POST /payments (requires Idempotency-Key), body
@@ -34,6 +34,7 @@
 // principal: authenticatedPrincipal() reads req.user (Passport), never a
 // token, so that a retry after a token refresh replays.
 import express from 'express';
+import { readFileSync } from 'node:fs';
 import { parseArgs } from 'node:util';
 import { Client, fixedPrincipal, idempotency, middlewareCore } from '@settle/client';
 
@@ -42,12 +43,13 @@ const { values } = parseArgs({
     listen: { type: 'string', default: '127.0.0.1:8080' },
     'settle-url': { type: 'string' },
     'settle-token': { type: 'string' },
+    'settle-ca': { type: 'string' },
     local: { type: 'string' },
     namespace: { type: 'string', default: 'payments-example' },
   },
 });
 if (!values['settle-url'] === (values.local === undefined)) {
-  console.error('usage: node examples/payments.mjs --listen HOST:PORT (--settle-url URL [--settle-token T] | --local DIR)');
+  console.error('usage: node examples/payments.mjs --listen HOST:PORT (--settle-url URL [--settle-token T] [--settle-ca FILE] | --local DIR)');
   process.exit(2);
 }
 const sep = values.listen.lastIndexOf(':');
@@ -80,7 +82,11 @@ const created = (payment) => ({
  * in this process (@settle/local, durable in DIR; in this repository, the
  * sibling folder sdk/typescript-local when the package is not installed). */
 async function openLedger() {
-  if (values.local === undefined) return new Client({ url: values['settle-url'], token: values['settle-token'] });
+  if (values.local === undefined) {
+    // --settle-ca: the CA (PEM) to trust for an https settle URL
+    const ca = values['settle-ca'] === undefined ? undefined : readFileSync(values['settle-ca']);
+    return new Client({ url: values['settle-url'], token: values['settle-token'], ca });
+  }
   const { LocalLedger } = await import('@settle/local').catch((e) => {
     if (e?.code !== 'ERR_MODULE_NOT_FOUND') throw e;
     return import('../../typescript-local/index.mjs');

@@ -1,5 +1,9 @@
-// The typed HTTP client of SPEC §7, on the built-in fetch.
+// The typed HTTP client of SPEC §7, on the built-in fetch (on node:https with
+// a custom CA, tls.ts); every request carries the caller's W3C trace context
+// when @opentelemetry/api is installed (trace.ts).
 import { problemError, TransportError } from './errors.js';
+import { checkCA, fetchTrusting, type CACertificates } from './tls.js';
+import { injectTraceContext } from './trace.js';
 import {
   type BatchCall,
   type BatchResult,
@@ -56,6 +60,13 @@ export interface ClientOptions {
   /** A fetch implementation (default: the global fetch). Tests and proxies plug in here. */
   fetch?: typeof fetch;
   headers?: Record<string, string>;
+  /** The CA certificate(s) to trust for an https `url`, PEM (a string or a
+   * Buffer, one or a bundle, or an array of them), instead of Node's default
+   * roots: a private CA, or the server's self-signed certificate. Requests
+   * then go through a fetch on node:https whose Agent trusts them (loaded
+   * on the first request). Not with `fetch` (set the trust of your own
+   * fetch there); unused for an http `url`. */
+  ca?: CACertificates;
 }
 
 export interface ClaimOptions {
@@ -92,7 +103,9 @@ export class Client {
   readonly url: string;
   private readonly token: string | undefined;
   private readonly timeoutMs: number;
-  private readonly fetchImpl: typeof fetch;
+  /** undefined until the fetch trusting `ca` is loaded (`tlsFetch`). */
+  private fetchImpl: typeof fetch | undefined;
+  private tlsFetch: (() => Promise<typeof fetch>) | undefined;
   private readonly extraHeaders: Record<string, string>;
 
   constructor(options: ClientOptions) {
@@ -100,8 +113,18 @@ export class Client {
     this.url = options.url.replace(/\/+$/, '');
     this.token = options.token;
     this.timeoutMs = options.timeoutMs ?? 10_000;
-    this.fetchImpl = options.fetch ?? fetch;
     this.extraHeaders = options.headers ?? {};
+    const ca = options.ca;
+    if (ca !== undefined) {
+      checkCA(ca);
+      if (options.fetch) throw new TypeError('new Client({ ca, fetch }): give one of them (with your own fetch, set its TLS trust there)');
+    }
+    if (ca !== undefined && /^https:/i.test(this.url)) {
+      let loading: Promise<typeof fetch> | undefined;
+      this.tlsFetch = () => (loading ??= fetchTrusting(ca).then((f) => (this.fetchImpl = f)));
+    } else {
+      this.fetchImpl = options.fetch ?? fetch;
+    }
   }
 
   private async send(method: string, path: string, body?: unknown, raw = false): Promise<any> {
@@ -112,10 +135,13 @@ export class Client {
     };
     if (body !== undefined) headers['content-type'] = 'application/json';
     if (this.token) headers.authorization = `Bearer ${this.token}`;
+    const traced = injectTraceContext(headers);
+    if (traced) await traced;
+    const fetchImpl = this.fetchImpl ?? (await this.tlsFetch!());
     let resp: Response;
     let text: string;
     try {
-      resp = await this.fetchImpl(this.url + path, {
+      resp = await fetchImpl(this.url + path, {
         method,
         headers,
         body: body === undefined ? undefined : JSON.stringify(body),
@@ -123,7 +149,11 @@ export class Client {
       });
       text = await resp.text();
     } catch (e) {
-      throw new TransportError(`${method} ${path}: ${(e as Error)?.message ?? String(e)}`, { cause: e });
+      // fetch's own message is "fetch failed": the reason (refused, reset, a
+      // certificate not trusted) is its cause's.
+      const cause = (e as { cause?: { message?: unknown } })?.cause?.message;
+      const why = (e as Error)?.message ?? String(e);
+      throw new TransportError(`${method} ${path}: ${why}${typeof cause === 'string' && cause ? ` (${cause})` : ''}`, { cause: e });
     }
     if (resp.status === 200) return raw ? text : JSON.parse(text);
     let parsed: unknown = text;

@@ -2,6 +2,7 @@
 export * from './errors.js';
 export * from './types.js';
 export { Client, type ClientOptions, type ClaimOptions, type ReconcileAnswer } from './client.js';
+export type { CACertificates } from './tls.js';
 export {
   runOnce,
   makeIdempotent,

@@ -3,12 +3,19 @@
 Both build the same requests (``_Req``) and parse the same answers; only the
 transport differs (httpx.Client / httpx.AsyncClient). Path segments are
 percent-encoded (every byte but the unreserved ones), as SPEC §7 asks.
+
+``verify`` (SPEC §12, TLS) follows httpx: True (the default trust store),
+False (no verification), the path of a CA bundle (or of a directory of
+hashed certificates), or an ``ssl.SSLContext``. Every request carries the
+caller's W3C trace context when OpenTelemetry is installed (``_tracing``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import ssl
 import threading
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping, Sequence
@@ -18,6 +25,7 @@ from urllib.parse import quote, urlencode
 
 import httpx
 
+from ._tracing import trace_headers
 from .errors import ProblemError, TransportError, problem_error
 from .types import (
     MAX_SAFE_INTEGER,
@@ -41,12 +49,14 @@ from .types import (
 if TYPE_CHECKING:  # the worker imports this module
     from .worker import AsyncEffectContext, Done, EffectContext, RunResult
 
-__all__ = ["Client", "AsyncClient", "ReconcileAnswer", "DEFAULT_TIMEOUT", "ListOrder"]
+__all__ = ["Client", "AsyncClient", "ReconcileAnswer", "DEFAULT_TIMEOUT", "ListOrder", "VerifyTypes"]
 
 DEFAULT_TIMEOUT = 10.0
 T = TypeVar("T")
 ReconcileAnswer = Union[Grant, Receipt, Released]
 ListOrder = Literal["key", "updated", "attention"]
+VerifyTypes = Union[bool, str, os.PathLike[str], ssl.SSLContext]
+"""What ``verify=`` takes: httpx's convention (a path may be ``os.PathLike``)."""
 _List = list  # the classes below have a method named list
 
 
@@ -284,6 +294,20 @@ def _answer(req: _Req[T], resp: httpx.Response) -> T:
     raise problem_error(resp.status_code, body, _retry_after(resp))
 
 
+def _ssl_verify(verify: VerifyTypes) -> bool | ssl.SSLContext:
+    """``verify`` as httpx takes it without a deprecation warning: a path
+    becomes an SSLContext trusting the certificates there (and only those),
+    loaded once, here (a missing file fails the constructor, not a call)."""
+    if isinstance(verify, (bool, ssl.SSLContext)):
+        return verify
+    if isinstance(verify, (str, os.PathLike)):
+        path = os.fspath(verify)
+        if os.path.isdir(path):
+            return ssl.create_default_context(capath=path)
+        return ssl.create_default_context(cafile=path)
+    raise TypeError(f"verify must be a bool, a CA bundle path or an ssl.SSLContext, not {type(verify).__name__}")
+
+
 def _headers(token: str | None, extra: dict[str, str] | None) -> dict[str, str]:
     h = {"accept": "application/json", "content-type": "application/json", "user-agent": "settle-client-python/0.1"}
     if token:
@@ -297,7 +321,10 @@ class Client:
     """Synchronous client of a ``settle serve`` (SPEC §7).
 
     ``transport`` lets tests and proxies plug an ``httpx.BaseTransport`` in.
-    Errors: ``ProblemError`` subclasses for every problem answer,
+    ``verify``: the TLS trust of an https URL, as httpx takes it (True: the
+    default trust store; a CA bundle path; an ``ssl.SSLContext``; False: no
+    verification); ignored when ``transport`` is given. Errors:
+    ``ProblemError`` subclasses for every problem answer,
     ``TransportError`` when no answer arrived. Thread-safe (httpx.Client is).
     """
 
@@ -309,10 +336,15 @@ class Client:
         *,
         transport: httpx.BaseTransport | None = None,
         headers: dict[str, str] | None = None,
+        verify: VerifyTypes = True,
     ) -> None:
         self.url = url.rstrip("/")
         self._http = httpx.Client(
-            base_url=self.url, headers=_headers(token, headers), timeout=timeout, transport=transport
+            base_url=self.url,
+            headers=_headers(token, headers),
+            timeout=timeout,
+            transport=transport,
+            verify=_ssl_verify(verify),
         )
 
     def close(self) -> None:
@@ -326,8 +358,9 @@ class Client:
 
     def _send(self, req: _Req[T]) -> T:
         content = _encode(req.body)
+        trace = trace_headers()  # the caller's trace context, in the caller's thread
         try:
-            resp = self._http.request(req.method, req.path, content=content)
+            resp = self._http.request(req.method, req.path, content=content, headers=trace)
         except Exception as e:  # noqa: BLE001 - whatever the transport raised, no answer arrived
             raise TransportError(f"{req.method} {req.path}: {e!r}") from e
         return _answer(req, resp)
@@ -445,7 +478,8 @@ class AsyncClient:
     and closed when that loop shuts down (``asyncio.run`` and anyio close
     the loop's async generators, which closes it) or by ``aclose()`` on that
     loop. A ``transport`` given here is shared by those clients and is only
-    closed by ``aclose()``.
+    closed by ``aclose()``. ``verify`` as for ``Client`` (a path is loaded
+    once, into one ``ssl.SSLContext`` that those clients share).
     """
 
     def __init__(
@@ -456,11 +490,13 @@ class AsyncClient:
         *,
         transport: httpx.AsyncBaseTransport | None = None,
         headers: dict[str, str] | None = None,
+        verify: VerifyTypes = True,
     ) -> None:
         self.url = url.rstrip("/")
         self._headers = _headers(token, headers)
         self._timeout = timeout
         self._transport = transport
+        self._verify = _ssl_verify(verify)
         self._lock = threading.Lock()
         # loop -> (its httpx client, the async generator that closes it at
         # the loop's shutdown). Weak keys: a dropped loop drops its entry.
@@ -470,7 +506,11 @@ class AsyncClient:
 
     def _new_http(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
-            base_url=self.url, headers=self._headers, timeout=self._timeout, transport=self._transport
+            base_url=self.url,
+            headers=self._headers,
+            timeout=self._timeout,
+            transport=self._transport,
+            verify=self._verify,
         )
 
     async def _http(self) -> httpx.AsyncClient:
@@ -536,9 +576,10 @@ class AsyncClient:
 
     async def _send(self, req: _Req[T]) -> T:
         content = _encode(req.body)
+        trace = trace_headers()  # the caller's trace context, in the caller's task
         try:
             http = await self._http()
-            resp = await http.request(req.method, req.path, content=content)
+            resp = await http.request(req.method, req.path, content=content, headers=trace)
         except Exception as e:  # noqa: BLE001 - whatever the transport raised, no answer arrived
             raise TransportError(f"{req.method} {req.path}: {e!r}") from e
         return _answer(req, resp)

@@ -398,8 +398,13 @@ def _retry(fn: Callable[[], T], deadline: _Deadline, what: str) -> T:
 class _Heartbeat:
     def __init__(self, client: Client, key: str, fence: int, lease_ms: int, lost: threading.Event) -> None:
         self._stop = threading.Event()
+        # In a copy of the caller's context: the heartbeats carry its trace
+        # context (SPEC §12, Traces), as the calls made in its thread do.
         self._thread = threading.Thread(
-            target=self._run, args=(client, key, fence, lease_ms / 3000.0, lost), daemon=True, name=f"settle-heartbeat-{key}"
+            target=contextvars.copy_context().run,
+            args=(self._run, client, key, fence, lease_ms / 3000.0, lost),
+            daemon=True,
+            name=f"settle-heartbeat-{key}",
         )
         self._thread.start()
 

@@ -1,3 +1,4 @@
+import { type CACertificates } from './tls.js';
 import { type BatchCall, type BatchResult, type Binding, type ClaimDecision, type Dispatched, type Grant, type LeaseInfo, type ListParams, type OperationPage, type OperationRecord, type Outcome, type Receipt, type Released, type Revoked, type Stats, type WarningRecord } from './types.js';
 import { type Effect, type RunOptions, type RunResult } from './worker.js';
 export interface ClientOptions {
@@ -10,6 +11,13 @@ export interface ClientOptions {
     /** A fetch implementation (default: the global fetch). Tests and proxies plug in here. */
     fetch?: typeof fetch;
     headers?: Record<string, string>;
+    /** The CA certificate(s) to trust for an https `url`, PEM (a string or a
+     * Buffer, one or a bundle, or an array of them), instead of Node's default
+     * roots: a private CA, or the server's self-signed certificate. Requests
+     * then go through a fetch on node:https whose Agent trusts them (loaded
+     * on the first request). Not with `fetch` (set the trust of your own
+     * fetch there); unused for an http `url`. */
+    ca?: CACertificates;
 }
 export interface ClaimOptions {
     leaseMs?: number;
@@ -24,7 +32,9 @@ export declare class Client {
     readonly url: string;
     private readonly token;
     private readonly timeoutMs;
-    private readonly fetchImpl;
+    /** undefined until the fetch trusting `ca` is loaded (`tlsFetch`). */
+    private fetchImpl;
+    private tlsFetch;
     private readonly extraHeaders;
     constructor(options: ClientOptions);
     private send;

@@ -2,8 +2,12 @@
 Object.defineProperty(exports, "__esModule", { value: true });
 exports.Client = void 0;
 exports.encodeSegment = seg;
-// The typed HTTP client of SPEC §7, on the built-in fetch.
+// The typed HTTP client of SPEC §7, on the built-in fetch (on node:https with
+// a custom CA, tls.ts); every request carries the caller's W3C trace context
+// when @opentelemetry/api is installed (trace.ts).
 const errors_js_1 = require("./errors.js");
+const tls_js_1 = require("./tls.js");
+const trace_js_1 = require("./trace.js");
 const types_js_1 = require("./types.js");
 const worker_js_1 = require("./worker.js");
 function query(params) {
@@ -52,7 +56,9 @@ class Client {
     url;
     token;
     timeoutMs;
+    /** undefined until the fetch trusting `ca` is loaded (`tlsFetch`). */
     fetchImpl;
+    tlsFetch;
     extraHeaders;
     constructor(options) {
         if (!options || typeof options.url !== 'string')
@@ -60,8 +66,20 @@ class Client {
         this.url = options.url.replace(/\/+$/, '');
         this.token = options.token;
         this.timeoutMs = options.timeoutMs ?? 10_000;
-        this.fetchImpl = options.fetch ?? fetch;
         this.extraHeaders = options.headers ?? {};
+        const ca = options.ca;
+        if (ca !== undefined) {
+            (0, tls_js_1.checkCA)(ca);
+            if (options.fetch)
+                throw new TypeError('new Client({ ca, fetch }): give one of them (with your own fetch, set its TLS trust there)');
+        }
+        if (ca !== undefined && /^https:/i.test(this.url)) {
+            let loading;
+            this.tlsFetch = () => (loading ??= (0, tls_js_1.fetchTrusting)(ca).then((f) => (this.fetchImpl = f)));
+        }
+        else {
+            this.fetchImpl = options.fetch ?? fetch;
+        }
     }
     async send(method, path, body, raw = false) {
         const headers = {
@@ -73,10 +91,14 @@ class Client {
             headers['content-type'] = 'application/json';
         if (this.token)
             headers.authorization = `Bearer ${this.token}`;
+        const traced = (0, trace_js_1.injectTraceContext)(headers);
+        if (traced)
+            await traced;
+        const fetchImpl = this.fetchImpl ?? (await this.tlsFetch());
         let resp;
         let text;
         try {
-            resp = await this.fetchImpl(this.url + path, {
+            resp = await fetchImpl(this.url + path, {
                 method,
                 headers,
                 body: body === undefined ? undefined : JSON.stringify(body),
@@ -85,7 +107,11 @@ class Client {
             text = await resp.text();
         }
         catch (e) {
-            throw new errors_js_1.TransportError(`${method} ${path}: ${e?.message ?? String(e)}`, { cause: e });
+            // fetch's own message is "fetch failed": the reason (refused, reset, a
+            // certificate not trusted) is its cause's.
+            const cause = e?.cause?.message;
+            const why = e?.message ?? String(e);
+            throw new errors_js_1.TransportError(`${method} ${path}: ${why}${typeof cause === 'string' && cause ? ` (${cause})` : ''}`, { cause: e });
         }
         if (resp.status === 200)
             return raw ? text : JSON.parse(text);

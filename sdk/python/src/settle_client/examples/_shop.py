@@ -114,7 +114,7 @@ def sync_ledger(args: argparse.Namespace) -> Client:
 
         ledger: Client = LocalLedger(data=args.local)
         return ledger
-    return Client(args.settle_url, args.settle_token)
+    return Client(args.settle_url, args.settle_token, verify=args.settle_ca or True)
 
 
 def async_ledger(args: argparse.Namespace) -> AsyncClient:
@@ -122,7 +122,7 @@ def async_ledger(args: argparse.Namespace) -> AsyncClient:
     if args.local is not None:
         aio: AsyncClient = sync_ledger(args).aio  # type: ignore[attr-defined]
         return aio
-    return AsyncClient(args.settle_url, args.settle_token)
+    return AsyncClient(args.settle_url, args.settle_token, verify=args.settle_ca or True)
 
 
 def parse_args(prog: str, doc: str, argv: list[str] | None) -> tuple[argparse.Namespace, str, int]:
@@ -134,6 +134,9 @@ def parse_args(prog: str, doc: str, argv: list[str] | None) -> tuple[argparse.Na
         "--local", metavar="DIR", help="the ledger in this process, durable in DIR (package settle-local)"
     )
     p.add_argument("--settle-token", default=None, help="bearer token of the settle tenant (with --settle-url)")
+    p.add_argument(
+        "--settle-ca", metavar="FILE", default=None, help="CA bundle (PEM) to trust for an https --settle-url"
+    )
     p.add_argument("--namespace", default="payments-example", help="middleware namespace of the ledger keys")
     args = p.parse_args(argv)
     host, _, port = args.listen.rpartition(":")

@@ -6,7 +6,7 @@ configured by the ``SETTLE_IDEMPOTENCY`` setting. A one-file Django project
 
     pip install './sdk/python[django]'
     python -m settle_client.examples.django_payments --listen 127.0.0.1:PORT \\
-        --settle-url URL [--settle-token T] | --local DIR
+        --settle-url URL [--settle-token T] [--settle-ca FILE] | --local DIR
 
 ``POST /payments`` (requires ``Idempotency-Key``) ``{"amount", "currency",
 "delay_ms"?, "fail_after_charge"?}`` → 201 ``{"id": "pay_<n>", "amount",

@@ -4,7 +4,7 @@ reconcile hook, with ``settle_client.flask.init_app`` and a sync ``Client``.
 
     pip install './sdk/python[flask]'
     python -m settle_client.examples.flask_payments --listen 127.0.0.1:PORT \\
-        --settle-url URL [--settle-token T] | --local DIR
+        --settle-url URL [--settle-token T] [--settle-ca FILE] | --local DIR
 
 ``POST /payments`` (requires ``Idempotency-Key``) ``{"amount", "currency",
 "delay_ms"?, "fail_after_charge"?}`` → 201 ``{"id": "pay_<n>", "amount",

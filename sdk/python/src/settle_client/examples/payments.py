@@ -2,7 +2,7 @@
 
     pip install './sdk/python[examples]'
     python -m settle_client.examples.payments --listen 127.0.0.1:PORT \\
-        --settle-url URL [--settle-token T] | --local DIR
+        --settle-url URL [--settle-token T] [--settle-ca FILE] | --local DIR
 
 - ``POST /payments`` (requires ``Idempotency-Key``), body
   ``{"amount": <int>, "currency": "<str>", "delay_ms": <int, optional>,
