@@ -354,7 +354,15 @@ async fn commit(
         meta.push((i, op, sent));
         cmds.push(cmd);
     }
-    let results = st.store.execute_batch(tenant, cmds).await;
+    let results = if crate::trace::on() {
+        use tracing::Instrument as _;
+        st.store
+            .execute_batch(tenant, cmds)
+            .instrument(crate::trace::commit_span("batch"))
+            .await
+    } else {
+        st.store.execute_batch(tenant, cmds).await
+    };
     assert_eq!(results.len(), meta.len(), "one result per command");
     let mut created = 0;
     for ((i, op, sent), result) in meta.into_iter().zip(results) {

@@ -635,13 +635,22 @@ impl Config {
             return Err(ConfigError::PlainTextOnNetwork(listen));
         }
         let otlp_endpoint = match args.otlp_endpoint.clone().or(file.otlp_endpoint) {
-            Some(u) if u.starts_with("http://") || u.starts_with("https://") => {
+            Some(u) if u.starts_with("http://") && u.len() > "http://".len() => {
                 Some(u.trim_end_matches('/').to_string())
+            }
+            Some(u) if u.starts_with("https://") => {
+                return Err(invalid(
+                    "otlp_endpoint",
+                    format!(
+                        "{u:?}: the trace exporter speaks plain http:// only; run a collector \
+                         next to settle and give its http:// address"
+                    ),
+                ));
             }
             Some(u) => {
                 return Err(invalid(
                     "otlp_endpoint",
-                    format!("{u:?} is not an http:// or https:// URL"),
+                    format!("{u:?} is not an http:// URL"),
                 ));
             }
             None => None,
@@ -1037,8 +1046,10 @@ mod tests {
         let file: FileConfig = toml::from_str("tls_cert = \"c.pem\"").unwrap();
         let e = Config::merge(file, &args()).unwrap_err();
         assert!(e.to_string().contains("tls_key"), "{e}");
-        let file: FileConfig = toml::from_str("otlp_endpoint = \"collector:4318\"").unwrap();
-        assert!(Config::merge(file, &args()).is_err());
+        for bad in ["collector:4318", "https://collector:4318", "http://"] {
+            let file: FileConfig = toml::from_str(&format!("otlp_endpoint = {bad:?}")).unwrap();
+            assert!(Config::merge(file, &args()).is_err(), "{bad}");
+        }
         let file: FileConfig =
             toml::from_str("otlp_endpoint = \"http://collector:4318/\"").unwrap();
         let c = Config::merge(file, &args()).unwrap();

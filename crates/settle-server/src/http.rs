@@ -20,7 +20,7 @@ use settle_core::{
     TenantId, WarningClass,
 };
 use settle_ledger::{Store, StoreError};
-use tracing::{debug, error, warn};
+use tracing::{Instrument as _, debug, error, warn};
 
 use crate::live::Live;
 use crate::metrics as m;
@@ -260,7 +260,14 @@ impl AppState {
     /// Runs one command and keeps the counters. Refusals become problems.
     async fn execute(&self, tenant: &TenantId, cmd: Command) -> Result<Reply, Problem> {
         let sent = self.prepare(&cmd)?;
-        let result = self.store.execute(tenant, cmd).await;
+        let result = if crate::trace::on() {
+            self.store
+                .execute(tenant, cmd)
+                .instrument(crate::trace::commit_span(sent.call))
+                .await
+        } else {
+            self.store.execute(tenant, cmd).await
+        };
         self.answer(sent, result)
     }
 
@@ -306,6 +313,19 @@ impl AppState {
         };
         let decision = reply.label();
         m::count_decision(call, decision);
+        if crate::trace::on() {
+            crate::trace::record("decision", decision);
+            // A claim's fence is in its answer; the other calls carry theirs.
+            let granted = match &reply {
+                Reply::Claim(ClaimDecision::Execute(g) | ClaimDecision::Reconcile(g)) => {
+                    Some(g.fence)
+                }
+                _ => None,
+            };
+            if let Some(f) = fence.or(granted) {
+                crate::trace::record("fence", tracing::field::display(f));
+            }
+        }
         if let Some(ev) = &evidence
             && reply.quarantined(ev)
         {
@@ -447,6 +467,7 @@ async fn key_call(st: &AppState, req: Request, op: KeyOp) -> Response {
         let live = st.live();
         let tenant = live.admit(&parts.headers)?;
         let key: Key = segment("key", raw_segment(&parts, 2))?;
+        crate::trace::record("key", key.as_str());
         let bytes = st.body_up_to(&parts, body, live.max_body_bytes).await?;
         // `max_records` (SPEC §12) is checked before the rules, for a claim
         // that would create a record.

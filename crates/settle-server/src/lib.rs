@@ -23,6 +23,7 @@ pub mod quota;
 pub mod serve;
 pub mod target;
 pub mod tls;
+pub mod trace;
 pub mod wire;
 
 pub use config::{Config, ConfigError, Settings};

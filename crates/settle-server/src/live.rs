@@ -101,6 +101,7 @@ impl Live {
     /// `rate_limited` with `Retry-After`.
     pub fn admit(&self, headers: &HeaderMap) -> Result<&TenantId, Problem> {
         let tenant = self.auth.tenant(headers)?;
+        crate::trace::record("tenant", tenant.as_str());
         if let Some(limiter) = self.quotas.get(tenant).and_then(|q| q.limiter.as_ref())
             && let Err(not_until) = limiter.check()
         {

@@ -18,7 +18,7 @@ use settle_ledger::Store;
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tower::Service;
-use tracing::{error, info, warn};
+use tracing::{Instrument as _, error, info, warn};
 
 use crate::config::{AuthConfig, Config, ConfigError};
 use crate::http::{AppState, router};
@@ -391,13 +391,24 @@ async fn reload_on_sighup(
 /// in-process bindings (crates/settle-local) answer through here too.
 pub async fn answer(mut app: Router, req: axum::http::Request<Body>) -> axum::response::Response {
     let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
-    match crate::target::too_long(target) {
-        Some(p) => crate::http::finish(crate::http::Route::Unmatched, Err(p)),
-        None => match app.call(req).await {
+    if let Some(p) = crate::target::too_long(target) {
+        return crate::http::finish(crate::http::Route::Unmatched, Err(p));
+    }
+    if !crate::trace::on() {
+        return match app.call(req).await {
             Ok(resp) => resp,
             Err(never) => match never {},
-        },
+        };
     }
+    let span = crate::trace::request_span(req.method(), req.uri().path(), req.headers());
+    let resp = match app.call(req).instrument(span.clone()).await {
+        Ok(resp) => resp,
+        Err(never) => match never {},
+    };
+    let status = resp.status().as_u16();
+    span.record("status", status);
+    span.record("http.response.status_code", status);
+    resp
 }
 
 /// Every `every`, ends lapsed leases and collects expired records (SPEC

@@ -12,6 +12,7 @@ mod bench;
 mod docs;
 mod exit;
 mod offline;
+mod otlp;
 mod pg;
 mod portable;
 mod remote;

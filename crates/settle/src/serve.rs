@@ -30,6 +30,9 @@ pub enum ServeError {
     /// The store did not open.
     #[error("cannot open the store: {0}")]
     Store(#[from] StoreError),
+    /// The OTLP exporter cannot be built.
+    #[error("{0}")]
+    Otlp(String),
     /// The TLS certificate or key cannot be served.
     #[error(transparent)]
     Tls(#[from] settle_server::tls::TlsError),
@@ -283,13 +286,26 @@ pub async fn open_store(config: &Config) -> Result<OpenedStore, ServeError> {
 /// `default` (`info` for the server, `warn` for the benchmark, whose
 /// warnings — a checkpointer the writer waits for — explain its tail).
 pub fn init_tracing(default: &str) {
+    init_tracing_with(default, None);
+}
+
+/// [`init_tracing`], and with `traces` the server's spans exported over
+/// OTLP (they never reach the log).
+fn init_tracing_with(default: &str, traces: Option<&opentelemetry_sdk::trace::SdkTracerProvider>) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = std::env::var("SETTLE_LOG")
         .or_else(|_| std::env::var("RUST_LOG"))
         .unwrap_or_else(|_| default.to_string());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+    let filter = format!("{filter},{}=off", settle_server::trace::TARGET);
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_filter(tracing_subscriber::EnvFilter::new(filter));
+    let _ = tracing_subscriber::registry()
+        .with(log)
+        .with(traces.map(crate::otlp::layer))
         .try_init();
 }
 
@@ -297,9 +313,25 @@ pub fn init_tracing(default: &str) {
 /// `listening on ADDR` on stdout (tests and scripts read it), serves until
 /// SIGTERM or ctrl-c.
 pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
-    init_tracing("info");
     let settings: Settings = args.into();
-    let config = Config::from_settings(&settings)?;
+    let config = Config::from_settings(&settings);
+    let traces = match config
+        .as_ref()
+        .ok()
+        .and_then(|c| c.otlp_endpoint.as_deref())
+    {
+        Some(endpoint) => Some(crate::otlp::provider(endpoint).map_err(ServeError::Otlp)?),
+        None => None,
+    };
+    init_tracing_with("info", traces.as_ref());
+    let config = config?;
+    if let Some(endpoint) = &config.otlp_endpoint {
+        settle_server::trace::enable();
+        info!(
+            endpoint,
+            "exporting traces over OTLP/HTTP to {endpoint}/v1/traces"
+        );
+    }
     // Read before anything else starts: a bad certificate stops the start.
     let tls = config
         .tls
@@ -347,5 +379,8 @@ pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
         settle_server::shutdown_signal(),
     )
     .await;
+    if let Some(provider) = traces {
+        crate::otlp::shutdown(provider).await;
+    }
     Ok(())
 }
