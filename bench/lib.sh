@@ -19,9 +19,15 @@ record() { # field value round
   done
 }
 
-# Starts BINARY serve on DIR at a free loopback port; sets SERVER_PID and URL.
-start_server() { # binary data-dir
-  "$1" serve --listen 127.0.0.1:0 --data "$2" >"$WORK/serve.out" 2>"$WORK/serve.err" &
+# Starts BINARY serve on DIR at a free loopback port (with any further
+# serve flags, e.g. --tls-cert/--tls-key); sets SERVER_PID and URL
+# (https:// when --tls-cert is among the flags).
+start_server() { # binary data-dir [serve flags...]
+  local bin=$1 dir=$2 scheme=http
+  shift 2
+  [[ " $* " == *" --tls-cert "* ]] && scheme=https
+  : >"$WORK/serve.out"
+  "$bin" serve --listen 127.0.0.1:0 --data "$dir" "$@" >"$WORK/serve.out" 2>"$WORK/serve.err" &
   SERVER_PID=$!
   for _ in $(seq 100); do
     if grep -q '^listening on ' "$WORK/serve.out"; then break; fi
@@ -30,7 +36,23 @@ start_server() { # binary data-dir
   local addr
   addr=$(sed -n 's/^listening on //p' "$WORK/serve.out" | head -1)
   [[ -n $addr ]] || { echo "settle serve did not start" >&2; cat "$WORK/serve.err" >&2; exit 1; }
-  URL=http://$addr
+  URL=$scheme://$addr
+}
+
+# Writes a CA (ca.pem) and a certificate for 127.0.0.1 it signed
+# (cert.pem, key.pem) into DIR, with the openssl command (P-256 keys).
+make_tls() { # dir
+  mkdir -p "$1"
+  (
+    cd "$1"
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+      -subj /CN=settle-bench-ca -keyout ca.key -out ca.pem 2>/dev/null
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes \
+      -subj /CN=127.0.0.1 -keyout key.pem -out req.csr 2>/dev/null
+    printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >ext.cnf
+    openssl x509 -req -in req.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+      -extfile ext.cnf -out cert.pem 2>/dev/null
+  )
 }
 
 stop_server() {

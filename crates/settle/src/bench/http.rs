@@ -88,14 +88,26 @@ fn inputs() -> Result<(ClaimRequest, Outcome), Failure> {
     Ok((claim, outcome))
 }
 
+/// How the bench reaches the server: the bearer token, and the PEM of a CA
+/// to trust for an https:// URL.
+#[derive(Clone, Copy, Default)]
+pub struct Access<'a> {
+    /// The tenant's token.
+    pub token: Option<&'a str>,
+    /// A CA certificate (PEM) to trust besides the system's roots.
+    pub ca_pem: Option<&'a [u8]>,
+}
+
 /// One client on its own single keep-alive connection, connected (by a
 /// health call) before the clock starts.
-async fn connect(url: &str, token: Option<&str>) -> Result<Client, Failure> {
-    let client = Client::builder(url)
-        .token(token.unwrap_or_default())
-        .single_connection()
-        .build()
-        .map_err(Failure::usage)?;
+async fn connect(url: &str, access: Access<'_>) -> Result<Client, Failure> {
+    let mut builder = Client::builder(url)
+        .token(access.token.unwrap_or_default())
+        .single_connection();
+    if let Some(pem) = access.ca_pem {
+        builder = builder.add_root_certificate_pem(pem);
+    }
+    let client = builder.build().map_err(Failure::usage)?;
     client.health().await.map_err(Failure::unreachable)?;
     Ok(client)
 }
@@ -104,7 +116,7 @@ async fn connect(url: &str, token: Option<&str>) -> Result<Client, Failure> {
 /// number of failed pairs.
 pub async fn run(
     url: &str,
-    token: Option<&str>,
+    access: Access<'_>,
     connections: usize,
     limit: Limit,
     progress: Arc<AtomicU64>,
@@ -116,7 +128,7 @@ pub async fn run(
     let mut workers = Vec::with_capacity(connections);
     for c in 0..connections.max(1) {
         workers.push(HttpWorker {
-            client: connect(url, token).await?,
+            client: connect(url, access).await?,
             prefix: format!("bench-{run}-{c}"),
             claim: claim.clone(),
             outcome: outcome.clone(),
@@ -268,7 +280,7 @@ impl BatchWorker {
 /// (per settled pair) and the number of failed pairs.
 pub async fn run_batch(
     url: &str,
-    token: Option<&str>,
+    access: Access<'_>,
     connections: usize,
     size: usize,
     limit: Limit,
@@ -293,7 +305,7 @@ pub async fn run_batch(
     let mut workers = Vec::with_capacity(connections);
     for c in 0..connections.max(1) {
         workers.push(BatchWorker {
-            client: connect(url, token).await?,
+            client: connect(url, access).await?,
             prefix: format!("bench-{run}-{c}"),
             size: size.max(1),
             claim_tail: claim_tail.clone(),

@@ -34,6 +34,9 @@ pub struct BenchArgs {
     /// tenants on loopback).
     #[arg(long, env = "SETTLE_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// PEM file of a CA to trust for an https:// --url (besides the system's roots).
+    #[arg(long, env = "SETTLE_CA_CERT", value_name = "FILE", requires = "url")]
+    ca_cert: Option<std::path::PathBuf>,
     /// HTTP connections, in-process workers (--data) or PostgreSQL clients
     /// (--store). A comma-separated list (1,64,1024) runs each in turn.
     #[arg(
@@ -167,14 +170,23 @@ async fn once(
     progress: Arc<AtomicU64>,
 ) -> Result<(&'static str, PairStats, u64, Option<f64>), Failure> {
     let limit = Limit::For(duration);
+    let ca_pem = match &a.ca_cert {
+        Some(path) => Some(std::fs::read(path).map_err(|e| {
+            Failure::usage(format!("cannot read --ca-cert {}: {e}", path.display()))
+        })?),
+        None => None,
+    };
+    let access = http::Access {
+        token: a.token.as_deref(),
+        ca_pem: ca_pem.as_deref(),
+    };
     if let (Some(url), Some(size)) = (&a.url, a.batch) {
         let (stats, errors) =
-            http::run_batch(url, a.token.as_deref(), concurrency, size, limit, progress).await?;
+            http::run_batch(url, access, concurrency, size, limit, progress).await?;
         return Ok(("http_batch", stats, errors, None));
     }
     if let Some(url) = &a.url {
-        let (stats, errors) =
-            http::run(url, a.token.as_deref(), concurrency, limit, progress).await?;
+        let (stats, errors) = http::run(url, access, concurrency, limit, progress).await?;
         return Ok(("http", stats, errors, None));
     }
     let Some(dir) = &a.data else {
