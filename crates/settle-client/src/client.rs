@@ -308,6 +308,10 @@ impl Client {
         if body.is_some() {
             req = req.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         }
+        #[cfg(feature = "opentelemetry")]
+        if let Some(headers) = req.headers_mut() {
+            crate::trace::inject(headers);
+        }
         req.body(Full::new(body.unwrap_or_default()))
             .map_err(|e| ClientError::Request(e.to_string()))
     }

@@ -47,6 +47,12 @@
 //!   A certificate that does not verify is a [`ClientError::Connect`]
 //!   (nothing was sent); a CA file that is not PEM fails
 //!   [`ClientBuilder::build`] with [`ClientError::Tls`].
+//! * **Traces.** With the feature `opentelemetry` (off by default: no
+//!   OpenTelemetry dependency otherwise), every request carries the
+//!   OpenTelemetry context current while the call runs, through the global
+//!   propagator (`traceparent` with `TraceContextPropagator`); attach yours
+//!   with `opentelemetry::context::FutureExt::with_context`, or run inside a
+//!   `tracing` span with tracing-opentelemetry. The server continues it.
 //! * **Timeouts.** A connect timeout and a per-request timeout
 //!   ([`ClientBuilder`]); a timeout is [`ClientError::Timeout`].
 //! * **Errors.** [`ClientError`] separates "no answer" (connect, timeout,
@@ -75,6 +81,8 @@ mod reply;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 mod tls;
+#[cfg(feature = "opentelemetry")]
+mod trace;
 mod transport;
 
 pub use call::{Call, ListParams, encode_segment, operation_path};

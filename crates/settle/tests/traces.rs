@@ -155,6 +155,76 @@ async fn spans_continue_the_callers_trace_and_carry_the_ledger_attributes() {
     assert!(read.parent_span_id.is_empty(), "a root span");
 }
 
+/// The Rust client (feature `opentelemetry`) sends the caller's current
+/// OpenTelemetry context, and the server continues it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rust_client_sends_the_callers_trace_context() {
+    use opentelemetry::context::FutureExt as _;
+    use opentelemetry::trace::{
+        SpanContext, SpanId, TraceContextExt as _, TraceFlags, TraceId, TraceState,
+    };
+    opentelemetry::global::set_text_map_propagator(
+        opentelemetry_sdk::propagation::TraceContextPropagator::new(),
+    );
+    let (url, mut exports) = receiver().await;
+    let dir = TempDir::new("otlp-client");
+    let mut s = Server::start(dir.path(), &["--otlp-endpoint", &url]);
+    let client = s.ep();
+    let b = settle_client::testkit::binding("svc", 0);
+
+    // No active span: the server starts a trace of its own.
+    common::execute(&client, "plain", 1, &b).await;
+    let trace_id = TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap();
+    let caller = SpanContext::new(
+        trace_id,
+        SpanId::from_hex("b7ad6b7169203331").unwrap(),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    let cx = opentelemetry::Context::current().with_remote_span_context(caller);
+    // The context is read when the request is built, from the context
+    // current while the call's future runs: async callers attach theirs
+    // with `FutureExt::with_context` (or a tracing span with
+    // tracing-opentelemetry, which attaches on every poll).
+    let body = settle_client::testkit::claim_body(2, &b);
+    let path = settle_client::operation_path("traced", "claim");
+    let fut = client
+        .send_raw(
+            hyper::Method::POST,
+            &path,
+            Some(settle_client::Bytes::from(
+                serde_json::to_vec(&body).unwrap(),
+            )),
+        )
+        .with_context(cx);
+    assert_eq!(fut.await.unwrap().status, 200);
+
+    assert!(s.terminate().success());
+    let mut spans: Vec<Span> = Vec::new();
+    while let Ok((_, export)) = exports.try_recv() {
+        for rs in export.resource_spans {
+            spans.extend(rs.scope_spans.into_iter().flat_map(|ss| ss.spans));
+        }
+    }
+    let key = |k: &str| {
+        spans
+            .iter()
+            .find(|s| attributes(s).get("key").map(String::as_str) == Some(k))
+            .unwrap_or_else(|| panic!("no span for {k} in {spans:#?}"))
+    };
+    assert_eq!(
+        hex(&key("traced").trace_id),
+        "0af7651916cd43dd8448eb211c80319c"
+    );
+    assert_eq!(hex(&key("traced").parent_span_id), "b7ad6b7169203331");
+    assert_ne!(
+        hex(&key("plain").trace_id),
+        "0af7651916cd43dd8448eb211c80319c"
+    );
+    assert!(key("plain").parent_span_id.is_empty());
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
