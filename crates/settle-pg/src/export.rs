@@ -105,7 +105,7 @@ pub async fn export(inner: &Inner) -> Result<Snapshot, PgError> {
     // away is noticed by keepalives within about a minute instead.
     cfg.keepalives_interval(Duration::from_secs(10))
         .keepalives_retries(3);
-    let (client, driver) = session::connect(&cfg).await?;
+    let (client, driver) = session::connect(&cfg, &inner.tls).await?;
     let d = inner.client_timeout;
     within(d, client.batch_execute(BEGIN)).await?;
     // Read after the snapshot was fixed (by BEGIN's SELECT): every fence a

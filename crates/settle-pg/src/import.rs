@@ -58,8 +58,8 @@ pub async fn import(
             i64::MAX
         )))
     })?;
-    let (cfg, _) = crate::prepare(url, &opts).await.map_err(StoreError::from)?;
-    let (client, driver) = session::connect(&cfg)
+    let (cfg, tls, _) = crate::prepare(url, &opts).await.map_err(StoreError::from)?;
+    let (client, driver) = session::connect(&cfg, &tls)
         .await
         .map_err(|e| StoreError::from(PgError::from(e)))?;
     let target = Target::new(&client, &opts);

@@ -38,6 +38,14 @@
 //! schema in one transaction and moves the fence sequence past every
 //! fence the file saw.
 //!
+//! TLS (SPEC §12): the URL's `sslmode` (`disable`, `prefer`, `require`,
+//! `verify-ca`, `verify-full`) and `sslrootcert` (a PEM file of CA
+//! certificates, or `system`) are read by settle with libpq's meaning and
+//! used through rustls (ring); a URL without `sslmode` connects without
+//! TLS, as it always did, and runs no TLS code. `sslmode=allow` and
+//! `sslrootcert` without `sslmode` are refused ([`TlsError`]). The exact
+//! semantics, and where they differ from libpq: `src/tls.rs`.
+//!
 //! See `docs/postgres.md` for the locking argument, the in-doubt commit
 //! handling, the schema and the benchmark.
 //!
@@ -70,11 +78,11 @@ mod session;
 mod sql;
 mod state;
 mod sweep;
+mod tls;
 
 #[cfg(test)]
 mod format_tests;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -90,6 +98,7 @@ use settle_ledger::{BoxFuture, Clock, Snapshot, Store, StoreError, StoreStats, S
 pub use codec::{FORMAT, FORMAT_POSTCARD_V1, FORMAT_POSTCARD_V2};
 pub use import::import;
 pub use schema::SCHEMA_VERSION;
+pub use tls::TlsError;
 
 /// How to run the PostgreSQL store.
 #[derive(Clone, Debug)]
@@ -233,6 +242,10 @@ pub enum PgError {
     /// The connection URL does not parse; nothing was connected.
     #[error("invalid PostgreSQL URL: {0}")]
     Url(String),
+    /// The URL's TLS parameters (`sslmode`, `sslrootcert`) cannot be
+    /// used; nothing was connected.
+    #[error("PostgreSQL TLS: {0}")]
+    Tls(#[from] TlsError),
     /// [`PgOptions::schema`] is not a valid schema name.
     #[error("invalid schema name {0:?}: use lowercase ASCII letters, digits and '_' (at most 63)")]
     Schema(String),
@@ -291,12 +304,29 @@ pub enum PgError {
 }
 
 /// The server's message and SQLSTATE (tokio-postgres shows only "db error");
-/// never its DETAIL, which can carry row values.
+/// never its DETAIL, which can carry row values. Other errors with their
+/// causes (tokio-postgres shows only "error performing TLS handshake", not
+/// which certificate check failed, nor why connecting failed).
 fn db_message(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => e.to_string(),
+        None => with_causes(e),
     }
+}
+
+/// `e`, then each of its causes after a colon.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !s.ends_with(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cause = c.source();
+    }
+    s
 }
 
 impl From<PgError> for StoreError {
@@ -345,21 +375,22 @@ impl PgStore {
     }
 
     /// Connects, applies pending schema migrations, and checks that the
-    /// database can be written.
+    /// database can be written. `url` is a PostgreSQL URL (or key/value
+    /// string), `sslmode` and `sslrootcert` included (module docs, TLS).
     pub async fn connect(url: &str, opts: PgOptions) -> Result<PgStore, StoreError> {
         Ok(PgStore::open(url, opts).await?)
     }
 
     async fn open(url: &str, opts: PgOptions) -> Result<PgStore, PgError> {
-        let (cfg, seen) = prepare(url, &opts).await?;
-        let pool = build_pool(&cfg, &opts, opts.pool_size, &seen)?;
-        let doubt_pool = build_pool(&cfg, &opts, opts.in_doubt_connections, &seen)?;
+        let (cfg, tls, seen) = prepare(url, &opts).await?;
+        let pool = build_pool(&cfg, &tls, &opts, opts.pool_size, &seen)?;
+        let doubt_pool = build_pool(&cfg, &tls, &opts, opts.in_doubt_connections, &seen)?;
         let group = opts.group_commit.then_some((
             opts.group_commit_workers,
             opts.max_batch,
             opts.group_commit_queue,
         ));
-        let inner = Arc::new(state::Inner::new(pool, doubt_pool, seen, cfg, opts));
+        let inner = Arc::new(state::Inner::new(pool, doubt_pool, seen, cfg, tls, opts));
         let batcher =
             group.map(|(w, m, q)| Arc::new(group_commit::Batcher::start(inner.clone(), w, m, q)));
         Ok(PgStore { inner, batcher })
@@ -393,17 +424,18 @@ impl PgStore {
 }
 
 /// What opening a store and an import share: checks the options, builds
-/// the connection configuration, refuses a server that does not flush its
-/// commits, and brings the schema to [`SCHEMA_VERSION`].
+/// the connection configuration (TLS included: `tls.rs`), refuses a server
+/// that does not flush its commits, and brings the schema to
+/// [`SCHEMA_VERSION`].
 async fn prepare(
     url: &str,
     opts: &PgOptions,
-) -> Result<(tokio_postgres::Config, session::Seen), PgError> {
+) -> Result<(tokio_postgres::Config, tls::Tls, session::Seen), PgError> {
     if !valid_schema(&opts.schema) {
         return Err(PgError::Schema(opts.schema.clone()));
     }
     opts.validate()?;
-    let mut cfg = tokio_postgres::Config::from_str(url).map_err(|e| PgError::Url(e.to_string()))?;
+    let (mut cfg, tls) = tls::config(url)?;
     // Durability and the timeouts are set per transaction (SET LOCAL),
     // where no pooler can drop them, and verified inside it; the
     // startup option is only a default for anything else.
@@ -425,7 +457,7 @@ async fn prepare(
     // Every round trip bounded: a database that hangs (a COMMIT
     // waiting for an absent synchronous standby) fails `connect`.
     let d = opts.client_timeout;
-    let (mut client, task) = session::connect(&cfg).await?;
+    let (mut client, task) = session::connect(&cfg, &tls).await?;
     let server = tokio::time::timeout(d, session::Server::read(&client, sql::SERVER))
         .await
         .map_err(|_| PgError::Timeout(d))??;
@@ -436,20 +468,21 @@ async fn prepare(
     schema::migrate(&mut client, &opts.schema, d).await?;
     drop(client);
     let _ = task.await;
-    Ok((cfg, seen))
+    Ok((cfg, tls, seen))
 }
 
 /// A pool whose every new connection is watched (`session::Connector`) and
 /// checked: a server running with `fsync=off` is refused.
 fn build_pool(
     cfg: &tokio_postgres::Config,
+    tls: &tls::Tls,
     opts: &PgOptions,
     size: usize,
     seen: &session::Seen,
 ) -> Result<Pool, PgError> {
     let mgr = Manager::from_connect(
         cfg.clone(),
-        session::Connector,
+        session::Connector(tls.clone()),
         ManagerConfig {
             // Dead connections (terminated backend, restart) report
             // `is_closed` and are dropped when handed back or taken out.

@@ -8,10 +8,12 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::task::JoinHandle;
 use tokio_postgres::error::SqlState;
-use tokio_postgres::tls::NoTlsStream;
 use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
+
+use crate::tls::Tls;
 
 /// Opens connections whose driver task watches the server's notices.
 ///
@@ -23,7 +25,10 @@ use tokio_postgres::{AsyncMessage, Client, Config, Connection, NoTls, Socket};
 /// statements never cause otherwise). Notices are read in order, before the
 /// COMMIT's CommandComplete, so the COMMIT then fails as a lost connection
 /// and is resolved by its commit token (which also waits for the standby).
-pub struct Connector;
+///
+/// With or without TLS (the URL's `sslmode`, `tls.rs`): the pools and the
+/// connections outside them share one connector.
+pub struct Connector(pub Tls);
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -33,17 +38,31 @@ impl deadpool_postgres::Connect for Connector {
         cfg: &Config,
     ) -> BoxFuture<'_, Result<(Client, JoinHandle<()>), tokio_postgres::Error>> {
         let cfg = cfg.clone();
-        Box::pin(async move { connect(&cfg).await })
+        let tls = self.0.clone();
+        Box::pin(async move { connect(&cfg, &tls).await })
     }
 }
 
-/// Opens one watched connection (also used outside the pools).
-pub async fn connect(cfg: &Config) -> Result<(Client, JoinHandle<()>), tokio_postgres::Error> {
-    let (client, conn) = cfg.connect(NoTls).await?;
-    Ok((client, tokio::spawn(drive(conn))))
+/// Opens one watched connection (also used outside the pools). Without
+/// TLS, exactly tokio-postgres's `NoTls` connection: the driver is generic
+/// over the stream, not boxed.
+pub async fn connect(
+    cfg: &Config,
+    tls: &Tls,
+) -> Result<(Client, JoinHandle<()>), tokio_postgres::Error> {
+    match tls {
+        Tls::Off => {
+            let (client, conn) = cfg.connect(NoTls).await?;
+            Ok((client, tokio::spawn(drive(conn))))
+        }
+        Tls::Rustls(make) => {
+            let (client, conn) = cfg.connect(make.clone()).await?;
+            Ok((client, tokio::spawn(drive(conn))))
+        }
+    }
 }
 
-async fn drive(mut conn: Connection<Socket, NoTlsStream>) {
+async fn drive<T: AsyncRead + AsyncWrite + Unpin>(mut conn: Connection<Socket, T>) {
     loop {
         match futures::future::poll_fn(|cx| conn.poll_message(cx)).await {
             Some(Ok(AsyncMessage::Notice(n))) if *n.code() == SqlState::WARNING => {

@@ -20,6 +20,7 @@ use tokio_postgres::error::SqlState;
 
 use crate::session::Seen;
 use crate::sql::Sql;
+use crate::tls::Tls;
 use crate::{PgError, PgOptions};
 
 pub struct Inner {
@@ -44,6 +45,8 @@ pub struct Inner {
     pub in_doubt: [AtomicU64; 3],
     /// How to open a connection outside the pools (an export's own).
     pub cfg: tokio_postgres::Config,
+    /// With or without TLS, as the pools' connections.
+    pub tls: Tls,
 }
 
 impl Inner {
@@ -52,6 +55,7 @@ impl Inner {
         doubt_pool: Pool,
         seen: Seen,
         cfg: tokio_postgres::Config,
+        tls: Tls,
         opts: PgOptions,
     ) -> Inner {
         Inner {
@@ -68,6 +72,7 @@ impl Inner {
             undecodable: Mutex::new(HashSet::new()),
             in_doubt: Default::default(),
             cfg,
+            tls,
         }
     }
 

@@ -151,6 +151,17 @@ pub struct Cluster {
 impl Cluster {
     /// initdb, the settings every cluster here gets plus `conf`, and start.
     pub fn create(pg: &Pg, name: &str, conf: &[&str]) -> Cluster {
+        Cluster::create_with(pg, name, conf, |_| {})
+    }
+
+    /// As [`Cluster::create`], calling `before_start` between initdb and
+    /// the first start (to write files into the data directory).
+    pub fn create_with(
+        pg: &Pg,
+        name: &str,
+        conf: &[&str],
+        before_start: impl FnOnce(&Cluster),
+    ) -> Cluster {
         let dir = pg.temp_dir(name);
         let data = dir.join("data");
         pg.run(
@@ -188,8 +199,28 @@ impl Cluster {
         ];
         settings.extend(conf.iter().map(|s| s.to_string()));
         c.append_conf(&settings);
+        before_start(&c);
         c.first_start("postgresql.conf");
         c
+    }
+
+    /// Writes `file` into the data directory, owned by the server's user
+    /// and readable by it alone (as PostgreSQL wants a private key).
+    pub fn write_private(&self, file: &str, contents: &[u8]) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.data.join(file);
+        std::fs::write(&path, contents).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if let Some((_, uid, gid)) = &self.pg.run_as {
+            std::os::unix::fs::chown(&path, Some(*uid), Some(*gid)).unwrap();
+        }
+    }
+
+    /// Puts `lines` first in pg_hba.conf (the first matching line wins).
+    pub fn prepend_hba(&self, lines: &[&str]) {
+        let path = self.data.join("pg_hba.conf");
+        let old = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, format!("{}\n{old}", lines.join("\n"))).unwrap();
     }
 
     /// Starts a new cluster; if another process took its port meanwhile,
