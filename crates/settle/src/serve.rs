@@ -151,7 +151,7 @@ pub struct ServeArgs {
         requires = "tls_key"
     )]
     pub tls_cert: Option<PathBuf>,
-    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1) [default: none].
     #[arg(
         long,
         env = "SETTLE_TLS_KEY",
@@ -159,7 +159,8 @@ pub struct ServeArgs {
         requires = "tls_cert"
     )]
     pub tls_key: Option<PathBuf>,
-    /// A TLS-terminating proxy is in front: allows plain HTTP on a non-loopback address.
+    /// A TLS-terminating proxy is in front: allows plain HTTP on a non-loopback address
+    /// [default: false].
     #[arg(long, env = "SETTLE_BEHIND_PROXY", value_parser = clap::builder::BoolishValueParser::new(), num_args = 0..=1, default_missing_value = "true", value_name = "BOOL")]
     pub behind_proxy: Option<bool>,
     /// Export OpenTelemetry traces over OTLP/HTTP to this base URL (spans go to URL/v1/traces)

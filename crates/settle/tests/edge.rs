@@ -104,7 +104,8 @@ impl Serve {
             }),
             None => {
                 let status = child.wait().unwrap();
-                let text: Vec<String> = log.try_iter().collect();
+                // Every line: the reader ends at the exited child's EOF.
+                let text: Vec<String> = log.iter().collect();
                 Err(format!("{status}: {}", text.join("\n")))
             }
         }
