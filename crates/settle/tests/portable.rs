@@ -403,6 +403,9 @@ async fn a_killed_import_into_postgresql_leaves_no_rows_or_all_of_them() {
         std::thread::sleep(whole.mul_f64(f64::from(i) / 3.0) + Duration::from_millis(1));
         let _ = child.kill();
         let killed_early = !child.wait().unwrap().success();
+        // The killed client's backend may still be finishing its COMMIT:
+        // the store's state is final once its session is gone.
+        db.await_no_sessions().await;
         let out = tmp.path().join(format!("pg{i}.settle"));
         let got = json(&[
             "export",

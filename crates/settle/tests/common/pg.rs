@@ -35,6 +35,39 @@ impl Database {
         admin(&format!("CREATE DATABASE {name}")).await;
         Database { name }
     }
+    /// Waits until no session is connected to this database: a killed
+    /// client's backend has then finished what it was doing (a COMMIT it
+    /// had received is done, anything else rolled back). At most 60 s.
+    pub async fn await_no_sessions(&self) {
+        let (client, conn) = tokio_postgres::connect(&admin_url(), tokio_postgres::NoTls)
+            .await
+            .expect("PostgreSQL must be reachable for this test (see .ci/run)");
+        let task = tokio::spawn(conn);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let n: i64 = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = $1",
+                    &[&self.name],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n == 0 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{n} sessions still connected to {}",
+                self.name
+            );
+            // Polls the server's own view until the session is gone.
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        drop(client);
+        let _ = task.await;
+    }
+
     pub fn url(&self) -> String {
         let base = admin_url();
         let (prefix, _) = base.rsplit_once('/').unwrap();
