@@ -170,12 +170,7 @@ async fn once(
     progress: Arc<AtomicU64>,
 ) -> Result<(&'static str, PairStats, u64, Option<f64>), Failure> {
     let limit = Limit::For(duration);
-    let ca_pem = match &a.ca_cert {
-        Some(path) => Some(std::fs::read(path).map_err(|e| {
-            Failure::usage(format!("cannot read --ca-cert {}: {e}", path.display()))
-        })?),
-        None => None,
-    };
+    let ca_pem = crate::remote::read_ca_cert(a.ca_cert.as_deref())?;
     let access = http::Access {
         token: a.token.as_deref(),
         ca_pem: ca_pem.as_deref(),

@@ -41,13 +41,19 @@ pub fn client_for(
     ca_cert: Option<&std::path::Path>,
 ) -> Result<Client, Failure> {
     let mut b = Client::builder(url).token(token.unwrap_or_default());
-    if let Some(path) = ca_cert {
-        let pem = std::fs::read(path).map_err(|e| {
-            Failure::usage(format!("cannot read --ca-cert {}: {e}", path.display()))
-        })?;
+    if let Some(pem) = read_ca_cert(ca_cert)? {
         b = b.add_root_certificate_pem(&pem);
     }
     b.build().map_err(Failure::usage)
+}
+
+/// The PEM bytes of `--ca-cert FILE`, if given (a usage error when unreadable).
+pub fn read_ca_cert(path: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, Failure> {
+    path.map(|p| {
+        std::fs::read(p)
+            .map_err(|e| Failure::usage(format!("cannot read --ca-cert {}: {e}", p.display())))
+    })
+    .transpose()
 }
 
 /// The operation's idempotency key.
