@@ -22,8 +22,8 @@
 //! 4. **write + commit** ([`write_and_commit_batch`], round trip 2): one
 //!    statement writing every changed record — updates and deletes only if
 //!    the row's `xmin` is still the one read (compare-and-set), inserts only
-//!    if the key is still free and within 500 ms of the read — the commit
-//!    token, then `COMMIT`. If any row fails its check the statement fails,
+//!    if the key is still free and within 500 ms of the read — and the
+//!    commit token, then `COMMIT`. If any row fails its check the statement fails,
 //!    the COMMIT is a rollback, and the batch's commands run again one by
 //!    one on the per-command path, which always makes progress;
 //! 5. **resolve in doubt** ([`resolve_batch_commit`]): a COMMIT whose answer
@@ -650,8 +650,8 @@ impl BatchWrites {
     }
 }
 
-/// Phase 4, round trip 2: every changed record in one statement, the
-/// batch's commit token, then `COMMIT`, pipelined; then phase 5.
+/// Phase 4, round trip 2: every changed record and the batch's commit
+/// token in one statement, then `COMMIT`, pipelined; then phase 5.
 async fn write_and_commit_batch(
     inner: &Inner,
     conn: Conn,
@@ -661,10 +661,14 @@ async fn write_and_commit_batch(
 ) -> Result<(), PgError> {
     let (sql, c) = (&inner.sql, conn.client());
     let write_st = conn.prepare(&sql.batch_write).await?;
-    let token_st = conn.prepare(&sql.insert_token).await?;
     let expected = w.tenant.len() as i64;
     let insert_deadline = db_now + INSERT_WINDOW_MS;
-    let write_params: [&(dyn ToSql + Sync); 17] = [
+    // The batch's commit token, written by the same statement as the rows:
+    // after a lost COMMIT answer its presence (never the transaction id)
+    // says whether the batch committed.
+    let token = Token::new(db_now);
+    let token_bytes: &[u8] = &token.bytes;
+    let write_params: [&(dyn ToSql + Sync); 19] = [
         &w.tenant,
         &w.key,
         &w.op,
@@ -682,32 +686,24 @@ async fn write_and_commit_batch(
         &w.disputed,
         &insert_deadline,
         &expected,
+        &token.at,
+        &token_bytes,
     ];
-    // The batch's commit token: after a lost COMMIT answer its presence
-    // (never the transaction id) says whether the batch committed.
-    let token = Token::new(db_now);
-    let token_bytes: &[u8] = &token.bytes;
-    let token_params: [&(dyn ToSql + Sync); 2] = [&token.at, &token_bytes];
     let r = conn
         .within(async {
-            let (write, mark, commit) = futures::join!(
+            futures::join!(
                 c.query_one(&write_st, &write_params),
-                c.execute(&token_st, &token_params),
                 c.batch_execute(sql.commit)
-            );
-            ((write, mark), commit)
+            )
         })
         .await;
     resolve_batch_commit(inner, conn, r, &token, seen, expected).await
 }
 
-/// What the batch's commit round trip returns: the write's row, the token
-/// write's count, and COMMIT's answer.
+/// What the batch's commit round trip returns: the write's row (rows and
+/// token in one statement), and COMMIT's answer.
 type BatchCommitRound = (
-    (
-        Result<tokio_postgres::Row, tokio_postgres::Error>,
-        Result<u64, tokio_postgres::Error>,
-    ),
+    Result<tokio_postgres::Row, tokio_postgres::Error>,
     Result<(), tokio_postgres::Error>,
 );
 
@@ -723,27 +719,16 @@ async fn resolve_batch_commit(
     expected: i64,
 ) -> Result<(), PgError> {
     match doubt::finish(inner, conn, r, token, seen).await? {
-        Commit::Answered((write_result, mark_result)) => {
-            match write_result {
-                Ok(row) if row.get::<_, i64>(0) == expected => {}
-                Ok(row) => {
-                    return Err(PgError::Corrupt(format!(
-                        "a batch write reported {} rows, expected {expected}",
-                        row.get::<_, i64>(0)
-                    )));
-                }
-                // The COMMIT was a rollback: nothing happened.
-                Err(e) if stale(&e) => return Err(PgError::Raced(e.to_string())),
-                Err(e) => return Err(e.into()),
-            }
-            match mark_result {
-                Ok(1) => Ok(()),
-                Ok(n) => Err(PgError::Corrupt(format!(
-                    "the commit token write touched {n} rows, expected 1"
-                ))),
-                Err(e) => Err(e.into()),
-            }
-        }
+        Commit::Answered(write_result) => match write_result {
+            Ok(row) if row.get::<_, i64>(0) == expected => Ok(()),
+            Ok(row) => Err(PgError::Corrupt(format!(
+                "a batch write reported {} rows, expected {expected}",
+                row.get::<_, i64>(0)
+            ))),
+            // The COMMIT was a rollback: nothing happened.
+            Err(e) if stale(&e) => Err(PgError::Raced(e.to_string())),
+            Err(e) => Err(e.into()),
+        },
         Commit::Committed => Ok(()),
         Commit::NotCommitted(e) => Err(e),
     }

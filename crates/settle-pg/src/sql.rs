@@ -260,7 +260,8 @@ impl Sql {
             // than any retention, so no record of the same key can have been
             // created, settled and collected in between with a higher fence).
             // Anything less than every row fails the statement, so the
-            // COMMIT after it is a rollback.
+            // COMMIT after it is a rollback. The batch's commit token is
+            // written by the same statement (one message fewer per batch).
             batch_write: format!(
                 "WITH w AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], \
                        $4::text[], $5::int2[], $6::bytea[], $7::text[], $8::int2[], $9::bool[], \
@@ -284,11 +285,12 @@ impl Sql {
                      FROM w WHERE op = 'i' AND {NOW_MS} < $16 \
                      ON CONFLICT DO NOTHING RETURNING 1), \
                  del AS (DELETE FROM {rec} AS r USING w WHERE w.op = 'd' AND r.tenant = w.tenant \
-                       AND r.key = w.key AND r.xmin::text = w.v RETURNING 1) \
-                 SELECT CASE WHEN n = $17 THEN n \
+                       AND r.key = w.key AND r.xmin::text = w.v RETURNING 1), \
+                 tok AS (INSERT INTO {com} (at, token) VALUES ($18, $19) RETURNING 1) \
+                 SELECT CASE WHEN n = $17 AND t = 1 THEN n \
                         ELSE ('{STALE} ' || n || ' of ' || $17 || ' rows')::int8 END \
                  FROM (SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins) \
-                            + (SELECT count(*) FROM del) AS n) x"
+                            + (SELECT count(*) FROM del) AS n, (SELECT count(*) FROM tok) AS t) x"
             ),
         }
     }
