@@ -383,25 +383,34 @@ struct BatchLoad {
     read_at: HashMap<Id, String>,
 }
 
-/// Phase 2, round trip 1: `BEGIN` and the principal locks (one
-/// simple-query message; the statements run in order, so the locks are
-/// taken in key order), then one statement reading everything else. It
+/// Phase 2, round trip 1: `BEGIN`, the transaction's settings, the
+/// principal locks (in key order) and one statement reading everything
+/// else, pipelined (the prepared statements cost no parsing). The read
 /// starts after the locks are held, so its snapshot has every committed
 /// generation.
 async fn load_batch(inner: &Inner, conn: &Conn, plan: &BatchPlan) -> Result<BatchLoad, Abort> {
     let (sql, c) = (&inner.sql, conn.client());
+    let settings_st = conn.prepare(&sql.settings).await?;
+    let lock_st = conn.prepare(&sql.lock_principals).await?;
     let load_st = conn.prepare(&sql.batch_load).await?;
-    let mut begin = sql.begin.clone();
-    for k in &plan.lock_keys {
-        begin.push_str(&format!("; SELECT pg_advisory_xact_lock_shared({k})"));
-    }
+    // Shared locks only, taken in array (= key) order.
+    let shared = vec![false; plan.lock_keys.len()];
     let load_params: [&(dyn ToSql + Sync); 5] =
         [&plan.id_t, &plan.id_k, &plan.claims, &plan.pr_t, &plan.pr_n];
+    let no_params: [&(dyn ToSql + Sync); 0] = [];
+    let lock_params: [&(dyn ToSql + Sync); 2] = [&plan.lock_keys, &shared];
     // Past the deadline nothing has committed: the connection is dropped.
-    let (r_begin, r_load) = conn
-        .within(async { futures::join!(c.batch_execute(&begin), c.query(&load_st, &load_params)) })
+    let (r_begin, r_settings, r_lock, r_load) = conn
+        .within(async {
+            futures::join!(
+                c.batch_execute(sql.batch_begin),
+                c.execute(&settings_st, &no_params),
+                c.execute(&lock_st, &lock_params),
+                c.query(&load_st, &load_params)
+            )
+        })
         .await?;
-    let rows = match r_begin.and(r_load) {
+    let rows = match r_begin.and(r_settings).and(r_lock).and(r_load) {
         Ok(rows) => rows,
         Err(e) if e.as_db_error().is_some() => return Err(Abort::rollback(e.into())),
         Err(e) => return Err(Abort::from(PgError::from(e))),
@@ -660,7 +669,13 @@ async fn write_and_commit_batch(
     seen: Option<&Server>,
 ) -> Result<(), PgError> {
     let (sql, c) = (&inner.sql, conn.client());
-    let write_st = conn.prepare(&sql.batch_write).await?;
+    let write_st = conn
+        .prepare(if w.tenant.len() == 1 {
+            &sql.batch_write_one
+        } else {
+            &sql.batch_write
+        })
+        .await?;
     let expected = w.tenant.len() as i64;
     let insert_deadline = db_now + INSERT_WINDOW_MS;
     // The batch's commit token, written by the same statement as the rows:

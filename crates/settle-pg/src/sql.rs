@@ -37,6 +37,10 @@ pub struct Sql {
     /// never cut short by it (checked by `tests/crash.rs`).
     pub commit: &'static str,
     pub rollback: &'static str,
+    /// Group commit: `BEGIN` alone, then `settings` and `lock_principals` as
+    /// prepared statements (no parsing per batch), pipelined before the load.
+    pub batch_begin: &'static str,
+    pub settings: String,
     /// `$1` keys (int8[]), `$2` exclusive? (bool[]), locked in array order.
     pub lock_principals: String,
     pub peek_owner: String,
@@ -84,6 +88,10 @@ pub struct Sql {
     // Group commit: the same steps for many commands at once.
     pub batch_load: String,
     pub batch_write: String,
+    /// `batch_write` for a batch of one record (each client alone, low
+    /// concurrency): the same parameters, read as `$n[1]` instead of
+    /// through `unnest` and a materialised row set.
+    pub batch_write_one: String,
 }
 
 /// What every transaction runs under (see `PgOptions`), in milliseconds.
@@ -95,18 +103,24 @@ pub struct Settings {
     pub probe_lock_timeout_ms: u64,
 }
 
-fn begin(lock_timeout_ms: u64, s: &Settings) -> String {
-    // READ COMMITTED explicitly: the locking argument relies on each
-    // statement seeing what committed before it started.
-    // set_config(…, true) is SET LOCAL; one statement for all four.
+/// READ COMMITTED explicitly: the locking argument relies on each
+/// statement seeing what committed before it started.
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
+/// The transaction's settings: set_config(…, true) is SET LOCAL; one
+/// statement for all four.
+fn settings_sql(lock_timeout_ms: u64, s: &Settings) -> String {
     format!(
-        "BEGIN ISOLATION LEVEL READ COMMITTED; \
-         SELECT set_config('synchronous_commit', 'on', true), \
+        "SELECT set_config('synchronous_commit', 'on', true), \
                 set_config('lock_timeout', '{lock_timeout_ms}', true), \
                 set_config('statement_timeout', '{}', true), \
                 set_config('idle_in_transaction_session_timeout', '{}', true)",
         s.statement_timeout_ms, s.idle_in_transaction_timeout_ms
     )
+}
+
+fn begin(lock_timeout_ms: u64, s: &Settings) -> String {
+    format!("{BEGIN}; {}", settings_sql(lock_timeout_ms, s))
 }
 
 impl Sql {
@@ -123,6 +137,8 @@ impl Sql {
             probe_begin: begin(settings.probe_lock_timeout_ms, settings),
             commit: "COMMIT",
             rollback: "ROLLBACK",
+            batch_begin: BEGIN,
+            settings: settings_sql(settings.lock_timeout_ms, settings),
             lock_principals: "SELECT CASE WHEN x THEN pg_advisory_xact_lock(k) \
                  ELSE pg_advisory_xact_lock_shared(k) END \
                  FROM unnest($1::int8[], $2::bool[]) AS t(k, x)"
@@ -286,6 +302,35 @@ impl Sql {
                      ON CONFLICT DO NOTHING RETURNING 1), \
                  del AS (DELETE FROM {rec} AS r USING w WHERE w.op = 'd' AND r.tenant = w.tenant \
                        AND r.key = w.key AND r.xmin::text = w.v RETURNING 1), \
+                 tok AS (INSERT INTO {com} (at, token) VALUES ($18, $19) RETURNING 1) \
+                 SELECT CASE WHEN n = $17 AND t = 1 THEN n \
+                        ELSE ('{STALE} ' || n || ' of ' || $17 || ' rows')::int8 END \
+                 FROM (SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins) \
+                            + (SELECT count(*) FROM del) AS n, (SELECT count(*) FROM tok) AS t) x"
+            ),
+            batch_write_one: format!(
+                "WITH upd AS (UPDATE {rec} AS r SET format = ($5::int2[])[1], \
+                       value = ($6::bytea[])[1], owner = ($7::text[])[1], \
+                       status = ($8::int2[])[1], reconcile = ($9::bool[])[1], \
+                       lease_expires_at = ($10::int8[])[1], \
+                       lease_generation = (($11::text[])[1])::numeric, \
+                       updated_at = ($12::int8[])[1], collect_at = ($13::int8[])[1], \
+                       receipt_at = ($14::int8[])[1], disputed = ($15::bool[])[1] \
+                     WHERE ($3::text[])[1] = 'u' AND r.tenant = ($1::text[])[1] \
+                       AND r.key = ($2::text[])[1] AND r.xmin::text = ($4::text[])[1] \
+                     RETURNING 1), \
+                 ins AS (INSERT INTO {rec} (tenant, key, format, value, owner, status, reconcile, \
+                       lease_expires_at, lease_generation, updated_at, collect_at, receipt_at, \
+                       disputed) \
+                     SELECT ($1::text[])[1], ($2::text[])[1], ($5::int2[])[1], \
+                       ($6::bytea[])[1], ($7::text[])[1], ($8::int2[])[1], ($9::bool[])[1], \
+                       ($10::int8[])[1], (($11::text[])[1])::numeric, ($12::int8[])[1], \
+                       ($13::int8[])[1], ($14::int8[])[1], ($15::bool[])[1] \
+                     WHERE ($3::text[])[1] = 'i' AND {NOW_MS} < $16 \
+                     ON CONFLICT DO NOTHING RETURNING 1), \
+                 del AS (DELETE FROM {rec} AS r WHERE ($3::text[])[1] = 'd' \
+                       AND r.tenant = ($1::text[])[1] AND r.key = ($2::text[])[1] \
+                       AND r.xmin::text = ($4::text[])[1] RETURNING 1), \
                  tok AS (INSERT INTO {com} (at, token) VALUES ($18, $19) RETURNING 1) \
                  SELECT CASE WHEN n = $17 AND t = 1 THEN n \
                         ELSE ('{STALE} ' || n || ' of ' || $17 || ' rows')::int8 END \
