@@ -1,10 +1,12 @@
 //! `settle bench`: claim+settle pairs per second over HTTP, in process on
-//! the embedded store, or on PostgreSQL against the raw SQL protocol. Every
-//! mode runs the generic pair loop of `settle_ledger::bench`.
+//! the embedded store (alone, or against the probe: `--reference probe`),
+//! or on PostgreSQL against the raw SQL protocol. Every mode runs the
+//! generic pair loop of `settle_ledger::bench`.
 
 mod fill;
 mod http;
 mod pg;
+mod probe;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -71,6 +73,18 @@ pub struct BenchArgs {
     /// Deprecated and ignored (a warning); removed in the next release.
     #[arg(long, value_name = "on|off", value_parser = on_off, requires = "data")]
     thread_priorities: Option<bool>,
+    /// With --data: alternating rounds (--rounds) of settle in process and
+    /// of a reference store at each concurrency, each run as long as
+    /// --duration, then the medians and settle's ratio to the reference.
+    /// `probe`: the minimal durable claim/settle store (a hash map, an
+    /// append-only log, group commit with one fdatasync per group).
+    #[arg(
+        long,
+        value_enum,
+        requires = "data",
+        conflicts_with_all = ["records", "page_through", "postgres_baseline"]
+    )]
+    reference: Option<Reference>,
     /// With --data: the embedded store's log segment size in bytes
     /// (`EmbeddedOptions::segment_bytes`; as `settle serve --segment-bytes`,
     /// within [65536, 1073741824]).
@@ -83,10 +97,19 @@ pub struct BenchArgs {
     json: bool,
 }
 
-/// The knobs of `--store`.
+/// What `--reference` measures settle against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Reference {
+    /// The minimal durable claim/settle store (crates/settle/src/bench/probe.rs).
+    Probe,
+}
+
+/// The knobs of `--store` (and `--rounds` of `--reference`).
 #[derive(Args)]
 struct PgBenchArgs {
-    /// With --store: alternating rounds of baseline and settle per client count.
+    /// Alternating rounds per client count: with --store, of baseline and
+    /// settle (slices of --duration); with --reference, of settle and the
+    /// reference (each run as long as --duration).
     #[arg(long, value_name = "N", default_value_t = 3)]
     rounds: u32,
     /// With --store: seconds of warm-up of each side before the rounds.
@@ -132,9 +155,17 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
             "--thread-priorities is deprecated and ignored; it will be removed in the next release"
         );
     }
+    // clap's `requires` is met by any member of the `target` group
+    // (clap-rs/clap#4707): `--reference --url U` gets this far.
+    if a.reference.is_some() && a.data.is_none() {
+        return Err(Failure::usage("--reference needs --data DIR"));
+    }
     let duration = Duration::from_secs_f64(a.duration.max(0.1));
     if let Some(url) = &a.store {
         return postgres(url, &a, duration).await;
+    }
+    if let (Some(dir), Some(Reference::Probe)) = (&a.data, a.reference) {
+        return reference(dir, &a, duration).await;
     }
     if let (Some(dir), Some(n)) = (&a.data, a.records) {
         let concurrency = a.connections.first().copied().unwrap_or(1024);
@@ -189,6 +220,24 @@ async fn once(
             "one of --url, --data or --store is required",
         ));
     };
+    let (stats, cpu_us_per_pair) = in_process(a, dir, concurrency, limit, progress).await?;
+    let mode = if a.page_through {
+        "in_process_paging"
+    } else {
+        "in_process"
+    };
+    Ok((mode, stats, 0, cpu_us_per_pair))
+}
+
+/// One in-process run on the embedded store in `dir`: the stats and the
+/// process's CPU time per pair in microseconds.
+async fn in_process(
+    a: &BenchArgs,
+    dir: &Path,
+    concurrency: usize,
+    limit: Limit,
+    progress: Arc<AtomicU64>,
+) -> Result<(PairStats, Option<f64>), Failure> {
     let store = open_embedded(dir, a.embedded_options())?;
     let pager = a.page_through.then(|| Pager::start(store.clone()));
     let cpu_before = process_cpu_s();
@@ -212,12 +261,7 @@ async fn once(
     if let Some((pages, records)) = paged {
         eprintln!("paged concurrently: {pages} pages, {records} records listed");
     }
-    let mode = if a.page_through {
-        "in_process_paging"
-    } else {
-        "in_process"
-    };
-    Ok((mode, stats, 0, cpu_us_per_pair))
+    Ok((stats, cpu_us_per_pair))
 }
 
 /// CPU seconds (user + system) this process used so far (Linux).
@@ -433,4 +477,171 @@ async fn postgres(url: &str, a: &BenchArgs, duration: Duration) -> Result<(), Fa
         }
     }
     Ok(())
+}
+
+/// One run of `--reference`: what it measured and the process's CPU time
+/// per pair in microseconds.
+#[derive(Clone, Copy)]
+struct Run {
+    stats: PairStats,
+    cpu_us_per_pair: Option<f64>,
+}
+
+/// settle in process against the probe, per concurrency: `--rounds`
+/// alternating runs (settle, probe, settle, probe, …), each as long as
+/// --duration, then the medians of each side and settle's ratio to the
+/// probe.
+async fn reference(dir: &Path, a: &BenchArgs, duration: Duration) -> Result<(), Failure> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Failure::local(format!("cannot create {}: {e}", dir.display())))?;
+    let rounds = a.pg.rounds.max(1);
+    for &c in &a.connections {
+        let c = c.max(1);
+        let (mut settle, mut probe) = (Vec::new(), Vec::new());
+        for round in 1..=rounds {
+            let run = with_progress(duration, |p| fresh_in_process(a, dir, c, duration, p)).await?;
+            report_run("in_process", round, &run, a.json);
+            settle.push(run);
+            let (stats, cpu_us_per_pair) =
+                with_progress(duration, |p| probe::run(dir, c, duration, p))
+                    .await
+                    .map_err(Failure::local)?;
+            let run = Run {
+                stats,
+                cpu_us_per_pair,
+            };
+            report_run("probe", round, &run, a.json);
+            probe.push(run);
+        }
+        report_reference(c, rounds, &settle, &probe, a.json);
+    }
+    Ok(())
+}
+
+/// One in-process run on a fresh store in a new directory under `dir`
+/// (removed afterwards, so every round starts from the same empty store).
+async fn fresh_in_process(
+    a: &BenchArgs,
+    dir: &Path,
+    concurrency: usize,
+    duration: Duration,
+    progress: Arc<AtomicU64>,
+) -> Result<Run, Failure> {
+    let fresh = dir.join(format!("settle-{}", run_id()));
+    std::fs::create_dir(&fresh)
+        .map_err(|e| Failure::local(format!("cannot create {}: {e}", fresh.display())))?;
+    let run = in_process(a, &fresh, concurrency, Limit::For(duration), progress).await;
+    let removed = std::fs::remove_dir_all(&fresh)
+        .map_err(|e| Failure::local(format!("cannot remove {}: {e}", fresh.display())));
+    let (stats, cpu_us_per_pair) = run?;
+    removed?;
+    Ok(Run {
+        stats,
+        cpu_us_per_pair,
+    })
+}
+
+fn report_run(mode: &str, round: u32, r: &Run, as_json: bool) {
+    if as_json {
+        let mut v = stats_json(mode, &r.stats, 0);
+        v["round"] = json!(round);
+        if let Some(c) = r.cpu_us_per_pair {
+            v["cpu_us_per_pair"] = json!((c * 10.0).round() / 10.0);
+        }
+        println!("{v}");
+    } else {
+        let mode = format!("{mode}, round {round}");
+        report(&mode, &r.stats, 0, None, r.cpu_us_per_pair, false);
+    }
+}
+
+/// The median (of two middle values, their mean).
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    match v.len() {
+        0 => None,
+        n if n % 2 == 1 => Some(v[m]),
+        _ => Some((v[m - 1] + v[m]) / 2.0),
+    }
+}
+
+/// The medians of one side's runs.
+struct Medians {
+    pairs_per_s: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    cpu_us_per_pair: Option<f64>,
+}
+
+impl Medians {
+    fn of(runs: &[Run]) -> Medians {
+        let m = |f: fn(&Run) -> f64| median(runs.iter().map(f).collect()).unwrap_or(0.0);
+        Medians {
+            pairs_per_s: m(|r| r.stats.pairs_per_s),
+            p50_ms: m(|r| r.stats.p50_ms),
+            p99_ms: m(|r| r.stats.p99_ms),
+            cpu_us_per_pair: median(runs.iter().filter_map(|r| r.cpu_us_per_pair).collect()),
+        }
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "pairs_per_s": self.pairs_per_s,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            "cpu_us_per_pair": self.cpu_us_per_pair.map(|c| (c * 10.0).round() / 10.0),
+        })
+    }
+}
+
+/// The summary of one concurrency: the medians of each side, settle's
+/// pairs/s over the probe's, the probe's CPU per pair over settle's, and
+/// settle's p99 over its p50.
+fn report_reference(concurrency: usize, rounds: u32, settle: &[Run], probe: &[Run], as_json: bool) {
+    let (s, p) = (Medians::of(settle), Medians::of(probe));
+    let ratio = s.pairs_per_s / p.pairs_per_s.max(1e-9);
+    let cpu_ratio = match (p.cpu_us_per_pair, s.cpu_us_per_pair) {
+        (Some(p), Some(s)) if s > 0.0 => Some(p / s),
+        _ => None,
+    };
+    let tail = (s.p50_ms > 0.0).then(|| s.p99_ms / s.p50_ms);
+    if as_json {
+        let v = json!({
+            "mode": "reference",
+            "reference": "probe",
+            "concurrency": concurrency,
+            "rounds": rounds,
+            "settle": s.json(),
+            "probe": p.json(),
+            "ratio": ratio,
+            "cpu_ratio": cpu_ratio,
+            "p99_over_p50": tail,
+        });
+        println!("{v}");
+        return;
+    }
+    let cpu = |c: Option<f64>| c.map_or("-".to_string(), |c| format!("{c:.1} us"));
+    println!("settle against the probe at concurrency {concurrency}, medians of {rounds} rounds:");
+    println!(
+        "          {:>10} {:>10} {:>10} {:>12}",
+        "pairs/s", "p50 ms", "p99 ms", "CPU/pair"
+    );
+    for (name, m) in [("settle", &s), ("probe", &p)] {
+        println!(
+            "  {name:<7} {:>10.0} {:>10.2} {:>10.2} {:>12}",
+            m.pairs_per_s,
+            m.p50_ms,
+            m.p99_ms,
+            cpu(m.cpu_us_per_pair)
+        );
+    }
+    let opt = |x: Option<f64>| x.map_or("-".to_string(), |x| format!("{x:.2}"));
+    println!(
+        "  ratio settle/probe: {:.1} % of the pairs/s; CPU per pair probe/settle: {}; \
+         settle p99/p50: {}",
+        100.0 * ratio,
+        opt(cpu_ratio),
+        opt(tail)
+    );
 }
