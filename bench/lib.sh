@@ -19,6 +19,32 @@ record() { # field value round
   done
 }
 
+# Records each JSON line by its "mode" under the case named for it
+# (MODE=CASE arguments); lines of other modes are dropped.
+by_mode() { # round mode=case...
+  local round=$1 line m pair
+  shift
+  while IFS= read -r line; do
+    [[ $line == \{* ]] || continue
+    m=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get("mode", ""))' "$line")
+    for pair in "$@"; do
+      if [[ ${pair%%=*} == "$m" ]]; then
+        printf '%s\n' "$line" | record case "${pair#*=}" "$round"
+      fi
+    done
+  done
+}
+
+# Records each JSON line under PREFIX_<its "connections">.
+by_connections() { # round prefix
+  local line c
+  while IFS= read -r line; do
+    [[ $line == \{* ]] || continue
+    c=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1])["connections"])' "$line")
+    printf '%s\n' "$line" | record case "$2_$c" "$1"
+  done
+}
+
 # Starts BINARY serve on DIR at a free loopback port (with any further
 # serve flags, e.g. --tls-cert/--tls-key); sets SERVER_PID and URL
 # (https:// when --tls-cert is among the flags).
