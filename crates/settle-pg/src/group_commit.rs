@@ -748,3 +748,189 @@ async fn resolve_batch_commit(
         Commit::NotCommitted(e) => Err(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The two write statements (`batch_write`, `batch_write_one`) against
+    //! a real schema: they must make exactly the same checks, since which
+    //! one runs depends only on the batch's size.
+    use super::*;
+    use crate::{PgOptions, PgStore};
+
+    fn url() -> String {
+        std::env::var("SETTLE_TEST_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+    }
+
+    /// One row's write as the statements take it (arrays of one), with a
+    /// fresh commit token.
+    async fn write(
+        c: &tokio_postgres::Client,
+        sql: &str,
+        key: &str,
+        op: &str,
+        v: Option<&str>,
+        deadline: i64,
+    ) -> Result<i64, tokio_postgres::Error> {
+        let st = c.prepare(sql).await?;
+        let token = Token::new(1);
+        let token_bytes: &[u8] = &token.bytes;
+        let (t, k, o) = (vec!["acme"], vec![key], vec![op]);
+        let v: Vec<Option<&str>> = vec![v];
+        let (f, val): (Vec<Option<i16>>, Vec<Option<Vec<u8>>>) = if op == "d" {
+            (vec![None], vec![None])
+        } else {
+            (vec![Some(2)], vec![Some(vec![1, 2, 3])])
+        };
+        let owner: Vec<Option<&str>> = vec![Some("p")];
+        let status: Vec<Option<i16>> = vec![Some(0)];
+        let b: Vec<Option<bool>> = vec![Some(false)];
+        let n: Vec<Option<i64>> = vec![Some(5)];
+        let g: Vec<Option<&str>> = vec![Some("0")];
+        let none: Vec<Option<i64>> = vec![None];
+        let expected = 1i64;
+        let params: [&(dyn ToSql + Sync); 19] = [
+            &t,
+            &k,
+            &o,
+            &v,
+            &f,
+            &val,
+            &owner,
+            &status,
+            &b,
+            &n,
+            &g,
+            &n,
+            &none,
+            &none,
+            &b,
+            &deadline,
+            &expected,
+            &token.at,
+            &token_bytes,
+        ];
+        Ok(c.query_one(&st, &params).await?.get(0))
+    }
+
+    async fn xmin(c: &tokio_postgres::Client, schema: &str, key: &str) -> Option<String> {
+        c.query_opt(
+            &format!("SELECT xmin::text FROM \"{schema}\".settle_records WHERE key = $1"),
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .map(|r| r.get(0))
+    }
+
+    /// Drops the test's schema, also when the test fails.
+    struct DropSchema(String);
+
+    impl Drop for DropSchema {
+        fn drop(&mut self) {
+            let schema = self.0.clone();
+            // Drop runs inside the test's runtime: clean up from a thread.
+            let dropped = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let (c, task) = tokio_postgres::connect(&url(), tokio_postgres::NoTls).await?;
+                    tokio::spawn(task);
+                    c.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                        .await
+                })
+            })
+            .join();
+            if !matches!(dropped, Ok(Ok(()))) {
+                eprintln!("could not drop test schema {}", self.0);
+            }
+        }
+    }
+
+    fn is_stale(r: Result<i64, tokio_postgres::Error>) -> bool {
+        r.as_ref().is_err_and(stale)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_write_statements_check_the_same_things() {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let schema = format!("t_gcw_{}_{nanos}", std::process::id());
+        let _drop = DropSchema(schema.clone());
+        let store = PgStore::connect(
+            &url(),
+            PgOptions {
+                schema: schema.clone(),
+                ..PgOptions::default()
+            },
+        )
+        .await
+        .expect("a PostgreSQL server (SETTLE_TEST_PG_URL)");
+        let sql = &store.inner.sql;
+        let conn = store.inner.pool.get().await.unwrap();
+        let c: &tokio_postgres::Client = &conn;
+        let now: i64 = c.query_one(sql.now.as_str(), &[]).await.unwrap().get(0);
+        let open = now + 60_000;
+        for (name, text) in [("many", &sql.batch_write), ("one", &sql.batch_write_one)] {
+            let key = format!("k-{name}");
+            // A new record: written, with its commit token.
+            assert_eq!(
+                write(c, text, &key, "i", None, open).await.unwrap(),
+                1,
+                "{name}"
+            );
+            let v1 = xmin(c, &schema, &key).await.expect("inserted");
+            // The key is taken: nothing written.
+            assert!(
+                is_stale(write(c, text, &key, "i", None, open).await),
+                "{name}"
+            );
+            // Past the insert window: nothing written.
+            let late = format!("late-{name}");
+            assert!(
+                is_stale(write(c, text, &late, "i", None, now - 1).await),
+                "{name}"
+            );
+            assert_eq!(xmin(c, &schema, &late).await, None, "{name}");
+            // Compare-and-set: a stale xmin writes nothing, the current one writes.
+            assert!(
+                is_stale(write(c, text, &key, "u", Some("1"), open).await),
+                "{name}"
+            );
+            assert_eq!(xmin(c, &schema, &key).await.as_ref(), Some(&v1), "{name}");
+            assert_eq!(
+                write(c, text, &key, "u", Some(&v1), open).await.unwrap(),
+                1,
+                "{name}"
+            );
+            let v2 = xmin(c, &schema, &key).await.expect("updated");
+            assert_ne!(v1, v2, "{name}");
+            assert!(
+                is_stale(write(c, text, &key, "d", Some(&v1), open).await),
+                "{name}"
+            );
+            assert_eq!(
+                write(c, text, &key, "d", Some(&v2), open).await.unwrap(),
+                1,
+                "{name}"
+            );
+            assert_eq!(xmin(c, &schema, &key).await, None, "{name}");
+        }
+        // Every write that succeeded left its token, and only those: 2 × 3.
+        let tokens: i64 = c
+            .query_one(
+                &format!("SELECT count(*) FROM \"{schema}\".settle_commits"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(tokens, 6);
+        drop(conn);
+        store.close();
+    }
+}
