@@ -123,3 +123,48 @@ fn the_reference_needs_data() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("cannot be used with"), "{err}");
 }
+
+/// A flag of one target given with another is a usage error (exit 2) that
+/// names the flag and the target it needs, and nothing runs: clap's
+/// `requires` alone let `--data D --batch 3` run in process.
+#[test]
+fn a_flag_of_another_target_is_refused() {
+    let data = TempDir::new("bench-targets");
+    let d = data.path().to_str().unwrap();
+    let cases: [(&[&str], &str, &str); 4] = [
+        (&["--data", d, "--batch", "3"], "--batch", "--url"),
+        (
+            &["--data", d, "--ca-cert", "/nonexistent"],
+            "--ca-cert",
+            "--url",
+        ),
+        (
+            &["--url", "http://127.0.0.1:1", "--records", "5"],
+            "--records",
+            "--data",
+        ),
+        (
+            &["--url", "http://127.0.0.1:1", "--page-through"],
+            "--page-through",
+            "--data",
+        ),
+    ];
+    for (args, flag, needs) in cases {
+        let out = Command::new(BIN)
+            .args(["bench", "--duration", "0.1", "--concurrency", "1"])
+            .args(args)
+            .env_remove("SETTLE_TOKEN")
+            .env_remove("SETTLE_CA_CERT")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(&format!("{flag} needs {needs}")),
+            "{args:?}: {err}"
+        );
+        assert!(out.stdout.is_empty(), "{args:?}");
+    }
+    // Nothing was created in DIR.
+    assert_eq!(std::fs::read_dir(data.path()).unwrap().count(), 0);
+}

@@ -148,6 +148,35 @@ impl BenchArgs {
     }
 }
 
+/// Refuses a flag given with the wrong target. clap's `requires` is met by
+/// any member of the `target` group (clap-rs/clap#4707), so without this
+/// `--data D --batch 3` ran in process and reported "batches of 3".
+fn check_target(a: &BenchArgs) -> Result<(), Failure> {
+    let for_url = [
+        ("--batch", a.batch.is_some()),
+        ("--ca-cert", a.ca_cert.is_some()),
+    ];
+    let for_data = [
+        ("--reference", a.reference.is_some()),
+        ("--records", a.records.is_some()),
+        ("--page-through", a.page_through),
+        ("--postgres-baseline", a.postgres_baseline.is_some()),
+        ("--thread-priorities", a.thread_priorities.is_some()),
+    ];
+    let wrong = |flags: &[(&'static str, bool)], target: bool, needs: &str| {
+        flags
+            .iter()
+            .find(|(_, given)| *given && !target)
+            .map(|(flag, _)| Failure::usage(format!("{flag} needs {needs}")))
+    };
+    match wrong(&for_url, a.url.is_some(), "--url URL")
+        .or_else(|| wrong(&for_data, a.data.is_some(), "--data DIR"))
+    {
+        Some(f) => Err(f),
+        None => Ok(()),
+    }
+}
+
 pub async fn run(a: BenchArgs) -> Result<(), Failure> {
     crate::serve::init_tracing("warn");
     if a.thread_priorities.is_some() {
@@ -155,11 +184,7 @@ pub async fn run(a: BenchArgs) -> Result<(), Failure> {
             "--thread-priorities is deprecated and ignored; it will be removed in the next release"
         );
     }
-    // clap's `requires` is met by any member of the `target` group
-    // (clap-rs/clap#4707): `--reference --url U` gets this far.
-    if a.reference.is_some() && a.data.is_none() {
-        return Err(Failure::usage("--reference needs --data DIR"));
-    }
+    check_target(&a)?;
     let duration = Duration::from_secs_f64(a.duration.max(0.1));
     if let Some(url) = &a.store {
         return postgres(url, &a, duration).await;
