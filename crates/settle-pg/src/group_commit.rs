@@ -49,7 +49,7 @@ use crate::doubt::{self, Commit};
 use crate::lock::principal_key;
 use crate::rows::{self, RecordRow};
 use crate::session::{Server, Token};
-use crate::sql::STALE;
+use crate::sql::{BATCH_WRITE_TYPES, STALE};
 use crate::state::{Conn, Inner, now_from, transient};
 
 /// Scheduler turns a worker waits at most for a batch to fill up.
@@ -670,11 +670,13 @@ async fn write_and_commit_batch(
 ) -> Result<(), PgError> {
     let (sql, c) = (&inner.sql, conn.client());
     let write_st = conn
-        .prepare(if w.tenant.len() == 1 {
-            &sql.batch_write_one
-        } else {
-            &sql.batch_write
-        })
+        .prepare_typed(
+            match w.op.as_slice() {
+                [op] => sql.batch_write_one.of(op),
+                _ => &sql.batch_write,
+            },
+            &BATCH_WRITE_TYPES,
+        )
         .await?;
     let expected = w.tenant.len() as i64;
     let insert_deadline = db_now + INSERT_WINDOW_MS;
@@ -751,9 +753,10 @@ async fn resolve_batch_commit(
 
 #[cfg(test)]
 mod tests {
-    //! The two write statements (`batch_write`, `batch_write_one`) against
-    //! a real schema: they must make exactly the same checks, since which
-    //! one runs depends only on the batch's size.
+    //! The write statements (`batch_write`, and `batch_write_one`'s one
+    //! per operation) against a real schema: they must make exactly the
+    //! same checks, since which one runs depends only on the batch's size
+    //! and its one operation.
     use super::*;
     use crate::{PgOptions, PgStore};
 
@@ -772,7 +775,7 @@ mod tests {
         v: Option<&str>,
         deadline: i64,
     ) -> Result<i64, tokio_postgres::Error> {
-        let st = c.prepare(sql).await?;
+        let st = c.prepare_typed(sql, &BATCH_WRITE_TYPES).await?;
         let token = Token::new(1);
         let token_bytes: &[u8] = &token.bytes;
         let (t, k, o) = (vec!["acme"], vec![key], vec![op]);
@@ -875,52 +878,77 @@ mod tests {
         let c: &tokio_postgres::Client = &conn;
         let now: i64 = c.query_one(sql.now.as_str(), &[]).await.unwrap().get(0);
         let open = now + 60_000;
-        for (name, text) in [("many", &sql.batch_write), ("one", &sql.batch_write_one)] {
+        // The statement a batch of many (or of one) runs for `op`.
+        fn statement<'a>(sql: &'a crate::sql::Sql, many: bool, op: &str) -> &'a str {
+            if many {
+                &sql.batch_write
+            } else {
+                sql.batch_write_one.of(op)
+            }
+        }
+        let one = |op| statement(sql, false, op);
+        for (name, many) in [("many", true), ("one", false)] {
+            let text = |op| statement(sql, many, op);
             let key = format!("k-{name}");
             // A new record: written, with its commit token.
             assert_eq!(
-                write(c, text, &key, "i", None, open).await.unwrap(),
+                write(c, text("i"), &key, "i", None, open).await.unwrap(),
                 1,
                 "{name}"
             );
             let v1 = xmin(c, &schema, &key).await.expect("inserted");
             // The key is taken: nothing written.
             assert!(
-                is_stale(write(c, text, &key, "i", None, open).await),
+                is_stale(write(c, text("i"), &key, "i", None, open).await),
                 "{name}"
             );
             // Past the insert window: nothing written.
             let late = format!("late-{name}");
             assert!(
-                is_stale(write(c, text, &late, "i", None, now - 1).await),
+                is_stale(write(c, text("i"), &late, "i", None, now - 1).await),
                 "{name}"
             );
             assert_eq!(xmin(c, &schema, &late).await, None, "{name}");
             // Compare-and-set: a stale xmin writes nothing, the current one writes.
             assert!(
-                is_stale(write(c, text, &key, "u", Some("1"), open).await),
+                is_stale(write(c, text("u"), &key, "u", Some("1"), open).await),
                 "{name}"
             );
             assert_eq!(xmin(c, &schema, &key).await.as_ref(), Some(&v1), "{name}");
             assert_eq!(
-                write(c, text, &key, "u", Some(&v1), open).await.unwrap(),
+                write(c, text("u"), &key, "u", Some(&v1), open)
+                    .await
+                    .unwrap(),
                 1,
                 "{name}"
             );
             let v2 = xmin(c, &schema, &key).await.expect("updated");
             assert_ne!(v1, v2, "{name}");
             assert!(
-                is_stale(write(c, text, &key, "d", Some(&v1), open).await),
+                is_stale(write(c, text("d"), &key, "d", Some(&v1), open).await),
                 "{name}"
             );
             assert_eq!(
-                write(c, text, &key, "d", Some(&v2), open).await.unwrap(),
+                write(c, text("d"), &key, "d", Some(&v2), open)
+                    .await
+                    .unwrap(),
                 1,
                 "{name}"
             );
             assert_eq!(xmin(c, &schema, &key).await, None, "{name}");
         }
-        // Every write that succeeded left its token, and only those: 2 × 3.
+        // A one-record statement run with another operation writes nothing.
+        let key = "k-wrong-op".to_string();
+        assert_eq!(write(c, one("i"), &key, "i", None, open).await.unwrap(), 1);
+        let v = xmin(c, &schema, &key).await.expect("inserted");
+        for (stmt, op) in [("u", "i"), ("u", "d"), ("d", "u"), ("i", "u")] {
+            assert!(
+                is_stale(write(c, one(stmt), &key, op, Some(&v), open).await),
+                "the {stmt} statement with op {op}"
+            );
+            assert_eq!(xmin(c, &schema, &key).await.as_ref(), Some(&v));
+        }
+        // Every write that succeeded left its token, and only those: 2 × 3 + 1.
         let tokens: i64 = c
             .query_one(
                 &format!("SELECT count(*) FROM \"{schema}\".settle_commits"),
@@ -929,7 +957,7 @@ mod tests {
             .await
             .unwrap()
             .get(0);
-        assert_eq!(tokens, 6);
+        assert_eq!(tokens, 7);
         drop(conn);
         store.close();
     }

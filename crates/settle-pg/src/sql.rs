@@ -89,9 +89,8 @@ pub struct Sql {
     pub batch_load: String,
     pub batch_write: String,
     /// `batch_write` for a batch of one record (each client alone, low
-    /// concurrency): the same parameters, read as `$n[1]` instead of
-    /// through `unnest` and a materialised row set.
-    pub batch_write_one: String,
+    /// concurrency), one statement per operation.
+    pub batch_write_one: OneWrite,
 }
 
 /// What every transaction runs under (see `PgOptions`), in milliseconds.
@@ -308,35 +307,104 @@ impl Sql {
                  FROM (SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins) \
                             + (SELECT count(*) FROM del) AS n, (SELECT count(*) FROM tok) AS t) x"
             ),
-            batch_write_one: format!(
-                "WITH upd AS (UPDATE {rec} AS r SET format = ($5::int2[])[1], \
-                       value = ($6::bytea[])[1], owner = ($7::text[])[1], \
-                       status = ($8::int2[])[1], reconcile = ($9::bool[])[1], \
-                       lease_expires_at = ($10::int8[])[1], \
-                       lease_generation = (($11::text[])[1])::numeric, \
-                       updated_at = ($12::int8[])[1], collect_at = ($13::int8[])[1], \
-                       receipt_at = ($14::int8[])[1], disputed = ($15::bool[])[1] \
-                     WHERE ($3::text[])[1] = 'u' AND r.tenant = ($1::text[])[1] \
-                       AND r.key = ($2::text[])[1] AND r.xmin::text = ($4::text[])[1] \
-                     RETURNING 1), \
-                 ins AS (INSERT INTO {rec} (tenant, key, format, value, owner, status, reconcile, \
-                       lease_expires_at, lease_generation, updated_at, collect_at, receipt_at, \
-                       disputed) \
-                     SELECT ($1::text[])[1], ($2::text[])[1], ($5::int2[])[1], \
-                       ($6::bytea[])[1], ($7::text[])[1], ($8::int2[])[1], ($9::bool[])[1], \
-                       ($10::int8[])[1], (($11::text[])[1])::numeric, ($12::int8[])[1], \
-                       ($13::int8[])[1], ($14::int8[])[1], ($15::bool[])[1] \
-                     WHERE ($3::text[])[1] = 'i' AND {NOW_MS} < $16 \
-                     ON CONFLICT DO NOTHING RETURNING 1), \
-                 del AS (DELETE FROM {rec} AS r WHERE ($3::text[])[1] = 'd' \
-                       AND r.tenant = ($1::text[])[1] AND r.key = ($2::text[])[1] \
-                       AND r.xmin::text = ($4::text[])[1] RETURNING 1), \
+            batch_write_one: OneWrite::new(&rec, &com),
+        }
+    }
+}
+
+/// The parameters' types of `batch_write` and every [`OneWrite`]
+/// statement, given at prepare time: a one-record statement leaves some
+/// of them unused, and PostgreSQL cannot infer the type of an unused one.
+pub const BATCH_WRITE_TYPES: [tokio_postgres::types::Type; 19] = {
+    use tokio_postgres::types::Type;
+    [
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::INT2_ARRAY,
+        Type::BYTEA_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::INT2_ARRAY,
+        Type::BOOL_ARRAY,
+        Type::INT8_ARRAY,
+        Type::TEXT_ARRAY,
+        Type::INT8_ARRAY,
+        Type::INT8_ARRAY,
+        Type::INT8_ARRAY,
+        Type::BOOL_ARRAY,
+        Type::INT8,
+        Type::INT8,
+        Type::INT8,
+        Type::BYTEA,
+    ]
+};
+
+/// The write of a batch of one record: `batch_write`'s parameters (arrays
+/// of one, read as `$n[1]` instead of through `unnest` and a materialised
+/// row set) and checks, one statement per operation. A statement with all
+/// three DML parts costs the executor's set-up of all three (each opens
+/// the table's five indexes) whichever runs: measured 0.17 ms against
+/// 0.10 ms for the insert alone.
+pub struct OneWrite {
+    pub insert: String,
+    pub update: String,
+    pub delete: String,
+}
+
+impl OneWrite {
+    fn new(rec: &str, com: &str) -> OneWrite {
+        // The same count check and commit token as `batch_write`: the
+        // statement fails (and the COMMIT after it rolls back) unless the
+        // row and the token were both written.
+        let tail = |part: &str| {
+            format!(
+                "WITH w AS ({part}), \
                  tok AS (INSERT INTO {com} (at, token) VALUES ($18, $19) RETURNING 1) \
                  SELECT CASE WHEN n = $17 AND t = 1 THEN n \
                         ELSE ('{STALE} ' || n || ' of ' || $17 || ' rows')::int8 END \
-                 FROM (SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins) \
-                            + (SELECT count(*) FROM del) AS n, (SELECT count(*) FROM tok) AS t) x"
-            ),
+                 FROM (SELECT (SELECT count(*) FROM w) AS n, (SELECT count(*) FROM tok) AS t) x"
+            )
+        };
+        OneWrite {
+            update: tail(&format!(
+                "UPDATE {rec} AS r SET format = ($5::int2[])[1], \
+                   value = ($6::bytea[])[1], owner = ($7::text[])[1], \
+                   status = ($8::int2[])[1], reconcile = ($9::bool[])[1], \
+                   lease_expires_at = ($10::int8[])[1], \
+                   lease_generation = (($11::text[])[1])::numeric, \
+                   updated_at = ($12::int8[])[1], collect_at = ($13::int8[])[1], \
+                   receipt_at = ($14::int8[])[1], disputed = ($15::bool[])[1] \
+                 WHERE ($3::text[])[1] = 'u' AND r.tenant = ($1::text[])[1] \
+                   AND r.key = ($2::text[])[1] AND r.xmin::text = ($4::text[])[1] \
+                 RETURNING 1"
+            )),
+            insert: tail(&format!(
+                "INSERT INTO {rec} (tenant, key, format, value, owner, status, reconcile, \
+                   lease_expires_at, lease_generation, updated_at, collect_at, receipt_at, \
+                   disputed) \
+                 SELECT ($1::text[])[1], ($2::text[])[1], ($5::int2[])[1], \
+                   ($6::bytea[])[1], ($7::text[])[1], ($8::int2[])[1], ($9::bool[])[1], \
+                   ($10::int8[])[1], (($11::text[])[1])::numeric, ($12::int8[])[1], \
+                   ($13::int8[])[1], ($14::int8[])[1], ($15::bool[])[1] \
+                 WHERE ($3::text[])[1] = 'i' AND {NOW_MS} < $16 \
+                 ON CONFLICT DO NOTHING RETURNING 1"
+            )),
+            delete: tail(&format!(
+                "DELETE FROM {rec} AS r WHERE ($3::text[])[1] = 'd' \
+                   AND r.tenant = ($1::text[])[1] AND r.key = ($2::text[])[1] \
+                   AND r.xmin::text = ($4::text[])[1] RETURNING 1"
+            )),
+        }
+    }
+
+    /// The statement for `op` (`i`, `u` or `d`, as `batch_write`'s `$3`).
+    pub fn of(&self, op: &str) -> &str {
+        match op {
+            "i" => &self.insert,
+            "u" => &self.update,
+            "d" => &self.delete,
+            other => unreachable!("batch write op {other:?}"),
         }
     }
 }

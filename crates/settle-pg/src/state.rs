@@ -126,6 +126,16 @@ impl Conn {
     pub(crate) async fn prepare(&self, sql: &str) -> Result<tokio_postgres::Statement, PgError> {
         Ok(self.within(self.obj().prepare_cached(sql)).await??)
     }
+    /// `prepare` with the parameters' types given.
+    pub(crate) async fn prepare_typed(
+        &self,
+        sql: &str,
+        types: &[tokio_postgres::types::Type],
+    ) -> Result<tokio_postgres::Statement, PgError> {
+        Ok(self
+            .within(self.obj().prepare_typed_cached(sql, types))
+            .await??)
+    }
     /// Marks the connection reusable (no transaction open).
     pub(crate) fn done(mut self) {
         self.clean = true;
