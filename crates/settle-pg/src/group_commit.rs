@@ -392,7 +392,13 @@ async fn load_batch(inner: &Inner, conn: &Conn, plan: &BatchPlan) -> Result<Batc
     let (sql, c) = (&inner.sql, conn.client());
     let settings_st = conn.prepare(&sql.settings).await?;
     let lock_st = conn.prepare(&sql.lock_principals).await?;
-    let load_st = conn.prepare(&sql.batch_load).await?;
+    let load_st = conn
+        .prepare(if plan.ids.len() == 1 && plan.pr_t.len() == 1 {
+            &sql.batch_load_one
+        } else {
+            &sql.batch_load
+        })
+        .await?;
     // Shared locks only, taken in array (= key) order.
     let shared = vec![false; plan.lock_keys.len()];
     let load_params: [&(dyn ToSql + Sync); 5] =
@@ -856,23 +862,92 @@ mod tests {
         r.as_ref().is_err_and(stale)
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn both_write_statements_check_the_same_things() {
+    /// A fresh store in its own schema, dropped at the end of the test.
+    async fn scratch(tag: &str) -> (PgStore, DropSchema) {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .subsec_nanos();
-        let schema = format!("t_gcw_{}_{nanos}", std::process::id());
-        let _drop = DropSchema(schema.clone());
+        let schema = format!("t_{tag}_{}_{nanos}", std::process::id());
+        let drop = DropSchema(schema.clone());
         let store = PgStore::connect(
             &url(),
             PgOptions {
-                schema: schema.clone(),
+                schema,
                 ..PgOptions::default()
             },
         )
         .await
         .expect("a PostgreSQL server (SETTLE_TEST_PG_URL)");
+        (store, drop)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_load_statements_read_the_same_things() {
+        let (store, guard) = scratch("gcl").await;
+        let schema = guard.0.clone();
+        let sql = &store.inner.sql;
+        let conn = store.inner.pool.get().await.unwrap();
+        let c: &tokio_postgres::Client = &conn;
+        c.batch_execute(&format!(
+            "INSERT INTO \"{schema}\".settle_principals VALUES ('acme', 'alice', 3, 5, '\\x0102'); \
+             INSERT INTO \"{schema}\".settle_records (tenant, key, format, value) \
+               VALUES ('acme', 'k', 2, '\\x010203'), ('acme', 'other', 2, '\\x04')"
+        ))
+        .await
+        .unwrap();
+        let many = c.prepare(&sql.batch_load).await.unwrap();
+        let one = c.prepare(&sql.batch_load_one).await.unwrap();
+        // Everything but the clock and the fences' values (each read takes new ones).
+        let read =
+            async |st: &tokio_postgres::Statement, key: &str, principal: &str, fences: i32| {
+                let (t, k, p) = (vec!["acme"], vec![key], vec![principal]);
+                let params: [&(dyn ToSql + Sync); 5] = [&t, &k, &fences, &t, &p];
+                let rows = c.query(st, &params).await.unwrap();
+                rows.iter()
+                    .map(|r| {
+                        let fences: Vec<i64> = r.get(2);
+                        format!(
+                            "{:?} {} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+                            r.get::<_, String>(1),
+                            fences.len(),
+                            r.get::<_, Option<Vec<String>>>(3),
+                            r.get::<_, Option<Vec<String>>>(4),
+                            r.get::<_, Option<Vec<Option<String>>>>(5),
+                            r.get::<_, Option<Vec<Option<i64>>>>(6),
+                            r.get::<_, Option<String>>(7),
+                            r.get::<_, Option<String>>(8),
+                            r.get::<_, Option<i16>>(9),
+                            r.get::<_, Option<Vec<u8>>>(10),
+                            r.get::<_, Option<String>>(11),
+                            r.get::<_, Option<Vec<Option<Vec<u8>>>>>(12),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            };
+        for (key, principal, fences) in [
+            ("k", "alice", 1),
+            ("k", "bob", 0),
+            ("absent", "alice", 2),
+            ("absent", "bob", 1),
+        ] {
+            let a = read(&many, key, principal, fences).await;
+            let b = read(&one, key, principal, fences).await;
+            assert_eq!(a.len(), 1, "{key} {principal}: one row");
+            assert_eq!(a, b, "{key} {principal}");
+            // The rows say what is there (so that equal means something).
+            assert_eq!(a[0].contains("\"alice\""), principal == "alice", "{}", a[0]);
+            assert_eq!(a[0].contains("[1, 2, 3]"), key == "k", "{}", a[0]);
+            assert!(!a[0].contains("[4]"), "{}", a[0]);
+        }
+        drop(conn);
+        store.close();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_write_statements_check_the_same_things() {
+        let (store, guard) = scratch("gcw").await;
+        let schema = guard.0.clone();
         let sql = &store.inner.sql;
         let conn = store.inner.pool.get().await.unwrap();
         let c: &tokio_postgres::Client = &conn;

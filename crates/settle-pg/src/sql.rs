@@ -87,6 +87,10 @@ pub struct Sql {
     pub scan: String,
     // Group commit: the same steps for many commands at once.
     pub batch_load: String,
+    /// `batch_load` for one record and one principal (each client alone):
+    /// the same parameters and rows, matched as `$n[1]` instead of through
+    /// `unnest` (about 0.05 ms less of planning and execution a batch).
+    pub batch_load_one: String,
     pub batch_write: String,
     /// `batch_write` for a batch of one record (each client alone, low
     /// concurrency), one statement per operation.
@@ -252,22 +256,19 @@ impl Sql {
                  LEFT JOIN {pri} p ON p.tenant = $1 AND p.principal = r.owner \
                  ORDER BY r.key"
             ),
-            // Group commit reads without row locks (one snapshot, taken
-            // after the principal locks) and validates at write time: each
-            // row is written only if its xmin is still the one read.
-            batch_load: format!(
-                "SELECT c.now_ms, c.durability, c.fences, p.pt, p.pn, p.pg, p.pm, \
-                        r.tenant, r.key, r.format, r.value, r.xmin::text, p.pv \
-                 FROM (SELECT {NOW_MS} AS now_ms, {DURABILITY} AS durability, \
-                       ARRAY(SELECT nextval('{s}.settle_fence') \
-                             FROM generate_series(1, $3::int4)) AS fences OFFSET 0) c \
-                 CROSS JOIN (SELECT array_agg(tenant) AS pt, array_agg(principal) AS pn, \
-                                    array_agg(generation::text) AS pg, array_agg(moved_at) AS pm, \
-                                    array_agg(moves) AS pv \
-                             FROM {pri} WHERE (tenant, principal) IN \
-                               (SELECT t, n FROM unnest($4::text[], $5::text[]) AS u(t, n))) p \
-                 LEFT JOIN {rec} r ON (r.tenant, r.key) IN \
-                     (SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k))"
+            batch_load: batch_load(
+                &s,
+                &rec,
+                &pri,
+                "(tenant, principal) IN (SELECT t, n FROM unnest($4::text[], $5::text[]) AS u(t, n))",
+                "(r.tenant, r.key) IN (SELECT t, k FROM unnest($1::text[], $2::text[]) AS u(t, k))",
+            ),
+            batch_load_one: batch_load(
+                &s,
+                &rec,
+                &pri,
+                "tenant = ($4::text[])[1] AND principal = ($5::text[])[1]",
+                "r.tenant = ($1::text[])[1] AND r.key = ($2::text[])[1]",
             ),
             // All of a batch's writes in one statement: updates and deletes
             // compare-and-set on xmin; inserts of new records must not
@@ -310,6 +311,27 @@ impl Sql {
             batch_write_one: OneWrite::new(&rec, &com),
         }
     }
+}
+
+/// The group commit's read: the clock, the durability settings, `$3`
+/// fences, the principal rows matching `principals` (aggregated: one row
+/// whatever their number) and the records matching `records` (one row
+/// each, or one row of NULLs). Group commit reads without row locks (one
+/// snapshot, taken after the principal locks) and validates at write time:
+/// each row is written only if its xmin is still the one read.
+fn batch_load(s: &str, rec: &str, pri: &str, principals: &str, records: &str) -> String {
+    format!(
+        "SELECT c.now_ms, c.durability, c.fences, p.pt, p.pn, p.pg, p.pm, \
+                r.tenant, r.key, r.format, r.value, r.xmin::text, p.pv \
+         FROM (SELECT {NOW_MS} AS now_ms, {DURABILITY} AS durability, \
+               ARRAY(SELECT nextval('{s}.settle_fence') \
+                     FROM generate_series(1, $3::int4)) AS fences OFFSET 0) c \
+         CROSS JOIN (SELECT array_agg(tenant) AS pt, array_agg(principal) AS pn, \
+                            array_agg(generation::text) AS pg, array_agg(moved_at) AS pm, \
+                            array_agg(moves) AS pv \
+                     FROM {pri} WHERE {principals}) p \
+         LEFT JOIN {rec} r ON {records}"
+    )
 }
 
 /// The parameters' types of `batch_write` and every [`OneWrite`]
