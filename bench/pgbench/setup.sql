@@ -1,13 +1,9 @@
--- Scratch tables for bench/pg-bound: the raw protocol's (as
--- bench/pg-baseline-setup.sql) and settle's own (as the store's migrations
--- create them: the records with their sweep, stats and dispute indexes,
--- the principals, the commit tokens), in schema :"s".
+-- settle's tables for bench/pg-bound, as the store's migrations create
+-- them (crates/settle-pg/src/schema.rs: the records with their sweep,
+-- stats and dispute indexes, the principals, the commit tokens), in
+-- schema :"s". The raw protocol's tables are bench/pg-baseline-setup.sql's.
 CREATE SCHEMA :"s";
 SET search_path = :"s";
-CREATE SEQUENCE fence CACHE 1;
-CREATE TABLE ops (tenant text NOT NULL, key text NOT NULL, fence bigint NOT NULL,
-    status smallint NOT NULL DEFAULT 0, result text, response_sha256 bytea,
-    PRIMARY KEY (tenant, key));
 CREATE SEQUENCE settle_fence AS bigint START 1 CACHE 1 NO CYCLE;
 CREATE TABLE settle_records (tenant text NOT NULL, key text NOT NULL, format smallint,
     value bytea, owner text, status smallint, reconcile boolean, lease_expires_at bigint,
