@@ -278,8 +278,10 @@ impl Sql {
             // Anything less than every row fails the statement, so the
             // COMMIT after it is a rollback. The batch's commit token is
             // written by the same statement (one message fewer per batch).
-            batch_write: format!(
-                "WITH w AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], \
+            batch_write: with_token(
+                &com,
+                &format!(
+                    "w AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], \
                        $4::text[], $5::int2[], $6::bytea[], $7::text[], $8::int2[], $9::bool[], \
                        $10::int8[], $11::text[], $12::int8[], $13::int8[], $14::int8[], \
                        $15::bool[]) \
@@ -293,24 +295,38 @@ impl Sql {
                        collect_at = w.collect_at, receipt_at = w.receipt_at, disputed = w.disputed \
                      FROM w WHERE w.op = 'u' AND r.tenant = w.tenant AND r.key = w.key \
                        AND r.xmin::text = w.v RETURNING 1), \
-                 ins AS (INSERT INTO {rec} (tenant, key, format, value, owner, status, reconcile, \
-                       lease_expires_at, lease_generation, updated_at, collect_at, receipt_at, \
-                       disputed) \
+                 ins AS (INSERT INTO {rec} ({RECORD_COLUMNS}) \
                      SELECT tenant, key, format, value, owner, status, reconcile, lease_expires_at, \
                        lease_generation::numeric, updated_at, collect_at, receipt_at, disputed \
                      FROM w WHERE op = 'i' AND {NOW_MS} < $16 \
                      ON CONFLICT DO NOTHING RETURNING 1), \
                  del AS (DELETE FROM {rec} AS r USING w WHERE w.op = 'd' AND r.tenant = w.tenant \
-                       AND r.key = w.key AND r.xmin::text = w.v RETURNING 1), \
-                 tok AS (INSERT INTO {com} (at, token) VALUES ($18, $19) RETURNING 1) \
-                 SELECT CASE WHEN n = $17 AND t = 1 THEN n \
-                        ELSE ('{STALE} ' || n || ' of ' || $17 || ' rows')::int8 END \
-                 FROM (SELECT (SELECT count(*) FROM upd) + (SELECT count(*) FROM ins) \
-                            + (SELECT count(*) FROM del) AS n, (SELECT count(*) FROM tok) AS t) x"
+                       AND r.key = w.key AND r.xmin::text = w.v RETURNING 1)"
+                ),
+                "(SELECT count(*) FROM upd) + (SELECT count(*) FROM ins) \
+                 + (SELECT count(*) FROM del)",
             ),
             batch_write_one: OneWrite::new(&rec, &com),
         }
     }
+}
+
+/// The columns of a record row, in the order the write statements insert them.
+const RECORD_COLUMNS: &str = "tenant, key, format, value, owner, status, reconcile, \
+     lease_expires_at, lease_generation, updated_at, collect_at, receipt_at, disputed";
+
+/// A batch write statement: the common table expressions `ctes` that write
+/// the rows, then the batch's commit token, then the check — `rows` (the
+/// rows written) must be `$17` and the token written, or the statement
+/// fails with [`STALE`] and the COMMIT after it rolls back.
+fn with_token(com: &str, ctes: &str, rows: &str) -> String {
+    format!(
+        "WITH {ctes}, \
+         tok AS (INSERT INTO {com} (at, token) VALUES ($18, $19) RETURNING 1) \
+         SELECT CASE WHEN n = $17 AND t = 1 THEN n \
+                ELSE ('{STALE} ' || n || ' of ' || $17 || ' rows')::int8 END \
+         FROM (SELECT {rows} AS n, (SELECT count(*) FROM tok) AS t) x"
+    )
 }
 
 /// The group commit's read: the clock, the durability settings, `$3`
@@ -376,18 +392,8 @@ pub struct OneWrite {
 
 impl OneWrite {
     fn new(rec: &str, com: &str) -> OneWrite {
-        // The same count check and commit token as `batch_write`: the
-        // statement fails (and the COMMIT after it rolls back) unless the
-        // row and the token were both written.
-        let tail = |part: &str| {
-            format!(
-                "WITH w AS ({part}), \
-                 tok AS (INSERT INTO {com} (at, token) VALUES ($18, $19) RETURNING 1) \
-                 SELECT CASE WHEN n = $17 AND t = 1 THEN n \
-                        ELSE ('{STALE} ' || n || ' of ' || $17 || ' rows')::int8 END \
-                 FROM (SELECT (SELECT count(*) FROM w) AS n, (SELECT count(*) FROM tok) AS t) x"
-            )
-        };
+        let tail =
+            |part: &str| with_token(com, &format!("w AS ({part})"), "(SELECT count(*) FROM w)");
         OneWrite {
             update: tail(&format!(
                 "UPDATE {rec} AS r SET format = ($5::int2[])[1], \
@@ -402,9 +408,7 @@ impl OneWrite {
                  RETURNING 1"
             )),
             insert: tail(&format!(
-                "INSERT INTO {rec} (tenant, key, format, value, owner, status, reconcile, \
-                   lease_expires_at, lease_generation, updated_at, collect_at, receipt_at, \
-                   disputed) \
+                "INSERT INTO {rec} ({RECORD_COLUMNS}) \
                  SELECT ($1::text[])[1], ($2::text[])[1], ($5::int2[])[1], \
                    ($6::bytea[])[1], ($7::text[])[1], ($8::int2[])[1], ($9::bool[])[1], \
                    ($10::int8[])[1], (($11::text[])[1])::numeric, ($12::int8[])[1], \
