@@ -155,6 +155,16 @@ pub async fn execute(inner: &Inner, tenant: &TenantId, cmd: &Command) -> Result<
     if let Err(e) = cmd.validate(&inner.limits) {
         return Ok(Reply::Invalid(e));
     }
+    let r = execute_valid(inner, tenant, cmd).await;
+    // The record may have changed: the one-round-trip path must not
+    // send a write bound to fail its check.
+    if let settle_core::Target::Record(key) = cmd.target() {
+        inner.known.forget([&(tenant.clone(), key.clone())]);
+    }
+    r
+}
+
+async fn execute_valid(inner: &Inner, tenant: &TenantId, cmd: &Command) -> Result<Reply, PgError> {
     let mut plan = LockPlan::new(cmd);
     let mut retries = 0;
     let mut relocks = 0;

@@ -46,10 +46,11 @@ use crate::PgError;
 use crate::codec::principal_state;
 use crate::command;
 use crate::doubt::{self, Commit};
+use crate::known::PrincipalRow;
 use crate::lock::principal_key;
 use crate::rows::{self, RecordRow};
 use crate::session::{Server, Token};
-use crate::sql::{BATCH_WRITE_TYPES, STALE};
+use crate::sql::{BATCH_WRITE_TYPES, STALE, WARM_WRITE_TYPES};
 use crate::state::{Conn, Inner, now_from, transient};
 
 /// Scheduler turns a worker waits at most for a batch to fill up.
@@ -286,13 +287,16 @@ impl Abort {
 /// commit (round trip 2), resolve in doubt. Returns each command's fate.
 async fn batch_transaction(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, PgError> {
     let plan = BatchPlan::of(inner, items);
+    if let Some(done) = warm_batch(inner, items, &plan).await {
+        return done;
+    }
     let conn = Conn::get(&inner.pool, inner.client_timeout).await?;
     let seen = inner.seen.get();
     let mut load = match load_batch(inner, &conn, &plan).await {
         Ok(l) => l,
         Err(abort) => return Err(abort.finish(conn, inner).await),
     };
-    let (fates, changed) = decide_batch(inner, items, &mut load);
+    let (fates, changed, _) = decide_batch(inner, items, &mut load);
     let writes = match BatchWrites::of(&changed, &load) {
         Ok(w) => w,
         Err(e) => return Err(Abort::from(e).finish(conn, inner).await),
@@ -302,8 +306,179 @@ async fn batch_transaction(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, P
         conn.rollback(&inner.sql).await;
         return Ok(fates);
     }
-    write_and_commit_batch(inner, conn, &writes, load.db_now, seen.as_ref()).await?;
+    let committed = write_and_commit_batch(
+        inner,
+        conn,
+        &writes,
+        Stamps::read(load.db_now),
+        seen.as_ref(),
+        None,
+    )
+    .await;
+    remember(inner, committed.as_ref().ok(), &changed, &load);
+    committed?;
     Ok(fates)
+}
+
+/// Tells [`Known`](crate::known::Known) what a batch's commit left: its
+/// records as written at `xmin` (an answered COMMIT), or nothing known of
+/// them (an error, or a commit resolved in doubt: its `xmin` is not known).
+fn remember(inner: &Inner, xmin: Option<&Option<String>>, changed: &[Id], load: &BatchLoad) {
+    match xmin {
+        Some(Some(x)) => inner.known.committed(
+            x,
+            changed.iter().map(|id| {
+                let after = match load.state.get(id) {
+                    Some(Ok(r)) => r.clone(),
+                    _ => None,
+                };
+                (id.clone(), after)
+            }),
+        ),
+        _ => inner.known.forget(changed),
+    }
+}
+
+/// The one-round-trip path: a batch whose every record, principal, clock
+/// and fence this process knows (`known.rs`) is decided on that, and sent
+/// as `BEGIN`, the settings, the principals' shared locks, one write that
+/// checks everything it was decided on (records by `xmin`, a new key
+/// free and inside the insert window of its fence's draw, principal rows
+/// as known, the clock estimate not ahead, the settings in force) and
+/// `COMMIT`, pipelined. `None`: not taken, or a check failed (nothing was
+/// written): the two-round-trip path runs. Taken only when every command
+/// changes its record: an answer without a write (a replay, a refusal, an
+/// in-flight answer) must come from a read.
+async fn warm_batch(
+    inner: &Inner,
+    items: &[Item],
+    plan: &BatchPlan,
+) -> Option<Result<Vec<Fate>, PgError>> {
+    let known = &inner.known;
+    if !known.is_on() {
+        return None;
+    }
+    {
+        // Keys known not to decode are refused by the read path only.
+        let undecodable = inner.undecodable();
+        if plan.ids.iter().any(|id| undecodable.contains(id)) {
+            return None;
+        }
+    }
+    let settled: Vec<&Id> = items
+        .iter()
+        .filter(|it| !matches!(it.cmd, Command::Claim(_)))
+        .map(|it| (&it.tenant, record_key(&it.cmd)))
+        .filter_map(|(t, k)| plan.ids.iter().find(|(a, b)| a == t && b == k))
+        .collect();
+    let principals: Vec<(String, String)> = plan
+        .pr_t
+        .iter()
+        .cloned()
+        .zip(plan.pr_n.iter().cloned())
+        .collect();
+    let warm = known.warm(
+        plan.ids.iter().map(|id| (id, settled.contains(&id))),
+        &principals,
+        plan.claims as usize,
+    )?;
+    let now = now_from(inner, warm.db_ms);
+    // Never decided at a time before what it decides on.
+    let behind = warm
+        .records
+        .values()
+        .any(|(r, _)| r.as_ref().is_some_and(|r| r.updated_at > now))
+        || warm.principals.values().any(|p| p.state.moved_at > now);
+    let mut load = BatchLoad {
+        db_now: warm.db_ms,
+        fences: warm.fences.into_iter(),
+        gens: warm
+            .principals
+            .iter()
+            .map(|(id, p)| (id.clone(), p.state))
+            .collect(),
+        state: HashMap::new(),
+        read_at: HashMap::new(),
+        principal_rows: HashMap::new(),
+    };
+    for (id, (r, x)) in warm.records {
+        if let Some(x) = x {
+            load.read_at.insert(id.clone(), x);
+        }
+        load.state.insert(id, Ok(r));
+    }
+    let (fates, changed, all_changed) = decide_batch(inner, items, &mut load);
+    let writes = match BatchWrites::of(&changed, &load) {
+        Ok(w) if !behind && all_changed && !w.tenant.is_empty() => w,
+        // An answer that writes nothing is given from a read.
+        _ => return None,
+    };
+    let rows: Vec<&PrincipalRow> = principals.iter().map(|p| &warm.principals[p]).collect();
+    let checks = WarmChecks {
+        plan,
+        generation: rows.iter().map(|r| r.generation.clone()).collect(),
+        moved_at: rows.iter().map(|r| r.moved_at).collect(),
+        moves: rows.iter().map(|r| r.moves.clone()).collect(),
+        db_ms: warm.db_ms,
+        fences_last: warm.fences_last.map(|f| f.0 as i64),
+    };
+    let conn = match Conn::get(&inner.pool, inner.client_timeout).await {
+        Ok(c) => c,
+        Err(e) => return Some(Err(e)),
+    };
+    let seen = inner.seen.get();
+    let stamps = Stamps {
+        token_at: warm.db_ms,
+        insert_from: warm.fences_db_ms,
+    };
+    let committed =
+        write_and_commit_batch(inner, conn, &writes, stamps, seen.as_ref(), Some(&checks)).await;
+    match committed {
+        Ok(x) => {
+            known.count(true);
+            remember(inner, Some(&x), &changed, &load);
+            Some(Ok(fates))
+        }
+        Err(PgError::Raced(_)) => {
+            known.count(false);
+            known.stale(&plan.ids, &principals);
+            None
+        }
+        Err(e) => {
+            known.forget(&plan.ids);
+            Some(Err(e))
+        }
+    }
+}
+
+/// The database times a batch's write is stamped with: its commit token's
+/// (the clock as read, or as estimated), and the start of its insert
+/// window (when its fences were drawn).
+struct Stamps {
+    token_at: i64,
+    insert_from: i64,
+}
+
+impl Stamps {
+    /// Both from the batch's own read.
+    fn read(db_now: i64) -> Stamps {
+        Stamps {
+            token_at: db_now,
+            insert_from: db_now,
+        }
+    }
+}
+
+/// What the one-round-trip write also sends: the batch's locks (taken in
+/// the same round trip) and the principal rows it was decided on, with
+/// its clock estimate (checked by `sql::warm_check`).
+struct WarmChecks<'a> {
+    plan: &'a BatchPlan,
+    generation: Vec<Option<String>>,
+    moved_at: Vec<Option<i64>>,
+    moves: Vec<Option<Vec<u8>>>,
+    db_ms: i64,
+    fences_last: Option<i64>,
 }
 
 /// Phase 1: what a batch locks (the binding principals, shared, in key
@@ -381,6 +556,33 @@ struct BatchLoad {
     state: HashMap<Id, Result<Option<Record>, PgError>>,
     /// The `xmin` each stored record was read at.
     read_at: HashMap<Id, String>,
+    /// The principal rows as read (the one-round-trip path checks them as
+    /// they are; a principal without a row is absent here).
+    principal_rows: HashMap<(String, String), PrincipalRow>,
+}
+
+impl BatchLoad {
+    /// Every principal the batch locked, as read: its row, or no row.
+    fn principal_rows(&self, plan: &BatchPlan) -> Vec<((String, String), PrincipalRow)> {
+        plan.pr_t
+            .iter()
+            .zip(&plan.pr_n)
+            .map(|(t, n)| {
+                let id = (t.clone(), n.clone());
+                let row = self
+                    .principal_rows
+                    .get(&id)
+                    .cloned()
+                    .unwrap_or(PrincipalRow {
+                        generation: None,
+                        moved_at: None,
+                        moves: None,
+                        state: PrincipalState::default(),
+                    });
+                (id, row)
+            })
+            .collect()
+    }
 }
 
 /// Phase 2, round trip 1: `BEGIN`, the transaction's settings, the
@@ -401,8 +603,11 @@ async fn load_batch(inner: &Inner, conn: &Conn, plan: &BatchPlan) -> Result<Batc
         .await?;
     // Shared locks only, taken in array (= key) order.
     let shared = vec![false; plan.lock_keys.len()];
+    // A block of fences beyond the batch's own, for the one-round-trip path.
+    let draw = plan.claims + inner.known.fences_wanted(plan.claims);
     let load_params: [&(dyn ToSql + Sync); 5] =
-        [&plan.id_t, &plan.id_k, &plan.claims, &plan.pr_t, &plan.pr_n];
+        [&plan.id_t, &plan.id_k, &draw, &plan.pr_t, &plan.pr_n];
+    let sent = Instant::now();
     let no_params: [&(dyn ToSql + Sync); 0] = [];
     let lock_params: [&(dyn ToSql + Sync); 2] = [&plan.lock_keys, &shared];
     // Past the deadline nothing has committed: the connection is dropped.
@@ -421,21 +626,47 @@ async fn load_batch(inner: &Inner, conn: &Conn, plan: &BatchPlan) -> Result<Batc
         Err(e) if e.as_db_error().is_some() => return Err(Abort::rollback(e.into())),
         Err(e) => return Err(Abort::from(PgError::from(e))),
     };
-    read_batch(inner, &plan.ids, &rows)
+    let answered = Instant::now();
+    let (load, extra) = read_batch(inner, plan, &rows)?;
+    inner.known.loaded(
+        load.db_now,
+        sent,
+        answered,
+        extra,
+        load.principal_rows(plan),
+        plan.ids.iter().filter_map(|id| match load.state.get(id) {
+            Some(Ok(Some(r))) => load
+                .read_at
+                .get(id)
+                .map(|x| (id.clone(), Some((r.clone(), x.clone())))),
+            Some(Ok(None)) => Some((id.clone(), None)),
+            _ => None,
+        }),
+    );
+    Ok(load)
 }
 
 /// Checks the durability settings read inside the transaction and decodes
 /// the load: clock, fences and principals from the first row, one record
 /// per row.
-fn read_batch(inner: &Inner, ids: &[Id], rows: &[tokio_postgres::Row]) -> Result<BatchLoad, Abort> {
+/// Returns the fences drawn beyond the batch's claims apart.
+fn read_batch(
+    inner: &Inner,
+    plan: &BatchPlan,
+    rows: &[tokio_postgres::Row],
+) -> Result<(BatchLoad, Vec<Fence>), Abort> {
+    let ids = &plan.ids;
     let first = rows
         .first()
         .ok_or_else(|| PgError::Corrupt("the load returned no row".into()))?;
     let db_now = rows::loaded_clock(first).map_err(Abort::rollback)?;
     let mut fences: Vec<i64> = first.get(2);
     fences.sort_unstable();
-    let fences: Vec<Fence> = fences.into_iter().map(|f| Fence(f as u64)).collect();
+    let mut fences: Vec<Fence> = fences.into_iter().map(|f| Fence(f as u64)).collect();
+    // The lowest go to the batch's claims.
+    let extra = fences.split_off((plan.claims as usize).min(fences.len()));
     let mut gens = HashMap::new();
+    let mut raw = HashMap::new();
     let pt: Vec<String> = first.get::<_, Option<Vec<String>>>(3).unwrap_or_default();
     let pn: Vec<String> = first.get::<_, Option<Vec<String>>>(4).unwrap_or_default();
     let pg: Vec<Option<String>> = first.get::<_, Option<_>>(5).unwrap_or_default();
@@ -443,7 +674,17 @@ fn read_batch(inner: &Inner, ids: &[Id], rows: &[tokio_postgres::Row]) -> Result
     let pv: Vec<Option<Vec<u8>>> = first.get::<_, Option<_>>(12).unwrap_or_default();
     let pv = pv.into_iter().chain(std::iter::repeat(None));
     for ((((t, p), g), m), v) in pt.into_iter().zip(pn).zip(pg).zip(pm).zip(pv) {
-        gens.insert((t, p), principal_state(g, m, v)?);
+        let state = principal_state(g.clone(), m, v.clone())?;
+        gens.insert((t.clone(), p.clone()), state);
+        raw.insert(
+            (t, p),
+            PrincipalRow {
+                generation: g,
+                moved_at: m,
+                moves: v,
+                state,
+            },
+        );
     }
     let mut state = HashMap::new();
     let mut read_at = HashMap::new();
@@ -463,13 +704,17 @@ fn read_batch(inner: &Inner, ids: &[Id], rows: &[tokio_postgres::Row]) -> Result
     for id in ids {
         state.entry(id.clone()).or_insert(Ok(None));
     }
-    Ok(BatchLoad {
-        db_now,
-        fences: fences.into_iter(),
-        gens,
-        state,
-        read_at,
-    })
+    Ok((
+        BatchLoad {
+            db_now,
+            fences: fences.into_iter(),
+            gens,
+            state,
+            read_at,
+            principal_rows: raw,
+        },
+        extra,
+    ))
 }
 
 /// What the core decided for one command of a batch.
@@ -489,14 +734,19 @@ enum Decided {
 /// Phase 3: the core, applied to the commands in arrival order, each
 /// seeing the state the previous ones left. Returns each command's fate
 /// and the records that changed.
-fn decide_batch(inner: &Inner, items: &[Item], load: &mut BatchLoad) -> (Vec<Fate>, Vec<Id>) {
+/// The third: whether every command was applied and changed its record.
+fn decide_batch(inner: &Inner, items: &[Item], load: &mut BatchLoad) -> (Vec<Fate>, Vec<Id>, bool) {
     let now = now_from(inner, load.db_now);
     let mut fates = Vec::with_capacity(items.len());
     let mut changed: Vec<Id> = Vec::new();
+    let mut all_changed = true;
     let mut next = load.fences.next();
     for it in items {
         match decide_one(inner, it, load, now, next) {
-            Decided::Fate(f) => fates.push(f),
+            Decided::Fate(f) => {
+                all_changed = false;
+                fates.push(f);
+            }
             Decided::Applied {
                 reply,
                 fence_used,
@@ -505,18 +755,21 @@ fn decide_batch(inner: &Inner, items: &[Item], load: &mut BatchLoad) -> (Vec<Fat
                 if fence_used {
                     next = load.fences.next();
                 }
-                if let Some(record) = after {
-                    let id = (it.tenant.clone(), record_key(&it.cmd).clone());
-                    load.state.insert(id.clone(), Ok(record));
-                    if !changed.contains(&id) {
-                        changed.push(id);
+                match after {
+                    Some(record) => {
+                        let id = (it.tenant.clone(), record_key(&it.cmd).clone());
+                        load.state.insert(id.clone(), Ok(record));
+                        if !changed.contains(&id) {
+                            changed.push(id);
+                        }
                     }
+                    None => all_changed = false,
                 }
                 fates.push(Fate::Reply(reply));
             }
         }
     }
-    (fates, changed)
+    (fates, changed, all_changed)
 }
 
 /// One command of a batch, with `next` the fence a claim would get.
@@ -666,32 +919,35 @@ impl BatchWrites {
 }
 
 /// Phase 4, round trip 2: every changed record and the batch's commit
-/// token in one statement, then `COMMIT`, pipelined; then phase 5.
+/// token in one statement, then `COMMIT`, pipelined; then phase 5. On the
+/// one-round-trip path (`warm`), `BEGIN`, the settings and the locks go
+/// first in the same round trip, and the statement checks what the batch
+/// was decided on. Returns the transaction's id as its rows' `xmin` when
+/// the COMMIT was answered (`None`: resolved committed in doubt).
 async fn write_and_commit_batch(
     inner: &Inner,
     conn: Conn,
     w: &BatchWrites,
-    db_now: i64,
+    stamps: Stamps,
     seen: Option<&Server>,
-) -> Result<(), PgError> {
+    warm: Option<&WarmChecks<'_>>,
+) -> Result<Option<String>, PgError> {
     let (sql, c) = (&inner.sql, conn.client());
-    let write_st = conn
-        .prepare_typed(
-            match w.op.as_slice() {
-                [op] => sql.batch_write_one.of(op),
-                _ => &sql.batch_write,
-            },
-            &BATCH_WRITE_TYPES,
-        )
-        .await?;
+    let write_st = match (warm, w.op.as_slice()) {
+        (None, [op]) => conn.prepare_typed(sql.batch_write_one.of(op), &BATCH_WRITE_TYPES),
+        (None, _) => conn.prepare_typed(&sql.batch_write, &BATCH_WRITE_TYPES),
+        (Some(_), [op]) => conn.prepare_typed(sql.warm_write_one.of(op), &WARM_WRITE_TYPES),
+        (Some(_), _) => conn.prepare_typed(&sql.warm_write, &WARM_WRITE_TYPES),
+    }
+    .await?;
     let expected = w.tenant.len() as i64;
-    let insert_deadline = db_now + INSERT_WINDOW_MS;
+    let insert_deadline = stamps.insert_from + INSERT_WINDOW_MS;
     // The batch's commit token, written by the same statement as the rows:
     // after a lost COMMIT answer its presence (never the transaction id)
     // says whether the batch committed.
-    let token = Token::new(db_now);
+    let token = Token::new(stamps.token_at);
     let token_bytes: &[u8] = &token.bytes;
-    let write_params: [&(dyn ToSql + Sync); 19] = [
+    let mut write_params: Vec<&(dyn ToSql + Sync)> = vec![
         &w.tenant,
         &w.key,
         &w.op,
@@ -712,14 +968,47 @@ async fn write_and_commit_batch(
         &token.at,
         &token_bytes,
     ];
-    let r = conn
-        .within(async {
-            futures::join!(
-                c.query_one(&write_st, &write_params),
-                c.batch_execute(sql.commit)
-            )
-        })
-        .await;
+    let r = match warm {
+        None => {
+            conn.within(async {
+                futures::join!(
+                    c.query_one(&write_st, &write_params),
+                    c.batch_execute(sql.commit)
+                )
+            })
+            .await
+        }
+        Some(k) => {
+            write_params.extend([
+                &k.plan.pr_t as &(dyn ToSql + Sync),
+                &k.plan.pr_n,
+                &k.generation,
+                &k.moved_at,
+                &k.moves,
+                &k.db_ms,
+                &k.fences_last,
+            ]);
+            let settings_st = conn.prepare(&sql.settings).await?;
+            let lock_st = conn.prepare(&sql.lock_principals).await?;
+            let shared = vec![false; k.plan.lock_keys.len()];
+            let no_params: [&(dyn ToSql + Sync); 0] = [];
+            let lock_params: [&(dyn ToSql + Sync); 2] = [&k.plan.lock_keys, &shared];
+            conn.within(async {
+                let (b, st, l, wr, cm) = futures::join!(
+                    c.batch_execute(sql.batch_begin),
+                    c.execute(&settings_st, &no_params),
+                    c.execute(&lock_st, &lock_params),
+                    c.query_one(&write_st, &write_params),
+                    c.batch_execute(sql.commit)
+                );
+                // The first failure is the cause (the statements after it
+                // fail as "transaction aborted"; the COMMIT rolls back).
+                let first = b.and(st).and(l).map(|_| ());
+                (first.and(wr), cm)
+            })
+            .await
+        }
+    };
     resolve_batch_commit(inner, conn, r, &token, seen, expected).await
 }
 
@@ -740,10 +1029,10 @@ async fn resolve_batch_commit(
     token: &Token,
     seen: Option<&Server>,
     expected: i64,
-) -> Result<(), PgError> {
+) -> Result<Option<String>, PgError> {
     match doubt::finish(inner, conn, r, token, seen).await? {
         Commit::Answered(write_result) => match write_result {
-            Ok(row) if row.get::<_, i64>(0) == expected => Ok(()),
+            Ok(row) if row.get::<_, i64>(0) == expected => Ok(Some(row.get(1))),
             Ok(row) => Err(PgError::Corrupt(format!(
                 "a batch write reported {} rows, expected {expected}",
                 row.get::<_, i64>(0)
@@ -752,7 +1041,7 @@ async fn resolve_batch_commit(
             Err(e) if stale(&e) => Err(PgError::Raced(e.to_string())),
             Err(e) => Err(e.into()),
         },
-        Commit::Committed => Ok(()),
+        Commit::Committed => Ok(None),
         Commit::NotCommitted(e) => Err(e),
     }
 }

@@ -70,6 +70,7 @@ mod doubt;
 mod export;
 mod group_commit;
 mod import;
+mod known;
 mod lock;
 mod reads;
 mod rows;
@@ -155,6 +156,13 @@ pub struct PgOptions {
     /// Commands waiting for group commit at most; past it calls answer
     /// `StoreError::Overloaded` (503 with Retry-After) instead of queueing.
     pub group_commit_queue: usize,
+    /// Group commit in one round trip when it can: a batch whose records,
+    /// principals, clock and fences this process already knows (a claim of
+    /// a key it has not seen, a settlement of a record it last wrote) is
+    /// decided without reading, and its write checks all of that under the
+    /// batch's locks; any failed check falls back to the two-round-trip
+    /// path (docs/postgres.md, "The one-round-trip path").
+    pub one_round_trip: bool,
 }
 
 /// The most any timeout may be: commit tokens are kept far longer
@@ -231,6 +239,7 @@ impl Default for PgOptions {
             group_commit_workers: 1,
             max_batch: 64,
             group_commit_queue: 4096,
+            one_round_trip: true,
         }
     }
 }
@@ -394,6 +403,13 @@ impl PgStore {
         let batcher =
             group.map(|(w, m, q)| Arc::new(group_commit::Batcher::start(inner.clone(), w, m, q)));
         Ok(PgStore { inner, batcher })
+    }
+
+    /// Group-commit batches committed in one round trip, and batches whose
+    /// one-round-trip write failed a check (something changed since this
+    /// process last saw it) and that ran on the two-round-trip path.
+    pub fn one_round_trip_batches(&self) -> (u64, u64) {
+        self.inner.known.counts()
     }
 
     /// The connection pool (for operators and tests).

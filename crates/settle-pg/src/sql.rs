@@ -95,6 +95,11 @@ pub struct Sql {
     /// `batch_write` for a batch of one record (each client alone, low
     /// concurrency), one statement per operation.
     pub batch_write_one: OneWrite,
+    /// The one-round-trip path's writes: `batch_write` and
+    /// `batch_write_one` checking also what the batch was decided on
+    /// ([`warm_check`]; parameters [`WARM_WRITE_TYPES`]).
+    pub warm_write: String,
+    pub warm_write_one: OneWrite,
 }
 
 /// What every transaction runs under (see `PgOptions`), in milliseconds.
@@ -278,10 +283,20 @@ impl Sql {
             // Anything less than every row fails the statement, so the
             // COMMIT after it is a rollback. The batch's commit token is
             // written by the same statement (one message fewer per batch).
-            batch_write: with_token(
-                &com,
-                &format!(
-                    "w AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], \
+            batch_write: batch_write(&rec, &com, ""),
+            batch_write_one: OneWrite::new(&rec, &com, ""),
+            warm_write: batch_write(&rec, &com, &warm_check(&s, &pri)),
+            warm_write_one: OneWrite::new(&rec, &com, &warm_check(&s, &pri)),
+        }
+    }
+}
+
+/// The write of a batch of any size (see `Sql::batch_write`), with `check`.
+fn batch_write(rec: &str, com: &str, check: &str) -> String {
+    with_token(
+        com,
+        &format!(
+            "w AS MATERIALIZED (SELECT * FROM unnest($1::text[], $2::text[], $3::text[], \
                        $4::text[], $5::int2[], $6::bytea[], $7::text[], $8::int2[], $9::bool[], \
                        $10::int8[], $11::text[], $12::int8[], $13::int8[], $14::int8[], \
                        $15::bool[]) \
@@ -302,13 +317,11 @@ impl Sql {
                      ON CONFLICT DO NOTHING RETURNING 1), \
                  del AS (DELETE FROM {rec} AS r USING w WHERE w.op = 'd' AND r.tenant = w.tenant \
                        AND r.key = w.key AND r.xmin::text = w.v RETURNING 1)"
-                ),
-                "(SELECT count(*) FROM upd) + (SELECT count(*) FROM ins) \
+        ),
+        "(SELECT count(*) FROM upd) + (SELECT count(*) FROM ins) \
                  + (SELECT count(*) FROM del)",
-            ),
-            batch_write_one: OneWrite::new(&rec, &com),
-        }
-    }
+        check,
+    )
 }
 
 /// The columns of a record row, in the order the write statements insert them.
@@ -319,13 +332,43 @@ const RECORD_COLUMNS: &str = "tenant, key, format, value, owner, status, reconci
 /// the rows, then the batch's commit token, then the check — `rows` (the
 /// rows written) must be `$17` and the token written, or the statement
 /// fails with [`STALE`] and the COMMIT after it rolls back.
-fn with_token(com: &str, ctes: &str, rows: &str) -> String {
+///
+/// Its second column is the transaction's id as the rows' `xmin` (what a
+/// later write compares them with). `check` is a further condition the
+/// statement must meet (the one-round-trip path's, [`warm_check`]), or empty.
+fn with_token(com: &str, ctes: &str, rows: &str, check: &str) -> String {
     format!(
         "WITH {ctes}, \
-         tok AS (INSERT INTO {com} (at, token) VALUES ($18, $19) RETURNING 1) \
-         SELECT CASE WHEN n = $17 AND t = 1 THEN n \
-                ELSE ('{STALE} ' || n || ' of ' || $17 || ' rows')::int8 END \
-         FROM (SELECT {rows} AS n, (SELECT count(*) FROM tok) AS t) x"
+         tok AS (INSERT INTO {com} (at, token) VALUES ($18, $19) RETURNING xmin::text AS x) \
+         SELECT CASE WHEN n = $17 AND t = 1 {check} THEN n \
+                ELSE ('{STALE} ' || n || ' of ' || $17 || ' rows')::int8 END, x \
+         FROM (SELECT {rows} AS n, (SELECT count(*) FROM tok) AS t, \
+                      (SELECT min(x) FROM tok) AS x) x"
+    )
+}
+
+/// What the one-round-trip path's write checks beyond the batch write's:
+/// that it decided on the principal rows as they are (`$20`–`$24`:
+/// tenants, principals, and the generation, `moved_at` and moves it knew,
+/// all NULL for no row) — read after the batch's shared locks, so every
+/// committed move is seen, as the load's read is —, that its estimate of
+/// the database clock (`$25`) is not ahead of the clock, and that the
+/// transaction runs durable (the load's read-back, here) and, for a batch
+/// with claims, that no fence was drawn since its block was (`$26`, the
+/// block's last fence, is still the sequence's): fences taken from the
+/// block are then above every fence granted before, store-wide (SPEC §2).
+/// `pg_sequence_last_value`, not a `SELECT` from the sequence: connections
+/// price sequential scans out, and that price made the planner compile the
+/// statement with JIT (200 ms an execution).
+fn warm_check(s: &str, pri: &str) -> String {
+    format!(
+        "AND {DURABILITY} = 'on/on' AND $25 <= {NOW_MS} \
+         AND ($26::int8 IS NULL OR pg_sequence_last_value('{s}.settle_fence'::regclass) = $26) \
+         AND NOT EXISTS (SELECT 1 FROM unnest($20::text[], $21::text[], $22::text[], \
+               $23::int8[], $24::bytea[]) AS c(t, n, g, m, v) \
+             LEFT JOIN {pri} p ON p.tenant = c.t AND p.principal = c.n \
+             WHERE p.generation::text IS DISTINCT FROM c.g \
+                OR p.moved_at IS DISTINCT FROM c.m OR p.moves IS DISTINCT FROM c.v)"
     )
 }
 
@@ -378,6 +421,23 @@ pub const BATCH_WRITE_TYPES: [tokio_postgres::types::Type; 19] = {
     ]
 };
 
+/// [`BATCH_WRITE_TYPES`], then what [`warm_check`] compares.
+pub static WARM_WRITE_TYPES: std::sync::LazyLock<Vec<tokio_postgres::types::Type>> =
+    std::sync::LazyLock::new(|| {
+        use tokio_postgres::types::Type;
+        let mut t = BATCH_WRITE_TYPES.to_vec();
+        t.extend([
+            Type::TEXT_ARRAY,
+            Type::TEXT_ARRAY,
+            Type::TEXT_ARRAY,
+            Type::INT8_ARRAY,
+            Type::BYTEA_ARRAY,
+            Type::INT8,
+            Type::INT8,
+        ]);
+        t
+    });
+
 /// The write of a batch of one record: `batch_write`'s parameters (arrays
 /// of one, read as `$n[1]` instead of through `unnest` and a materialised
 /// row set) and checks, one statement per operation. A statement with all
@@ -391,9 +451,15 @@ pub struct OneWrite {
 }
 
 impl OneWrite {
-    fn new(rec: &str, com: &str) -> OneWrite {
-        let tail =
-            |part: &str| with_token(com, &format!("w AS ({part})"), "(SELECT count(*) FROM w)");
+    fn new(rec: &str, com: &str, check: &str) -> OneWrite {
+        let tail = |part: &str| {
+            with_token(
+                com,
+                &format!("w AS ({part})"),
+                "(SELECT count(*) FROM w)",
+                check,
+            )
+        };
         OneWrite {
             update: tail(&format!(
                 "UPDATE {rec} AS r SET format = ($5::int2[])[1], \

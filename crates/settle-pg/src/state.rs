@@ -18,6 +18,7 @@ use settle_ledger::Clock;
 use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
+use crate::known::Known;
 use crate::session::Seen;
 use crate::sql::Sql;
 use crate::tls::Tls;
@@ -47,6 +48,8 @@ pub struct Inner {
     pub cfg: tokio_postgres::Config,
     /// With or without TLS, as the pools' connections.
     pub tls: Tls,
+    /// What the one-round-trip path decides on (`known.rs`).
+    pub known: Known,
 }
 
 impl Inner {
@@ -73,6 +76,7 @@ impl Inner {
             in_doubt: Default::default(),
             cfg,
             tls,
+            known: Known::new(opts.group_commit && opts.one_round_trip),
         }
     }
 

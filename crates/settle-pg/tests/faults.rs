@@ -10,20 +10,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::proxy::{Cut, Proxy};
-use common::{acme, exec_fence};
+use common::{acme, exec_fence, record};
 use settle_core::testkit::*;
 use settle_core::*;
 use settle_ledger::{Store, StoreError};
 use settle_pg::PgStore;
-
-async fn record(store: &PgStore, k: &str) -> Record {
-    store
-        .get(&acme(), &key(k))
-        .await
-        .unwrap()
-        .unwrap()
-        .expect("record exists")
-}
 
 fn settle_k(k: &str, f: Fence) -> Command {
     settle(k, f, 1, binding("alice", 0), completed(1))

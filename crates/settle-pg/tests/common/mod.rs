@@ -34,6 +34,16 @@ pub async fn exec_fence(store: &PgStore, k: &str) -> Fence {
     }
 }
 
+/// The record of `k` (it must exist).
+pub async fn record(store: &PgStore, k: &str) -> settle_core::Record {
+    store
+        .get(&acme(), &settle_core::testkit::key(k))
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("record exists")
+}
+
 /// `SETTLE_TEST_PG_URL`, or the local test database.
 pub fn url() -> String {
     std::env::var("SETTLE_TEST_PG_URL")

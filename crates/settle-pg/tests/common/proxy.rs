@@ -54,6 +54,21 @@ fn find(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
 
+/// Where the simple-query message carrying `COMMIT` starts in `chunk`
+/// (its type byte `Q` and length come before the text): what the client
+/// pipelined before it (a whole transaction, on the one-round-trip path)
+/// reaches the server whatever the cut does to the COMMIT.
+fn commit_message_start(chunk: &[u8]) -> usize {
+    let at = chunk
+        .windows(COMMIT.len())
+        .position(|w| w == COMMIT)
+        .unwrap_or(0);
+    match at.checked_sub(5) {
+        Some(start) if chunk[start] == b'Q' => start,
+        _ => 0,
+    }
+}
+
 impl Proxy {
     pub async fn start(upstream: &str) -> Proxy {
         Proxy::start_with(upstream, false).await
@@ -196,12 +211,22 @@ async fn pump_pair(
             if up_silent.load(Ordering::SeqCst) || up_held.load(Ordering::SeqCst) {
                 continue;
             }
-            let chunk = &buf[..n];
+            let mut chunk = &buf[..n];
             if find(chunk, COMMIT) {
                 let cut = {
                     let mut m = mode.lock().unwrap();
                     std::mem::replace(&mut *m, Cut::Off)
                 };
+                if matches!(
+                    cut,
+                    Cut::BeforeCommit | Cut::HoldCommit | Cut::SilentBeforeCommit
+                ) {
+                    let start = commit_message_start(chunk);
+                    if sw.write_all(&chunk[..start]).await.is_err() {
+                        break;
+                    }
+                    chunk = &chunk[start..];
+                }
                 match cut {
                     Cut::Off => {}
                     Cut::BeforeCommit => {

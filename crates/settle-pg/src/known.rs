@@ -1,0 +1,293 @@
+//! What this process knows of the store from its own round trips: the
+//! records it last committed or read (each with its row's `xmin`), the
+//! principal rows it read, the database clock at its last read and a block
+//! of fences drawn ahead. The one-round-trip path (`group_commit.rs`,
+//! `warm_batch`) decides a batch on this instead of reading, and its write
+//! statement checks every piece of it under the batch's locks
+//! (docs/postgres.md, "The one-round-trip path"): nothing here is trusted
+//! without that check, so a stale entry costs a fallback, never a wrong
+//! answer.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use settle_core::{Fence, Key, PrincipalState, Record, TenantId};
+
+/// Records kept at most; the map is cleared when full (a miss only costs
+/// the two-round-trip path).
+const MAX_RECORDS: usize = 65_536;
+const MAX_PRINCIPALS: usize = 16_384;
+/// The clock is estimated from the last read for at most this long.
+const CLOCK_AGE: Duration = Duration::from_secs(1);
+/// A block of fences is used for at most this long after the load that
+/// drew it was sent; the write itself checks the 500 ms insert window on
+/// the database clock, this only avoids sending writes bound to fail.
+const FENCE_AGE: Duration = Duration::from_millis(400);
+/// Fences a load draws ahead when the block runs short.
+pub const FENCE_BLOCK: i32 = 64;
+
+/// A principal's row as read (all `None`: no row), and its state.
+#[derive(Clone)]
+pub struct PrincipalRow {
+    pub generation: Option<String>,
+    pub moved_at: Option<i64>,
+    pub moves: Option<Vec<u8>>,
+    pub state: PrincipalState,
+}
+
+/// Fences drawn ahead, in increasing order, with the database time of the
+/// draw and when the load that drew them was sent.
+struct FenceBlock {
+    fences: VecDeque<Fence>,
+    /// The highest fence of the draw.
+    last: Fence,
+    db_ms: i64,
+    sent: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    records: HashMap<(TenantId, Key), (Record, String)>,
+    principals: HashMap<(String, String), PrincipalRow>,
+    /// The database clock (ms) a read returned, and when its answer came.
+    clock: Option<(i64, Instant)>,
+    /// The latest estimate handed out: estimates never go back.
+    floor: i64,
+    fences: Option<FenceBlock>,
+}
+
+/// What a warm batch takes from [`Known`]: everything it decides on.
+pub struct Warm {
+    /// Each record as known (`None`: a key this process knows nothing of,
+    /// for a claim, taken to be free) with the `xmin` it was known at.
+    pub records: HashMap<(TenantId, Key), (Option<Record>, Option<String>)>,
+    pub principals: HashMap<(String, String), PrincipalRow>,
+    /// The database clock estimated from the last read: never ahead of it.
+    pub db_ms: i64,
+    /// The claims' fences, in increasing order, and the database time of their draw.
+    pub fences: Vec<Fence>,
+    pub fences_db_ms: i64,
+    /// The last fence of their block's draw (checked to be the sequence's
+    /// last value), when the batch has claims.
+    pub fences_last: Option<Fence>,
+}
+
+/// See the module's documentation.
+pub struct Known {
+    on: bool,
+    state: Mutex<State>,
+    /// Batches committed in one round trip, and batches that tried and fell back.
+    warm: AtomicU64,
+    fell_back: AtomicU64,
+}
+
+impl Known {
+    pub fn new(on: bool) -> Known {
+        Known {
+            on,
+            state: Mutex::default(),
+            warm: AtomicU64::new(0),
+            fell_back: AtomicU64::new(0),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn is_on(&self) -> bool {
+        self.on
+    }
+
+    /// Batches committed in one round trip, and batches that fell back.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.warm.load(Ordering::Relaxed),
+            self.fell_back.load(Ordering::Relaxed),
+        )
+    }
+
+    pub fn count(&self, warm: bool) {
+        let c = if warm { &self.warm } else { &self.fell_back };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Fences a load with `claims` claims should draw beyond them: a new
+    /// block whenever it draws any (a block is usable only while it ends
+    /// at the sequence's last value: `sql::warm_check`), or when the one
+    /// held is short or old.
+    pub fn fences_wanted(&self, claims: i32) -> i32 {
+        if !self.on {
+            return 0;
+        }
+        let s = self.state();
+        match &s.fences {
+            Some(b)
+                if claims == 0
+                    && b.fences.len() >= FENCE_BLOCK as usize / 2
+                    && b.sent.elapsed() < FENCE_AGE =>
+            {
+                0
+            }
+            _ => FENCE_BLOCK,
+        }
+    }
+
+    /// What a load read: the clock (answered at `answered`), fences drawn
+    /// beyond the batch's own (at `db_ms`, the load sent at `sent`), the
+    /// principal rows and the records with their `xmin`.
+    pub fn loaded(
+        &self,
+        db_ms: i64,
+        sent: Instant,
+        answered: Instant,
+        extra_fences: Vec<Fence>,
+        principals: impl IntoIterator<Item = ((String, String), PrincipalRow)>,
+        records: impl IntoIterator<Item = ((TenantId, Key), Option<(Record, String)>)>,
+    ) {
+        if !self.on {
+            return;
+        }
+        let mut s = self.state();
+        if s.clock.is_none_or(|(ms, _)| ms <= db_ms) {
+            s.clock = Some((db_ms, answered));
+        }
+        if let Some(&last) = extra_fences.last() {
+            s.fences = Some(FenceBlock {
+                fences: extra_fences.into(),
+                last,
+                db_ms,
+                sent,
+            });
+        }
+        for (id, row) in principals {
+            if s.principals.len() >= MAX_PRINCIPALS {
+                s.principals.clear();
+            }
+            s.principals.insert(id, row);
+        }
+        for (id, r) in records {
+            s.put(id, r);
+        }
+    }
+
+    /// A batch committed (its answer came): its records as written, at
+    /// `xmin`; `None` deletes.
+    pub fn committed(
+        &self,
+        xmin: &str,
+        records: impl IntoIterator<Item = ((TenantId, Key), Option<Record>)>,
+    ) {
+        if !self.on {
+            return;
+        }
+        let mut s = self.state();
+        for (id, r) in records {
+            s.put(id, r.map(|r| (r, xmin.to_string())));
+        }
+    }
+
+    /// Forgets these records (written elsewhere, or an outcome not known).
+    pub fn forget<'a>(&self, ids: impl IntoIterator<Item = &'a (TenantId, Key)>) {
+        if !self.on {
+            return;
+        }
+        let mut s = self.state();
+        for id in ids {
+            s.records.remove(id);
+        }
+    }
+
+    /// Forgets what a warm batch found stale: its records and principals,
+    /// and the clock and fences (so the next batch reads them afresh).
+    pub fn stale<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a (TenantId, Key)>,
+        principals: impl IntoIterator<Item = &'a (String, String)>,
+    ) {
+        let mut s = self.state();
+        for id in ids {
+            s.records.remove(id);
+        }
+        for p in principals {
+            s.principals.remove(p);
+        }
+        s.clock = None;
+        s.fences = None;
+    }
+
+    /// Everything a batch needs to be decided without reading, or `None`
+    /// when something is not known (or too old): `records` with whether
+    /// some command needs the record (a settlement; a claim of a key never
+    /// seen takes it as free), the principals, `claims` fences. Takes the
+    /// fences out of the block.
+    pub fn warm<'a>(
+        &self,
+        records: impl IntoIterator<Item = (&'a (TenantId, Key), bool)>,
+        principals: impl IntoIterator<Item = &'a (String, String)>,
+        claims: usize,
+    ) -> Option<Warm> {
+        if !self.on {
+            return None;
+        }
+        let mut s = self.state();
+        let (db_ms, answered) = s.clock?;
+        let age = answered.elapsed();
+        if age >= CLOCK_AGE {
+            return None;
+        }
+        let mut out = HashMap::new();
+        for (id, needed) in records {
+            match s.records.get(id) {
+                Some((r, x)) => {
+                    out.insert(id.clone(), (Some(r.clone()), Some(x.clone())));
+                }
+                None if needed => return None,
+                None => {
+                    out.insert(id.clone(), (None, None));
+                }
+            }
+        }
+        let mut ps = HashMap::new();
+        for p in principals {
+            ps.insert(p.clone(), s.principals.get(p)?.clone());
+        }
+        let block = s.fences.as_mut()?;
+        if block.fences.len() < claims || block.sent.elapsed() >= FENCE_AGE {
+            return None;
+        }
+        let fences: Vec<Fence> = block.fences.drain(..claims).collect();
+        let fences_db_ms = block.db_ms;
+        let fences_last = (claims > 0).then_some(block.last);
+        // The read happened before its answer came: this is at most the
+        // database clock now (the write checks it is not ahead).
+        let est = (db_ms + age.as_millis() as i64).max(s.floor);
+        s.floor = est;
+        Some(Warm {
+            records: out,
+            principals: ps,
+            db_ms: est,
+            fences,
+            fences_db_ms,
+            fences_last,
+        })
+    }
+}
+
+impl State {
+    fn put(&mut self, id: (TenantId, Key), r: Option<(Record, String)>) {
+        match r {
+            Some(r) => {
+                if self.records.len() >= MAX_RECORDS {
+                    self.records.clear();
+                }
+                self.records.insert(id, r);
+            }
+            None => {
+                self.records.remove(&id);
+            }
+        }
+    }
+}
