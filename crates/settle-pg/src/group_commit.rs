@@ -377,10 +377,12 @@ async fn warm_batch(
         .cloned()
         .zip(plan.pr_n.iter().cloned())
         .collect();
-    let warm = known.warm(
+    let server = inner.seen.get();
+    let mut warm = known.warm(
         plan.ids.iter().map(|id| (id, settled.contains(&id))),
         &principals,
         plan.claims as usize,
+        server.as_ref(),
     )?;
     let now = now_from(inner, warm.db_ms);
     // Never decided at a time before what it decides on.
@@ -389,24 +391,7 @@ async fn warm_batch(
         .values()
         .any(|(r, _)| r.as_ref().is_some_and(|r| r.updated_at > now))
         || warm.principals.values().any(|p| p.state.moved_at > now);
-    let mut load = BatchLoad {
-        db_now: warm.db_ms,
-        fences: warm.fences.into_iter(),
-        gens: warm
-            .principals
-            .iter()
-            .map(|(id, p)| (id.clone(), p.state))
-            .collect(),
-        state: HashMap::new(),
-        read_at: HashMap::new(),
-        principal_rows: HashMap::new(),
-    };
-    for (id, (r, x)) in warm.records {
-        if let Some(x) = x {
-            load.read_at.insert(id.clone(), x);
-        }
-        load.state.insert(id, Ok(r));
-    }
+    let mut load = BatchLoad::known(&mut warm);
     let (fates, changed, all_changed) = decide_batch(inner, items, &mut load);
     let writes = match BatchWrites::of(&changed, &load) {
         Ok(w) if !behind && all_changed && !w.tenant.is_empty() => w,
@@ -427,21 +412,54 @@ async fn warm_batch(
         Err(e) => return Some(Err(e)),
     };
     let seen = inner.seen.get();
+    if seen != server {
+        // A new connection met another server (a failover, a restart): what
+        // was learnt before is not checked against it. Nothing was sent.
+        return None;
+    }
     let stamps = Stamps {
         token_at: warm.db_ms,
         insert_from: warm.fences_db_ms,
     };
     let committed =
         write_and_commit_batch(inner, conn, &writes, stamps, seen.as_ref(), Some(&checks)).await;
-    match committed {
+    let done = match committed {
         Ok(x) => {
-            known.count(true);
             remember(inner, Some(&x), &changed, &load);
+            Ok(fates)
+        }
+        Err(e) => Err(e),
+    };
+    warm_outcome(inner, plan, &principals, done)
+}
+
+/// What a one-round-trip attempt's outcome means: the batch's fates, an
+/// error for the caller's retry policy, or `None` (nothing was written:
+/// run the two-round-trip path).
+fn warm_outcome(
+    inner: &Inner,
+    plan: &BatchPlan,
+    principals: &[(String, String)],
+    done: Result<Vec<Fate>, PgError>,
+) -> Option<Result<Vec<Fate>, PgError>> {
+    let known = &inner.known;
+    match done {
+        Ok(fates) => {
+            known.count(true);
             Some(Ok(fates))
         }
         Err(PgError::Raced(_)) => {
             known.count(false);
-            known.stale(&plan.ids, &principals);
+            known.stale(&plan.ids, principals);
+            None
+        }
+        // A database error only this statement could meet (it did not
+        // commit: its COMMIT was answered): the two-round-trip path serves
+        // from now on.
+        Err(e) if matches!(&e, PgError::Db(db) if db.as_db_error().is_some()) && !transient(&e) => {
+            tracing::warn!(error = %e,
+                "the one-round-trip write failed; group commit reads first from now on");
+            known.turn_off();
             None
         }
         Err(e) => {
@@ -559,9 +577,37 @@ struct BatchLoad {
     /// The principal rows as read (the one-round-trip path checks them as
     /// they are; a principal without a row is absent here).
     principal_rows: HashMap<(String, String), PrincipalRow>,
+    /// The clock read again at the end of the load (what the one-round-trip
+    /// path estimates the clock from: the closest reading to the answer).
+    read_end: i64,
 }
 
 impl BatchLoad {
+    /// What the one-round-trip path decides on: what the process knows,
+    /// as if it had been read (the records and fences are taken out of `warm`).
+    fn known(warm: &mut crate::known::Warm) -> BatchLoad {
+        let mut load = BatchLoad {
+            db_now: warm.db_ms,
+            fences: std::mem::take(&mut warm.fences).into_iter(),
+            gens: warm
+                .principals
+                .iter()
+                .map(|(id, p)| (id.clone(), p.state))
+                .collect(),
+            state: HashMap::new(),
+            read_at: HashMap::new(),
+            principal_rows: HashMap::new(),
+            read_end: warm.db_ms,
+        };
+        for (id, (r, x)) in std::mem::take(&mut warm.records) {
+            if let Some(x) = x {
+                load.read_at.insert(id.clone(), x);
+            }
+            load.state.insert(id, Ok(r));
+        }
+        load
+    }
+
     /// Every principal the batch locked, as read: its row, or no row.
     fn principal_rows(&self, plan: &BatchPlan) -> Vec<((String, String), PrincipalRow)> {
         plan.pr_t
@@ -630,6 +676,7 @@ async fn load_batch(inner: &Inner, conn: &Conn, plan: &BatchPlan) -> Result<Batc
     let (load, extra) = read_batch(inner, plan, &rows)?;
     inner.known.loaded(
         load.db_now,
+        load.read_end,
         sent,
         answered,
         extra,
@@ -660,6 +707,7 @@ fn read_batch(
         .first()
         .ok_or_else(|| PgError::Corrupt("the load returned no row".into()))?;
     let db_now = rows::loaded_clock(first).map_err(Abort::rollback)?;
+    let read_end: i64 = first.get(13);
     let mut fences: Vec<i64> = first.get(2);
     fences.sort_unstable();
     let mut fences: Vec<Fence> = fences.into_iter().map(|f| Fence(f as u64)).collect();
@@ -712,6 +760,7 @@ fn read_batch(
             state,
             read_at,
             principal_rows: raw,
+            read_end,
         },
         extra,
     ))
@@ -1060,17 +1109,37 @@ mod tests {
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
     }
 
+    /// What a one-round-trip write checks besides the batch write's
+    /// (`sql::warm_check`): the principal rows as known (tenant, name,
+    /// generation, moved_at, moves), the clock estimate (`None`: the
+    /// database clock read just before) and the fence block's last fence.
+    #[derive(Default)]
+    struct Warm {
+        principals: Vec<(
+            &'static str,
+            &'static str,
+            Option<&'static str>,
+            Option<i64>,
+        )>,
+        est: Option<i64>,
+        fences_last: Option<i64>,
+    }
+
     /// One row's write as the statements take it (arrays of one), with a
-    /// fresh commit token.
-    async fn write(
+    /// fresh commit token; with `warm`, a one-round-trip statement.
+    async fn write_with(
         c: &tokio_postgres::Client,
         sql: &str,
         key: &str,
         op: &str,
         v: Option<&str>,
         deadline: i64,
+        warm: Option<&Warm>,
     ) -> Result<i64, tokio_postgres::Error> {
-        let st = c.prepare_typed(sql, &BATCH_WRITE_TYPES).await?;
+        let st = match warm {
+            Some(_) => c.prepare_typed(sql, &WARM_WRITE_TYPES).await?,
+            None => c.prepare_typed(sql, &BATCH_WRITE_TYPES).await?,
+        };
         let token = Token::new(1);
         let token_bytes: &[u8] = &token.bytes;
         let (t, k, o) = (vec!["acme"], vec![key], vec![op]);
@@ -1087,7 +1156,7 @@ mod tests {
         let g: Vec<Option<&str>> = vec![Some("0")];
         let none: Vec<Option<i64>> = vec![None];
         let expected = 1i64;
-        let params: [&(dyn ToSql + Sync); 19] = [
+        let mut params: Vec<&(dyn ToSql + Sync)> = vec![
             &t,
             &k,
             &o,
@@ -1108,7 +1177,38 @@ mod tests {
             &token.at,
             &token_bytes,
         ];
+        let ps: &[_] = warm.map_or(&[], |w| &w.principals[..]);
+        let pt: Vec<&str> = ps.iter().map(|p| p.0).collect();
+        let pn: Vec<&str> = ps.iter().map(|p| p.1).collect();
+        let pg: Vec<Option<&str>> = ps.iter().map(|p| p.2).collect();
+        let pm: Vec<Option<i64>> = ps.iter().map(|p| p.3).collect();
+        let pv: Vec<Option<Vec<u8>>> = ps.iter().map(|_| None).collect();
+        let est: i64 = match warm {
+            Some(Warm { est: Some(e), .. }) => *e,
+            _ => c
+                .query_one(
+                    "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8",
+                    &[],
+                )
+                .await?
+                .get(0),
+        };
+        let last = warm.and_then(|w| w.fences_last);
+        if warm.is_some() {
+            params.extend([&pt as &(dyn ToSql + Sync), &pn, &pg, &pm, &pv, &est, &last]);
+        }
         Ok(c.query_one(&st, &params).await?.get(0))
+    }
+
+    async fn write(
+        c: &tokio_postgres::Client,
+        sql: &str,
+        key: &str,
+        op: &str,
+        v: Option<&str>,
+        deadline: i64,
+    ) -> Result<i64, tokio_postgres::Error> {
+        write_with(c, sql, key, op, v, deadline, None).await
     }
 
     async fn xmin(c: &tokio_postgres::Client, schema: &str, key: &str) -> Option<String> {
@@ -1233,6 +1333,103 @@ mod tests {
         store.close();
     }
 
+    /// Each check the one-round-trip write makes beyond the batch write's
+    /// (`sql::warm_check`), one at a time: a write decided on anything
+    /// but what is there now writes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_one_round_trip_write_checks_what_it_was_decided_on() {
+        let (store, guard) = scratch("gcwarm").await;
+        let schema = guard.0.clone();
+        let sql = &store.inner.sql;
+        let conn = store.inner.pool.get().await.unwrap();
+        let c: &tokio_postgres::Client = &conn;
+        let now: i64 = c.query_one(sql.now.as_str(), &[]).await.unwrap().get(0);
+        let open = now + 60_000;
+        let insert = sql.warm_write_one.of("i");
+        let mut n = 0;
+        let mut attempt = |w: Warm| {
+            n += 1;
+            let key = format!("k{n}");
+            async move {
+                let r = write_with(c, insert, &key, "i", None, open, Some(&w)).await;
+                (r, key)
+            }
+        };
+        let written = |r: Result<i64, tokio_postgres::Error>| matches!(r, Ok(1));
+        // Nothing to check: written.
+        assert!(written(attempt(Warm::default()).await.0));
+        // The clock estimate ahead of the clock, or too far behind it.
+        let ahead = Warm {
+            est: Some(now + 60_000),
+            ..Warm::default()
+        };
+        assert!(is_stale(attempt(ahead).await.0));
+        let behind = Warm {
+            est: Some(now - 60_000),
+            ..Warm::default()
+        };
+        assert!(is_stale(attempt(behind).await.0));
+        // A principal as known: no row, or its row as it is.
+        let absent = Warm {
+            principals: vec![("acme", "alice", None, None)],
+            ..Warm::default()
+        };
+        assert!(written(attempt(absent).await.0));
+        c.batch_execute(&format!(
+            "INSERT INTO \"{schema}\".settle_principals (tenant, principal, generation, moved_at) \
+             VALUES ('acme', 'alice', 2, 5)"
+        ))
+        .await
+        .unwrap();
+        let stale_absent = Warm {
+            principals: vec![("acme", "alice", None, None)],
+            ..Warm::default()
+        };
+        assert!(is_stale(attempt(stale_absent).await.0));
+        let stale_generation = Warm {
+            principals: vec![("acme", "alice", Some("1"), Some(5))],
+            ..Warm::default()
+        };
+        assert!(is_stale(attempt(stale_generation).await.0));
+        let stale_moved = Warm {
+            principals: vec![("acme", "alice", Some("2"), Some(4))],
+            ..Warm::default()
+        };
+        assert!(is_stale(attempt(stale_moved).await.0));
+        let current = Warm {
+            principals: vec![("acme", "alice", Some("2"), Some(5))],
+            ..Warm::default()
+        };
+        assert!(written(attempt(current).await.0));
+        // Fences: the block must end at the sequence's last value.
+        let last: i64 = c
+            .query_one(&format!("SELECT nextval('\"{schema}\".settle_fence')"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        let drawn_since = Warm {
+            fences_last: Some(last - 1),
+            ..Warm::default()
+        };
+        assert!(is_stale(attempt(drawn_since).await.0));
+        let block = Warm {
+            fences_last: Some(last),
+            ..Warm::default()
+        };
+        assert!(written(attempt(block).await.0));
+        // Not durable: refused (the pipelined settings make it so on the
+        // path itself; here the session's own setting stands).
+        c.batch_execute("SET synchronous_commit = off")
+            .await
+            .unwrap();
+        let (r, key) = attempt(Warm::default()).await;
+        assert!(is_stale(r));
+        assert_eq!(xmin(c, &schema, &key).await, None);
+        c.batch_execute("RESET synchronous_commit").await.unwrap();
+        drop(conn);
+        store.close();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn both_write_statements_check_the_same_things() {
         let (store, guard) = scratch("gcw").await;
@@ -1242,45 +1439,57 @@ mod tests {
         let c: &tokio_postgres::Client = &conn;
         let now: i64 = c.query_one(sql.now.as_str(), &[]).await.unwrap().get(0);
         let open = now + 60_000;
-        // The statement a batch of many (or of one) runs for `op`.
-        fn statement<'a>(sql: &'a crate::sql::Sql, many: bool, op: &str) -> &'a str {
-            if many {
-                &sql.batch_write
-            } else {
-                sql.batch_write_one.of(op)
+        // The statement a batch of many (or of one) runs for `op`, on the
+        // two-round-trip path or (`warm`) the one-round-trip path.
+        fn statement<'a>(sql: &'a crate::sql::Sql, many: bool, warm: bool, op: &str) -> &'a str {
+            match (many, warm) {
+                (true, false) => &sql.batch_write,
+                (false, false) => sql.batch_write_one.of(op),
+                (true, true) => &sql.warm_write,
+                (false, true) => sql.warm_write_one.of(op),
             }
         }
-        let one = |op| statement(sql, false, op);
-        for (name, many) in [("many", true), ("one", false)] {
-            let text = |op| statement(sql, many, op);
+        let one = |op| statement(sql, false, false, op);
+        // The one-round-trip statements with nothing more to check (no
+        // principal, the clock as it is, no fence) check what the others do.
+        let neutral = Warm::default();
+        for (name, many, warm) in [
+            ("many", true, None),
+            ("one", false, None),
+            ("warm-many", true, Some(&neutral)),
+            ("warm-one", false, Some(&neutral)),
+        ] {
+            let text = |op| statement(sql, many, warm.is_some(), op);
             let key = format!("k-{name}");
             // A new record: written, with its commit token.
             assert_eq!(
-                write(c, text("i"), &key, "i", None, open).await.unwrap(),
+                write_with(c, text("i"), &key, "i", None, open, warm)
+                    .await
+                    .unwrap(),
                 1,
                 "{name}"
             );
             let v1 = xmin(c, &schema, &key).await.expect("inserted");
             // The key is taken: nothing written.
             assert!(
-                is_stale(write(c, text("i"), &key, "i", None, open).await),
+                is_stale(write_with(c, text("i"), &key, "i", None, open, warm).await),
                 "{name}"
             );
             // Past the insert window: nothing written.
             let late = format!("late-{name}");
             assert!(
-                is_stale(write(c, text("i"), &late, "i", None, now - 1).await),
+                is_stale(write_with(c, text("i"), &late, "i", None, now - 1, warm).await),
                 "{name}"
             );
             assert_eq!(xmin(c, &schema, &late).await, None, "{name}");
             // Compare-and-set: a stale xmin writes nothing, the current one writes.
             assert!(
-                is_stale(write(c, text("u"), &key, "u", Some("1"), open).await),
+                is_stale(write_with(c, text("u"), &key, "u", Some("1"), open, warm).await),
                 "{name}"
             );
             assert_eq!(xmin(c, &schema, &key).await.as_ref(), Some(&v1), "{name}");
             assert_eq!(
-                write(c, text("u"), &key, "u", Some(&v1), open)
+                write_with(c, text("u"), &key, "u", Some(&v1), open, warm)
                     .await
                     .unwrap(),
                 1,
@@ -1289,11 +1498,11 @@ mod tests {
             let v2 = xmin(c, &schema, &key).await.expect("updated");
             assert_ne!(v1, v2, "{name}");
             assert!(
-                is_stale(write(c, text("d"), &key, "d", Some(&v1), open).await),
+                is_stale(write_with(c, text("d"), &key, "d", Some(&v1), open, warm).await),
                 "{name}"
             );
             assert_eq!(
-                write(c, text("d"), &key, "d", Some(&v2), open)
+                write_with(c, text("d"), &key, "d", Some(&v2), open, warm)
                     .await
                     .unwrap(),
                 1,
@@ -1312,7 +1521,7 @@ mod tests {
             );
             assert_eq!(xmin(c, &schema, &key).await.as_ref(), Some(&v));
         }
-        // Every write that succeeded left its token, and only those: 2 × 3 + 1.
+        // Every write that succeeded left its token, and only those: 4 × 3 + 1.
         let tokens: i64 = c
             .query_one(
                 &format!("SELECT count(*) FROM \"{schema}\".settle_commits"),
@@ -1321,7 +1530,7 @@ mod tests {
             .await
             .unwrap()
             .get(0);
-        assert_eq!(tokens, 7);
+        assert_eq!(tokens, 13);
         drop(conn);
         store.close();
     }

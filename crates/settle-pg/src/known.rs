@@ -10,10 +10,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use settle_core::{Fence, Key, PrincipalState, Record, TenantId};
+
+use crate::session::Server;
 
 /// Records kept at most; the map is cleared when full (a miss only costs
 /// the two-round-trip path).
@@ -25,8 +27,12 @@ const CLOCK_AGE: Duration = Duration::from_secs(1);
 /// drew it was sent; the write itself checks the 500 ms insert window on
 /// the database clock, this only avoids sending writes bound to fail.
 const FENCE_AGE: Duration = Duration::from_millis(400);
-/// Fences a load draws ahead when the block runs short.
-pub const FENCE_BLOCK: i32 = 64;
+/// Fences a load draws ahead (two full batches' worth at the default
+/// `max_batch`; `nextval` costs ~0.3 µs each).
+pub const FENCE_BLOCK: i32 = 128;
+/// A record is trusted by its `xmin` for at most this long: far less than
+/// the ~2^31 transactions after which a 32-bit `xmin` comes round again.
+const RECORD_AGE: Duration = Duration::from_secs(60);
 
 /// A principal's row as read (all `None`: no row), and its state.
 #[derive(Clone)]
@@ -49,7 +55,11 @@ struct FenceBlock {
 
 #[derive(Default)]
 struct State {
-    records: HashMap<(TenantId, Key), (Record, String)>,
+    /// The server all of this was learnt from (`Seen`): after a failover
+    /// or a restore, transaction ids — and so `xmin`s — are handed out
+    /// again, so nothing learnt before is kept.
+    server: Option<Server>,
+    records: HashMap<(TenantId, Key), (Record, String, Instant)>,
     principals: HashMap<(String, String), PrincipalRow>,
     /// The database clock (ms) a read returned, and when its answer came.
     clock: Option<(i64, Instant)>,
@@ -76,7 +86,9 @@ pub struct Warm {
 
 /// See the module's documentation.
 pub struct Known {
-    on: bool,
+    /// Off by option, or after the one-round-trip write failed in a way
+    /// only it can (it then stays off: the two-round-trip path serves).
+    on: AtomicBool,
     state: Mutex<State>,
     /// Batches committed in one round trip, and batches that tried and fell back.
     warm: AtomicU64,
@@ -86,7 +98,7 @@ pub struct Known {
 impl Known {
     pub fn new(on: bool) -> Known {
         Known {
-            on,
+            on: AtomicBool::new(on),
             state: Mutex::default(),
             warm: AtomicU64::new(0),
             fell_back: AtomicU64::new(0),
@@ -98,7 +110,13 @@ impl Known {
     }
 
     pub fn is_on(&self) -> bool {
-        self.on
+        self.on.load(Ordering::Relaxed)
+    }
+
+    /// Turns the one-round-trip path off for good (see [`Known::on`]).
+    pub fn turn_off(&self) {
+        self.on.store(false, Ordering::Relaxed);
+        *self.state() = State::default();
     }
 
     /// Batches committed in one round trip, and batches that fell back.
@@ -119,7 +137,7 @@ impl Known {
     /// at the sequence's last value: `sql::warm_check`), or when the one
     /// held is short or old.
     pub fn fences_wanted(&self, claims: i32) -> i32 {
-        if !self.on {
+        if !self.is_on() {
             return 0;
         }
         let s = self.state();
@@ -135,24 +153,27 @@ impl Known {
         }
     }
 
-    /// What a load read: the clock (answered at `answered`), fences drawn
-    /// beyond the batch's own (at `db_ms`, the load sent at `sent`), the
-    /// principal rows and the records with their `xmin`.
+    /// What a load read: fences drawn beyond the batch's own (at `db_ms`,
+    /// the load sent at `sent`), the clock again at its end (`end_ms`, its
+    /// answer came at `answered`), the principal rows and the records with
+    /// their `xmin`.
+    #[allow(clippy::too_many_arguments)]
     pub fn loaded(
         &self,
         db_ms: i64,
+        end_ms: i64,
         sent: Instant,
         answered: Instant,
         extra_fences: Vec<Fence>,
         principals: impl IntoIterator<Item = ((String, String), PrincipalRow)>,
         records: impl IntoIterator<Item = ((TenantId, Key), Option<(Record, String)>)>,
     ) {
-        if !self.on {
+        if !self.is_on() {
             return;
         }
         let mut s = self.state();
-        if s.clock.is_none_or(|(ms, _)| ms <= db_ms) {
-            s.clock = Some((db_ms, answered));
+        if s.clock.is_none_or(|(ms, _)| ms <= end_ms) {
+            s.clock = Some((end_ms, answered));
         }
         if let Some(&last) = extra_fences.last() {
             s.fences = Some(FenceBlock {
@@ -168,8 +189,9 @@ impl Known {
             }
             s.principals.insert(id, row);
         }
+        let now = Instant::now();
         for (id, r) in records {
-            s.put(id, r);
+            s.put(id, r.map(|(r, x)| (r, x, now)));
         }
     }
 
@@ -180,18 +202,19 @@ impl Known {
         xmin: &str,
         records: impl IntoIterator<Item = ((TenantId, Key), Option<Record>)>,
     ) {
-        if !self.on {
+        if !self.is_on() {
             return;
         }
         let mut s = self.state();
+        let now = Instant::now();
         for (id, r) in records {
-            s.put(id, r.map(|r| (r, xmin.to_string())));
+            s.put(id, r.map(|r| (r, xmin.to_string(), now)));
         }
     }
 
     /// Forgets these records (written elsewhere, or an outcome not known).
     pub fn forget<'a>(&self, ids: impl IntoIterator<Item = &'a (TenantId, Key)>) {
-        if !self.on {
+        if !self.is_on() {
             return;
         }
         let mut s = self.state();
@@ -215,6 +238,7 @@ impl Known {
             s.principals.remove(p);
         }
         s.clock = None;
+        s.floor = 0;
         s.fences = None;
     }
 
@@ -228,11 +252,19 @@ impl Known {
         records: impl IntoIterator<Item = (&'a (TenantId, Key), bool)>,
         principals: impl IntoIterator<Item = &'a (String, String)>,
         claims: usize,
+        server: Option<&Server>,
     ) -> Option<Warm> {
-        if !self.on {
+        if !self.is_on() {
             return None;
         }
         let mut s = self.state();
+        if s.server.as_ref() != server {
+            *s = State {
+                server: server.cloned(),
+                ..State::default()
+            };
+            return None;
+        }
         let (db_ms, answered) = s.clock?;
         let age = answered.elapsed();
         if age >= CLOCK_AGE {
@@ -240,8 +272,12 @@ impl Known {
         }
         let mut out = HashMap::new();
         for (id, needed) in records {
-            match s.records.get(id) {
-                Some((r, x)) => {
+            match s
+                .records
+                .get(id)
+                .filter(|(_, _, at)| at.elapsed() < RECORD_AGE)
+            {
+                Some((r, x, _)) => {
                     out.insert(id.clone(), (Some(r.clone()), Some(x.clone())));
                 }
                 None if needed => return None,
@@ -262,7 +298,8 @@ impl Known {
         let fences_db_ms = block.db_ms;
         let fences_last = (claims > 0).then_some(block.last);
         // The read happened before its answer came: this is at most the
-        // database clock now (the write checks it is not ahead).
+        // database clock now. The write checks that it is not ahead of the
+        // clock, nor more than `sql::MAX_CLOCK_LAG_MS` behind it.
         let est = (db_ms + age.as_millis() as i64).max(s.floor);
         s.floor = est;
         Some(Warm {
@@ -277,7 +314,7 @@ impl Known {
 }
 
 impl State {
-    fn put(&mut self, id: (TenantId, Key), r: Option<(Record, String)>) {
+    fn put(&mut self, id: (TenantId, Key), r: Option<(Record, String, Instant)>) {
         match r {
             Some(r) => {
                 if self.records.len() >= MAX_RECORDS {

@@ -7,6 +7,14 @@ use crate::schema::quoted;
 /// How the batch write statement says that a row changed under it.
 pub const STALE: &str = "settle: stale batch write:";
 
+/// How far behind the database clock, at its write, the one-round-trip
+/// path's estimate of it may be (`warm_check`). The two-round-trip path
+/// reads the clock after the call; the estimate is taken from the last
+/// read and can lag by that read's return trip plus anything that stalled
+/// the process since (a retransmission, a pause): bounded here, at the
+/// cost of a fallback.
+pub const MAX_CLOCK_LAG_MS: i64 = 25;
+
 /// The database clock in Unix milliseconds.
 const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
@@ -352,7 +360,9 @@ fn with_token(com: &str, ctes: &str, rows: &str, check: &str) -> String {
 /// tenants, principals, and the generation, `moved_at` and moves it knew,
 /// all NULL for no row) — read after the batch's shared locks, so every
 /// committed move is seen, as the load's read is —, that its estimate of
-/// the database clock (`$25`) is not ahead of the clock, and that the
+/// the database clock (`$25`) is not ahead of the clock nor more than
+/// [`MAX_CLOCK_LAG_MS`] behind it (so the time it decided at is never
+/// more than that before the call, whatever delayed it), and that the
 /// transaction runs durable (the load's read-back, here) and, for a batch
 /// with claims, that no fence was drawn since its block was (`$26`, the
 /// block's last fence, is still the sequence's): fences taken from the
@@ -362,7 +372,7 @@ fn with_token(com: &str, ctes: &str, rows: &str, check: &str) -> String {
 /// statement with JIT (200 ms an execution).
 fn warm_check(s: &str, pri: &str) -> String {
     format!(
-        "AND {DURABILITY} = 'on/on' AND $25 <= {NOW_MS} \
+        "AND {DURABILITY} = 'on/on' AND $25 <= {NOW_MS} AND {NOW_MS} - $25 <= {MAX_CLOCK_LAG_MS} \
          AND ($26::int8 IS NULL OR pg_sequence_last_value('{s}.settle_fence'::regclass) = $26) \
          AND NOT EXISTS (SELECT 1 FROM unnest($20::text[], $21::text[], $22::text[], \
                $23::int8[], $24::bytea[]) AS c(t, n, g, m, v) \
@@ -377,11 +387,13 @@ fn warm_check(s: &str, pri: &str) -> String {
 /// whatever their number) and the records matching `records` (one row
 /// each, or one row of NULLs). Group commit reads without row locks (one
 /// snapshot, taken after the principal locks) and validates at write time:
-/// each row is written only if its xmin is still the one read.
+/// each row is written only if its xmin is still the one read. The last
+/// column reads the clock again, as late in the statement as it can: the
+/// one-round-trip path estimates the clock from it.
 fn batch_load(s: &str, rec: &str, pri: &str, principals: &str, records: &str) -> String {
     format!(
         "SELECT c.now_ms, c.durability, c.fences, p.pt, p.pn, p.pg, p.pm, \
-                r.tenant, r.key, r.format, r.value, r.xmin::text, p.pv \
+                r.tenant, r.key, r.format, r.value, r.xmin::text, p.pv, {NOW_MS} \
          FROM (SELECT {NOW_MS} AS now_ms, {DURABILITY} AS durability, \
                ARRAY(SELECT nextval('{s}.settle_fence') \
                      FROM generate_series(1, $3::int4)) AS fences OFFSET 0) c \

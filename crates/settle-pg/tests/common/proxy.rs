@@ -16,8 +16,9 @@ use tokio::sync::watch;
 pub enum Cut {
     /// Pass everything.
     Off,
-    /// Swallow the COMMIT (and what came with it) and close both sides:
-    /// the server never commits.
+    /// Swallow the COMMIT (and what came after it in the same read; what
+    /// came before it, such as the statements pipelined ahead of it, is
+    /// passed on) and close both sides: the server never commits.
     BeforeCommit,
     /// Let the COMMIT through, wait for the server to answer it, drop the
     /// answer and close both sides: committed, but the client never hears.
@@ -91,6 +92,11 @@ impl Proxy {
                 let Ok(server) = TcpStream::connect(&to).await else {
                     continue;
                 };
+                // As the client and the server themselves do: without it
+                // Nagle's algorithm holds small answers for ~40 ms, which
+                // no real path between them adds.
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
                 tokio::spawn(pump_pair(
                     client,
                     server,

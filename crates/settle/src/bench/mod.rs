@@ -128,6 +128,10 @@ struct PgBenchArgs {
     /// With --store: at most this many commands per grouped transaction.
     #[arg(long, value_name = "N")]
     max_batch: Option<usize>,
+    /// With --store: group commit in one round trip when the process knows
+    /// what a batch needs (checked by its write); off always reads first.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = on_off, action = clap::ArgAction::Set)]
+    one_round_trip: bool,
 }
 
 fn on_off(s: &str) -> Result<bool, String> {
@@ -463,6 +467,7 @@ async fn postgres(url: &str, a: &BenchArgs, duration: Duration) -> Result<(), Fa
                 .group_commit_workers
                 .unwrap_or(defaults.group_commit_workers),
             max_batch: a.pg.max_batch.unwrap_or(defaults.max_batch),
+            one_round_trip: a.pg.one_round_trip,
             ..defaults
         },
         duration,
