@@ -315,7 +315,7 @@ async fn batch_transaction(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, P
         None,
     )
     .await;
-    remember(inner, committed.as_ref().ok(), &changed, &load);
+    remember(inner, committed.as_ref().ok(), &changed, &mut load);
     committed?;
     Ok(fates)
 }
@@ -323,13 +323,14 @@ async fn batch_transaction(inner: &Inner, items: &[Item]) -> Result<Vec<Fate>, P
 /// Tells [`Known`](crate::known::Known) what a batch's commit left: its
 /// records as written at `xmin` (an answered COMMIT), or nothing known of
 /// them (an error, or a commit resolved in doubt: its `xmin` is not known).
-fn remember(inner: &Inner, xmin: Option<&Option<String>>, changed: &[Id], load: &BatchLoad) {
+/// The records move out of `load` (it is done with).
+fn remember(inner: &Inner, xmin: Option<&Option<String>>, changed: &[Id], load: &mut BatchLoad) {
     match xmin {
         Some(Some(x)) => inner.known.committed(
             x,
             changed.iter().map(|id| {
-                let after = match load.state.get(id) {
-                    Some(Ok(r)) => r.clone(),
+                let after = match load.state.remove(id) {
+                    Some(Ok(r)) => r,
                     _ => None,
                 };
                 (id.clone(), after)
@@ -425,7 +426,7 @@ async fn warm_batch(
         write_and_commit_batch(inner, conn, &writes, stamps, seen.as_ref(), Some(&checks)).await;
     let done = match committed {
         Ok(x) => {
-            remember(inner, Some(&x), &changed, &load);
+            remember(inner, Some(&x), &changed, &mut load);
             Ok(fates)
         }
         Err(e) => Err(e),
@@ -681,14 +682,6 @@ async fn load_batch(inner: &Inner, conn: &Conn, plan: &BatchPlan) -> Result<Batc
         answered,
         extra,
         load.principal_rows(plan),
-        plan.ids.iter().filter_map(|id| match load.state.get(id) {
-            Some(Ok(Some(r))) => load
-                .read_at
-                .get(id)
-                .map(|x| (id.clone(), Some((r.clone(), x.clone())))),
-            Some(Ok(None)) => Some((id.clone(), None)),
-            _ => None,
-        }),
     );
     Ok(load)
 }

@@ -1,5 +1,5 @@
 //! What this process knows of the store from its own round trips: the
-//! records it last committed or read (each with its row's `xmin`), the
+//! records it last committed (each with its row's `xmin`), the
 //! principal rows it read, the database clock at its last read and a block
 //! of fences drawn ahead. The one-round-trip path (`group_commit.rs`,
 //! `warm_batch`) decides a batch on this instead of reading, and its write
@@ -155,9 +155,10 @@ impl Known {
 
     /// What a load read: fences drawn beyond the batch's own (at `db_ms`,
     /// the load sent at `sent`), the clock again at its end (`end_ms`, its
-    /// answer came at `answered`), the principal rows and the records with
-    /// their `xmin`.
-    #[allow(clippy::too_many_arguments)]
+    /// answer came at `answered`) and the principal rows. (Its records are
+    /// not kept: the batch writes them and [`Known::committed`] keeps them
+    /// as written; those it only read would cost a copy each for a rare
+    /// use.)
     pub fn loaded(
         &self,
         db_ms: i64,
@@ -166,7 +167,6 @@ impl Known {
         answered: Instant,
         extra_fences: Vec<Fence>,
         principals: impl IntoIterator<Item = ((String, String), PrincipalRow)>,
-        records: impl IntoIterator<Item = ((TenantId, Key), Option<(Record, String)>)>,
     ) {
         if !self.is_on() {
             return;
@@ -188,10 +188,6 @@ impl Known {
                 s.principals.clear();
             }
             s.principals.insert(id, row);
-        }
-        let now = Instant::now();
-        for (id, r) in records {
-            s.put(id, r.map(|(r, x)| (r, x, now)));
         }
     }
 
