@@ -399,7 +399,7 @@ async fn warm_batch(
         // An answer that writes nothing is given from a read.
         _ => return None,
     };
-    let rows: Vec<&PrincipalRow> = principals.iter().map(|p| &warm.principals[p]).collect();
+    let rows: Vec<&PrincipalRow> = principals.iter().map(|p| &load.principal_rows[p]).collect();
     let checks = WarmChecks {
         plan,
         generation: rows.iter().map(|r| r.generation.clone()).collect(),
@@ -568,37 +568,35 @@ struct BatchLoad {
     db_now: i64,
     /// The fences taken for the claims, in increasing order.
     fences: std::vec::IntoIter<Fence>,
-    /// Generations by (tenant, principal).
-    gens: HashMap<(String, String), PrincipalState>,
     /// Each record as read, then as the batch's commands leave it; a record
     /// that does not decode refuses its own commands only (record_refused).
     state: HashMap<Id, Result<Option<Record>, PgError>>,
     /// The `xmin` each stored record was read at.
     read_at: HashMap<Id, String>,
-    /// The principal rows as read (the one-round-trip path checks them as
-    /// they are; a principal without a row is absent here).
+    /// The principal rows by (tenant, principal), with their states (a
+    /// principal without a row is absent: generation 0). The one-round-trip
+    /// path checks the rows as they are.
     principal_rows: HashMap<(String, String), PrincipalRow>,
-    /// The clock read again at the end of the load (what the one-round-trip
-    /// path estimates the clock from: the closest reading to the answer).
+}
+
+/// What a load read beyond what its batch decides on: the fences drawn
+/// past its claims, and the clock read again at the load's end (the
+/// closest reading to its answer). Both are for the one-round-trip path.
+struct Ahead {
+    fences: Vec<Fence>,
     read_end: i64,
 }
 
 impl BatchLoad {
     /// What the one-round-trip path decides on: what the process knows,
-    /// as if it had been read (the records and fences are taken out of `warm`).
+    /// as if it had been read (taken out of `warm`).
     fn known(warm: &mut crate::known::Warm) -> BatchLoad {
         let mut load = BatchLoad {
             db_now: warm.db_ms,
             fences: std::mem::take(&mut warm.fences).into_iter(),
-            gens: warm
-                .principals
-                .iter()
-                .map(|(id, p)| (id.clone(), p.state))
-                .collect(),
             state: HashMap::new(),
             read_at: HashMap::new(),
-            principal_rows: HashMap::new(),
-            read_end: warm.db_ms,
+            principal_rows: std::mem::take(&mut warm.principals),
         };
         for (id, (r, x)) in std::mem::take(&mut warm.records) {
             if let Some(x) = x {
@@ -674,13 +672,13 @@ async fn load_batch(inner: &Inner, conn: &Conn, plan: &BatchPlan) -> Result<Batc
         Err(e) => return Err(Abort::from(PgError::from(e))),
     };
     let answered = Instant::now();
-    let (load, extra) = read_batch(inner, plan, &rows)?;
+    let (load, ahead) = read_batch(inner, plan, &rows)?;
     inner.known.loaded(
         load.db_now,
-        load.read_end,
+        ahead.read_end,
         sent,
         answered,
-        extra,
+        ahead.fences,
         load.principal_rows(plan),
     );
     Ok(load)
@@ -689,12 +687,12 @@ async fn load_batch(inner: &Inner, conn: &Conn, plan: &BatchPlan) -> Result<Batc
 /// Checks the durability settings read inside the transaction and decodes
 /// the load: clock, fences and principals from the first row, one record
 /// per row.
-/// Returns the fences drawn beyond the batch's claims apart.
+/// Returns what was read for the one-round-trip path apart.
 fn read_batch(
     inner: &Inner,
     plan: &BatchPlan,
     rows: &[tokio_postgres::Row],
-) -> Result<(BatchLoad, Vec<Fence>), Abort> {
+) -> Result<(BatchLoad, Ahead), Abort> {
     let ids = &plan.ids;
     let first = rows
         .first()
@@ -706,7 +704,6 @@ fn read_batch(
     let mut fences: Vec<Fence> = fences.into_iter().map(|f| Fence(f as u64)).collect();
     // The lowest go to the batch's claims.
     let extra = fences.split_off((plan.claims as usize).min(fences.len()));
-    let mut gens = HashMap::new();
     let mut raw = HashMap::new();
     let pt: Vec<String> = first.get::<_, Option<Vec<String>>>(3).unwrap_or_default();
     let pn: Vec<String> = first.get::<_, Option<Vec<String>>>(4).unwrap_or_default();
@@ -716,7 +713,6 @@ fn read_batch(
     let pv = pv.into_iter().chain(std::iter::repeat(None));
     for ((((t, p), g), m), v) in pt.into_iter().zip(pn).zip(pg).zip(pm).zip(pv) {
         let state = principal_state(g.clone(), m, v.clone())?;
-        gens.insert((t.clone(), p.clone()), state);
         raw.insert(
             (t, p),
             PrincipalRow {
@@ -749,13 +745,14 @@ fn read_batch(
         BatchLoad {
             db_now,
             fences: fences.into_iter(),
-            gens,
             state,
             read_at,
             principal_rows: raw,
+        },
+        Ahead {
+            fences: extra,
             read_end,
         },
-        extra,
     ))
 }
 
@@ -834,9 +831,9 @@ fn decide_one(
     }
     let mut ps = Principals::new();
     let g = load
-        .gens
+        .principal_rows
         .get(&(it.tenant.as_str().to_string(), own.as_str().to_string()))
-        .copied()
+        .map(|r| r.state)
         .unwrap_or_default();
     ps.insert(own.clone(), g);
     let mut st = OpState {
@@ -1179,10 +1176,7 @@ mod tests {
         let est: i64 = match warm {
             Some(Warm { est: Some(e), .. }) => *e,
             _ => c
-                .query_one(
-                    "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::int8",
-                    &[],
-                )
+                .query_one(&format!("SELECT {}", crate::sql::NOW_MS), &[])
                 .await?
                 .get(0),
         };

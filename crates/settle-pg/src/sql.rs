@@ -16,7 +16,7 @@ pub const STALE: &str = "settle: stale batch write:";
 pub const MAX_CLOCK_LAG_MS: i64 = 25;
 
 /// The database clock in Unix milliseconds.
-const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8";
+pub(crate) const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
 /// The durability settings in force for this transaction, as
 /// `fsync/synchronous_commit`; anything but `on/on` is refused.
