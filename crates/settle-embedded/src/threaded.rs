@@ -221,11 +221,11 @@ impl<F: Fs, I: Index> Store for EmbeddedStore<F, I> {
                 });
             }
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let sent = self.tx.send(Msg::Exec {
+            let sent = self.tx.send(Msg::Exec(Box::new(engine::Exec {
                 tenant: tenant.clone(),
                 cmd,
                 reply: tx,
-            });
+            })));
             if sent.is_err() {
                 self.shared.dequeued(1);
                 return Err(StoreError::Closed);

@@ -89,15 +89,21 @@ pub type Hasher = foldhash::fast::RandomState;
 
 pub type ReplyTx = oneshot::Sender<Result<Reply, StoreError>>;
 
+/// One command and whom to answer.
+pub struct Exec {
+    pub tenant: TenantId,
+    pub cmd: Command,
+    pub reply: ReplyTx,
+}
+
 /// Where the answers of a batch message go: all at once, in order.
 pub type BatchTx = oneshot::Sender<Vec<Result<Reply, StoreError>>>;
 
 pub enum Msg {
-    Exec {
-        tenant: TenantId,
-        cmd: Command,
-        reply: ReplyTx,
-    },
+    /// Boxed: the channel's blocks hold a message inline and are zeroed
+    /// when allocated, so a 200-byte message cost a 6 KiB `memset` every
+    /// 31 commands and two 200-byte copies through the channel.
+    Exec(Box<Exec>),
     /// Commands applied in order within one group commit, answered together.
     Batch {
         tenant: TenantId,
@@ -135,7 +141,7 @@ impl<G: FnMut()> Drop for OnDrop<G> {
 /// How many commands a message carries (for the admission count).
 pub fn commands_in(m: &Msg) -> usize {
     match m {
-        Msg::Exec { .. } => 1,
+        Msg::Exec(_) => 1,
         Msg::Batch { cmds, .. } => cmds.len(),
         Msg::Close(_) => 0,
     }

@@ -194,8 +194,9 @@ impl<I: Index> Writer<I> {
     /// `Close` gives back whom to tell when the store is closed.
     fn take(&mut self, g: &mut Gathering<Answer>, m: Msg) -> Option<std::sync::mpsc::Sender<()>> {
         match m {
-            Msg::Exec { tenant, cmd, reply } => {
-                self.stage.apply(g, &tenant, &cmd, Answer::One(reply));
+            Msg::Exec(e) => {
+                // Applied in place: moving the command out of its box is a copy.
+                self.stage.apply(g, &e.tenant, &e.cmd, Answer::One(e.reply));
             }
             Msg::Batch {
                 tenant,
