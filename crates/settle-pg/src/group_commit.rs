@@ -422,6 +422,7 @@ async fn warm_batch(
         token_at: warm.db_ms,
         insert_from: warm.fences_db_ms,
     };
+    inner.known.sending();
     let committed =
         write_and_commit_batch(inner, conn, &writes, stamps, seen.as_ref(), Some(&checks)).await;
     let done = match committed {

@@ -93,6 +93,9 @@ pub struct Known {
     /// Batches committed in one round trip, and batches that tried and fell back.
     warm: AtomicU64,
     fell_back: AtomicU64,
+    /// Batches sent on the one-round-trip path, whatever became of them
+    /// (committed, fell back, failed, in doubt).
+    sent: AtomicU64,
 }
 
 impl Known {
@@ -102,6 +105,7 @@ impl Known {
             state: Mutex::default(),
             warm: AtomicU64::new(0),
             fell_back: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
         }
     }
 
@@ -125,6 +129,16 @@ impl Known {
             self.warm.load(Ordering::Relaxed),
             self.fell_back.load(Ordering::Relaxed),
         )
+    }
+
+    /// Batches sent on the one-round-trip path so far.
+    pub fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    /// A batch is about to be sent on the one-round-trip path.
+    pub fn sending(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn count(&self, warm: bool) {

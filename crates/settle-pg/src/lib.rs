@@ -412,6 +412,13 @@ impl PgStore {
         self.inner.known.counts()
     }
 
+    /// Group-commit batches sent on the one-round-trip path, whatever
+    /// became of them: committed, fell back, failed, or in doubt (a lost
+    /// COMMIT answer resolved either way).
+    pub fn one_round_trip_sent(&self) -> u64 {
+        self.inner.known.sent()
+    }
+
     /// The connection pool (for operators and tests).
     pub fn pool(&self) -> &Pool {
         &self.inner.pool

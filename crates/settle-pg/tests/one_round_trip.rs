@@ -221,3 +221,96 @@ async fn off_it_always_reads() {
     }
     assert_eq!(store.one_round_trip_batches(), (0, 0));
 }
+
+/// A COMMIT cut on the one-round-trip path: its transaction (BEGIN, the
+/// checks, the write) reached the server ahead of the COMMIT in the same
+/// message, so the cut hits a whole transaction at once. Answered by the
+/// server but unheard (`AfterCommit`), the batch is resolved as committed
+/// (its commit token is there) and answers what committed; swallowed
+/// (`BeforeCommit`, no retries), the caller gets an error and nothing
+/// changed. Each step is repeated on a fresh key until a cut batch was
+/// one sent on the one-round-trip path (`one_round_trip_sent`), and each
+/// outcome is asserted whichever path the batch took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_commit_on_the_one_round_trip_path_is_resolved_by_what_committed() {
+    use std::sync::atomic::Ordering::SeqCst;
+
+    use common::proxy::{Cut, Proxy};
+    use settle_ledger::StoreError;
+
+    let proxy = Proxy::start("127.0.0.1:5432").await;
+    let (store, _clock, _g) =
+        common::store_with(&proxy.url(&common::url()), "ort_cut", |o| o.max_retries = 0).await;
+    exec_fence(&store, "warm").await;
+    let mut cuts = 0;
+    let (mut claim_cut, mut settle_cut, mut lost_cut) = (false, false, false);
+    for i in 0..TRIES {
+        // A claim whose COMMIT answer is lost: the grant is answered
+        // because the store learnt that its transaction committed.
+        let k = format!("c{i}");
+        let sent = store.one_round_trip_sent();
+        proxy.arm(Cut::AfterCommit);
+        let r = store
+            .execute(&acme(), claim(&k, 1, binding("alice", 0)))
+            .await
+            .expect("in-doubt commit resolved");
+        cuts += 1;
+        assert_eq!(proxy.cuts.load(SeqCst), cuts);
+        let Reply::Claim(ClaimDecision::Execute(g)) = r else {
+            panic!("{r:?}")
+        };
+        claim_cut |= store.one_round_trip_sent() > sent;
+        let rec = record(&store, &k).await;
+        assert_eq!(rec.open_lease().unwrap().fence, g.fence);
+        assert_eq!(rec.attempts.len(), 1);
+
+        // A settlement whose COMMIT answer is lost: the receipt is the
+        // committed one, settled once.
+        let k = format!("s{i}");
+        let f = exec_fence(&store, &k).await;
+        let sent = store.one_round_trip_sent();
+        proxy.arm(Cut::AfterCommit);
+        let rc = receipt(store.execute(&acme(), settle_k(&k, f)).await.unwrap());
+        cuts += 1;
+        assert_eq!(proxy.cuts.load(SeqCst), cuts);
+        settle_cut |= store.one_round_trip_sent() > sent;
+        let rec = record(&store, &k).await;
+        assert_eq!(rec.receipt, Some(rc));
+        assert_eq!(rec.attempts[0].observations.len(), 1, "settled once");
+
+        // A settlement whose COMMIT never reaches the server: an error,
+        // the lease still held, and the worker's retry settles.
+        let k = format!("l{i}");
+        let f = exec_fence(&store, &k).await;
+        let sent = store.one_round_trip_sent();
+        proxy.arm(Cut::BeforeCommit);
+        let err = store
+            .execute(&acme(), settle_k(&k, f))
+            .await
+            .expect_err("no receipt without a commit");
+        cuts += 1;
+        assert_eq!(proxy.cuts.load(SeqCst), cuts);
+        assert!(matches!(err, StoreError::Database(_)), "{err:?}");
+        lost_cut |= store.one_round_trip_sent() > sent;
+        let rec = record(&store, &k).await;
+        assert_eq!(rec.status, Status::Pending);
+        assert!(rec.receipt.is_none());
+        assert_eq!(
+            rec.open_lease().unwrap().fence,
+            f,
+            "the lease is still held"
+        );
+        let rc = receipt(store.execute(&acme(), settle_k(&k, f)).await.unwrap());
+        assert_eq!(record(&store, &k).await.receipt, Some(rc));
+
+        if claim_cut && settle_cut && lost_cut {
+            break;
+        }
+    }
+    assert!(
+        claim_cut && settle_cut && lost_cut,
+        "cut on the one-round-trip path: claim {claim_cut}, settlement {settle_cut}, lost COMMIT {lost_cut}"
+    );
+    let d = store.in_doubt();
+    assert!(d.committed >= 2, "{d:?}");
+}
