@@ -60,4 +60,6 @@ mod store;
 
 pub use ledger::{Ledger, LedgerConfig, LedgerError, Reconciled};
 pub use memory::MemStore;
-pub use store::{BoxFuture, Clock, Snapshot, Store, StoreError, StoreStats, SweepReport};
+pub use store::{
+    BoxFuture, Clock, Snapshot, Store, StoreError, StoreStats, SweepReport, panic_message,
+};

@@ -401,3 +401,13 @@ impl Clock {
         self.from_source(source)
     }
 }
+
+/// The message of a caught panic (an engine that catches one in a batch
+/// logs it; the simulator reports it as a violation).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
+}

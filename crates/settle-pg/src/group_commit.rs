@@ -190,11 +190,7 @@ async fn worker(
         // instructions per batch at one client, under callgrind.
         let started = Instant::now();
         if let Err(panic) = AssertUnwindSafe(run(&inner, items)).catch_unwind().await {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
+            let what = settle_ledger::panic_message(panic.as_ref());
             tracing::error!(panic = %what, "a group-commit batch panicked; its callers get an error");
         }
         last_batch_us.store(started.elapsed().as_micros() as u64, Ordering::Relaxed);

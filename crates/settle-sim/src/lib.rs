@@ -83,7 +83,7 @@ pub fn run_seed_with(seed: u64, engine: Option<EngineKind>, reconciler: bool) ->
     match outcome {
         Ok(w) => report(seed, engine, w),
         Err(panic) => {
-            let msg = world::panic_message(panic.as_ref());
+            let msg = settle_ledger::panic_message(panic.as_ref());
             SeedReport {
                 seed,
                 engine,

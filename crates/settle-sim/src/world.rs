@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use settle_core::{Command, Key, Limits, Principal, Reply, Revoke, TenantId};
-use settle_ledger::{LedgerError, StoreError};
+use settle_ledger::{LedgerError, StoreError, panic_message};
 
 use crate::check::Checker;
 use crate::disk::{Crash, Rng};
@@ -830,15 +830,6 @@ impl World {
         self.workers.push(Worker::new(w, spec));
         self.at(start, Ev::Wake { w, epoch: 0 });
     }
-}
-
-/// The message of a caught panic.
-pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "a panic".into())
 }
 
 /// A short description of an answer, for the history.
