@@ -204,6 +204,9 @@ pub struct Lease {
     pub worker: Option<String>,
     /// Null while the lease is live.
     pub ended: Option<LeaseEnded>,
+    /// The `claim_id` of the claim it was granted to (claim rule 5a), if
+    /// that claim carried one.
+    pub claim_id: Option<String>,
 }
 
 impl From<&core::Lease> for Lease {
@@ -222,6 +225,7 @@ impl From<&core::Lease> for Lease {
                 reason: e.reason.into(),
                 at: e.at.into(),
             }),
+            claim_id: l.claim_id.as_ref().map(|c| c.as_str().to_string()),
         }
     }
 }

@@ -266,6 +266,13 @@ pub struct ClaimRequest {
     )]
     #[schema(minimum = 1, maximum = 31536000)]
     pub retention_s: Option<u64>,
+    /// The caller's random id for this claim (at least 96 bits), sent again
+    /// only when it retries this same claim because the answer was lost:
+    /// while the lease granted to it lives, the retry gets the same grant
+    /// (claim rule 5a).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 16, max_length = 64, pattern = "^[A-Za-z0-9_-]{16,64}$")]
+    pub claim_id: Option<String>,
 }
 
 impl ClaimRequest {
@@ -308,6 +315,10 @@ impl ClaimRequest {
             Some(s) => RetentionS::new(s)?,
             None => default_retention,
         };
+        let claim_id = match self.claim_id {
+            Some(id) => Some(core::ClaimId::new(id)?),
+            None => None,
+        };
         Ok(core::Claim {
             key,
             fingerprint,
@@ -316,6 +327,7 @@ impl ClaimRequest {
             worker,
             marks_dispatch: self.marks_dispatch,
             retention_s,
+            claim_id,
         })
     }
 }
@@ -329,6 +341,7 @@ impl From<&core::Claim> for ClaimRequest {
             worker: c.worker.as_ref().map(|w| w.to_string()),
             marks_dispatch: c.marks_dispatch,
             retention_s: Some(c.retention_s.get()),
+            claim_id: c.claim_id.as_ref().map(|id| id.as_str().to_string()),
         }
     }
 }
@@ -496,6 +509,12 @@ pub struct ReleaseRequest {
     /// `not_dispatched` (default) or `not_committed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<ReleaseReason>,
+    /// Remove the record as if collected (default false): allowed only when
+    /// it would be `pending` with no receipt, no reconciliation owed, no
+    /// dispute and no quarantine, else `receipt_required` (a request refused
+    /// before any work, such as a framework's validation error).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub forget: bool,
 }
 
 impl ReleaseRequest {
@@ -505,6 +524,7 @@ impl ReleaseRequest {
             key,
             fence: fence(self.fence)?,
             reason: self.reason.unwrap_or_default().into(),
+            forget: self.forget,
         })
     }
 }
@@ -514,6 +534,7 @@ impl From<&core::Release> for ReleaseRequest {
         ReleaseRequest {
             fence: r.fence.0,
             reason: Some(r.reason.into()),
+            forget: r.forget,
         }
     }
 }

@@ -13,6 +13,8 @@
 //!     fingerprint: "07".repeat(32),
 //!     binding: Binding { principal: "svc-billing".into(), scopes: vec!["charge".into()], generation: 0 },
 //!     lease_ms: None, worker: None, marks_dispatch: false, retention_s: None,
+//!     // Random per claim; sent again only to retry this claim after a lost answer.
+//!     claim_id: Some("Q2xhaW1JZC0wMDAwMDAx".into()),
 //! };
 //! match client.claim("order-42", &claim).await {
 //!     Ok(ClaimDecision::Execute(grant)) => { /* the effect, under grant.fence; then settle */ }

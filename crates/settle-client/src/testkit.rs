@@ -43,6 +43,7 @@ pub fn claim_body(f: u8, b: &Value) -> Value {
         worker: None,
         marks_dispatch: false,
         retention_s: None,
+        claim_id: None,
     })
 }
 

@@ -6,11 +6,11 @@ use crate::record::{Outcome, Receipt, Warning};
 use crate::refusal::RefusalCode;
 use crate::rules::Limits;
 use crate::types::{
-    Binding, Digest, Fence, InvalidInput, Key, LeaseMs, Principal, RetentionS, TaskId, Text,
-    Timestamp, WarningClass,
+    Binding, ClaimId, Digest, Fence, InvalidInput, Key, LeaseMs, Principal, RetentionS, TaskId,
+    Text, Timestamp, WarningClass,
 };
 
-/// `claim(key, fingerprint, binding, lease_ms, worker?, marks_dispatch, retention_s)`.
+/// `claim(key, fingerprint, binding, lease_ms, worker?, marks_dispatch, retention_s, claim_id?)`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct Claim {
     /// The operation's idempotency key.
@@ -28,6 +28,9 @@ pub struct Claim {
     pub marks_dispatch: bool,
     /// How long the record is kept once terminal; only the creating claim's counts.
     pub retention_s: RetentionS,
+    /// The caller's id for this claim: a retry after a lost answer sends it
+    /// again and gets the same grant (claim rule 5a).
+    pub claim_id: Option<ClaimId>,
 }
 
 impl Claim {
@@ -41,6 +44,7 @@ impl Claim {
             worker: None,
             marks_dispatch: false,
             retention_s: RetentionS::DEFAULT,
+            claim_id: None,
         }
     }
 }
@@ -113,6 +117,10 @@ pub struct Release {
     pub fence: Fence,
     /// Why no receipt is needed.
     pub reason: ReleaseReason,
+    /// Remove the record as if collected, allowed only for a record that
+    /// would be `pending` with nothing recorded but leases (SPEC §4
+    /// `release(forget)`): a request refused before any work.
+    pub forget: bool,
 }
 
 /// What a reconciling worker found out about the remote effect.

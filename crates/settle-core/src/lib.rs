@@ -20,6 +20,7 @@
 
 pub mod command;
 pub mod invariants;
+pub mod legacy;
 pub mod record;
 pub mod refusal;
 pub mod rules;
@@ -40,8 +41,8 @@ pub use record::{
 pub use refusal::RefusalCode;
 pub use rules::{Applied, Ctx, Limits, OpState, Principals, apply, principals_needed, view_at};
 pub use types::{
-    Binding, DEFAULT_MAX_RESULT_BYTES, Digest, ErrorText, Fence, InvalidInput, Key, LeaseMs,
-    MAX_RESULT_DEPTH, Principal, ResultJson, RetentionS, Scope, Scopes, TaskId, TenantId, Text,
-    Timestamp, WarningClass,
+    Binding, ClaimId, DEFAULT_MAX_RESULT_BYTES, Digest, ErrorText, Fence, InvalidInput, Key,
+    LeaseMs, MAX_RESULT_DEPTH, Principal, ResultJson, RetentionS, Scope, Scopes, TaskId, TenantId,
+    Text, Timestamp, WarningClass,
 };
 pub use world::World;

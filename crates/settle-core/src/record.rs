@@ -4,7 +4,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::refusal::RefusalCode;
 use crate::types::{
-    Binding, Digest, ErrorText, Fence, InvalidInput, Key, LeaseMs, Principal, ResultJson,
+    Binding, ClaimId, Digest, ErrorText, Fence, InvalidInput, Key, LeaseMs, Principal, ResultJson,
     RetentionS, Scopes, TaskId, Text, Timestamp, WarningClass,
 };
 
@@ -343,6 +343,9 @@ pub struct Lease {
     pub worker: Option<Text>,
     /// `None` while the lease is live.
     pub ended: Option<Ended>,
+    /// The `claim_id` of the claim that was granted this lease: a retry of
+    /// that claim gets the same grant while it lives (claim rule 5a).
+    pub claim_id: Option<ClaimId>,
 }
 
 impl Lease {

@@ -19,7 +19,9 @@ use crate::record::{
     Reservation, Status, Warning,
 };
 use crate::refusal::RefusalCode;
-use crate::types::{Binding, DEFAULT_MAX_RESULT_BYTES, Digest, Fence, Principal, Timestamp};
+use crate::types::{
+    Binding, ClaimId, DEFAULT_MAX_RESULT_BYTES, Digest, Fence, Principal, Timestamp,
+};
 
 /// Configurable limits the rules need.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -408,6 +410,7 @@ fn grant(r: &mut Record, c: &Claim, purpose: Purpose, ctx: &Ctx, tx: &mut Tx) ->
         dispatched: false,
         worker: c.worker.clone(),
         ended: None,
+        claim_id: c.claim_id.clone(),
     };
     r.attempts_total = r.attempts_total.saturating_add(1);
     r.attempts.push(Attempt {
@@ -495,6 +498,11 @@ fn claim_rules(state: &mut OpState, c: &Claim, ctx: &Ctx, tx: &mut Tx) -> Reply 
         let receipt = r.receipt.clone().expect("terminal records have a receipt");
         return Reply::Claim(ClaimDecision::Replay { outcome, receipt });
     }
+    // Rule 5a: a retry of the claim that was granted the live lease (its
+    // answer was lost) gets the same grant; nothing changes.
+    if let Some(decision) = c.claim_id.as_ref().and_then(|id| same_grant(r, id)) {
+        return Reply::Claim(decision);
+    }
     // Rule 6: someone holds a live lease.
     if let Some(l) = r.open_lease() {
         let retry_after_ms = l.expires_at.ms_since(now).clamp(10, 1000);
@@ -511,6 +519,33 @@ fn claim_rules(state: &mut OpState, c: &Claim, ctx: &Ctx, tx: &mut Tx) -> Reply 
     // Rule 8: pending, or conflict without the flag.
     let g = grant(r, c, Purpose::Execute, ctx, tx);
     Reply::Claim(ClaimDecision::Execute(g))
+}
+
+/// Claim rule 5a: the grant first answered to the claim `id`, if the live
+/// lease was granted to it. Lazy expiry and revocation already ran, so an
+/// open lease is unexpired and unrevoked. A reconcile lease that a
+/// `not_committed` finding turned into an execute lease was first answered
+/// `reconcile`.
+fn same_grant(r: &Record, id: &ClaimId) -> Option<ClaimDecision> {
+    let att = r.attempts.last()?;
+    let lease = &att.lease;
+    if !lease.is_open() || lease.claim_id.as_ref() != Some(id) {
+        return None;
+    }
+    let grant = Grant {
+        fence: lease.fence,
+        lease_expires_at: lease.granted_at.plus_ms(lease.lease_ms.get()),
+        attempt: att.number,
+    };
+    let was_reconcile = lease.purpose == Purpose::Reconcile
+        || att.observations.iter().any(|o| {
+            o.accepted && o.call == Call::Reconcile && o.finding == Some(FindingKind::NotCommitted)
+        });
+    Some(if was_reconcile {
+        ClaimDecision::Reconcile(grant)
+    } else {
+        ClaimDecision::Execute(grant)
+    })
 }
 
 /// Checks that `fence` holds the record's current lease (settle rule 1 and
@@ -839,26 +874,61 @@ fn release_rules(state: &mut OpState, c: &Release, ctx: &Ctx, tx: &mut Tx) -> Re
     let Some(r) = state.record.as_mut() else {
         return Reply::Refused(RefusalCode::NotFound);
     };
-    // No margin: ending a lease early is harmless when nothing happened
-    // remotely, and the store's clock decides whether it is still held.
-    if let Err(code) = check_holder(r, c.fence, Some(Purpose::Execute), None, ctx.now) {
-        return Reply::Refused(code);
-    }
     let end = match c.reason {
-        ReleaseReason::NotDispatched => {
-            if r.lease().expect("checked").may_have_dispatched() {
-                return Reply::Refused(RefusalCode::ReceiptRequired);
-            }
-            LeaseEnd::Released
-        }
+        ReleaseReason::NotDispatched => LeaseEnd::Released,
         // The holder attests nothing was applied: the status stays, no
         // flag is set, the lease's end records the attestation, and the
         // next claim executes (SPEC §4 release).
         ReleaseReason::NotCommitted => LeaseEnd::NotCommitted,
     };
+    // A repeat of the release that ended this fence's lease, with the same
+    // reason: its acknowledgement was lost. Nothing changes.
+    if ended_by(r, c.fence, end) {
+        return Reply::Released { fence: c.fence };
+    }
+    // No margin: ending a lease early is harmless when nothing happened
+    // remotely, and the store's clock decides whether it is still held.
+    if let Err(code) = check_holder(r, c.fence, Some(Purpose::Execute), None, ctx.now) {
+        return Reply::Refused(code);
+    }
+    if end == LeaseEnd::Released && r.lease().expect("checked").may_have_dispatched() {
+        return Reply::Refused(RefusalCode::ReceiptRequired);
+    }
+    if c.forget && !forgettable(r) {
+        return Reply::Refused(RefusalCode::ReceiptRequired);
+    }
     end_lease(r, end, ctx.now);
-    tx.touch();
+    if c.forget {
+        // Removed as if collected: the key may be reserved afresh; fences
+        // are store-wide, so none of this record's is ever handed out again.
+        state.record = None;
+        tx.changed = true;
+        tx.recreated = true;
+    } else {
+        tx.touch();
+    }
     Reply::Released { fence: c.fence }
+}
+
+/// Whether the attempt of `fence` (still kept) holds a lease that ended
+/// for `reason`.
+fn ended_by(r: &Record, fence: Fence, reason: LeaseEnd) -> bool {
+    r.attempt_for(fence)
+        .and_then(|a| a.lease.ended)
+        .is_some_and(|e| e.reason == reason)
+}
+
+/// `release(forget)` (SPEC §4): only a record that would be `pending` with
+/// nothing recorded but leases: no receipt (an `unknown` settlement moves
+/// the status, so `pending` also means none was ever settled), no
+/// reconciliation owed, no dispute, no quarantined evidence.
+fn forgettable(r: &Record) -> bool {
+    r.status == Status::Pending
+        && r.receipt.is_none()
+        && !r.reconcile_required
+        && !r.disputed
+        && r.quarantine_total == 0
+        && r.attempts.iter().all(|a| a.receipt.is_none())
 }
 
 /// `reconcile` (SPEC §4): only for the current lease of purpose `reconcile`.
@@ -940,6 +1010,11 @@ fn reconcile_rules(state: &mut OpState, c: &Reconcile, ctx: &Ctx, tx: &mut Tx) -
         && let Some(reply) = settled_evidence(r, &committed_evidence(c.fence, f), now, tx)
     {
         return reply;
+    }
+    // A repeated `unavailable` from the fence whose lease it ended: the
+    // acknowledgement was lost. Nothing changes.
+    if matches!(c.finding, Finding::Unavailable) && ended_by(r, c.fence, LeaseEnd::Unavailable) {
+        return Reply::Released { fence: c.fence };
     }
     // A repeated `not_committed` after a lost acknowledgement: the same
     // grant, nothing changes (as long as the lease was not dispatched since).

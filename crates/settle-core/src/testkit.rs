@@ -85,6 +85,7 @@ pub fn release(k: &str, fence: Fence) -> Command {
         key: key(k),
         fence,
         reason: ReleaseReason::NotDispatched,
+        forget: false,
     })
 }
 /// `release(not_committed)`.
@@ -93,7 +94,31 @@ pub fn release_not_committed(k: &str, fence: Fence) -> Command {
         key: key(k),
         fence,
         reason: ReleaseReason::NotCommitted,
+        forget: false,
     })
+}
+/// `release(reason, forget = true)`.
+pub fn release_forget(k: &str, fence: Fence, reason: ReleaseReason) -> Command {
+    Command::Release(Release {
+        key: key(k),
+        fence,
+        reason,
+        forget: true,
+    })
+}
+/// [`claim`] carrying `claim_id` (claim rule 5a).
+pub fn claim_id(k: &str, f: u8, b: Binding, id: &str) -> Command {
+    let mut c = Claim::new(key(k), fp(f), b);
+    c.claim_id = Some(ClaimId::new(id).unwrap());
+    Command::Claim(c)
+}
+/// `record` as a build before leases kept their `claim_id` stored it
+/// (the engines' format-2 fixtures decode to this).
+pub fn without_claim_ids(mut record: Record) -> Record {
+    for a in &mut record.attempts {
+        a.lease.claim_id = None;
+    }
+    record
 }
 /// A reconcile of key `k` under `fence`.
 pub fn reconcile(k: &str, fence: Fence, finding: Finding) -> Command {
@@ -188,6 +213,8 @@ pub struct FullExecute {
     pub observed_sha256: Option<u8>,
     /// The attempt's error text.
     pub error: &'static str,
+    /// Its lease's `claim_id` (none in the format-2 fixtures).
+    pub claim_id: Option<&'static str>,
 }
 
 /// Attempt 2 of a [`FullRecord`]: a reconcile lease that committed the outcome.
@@ -273,6 +300,7 @@ pub fn fixture_open_record() -> Record {
                 dispatched: false,
                 worker: None,
                 ended: None,
+                claim_id: None,
             },
             receipt: None,
             error: None,
@@ -360,6 +388,7 @@ impl Default for FullRecord {
                 receipt_at: 1_000,
                 observed_sha256: Some(150),
                 error: "connection reset after send",
+                claim_id: Some("c1aim-1d_0f-attempt-1"),
             },
             reconcile: FullReconcile {
                 fence: 7,
@@ -452,6 +481,7 @@ impl FullRecord {
                 reason: LeaseEnd::Settled,
                 at: self.t(ended_at),
             }),
+            claim_id: None,
         }
     }
 
@@ -484,6 +514,7 @@ impl FullRecord {
             number: 1,
             lease: Lease {
                 worker: Some(Text::new("worker", e.worker).unwrap()),
+                claim_id: e.claim_id.map(|c| ClaimId::new(c).unwrap()),
                 ..self.lease(e.fence, Purpose::Execute, e.granted_at, e.settled_at)
             },
             receipt: Some(self.receipt(e.receipt_sha256, Status::Unknown, e.fence, e.receipt_at)),

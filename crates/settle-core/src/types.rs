@@ -144,6 +144,74 @@ token_type!(
     "tenant"
 );
 
+/// A claim's own id (SPEC §4 claim rule 5a): 16–64 of `[A-Za-z0-9_-]`,
+/// drawn at random by the caller for one claim and sent again only when it
+/// retries that claim because the answer was lost.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ClaimId(Arc<str>);
+
+impl Serialize for ClaimId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl ClaimId {
+    /// Shortest accepted id: 16 characters of 64 symbols are 96 bits.
+    pub const MIN_LEN: usize = 16;
+    /// Longest accepted id.
+    pub const MAX_LEN: usize = 64;
+    /// Validates and wraps `s`.
+    pub fn new(s: impl Into<String>) -> Result<ClaimId, InvalidInput> {
+        let s = s.into();
+        if !(Self::MIN_LEN..=Self::MAX_LEN).contains(&s.len()) {
+            return Err(InvalidInput::new(
+                "claim_id",
+                format!(
+                    "is {} characters long; {}-{} of [A-Za-z0-9_-] are allowed (draw at least 96 random bits)",
+                    s.len(),
+                    Self::MIN_LEN,
+                    Self::MAX_LEN
+                ),
+            ));
+        }
+        if let Some(b) = s
+            .bytes()
+            .find(|b| !(b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-'))
+        {
+            return Err(InvalidInput::new(
+                "claim_id",
+                format!("contains byte 0x{b:02x}; only [A-Za-z0-9_-] is allowed"),
+            ));
+        }
+        Ok(ClaimId(s.into()))
+    }
+    /// The validated text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ClaimId {
+    type Error = InvalidInput;
+    fn try_from(s: String) -> Result<Self, InvalidInput> {
+        ClaimId::new(s)
+    }
+}
+
+impl fmt::Display for ClaimId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ClaimId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
 impl TenantId {
     /// The tenant used when authentication is off.
     pub fn default_tenant() -> TenantId {

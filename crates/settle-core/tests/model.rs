@@ -50,6 +50,7 @@ enum Op {
         lease_ms: u64,
         marks_dispatch: bool,
         retention_s: u64,
+        claim_id: Option<u8>,
     },
     Heartbeat {
         tenant: u8,
@@ -74,6 +75,7 @@ enum Op {
         key: u8,
         fence: FenceSel,
         not_committed: bool,
+        forget: bool,
     },
     Reconcile {
         tenant: u8,
@@ -137,9 +139,9 @@ fn op() -> impl Strategy<Value = Op> {
             2 => 300u64..3000,
             1 => 3000u64..20_000,
         ].prop_map(Op::Advance),
-        5 => (tenant(), key.clone(), req(), 100u64..3000, any::<bool>(), 1u64..30).prop_map(
-            |(tenant, key, req, lease_ms, marks_dispatch, retention_s)| Op::Claim {
-                tenant, key, req, lease_ms, marks_dispatch, retention_s
+        5 => (tenant(), key.clone(), req(), 100u64..3000, any::<bool>(), 1u64..30, proptest::option::of(0u8..2)).prop_map(
+            |(tenant, key, req, lease_ms, marks_dispatch, retention_s, claim_id)| Op::Claim {
+                tenant, key, req, lease_ms, marks_dispatch, retention_s, claim_id
             }
         ),
         1 => (tenant(), key.clone(), fence_sel(), proptest::option::of(100u64..3000))
@@ -147,7 +149,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (tenant(), key.clone(), fence_sel()).prop_map(|(tenant, key, fence)| Op::Dispatch { tenant, key, fence }),
         5 => (tenant(), key.clone(), fence_sel(), req(), 0u8..5)
             .prop_map(|(tenant, key, fence, req, outcome)| Op::Settle { tenant, key, fence, req, outcome }),
-        2 => (tenant(), key.clone(), fence_sel(), any::<bool>()).prop_map(|(tenant, key, fence, not_committed)| Op::Release { tenant, key, fence, not_committed }),
+        2 => (tenant(), key.clone(), fence_sel(), any::<bool>(), proptest::bool::weighted(0.25)).prop_map(|(tenant, key, fence, not_committed, forget)| Op::Release { tenant, key, fence, not_committed, forget }),
         3 => (tenant(), key.clone(), fence_sel(), 0u8..3, req(), 0u8..3).prop_map(
             |(tenant, key, fence, finding, req, outcome)| Op::Reconcile { tenant, key, fence, finding, req, outcome }
         ),
@@ -243,12 +245,16 @@ impl Model {
                 lease_ms,
                 marks_dispatch,
                 retention_s,
+                claim_id,
             } => {
                 let tn = t(tenant);
                 let mut c = Claim::new(k(key), common::fp(req.fp), self.binding(&tn, req));
                 c.lease_ms = LeaseMs::new(*lease_ms).unwrap();
                 c.marks_dispatch = *marks_dispatch;
                 c.retention_s = RetentionS::new(*retention_s).unwrap();
+                // Two ids, so that retries (rule 5a) and other claims both occur.
+                c.claim_id =
+                    claim_id.map(|i| ClaimId::new(format!("model-claim-id-{i:04}")).unwrap());
                 (tn, Command::Claim(c))
             }
             Op::Heartbeat {
@@ -299,6 +305,7 @@ impl Model {
                 key,
                 fence,
                 not_committed,
+                forget,
             } => {
                 let tn = t(tenant);
                 let fence = self.fence(&tn, &k(key), fence);
@@ -312,6 +319,7 @@ impl Model {
                         } else {
                             ReleaseReason::NotDispatched
                         },
+                        forget: *forget,
                     }),
                 )
             }
@@ -599,6 +607,62 @@ impl Model {
             prop_assert_eq!(a, Some(b));
             let l = b.open_lease().expect("checked");
             prop_assert_eq!((g.fence, g.lease_expires_at), (l.fence, l.expires_at));
+        }
+
+        // Claim rule 5a: a grant without a new fence is a retry of the claim
+        // that was granted the live lease: the same grant as first answered,
+        // and nothing changed.
+        if let (Command::Claim(c), Reply::Claim(d)) = (cmd, &applied.reply)
+            && let Some(g) = d.grant()
+            && !applied.fence_used
+        {
+            let b = b_live.as_ref().expect("a retry finds the record");
+            let l = b.open_lease().expect("a retry finds the live lease");
+            prop_assert!(c.claim_id.is_some() && l.claim_id == c.claim_id);
+            prop_assert_eq!(
+                (g.fence, g.lease_expires_at),
+                (l.fence, l.granted_at.plus_ms(l.lease_ms.get()))
+            );
+            prop_assert_eq!(a, Some(b));
+        }
+        // A claim carrying the live lease's claim_id never gets in_flight.
+        if let (Command::Claim(c), Some(b)) = (cmd, b_live.as_ref())
+            && c.claim_id.is_some()
+            && b.reservation.mismatch(&c.fingerprint, &c.binding).is_none()
+            && c.binding.generation == b.reservation.generation
+            && b.open_lease().is_some_and(|l| l.claim_id == c.claim_id)
+        {
+            prop_assert!(
+                !matches!(applied.reply, Reply::Claim(ClaimDecision::InFlight { .. })),
+                "{:?}",
+                applied.reply
+            );
+        }
+        // release(forget): a record removed only when it was pending with
+        // nothing recorded but leases; a refused forget changes nothing.
+        if let Command::Release(rl) = cmd
+            && rl.forget
+        {
+            match (&applied.reply, b_live.as_ref()) {
+                (Reply::Released { .. }, Some(b))
+                    if b.open_lease().is_some_and(|l| l.fence == rl.fence) =>
+                {
+                    prop_assert!(a.is_none(), "a forgotten record is gone");
+                    prop_assert_eq!(b.status, Status::Pending);
+                    prop_assert!(b.receipt.is_none() && !b.reconcile_required && !b.disputed);
+                    prop_assert_eq!(b.quarantine_total, 0);
+                }
+                (Reply::Refused(_), Some(b)) => prop_assert_eq!(a, Some(b)),
+                _ => {}
+            }
+        }
+        // A repeated release or reconcile(unavailable) of a lease that
+        // call already ended is answered 200 and changes nothing.
+        if let (Reply::Released { fence }, Some(b)) = (&applied.reply, b_live.as_ref())
+            && b.attempt_for(*fence)
+                .is_some_and(|x| x.lease.ended.is_some())
+        {
+            prop_assert_eq!(a, Some(b));
         }
 
         // Reply::quarantined says exactly when evidence was quarantined.

@@ -108,6 +108,113 @@ fn claim_rule5_terminal_replays_outcome_and_receipt() {
 }
 
 #[test]
+fn claim_rule5a_a_retried_claim_id_gets_the_same_grant_and_changes_nothing() {
+    let mut h = H::new();
+    let id = "retry-claim-0000000001";
+    let Reply::Claim(ClaimDecision::Execute(g)) = h.run(claim_id("a", 1, binding("alice", 0), id))
+    else {
+        panic!("expected execute")
+    };
+    assert_eq!(
+        h.rec("a")
+            .lease()
+            .unwrap()
+            .claim_id
+            .as_ref()
+            .map(|c| c.as_str()),
+        Some(id),
+        "the lease keeps its claim_id"
+    );
+    // The answer was lost; a heartbeat from somewhere moved the expiry: the
+    // retry still gets the grant as first answered, and nothing changes.
+    h.advance(500);
+    let before = h.rec("a");
+    assert_eq!(
+        h.run(claim_id("a", 1, binding("alice", 0), id)),
+        Reply::Claim(ClaimDecision::Execute(g))
+    );
+    assert_eq!(h.rec("a"), before);
+    // Another id, or none, meets the live lease.
+    for c in [
+        claim_id("a", 1, binding("alice", 0), "another-claim-00000002"),
+        claim("a", 1, binding("alice", 0)),
+    ] {
+        assert!(matches!(
+            h.run(c),
+            Reply::Claim(ClaimDecision::InFlight { .. })
+        ));
+    }
+    // Rules 1-4 come first: a mismatched retry learns nothing.
+    assert_eq!(
+        refused(&h.run(claim_id("a", 2, binding("alice", 0), id))),
+        Some(RefusalCode::FingerprintMismatch)
+    );
+}
+
+#[test]
+fn claim_rule5a_an_ended_lease_makes_the_same_id_an_ordinary_claim() {
+    let mut h = H::new();
+    let id = "retry-claim-0000000003";
+    let g1 = match h.run(claim_id("a", 1, binding("alice", 0), id)) {
+        Reply::Claim(ClaimDecision::Execute(g)) => g,
+        other => panic!("{other:?}"),
+    };
+    // The lease lapsed (no marks_dispatch: reconcile required): the same id
+    // is an ordinary claim now and gets a new reconcile lease.
+    h.advance(30_000);
+    let g2 = match h.run(claim_id("a", 1, binding("alice", 0), id)) {
+        Reply::Claim(ClaimDecision::Reconcile(g)) => g,
+        other => panic!("{other:?}"),
+    };
+    assert!(g2.fence > g1.fence);
+    // A reconcile grant is answered again as reconcile, also after its
+    // not_committed finding turned it into an execute lease.
+    assert_eq!(
+        h.run(claim_id("a", 1, binding("alice", 0), id)),
+        Reply::Claim(ClaimDecision::Reconcile(g2))
+    );
+    h.run(reconcile("a", g2.fence, Finding::NotCommitted));
+    assert_eq!(
+        h.run(claim_id("a", 1, binding("alice", 0), id)),
+        Reply::Claim(ClaimDecision::Reconcile(g2))
+    );
+    // Settled: a retry is replayed (rule 5 comes before 5a).
+    h.run(settle("a", g2.fence, 1, binding("alice", 0), completed(1)));
+    assert!(matches!(
+        h.run(claim_id("a", 1, binding("alice", 0), id)),
+        Reply::Claim(ClaimDecision::Replay { .. })
+    ));
+}
+
+#[test]
+fn claim_rule5a_a_revoked_lease_is_not_granted_again() {
+    let mut h = H::new();
+    let id = "retry-claim-0000000004";
+    h.run(claim_with("a", 1, binding("alice", 0), 30_000, true));
+    let rec = h.rec("a");
+    let f = rec.lease().unwrap().fence;
+    h.run(release("a", f));
+    let g = match h.run(claim_id("a", 1, binding("alice", 0), id)) {
+        Reply::Claim(ClaimDecision::Execute(g)) => g,
+        other => panic!("{other:?}"),
+    };
+    h.run(revoke("alice"));
+    // The retry carries the old generation: stale_binding (rule 1), never
+    // the revoked grant.
+    assert_eq!(
+        refused(&h.run(claim_id("a", 1, binding("alice", 0), id))),
+        Some(RefusalCode::StaleBinding)
+    );
+    // With the new generation (rule 4 revoked the lease): a new grant.
+    match h.run(claim_id("a", 1, binding("alice", 1), id)) {
+        Reply::Claim(ClaimDecision::Reconcile(g2) | ClaimDecision::Execute(g2)) => {
+            assert!(g2.fence > g.fence)
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
 fn claim_rule6_live_lease_is_in_flight_with_bounded_retry_hint() {
     let mut h = H::new();
     h.exec(claim_with("a", 1, binding("alice", 0), 5000, false));
@@ -347,10 +454,76 @@ fn release_requires_marks_dispatch_and_no_dispatch() {
         rec.lease().unwrap().ended.unwrap().reason,
         LeaseEnd::Released
     );
-    // Released means ended: the fence is now stale.
+    // Released means ended: a repeat with the same reason is a lost
+    // acknowledgement (200, nothing changes); another reason is stale.
+    let before = h.rec("c");
+    assert_eq!(h.run(release("c", f)), Reply::Released { fence: f });
+    assert_eq!(h.rec("c"), before);
     assert_eq!(
-        refused(&h.run(release("c", f))),
+        refused(&h.run(release_not_committed("c", f))),
         Some(RefusalCode::StaleFence)
+    );
+}
+
+#[test]
+fn release_forget_removes_a_record_with_nothing_recorded() {
+    let mut h = H::new();
+    // A request refused before any work (a framework's 422): released with
+    // forget, also after dispatch (the middleware marks it first).
+    let f = h.exec(claim_with("a", 1, binding("alice", 0), 1000, true));
+    h.run(dispatch("a", f));
+    assert_eq!(
+        h.run(release_forget("a", f, ReleaseReason::NotCommitted)),
+        Reply::Released { fence: f }
+    );
+    assert!(!h.w.records.contains_key(&(h.tenant.clone(), key("a"))));
+    // The corrected request (another fingerprint) claims the key afresh,
+    // above every fence the forgotten record had.
+    let g = h.exec(claim("a", 2, binding("alice", 0)));
+    assert!(g > f);
+    // A repeat of the forgetting release finds no record.
+    assert_eq!(
+        refused(&h.run(release_forget("a", f, ReleaseReason::NotCommitted))),
+        Some(RefusalCode::StaleFence)
+    );
+}
+
+#[test]
+fn release_forget_is_refused_where_something_was_recorded() {
+    let mut h = H::new();
+    // unknown: an attempt was settled.
+    let f = h.exec(claim("u", 1, binding("alice", 0)));
+    h.run(settle("u", f, 1, binding("alice", 0), unknown()));
+    let g = match h.run(claim("u", 1, binding("alice", 0))) {
+        Reply::Claim(ClaimDecision::Reconcile(g)) => g,
+        other => panic!("{other:?}"),
+    };
+    h.run(reconcile("u", g.fence, Finding::NotCommitted));
+    let before = h.rec("u");
+    assert_eq!(
+        refused(&h.run(release_forget("u", g.fence, ReleaseReason::NotCommitted))),
+        Some(RefusalCode::ReceiptRequired)
+    );
+    assert_eq!(h.rec("u"), before, "nothing changes");
+    // Quarantined evidence (a stale settle) is kept for audit.
+    let f = h.exec(claim("q", 1, binding("alice", 0)));
+    h.run(settle(
+        "q",
+        Fence(f.0 + 1000),
+        1,
+        binding("alice", 0),
+        completed(1),
+    ));
+    assert_eq!(
+        refused(&h.run(release_forget("q", f, ReleaseReason::NotCommitted))),
+        Some(RefusalCode::ReceiptRequired)
+    );
+    assert!(h.rec("q").open_lease().is_some());
+    // Without marks_dispatch, not_dispatched still needs a receipt.
+    let f = h.exec(claim("n", 1, binding("alice", 0)));
+    assert_eq!(
+        refused(&h.run(release_forget("n", f, ReleaseReason::NotDispatched))),
+        Some(RefusalCode::ReceiptRequired)
     );
 }
 
@@ -666,6 +839,17 @@ fn reconcile_unavailable_releases_and_keeps_the_flag() {
     let rec = h.rec("a");
     assert!(rec.reconcile_required);
     assert!(rec.open_lease().is_none());
+    // A repeat (the acknowledgement was lost): 200, nothing changes, no
+    // quarantine; other findings from that fence are stale.
+    assert_eq!(
+        h.run(reconcile("a", f, Finding::Unavailable)),
+        Reply::Released { fence: f }
+    );
+    assert_eq!(h.rec("a"), rec);
+    assert_eq!(
+        refused(&h.run(reconcile("a", f, Finding::NotCommitted))),
+        Some(RefusalCode::StaleFence)
+    );
     assert!(matches!(
         h.run(claim("a", 1, binding("alice", 0))),
         Reply::Claim(ClaimDecision::Reconcile(_))
@@ -1335,9 +1519,17 @@ fn release_not_committed_after_dispatch_keeps_status_and_the_next_claim_executes
     assert_eq!(end.at, Timestamp(h.now));
     let g = h.exec(claim("a", 1, binding("alice", 0)));
     assert!(g > f, "the next claim executes");
-    // The released fence is stale from now on.
+    // A repeat of that release (its answer was lost) is answered 200 and
+    // changes nothing, also after the next claim took over; another
+    // reason from the released fence is stale.
+    let before = h.rec("a");
     assert_eq!(
-        refused(&h.run(release_not_committed("a", f))),
+        h.run(release_not_committed("a", f)),
+        Reply::Released { fence: f }
+    );
+    assert_eq!(h.rec("a"), before);
+    assert_eq!(
+        refused(&h.run(release("a", f))),
         Some(RefusalCode::StaleFence)
     );
 }

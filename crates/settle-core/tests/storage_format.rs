@@ -68,6 +68,7 @@ fn record() -> Record {
             receipt_at: 500,
             observed_sha256: None,
             error: "reset\nafter 30 s",
+            claim_id: Some("Zm9vYmFyYmF6cXV4LTEyMw"),
         },
         reconcile: FullReconcile {
             fence: 9,

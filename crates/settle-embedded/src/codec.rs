@@ -10,8 +10,13 @@ use settle_ledger::StoreError;
 /// Version of the value encoding written by this build.
 /// 2: records keep each attempt's `error`, leases can end by
 /// `release(not_committed)`, principals keep their newest moves.
-/// A store written in version 1 is refused on open (no converter).
-pub const FORMAT_VERSION: u8 = 2;
+/// 3: leases keep the `claim_id` of their claim (SPEC §4 rule 5a).
+/// Values of version 2 are read through `settle_core::legacy::v2` (their
+/// leases have no `claim_id`); a store written in version 1 is refused on
+/// open (no converter).
+pub const FORMAT_VERSION: u8 = 3;
+/// The previous value encoding, still read.
+pub const FORMAT_VERSION_2: u8 = 2;
 /// Version of the log frame encoding (2: checksummed header bound to its
 /// segment and offset, the disputed count in every batch).
 pub const FRAME_VERSION: u8 = 2;
@@ -164,11 +169,36 @@ fn varint_len(n: u64) -> usize {
     (64 - (n | 1).leading_zeros() as usize).div_ceil(7)
 }
 
+/// [`Value`] as format 2 wrote it: records without `claim_id`s.
+// Read once per value and converted at once; the same layout as `Value`.
+#[allow(clippy::large_enum_variant)]
+#[derive(Deserialize)]
+enum ValueV2 {
+    Record(settle_core::legacy::v2::Record),
+    Principal(PrincipalState),
+    Warnings(Vec<Warning>),
+    Gone,
+}
+
+impl From<ValueV2> for Value {
+    fn from(v: ValueV2) -> Value {
+        match v {
+            ValueV2::Record(r) => Value::Record(r.into()),
+            ValueV2::Principal(p) => Value::Principal(p),
+            ValueV2::Warnings(w) => Value::Warnings(w),
+            ValueV2::Gone => Value::Gone,
+        }
+    }
+}
+
 pub fn decode_value(b: &[u8]) -> Result<Value, StoreError> {
     match b.split_first() {
         Some((&FORMAT_VERSION, rest)) => {
             postcard::from_bytes(rest).map_err(|e| StoreError::Corrupt(format!("value: {e}")))
         }
+        Some((&FORMAT_VERSION_2, rest)) => postcard::from_bytes::<ValueV2>(rest)
+            .map(Value::from)
+            .map_err(|e| StoreError::Corrupt(format!("value (format 2): {e}"))),
         Some((v, _)) => Err(StoreError::Corrupt(format!(
             "unknown value format version {v}"
         ))),

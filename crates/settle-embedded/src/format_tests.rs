@@ -1,5 +1,6 @@
 //! The frozen on-disk formats: log frame format 2 carrying values of
-//! format 2 (`codec::FRAME_VERSION`, `codec::FORMAT_VERSION`).
+//! format 3 (`codec::FRAME_VERSION`, `codec::FORMAT_VERSION`), and values
+//! of format 2 (leases without `claim_id`) still read.
 //!
 //! `tests/fixtures/` holds bytes written once by the build that introduced
 //! each version. Every later build must decode them to the values built
@@ -18,7 +19,9 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use settle_core::testkit::{fixture_open_record, fixture_principal, fixture_warnings, full_record};
+use settle_core::testkit::{
+    fixture_open_record, fixture_principal, fixture_warnings, full_record, without_claim_ids,
+};
 use settle_core::{Key, Principal, Record, TaskId, TenantId, invariants};
 
 use crate::codec::{
@@ -35,6 +38,10 @@ const FRAME_V2: &str = "log-frame-v2-values-v2.bin";
 const RECORD_V2: &str = "value-record-v2.bin";
 const WARNINGS_V2: &str = "value-warnings-v2.bin";
 const PRINCIPAL_V2: &str = "value-principal-v2.bin";
+const FRAME_V2_VALUES_V3: &str = "log-frame-v2-values-v3.bin";
+const RECORD_V3: &str = "value-record-v3.bin";
+const WARNINGS_V3: &str = "value-warnings-v3.bin";
+const PRINCIPAL_V3: &str = "value-principal-v3.bin";
 
 fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -62,7 +69,15 @@ fn settled_record() -> Record {
 
 /// The frame's entities, with the `open` flag and `expires_at` each entry carries.
 fn frame_entities() -> Vec<(EntityKey, Value, bool, Option<u64>)> {
-    let settled = settled_record();
+    frame_entities_of(settled_record())
+}
+
+/// [`frame_entities`] as values of format 2 read them: no `claim_id`s.
+fn frame_entities_v2() -> Vec<(EntityKey, Value, bool, Option<u64>)> {
+    frame_entities_of(without_claim_ids(settled_record()))
+}
+
+fn frame_entities_of(settled: Record) -> Vec<(EntityKey, Value, bool, Option<u64>)> {
     let expires = T0 + 2_000 + 604_800_000;
     vec![
         (
@@ -215,16 +230,24 @@ fn the_expected_records_are_valid_records() {
 
 #[test]
 fn log_frame_v2_fixture_decodes_to_the_expected_batch() {
-    let bytes = fixture(FRAME_V2);
+    frame_fixture_decodes_to(FRAME_V2, frame_entities_v2());
+}
+
+#[test]
+fn log_frame_v2_values_v3_fixture_decodes_to_the_expected_batch() {
+    frame_fixture_decodes_to(FRAME_V2_VALUES_V3, frame_entities());
+}
+
+fn frame_fixture_decodes_to(name: &str, expected: Vec<(EntityKey, Value, bool, Option<u64>)>) {
+    let bytes = fixture(name);
     let Frame::Ok(batch, len) = decode_frame(&bytes, FRAME_SEQ, FRAME_OFFSET).unwrap() else {
-        panic!("{FRAME_V2} is not a whole frame at segment {FRAME_SEQ} byte {FRAME_OFFSET}");
+        panic!("{name} is not a whole frame at segment {FRAME_SEQ} byte {FRAME_OFFSET}");
     };
     assert_eq!(len, bytes.len());
     assert_eq!(
         (batch.version, batch.lsn, batch.next_fence, batch.disputed),
         (2, LSN, NEXT_FENCE, DISPUTED)
     );
-    let expected = frame_entities();
     assert_eq!(batch.entries.len(), expected.len());
     for (e, (key, value, open, expires_at)) in batch.entries.iter().zip(&expected) {
         assert_eq!(&EntityKey::from_bytes(e.key).unwrap(), key);
@@ -235,22 +258,39 @@ fn log_frame_v2_fixture_decodes_to_the_expected_batch() {
 
 #[test]
 fn value_v2_fixtures_decode_to_the_expected_values() {
+    // Format 2 had no claim_id: its leases read back without one.
     for (name, want) in [
-        (RECORD_V2, Value::Record(settled_record())),
+        (
+            RECORD_V2,
+            Value::Record(without_claim_ids(settled_record())),
+        ),
         (WARNINGS_V2, Value::Warnings(fixture_warnings())),
         (PRINCIPAL_V2, Value::Principal(fixture_principal())),
+    ] {
+        assert_eq!(decode_value(&fixture(name)).unwrap(), want, "{name}");
+    }
+    assert_ne!(without_claim_ids(settled_record()), settled_record());
+}
+
+#[test]
+fn value_v3_fixtures_decode_to_the_expected_values() {
+    for (name, want) in [
+        (RECORD_V3, Value::Record(settled_record())),
+        (WARNINGS_V3, Value::Warnings(fixture_warnings())),
+        (PRINCIPAL_V3, Value::Principal(fixture_principal())),
     ] {
         assert_eq!(decode_value(&fixture(name)).unwrap(), want, "{name}");
     }
 }
 
 #[test]
-fn this_build_writes_the_v2_fixtures_byte_for_byte() {
-    // Version 2 is the one this build writes. After a deliberate bump,
-    // write the new version's fixtures (see the module docs), keep the v2
-    // files and their decode tests, and check the new files here instead.
-    assert_eq!((FRAME_VERSION, FORMAT_VERSION), (2, 2));
-    let names = [FRAME_V2, RECORD_V2, WARNINGS_V2, PRINCIPAL_V2];
+fn this_build_writes_the_v3_fixtures_byte_for_byte() {
+    // Frame version 2 with values of version 3 is what this build writes.
+    // After a deliberate bump, write the new version's fixtures (see the
+    // module docs), keep these files and their decode tests, and check the
+    // new files here instead.
+    assert_eq!((FRAME_VERSION, FORMAT_VERSION), (2, 3));
+    let names = [FRAME_V2_VALUES_V3, RECORD_V3, WARNINGS_V3, PRINCIPAL_V3];
     for ((name, bytes), want) in current_fixtures().into_iter().zip(names) {
         assert_eq!(name, want);
         assert!(

@@ -135,6 +135,7 @@ fn lease(out: &mut Vec<u8>, l: &Lease) {
         dispatched,
         worker,
         ended,
+        claim_id,
     } = l;
     varint(out, fence.0);
     variant(out, *p as u8);
@@ -150,6 +151,7 @@ fn lease(out: &mut Vec<u8>, l: &Lease) {
         variant(out, *reason as u8);
         varint(out, at.0);
     });
+    option(out, claim_id.as_ref(), |out, c| str(out, c.as_str()));
 }
 
 fn observation(out: &mut Vec<u8>, o: &Observation) {
@@ -264,8 +266,8 @@ mod tests {
         QuarantineEntry, Receipt, Reservation, Status,
     };
     use settle_core::{
-        Binding, Digest, ErrorText, Fence, Key, LeaseMs, Outcome, Principal, Record, RefusalCode,
-        ResultJson, RetentionS, Scopes, Text, Timestamp,
+        Binding, ClaimId, Digest, ErrorText, Fence, Key, LeaseMs, Outcome, Principal, Record,
+        RefusalCode, ResultJson, RetentionS, Scopes, Text, Timestamp,
     };
 
     use crate::codec::Value;
@@ -391,6 +393,7 @@ mod tests {
             (100u64..=3_600_000, any::<bool>(), any::<bool>()),
             proptest::option::of(text().prop_map(|t| Text::new("worker", t).unwrap())),
             proptest::option::of((end, ts()).prop_map(|(reason, at)| Ended { reason, at })),
+            proptest::option::of("[A-Za-z0-9_-]{16,64}".prop_map(|c| ClaimId::new(c).unwrap())),
         )
             .prop_map(
                 |(
@@ -398,6 +401,7 @@ mod tests {
                     (ms, md, d),
                     worker,
                     ended,
+                    claim_id,
                 )| {
                     Lease {
                         fence: Fence(f),
@@ -414,6 +418,7 @@ mod tests {
                         dispatched: d,
                         worker,
                         ended,
+                        claim_id,
                     }
                 },
             )

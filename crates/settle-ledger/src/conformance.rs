@@ -98,7 +98,8 @@ macro_rules! conformance_tests {
             listing_filters_and_tenant_stats_agree,
             listing_orders_and_prefixes,
             generations_are_read_back,
-            an_export_holds_every_entity_as_stored
+            an_export_holds_every_entity_as_stored,
+            lost_answers_are_answered_again
         );
     };
     (@cases $make:expr; $($name:ident),* $(,)?) => {
@@ -595,6 +596,100 @@ pub async fn release_not_committed_and_attempt_errors_are_persisted(fx: &Fixture
     assert_eq!(r.attempts[1].error.as_ref(), Some(&error));
     assert_eq!(r.attempts[1].receipt.as_ref(), Some(&rc));
     assert_eq!(rc.response_sha256, Some(fp(42)));
+}
+
+/// SPEC §4's answers to a retry after a lost answer, as stored: a claim's
+/// `claim_id` kept on its lease (the retry gets the same grant), a repeated
+/// dispatch, release and `reconcile(unavailable)` answered 200 without a
+/// change, and `release(forget)` removing the record so its key can be
+/// reserved afresh, above every fence it had.
+pub async fn lost_answers_are_answered_again(fx: &Fixture) {
+    let id = "conformance-claim-0001";
+    let g = match fx.run(claim_id("c", 1, binding("alice", 0), id)).await {
+        Reply::Claim(ClaimDecision::Execute(g)) => g,
+        other => panic!("{other:?}"),
+    };
+    let rec = fx.get("c").await.unwrap();
+    assert_eq!(
+        rec.lease().unwrap().claim_id.as_ref().map(ClaimId::as_str),
+        Some(id)
+    );
+    fx.clock.advance(100);
+    assert_eq!(
+        fx.run(claim_id("c", 1, binding("alice", 0), id)).await,
+        Reply::Claim(ClaimDecision::Execute(g))
+    );
+    assert_eq!(fx.get("c").await.unwrap(), rec, "nothing changed");
+    assert!(matches!(
+        fx.run(claim("c", 1, binding("alice", 0))).await,
+        Reply::Claim(ClaimDecision::InFlight { .. })
+    ));
+
+    // dispatch and release(not_committed), each repeated.
+    assert!(matches!(
+        fx.run(dispatch("c", g.fence)).await,
+        Reply::Dispatched(_)
+    ));
+    let rec = fx.get("c").await.unwrap();
+    assert!(matches!(
+        fx.run(dispatch("c", g.fence)).await,
+        Reply::Dispatched(_)
+    ));
+    assert_eq!(fx.get("c").await.unwrap(), rec);
+    for _ in 0..2 {
+        assert_eq!(
+            fx.run(release_not_committed("c", g.fence)).await,
+            Reply::Released { fence: g.fence }
+        );
+    }
+    let rec = fx.get("c").await.unwrap();
+    assert_eq!(rec.attempts.len(), 1);
+    assert_eq!(
+        rec.attempts[0].lease.ended.unwrap().reason,
+        LeaseEnd::NotCommitted
+    );
+
+    // reconcile(unavailable), repeated: no quarantine.
+    let f = fx.exec(claim("u", 1, binding("alice", 0))).await;
+    fx.run(settle("u", f, 1, binding("alice", 0), unknown()))
+        .await;
+    let g = match fx.run(claim("u", 1, binding("alice", 0))).await {
+        Reply::Claim(ClaimDecision::Reconcile(g)) => g,
+        other => panic!("{other:?}"),
+    };
+    for _ in 0..2 {
+        assert_eq!(
+            fx.run(reconcile("u", g.fence, Finding::Unavailable)).await,
+            Reply::Released { fence: g.fence }
+        );
+    }
+    let rec = fx.get("u").await.unwrap();
+    assert_eq!(rec.quarantine_total, 0);
+    assert!(rec.reconcile_required);
+
+    // release(forget): gone, and claimed afresh with another fingerprint.
+    let f = fx
+        .exec(claim_with("f", 1, binding("alice", 0), 30_000, true))
+        .await;
+    assert!(matches!(
+        fx.run(dispatch("f", f)).await,
+        Reply::Dispatched(_)
+    ));
+    assert_eq!(
+        fx.run(release_forget("f", f, ReleaseReason::NotCommitted))
+            .await,
+        Reply::Released { fence: f }
+    );
+    assert_eq!(fx.get("f").await, None);
+    let f2 = fx.exec(claim("f", 2, binding("alice", 0))).await;
+    assert!(f2 > f);
+    assert_eq!(fx.get("f").await.unwrap().reservation.fingerprint, fp(2));
+    // A record with something recorded is not forgotten.
+    assert_eq!(
+        fx.run(release_forget("u", g.fence, ReleaseReason::NotCommitted))
+            .await,
+        Reply::Refused(RefusalCode::StaleFence)
+    );
 }
 
 /// A result is stored as the compact text that was sent: a replay returns

@@ -196,6 +196,7 @@ async fn release_not_committed_through_the_ledger() {
                 key: key("e"),
                 fence: g.fence,
                 reason: ReleaseReason::NotCommitted,
+                forget: false,
             },
         )
         .await

@@ -134,6 +134,7 @@ impl Unsettled {
                     key: self.lkey.clone(),
                     fence: self.fence,
                     reason: ReleaseReason::NotCommitted,
+                    forget: false,
                 })
             }
             d => {
@@ -191,6 +192,7 @@ impl Unsettled {
                 key: self.lkey.clone(),
                 fence: self.fence,
                 reason: ReleaseReason::NotCommitted,
+                forget: false,
             });
             self.state = Some(cmd.clone());
             self.record(cmd).await;

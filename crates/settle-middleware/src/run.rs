@@ -211,6 +211,7 @@ where
             worker,
             marks_dispatch: true,
             retention_s: s.retention_s,
+            claim_id: None,
         };
         // With the route's `wait`, a duplicate claims again until the
         // first request's outcome arrives or the wait is over.
@@ -301,6 +302,7 @@ where
                     key: c.lkey.clone(),
                     fence: g.fence,
                     reason,
+                    forget: false,
                 })
             };
             if let Err(CallError::Refused(RefusalCode::ReceiptRequired)) =

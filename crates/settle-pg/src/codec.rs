@@ -13,10 +13,23 @@ use crate::PgError;
 /// `release(not_committed)` and results were kept as sent: records in it
 /// are refused (there is no converter); warnings did not change and are read.
 pub const FORMAT_POSTCARD_V1: i16 = 1;
-/// The same encoding of the current layout (see [`FORMAT_POSTCARD_V1`]).
+/// The same encoding of the layout before leases kept their `claim_id`:
+/// records in it are read through `settle_core::legacy::v2`.
 pub const FORMAT_POSTCARD_V2: i16 = 2;
+/// The same encoding of the current layout: leases keep the `claim_id` of
+/// their claim (SPEC §4 rule 5a).
+pub const FORMAT_POSTCARD_V3: i16 = 3;
 /// The format this build writes.
-pub const FORMAT: i16 = FORMAT_POSTCARD_V2;
+pub const FORMAT: i16 = FORMAT_POSTCARD_V3;
+/// The record formats this build reads (a row in another one is refused,
+/// never taken for absent), as an SQL list: the sweep's and the stats'
+/// queries select by it.
+pub const READ_FORMATS_SQL: &str = "2, 3";
+
+/// Whether this build reads records of `format`.
+pub fn reads_format(format: i16) -> bool {
+    matches!(format, FORMAT_POSTCARD_V2 | FORMAT_POSTCARD_V3)
+}
 
 pub fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, PgError> {
     postcard::to_allocvec(value).map_err(|e| PgError::Corrupt(format!("cannot encode: {e}")))
@@ -35,6 +48,9 @@ pub fn decode<T: DeserializeOwned>(what: &str, format: i16, bytes: &[u8]) -> Res
 
 pub fn decode_record(format: Option<i16>, value: Option<&[u8]>) -> Result<Option<Record>, PgError> {
     match (format, value) {
+        (Some(FORMAT_POSTCARD_V2), Some(v)) => {
+            decode::<settle_core::legacy::v2::Record>("record", FORMAT, v).map(|r| Some(r.into()))
+        }
         (Some(f), Some(v)) => decode("record", f, v).map(Some),
         // A placeholder row (inserted to lock a key that had no record) is no record.
         _ => Ok(None),
@@ -43,8 +59,8 @@ pub fn decode_record(format: Option<i16>, value: Option<&[u8]>) -> Result<Option
 
 pub fn decode_warnings(format: Option<i16>, value: Option<&[u8]>) -> Result<Vec<Warning>, PgError> {
     match (format, value) {
-        // Warnings kept their layout in format 2.
-        (Some(FORMAT_POSTCARD_V1), Some(v)) => decode("warnings", FORMAT, v),
+        // Warnings kept their layout in formats 2 and 3.
+        (Some(FORMAT_POSTCARD_V1 | FORMAT_POSTCARD_V2), Some(v)) => decode("warnings", FORMAT, v),
         (Some(f), Some(v)) => decode("warnings", f, v),
         _ => Ok(Vec::new()),
     }
@@ -212,7 +228,7 @@ mod tests {
         let bytes = encode(&ws).unwrap();
         assert_eq!(decode_warnings(Some(FORMAT), Some(&bytes)).unwrap(), ws);
         assert!(matches!(
-            decode::<Vec<Warning>>("warnings", 3, &bytes),
+            decode::<Vec<Warning>>("warnings", 4, &bytes),
             Err(PgError::Corrupt(_))
         ));
         assert!(decode_record(Some(FORMAT), Some(&[0xff, 0xff])).is_err());

@@ -96,7 +96,7 @@ use settle_core::{
 use settle_ledger::inspect::Scan;
 use settle_ledger::{BoxFuture, Clock, Snapshot, Store, StoreError, StoreStats, SweepReport};
 
-pub use codec::{FORMAT, FORMAT_POSTCARD_V1, FORMAT_POSTCARD_V2};
+pub use codec::{FORMAT, FORMAT_POSTCARD_V1, FORMAT_POSTCARD_V2, FORMAT_POSTCARD_V3};
 pub use import::import;
 pub use schema::SCHEMA_VERSION;
 pub use tls::TlsError;

@@ -12,7 +12,7 @@ use settle_ledger::inspect::Scan;
 use tokio_postgres::types::ToSql;
 
 use crate::PgError;
-use crate::codec::{self, FORMAT, principal_state};
+use crate::codec::{self, principal_state};
 use crate::session::Server;
 use crate::state::{Inner, check_durability, now_from, read, read_on};
 
@@ -228,7 +228,7 @@ pub async fn stats(inner: &Inner, stuck_after_ms: u64) -> Result<StoreStats, PgE
     // SQL): dropped from the set once fixed or deleted by an operator.
     let mut still_bad = HashSet::new();
     for r in &recheck {
-        if r.get::<_, Option<i16>>(2) == Some(FORMAT)
+        if r.get::<_, Option<i16>>(2).is_some_and(codec::reads_format)
             && codec::decode_record(r.get(2), r.get::<_, Option<&[u8]>>(3)).is_err()
             && let (Ok(t), Ok(k)) = (
                 TenantId::new(r.get::<_, String>(0)),

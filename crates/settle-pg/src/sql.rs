@@ -1,7 +1,7 @@
 //! The statements, schema-qualified once at connect. Each is prepared once
 //! per connection (deadpool's statement cache).
 
-use crate::codec::FORMAT;
+use crate::codec::READ_FORMATS_SQL;
 use crate::schema::quoted;
 
 /// How the batch write statement says that a row changed under it.
@@ -231,19 +231,19 @@ impl Sql {
             now: format!("SELECT {NOW_MS}"),
             due_leases: format!(
                 "SELECT tenant, key FROM {rec} \
-                 WHERE lease_expires_at <= {NOW_MS} + $1 AND format = {FORMAT} \
+                 WHERE lease_expires_at <= {NOW_MS} + $1 AND format IN ({READ_FORMATS_SQL}) \
                  ORDER BY lease_expires_at LIMIT $2"
             ),
             revoked_leases: format!(
                 "SELECT r.tenant, r.key FROM {rec} r \
                  JOIN {pri} p ON p.tenant = r.tenant AND p.principal = r.owner \
                  WHERE r.lease_expires_at IS NOT NULL AND r.lease_generation < p.generation \
-                   AND r.format = {FORMAT} \
+                   AND r.format IN ({READ_FORMATS_SQL}) \
                  LIMIT $1"
             ),
             due_collections: format!(
                 "SELECT tenant, key FROM {rec} \
-                 WHERE collect_at <= {NOW_MS} + $1 AND format = {FORMAT} \
+                 WHERE collect_at <= {NOW_MS} + $1 AND format IN ({READ_FORMATS_SQL}) \
                  ORDER BY collect_at LIMIT $2"
             ),
             stats: format!(
@@ -258,7 +258,7 @@ impl Sql {
                       AND lease_expires_at IS NULL AND greatest(c.now_ms - updated_at, 0) >= $2), \
                    (SELECT count(*) FROM {rec}, c WHERE receipt_at > c.now_ms), \
                    (SELECT count(*) FROM {rec} WHERE disputed), \
-                   (SELECT count(*) FROM {rec} WHERE format <> {FORMAT})"
+                   (SELECT count(*) FROM {rec} WHERE format NOT IN ({READ_FORMATS_SQL}))"
             ),
             scan: format!(
                 "SELECT c.now_ms, r.key, r.format, r.value, p.generation::text, p.moved_at, p.moves \

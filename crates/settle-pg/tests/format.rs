@@ -36,8 +36,14 @@ fn columns(name: &str) -> Vec<(String, Option<String>)> {
 /// The fixtures' timestamps are counted from this instant (2025-11-30).
 const T0: i64 = 1_764_460_800_000;
 
-async fn insert_record(side: &tokio_postgres::Client, schema: &str, key: &str, base: &str) {
-    let cols = columns(&format!("{base}-columns-format2-schema2.txt"));
+async fn insert_record(
+    side: &tokio_postgres::Client,
+    schema: &str,
+    key: &str,
+    base: &str,
+    format: u8,
+) {
+    let cols = columns(&format!("{base}-columns-format{format}-schema2.txt"));
     let names: Vec<&str> = cols.iter().map(|(k, _)| k.as_str()).collect();
     // Every derived column is given as text and cast by the server to its
     // schema-2 type, exactly as stored.
@@ -51,7 +57,7 @@ async fn insert_record(side: &tokio_postgres::Client, schema: &str, key: &str, b
         names.join(", "),
         values.join(", ")
     );
-    let value = fixture(&format!("{base}-format2.bin"));
+    let value = fixture(&format!("{base}-format{format}.bin"));
     let texts: Vec<Option<String>> = cols.into_iter().map(|(_, v)| v).collect();
     let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&"acme", &key, &value];
     for t in &texts {
@@ -71,24 +77,44 @@ fn sql_type(column: &str) -> &'static str {
     }
 }
 
+/// A record as the bytes of `format` say (their decoding to the expected
+/// values is pinned by the crate's format tests).
+fn decoded(format: u8, bytes: &[u8]) -> Record {
+    match format {
+        2 => postcard::from_bytes::<settle_core::legacy::v2::Record>(bytes)
+            .unwrap()
+            .into(),
+        _ => postcard::from_bytes(bytes).unwrap(),
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn format_2_rows_are_read_by_this_build() {
-    let (store, clock, g) = common::store("format").await;
+    rows_are_read_by_this_build(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn format_3_rows_are_read_by_this_build() {
+    rows_are_read_by_this_build(3).await;
+}
+
+async fn rows_are_read_by_this_build(format: u8) {
+    let (store, clock, g) = common::store(&format!("format{format}")).await;
     let side = common::side_client().await;
     // The store's clock at T0 + 10 s: after every fixture timestamp, while
     // the open lease (until T0 + 33 s) runs and before any retention ends.
     let db_now = store.now().await.unwrap().millis() as i64;
     clock.advance(T0 + 10_000 - db_now);
 
-    insert_record(&side, &g.schema, "order-1", "record").await;
-    insert_record(&side, &g.schema, "order-2", "open-record").await;
+    insert_record(&side, &g.schema, "order-1", "record", format).await;
+    insert_record(&side, &g.schema, "order-2", "open-record", format).await;
     side.execute(
         &format!(
             "INSERT INTO \"{}\".settle_warnings (tenant, task, format, value) \
-             VALUES ('acme', 'nightly-export', 2, $1)",
+             VALUES ('acme', 'nightly-export', {format}, $1)",
             g.schema
         ),
-        &[&fixture("warnings-format2.bin")],
+        &[&fixture(&format!("warnings-format{format}.bin"))],
     )
     .await
     .unwrap();
@@ -99,7 +125,11 @@ async fn format_2_rows_are_read_by_this_build() {
              VALUES ('acme', 'bob', $1::text::numeric, $2::text::bigint, $3)",
             g.schema
         ),
-        &[&p[0].1, &p[1].1, &fixture("principal-moves-format2.bin")],
+        &[
+            &p[0].1,
+            &p[1].1,
+            &fixture(&format!("principal-moves-format{format}.bin")),
+        ],
     )
     .await
     .unwrap();
@@ -107,14 +137,15 @@ async fn format_2_rows_are_read_by_this_build() {
     // Records and warnings read as the bytes say (their decoding to the
     // expected values is pinned by the crate's format tests).
     for (k, base) in [("order-1", "record"), ("order-2", "open-record")] {
-        let want: Record = postcard::from_bytes(&fixture(&format!("{base}-format2.bin"))).unwrap();
+        let want = decoded(format, &fixture(&format!("{base}-format{format}.bin")));
         assert_eq!(
             store.get(&acme(), &key(k)).await.unwrap(),
             Ok(Some(want)),
             "{k}"
         );
     }
-    let want: Vec<Warning> = postcard::from_bytes(&fixture("warnings-format2.bin")).unwrap();
+    let want: Vec<Warning> =
+        postcard::from_bytes(&fixture(&format!("warnings-format{format}.bin"))).unwrap();
     let task = TaskId::new("nightly-export").unwrap();
     assert_eq!(store.warnings(&acme(), &task).await.unwrap(), want);
     assert_eq!(want.len(), 2);

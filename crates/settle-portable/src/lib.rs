@@ -24,8 +24,12 @@ use sha2::{Digest as _, Sha256};
 
 /// The header's `format`: what this file is.
 pub const FORMAT: &str = "settle-export";
-/// The version this build writes, and the newest it reads.
-pub const VERSION: u32 = 1;
+/// The version this build writes, and the newest it reads. 2: leases carry
+/// their `claim_id` (SPEC §4 rule 5a); version 1 files are still read
+/// (their leases have none).
+pub const VERSION: u32 = 2;
+/// The oldest version this build reads.
+pub const OLDEST_VERSION: u32 = 1;
 /// The longest line a reader accepts (a record with the largest results and
 /// every attempt kept is far below it): a damaged length never makes a
 /// reader take all memory.
@@ -267,8 +271,28 @@ struct Kind<'a> {
     kind: &'a str,
 }
 
+/// A record line as version 1 wrote it: leases without `claim_id`.
+#[derive(Serialize)]
+struct RecordLineV1 {
+    kind: String,
+    tenant: TenantId,
+    record: settle_core::legacy::v2::Record,
+}
+
+/// An entity's line in this build's version.
 fn entity_json(e: &Entity) -> serde_json::Result<Vec<u8>> {
+    entity_json_of(e, VERSION)
+}
+
+/// An entity's line as a file of `version` holds it (the canonical form a
+/// reader checks each line against).
+fn entity_json_of(e: &Entity, version: u32) -> serde_json::Result<Vec<u8>> {
     match e {
+        Entity::Record { tenant, record } if version == 1 => serde_json::to_vec(&RecordLineV1 {
+            kind: "record".into(),
+            tenant: tenant.clone(),
+            record: record.into(),
+        }),
         Entity::Record { tenant, record } => serde_json::to_vec(&RecordLine {
             kind: "record".into(),
             tenant: tenant.clone(),
@@ -506,6 +530,15 @@ impl<R: BufRead> Reader<R> {
         if v.version > VERSION {
             return Err(Error::NewerVersion { found: v.version });
         }
+        if v.version < OLDEST_VERSION {
+            return Err(Error::Damaged {
+                offset: 0,
+                reason: format!(
+                    "format version {} does not exist (this build reads {OLDEST_VERSION} to {VERSION})",
+                    v.version
+                ),
+            });
+        }
         r.header = serde_json::from_slice(&json).map_err(|e| Error::Damaged {
             offset: 0,
             reason: format!("the header does not parse: {e}"),
@@ -647,7 +680,8 @@ impl<R: BufRead> Reader<R> {
         // The line's own JSON is what was hashed and written: a re-encoding
         // that differs means the file was not written by a settle exporter
         // of this version (a field reordered, spaces added).
-        let again = entity_json(&entity).map_err(|e| damaged(e.to_string()))?;
+        let again =
+            entity_json_of(&entity, self.header.version).map_err(|e| damaged(e.to_string()))?;
         if again != json {
             return Err(damaged(
                 "the line is not in canonical form (its entity encodes differently)".into(),

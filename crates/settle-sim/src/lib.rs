@@ -165,6 +165,14 @@ fn plan_workers(w: &mut World) {
             } else {
                 w.between(0, 20_000)
             };
+            // One caller in five gives up early (a short deadline): it
+            // leaves claims, dispatches and settles unanswered at its
+            // deadline, as SPEC §11.11's rows "until the deadline" say.
+            let deadline = if w.side_chance(200) {
+                start + w.side_between(500, 6_000)
+            } else {
+                start + HORIZON_MS / 2
+            };
             let spec = WorkerSpec {
                 key,
                 principal,
@@ -175,7 +183,7 @@ fn plan_workers(w: &mut World) {
                 marks_dispatch,
                 lease_ms,
                 start,
-                deadline: start + HORIZON_MS / 2,
+                deadline,
                 reconciler: false,
             };
             w.add_worker(spec);

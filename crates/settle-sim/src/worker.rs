@@ -1,14 +1,16 @@
 //! The simulator-side worker client: SPEC §11's `run_once` as an event
-//! driven state machine (claim; execute with background heartbeats,
-//! dispatch when `marks_dispatch`, the effect at the remote under key and
-//! fence, settle with retries of the same fence; reconcile through the
-//! remote's query; in_flight waits; replay returns; refusals end the run;
-//! 503 and transport errors back off and retry until the deadline).
+//! driven state machine (claim, its retransmissions carrying the same
+//! `claim_id`; execute with background heartbeats, dispatch when
+//! `marks_dispatch`, the effect at the remote under key and fence, settle
+//! with retries of the same fence; reconcile through the remote's query;
+//! in_flight waits; replay returns; refusals end the run; 503 and
+//! transport errors back off and retry until the deadline; a dispatch
+//! never answered by then is handed back as §11.11 says).
 
 use settle_core::{
-    Binding, Claim, ClaimDecision, Command, Digest, Dispatch, Fence, Finding, Heartbeat, LeaseMs,
-    Outcome, Purpose, Reconcile, RefusalCode, Release, ReleaseReason, Reply, ResultJson, Scopes,
-    Settle, Text,
+    Binding, Claim, ClaimDecision, ClaimId, Command, Digest, Dispatch, Fence, Finding, Heartbeat,
+    LeaseMs, Outcome, Purpose, Reconcile, RefusalCode, Release, ReleaseReason, Reply, ResultJson,
+    Scopes, Settle, Text,
 };
 
 use crate::remote::{QueryResult, Response, WriteResult};
@@ -76,6 +78,12 @@ pub struct Worker {
     lease: Option<(Fence, Purpose)>,
     paused_until: u64,
     reauths: u32,
+    /// The fences whose write the remote refused definitively: the only
+    /// word on which this worker attests `not_committed`.
+    pub refused: Vec<Fence>,
+    /// Cleanup after the deadline (SPEC §11.11: a dispatch never answered
+    /// is handed back): calls go on until this simulated time.
+    cleanup_until: Option<u64>,
     /// How `run_once` ended, once it did.
     pub done: Option<String>,
 }
@@ -94,6 +102,8 @@ impl Worker {
             lease: None,
             paused_until: 0,
             reauths: 0,
+            refused: Vec::new(),
+            cleanup_until: None,
             done: None,
         }
     }
@@ -165,8 +175,30 @@ impl World {
     /// A timer fired: a request timed out, or a wait ended.
     fn on_timer(&mut self, w: usize) {
         let now = self.now;
-        let deadline = self.workers[w].spec.deadline;
+        let wk = &self.workers[w];
+        let deadline = wk.cleanup_until.unwrap_or(wk.spec.deadline);
         match self.workers[w].pending.take() {
+            // SPEC §11.11: a dispatch that no answer confirmed by the
+            // deadline is handed back with `not_dispatched`, and the ledger
+            // decides (`receipt_required` when the mark was recorded:
+            // then settle `unknown`); never `not_committed` on inference.
+            Some(Pending::Ledger(Command::Dispatch(d)))
+                if now >= deadline && self.workers[w].cleanup_until.is_none() =>
+            {
+                let lease = self.workers[w].spec.lease_ms;
+                self.workers[w].cleanup_until = Some(now + lease);
+                self.log(
+                    Some(self.workers[w].key),
+                    format!("w{w}'s dispatch was never answered: handing the lease back"),
+                );
+                let cmd = Command::Release(Release {
+                    key: d.key,
+                    fence: d.fence,
+                    reason: ReleaseReason::NotDispatched,
+                    forget: false,
+                });
+                self.call(w, Pending::Ledger(cmd));
+            }
             Some(p) if now >= deadline => {
                 let _ = p;
                 self.finish(w, "gave up at its deadline");
@@ -228,6 +260,10 @@ impl World {
             s.fingerprint,
             s.binding(s.generation),
         );
+        // One id per claim (the call number the claim is sent under);
+        // retransmissions resend the same command, so the same id.
+        let call = self.workers[w].call + 1;
+        c.claim_id = Some(ClaimId::new(format!("sim-w{w:05}-call{call:010}")).expect("valid id"));
         c.lease_ms = LeaseMs::new(s.lease_ms).expect("valid lease");
         c.marks_dispatch = s.marks_dispatch;
         c.retention_s = settle_core::RetentionS::new(settle_core::RetentionS::MAX).expect("valid");
@@ -294,6 +330,27 @@ impl World {
             (Command::Claim(_), Reply::Claim(d)) => self.on_claim(w, d),
             (Command::Dispatch(d), Reply::Dispatched(_)) => {
                 self.call(w, Pending::Remote(RemoteOp::Write(d.fence)));
+            }
+            // The dispatch's answers were lost but it was recorded: the
+            // ledger refuses the hand-back, and the record says `unknown`.
+            (
+                Command::Release(Release {
+                    key,
+                    fence,
+                    reason: ReleaseReason::NotDispatched,
+                    ..
+                }),
+                Reply::Refused(RefusalCode::ReceiptRequired),
+            ) => {
+                let s = self.workers[w].spec.clone();
+                let cmd = Command::Settle(Settle {
+                    key: key.clone(),
+                    fence: *fence,
+                    fingerprint: s.fingerprint,
+                    binding: s.binding(s.generation),
+                    outcome: Outcome::unknown(None),
+                });
+                self.call(w, Pending::Ledger(cmd));
             }
             (Command::Reconcile(_), Reply::Claim(ClaimDecision::Execute(g)))
                 if self.workers[w].spec.reconciler =>
@@ -378,6 +435,7 @@ impl World {
             key: self.keys[key].clone(),
             fence,
             reason: ReleaseReason::NotDispatched,
+            forget: false,
         });
         self.call(w, Pending::Ledger(cmd));
     }
@@ -396,6 +454,7 @@ impl World {
                 key: k,
                 fence,
                 reason: ReleaseReason::NotDispatched,
+                forget: false,
             });
             self.call(w, Pending::Ledger(cmd));
             return;
@@ -424,10 +483,12 @@ impl World {
             }
             (RemoteOp::Write(fence), RemoteRes::Write(_)) => {
                 // The remote definitively refused: nothing was applied.
+                self.workers[w].refused.push(fence);
                 Command::Release(Release {
                     key: k,
                     fence,
                     reason: ReleaseReason::NotCommitted,
+                    forget: false,
                 })
             }
             (RemoteOp::Write(fence), _) => Command::Settle(Settle {

@@ -3,7 +3,7 @@
 //! process (crashes, restarts, fsync errors, clock jumps), the remote, and
 //! the checkers. Everything runs on one thread in event order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -171,6 +171,10 @@ pub struct World {
     clock_high: u64,
     /// The store restarted while its clock was behind `clock_high`.
     restarted_behind: bool,
+    /// The fence the ledger granted to each (worker, call) claim, whether
+    /// or not the answer arrived: a retransmission of that claim must not
+    /// meet its own lease as `in_flight` (SPEC §4 rule 5a, §11.11).
+    granted: HashMap<(usize, u64), settle_core::Fence>,
 }
 
 /// Probabilities (per mille) drawn once per seed, so seeds differ in kind
@@ -253,7 +257,19 @@ impl World {
             horizon: HORIZON_MS,
             clock_high: 0,
             restarted_behind: false,
+            granted: HashMap::new(),
         }
+    }
+
+    /// A draw of `p` per mille from the side generator (what was added
+    /// later draws from it, so each seed's world stays the same).
+    pub fn side_chance(&mut self, p: u64) -> bool {
+        self.side.below(1000) < p
+    }
+
+    /// A uniform draw in `[lo, hi)` from the side generator.
+    pub fn side_between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.side.below(hi - lo)
     }
 
     /// A draw of `p` per mille.
@@ -420,7 +436,33 @@ impl World {
     fn ledger_call(&mut self, w: usize, call: u64, cmd: Command) {
         let key = self.workers[w].key;
         let name = cmd.name();
+        // SPEC §11.11: an SDK never attests on its own inference. A worker
+        // releases `not_committed` only on the remote's definitive refusal
+        // of that fence's write (the simulated hook's `not_committed`
+        // continues as `execute` and is checked by `no-guess`).
+        if let Command::Release(r) = &cmd
+            && r.reason == settle_core::ReleaseReason::NotCommitted
+            && !self.workers[w].refused.contains(&r.fence)
+        {
+            self.check.fail(
+                Some(key),
+                "attested-by-inference",
+                format!(
+                    "w{w} released fence {} as not_committed without the remote's refusal",
+                    r.fence.0
+                ),
+            );
+        }
         let poisoned_before = self.store.is_poisoned();
+        // The lease a claim may be answered again (rule 5a): a grant of
+        // that fence is not a new one.
+        let open_before = match &cmd {
+            Command::Claim(_) => match self.store.get(&self.tenant, &self.keys[key]) {
+                Ok(Ok(Some(r))) => r.open_lease().map(|l| (l.fence, l.claim_id.clone())),
+                _ => None,
+            },
+            _ => None,
+        };
         let Ok(res) = self.store.execute(&self.tenant, cmd.clone()) else {
             self.log(Some(key), format!("w{w} {name} lost: the store is down"));
             return;
@@ -442,14 +484,21 @@ impl World {
             let detail = format!("{name} answered by a store that failed closed");
             self.check.fail(Some(key), "fail-closed", detail);
         }
-        self.on_ledger_answer(w, &cmd, &reply);
+        self.on_ledger_answer(w, call, &cmd, &reply, open_before);
         self.after_store_call();
         self.observe(key);
         self.send(Ev::FromLedger { w, call, reply }, key, "the answer");
     }
 
     /// Checks what the ledger answered (before the network sees it).
-    fn on_ledger_answer(&mut self, w: usize, cmd: &Command, reply: &Result<Reply, String>) {
+    fn on_ledger_answer(
+        &mut self,
+        w: usize,
+        call: u64,
+        cmd: &Command,
+        reply: &Result<Reply, String>,
+        open_before: Option<(settle_core::Fence, Option<settle_core::ClaimId>)>,
+    ) {
         let (key, fp) = (self.workers[w].key, self.workers[w].spec.fingerprint);
         // A hook that cannot tell never resolves a record: a committed or
         // not_committed finding accepted on such a key is a guess.
@@ -465,8 +514,26 @@ impl World {
             );
         }
         match reply {
-            Ok(Reply::Claim(d)) if matches!(cmd, Command::Claim(_)) => {
-                self.check.on_grant(key, d);
+            Ok(Reply::Claim(d)) if let Command::Claim(c) = cmd => {
+                match (d.grant(), &open_before) {
+                    // Rule 5a: the live lease granted to this very claim
+                    // (its first answer was lost, or was a 503 whose write
+                    // survived), answered again: not a new grant.
+                    (Some(g), Some((fence, id))) if g.fence == *fence => {
+                        if id.is_none() || *id != c.claim_id {
+                            self.check.fail(
+                                Some(key),
+                                "protocol",
+                                format!("w{w}'s claim was granted another claim's live lease"),
+                            );
+                        }
+                    }
+                    _ => self.check.on_grant(key, d),
+                }
+                if let Some(g) = d.grant() {
+                    self.granted.insert((w, call), g.fence);
+                }
+                self.own_lease_in_flight(w, call, d);
                 if let settle_core::ClaimDecision::Replay { outcome, receipt } = d {
                     self.check
                         .on_replay(key, &fp, outcome.response_sha256(), receipt);
@@ -478,6 +545,33 @@ impl World {
                 self.result_owner(w);
             }
             _ => {}
+        }
+    }
+
+    /// SPEC §11.11, a lost claim answer: the retried claim carries the
+    /// same `claim_id` and gets the same grant while the lease lives; it
+    /// must never meet that very lease as `in_flight` (the worker would
+    /// wait on a lease it holds, and without `marks_dispatch` the lapse
+    /// leaves the key `unknown` although nothing was sent).
+    fn own_lease_in_flight(&mut self, w: usize, call: u64, d: &settle_core::ClaimDecision) {
+        if !matches!(d, settle_core::ClaimDecision::InFlight { .. }) {
+            return;
+        }
+        let Some(&mine) = self.granted.get(&(w, call)) else {
+            return;
+        };
+        let key = self.workers[w].key;
+        if let Ok(Ok(Some(r))) = self.store.get(&self.tenant, &self.keys[key])
+            && r.open_lease().is_some_and(|l| l.fence == mine)
+        {
+            self.check.fail(
+                Some(key),
+                "own-lease-in-flight",
+                format!(
+                    "w{w}'s retried claim met its own lease (fence {}) as in_flight",
+                    mine.0
+                ),
+            );
         }
     }
 

@@ -354,6 +354,7 @@ impl Reconciler {
             worker: Text::new("worker", "settle-reconciler").ok(),
             marks_dispatch: true,
             retention_s: RetentionS::DEFAULT,
+            claim_id: None,
         };
         let grant = match self.ledger.execute(Command::Claim(claim)).await? {
             Reply::Claim(ClaimDecision::Reconcile(g)) => g,
@@ -410,6 +411,7 @@ impl Reconciler {
             key: key.clone(),
             fence,
             reason: ReleaseReason::NotDispatched,
+            forget: false,
         });
         match self.ledger.execute(cmd).await? {
             Reply::Released { .. } => Ok(()),

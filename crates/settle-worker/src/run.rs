@@ -462,6 +462,7 @@ where
             Some(s) => RetentionS::new(s).map_err(invalid)?,
             None => RetentionS::DEFAULT,
         },
+        claim_id: None,
     };
     let op = Op {
         t,
@@ -822,6 +823,7 @@ impl Op<'_> {
             key: self.key.clone(),
             fence,
             reason,
+            forget: false,
         });
         match call(self.t, cmd, "release", self.settle_deadline()).await {
             Ok(Reply::Released { .. }) => {}

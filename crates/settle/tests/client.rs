@@ -31,6 +31,7 @@ fn claim_req(marks_dispatch: bool) -> ClaimRequest {
         worker: Some("w1".into()),
         marks_dispatch,
         retention_s: None,
+        claim_id: None,
     }
 }
 
@@ -96,6 +97,7 @@ async fn typed_calls_cover_the_api() {
     let rel = ReleaseRequest {
         fence: f,
         reason: Some(ReleaseReason::NotCommitted),
+        forget: false,
     };
     assert_eq!(c.release("r", &rel).await.unwrap().fence, f);
     let f = execute_fence(&c, "r", false).await;

@@ -77,6 +77,7 @@ fn inputs() -> Result<(ClaimRequest, Outcome), Failure> {
         worker: None,
         marks_dispatch: false,
         retention_s: None,
+        claim_id: None,
     };
     let result = RawValue::from_string(r#"{"ok":true}"#.into()).map_err(Failure::local)?;
     let outcome = Outcome {

@@ -135,6 +135,11 @@ pub struct ClaimArgs {
     /// Keep the settled record this many seconds (server default 86400).
     #[arg(long, value_name = "SECONDS")]
     retention_s: Option<u64>,
+    /// This claim's own id (16-64 of A-Za-z0-9_-, random): send the same id
+    /// again only to retry this claim after a lost answer; while the lease
+    /// granted to it lives, the retry gets the same grant.
+    #[arg(long, value_name = "ID")]
+    claim_id: Option<String>,
     #[command(flatten)]
     remote: Remote,
 }
@@ -175,6 +180,11 @@ pub struct ReleaseArgs {
     /// after dispatch.
     #[arg(long, value_parser = ["not_dispatched", "not_committed"])]
     reason: Option<String>,
+    /// Remove the record as if collected (only a pending record with no
+    /// receipt, no reconciliation owed, no dispute and no quarantine): for a
+    /// request refused before any work.
+    #[arg(long)]
+    forget: bool,
     #[command(flatten)]
     remote: Remote,
 }
@@ -424,6 +434,7 @@ pub async fn claim(a: ClaimArgs) -> Result<(), Failure> {
         worker: a.worker.clone(),
         marks_dispatch: a.marks_dispatch,
         retention_s: a.retention_s,
+        claim_id: a.claim_id.clone(),
     };
     a.remote.run(calls::claim(&a.key.key, &req)).await
 }
@@ -451,6 +462,7 @@ pub async fn release(a: ReleaseArgs) -> Result<(), Failure> {
     let req = ReleaseRequest {
         fence: a.fence.fence,
         reason,
+        forget: a.forget,
     };
     a.remote.run(calls::release(&a.key.key, &req)).await
 }
