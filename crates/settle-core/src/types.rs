@@ -891,6 +891,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn claim_id_syntax_and_text() {
+        let id = ClaimId::new("Ab0_-Ab0_-Ab0_-A").unwrap();
+        assert_eq!(id.as_str(), "Ab0_-Ab0_-Ab0_-A");
+        assert_eq!(format!("{id}"), "Ab0_-Ab0_-Ab0_-A");
+        assert_eq!(format!("{id:?}"), "\"Ab0_-Ab0_-Ab0_-A\"");
+        assert!(ClaimId::new("x".repeat(64)).is_ok());
+        for bad in ["x".repeat(15), "x".repeat(65), "abcdefghijklmno.".into()] {
+            assert_eq!(ClaimId::new(bad).unwrap_err().field, "claim_id");
+        }
+    }
+
+    #[test]
     fn key_syntax() {
         assert!(Key::new("order-1").is_ok());
         assert!(Key::new("~!\"#$%&'()*+,-./").is_ok());

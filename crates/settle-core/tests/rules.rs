@@ -187,6 +187,26 @@ fn claim_rule5a_an_ended_lease_makes_the_same_id_an_ordinary_claim() {
 }
 
 #[test]
+fn claim_rule5a_a_refused_finding_does_not_make_an_execute_grant_reconcile() {
+    let mut h = H::new();
+    let id = "retry-claim-0000000005";
+    let g = match h.run(claim_id("a", 1, binding("alice", 0), id)) {
+        Reply::Claim(ClaimDecision::Execute(g)) => g,
+        other => panic!("{other:?}"),
+    };
+    // A not_committed finding on an execute lease is refused (and observed
+    // on the attempt as not accepted): the lease was granted `execute`.
+    assert_eq!(
+        refused(&h.run(reconcile("a", g.fence, Finding::NotCommitted))),
+        Some(RefusalCode::WrongPurpose)
+    );
+    assert_eq!(
+        h.run(claim_id("a", 1, binding("alice", 0), id)),
+        Reply::Claim(ClaimDecision::Execute(g))
+    );
+}
+
+#[test]
 fn claim_rule5a_a_revoked_lease_is_not_granted_again() {
     let mut h = H::new();
     let id = "retry-claim-0000000004";

@@ -153,9 +153,10 @@ async fn handle(shared: Arc<Shared>, req: Request<Incoming>) -> Result<Answer, C
     // A client that goes away mid-body: nothing to count, just close.
     let body = body.collect().await.map_err(|_| Close)?.to_bytes();
     let (call, key) = Call::classify(parts.method.as_str(), &path);
+    let query = parts.uri.query().map(str::to_owned);
     let (action, slot) = shared
         .state()
-        .decide(call, key, parts.method.as_str(), &path);
+        .decide(call, key, parts.method.as_str(), &path, query);
     match action {
         Some(Action::CutBefore) => return Err(Close),
         Some(Action::Status {

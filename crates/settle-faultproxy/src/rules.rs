@@ -437,6 +437,8 @@ pub struct LoggedCall {
     pub method: String,
     /// The request path as sent, without the query.
     pub path: String,
+    /// The query as sent (after `?`), if any: a listing's filters.
+    pub query: Option<String>,
     /// What the proxy did.
     pub action: Taken,
     /// What the upstream answered; `None` when not forwarded or no answer.
@@ -482,6 +484,7 @@ impl State {
         key: Option<String>,
         method: &str,
         path: &str,
+        query: Option<String>,
     ) -> (Option<Action>, Slot) {
         let mut chosen = None;
         for (rule, count) in &mut self.rules {
@@ -506,6 +509,7 @@ impl State {
             key,
             method: method.to_owned(),
             path: path.to_owned(),
+            query,
             action,
             upstream_status: None,
         });
@@ -608,7 +612,7 @@ mod tests {
             Rule::new(Call::Claim, Action::CutBefore).nth(2),
             Rule::new(None, Action::DropAnswer).nth(2).times(2),
         ]);
-        let mut decide = |call| s.decide(call, Some("k".into()), "POST", "/").0;
+        let mut decide = |call| s.decide(call, Some("k".into()), "POST", "/", None).0;
         assert_eq!(decide(Call::Claim), None);
         assert_eq!(decide(Call::Claim), Some(Action::CutBefore));
         assert_eq!(decide(Call::Settle), Some(Action::DropAnswer));

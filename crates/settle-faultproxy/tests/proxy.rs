@@ -248,6 +248,8 @@ async fn forwards_keep_alive_requests_with_headers_and_bodies() {
         ]
     );
     assert_eq!(proxy.log()[1].path, "/v1/operations");
+    assert_eq!(proxy.log()[1].query.as_deref(), Some("limit=2&state=open"));
+    assert_eq!(proxy.log()[0].query, None);
     proxy.stop().await;
 }
 
@@ -479,9 +481,9 @@ async fn the_control_api_sets_rules_reads_the_log_and_refuses_bad_rules() {
         log,
         json!({"calls": [
             {"call": "get", "key": "k", "method": "GET", "path": "/v1/operations/k",
-             "action": "delay", "upstream_status": 200},
+             "query": null, "action": "delay", "upstream_status": 200},
             {"call": "claim", "key": "k", "method": "POST", "path": "/v1/operations/k/claim",
-             "action": "drop_answer", "upstream_status": 200},
+             "query": null, "action": "drop_answer", "upstream_status": 200},
         ]})
     );
     assert_eq!(
