@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The SDK checks, against a real settle binary:
+# The SDK checks, against a real settle binary (and, for the runners of
+# sdk/fault-vectors.json, settle-faultproxy in front of it):
 #   Python:     a venv (sdk/python/.venv, git-ignored), pip install './sdk/python[test]',
 #               mypy --strict with the Python 3.10 floor, pytest;
 #   TypeScript: npm ci, tsc --noEmit (strict), the committed dist/ (ESM and
@@ -25,6 +26,21 @@ if [ ! -x "$SETTLE_BIN" ]; then
 fi
 SETTLE_BIN=$(cd "$(dirname "$SETTLE_BIN")" && pwd)/$(basename "$SETTLE_BIN")
 export SETTLE_BIN
+
+# The fault-injecting proxy the fault-vector runners put in front of
+# settle serve (crates/settle-faultproxy; `cargo test` builds it into
+# target/debug with its own integration tests).
+SETTLE_FAULTPROXY_BIN=${SETTLE_FAULTPROXY_BIN:-$ROOT/target/debug/settle-faultproxy}
+if [ ! -x "$SETTLE_FAULTPROXY_BIN" ]; then
+  echo "== building settle-faultproxy ($SETTLE_FAULTPROXY_BIN is missing)"
+  cargo build -p settle-faultproxy --locked
+  SETTLE_FAULTPROXY_BIN=$ROOT/target/debug/settle-faultproxy
+fi
+export SETTLE_FAULTPROXY_BIN
+
+# The docs' failure tables are generated from sdk/fault-vectors.json.
+echo "== failure tables (sdk/tools/fault_tables.py --check)"
+python3 "$ROOT/sdk/tools/fault_tables.py" --check
 
 echo "== Python SDK (settle-client)"
 VENV=${SDK_VENV:-$ROOT/sdk/python/.venv}

@@ -39,13 +39,14 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
-use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use settle_core::Fence;
-use settle_middleware::{BoxFuture, HookResponse, IdempotencyLayer, Resolution, layout, principal};
+use settle_middleware::{
+    BoxError, BoxFuture, HookResponse, IdempotencyLayer, ReconcileRequest, Resolution, layout,
+    principal,
+};
 
 /// The one account this example serves (SPEC §8: the principal names the
 /// caller's account, never a credential; an application with one caller
@@ -74,26 +75,20 @@ impl Payments {
 
     /// The reconcile hook (SPEC §8): asks the provider whether the attempt
     /// whose outcome is unknown made a payment under the client's
-    /// `Idempotency-Key`. It did: that payment is the response (settled and
-    /// replayed). It did not: the provider is the source of truth, so
-    /// nothing happened and the handler runs again.
+    /// `Idempotency-Key` (the hook is handed the key, the principal and
+    /// the whole retried request). It did: that payment is the response
+    /// (settled and replayed). It did not: the provider is the source of
+    /// truth, so nothing happened and the handler runs again.
     pub fn reconcile_hook(
         self: Arc<Self>,
-    ) -> impl Fn(&str, Fence, &Parts) -> BoxFuture<'static, Resolution> + Send + Sync + 'static
-    {
-        move |_ledger_key: &str, _fence: Fence, parts: &Parts| {
-            let lines: Vec<&[u8]> = parts
-                .headers
-                .get_all("idempotency-key")
-                .iter()
-                .map(|v| v.as_bytes())
-                .collect();
-            let found = layout::parse_idempotency_key(&lines)
-                .ok()
-                .flatten()
-                .and_then(|k| self.charge_of(&k));
+    ) -> impl Fn(ReconcileRequest) -> BoxFuture<'static, Result<Resolution, BoxError>>
+    + Send
+    + Sync
+    + 'static {
+        move |req: ReconcileRequest| {
+            let found = self.charge_of(&req.idempotency_key);
             Box::pin(async move {
-                match found {
+                Ok(match found {
                     Some(payment) => Resolution::Committed(HookResponse {
                         status: 201,
                         headers: vec![
@@ -107,7 +102,7 @@ impl Payments {
                         body: serde_json::to_vec(&payment).expect("JSON").into(),
                     }),
                     None => Resolution::NotCommitted,
-                }
+                })
             })
         }
     }

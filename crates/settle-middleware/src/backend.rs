@@ -57,20 +57,37 @@ pub(crate) async fn call(t: &dyn Transport, cmd: Command) -> Result<Reply, CallE
     }
 }
 
-/// Sends `cmd` until it answers or `deadline` passes: only "no answer" is
-/// retried (SPEC §11: the same settle under the same fence; rule 0 returns
-/// the receipt of one that committed), with growing, jittered pauses.
+/// Sends `cmd` until it answers or `deadline` passes: no answer, 503 and
+/// 429 are retried (SPEC §11.11: the same call, so a settle under the
+/// same fence, a claim with the same `claim_id`; the ledger answers a
+/// repeat as the first), with growing, jittered pauses that honour the
+/// ledger's `Retry-After`. Each attempt is cut off at the deadline. The
+/// last failure is answered when the next pause would end past it.
 pub(crate) async fn retry(
     backend: &Arc<dyn Transport>,
     cmd: Command,
     deadline: Duration,
 ) -> Result<Reply, CallError> {
+    /// The shortest time an attempt is given, even past the deadline (the
+    /// first attempt is always made).
+    const MIN_ATTEMPT: Duration = Duration::from_millis(100);
     let start = Instant::now();
     let mut pause = Duration::from_millis(20);
     loop {
-        match call(&**backend, cmd.clone()).await {
-            Err(e) if e.is_retryable() && start.elapsed() + pause < deadline => {
-                tokio::time::sleep(jitter(pause).max(e.retry_after().unwrap_or_default())).await;
+        let left = deadline.saturating_sub(start.elapsed()).max(MIN_ATTEMPT);
+        let answer = match tokio::time::timeout(left, call(&**backend, cmd.clone())).await {
+            Ok(a) => a,
+            Err(_) => Err(CallError::Unavailable(TransportError::NoAnswer {
+                detail: format!("no answer within {} ms", deadline.as_millis()),
+            })),
+        };
+        match answer {
+            Err(e) if e.is_retryable() => {
+                let wait = jitter(pause).max(e.retry_after().unwrap_or_default());
+                if start.elapsed() + wait >= deadline {
+                    return Err(e);
+                }
+                tokio::time::sleep(wait).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
             }
             r => return r,

@@ -13,16 +13,16 @@ use axum::body::{Body, Bytes, HttpBody};
 use axum::http::Response;
 use http_body_util::BodyExt as _;
 use settle_core::{
-    Binding, Command, Digest, ErrorText, Fence, Key, Outcome, Release, ReleaseReason, ResultJson,
-    Settle,
+    Binding, Command, Digest, ErrorText, Fence, Key, Outcome, RefusalCode, Release, ReleaseReason,
+    ResultJson, Settle,
 };
 use sha2::{Digest as _, Sha256};
 
-use crate::answer::note;
+use crate::answer::{note, refuse};
 use crate::backend::{BoxFuture, CallError, heartbeat, retry};
 use crate::layer::{BoxError, Retryable, Settings};
 use crate::layout;
-use crate::table::{self, Disposition};
+use crate::table::{self, Disposition, ReleaseOn};
 
 /// A lease whose outcome is not recorded yet. Dropped while armed (the
 /// framework cancelled the request: the client disconnected), it records
@@ -40,6 +40,8 @@ pub(crate) struct Unsettled {
     /// A streamed response ended: dropping records its outcome, nothing
     /// was cancelled.
     ended: bool,
+    /// The route's statuses that say nothing happened.
+    release_on: ReleaseOn,
 }
 
 impl Unsettled {
@@ -52,6 +54,7 @@ impl Unsettled {
         fence: Fence,
         fingerprint: Digest,
         binding: Binding,
+        release_on: ReleaseOn,
     ) -> Unsettled {
         let mut u = Unsettled {
             settings,
@@ -62,6 +65,7 @@ impl Unsettled {
             binding,
             state: None,
             ended: false,
+            release_on,
         };
         u.state = Some(u.settle_cmd(Outcome::unknown(
             ErrorText::new("error", "handler cancelled").ok(),
@@ -93,12 +97,58 @@ impl Unsettled {
         self.record(cmd).await;
     }
 
+    /// The release of a response that says nothing happened: `not_committed`,
+    /// with `forget` for a status the application added to `release_on`.
+    fn release_cmd(&self, forget: bool) -> Command {
+        Command::Release(Release {
+            key: self.lkey.clone(),
+            fence: self.fence,
+            reason: ReleaseReason::NotCommitted,
+            forget,
+        })
+    }
+
+    /// What a response with this status (and this marking) records:
+    /// `None` for one that is stored.
+    fn release_for(&self, status: u16, retryable: bool) -> Option<Command> {
+        match table::disposition(status, retryable, &self.release_on) {
+            Disposition::NotCommitted => Some(self.release_cmd(false)),
+            Disposition::Forget => Some(self.release_cmd(true)),
+            Disposition::Completed | Disposition::Failed => None,
+        }
+    }
+
+    /// The handler said nothing was done ([`HandlerError::NotSent`](crate::HandlerError)):
+    /// released `not_committed` (its word), and 503
+    /// `idempotency_unavailable` with `Retry-After: 1` in place of its
+    /// response; the retry runs the handler.
+    pub(crate) async fn not_sent(&mut self) -> Response<Body> {
+        note("not_sent");
+        let cmd = self.release_cmd(false);
+        self.state = Some(cmd.clone());
+        self.record(cmd).await;
+        refuse(&table::not_sent(), Some(&self.key))
+    }
+
     async fn record(&mut self, cmd: Command) {
         let deadline = Duration::from_millis(self.settings.lease_ms.get() + 1000);
         let unknown_already =
             matches!(&cmd, Command::Settle(st) if !st.outcome.status().is_terminal());
+        let forget = matches!(&cmd, Command::Release(r) if r.forget);
         match retry(&self.settings.backend, cmd, deadline).await {
             Ok(_) => {}
+            // A repeated forget whose first answer was lost: the record is
+            // already gone.
+            Err(CallError::Refused(RefusalCode::NotFound)) if forget => {}
+            Err(CallError::Refused(RefusalCode::ReceiptRequired)) if forget => {
+                // The record keeps evidence of an earlier attempt (SPEC §4
+                // release(forget)): released without forgetting it.
+                if let Err(e) =
+                    retry(&self.settings.backend, self.release_cmd(false), deadline).await
+                {
+                    tracing::error!(key = self.key, error = %e, "idempotency: the lease could not be released");
+                }
+            }
             Err(CallError::Invalid(e)) if !unknown_already => {
                 // The ledger will not take this record (a stored response over
                 // its max_result_bytes, a server without release(not_committed)):
@@ -127,17 +177,14 @@ impl Unsettled {
     ) -> Response<Body> {
         let s = self.settings.clone();
         let status = parts.status.as_u16();
-        let cmd = match table::disposition(status, parts.extensions.get::<Retryable>().is_some()) {
-            Disposition::NotCommitted => {
+        let retryable = parts.extensions.get::<Retryable>().is_some();
+        let d = table::disposition(status, retryable, &self.release_on);
+        let cmd = match self.release_for(status, retryable) {
+            Some(release) => {
                 note("not_committed");
-                Command::Release(Release {
-                    key: self.lkey.clone(),
-                    fence: self.fence,
-                    reason: ReleaseReason::NotCommitted,
-                    forget: false,
-                })
+                release
             }
-            d => {
+            None => {
                 let headers: Vec<(String, Vec<u8>)> = parts
                     .headers
                     .iter()
@@ -185,15 +232,10 @@ impl Unsettled {
     ) -> Response<Body> {
         let s = self.settings.clone();
         let status = parts.status.as_u16();
-        let disposition = table::disposition(status, parts.extensions.get::<Retryable>().is_some());
-        if disposition == Disposition::NotCommitted {
+        let retryable = parts.extensions.get::<Retryable>().is_some();
+        let disposition = table::disposition(status, retryable, &self.release_on);
+        if let Some(cmd) = self.release_for(status, retryable) {
             note("not_committed");
-            let cmd = Command::Release(Release {
-                key: self.lkey.clone(),
-                fence: self.fence,
-                reason: ReleaseReason::NotCommitted,
-                forget: false,
-            });
             self.state = Some(cmd.clone());
             self.record(cmd).await;
             let body = Streamed::plain(prefix, rest);
@@ -272,6 +314,8 @@ struct Streamed {
     settle: Option<StreamSettle>,
     /// Recording the outcome, before the held frame and the end go out.
     recording: Option<BoxFuture<'static, ()>>,
+    /// The handler's body broke: its error, sent once `unknown` is recorded.
+    failed: Option<BoxError>,
     done: bool,
 }
 
@@ -285,8 +329,29 @@ impl Streamed {
             held: None,
             settle: None,
             recording: None,
+            failed: None,
             done: false,
         }
+    }
+
+    /// The handler's body broke mid-stream: what went out stays out, and
+    /// the outcome is `unknown` (SPEC §8: a failure after the handler
+    /// started), as for a body under the stored limit that breaks.
+    fn record_failure(&mut self) -> Option<BoxFuture<'static, ()>> {
+        let mut st = self.settle.take()?;
+        note("outcome_unknown");
+        tracing::warn!(
+            key = st.pending.key,
+            "idempotency: the response body failed mid-stream; outcome unknown"
+        );
+        let cmd = st.pending.settle_cmd(Outcome::unknown(
+            ErrorText::new("error", "handler failed: response body failed").ok(),
+        ));
+        st.pending.state = Some(cmd.clone());
+        st.pending.ended = true;
+        Some(Box::pin(async move {
+            st.pending.record(cmd).await;
+        }))
     }
 
     /// The body ended: what records it, with its length and digest.
@@ -320,6 +385,11 @@ impl HttpBody for Streamed {
                 ready!(rec.as_mut().poll(cx));
                 this.recording = None;
             }
+            if let Some(e) = this.failed.take() {
+                this.done = true;
+                this.held = None;
+                return Poll::Ready(Some(Err(e)));
+            }
             if this.done {
                 return Poll::Ready(this.held.take().map(Ok));
             }
@@ -339,9 +409,13 @@ impl HttpBody for Streamed {
                         return Poll::Ready(Some(Ok(out)));
                     }
                 }
-                // The handler's body broke: what went out stays out; the
-                // outcome is recorded without the body's digest (on drop).
-                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                // The handler's body broke: `unknown` is recorded before
+                // the error goes on (a body nothing is recorded for, one
+                // released `not_committed`, passes it on at once).
+                Some(Err(e)) => {
+                    this.failed = Some(e.into());
+                    this.recording = this.record_failure();
+                }
                 None => {
                     this.done = true;
                     this.recording = this.record_end();

@@ -8,10 +8,12 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use std::future::Future;
+
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::header::HeaderName;
 use axum::http::request::Parts;
-use axum::http::{Method, Request, Response};
+use axum::http::{HeaderMap, Method, Request, Response, Uri};
 use settle_core::{Fence, LeaseMs, RetentionS};
 use tower::{Layer, Service};
 
@@ -19,9 +21,17 @@ use crate::backend::{BoxFuture, Transport};
 use crate::layout;
 use crate::principal::{Identity, PrincipalFn};
 use crate::run::Run;
-use crate::table::RoutePolicy;
+use crate::table::{ReleaseOn, RoutePolicy};
 
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use settle_worker::BoxError;
+/// The reconcile hook's answer and response, shared with a
+/// `settle_worker::Reconciler`'s middleware hooks (defined in
+/// `settle_worker::middleware`).
+pub use settle_worker::{HookResponse, Resolution};
+
+/// How long the layer retries a claim (and a dispatch) that got no answer,
+/// 503 or 429, before it answers 503 `idempotency_unavailable`.
+pub const DEFAULT_LEDGER_DEADLINE: Duration = Duration::from_secs(2);
 
 /// The request header that carries the key.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -34,36 +44,54 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retryable;
 
-/// What the reconcile hook found out about an earlier attempt whose
-/// outcome is unknown (SPEC §8).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resolution {
-    /// The earlier attempt happened and this is the response it made (for
-    /// a payment: the payment the provider has under this key): it is
-    /// settled as the stored response and replayed; the handler does not run.
-    Committed(HookResponse),
-    /// The earlier attempt did not happen: run the handler, under the same fence.
-    NotCommitted,
-    /// It cannot be told now: retries keep getting 409 `outcome_unknown`.
-    Unavailable,
+/// The retried request a reconcile hook is asked about (SPEC §8): a retry
+/// found the record `unknown`. It has the ledger key and the reconcile
+/// lease's fence, the whole request (method, path with query, headers,
+/// body) and the client's `Idempotency-Key` value and principal, so that
+/// the hook can ask the remote under the key the handler used. A
+/// `settle_worker::Reconciler`'s middleware hook gets the same
+/// `idempotency_key` and `principal` (in a `MiddlewareRecord`), so one
+/// function of them serves both.
+#[derive(Debug, Clone)]
+pub struct ReconcileRequest {
+    /// The ledger key (`mw-…`).
+    pub ledger_key: String,
+    /// The fence of the reconcile lease (the handler runs under it after
+    /// `NotCommitted`).
+    pub fence: Fence,
+    /// The method.
+    pub method: Method,
+    /// The path and query as sent.
+    pub uri: Uri,
+    /// The request's headers.
+    pub headers: HeaderMap,
+    /// The whole body.
+    pub body: Bytes,
+    /// The `Idempotency-Key` value the client sent (unquoted).
+    pub idempotency_key: String,
+    /// The principal the extractor gave.
+    pub principal: String,
 }
 
-/// The response a reconcile hook reports for an attempt that happened.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HookResponse {
-    /// The status.
-    pub status: u16,
-    /// Headers (name, value); the configured stored headers are kept.
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// The body.
-    pub body: Bytes,
+impl ReconcileRequest {
+    /// The path, without the query.
+    pub fn path(&self) -> &str {
+        self.uri.path()
+    }
+    /// The path with its query (what the fingerprint covers).
+    pub fn target(&self) -> &str {
+        self.uri
+            .path_and_query()
+            .map_or_else(|| self.uri.path(), |pq| pq.as_str())
+    }
 }
 
 /// Picks the policy of a route (`None`: not wrapped).
 pub type RoutesFn = Arc<dyn Fn(&Method, &str) -> Option<RoutePolicy> + Send + Sync>;
-/// The reconcile hook: ledger key, fence and the retried request's parts.
+/// The reconcile hook, boxed: the retried request → its resolution (an
+/// error counts as `Unavailable`, logged).
 pub type ReconcileFn =
-    Arc<dyn Fn(&str, Fence, &Parts) -> BoxFuture<'static, Resolution> + Send + Sync>;
+    Arc<dyn Fn(ReconcileRequest) -> BoxFuture<'static, Result<Resolution, BoxError>> + Send + Sync>;
 /// Turns a JSON body into its canonical text (`None`: not JSON).
 pub type CanonicalFn = Arc<dyn Fn(&[u8]) -> Option<Vec<u8>> + Send + Sync>;
 
@@ -85,6 +113,8 @@ pub(crate) struct Settings {
     pub(crate) policy: RoutePolicy,
     pub(crate) unavailable_retry_after_s: u64,
     pub(crate) reconcile: Option<ReconcileFn>,
+    pub(crate) hook_timeout: Option<Duration>,
+    pub(crate) ledger_deadline: Duration,
 }
 
 /// SPEC §8 as a tower layer:
@@ -109,7 +139,8 @@ pub(crate) struct Settings {
 /// `location` stored, JSON bodies fingerprinted by their RFC 8785
 /// canonical form (the whole body), 32 KiB stored body (a larger response is streamed
 /// to the client and settled as not stored), 1 MiB request body, 30 s
-/// lease heartbeated every 10 s, no handler timeout, fail closed.
+/// lease heartbeated every 10 s, no handler timeout, fail closed, 408,
+/// 409, 425 and 429 released, ledger calls retried for 2 s.
 #[derive(Clone)]
 pub struct IdempotencyLayer {
     settings: Arc<Settings>,
@@ -151,6 +182,8 @@ impl IdempotencyLayer {
                 policy: RoutePolicy::default(),
                 unavailable_retry_after_s: 1,
                 reconcile: None,
+                hook_timeout: None,
+                ledger_deadline: DEFAULT_LEDGER_DEADLINE,
             }),
         }
     }
@@ -398,12 +431,60 @@ impl IdempotencyLayer {
 
     /// The hook that finds out whether an earlier attempt with an unknown
     /// outcome happened (default: none; retries get 409 `outcome_unknown`
-    /// until an operator reconciles the record).
-    pub fn reconcile(
-        self,
-        f: impl Fn(&str, Fence, &Parts) -> BoxFuture<'static, Resolution> + Send + Sync + 'static,
-    ) -> Self {
-        self.with(|s| s.reconcile = Some(Arc::new(f)))
+    /// until an operator or a `settle_worker::Reconciler` resolves the
+    /// record). It gets the retried request whole ([`ReconcileRequest`]:
+    /// the client's key and principal too) and answers
+    /// [`Resolution::Committed`] (settled and answered, as a replay;
+    /// over `max_stored_body` it is settled with its digest, answered as
+    /// given, and later replays get 409 `response_not_stored`),
+    /// `NotCommitted` (the handler runs under the same fence) or
+    /// `Unavailable` (409 `outcome_unknown`). The lease is heartbeated while
+    /// it runs; an error, a panic or running past
+    /// [`hook_timeout`](Self::hook_timeout) counts as `Unavailable`.
+    ///
+    /// ```no_run
+    /// # fn demo(layer: settle_middleware::IdempotencyLayer) {
+    /// use settle_middleware::{HookResponse, Resolution};
+    /// let layer = layer.reconcile(|req: settle_middleware::ReconcileRequest| async move {
+    ///     // Ask the provider for a charge under the client's key and account.
+    ///     let _ = (&req.idempotency_key, &req.principal, &req.body);
+    ///     Ok::<_, settle_middleware::BoxError>(Resolution::NotCommitted)
+    /// });
+    /// # }
+    /// ```
+    pub fn reconcile<F, Fut>(self, f: F) -> Self
+    where
+        F: Fn(ReconcileRequest) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Resolution, BoxError>> + Send + 'static,
+    {
+        let boxed: ReconcileFn = Arc::new(move |req| Box::pin(f(req)));
+        self.with(|s| s.reconcile = Some(boxed))
+    }
+
+    /// How long the reconcile hook may take (default: the lease); past it
+    /// the hook counts as `Unavailable` (409 `outcome_unknown`).
+    pub fn hook_timeout(self, timeout: Duration) -> Self {
+        self.with(|s| s.hook_timeout = Some(timeout))
+    }
+
+    /// How long a claim (and a dispatch, for at most half the lease) that
+    /// got no answer, 503 or 429 from settle is retried before the request
+    /// is answered 503 `idempotency_unavailable` (default 2 s). A claim
+    /// whose answer was lost is retried with the same `claim_id`, so it is
+    /// answered with the lease it was granted (SPEC §4 rule 5a).
+    pub fn ledger_deadline(self, deadline: Duration) -> Self {
+        self.with(|s| s.ledger_deadline = deadline)
+    }
+
+    /// The statuses that say nothing happened, on every route (default
+    /// 408, 409, 425, 429; a route's own policy may set its own): not
+    /// stored, released `not_committed`, the retry runs the handler. The
+    /// statuses added beyond those four (a framework's 422 for a request it
+    /// refused itself) are released with `forget` (SPEC §8): no record is
+    /// kept, and the corrected request with the same key runs.
+    pub fn release_on(self, statuses: impl IntoIterator<Item = u16>) -> Self {
+        let set = ReleaseOn::new(statuses);
+        self.with(|s| s.policy.release_on = Some(set))
     }
 
     /// The ledger key a request with this principal and key is recorded

@@ -3,25 +3,28 @@
 //! key, the request fingerprint, the principal, and the stored response.
 //! The Python and TypeScript middlewares compute the same bytes, so any of
 //! them can serve the same endpoints over one ledger;
-//! `sdk/middleware-vectors.json` pins them (see this crate's tests).
+//! `sdk/middleware-vectors.json` pins them (see this crate's tests). The
+//! stored response and the claim's `worker` field are defined in
+//! `settle_worker::middleware` (a Reconciler's middleware hook writes and
+//! reads them too) and re-exported here.
 
 use std::borrow::Cow;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as B64;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 use sha2::{Digest as _, Sha256};
+
+// The stored response and the claim's `worker` field are shared with the
+// Reconciler's middleware hooks, so they live in `settle-worker` (which
+// this crate depends on, never the other way) and are re-exported here.
+pub use settle_worker::middleware::{
+    DEFAULT_MAX_STORED_BODY, DEFAULT_STORED_HEADERS, StoredResponse, binding_principal,
+    decode_response, encode_response, frame, latin1, parse_worker_label, response_sha256,
+    worker_label,
+};
 
 /// Statuses that say nothing happened: never stored, released with
 /// `not_committed` so that the retry runs the handler (SPEC §8).
 pub const NOT_COMMITTED_STATUSES: [u16; 4] = [408, 409, 425, 429];
-/// Response headers always stored with a response.
-pub const DEFAULT_STORED_HEADERS: [&str; 2] = ["content-type", "location"];
-/// Largest response body stored for replay (fits the server's 64 KiB
-/// `max_result_bytes` once base64-encoded with its headers).
-pub const DEFAULT_MAX_STORED_BODY: usize = 32 * 1024;
-/// The version tag of the stored `result`.
-const RESULT_VERSION: u64 = 1;
 
 /// A malformed `Idempotency-Key` header (400 `idempotency_key_invalid`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -169,17 +172,6 @@ fn trim_ows(mut v: &[u8]) -> &[u8] {
         v = rest;
     }
     v
-}
-
-/// Each field as a 4-byte big-endian length followed by its bytes.
-pub fn frame<'a>(fields: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for f in fields {
-        let n = u32::try_from(f.len()).expect("a framed field is under 4 GiB (bodies are limited)");
-        out.extend_from_slice(&n.to_be_bytes());
-        out.extend_from_slice(f);
-    }
-    out
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
@@ -626,76 +618,9 @@ pub fn request_fingerprint(
     sha256_hex(&frame(parts))
 }
 
-/// The claim's `binding.principal`: the principal itself when it fits the
-/// key syntax, else `sha256:` + its hex digest.
-pub fn binding_principal(principal: &str) -> String {
-    if visible(principal.as_bytes()) {
-        principal.to_string()
-    } else {
-        format!("sha256:{}", sha256_hex(principal.as_bytes()))
-    }
-}
-
-/// The claim's `worker` field, for operators.
-pub fn worker_label(key: &str, principal: &str) -> String {
-    format!(
-        "idempotency-key={key} principal={}",
-        binding_principal(principal)
-    )
-}
-
 /// `Retry-After` of 409 `request_in_progress`: whole seconds, at least 1.
 pub fn retry_after_header(retry_after_ms: u64) -> String {
     retry_after_ms.div_ceil(1000).max(1).to_string()
-}
-
-/// `response_sha256` = hex SHA-256 of `F(status as decimal ASCII) || F(body)`.
-pub fn response_sha256(status: u16, body: &[u8]) -> String {
-    sha256_hex(&frame([status.to_string().as_bytes(), body]))
-}
-
-/// A header value as a string: each byte one character (Latin-1), so that
-/// any value the HTTP layer accepted round-trips.
-pub fn latin1(v: &[u8]) -> String {
-    v.iter().map(|&b| char::from(b)).collect()
-}
-
-fn from_latin1(s: &str) -> Option<Vec<u8>> {
-    s.chars().map(|c| u8::try_from(u32::from(c)).ok()).collect()
-}
-
-/// The settled `result` of a response and its `response_sha256`.
-/// `headers` are the response's (name, value) pairs in order; only names
-/// in `stored` are kept (never `content-length` or `transfer-encoding`).
-pub fn encode_response(
-    status: u16,
-    headers: &[(String, Vec<u8>)],
-    body: &[u8],
-    stored: &[String],
-    max_body: usize,
-) -> (Value, String) {
-    let kept: Vec<Value> = headers
-        .iter()
-        .map(|(n, v)| (n.to_ascii_lowercase(), v))
-        .filter(|(n, _)| {
-            n != "content-length"
-                && n != "transfer-encoding"
-                && stored.iter().any(|s| s.eq_ignore_ascii_case(n))
-        })
-        .map(|(n, v)| json!([n, latin1(v)]))
-        .collect();
-    let mut result = Map::new();
-    result.insert("v".into(), json!(RESULT_VERSION));
-    result.insert("status".into(), json!(status));
-    result.insert("headers".into(), Value::Array(kept));
-    if body.len() <= max_body {
-        result.insert("body".into(), json!(B64.encode(body)));
-    } else {
-        result.insert("body".into(), Value::Null);
-        result.insert("body_bytes".into(), json!(body.len()));
-        result.insert("body_sha256".into(), json!(sha256_hex(body)));
-    }
-    (Value::Object(result), response_sha256(status, body))
 }
 
 /// The settled `result` of a response whose body went to the client as
@@ -728,47 +653,6 @@ pub fn encode_streamed_response(
     );
     let response = sha256_hex(&frame([status.to_string().as_bytes(), digest.as_bytes()]));
     (result, response)
-}
-
-/// A response read back from the ledger.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredResponse {
-    /// The status.
-    pub status: u16,
-    /// The stored headers, lower-case names, in response order.
-    pub headers: Vec<(String, Vec<u8>)>,
-    /// The body; `None` when it was too large to store (only its digest was).
-    pub body: Option<Vec<u8>>,
-}
-
-/// The stored response in a settled `result`, or `None` when `result` is
-/// not one (written by something else: answered `response_not_stored`).
-pub fn decode_response(result: &Value) -> Option<StoredResponse> {
-    let o = result.as_object()?;
-    if o.get("v")?.as_u64()? != RESULT_VERSION {
-        return None;
-    }
-    let status = u16::try_from(o.get("status")?.as_u64()?).ok()?;
-    if !(100..=999).contains(&status) {
-        return None;
-    }
-    let mut headers = Vec::new();
-    for h in o.get("headers")?.as_array()? {
-        let [n, v] = h.as_array()?.as_slice() else {
-            return None;
-        };
-        headers.push((n.as_str()?.to_string(), from_latin1(v.as_str()?)?));
-    }
-    let body = match o.get("body")? {
-        Value::Null => None,
-        Value::String(b) => Some(B64.decode(b).ok()?),
-        _ => return None,
-    };
-    Some(StoredResponse {
-        status,
-        headers,
-        body,
-    })
 }
 
 /// The title of each problem code the middleware answers.

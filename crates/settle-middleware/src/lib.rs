@@ -14,7 +14,14 @@
 //!   while the first still runs: 409 `request_in_progress` + `Retry-After`;
 //! * a panic, a timeout or a client disconnect after the handler started
 //!   leaves the record `unknown`: retries get 409 `outcome_unknown` until
-//!   it is reconciled (an operator, or the [`reconcile`](IdempotencyLayer::reconcile) hook);
+//!   it is reconciled (an operator, the [`reconcile`](IdempotencyLayer::reconcile)
+//!   hook, or a `settle_worker::Reconciler` with a middleware hook);
+//! * a handler that did nothing says so ([`HandlerError::NotSent`], or the
+//!   [`EffectNotSent`] extension): released `not_committed`, 503
+//!   `idempotency_unavailable` with `Retry-After: 1`, the retry runs it;
+//! * statuses that say nothing happened (`release_on`: 408, 409, 425, 429,
+//!   and any the application adds, which are released with `forget`) are
+//!   not stored;
 //! * the ledger unreachable: 503 `idempotency_unavailable`, the handler
 //!   does not run (fail closed, unless the route fails open); a ledger
 //!   refusal never runs it (`stale_binding`: 403 `idempotency_forbidden`);
@@ -55,6 +62,7 @@
 mod answer;
 pub mod backend;
 mod capture;
+mod handler;
 mod layer;
 pub mod layout;
 pub mod principal;
@@ -62,13 +70,15 @@ mod run;
 pub mod table;
 
 pub use backend::{BoxFuture, CallError, Transport};
+pub use handler::{EffectNotSent, HandlerError};
 pub use layer::{
-    CanonicalFn, HookResponse, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer,
-    ReconcileFn, Resolution, Retryable, RoutesFn,
+    BoxError, CanonicalFn, DEFAULT_LEDGER_DEADLINE, HookResponse, IDEMPOTENCY_KEY,
+    IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer, ReconcileFn, ReconcileRequest, Resolution,
+    Retryable, RoutesFn,
 };
 pub use layout::{ConfigError, FingerprintOptions};
 pub use principal::{Identity, PrincipalFn};
-pub use table::RoutePolicy;
+pub use table::{ReleaseOn, RoutePolicy};
 
 /// The RFC 8785 canonical text of a JSON body (the `canonical_json`
 /// option, SPEC §8), or `None` when the body is not JSON the fingerprint

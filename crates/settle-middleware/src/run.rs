@@ -1,8 +1,9 @@
 //! One request's run through SPEC §8's table: the key and the principal,
-//! the claim (waiting out a duplicate in flight with the route's `wait`),
-//! the reconcile hook on a `reconcile` lease, then dispatch and the handler
-//! beside its heartbeats, with panics, timeouts and errors caught; what it
-//! leaves behind is recorded by `capture.rs`.
+//! the claim (a lost answer retried with the same `claim_id`, waiting out a
+//! duplicate in flight with the route's `wait`), the reconcile hook on a
+//! `reconcile` lease, then dispatch and the handler beside its heartbeats,
+//! with panics, timeouts and errors caught; what it leaves behind is
+//! recorded by `capture.rs`.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
@@ -18,15 +19,21 @@ use settle_core::{
     Binding, ClaimDecision, Command, Digest, Dispatch, Finding, Grant, Key, Principal, Reconcile,
     RefusalCode, Release, ReleaseReason, Reply, Scopes, Text,
 };
+use settle_worker::new_claim_id;
 use tower::Service;
 
 use crate::answer::{note, problem, refuse, replay};
-use crate::backend::{CallError, call, heartbeat, retry};
+use crate::backend::{CallError, heartbeat, retry};
 use crate::capture::{Read, Unsettled, read_up_to, stored_outcome};
-use crate::layer::{BoxError, IDEMPOTENCY_KEY, Resolution, Settings};
+use crate::handler::EffectNotSent;
+use crate::layer::{
+    BoxError, IDEMPOTENCY_KEY, ReconcileFn, ReconcileRequest, Resolution, Settings,
+};
 use crate::layout::{self, FingerprintInput, StoredResponse};
 use crate::principal::Identity;
-use crate::table::{self, AfterClaim, Arrival, Disposition, LedgerFailure, Problem, RoutePolicy};
+use crate::table::{
+    self, AfterClaim, Arrival, Disposition, LedgerFailure, Problem, ReleaseOn, RoutePolicy,
+};
 
 /// One request's run.
 pub(crate) struct Run<S> {
@@ -37,6 +44,8 @@ pub(crate) struct Run<S> {
 /// The request as claimed.
 struct Claimed {
     key: String,
+    /// The principal the extractor gave (the binding holds its key-syntax form).
+    principal: String,
     lkey: Key,
     fingerprint: Digest,
     binding: Binding,
@@ -51,6 +60,8 @@ enum Handled<E> {
     Streamed(axum::http::response::Parts, Bytes, Body),
     /// A panic, a timeout, a body that broke: the outcome is unknown.
     Failed(&'static str),
+    /// The handler said nothing was done ([`EffectNotSent`]).
+    NotSent,
     /// The inner service returned an error (it goes up unchanged).
     Error(E),
 }
@@ -117,6 +128,7 @@ where
             Some(f) => f(method, path).map(|mut p| {
                 p.timeout = p.timeout.or(s.policy.timeout);
                 p.wait = p.wait.or(s.policy.wait);
+                p.release_on = p.release_on.or(s.policy.release_on);
                 p
             }),
             None => s.methods.contains(method).then_some(s.policy),
@@ -185,6 +197,7 @@ where
         match built {
             Ok((lkey, fingerprint, binding)) => Ok(Claimed {
                 key,
+                principal: principal.clone(),
                 lkey,
                 fingerprint,
                 binding,
@@ -196,19 +209,15 @@ where
     }
 
     async fn claim(self, policy: RoutePolicy, c: Claimed) -> Result<Response<Body>, S::Error> {
-        let s = &self.settings;
-        let principal = c.binding.principal.as_str();
-        let worker = Text::new(
-            "worker",
-            format!("idempotency-key={} principal={principal}", c.key),
-        )
-        .ok();
-        let claim = settle_core::Claim {
+        let s = self.settings.clone();
+        let mut claim = settle_core::Claim {
             key: c.lkey.clone(),
             fingerprint: c.fingerprint,
             binding: c.binding.clone(),
             lease_ms: s.lease_ms,
-            worker,
+            // SPEC §8: the client's key and principal, for operators and a
+            // Reconciler's middleware hook.
+            worker: Text::new("worker", layout::worker_label(&c.key, &c.principal)).ok(),
             marks_dispatch: true,
             retention_s: s.retention_s,
             claim_id: None,
@@ -216,11 +225,35 @@ where
         // With the route's `wait`, a duplicate claims again until the
         // first request's outcome arrives or the wait is over.
         let until = policy.wait.map(|w| Instant::now() + w);
-        let mut answer = call(&*s.backend, Command::Claim(claim.clone())).await;
+        // Once a request with the key is known to be running: the answer
+        // when the wait ends, also when a claim fails meanwhile.
+        let mut in_progress: Option<Problem> = None;
         loop {
-            return match table::after_claim(answer, s.unavailable_retry_after_s) {
+            // A new claim, a new id; a lost answer is retried with it and
+            // answered with the lease it was granted (rule 5a).
+            claim.claim_id = Some(new_claim_id());
+            let budget = match (&in_progress, until) {
+                (Some(_), Some(u)) => s
+                    .ledger_deadline
+                    .min(u.saturating_duration_since(Instant::now())),
+                _ => s.ledger_deadline,
+            };
+            let answer = retry(&s.backend, Command::Claim(claim.clone()), budget).await;
+            let after = table::after_claim(answer, s.unavailable_retry_after_s);
+            if let Some(p) = &in_progress
+                && Self::claim_failed(&after)
+            {
+                // Never fail open (nor answer 503) while the first request
+                // runs: the client is told to come back, as it was.
+                tracing::warn!(
+                    key = c.key,
+                    "idempotency: a claim failed while waiting for a request in progress"
+                );
+                return Ok(refuse(p, Some(&c.key)));
+            }
+            return match after {
                 AfterClaim::Execute(g) => self.execute(policy, c, g).await,
-                AfterClaim::Reconcile(g) => match reconcile(&self.settings, &c, g).await {
+                AfterClaim::Reconcile(g) => match reconcile(&s, &c, g).await {
                     Reconciled::Execute(g) => self.execute(policy, c, g).await,
                     Reconciled::Replay(stored) => Ok(replay(stored, &c.key)),
                     Reconciled::Unknown => Ok(refuse(&table::OUTCOME_UNKNOWN, Some(&c.key))),
@@ -238,7 +271,7 @@ where
                     }
                     note("waited");
                     tokio::time::sleep(Duration::from_millis(retry_after_ms).min(left)).await;
-                    answer = call(&*s.backend, Command::Claim(claim.clone())).await;
+                    in_progress = Some(problem);
                     continue;
                 }
                 AfterClaim::Refuse(p) => Ok(refuse(&p, Some(&c.key))),
@@ -246,6 +279,16 @@ where
                     self.unavailable(&policy, (c.parts, c.body), why).await
                 }
             };
+        }
+    }
+
+    /// A claim that could not be answered: the ledger unreachable or
+    /// unavailable (a 503, a 429, a record it refuses for now).
+    fn claim_failed(after: &AfterClaim) -> bool {
+        match after {
+            AfterClaim::Unavailable(_) => true,
+            AfterClaim::Refuse(p) => p.code == "idempotency_unavailable",
+            _ => false,
         }
     }
 
@@ -289,34 +332,14 @@ where
             key: c.lkey.clone(),
             fence: g.fence,
         });
-        // A lost answer is retried under the same fence (dispatch is
-        // idempotent), for half the lease: the other half is left to hand
-        // the lease back if the ledger stays silent.
+        // A lost answer is retried under the same fence (a repeated
+        // dispatch is answered 200), for the ledger deadline and at most
+        // half the lease: the rest is left to hand the lease back.
         let half_lease = Duration::from_millis(s.lease_ms.get() / 2);
-        if let Err(e) = retry(&s.backend, dispatch, half_lease).await {
-            // The handler never ran. Hand the lease back: `not_dispatched`
-            // while no dispatch is recorded; if one was (its answer lost),
-            // `not_committed`, which is true: nothing was applied.
-            let release = |reason| {
-                Command::Release(Release {
-                    key: c.lkey.clone(),
-                    fence: g.fence,
-                    reason,
-                    forget: false,
-                })
-            };
-            if let Err(CallError::Refused(RefusalCode::ReceiptRequired)) =
-                call(&*s.backend, release(ReleaseReason::NotDispatched)).await
-            {
-                let _ = call(&*s.backend, release(ReleaseReason::NotCommitted)).await;
-            }
-            return match table::ledger_failure(&e, s.unavailable_retry_after_s) {
-                LedgerFailure::Unreachable(why) => {
-                    self.unavailable(&policy, (c.parts, c.body), why).await
-                }
-                LedgerFailure::Refused(p) => Ok(refuse(&p, Some(&c.key))),
-            };
+        if let Err(e) = retry(&s.backend, dispatch, s.ledger_deadline.min(half_lease)).await {
+            return self.dispatch_failed(&policy, c, g, e).await;
         }
+        let release_on = policy.release_on.unwrap_or_default();
         let mut pending = Unsettled::armed(
             s.clone(),
             c.key.clone(),
@@ -324,6 +347,7 @@ where
             g.fence,
             c.fingerprint,
             c.binding.clone(),
+            release_on,
         );
         note("executed");
         let req = Request::from_parts(c.parts, Body::from(c.body));
@@ -339,6 +363,9 @@ where
         let handled = {
             let run = async {
                 match handler.await {
+                    Ok(resp) if resp.extensions().get::<EffectNotSent>().is_some() => {
+                        Handled::NotSent
+                    }
                     Ok(resp) => {
                         let (parts, body) = resp.into_parts();
                         match read_up_to(body, max_stored).await {
@@ -367,6 +394,7 @@ where
         match handled {
             Handled::Response(parts, body) => Ok(pending.finish(parts, body).await),
             Handled::Streamed(parts, prefix, rest) => Ok(pending.stream(parts, prefix, rest).await),
+            Handled::NotSent => Ok(pending.not_sent().await),
             Handled::Failed(why) => {
                 pending.unknown(why).await;
                 Ok(refuse(&table::HANDLER_FAILED, Some(&c.key)))
@@ -377,62 +405,154 @@ where
             }
         }
     }
+
+    /// The dispatch mark before the handler failed; the handler never ran
+    /// (SPEC §11.11 dispatch rows). The lease is handed back with
+    /// `release(not_dispatched)` and the ledger decides: released → 503
+    /// (or the route's fail-open, when the ledger was merely unreachable);
+    /// `receipt_required` (the mark was recorded, its answers lost) → the
+    /// middleware does not attest on its own inference: settle `unknown`,
+    /// 500 `outcome_unknown`. A refused dispatch (`lease_expired`,
+    /// `stale_fence`: the lease is gone) → 503.
+    async fn dispatch_failed(
+        self,
+        policy: &RoutePolicy,
+        c: Claimed,
+        g: Grant,
+        e: CallError,
+    ) -> Result<Response<Body>, S::Error> {
+        let s = self.settings.clone();
+        let gone = matches!(
+            e,
+            CallError::Refused(
+                RefusalCode::LeaseExpired | RefusalCode::StaleFence | RefusalCode::WrongPurpose
+            )
+        );
+        if !gone {
+            let release = Command::Release(Release {
+                key: c.lkey.clone(),
+                fence: g.fence,
+                reason: ReleaseReason::NotDispatched,
+                forget: false,
+            });
+            let cleanup = Duration::from_millis(s.lease_ms.get());
+            match retry(&s.backend, release, cleanup).await {
+                Ok(_) => {}
+                Err(CallError::Refused(RefusalCode::ReceiptRequired)) => {
+                    let mut pending = Unsettled::armed(
+                        s.clone(),
+                        c.key.clone(),
+                        c.lkey.clone(),
+                        g.fence,
+                        c.fingerprint,
+                        c.binding.clone(),
+                        ReleaseOn::default(),
+                    );
+                    pending
+                        .unknown("the dispatch mark was recorded; its answers were lost")
+                        .await;
+                    return Ok(refuse(&table::HANDLER_FAILED, Some(&c.key)));
+                }
+                Err(e) => {
+                    // The lease lapses as the ledger holds it; never fail
+                    // open while it may still be held.
+                    tracing::warn!(key = c.key, error = %e, "idempotency: the lease could not be handed back after a failed dispatch");
+                    return Ok(refuse(
+                        &table::unavailable(s.unavailable_retry_after_s),
+                        Some(&c.key),
+                    ));
+                }
+            }
+        }
+        match table::ledger_failure(&e, s.unavailable_retry_after_s) {
+            LedgerFailure::Unreachable(why) if !gone => {
+                self.unavailable(policy, (c.parts, c.body), why).await
+            }
+            LedgerFailure::Unreachable(_) => Ok(refuse(
+                &table::unavailable(s.unavailable_retry_after_s),
+                Some(&c.key),
+            )),
+            LedgerFailure::Refused(p) => Ok(refuse(&p, Some(&c.key))),
+        }
+    }
 }
 
 /// What reporting the hook's finding led to.
 enum Reconciled {
     /// `not_committed`: the same fence, now an execute lease.
     Execute(Grant),
-    /// `committed`: the hook's response, settled; replay it.
+    /// `committed`: the hook's response, settled; answer it as a replay
+    /// (its whole body, also when only its digest was stored).
     Replay(StoredResponse),
-    /// `unavailable` (or the report failed): 409 `outcome_unknown`.
+    /// `unavailable`, the hook failed, or the report failed: 409
+    /// `outcome_unknown`.
     Unknown,
 }
 
-/// A `reconcile` lease: the hook's finding, reported.
-async fn reconcile(s: &Settings, c: &Claimed, g: Grant) -> Reconciled {
-    let resolution = match &s.reconcile {
-        Some(hook) => {
-            match AssertUnwindSafe(hook(c.lkey.as_str(), g.fence, &c.parts))
-                .catch_unwind()
-                .await
-            {
-                Ok(r) => r,
-                Err(_) => {
-                    tracing::error!(key = c.key, "idempotency: the reconcile hook panicked");
-                    Resolution::Unavailable
-                }
-            }
-        }
-        None => Resolution::Unavailable,
+/// Asks the hook, isolated and bounded: a panic (when called or while it
+/// runs), an error or no answer within `timeout` is an error.
+async fn ask_hook(
+    hook: &ReconcileFn,
+    req: ReconcileRequest,
+    timeout: Duration,
+) -> Result<Resolution, BoxError> {
+    let asked = match std::panic::catch_unwind(AssertUnwindSafe(|| hook(req))) {
+        Ok(f) => f,
+        Err(_) => return Err("the reconcile hook panicked".into()),
     };
-    let mut stored = None;
-    let finding = match resolution {
-        Resolution::Committed(r) => {
-            let (result, digest) = layout::encode_response(
-                r.status,
-                &r.headers,
-                &r.body,
-                &s.stored_headers,
-                s.max_stored_body,
-            );
-            let d = match table::disposition(r.status, false) {
-                Disposition::Failed => Disposition::Failed,
-                _ => Disposition::Completed,
+    match tokio::time::timeout(timeout, AssertUnwindSafe(asked).catch_unwind()).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err("the reconcile hook panicked".into()),
+        Err(_) => Err(format!(
+            "the reconcile hook did not answer within its hook_timeout ({} ms)",
+            timeout.as_millis()
+        )
+        .into()),
+    }
+}
+
+/// A `reconcile` lease (SPEC §8): the hook gets the whole retried request
+/// with the client's key and principal, under heartbeats and bounded by
+/// `hook_timeout`; its finding is reported (a lost answer retried).
+async fn reconcile(s: &Arc<Settings>, c: &Claimed, g: Grant) -> Reconciled {
+    let lease = Duration::from_millis(s.lease_ms.get());
+    let resolution = match &s.reconcile {
+        None => Resolution::Unavailable,
+        Some(hook) => {
+            let req = ReconcileRequest {
+                ledger_key: c.lkey.as_str().to_string(),
+                fence: g.fence,
+                method: c.parts.method.clone(),
+                uri: c.parts.uri.clone(),
+                headers: c.parts.headers.clone(),
+                body: c.body.clone(),
+                idempotency_key: c.key.clone(),
+                principal: c.principal.clone(),
             };
-            let committed = stored_outcome(d, &result, &digest)
-                .and_then(|o| Finding::committed(c.fingerprint, c.binding.clone(), o));
-            match committed {
-                Ok(f) => {
-                    stored = layout::decode_response(&result);
-                    f
-                }
-                Err(e) => {
-                    tracing::error!(key = c.key, error = %e, "idempotency: the hook's response cannot be stored");
-                    Finding::Unavailable
-                }
-            }
+            let asked = ask_hook(hook, req, s.hook_timeout.unwrap_or(lease));
+            let found = tokio::select! {
+                biased;
+                r = asked => r,
+                never = heartbeat(s.backend.clone(), c.lkey.clone(), g.fence, s.lease_ms) => match never {},
+            };
+            found.unwrap_or_else(|e| {
+                tracing::error!(key = c.key, error = %e, "idempotency: the reconcile hook failed; the outcome stays unknown");
+                Resolution::Unavailable
+            })
         }
+    };
+    let mut answer = None;
+    let finding = match resolution {
+        Resolution::Committed(r) => match committed(s, c, &r) {
+            Ok((f, stored)) => {
+                answer = Some(stored);
+                f
+            }
+            Err(e) => {
+                tracing::error!(key = c.key, error = %e, "idempotency: the hook's response cannot be stored");
+                Finding::Unavailable
+            }
+        },
         Resolution::NotCommitted => Finding::NotCommitted,
         Resolution::Unavailable => Finding::Unavailable,
     };
@@ -441,16 +561,50 @@ async fn reconcile(s: &Settings, c: &Claimed, g: Grant) -> Reconciled {
         fence: g.fence,
         finding,
     });
-    match call(&*s.backend, cmd).await {
+    match retry(&s.backend, cmd, lease).await {
         Ok(Reply::Claim(ClaimDecision::Execute(g))) => Reconciled::Execute(g),
-        Ok(Reply::Receipt(_)) => match stored {
-            Some(st) if st.body.is_some() => Reconciled::Replay(st),
-            _ => Reconciled::Unknown,
-        },
+        Ok(Reply::Receipt(_)) => answer.map_or(Reconciled::Unknown, Reconciled::Replay),
         Ok(_) => Reconciled::Unknown,
         Err(e) => {
             tracing::warn!(key = c.key, error = %e, "idempotency: reconcile got no answer");
             Reconciled::Unknown
         }
     }
+}
+
+/// The hook's response as a `committed` finding, stored as a handler's
+/// (over `max_stored_body`: its digest), and the answer to this request:
+/// the stored headers and the hook's whole body.
+fn committed(
+    s: &Settings,
+    c: &Claimed,
+    r: &crate::layer::HookResponse,
+) -> Result<(Finding, StoredResponse), settle_core::InvalidInput> {
+    let (result, digest) = layout::encode_response(
+        r.status,
+        &r.headers,
+        &r.body,
+        &s.stored_headers,
+        s.max_stored_body,
+    );
+    // A hook reports what happened: a status that would be released for a
+    // handler's response is stored like any other.
+    let d = match table::disposition(r.status, false, &ReleaseOn::none()) {
+        Disposition::Failed => Disposition::Failed,
+        _ => Disposition::Completed,
+    };
+    let finding = Finding::committed(
+        c.fingerprint,
+        c.binding.clone(),
+        stored_outcome(d, &result, &digest)?,
+    )?;
+    let headers = layout::decode_response(&result).map_or_else(Vec::new, |st| st.headers);
+    Ok((
+        finding,
+        StoredResponse {
+            status: r.status,
+            headers,
+            body: Some(r.body.to_vec()),
+        },
+    ))
 }

@@ -10,7 +10,20 @@ use settle_core::{ClaimDecision, Grant, RefusalCode, Reply};
 use crate::backend::CallError;
 use crate::layout::{self, NOT_COMMITTED_STATUSES, StoredResponse};
 
-/// How one route is wrapped.
+/// How one route is wrapped. Build it from the default, so that options
+/// added later keep their defaults:
+///
+/// ```
+/// use std::time::Duration;
+/// use settle_middleware::{ReleaseOn, RoutePolicy};
+/// let p = RoutePolicy {
+///     timeout: Some(Duration::from_secs(20)),
+///     wait: Some(Duration::from_secs(2)),
+///     release_on: Some(ReleaseOn::default().with(422)),
+///     ..RoutePolicy::default()
+/// };
+/// # let _ = p;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RoutePolicy {
     /// A request without a key gets 400 `idempotency_key_missing` (else
@@ -26,6 +39,13 @@ pub struct RoutePolicy {
     /// this long for its outcome and answers as a replay when it arrives
     /// (default: none, 409 `request_in_progress` at once; SPEC §8 `wait`).
     pub wait: Option<Duration>,
+    /// Response statuses that say nothing happened (SPEC §8 `release_on`;
+    /// `None`: the layer's, by default 408, 409, 425, 429): not stored, the
+    /// lease released `not_committed`, the retry runs the handler. A status
+    /// added beyond those four (a framework's own 422 for a request it
+    /// refused before the handler) is released with `forget`: no record is
+    /// kept, and the corrected request with the same key runs.
+    pub release_on: Option<ReleaseOn>,
 }
 
 impl Default for RoutePolicy {
@@ -35,7 +55,78 @@ impl Default for RoutePolicy {
             fail_open: false,
             timeout: None,
             wait: None,
+            release_on: None,
         }
+    }
+}
+
+/// A set of response statuses (100–599) for [`RoutePolicy::release_on`];
+/// [`ReleaseOn::default`] is SPEC §8's 408, 409, 425, 429.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ReleaseOn([u64; 8]);
+
+impl ReleaseOn {
+    /// No status.
+    pub const fn none() -> ReleaseOn {
+        ReleaseOn([0; 8])
+    }
+
+    /// These statuses.
+    ///
+    /// # Panics
+    ///
+    /// A status outside 100–599: a configuration error that names the option.
+    pub fn new(statuses: impl IntoIterator<Item = u16>) -> ReleaseOn {
+        statuses
+            .into_iter()
+            .fold(ReleaseOn::none(), ReleaseOn::with)
+    }
+
+    /// This set and `status`.
+    ///
+    /// # Panics
+    ///
+    /// A status outside 100–599: a configuration error that names the option.
+    #[must_use]
+    pub fn with(mut self, status: u16) -> ReleaseOn {
+        assert!(
+            (100..=599).contains(&status),
+            "release_on: {status} is not an HTTP status (100-599)"
+        );
+        let i = usize::from(status - 100);
+        self.0[i / 64] |= 1 << (i % 64);
+        self
+    }
+
+    /// Whether `status` is in the set.
+    pub fn contains(&self, status: u16) -> bool {
+        (100..=599).contains(&status) && {
+            let i = usize::from(status - 100);
+            self.0[i / 64] & (1 << (i % 64)) != 0
+        }
+    }
+
+    /// Whether `status` is in the set and not one of SPEC §8's default
+    /// four: the application added it, so it is released with `forget`.
+    pub fn is_added(&self, status: u16) -> bool {
+        self.contains(status) && !NOT_COMMITTED_STATUSES.contains(&status)
+    }
+
+    /// The statuses, ascending.
+    pub fn statuses(&self) -> Vec<u16> {
+        (100..=599).filter(|s| self.contains(*s)).collect()
+    }
+}
+
+impl Default for ReleaseOn {
+    fn default() -> Self {
+        ReleaseOn::new(NOT_COMMITTED_STATUSES)
+    }
+}
+
+impl std::fmt::Debug for ReleaseOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.statuses()).finish()
     }
 }
 
@@ -112,6 +203,20 @@ pub const FORBIDDEN: Problem = Problem::new(
     "idempotency_forbidden",
     "the ledger refused this caller's binding (its principal was revoked or moved on)",
 );
+
+/// 503 `idempotency_unavailable`, `Retry-After: 1`: the handler said
+/// nothing was done ([`HandlerError::NotSent`](crate::HandlerError)); the
+/// lease was released `not_committed` and the retry runs the handler.
+pub fn not_sent() -> Problem {
+    Problem {
+        retry_after: Some("1".into()),
+        ..Problem::new(
+            503,
+            "idempotency_unavailable",
+            "the request was not run to completion and nothing was done; retry it",
+        )
+    }
+}
 
 /// 503 `idempotency_unavailable` with `Retry-After`.
 pub fn unavailable(retry_after_s: u64) -> Problem {
@@ -282,14 +387,22 @@ pub enum Disposition {
     Completed,
     /// 5xx the handler returned: settled `failed` and replayed.
     Failed,
-    /// 408, 409, 425, 429, or marked retryable: nothing happened; released
-    /// with `not_committed`, the retry runs the handler.
+    /// 408, 409, 425, 429 (the default `release_on`), or marked retryable:
+    /// nothing happened; released with `not_committed`, the retry runs the
+    /// handler.
     NotCommitted,
+    /// A status the application added to `release_on` (a framework's 422):
+    /// released `not_committed` with `forget`, so no record is kept and
+    /// the corrected request with the same key runs.
+    Forget,
 }
 
-/// Rows "first request" and "a 5xx the handler returns" (the settle side).
-pub fn disposition(status: u16, marked_retryable: bool) -> Disposition {
-    if marked_retryable || NOT_COMMITTED_STATUSES.contains(&status) {
+/// Rows "first request" and "a 5xx the handler returns" (the settle side),
+/// and SPEC §8 `release_on`.
+pub fn disposition(status: u16, marked_retryable: bool, release_on: &ReleaseOn) -> Disposition {
+    if release_on.is_added(status) {
+        Disposition::Forget
+    } else if marked_retryable || release_on.contains(status) {
         Disposition::NotCommitted
     } else if status >= 500 {
         Disposition::Failed
@@ -496,13 +609,31 @@ mod tests {
 
     #[test]
     fn row_stored_and_not_stored_statuses() {
-        assert_eq!(disposition(201, false), Disposition::Completed);
-        assert_eq!(disposition(400, false), Disposition::Completed);
-        assert_eq!(disposition(500, false), Disposition::Failed);
-        assert_eq!(disposition(503, false), Disposition::Failed);
+        let d = ReleaseOn::default();
+        assert_eq!(disposition(201, false, &d), Disposition::Completed);
+        assert_eq!(disposition(400, false, &d), Disposition::Completed);
+        assert_eq!(disposition(422, false, &d), Disposition::Completed);
+        assert_eq!(disposition(500, false, &d), Disposition::Failed);
+        assert_eq!(disposition(503, false, &d), Disposition::Failed);
         for s in [408, 409, 425, 429] {
-            assert_eq!(disposition(s, false), Disposition::NotCommitted);
+            assert_eq!(disposition(s, false, &d), Disposition::NotCommitted);
         }
-        assert_eq!(disposition(201, true), Disposition::NotCommitted);
+        assert_eq!(disposition(201, true, &d), Disposition::NotCommitted);
+    }
+
+    /// SPEC §8 `release_on`: the statuses the application adds are
+    /// released with `forget`; the default four are not forgotten.
+    #[test]
+    fn added_release_on_statuses_are_forgotten() {
+        let with_422 = ReleaseOn::default().with(422);
+        assert_eq!(disposition(422, false, &with_422), Disposition::Forget);
+        assert_eq!(
+            disposition(409, false, &with_422),
+            Disposition::NotCommitted
+        );
+        assert_eq!(with_422.statuses(), vec![408, 409, 422, 425, 429]);
+        let only_429 = ReleaseOn::new([429]);
+        assert_eq!(disposition(409, false, &only_429), Disposition::Completed);
+        assert_eq!(format!("{:?}", only_429), "{429}");
     }
 }

@@ -489,9 +489,9 @@ both!(
     |l: Ledgers| async move {
         let asked = Arc::new(Notify::new());
         let hook_asked = asked.clone();
-        let layer = l.layer().reconcile(move |_, _, _| {
+        let layer = l.layer().reconcile(move |_| {
             hook_asked.notify_one();
-            Box::pin(async { Resolution::NotCommitted })
+            async { Ok::<_, settle_middleware::BoxError>(Resolution::NotCommitted) }
         });
         let (app, _) = payments::app(layer);
         let neg = r#"{"amount": -1, "currency": "EUR"}"#;
@@ -574,17 +574,15 @@ impl settle_middleware::Transport for InFlightTap {
 fn provider_hook(
     charged: Arc<std::sync::Mutex<Vec<String>>>,
 ) -> impl Fn(
-    &str,
-    settle_core::Fence,
-    &axum::http::request::Parts,
-) -> settle_middleware::BoxFuture<'static, Resolution>
+    settle_middleware::ReconcileRequest,
+) -> settle_middleware::BoxFuture<'static, Result<Resolution, settle_middleware::BoxError>>
 + Send
 + Sync
 + 'static {
-    move |ledger_key: &str, _fence, _parts| {
-        let found = charged.lock().unwrap().iter().any(|k| k == ledger_key);
+    move |req: settle_middleware::ReconcileRequest| {
+        let found = charged.lock().unwrap().contains(&req.ledger_key);
         Box::pin(async move {
-            if found {
+            Ok(if found {
                 Resolution::Committed(settle_middleware::HookResponse {
                     status: 201,
                     headers: vec![
@@ -595,7 +593,7 @@ fn provider_hook(
                 })
             } else {
                 Resolution::Unavailable
-            }
+            })
         })
     }
 }
@@ -898,6 +896,83 @@ both!(
             (again.status, again.code().as_str()),
             (StatusCode::CONFLICT, "response_not_stored")
         );
+    }
+);
+
+// SPEC §8 / issue 47: a response past `max_stored_body` whose body breaks
+// mid-stream is a handler failure: the record is `unknown` (as for a body
+// under the limit that breaks), not `completed` with an unknown body; the
+// client gets the error after what went out, and a retry is 409
+// `outcome_unknown`.
+both!(
+    a_streamed_response_whose_body_breaks_is_unknown,
+    |l: Ledgers| async move {
+        let app = Router::new()
+            .route(
+                "/broken",
+                post(|| async {
+                    let parts = futures::stream::iter([
+                        Ok::<_, std::io::Error>(Bytes::from(vec![b'a'; 4096])),
+                        Ok(Bytes::from(vec![b'b'; 4096])),
+                        Err(std::io::Error::other("the upstream went away")),
+                    ]);
+                    (StatusCode::CREATED, Body::from_stream(parts))
+                }),
+            )
+            .layer(l.layer().max_stored_body(1024));
+        let resp = app
+            .clone()
+            .oneshot(req("/broken", Some("broken"), "{}"))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::CREATED);
+        assert!(
+            axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await
+                .is_err(),
+            "the body's error reaches the client"
+        );
+        assert_eq!(l.record(&lkey("broken")).await, ("unknown".into(), true));
+        let again = send(&app, req("/broken", Some("broken"), "{}")).await;
+        assert_eq!(
+            (again.status, again.code().as_str()),
+            (StatusCode::CONFLICT, "outcome_unknown")
+        );
+    }
+);
+
+// SPEC §8, §11.10: the claim's `worker` names the client's key and the
+// principal; a Reconciler's middleware hook is told both (for a request
+// its client never retries), and its reconcile claim copies the field, so
+// it survives the 32-attempt bound.
+both!(
+    a_reconcile_claim_copies_the_middleware_worker_field,
+    |l: Ledgers| async move {
+        let (app, _) = payments::app(l.layer());
+        let neg = r#"{"amount": -1, "currency": "EUR"}"#;
+        let a = send(&app, req("/payments", Some("copy/me:1"), neg)).await;
+        assert_eq!(a.code(), "outcome_unknown");
+        let told = Arc::new(std::sync::Mutex::new(None));
+        let t = told.clone();
+        let s = l
+            .reconciler()
+            .middleware_hook("mw-", move |rec: settle_worker::MiddlewareRecord| {
+                *t.lock().unwrap() = Some((rec.idempotency_key, rec.principal));
+                async { Ok::<_, settle_middleware::BoxError>(Resolution::Unavailable) }
+            })
+            .sweep()
+            .await;
+        assert_eq!((s.seen, s.unavailable, s.errors), (1, 1, 0), "{s:?}");
+        assert_eq!(
+            told.lock().unwrap().clone(),
+            Some(("copy/me:1".to_string(), common::PRINCIPAL.to_string()))
+        );
+        let workers = l.workers(&lkey("copy/me:1")).await;
+        let written = Some(format!(
+            "idempotency-key=copy%2Fme%3A1 principal={}",
+            common::PRINCIPAL
+        ));
+        assert_eq!(workers, vec![written.clone(), written], "{workers:?}");
     }
 );
 

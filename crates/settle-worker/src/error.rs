@@ -1,7 +1,7 @@
 //! What can go wrong in a run: typed refusals (never retried, SPEC §11
 //! step 7), what the effect reported, and the deadline.
 
-use settle_core::{Fence, InvalidInput, Key, Receipt, RefusalCode, Reply};
+use settle_core::{Fence, InvalidInput, Key, Outcome, Receipt, RefusalCode, Reply};
 
 use crate::fingerprint::FingerprintError;
 use crate::names;
@@ -45,8 +45,14 @@ impl EffectError {
     }
 }
 
-/// A failed `dispatch` means the remote write must not be made: nothing
-/// was sent.
+/// `?` on [`EffectContext::dispatch`](crate::EffectContext::dispatch)'s
+/// error: the remote write must not be made. It is carried as `NotSent`,
+/// but `run_once` does not take it as the caller's word that nothing was
+/// applied (SPEC §11.11: an SDK never attests on its own inference): it
+/// hands the lease back with `release(not_dispatched)` and lets the ledger
+/// decide, which refuses with `receipt_required` when the dispatch mark
+/// was recorded after all (its answer was lost), and the run then settles
+/// `unknown` ([`RunError::OutcomeUnknown`]).
 impl From<RunError> for EffectError {
     fn from(e: RunError) -> EffectError {
         EffectError::NotSent(Box::new(e))
@@ -54,6 +60,25 @@ impl From<RunError> for EffectError {
 }
 
 /// Why a run did not produce the operation's outcome.
+///
+/// The result kinds of SPEC §11.11 and `sdk/fault-vectors.json`, which the
+/// three SDKs share, are these variants:
+///
+/// | result kind | `RunError` |
+/// |---|---|
+/// | `ok` | none: `Ok(RunResult)` |
+/// | `not_sent` | [`NotSent`](Self::NotSent) (its `source` is the effect's error, or the [`DeadlineExceeded`](Self::DeadlineExceeded) of a `dispatch` that never reached settle: "caused by `deadline`") |
+/// | `effect_refused` | [`EffectRefused`](Self::EffectRefused) |
+/// | `refused:<code>` | [`Refused`](Self::Refused) with that [`RefusalCode`] |
+/// | `outcome_unknown` | [`OutcomeUnknown`](Self::OutcomeUnknown), or [`ReconcileFailed`](Self::ReconcileFailed) for a reconcile hook that failed, panicked or ran past `hook_timeout` |
+/// | `deadline` | [`DeadlineExceeded`](Self::DeadlineExceeded): the effect never ran |
+/// | `reconcile_required` | [`ReconcileRequired`](Self::ReconcileRequired) |
+///
+/// The other variants are no fault of the network: a request or option the
+/// ledger or this crate refuses before anything runs (`Invalid`,
+/// `Fingerprint`), a ledger that will not serve this caller at all
+/// (`Transport`: a wrong token, a bad URL) and a transport that mixes up
+/// answers (`Unexpected`).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RunError {
@@ -116,16 +141,22 @@ pub enum RunError {
         /// The effect's error.
         source: BoxError,
     },
-    /// The effect failed after it may have reached the remote: the
-    /// operation was settled `unknown` and must be reconciled. `receipt` is
-    /// the `unknown` receipt when the settle was answered.
+    /// The effect may have reached the remote and what happened is not
+    /// recorded: the effect failed after it may have sent (settled
+    /// `unknown`), a `dispatch` mark was recorded whose answer never came
+    /// (the release refused `receipt_required`, then settled `unknown`),
+    /// the ledger refused the result (a 422, e.g. over its size limit:
+    /// settled `unknown` at once) or the settle got no answer until its
+    /// deadline (the lease lapses to `unknown`; `source` is an
+    /// [`Unrecorded`] that still holds the outcome). The operation must be
+    /// reconciled. `receipt` is the `unknown` receipt when one was answered.
     #[error("the outcome of operation {key} is unknown; it must be reconciled: {source}")]
     OutcomeUnknown {
         /// The key.
         key: Key,
         /// The `unknown` receipt, if the settle was answered.
         receipt: Option<Box<Receipt>>,
-        /// The effect's error.
+        /// Why: the effect's error, the ledger's refusal, an [`Unrecorded`].
         source: BoxError,
     },
     /// The deadline passed while waiting (`in_flight`) or retrying (no
@@ -156,12 +187,56 @@ pub enum RunError {
     },
 }
 
+/// The outcome an effect produced that could not be recorded: the settle
+/// got no answer (or only 503/429) until its deadline. It is the `source`
+/// of [`RunError::OutcomeUnknown`], so that the caller still holds the
+/// outcome (e.g. to report it to a reconcile hook later); the record
+/// becomes `unknown` when the lease lapses, or holds this outcome when a
+/// settle whose answer was lost did arrive.
+#[derive(Debug, thiserror::Error)]
+#[error("the {} outcome could not be recorded: {source}", .outcome.status().status().as_str())]
+pub struct Unrecorded {
+    /// What the effect produced.
+    pub outcome: Outcome,
+    /// The settle's last failure.
+    pub source: RunError,
+}
+
 impl RunError {
     /// The refusal, when the ledger refused a call.
     pub fn refusal(&self) -> Option<RefusalCode> {
         match self {
             RunError::Refused { code, .. } => Some(*code),
             _ => None,
+        }
+    }
+
+    /// A copy of an error `dispatch` answers (a refusal, an invalid call,
+    /// the deadline, a transport error): the effect gets one, the run keeps
+    /// the other to decide what to do after the effect.
+    pub(crate) fn copy_of_dispatch_error(&self) -> RunError {
+        match self {
+            RunError::Refused { call, code } => RunError::Refused { call, code: *code },
+            RunError::Invalid { call, input } => RunError::Invalid {
+                call,
+                input: input.clone(),
+            },
+            RunError::DeadlineExceeded { what, last } => RunError::DeadlineExceeded {
+                what,
+                last: last.clone(),
+            },
+            RunError::Transport { call, source } => RunError::Transport {
+                call,
+                source: source.clone(),
+            },
+            RunError::Unexpected { call, reply } => RunError::Unexpected { call, reply },
+            other => RunError::Unexpected {
+                call: "dispatch",
+                reply: match other {
+                    RunError::Fingerprint(_) => "fingerprint",
+                    _ => "error",
+                },
+            },
         }
     }
 

@@ -35,6 +35,16 @@
 //!   can put a network in between.
 //! * [`Batching`]: a transport that a pool of workers shares, sending
 //!   their concurrent calls to a server as §10 batches.
+//! * [`Reconciler`]: sweeps the records left `unknown` with hooks by key
+//!   prefix, once or in the background (`start`/`stop`); its
+//!   [`middleware_hook`](Reconciler::middleware_hook) resolves records of
+//!   the Idempotency-Key middleware with the client's key and principal.
+//! * [`middleware`]: what the middleware (`settle-middleware`) and the
+//!   Reconciler share: the claim's `worker` field, the stored response,
+//!   the hook's [`Resolution`].
+//! * [`new_claim_id`]: the random `claim_id` every claim carries (SPEC §4
+//!   rule 5a), so that a claim whose answer was lost is retried to the
+//!   same grant.
 //! * [`names`]: the metrics it records. Tracing: every run is a `run_once`
 //!   span with `key` and `fence`.
 //!
@@ -51,20 +61,27 @@
 //! fails.
 
 mod batching;
+mod claim_id;
 mod error;
 pub mod fingerprint;
+mod inspect;
+pub mod middleware;
 pub mod names;
+mod op;
 mod reconciler;
 mod retry;
 mod run;
 mod transport;
 
 pub use batching::{BatchAnswers, BatchOptions, BatchTransport, Batching, is_batchable};
-pub use error::{BoxError, EffectError, RunError};
+pub use claim_id::new_claim_id;
+pub use error::{BoxError, EffectError, RunError, Unrecorded};
 pub use fingerprint::{
     FingerprintError, canonicalize, fingerprint, fingerprint_fields, select_fields, sha256,
 };
-pub use reconciler::{Inspect, KeyPage, Reconciler, Sweep};
+pub use inspect::{Inspect, KeyPage, ReconcileRecord};
+pub use middleware::{HookResponse, MiddlewareHook, MiddlewareRecord, Resolution};
+pub use reconciler::{Reconciler, ReconcilerError, Sweep, WORKER_LABEL};
 pub use run::{
     DEFAULT_DEADLINE, Done, EffectContext, Finding, Reconcile, ReconcileHook, RunOptions,
     RunResult, run_once,

@@ -1,5 +1,6 @@
 //! Deadlines, jittered waits and the retry of one call.
 
+use std::future::Future;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -27,6 +28,11 @@ impl Deadline {
     pub(crate) fn at_least(self, d: Duration) -> Deadline {
         let floor = Instant::now() + d;
         Deadline(self.0.map(|at| at.max(floor)))
+    }
+    /// This deadline, but no later than `d` from now.
+    pub(crate) fn at_most(self, d: Duration) -> Deadline {
+        let ceiling = Instant::now() + d;
+        Deadline(Some(self.0.map_or(ceiling, |at| at.min(ceiling))))
     }
 }
 
@@ -65,19 +71,35 @@ pub(crate) async fn call(
     name: &'static str,
     deadline: Deadline,
 ) -> Result<Reply, RunError> {
+    retrying(name, deadline, || t.execute(cmd.clone())).await
+}
+
+/// Runs `attempt` until it answers, retrying (with [`backoff`]) while it
+/// gets no answer or the ledger is unavailable, until `deadline`; each
+/// attempt is cut off at the deadline. SPEC §11.11: a lost call is retried
+/// with identical arguments, so `attempt` must send the same call each time.
+pub(crate) async fn retrying<T, F, Fut>(
+    name: &'static str,
+    deadline: Deadline,
+    mut attempt: F,
+) -> Result<T, RunError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, TransportError>>,
+{
     let mut n = 0;
     loop {
         let sent = match deadline.0 {
-            Some(at) => match tokio::time::timeout_at(at, t.execute(cmd.clone())).await {
+            Some(at) => match tokio::time::timeout_at(at, attempt()).await {
                 Ok(r) => r,
                 Err(_) => Err(TransportError::NoAnswer {
                     detail: format!("no answer to {name} before the deadline"),
                 }),
             },
-            None => t.execute(cmd.clone()).await,
+            None => attempt().await,
         };
         match sent {
-            Ok(reply) => return Ok(reply),
+            Ok(answer) => return Ok(answer),
             Err(e) if e.is_retryable() => {
                 let wait = backoff(n, &e);
                 if !deadline.allows(wait) {

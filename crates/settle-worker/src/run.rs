@@ -20,29 +20,40 @@
 //!
 //! Refusals are typed ([`RunError::Refused`]) and never retried (§11.7);
 //! transport failures and an unavailable ledger back off with jitter and
-//! retry until the deadline.
+//! retry until the deadline. A call whose answer was lost is sent again
+//! with identical arguments (§11.11): a claim with the same random
+//! `claim_id`, which the ledger answers with the grant the first one got
+//! (claim rule 5a); a repeated dispatch, release or reconcile is answered
+//! as the first was. The steps after the effect (the settle, a release,
+//! the `unknown` settle after a failure, a reconcile finding) are retried
+//! past the caller's deadline up to the lease's length, so that the record
+//! is not left to a lease that lapses.
+//!
+//! The one rule that decides every failure after the effect started: the
+//! run never attests on its own inference (§11.11). `release(not_committed)`
+//! is sent only on the caller's word (an [`EffectError::NotSent`] the effect
+//! wrote itself, an [`EffectError::Refused`]) or after a hook's
+//! `not_committed`. When `dispatch` was called and did not answer (or was
+//! abandoned), the run releases `not_dispatched` and lets the ledger decide:
+//! it refuses with `receipt_required` when the mark was recorded, and the
+//! run then settles `unknown`.
 
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures::FutureExt as _;
 use serde_json::Value;
 use settle_core::{
-    Binding, ClaimDecision, Command, Digest, ErrorText, Fence, Grant, Heartbeat, InvalidInput, Key,
-    LeaseMs, Outcome, Principal, Receipt, Reconcile as ReconcileCmd, Release, ReleaseReason, Reply,
-    ResultJson, RetentionS, Scopes, Settle, Text,
+    Binding, Command, Digest, ErrorText, Fence, InvalidInput, Key, LeaseMs, Outcome, Principal,
+    Receipt, Reply, ResultJson, RetentionS, Scopes, Text,
 };
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::error::{BoxError, EffectError, RunError};
 use crate::fingerprint::{canonicalize, fingerprint, fingerprint_fields, sha256};
-use crate::names;
-use crate::retry::{Deadline, call, in_flight_wait};
+use crate::op::{Granted, Op};
+use crate::retry::{Deadline, call};
 use crate::transport::{BoxFuture, Transport};
 
 /// The caller's deadline when none is set: 30 s, as in the other SDKs.
@@ -213,6 +224,7 @@ pub struct RunOptions {
     retention_s: Option<u64>,
     deadline: Option<Duration>,
     reconcile: Option<Reconcile>,
+    hook_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for RunOptions {
@@ -225,6 +237,7 @@ impl std::fmt::Debug for RunOptions {
             .field("lease_ms", &self.lease_ms)
             .field("marks_dispatch", &self.marks_dispatch)
             .field("deadline", &self.deadline)
+            .field("hook_timeout", &self.hook_timeout)
             .field(
                 "reconcile",
                 &match &self.reconcile {
@@ -252,6 +265,7 @@ impl RunOptions {
             retention_s: None,
             deadline: Some(DEFAULT_DEADLINE),
             reconcile: None,
+            hook_timeout: None,
         }
     }
     /// The binding's scopes.
@@ -305,8 +319,12 @@ impl RunOptions {
         self
     }
     /// How long the run may wait (in_flight) and retry (unavailable, no
-    /// answer); `None`: no limit. A settle that got no answer is retried at
-    /// least for the lease plus a second, whatever the deadline.
+    /// answer); `None`: no limit. `dispatch` is retried until it, and for
+    /// at most half the lease (the rest is left to hand the lease back).
+    /// The calls after the effect (the settle, a release, the `unknown`
+    /// settle after a failure, a reconcile finding) are retried at least
+    /// for the lease's length, whatever the deadline: what happened is
+    /// recorded rather than left to a lease that lapses.
     #[must_use]
     pub fn deadline(mut self, deadline: Option<Duration>) -> Self {
         self.deadline = deadline;
@@ -317,6 +335,15 @@ impl RunOptions {
     #[must_use]
     pub fn reconcile(mut self, r: impl Into<Reconcile>) -> Self {
         self.reconcile = Some(r.into());
+        self
+    }
+    /// How long the reconcile hook may take (default: the lease). The
+    /// lease is heartbeated while it runs; past this, or when it fails or
+    /// panics, the lease is handed back with `reconcile(unavailable)` and
+    /// the run ends with [`RunError::ReconcileFailed`] (SPEC §11.11).
+    #[must_use]
+    pub fn hook_timeout(mut self, timeout: Duration) -> Self {
+        self.hook_timeout = Some(timeout);
         self
     }
 
@@ -344,17 +371,32 @@ pub struct RunResult {
     pub reconciled: bool,
 }
 
+/// What became of the effect's [`EffectContext::dispatch`] (SPEC §11.11:
+/// once it was called, the boundary may be crossed).
+#[derive(Debug)]
+pub(crate) enum Mark {
+    /// Never called: under `marks_dispatch`, nothing could have been sent.
+    NotCalled,
+    /// Called and not answered: abandoned mid-call (its future dropped).
+    Sending,
+    /// Recorded (or a no-op: no `marks_dispatch`, a reconcile lease).
+    Done,
+    /// Called and failed: refused, or no answer until its deadline.
+    Failed(RunError),
+}
+
 /// Handed to the effect: the key and fence to pass to the remote (its
 /// idempotency key and fencing token), `dispatch`, and `lease_lost`.
 pub struct EffectContext<'a> {
-    transport: &'a dyn Transport,
-    key: Key,
-    fence: Fence,
-    attempt: u32,
-    marks_dispatch: bool,
-    dispatched: AtomicBool,
-    lease_lost: CancellationToken,
-    deadline: Deadline,
+    pub(crate) transport: &'a dyn Transport,
+    pub(crate) key: Key,
+    pub(crate) fence: Fence,
+    pub(crate) attempt: u32,
+    pub(crate) marks_dispatch: bool,
+    pub(crate) mark: Mutex<Mark>,
+    pub(crate) lease_lost: CancellationToken,
+    pub(crate) deadline: Deadline,
+    pub(crate) lease: Duration,
 }
 
 impl EffectContext<'_> {
@@ -376,28 +418,60 @@ impl EffectContext<'_> {
     pub fn lease_lost(&self) -> &CancellationToken {
         &self.lease_lost
     }
-    /// Whether [`dispatch`](Self::dispatch) was called.
+    /// Whether [`dispatch`](Self::dispatch) was called and answered.
     pub fn dispatched(&self) -> bool {
-        self.dispatched.load(Ordering::Acquire)
+        matches!(*self.lock(), Mark::Done)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Mark> {
+        self.mark.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What became of `dispatch`, for the step after the effect.
+    pub(crate) fn take_mark(&self) -> Mark {
+        std::mem::replace(&mut *self.lock(), Mark::NotCalled)
     }
 
     /// Records the commit boundary right before the remote write (SPEC §4
     /// dispatch; required when the run uses `marks_dispatch`, a no-op
-    /// otherwise). On an error the remote write must not be made; `?` turns
-    /// it into [`EffectError::NotSent`].
+    /// otherwise). A lost answer is retried under the same fence until the
+    /// run's deadline, for at most half the lease. On an error the remote
+    /// write must not be made; `?` turns it into [`EffectError::NotSent`],
+    /// and the run then hands the lease back with `release(not_dispatched)`
+    /// and lets the ledger decide (SPEC §11.11): a mark that was recorded
+    /// after all (its answers lost) makes the release refused
+    /// `receipt_required`, and the run settles `unknown`
+    /// ([`RunError::OutcomeUnknown`]). A refused dispatch (`lease_expired`,
+    /// `stale_fence`: the lease is gone) ends the run with that refusal.
     pub async fn dispatch(&self) -> Result<(), RunError> {
-        if self.marks_dispatch && !self.dispatched() {
-            let cmd = Command::Dispatch(settle_core::Dispatch {
-                key: self.key.clone(),
-                fence: self.fence,
-            });
-            match call(self.transport, cmd, "dispatch", self.deadline).await? {
-                Reply::Dispatched(_) => {}
-                other => return Err(RunError::from_reply("dispatch", other)),
-            }
+        if !self.marks_dispatch {
+            *self.lock() = Mark::Done;
+            return Ok(());
         }
-        self.dispatched.store(true, Ordering::Release);
-        Ok(())
+        {
+            let mut mark = self.lock();
+            if matches!(*mark, Mark::Done) {
+                return Ok(());
+            }
+            // From here the boundary may be crossed: a dispatch dropped
+            // mid-call may have reached the ledger.
+            *mark = Mark::Sending;
+        }
+        let cmd = Command::Dispatch(settle_core::Dispatch {
+            key: self.key.clone(),
+            fence: self.fence,
+        });
+        let deadline = self.deadline.at_most(self.lease / 2);
+        let answer = match call(self.transport, cmd, "dispatch", deadline).await {
+            Ok(Reply::Dispatched(_)) => Ok(()),
+            Ok(other) => Err(RunError::from_reply("dispatch", other)),
+            Err(e) => Err(e),
+        };
+        *self.lock() = match &answer {
+            Ok(()) => Mark::Done,
+            Err(e) => Mark::Failed(e.copy_of_dispatch_error()),
+        };
+        answer
     }
 }
 
@@ -462,20 +536,23 @@ where
             Some(s) => RetentionS::new(s).map_err(invalid)?,
             None => RetentionS::DEFAULT,
         },
+        // Drawn per claim by `claim_until_granted`.
         claim_id: None,
     };
+    let lease = Duration::from_millis(o.lease_ms);
     let op = Op {
         t,
         key,
         fp,
         binding,
-        lease: Duration::from_millis(o.lease_ms),
+        lease,
         marks_dispatch: o.marks_dispatch,
         deadline: Deadline::after(o.deadline),
+        hook_timeout: o.hook_timeout.unwrap_or(lease),
     };
     let mut grant = op.claim_until_granted(claim).await?;
     if let Granted::Replay(r) = grant {
-        return Ok(r);
+        return Ok(*r);
     }
     if let Granted::Reconcile(g) = grant {
         let hook = match &o.reconcile {
@@ -485,439 +562,11 @@ where
         };
         grant = op.reconcile(g, hook).await?;
         if let Granted::Replay(r) = grant {
-            return Ok(r);
+            return Ok(*r);
         }
     }
     let Granted::Execute(g) = grant else {
         unreachable!("reconcile answers a receipt or an execute grant")
     };
     op.execute(g, effect).await
-}
-
-/// What the claim phase ended with.
-enum Granted {
-    /// Settled before (a replay), or just recorded by reconcile.
-    Replay(RunResult),
-    Execute(Grant),
-    Reconcile(Grant),
-}
-
-/// One operation: what every step of the run needs.
-struct Op<'a> {
-    t: &'a dyn Transport,
-    key: Key,
-    fp: Digest,
-    binding: Binding,
-    lease: Duration,
-    marks_dispatch: bool,
-    deadline: Deadline,
-}
-
-impl Op<'_> {
-    /// Steps 2, 5, 6: claim, waiting out `in_flight`, until granted or replayed.
-    async fn claim_until_granted(&self, claim: settle_core::Claim) -> Result<Granted, RunError> {
-        loop {
-            let reply = call(
-                self.t,
-                Command::Claim(claim.clone()),
-                "claim",
-                self.deadline,
-            )
-            .await?;
-            let decision = match reply {
-                Reply::Claim(d) => d,
-                other => return Err(RunError::from_reply("claim", other)),
-            };
-            tracing::debug!(decision = decision.name(), "claimed");
-            match decision {
-                ClaimDecision::Replay { outcome, receipt } => {
-                    metrics::counter!(names::REPLAYS).increment(1);
-                    return Ok(Granted::Replay(RunResult {
-                        outcome,
-                        receipt,
-                        replayed: true,
-                        fence: None,
-                        reconciled: false,
-                    }));
-                }
-                ClaimDecision::InFlight { retry_after_ms, .. } => {
-                    let wait = in_flight_wait(retry_after_ms);
-                    if !self.deadline.allows(wait) {
-                        return Err(RunError::DeadlineExceeded {
-                            what: "the operation is still in flight",
-                            last: None,
-                        });
-                    }
-                    metrics::counter!(names::IN_FLIGHT_WAITS).increment(1);
-                    tokio::time::sleep(wait).await;
-                }
-                ClaimDecision::Execute(g) => {
-                    tracing::Span::current().record("fence", g.fence.0);
-                    return Ok(Granted::Execute(g));
-                }
-                ClaimDecision::Reconcile(g) => {
-                    tracing::Span::current().record("fence", g.fence.0);
-                    return Ok(Granted::Reconcile(g));
-                }
-            }
-        }
-    }
-
-    /// A settle, release or reconcile after the effect is retried at least
-    /// for as long as the lease could still be held (rule 0 answers a
-    /// retried committed settle with its receipt even after that), and to
-    /// the caller's deadline when that is later.
-    fn settle_deadline(&self) -> Deadline {
-        self.deadline.at_least(self.lease + Duration::from_secs(1))
-    }
-
-    /// Step 4: ask the hook and report its finding.
-    async fn reconcile(
-        &self,
-        g: Grant,
-        hook: Option<&dyn ReconcileHook>,
-    ) -> Result<Granted, RunError> {
-        let lost = CancellationToken::new();
-        let found = match hook {
-            None => Ok(Finding::Unavailable),
-            Some(h) => {
-                let asked = h.reconcile(self.key.clone(), g.fence);
-                self.with_heartbeats(g.fence, &lost, asked).await
-            }
-        };
-        self.report(g, found).await
-    }
-
-    /// SPEC §11.9: the effect again, with the same key, under the reconcile
-    /// lease (the remote de-duplicates by the key); its success is the
-    /// finding `committed`, any failure `unavailable`.
-    async fn resend<E>(&self, g: Grant, effect: E) -> Result<RunResult, RunError>
-    where
-        E: AsyncFnOnce(&EffectContext<'_>) -> Result<Done, EffectError>,
-    {
-        let ctx = EffectContext {
-            transport: self.t,
-            key: self.key.clone(),
-            fence: g.fence,
-            attempt: g.attempt,
-            // A reconcile lease cannot dispatch: `dispatch` is a no-op.
-            marks_dispatch: false,
-            dispatched: AtomicBool::new(false),
-            lease_lost: CancellationToken::new(),
-            deadline: self.deadline,
-        };
-        let ran = AssertUnwindSafe(effect(&ctx)).catch_unwind();
-        let ran = self.with_heartbeats(g.fence, &ctx.lease_lost, ran).await;
-        let found: Result<Finding, BoxError> = match ran {
-            Ok(Ok(done)) => Ok(Finding::Committed(done)),
-            Ok(Err(e)) => Err(Box::new(e)),
-            Err(_) => Err("the resent effect panicked".into()),
-        };
-        tracing::info!(key = %self.key, fence = g.fence.0, committed = found.is_ok(), "resent under the reconcile lease");
-        match self.report(g, found).await? {
-            Granted::Replay(r) => Ok(r),
-            _ => unreachable!("a committed finding answers a receipt, unavailable an error"),
-        }
-    }
-
-    /// Reports a finding (a hook's, or a resend's) under the reconcile lease.
-    async fn report(
-        &self,
-        g: Grant,
-        found: Result<Finding, BoxError>,
-    ) -> Result<Granted, RunError> {
-        let (finding, failure) = match found {
-            Ok(f) => (f, None),
-            Err(e) => (Finding::Unavailable, Some(e)),
-        };
-        let core_finding = match &finding {
-            Finding::Committed(done) => {
-                settle_core::Finding::committed(self.fp, self.binding.clone(), done.outcome()?)
-                    .map_err(|input| RunError::Invalid {
-                        call: "reconcile",
-                        input,
-                    })?
-            }
-            Finding::NotCommitted => settle_core::Finding::NotCommitted,
-            Finding::Unavailable => settle_core::Finding::Unavailable,
-        };
-        let cmd = Command::Reconcile(ReconcileCmd {
-            key: self.key.clone(),
-            fence: g.fence,
-            finding: core_finding,
-        });
-        let reply = call(self.t, cmd, "reconcile", self.settle_deadline()).await?;
-        match (finding, reply) {
-            (Finding::Committed(done), Reply::Receipt(receipt)) => Ok(Granted::Replay(RunResult {
-                outcome: done.outcome()?,
-                receipt,
-                replayed: false,
-                fence: Some(g.fence),
-                reconciled: true,
-            })),
-            (Finding::NotCommitted, Reply::Claim(ClaimDecision::Execute(g))) => {
-                Ok(Granted::Execute(g))
-            }
-            (Finding::Unavailable, Reply::Released { .. }) => Err(match failure {
-                Some(source) => RunError::ReconcileFailed {
-                    key: self.key.clone(),
-                    fence: g.fence,
-                    source,
-                },
-                None => RunError::ReconcileRequired {
-                    key: self.key.clone(),
-                    fence: g.fence,
-                },
-            }),
-            (_, other) => Err(RunError::from_reply("reconcile", other)),
-        }
-    }
-
-    /// Runs `fut` while heartbeats keep the lease; `lost` is cancelled when
-    /// the lease ends. The beats stop when `fut` finishes.
-    async fn with_heartbeats<F: Future>(
-        &self,
-        fence: Fence,
-        lost: &CancellationToken,
-        fut: F,
-    ) -> F::Output {
-        let beats = async {
-            heartbeats(self.t, &self.key, fence, self.lease, lost).await;
-            // The lease is gone; the effect decides what to do about it.
-            std::future::pending::<()>().await;
-        };
-        tokio::select! {
-            biased;
-            out = fut => out,
-            () = beats => unreachable!("the heartbeat loop never finishes"),
-        }
-    }
-
-    /// Step 3: the effect under heartbeats, then settle or release.
-    async fn execute<E>(&self, g: Grant, effect: E) -> Result<RunResult, RunError>
-    where
-        E: AsyncFnOnce(&EffectContext<'_>) -> Result<Done, EffectError>,
-    {
-        let ctx = EffectContext {
-            transport: self.t,
-            key: self.key.clone(),
-            fence: g.fence,
-            attempt: g.attempt,
-            marks_dispatch: self.marks_dispatch,
-            dispatched: AtomicBool::new(false),
-            lease_lost: CancellationToken::new(),
-            deadline: self.deadline,
-        };
-        let ran = AssertUnwindSafe(effect(&ctx)).catch_unwind();
-        let ran = self.with_heartbeats(g.fence, &ctx.lease_lost, ran).await;
-        let nothing_sent = self.marks_dispatch && !ctx.dispatched();
-        let done = match ran {
-            Ok(Ok(done)) => done,
-            Ok(Err(e)) => return Err(self.after_effect_error(&ctx, e).await),
-            Err(panic) => {
-                if nothing_sent {
-                    self.release(g.fence, ReleaseReason::NotDispatched).await;
-                } else {
-                    let _ = self.settle_unknown(g.fence, "the effect panicked").await;
-                }
-                std::panic::resume_unwind(panic);
-            }
-        };
-        let outcome = match done.outcome() {
-            Ok(o) => o,
-            Err(e) if nothing_sent => {
-                // SPEC §11.8: under marks_dispatch, a failure before the
-                // dispatch mark is "not sent", whatever it was.
-                self.release(g.fence, ReleaseReason::NotDispatched).await;
-                return Err(e);
-            }
-            Err(e) => {
-                // The effect ran but its result cannot be recorded.
-                let receipt = self
-                    .settle_unknown(g.fence, &e.to_string())
-                    .await
-                    .ok()
-                    .map(Box::new);
-                return Err(RunError::OutcomeUnknown {
-                    key: self.key.clone(),
-                    receipt,
-                    source: Box::new(e),
-                });
-            }
-        };
-        let settle = Command::Settle(Settle {
-            key: self.key.clone(),
-            fence: g.fence,
-            fingerprint: self.fp,
-            binding: self.binding.clone(),
-            outcome: outcome.clone(),
-        });
-        let lost = CancellationToken::new();
-        let settled = call(self.t, settle, "settle", self.settle_deadline());
-        match self.with_heartbeats(g.fence, &lost, settled).await? {
-            Reply::Receipt(receipt) => Ok(RunResult {
-                outcome,
-                receipt,
-                replayed: false,
-                fence: Some(g.fence),
-                reconciled: false,
-            }),
-            Reply::Invalid(input) => {
-                // The ledger refused the outcome (e.g. a result over its
-                // size limit); what happened is recorded as unknown.
-                let _ = self.settle_unknown(g.fence, &input.to_string()).await;
-                Err(RunError::Invalid {
-                    call: "settle",
-                    input,
-                })
-            }
-            other => Err(RunError::from_reply("settle", other)),
-        }
-    }
-
-    /// The effect said what happened: release (nothing sent, or refused by
-    /// the remote) or settle `unknown`.
-    async fn after_effect_error(&self, ctx: &EffectContext<'_>, e: EffectError) -> RunError {
-        let nothing_sent = self.marks_dispatch && !ctx.dispatched();
-        match e {
-            EffectError::NotSent(source) => {
-                let reason = if nothing_sent {
-                    ReleaseReason::NotDispatched
-                } else {
-                    ReleaseReason::NotCommitted
-                };
-                self.release(ctx.fence, reason).await;
-                RunError::NotSent { source }
-            }
-            EffectError::Refused(source) => {
-                self.release(ctx.fence, ReleaseReason::NotCommitted).await;
-                RunError::EffectRefused { source }
-            }
-            EffectError::Unknown(source) if nothing_sent => {
-                // Nothing could have been sent: hand the lease back.
-                self.release(ctx.fence, ReleaseReason::NotDispatched).await;
-                RunError::NotSent { source }
-            }
-            EffectError::Unknown(source) => {
-                let receipt = self
-                    .settle_unknown(ctx.fence, &source.to_string())
-                    .await
-                    .ok()
-                    .map(Box::new);
-                RunError::OutcomeUnknown {
-                    key: self.key.clone(),
-                    receipt,
-                    source,
-                }
-            }
-        }
-    }
-
-    /// Hands the lease back. When the ledger cannot be told that nothing
-    /// happened (`receipt_required`: a dispatch was recorded; an older
-    /// server without `not_committed`), the safe record is `unknown`.
-    /// Failures are logged: the run reports the effect's own error, and a
-    /// lease that was not handed back ends by expiry.
-    async fn release(&self, fence: Fence, reason: ReleaseReason) {
-        let cmd = Command::Release(Release {
-            key: self.key.clone(),
-            fence,
-            reason,
-            forget: false,
-        });
-        match call(self.t, cmd, "release", self.settle_deadline()).await {
-            Ok(Reply::Released { .. }) => {}
-            Ok(Reply::Refused(settle_core::RefusalCode::ReceiptRequired) | Reply::Invalid(_)) => {
-                let _ = self
-                    .settle_unknown(fence, "the release was refused; recorded as unknown")
-                    .await;
-            }
-            Ok(other) => {
-                tracing::warn!(
-                    reply = other.label(),
-                    reason = reason.as_str(),
-                    "release not accepted"
-                );
-            }
-            Err(e) => tracing::warn!(error = %e, reason = reason.as_str(), "release failed"),
-        }
-    }
-
-    /// Settles `unknown` (reconcile required) and answers its receipt.
-    async fn settle_unknown(&self, fence: Fence, why: &str) -> Result<Receipt, RunError> {
-        let error = ErrorText::new("outcome.error", truncate(why, 1000)).ok();
-        let cmd = Command::Settle(Settle {
-            key: self.key.clone(),
-            fence,
-            fingerprint: self.fp,
-            binding: self.binding.clone(),
-            outcome: Outcome::unknown(error),
-        });
-        match call(self.t, cmd, "settle", self.settle_deadline()).await {
-            Ok(Reply::Receipt(r)) => Ok(r),
-            Ok(other) => {
-                let e = RunError::from_reply("settle", other);
-                tracing::warn!(error = %e, "settle unknown not accepted");
-                Err(e)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "settle unknown failed");
-                Err(e)
-            }
-        }
-    }
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// Renews the lease every third of it until it is lost: a heartbeat is
-/// refused, or none got through before the lease ran out (counted from
-/// before the last successful beat was sent, so this side gives up no later
-/// than the ledger does). Then cancels `lost` and returns.
-async fn heartbeats(
-    t: &dyn Transport,
-    key: &Key,
-    fence: Fence,
-    lease: Duration,
-    lost: &CancellationToken,
-) {
-    let every = lease / 3;
-    let mut valid_until = Instant::now() + lease;
-    loop {
-        tokio::time::sleep(every).await;
-        let sent = Instant::now();
-        let cmd = Command::Heartbeat(Heartbeat {
-            key: key.clone(),
-            fence,
-            lease_ms: None,
-        });
-        let why = match tokio::time::timeout_at(valid_until, t.execute(cmd)).await {
-            Ok(Ok(Reply::Heartbeat(_))) => {
-                valid_until = sent + lease;
-                continue;
-            }
-            Ok(Err(e)) if e.is_retryable() => {
-                if Instant::now() < valid_until {
-                    continue; // the next beat may get through
-                }
-                "no heartbeat got through before the lease ran out".to_owned()
-            }
-            Ok(Err(e)) => e.to_string(),
-            Ok(Ok(reply)) => format!("heartbeat answered {}", reply.label()),
-            Err(_) => "no heartbeat got through before the lease ran out".to_owned(),
-        };
-        tracing::warn!(%fence, why, "lease lost");
-        metrics::counter!(names::LEASES_LOST).increment(1);
-        lost.cancel();
-        return;
-    }
 }

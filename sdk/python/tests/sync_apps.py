@@ -22,7 +22,7 @@ from django.test import override_settings
 from django.urls import path as django_path
 from werkzeug.test import Client as WerkzeugClient
 
-from settle_client import Client, fixed_principal
+from settle_client import Client, EffectNotSent, EffectRefused, fixed_principal
 from settle_client import wsgi as settle_wsgi
 
 if not settings.configured:
@@ -60,7 +60,9 @@ class Behaviour:
         self.gate: threading.Event | None = None
         self.entered: threading.Event | None = None
 
-    def run(self, raw: bytes, retryable: Callable[[], None]) -> tuple[int, dict[str, str], bytes, bool]:
+    def run(self, raw: bytes, retryable: Callable[[], None]) -> tuple[int, dict[str, str], bytes, bool | str]:
+        """(status, headers, body, stream): ``stream`` True streams the body
+        in pieces, ``"error"`` streams it and then fails mid-body."""
         with self.lock:
             self.count += 1
             n = self.count
@@ -73,11 +75,15 @@ class Behaviour:
             time.sleep(body["sleep"])  # the handler's work takes this long (the scenario, not a wait for an event)
         if body.get("raise"):
             raise RuntimeError("handler failed")
+        if body.get("not_sent") and n == 1:  # the first run only: its retry succeeds
+            raise EffectNotSent("the handler did nothing")
+        if body.get("refused") and n == 1:
+            raise EffectRefused("the remote refused it")
         if body.get("retryable"):
             retryable()
         payload = json.dumps({"n": n, "pad": "x" * int(body.get("size", 0))}, separators=(",", ":")).encode()
         headers = {"Location": f"/items/{n}", "X-Custom": "c", "X-Trace": f"t{n}"}
-        return int(body.get("status", 201)), headers, payload, bool(body.get("stream"))
+        return int(body.get("status", 201)), headers, payload, body.get("stream") or False
 
 
 class Harness:
@@ -137,6 +143,8 @@ class FlaskHarness(Harness):
                 def gen() -> Iterator[bytes]:
                     for i in range(0, len(payload), 7):
                         yield payload[i : i + 7]
+                    if stream == "error":
+                        raise OSError("the stream broke")
 
                 return flask.Response(gen(), status=status, mimetype="application/json", headers=headers)
             return flask.Response(payload, status=status, mimetype="application/json", headers=headers)
@@ -192,8 +200,14 @@ def django_items(request: HttpRequest) -> HttpResponseBase:
     h = _harness(request)
     status, headers, payload, stream = h.behaviour.run(request.body, lambda: settle_wsgi.mark_retryable(request))
     if stream:
-        chunks = [payload[i : i + 7] for i in range(0, len(payload), 7)]
-        return StreamingHttpResponse(iter(chunks), status=status, content_type="application/json", headers=headers)
+
+        def gen() -> Iterator[bytes]:
+            for i in range(0, len(payload), 7):
+                yield payload[i : i + 7]
+            if stream == "error":
+                raise OSError("the stream broke")
+
+        return StreamingHttpResponse(gen(), status=status, content_type="application/json", headers=headers)
     return HttpResponse(payload, status=status, content_type="application/json", headers=headers)
 
 

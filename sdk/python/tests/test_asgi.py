@@ -34,6 +34,9 @@ class App:
         self.entered: asyncio.Event | None = None
         self.ledger = AsyncClient(server_url, transport=transport)
         options.setdefault("principal", fixed_principal("acct-1"))
+        # The ledger-unreachable rows answer once a claim has been retried
+        # this long (default 2 s; the fault vectors test the retries).
+        options.setdefault("ledger_deadline", 0.5)
         self.options = options
 
         async def items(request: Request) -> Response:

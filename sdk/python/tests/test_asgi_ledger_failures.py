@@ -256,42 +256,46 @@ def test_a_lost_dispatch_answer_is_retried_and_the_handler_runs(server: Server) 
     run(main)
 
 
-def test_a_dispatch_that_never_answers_leaves_no_unknown_record(server: Server) -> None:
+def test_a_dispatch_that_never_answers_is_settled_unknown_not_attested(server: Server) -> None:
     """Every dispatch answer is lost (the ledger recorded it): the lease is
-    handed back (not_dispatched is refused with receipt_required, so
-    not_committed: the handler never ran), and the next request runs the
-    handler instead of finding an unknown record."""
+    handed back with not_dispatched and the ledger decides (SPEC §11.11: an
+    SDK never attests on its own inference): receipt_required, so the record
+    is settled unknown and the request gets 500 outcome_unknown; a retry
+    finds 409 outcome_unknown (a hook or the Reconciler resolves it). Issue
+    47: the middleware released not_committed on its own and answered 503."""
 
     async def main() -> None:
         t = LosesDispatchAnswers(lose=1000)
         a = App(server.url, transport=t, lease_ms=600)
         async with a.http() as h:
-            problem(await h.post("/items", json={}, headers={"Idempotency-Key": "d-2"}), 503, "idempotency_unavailable")
+            problem(await h.post("/items", json={}, headers={"Idempotency-Key": "d-2"}), 500, "outcome_unknown")
             assert a.count == 0
             ns = str(a.app.user_middleware[0].kwargs["namespace"])
             with Client(server.url) as c:
                 rec = c.get(mw.ledger_key(ns, "acct-1", "d-2"))
-            assert rec.status == "pending" and not rec.reconcile_required
-            assert rec.lease is not None and rec.lease["dispatched"] and rec.lease["ended"]["reason"] == "not_committed"
+            assert rec.status == "unknown" and rec.reconcile_required
+            assert rec.lease is not None and rec.lease["dispatched"] and rec.lease["ended"]["reason"] == "settled"
             t.lose = 0
-            again = await h.post("/items", json={}, headers={"Idempotency-Key": "d-2"})
-            assert again.status_code == 201 and "idempotent-replayed" not in again.headers and a.count == 1
+            problem(await h.post("/items", json={}, headers={"Idempotency-Key": "d-2"}), 409, "outcome_unknown")
+            assert a.count == 0
         assert t.calls.count("dispatch") >= 3  # retried, then the retry's own
         i = t.calls.index("release:not_dispatched")
-        assert t.calls[i : i + 2] == ["release:not_dispatched", "release:not_committed"]
+        assert t.calls[i : i + 2] == ["release:not_dispatched", "settle"]
+        assert "release:not_committed" not in t.calls
         await t.aclose()
 
     run(main)
 
 
-def test_a_dispatch_that_never_answers_fails_open_only_after_handing_the_lease_back(server: Server) -> None:
+def test_a_dispatch_that_never_answers_is_unknown_on_a_fail_open_route_too(server: Server) -> None:
     async def main() -> None:
         t = LosesDispatchAnswers(lose=1000)
         a = App(server.url, transport=t, lease_ms=600, **FAIL_OPEN)
         async with a.http() as h:
             r = await h.post("/items", json={}, headers={"Idempotency-Key": "d-3"})
-            assert r.status_code == 201 and a.count == 1  # no answer: fail-open is allowed
-            assert t.calls[-2:] == ["release:not_dispatched", "release:not_committed"]
+            problem(r, 500, "outcome_unknown")
+            assert a.count == 0  # the record is unknown: running it unwrapped could be a second effect
+            assert t.calls[-2:] == ["release:not_dispatched", "settle"]
         await t.aclose()
 
     run(main)

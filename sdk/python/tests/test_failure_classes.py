@@ -22,6 +22,7 @@ from settle_client import (
     DeadlineExceeded,
     Done,
     EffectContext,
+    EffectNotSent,
     OutcomeUnknown,
     RateLimited,
     ReconcileRequired,
@@ -404,23 +405,30 @@ def test_a_lost_dispatch_answer_is_retried_under_the_same_fence(server: Server) 
     assert r.receipt.status == "completed" and tap.calls.count("dispatch") == 2 and calls == [r.fence]
 
 
-def test_a_dispatch_that_never_answers_is_not_sent(server: Server) -> None:
-    """dispatch() gives up after half the lease; the effect lets the error
-    propagate, so nothing was sent: the lease is handed back, and since the
-    ledger did record the dispatch (only its answers were lost), with
-    not_committed. The next run executes."""
+def test_a_dispatch_that_never_answers_is_settled_unknown(server: Server) -> None:
+    """dispatch() gives up (no answer until the deadline) and raises
+    EffectNotSent caused by DeadlineExceeded; the effect lets it propagate.
+    The ledger did record the dispatch (only its answers were lost): the SDK
+    releases not_dispatched, the ledger refuses it (receipt_required), and
+    the SDK settles unknown (SPEC §11.11: never not_committed on its own
+    inference). Issue 47 defect 1/5: sync released not_committed."""
     from test_run_once import tapped
 
     c, tap = tapped(server)
     tap.fail_after["dispatch"] = 10**6
     k = new_key()
+
     def effect(ctx: EffectContext) -> Done:
         ctx.dispatch()
         raise AssertionError("dispatch() must raise")
 
-    with pytest.raises(DeadlineExceeded):
+    with pytest.raises(OutcomeUnknown) as ei:
         run_once(c, k, REQ, effect, principal="p", marks_dispatch=True, lease_ms=600)
+    assert isinstance(ei.value.__cause__, EffectNotSent)
+    assert isinstance(ei.value.__cause__.__cause__, DeadlineExceeded)
     rec = c.get(k)
-    assert not rec.reconcile_required and rec.attempts[0]["lease"]["ended"]["reason"] == "not_committed"
+    assert rec.status == "unknown" and rec.reconcile_required
+    assert rec.attempts[0]["lease"]["ended"]["reason"] == "settled"
     tap.fail_after.clear()
-    assert run_once(c, k, REQ, lambda ctx: Done({"second": 1}), principal="p", deadline=2).receipt.status == "completed"
+    with pytest.raises(ReconcileRequired):
+        run_once(c, k, REQ, lambda ctx: Done({"second": 1}), principal="p", deadline=2)

@@ -296,7 +296,13 @@ def build() -> dict[str, Any]:
         ],
         "worker_label": [
             {"key": k, "principal": p, "worker": _mw.worker_label(k, p)}
-            for k, p in [("order-7", "acct-1"), ("order-7", "svc-billing"), ("order-7", "has space")]
+            for k, p in [
+                ("order-7", "acct-1"),
+                ("order-7", "svc-billing"),
+                ("order-7", "has space"),
+                ("a b", "prinçipal"),
+                ('"x%=', "k~._-"),
+            ]
         ],
         "responses": responses,
         "retry_after": [{"retry_after_ms": ms, "header": _mw.retry_after_header(ms)} for ms in [0, 10, 999, 1000, 1001, 2500]],

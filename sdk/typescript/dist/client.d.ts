@@ -24,7 +24,20 @@ export interface ClaimOptions {
     worker?: string;
     marksDispatch?: boolean;
     retentionS?: number;
+    /** SPEC §4 claim rule 5a: a random id of this claim (16–64 of
+     * `[A-Za-z0-9_-]`, see `newClaimId`), sent again only when the same claim
+     * is retried because its answer was lost; the ledger then answers with the
+     * same grant instead of `in_flight`. runOnce, the middlewares and the
+     * Reconciler draw one per claim. */
+    claimId?: string;
 }
+export interface ReleaseOptions {
+    /** SPEC §4 `release(…, forget)`: remove the record when nothing of it
+     * remains (pending, never settled, no flag, no quarantine), so that its
+     * key may be claimed afresh; else `receipt_required` and nothing changes. */
+    forget?: boolean;
+}
+export { newClaimId } from './jcs.js';
 export type ReconcileAnswer = Grant | Receipt | Released;
 /** Every byte but the unreserved ones percent-encoded (SPEC §7 path segments). */
 declare function seg(s: string): string;
@@ -43,7 +56,7 @@ export declare class Client {
     heartbeat(key: string, fence: number, leaseMs?: number): Promise<LeaseInfo>;
     dispatch(key: string, fence: number): Promise<Dispatched>;
     settle(key: string, fence: number, fingerprint: string, binding: Binding, outcome: Outcome): Promise<Receipt>;
-    release(key: string, fence: number, reason?: 'not_dispatched' | 'not_committed' | null): Promise<Released>;
+    release(key: string, fence: number, reason?: 'not_dispatched' | 'not_committed' | null, options?: ReleaseOptions): Promise<Released>;
     reconcile(key: string, fence: number, finding: 'committed' | 'not_committed' | 'unavailable', options?: {
         fingerprint?: string;
         binding?: Binding;

@@ -30,6 +30,7 @@ function query(params) {
         add('after', String(params.after));
     return q.length ? '?' + q.join('&') : '';
 }
+export { newClaimId } from './jcs.js';
 /** Every byte but the unreserved ones percent-encoded (SPEC §7 path segments). */
 function seg(s) {
     if (typeof s !== 'string')
@@ -132,6 +133,8 @@ export class Client {
             body.marks_dispatch = true;
         if (options.retentionS !== undefined)
             body.retention_s = options.retentionS;
+        if (options.claimId !== undefined)
+            body.claim_id = options.claimId;
         return claimFromWire(await this.send('POST', `/v1/operations/${seg(key)}/claim`, body));
     }
     async heartbeat(key, fence, leaseMs) {
@@ -154,10 +157,12 @@ export class Client {
         });
         return receiptFromWire(d.receipt);
     }
-    async release(key, fence, reason = 'not_dispatched') {
+    async release(key, fence, reason = 'not_dispatched', options = {}) {
         const body = { fence: uint('fence', fence) };
         if (reason !== null)
             body.reason = reason;
+        if (options.forget)
+            body.forget = true;
         const d = await this.send('POST', `/v1/operations/${seg(key)}/release`, body);
         return { fence: d.fence, released: d.released };
     }

@@ -91,19 +91,37 @@ export declare class ReconcileRequired extends SettleError {
 /** The caller's deadline passed while waiting or retrying; `cause` is the last error. */
 export declare class DeadlineExceeded extends SettleError {
 }
-/** The effect threw after it may have reached the remote: settled `unknown`.
- * `cause` is the effect's error; `receipt` the unknown receipt. */
+/** The outcome of the operation is unknown: the record is (or becomes, when
+ * its lease lapses) `unknown`, reconcile required (SPEC §11.11). Thrown when
+ * the effect failed after it may have reached the remote (`cause`: the
+ * effect's error), when the outcome could not be recorded (`cause`: the
+ * refusal or the last error; `outcome`: what could not be recorded), or when
+ * a reconcile hook threw or ran past `hookTimeoutMs` (`cause`: its error, or
+ * a HookTimeout). `receipt`: the `unknown` receipt, or null when none was
+ * written. */
 export declare class OutcomeUnknown extends SettleError {
     readonly key: string;
     readonly receipt: unknown;
-    constructor(key: string, receipt: unknown, cause: unknown);
+    /** The outcome the effect produced that could not be recorded, if any. */
+    readonly outcome: unknown;
+    constructor(key: string, receipt: unknown, cause: unknown, outcome?: unknown);
 }
-/** SPEC §11.8: throw from an effect (or a `makeIdempotent` function) when
- * nothing reached the remote: the lease is released (`not_dispatched` when
- * the claim used `marksDispatch` and no dispatch was marked, else
- * `not_committed`: the caller attests that nothing was applied) and the
- * next run executes. Under `marksDispatch`, any error thrown before
- * `ctx.dispatch()` counts as this. */
+/** A reconcile hook (of runOnce, the Reconciler or a middleware) ran past
+ * its `hookTimeoutMs`: it counts as `unavailable`, and its lease is handed
+ * back with reconcile(unavailable). */
+export declare class HookTimeout extends SettleError {
+    readonly timeoutMs: number;
+    constructor(timeoutMs: number);
+}
+/** SPEC §11.8: throw from an effect (or a `makeIdempotent` function, or a
+ * middleware's handler) when nothing reached the remote: the lease is
+ * released (`not_dispatched` when the claim used `marksDispatch` and no
+ * dispatch was marked, else `not_committed`: the caller attests that
+ * nothing was applied) and the next run executes. Under `marksDispatch`,
+ * any error thrown before `ctx.dispatch()` counts as this (and is thrown
+ * as it is). runOnce also throws it, with the `DeadlineExceeded` of
+ * `ctx.dispatch()` as its `cause`, when the dispatch mark never reached
+ * settle and the lease was released `not_dispatched` (SPEC §11.11). */
 export declare class EffectNotSent extends SettleError {
 }
 /** SPEC §11.8: throw from an effect when the remote refused it for certain

@@ -88,6 +88,7 @@ export function idempotency(options) {
             path,
             target,
             headerValues: (name) => mw.rawHeaderValues(req, name),
+            headerEntries: () => mw.rawHeaderEntries(req),
             body: (max) => readBody(req, max),
         });
         if (begun.kind === 'unwrapped')
@@ -100,7 +101,7 @@ export function idempotency(options) {
      * reaches the client until the outcome is settled. */
     async function execute(req, res, next, run) {
         const chunks = [];
-        const orig = { writeHead: res.writeHead, write: res.write, end: res.end, flushHeaders: res.flushHeaders };
+        const orig = { writeHead: res.writeHead, write: res.write, end: res.end, flushHeaders: res.flushHeaders, destroy: res.destroy };
         let settleResult;
         const done = new Promise((resolve) => (settleResult = resolve));
         let over = false;
@@ -165,6 +166,16 @@ export function idempotency(options) {
             return res;
         };
         r.flushHeaders = function () { };
+        // A response destroyed before it ended (stream.pipeline() of a body
+        // stream that errored, whatever its size): an escaped failure, answered
+        // 500 outcome_unknown if the connection can still take it.
+        r.destroy = function (err) {
+            if (!over) {
+                finish({ kind: 'escaped', err: err ?? new Error('the response was destroyed before it ended'), timeout: false });
+                return res;
+            }
+            return orig.destroy.call(res, err);
+        };
         let timer;
         if (run.timeoutMs != null) {
             const ms = run.timeoutMs;
@@ -185,6 +196,7 @@ export function idempotency(options) {
             res.write = orig.write;
             res.end = orig.end;
             res.flushHeaders = orig.flushHeaders;
+            res.destroy = orig.destroy;
         };
         if (result.kind === 'escaped') {
             const problem = await run.fail(result.err, result.timeout);

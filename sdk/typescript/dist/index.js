@@ -1,7 +1,7 @@
 // @settle/client: the TypeScript SDK of settle (SPEC §7, §8, §11).
 export * from './errors.js';
 export * from './types.js';
-export { Client } from './client.js';
+export { Client, newClaimId } from './client.js';
 export { runOnce, makeIdempotent, encodeResult, } from './worker.js';
 export { Reconciler } from './reconciler.js';
 export { canonicalize, fingerprint, selectFields, sha256Hex, FingerprintError } from './jcs.js';

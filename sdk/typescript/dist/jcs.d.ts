@@ -17,3 +17,6 @@ export declare function selectFields(value: unknown, fields: readonly string[]):
 export declare function sha256Hex(data: string | Uint8Array): string;
 /** SPEC §11.1: hex SHA-256 of the RFC 8785 form of `value`, or of its `fields`. */
 export declare function fingerprint(value: unknown, fields?: readonly string[]): string;
+/** A fresh `claim_id` (SPEC §4 claim rule 5a): 128 random bits, base64url
+ * (22 characters). */
+export declare function newClaimId(): string;

@@ -5,7 +5,7 @@
 // (RFC 8785 is defined that way), lone surrogates are refused. Field
 // selection by JSON pointers is the SDKs' convention (sdk/MIDDLEWARE-KEYS.md):
 // the object {pointer: value} of the pointers that resolve.
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 /** A value that cannot be canonicalised, or a malformed field list.
  * `code` is `invalid_value` or `invalid_fields` (the shared vectors' `error`). */
 export class FingerprintError extends Error {
@@ -171,4 +171,9 @@ export function sha256Hex(data) {
 export function fingerprint(value, fields) {
     const target = fields === undefined ? value : selectFields(value, fields);
     return sha256Hex(canonicalize(target));
+}
+/** A fresh `claim_id` (SPEC §4 claim rule 5a): 128 random bits, base64url
+ * (22 characters). */
+export function newClaimId() {
+    return randomBytes(16).toString('base64url');
 }

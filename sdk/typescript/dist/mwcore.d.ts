@@ -1,6 +1,10 @@
 import type { IncomingMessage } from 'node:http';
 import type { Client } from './client.js';
+/** The default `releaseOn`: responses that say nothing happened (SPEC §8). */
 export declare const NOT_COMMITTED_STATUSES: ReadonlySet<number>;
+/** The default `ledgerDeadlineMs`: how long the calls before the handler
+ * (claim, dispatch) are retried when settle does not answer. */
+export declare const DEFAULT_LEDGER_DEADLINE_MS = 2000;
 export declare const DEFAULT_STORED_HEADERS: readonly string[];
 export declare const DEFAULT_MAX_STORED_BODY: number;
 /** The Idempotency-Key header is malformed or sent twice. */
@@ -84,8 +88,22 @@ export declare function fingerprintBody(options: FingerprintOptions, contentType
 export declare function requestFingerprint(method: string, target: string, contentType: string, body: Uint8Array, headers?: ReadonlyArray<readonly [string, string]>, options?: boolean | FingerprintOptions | FingerprintOptionsInput): string;
 /** The claim's binding.principal: the principal when it fits the key syntax, else `sha256:` + its digest. */
 export declare function bindingPrincipal(principal: string): string;
-/** The claim's `worker` field, for operators. */
+/** A value of the `worker` field (SPEC §8): every UTF-8 byte outside
+ * `A-Za-z0-9-._~` as uppercase `%XX`. */
+export declare function workerValue(value: string): string;
+/** The claim's `worker` field (SPEC §8): `idempotency-key=<value>
+ * principal=<value>`, the header value after unquoting and the principal
+ * the extractor gave (not the binding's `sha256:` form), each encoded by
+ * `workerValue`. Operators read it; a Reconciler parses it
+ * (`parseWorkerLabel`) to hand a middleware hook the client's key and
+ * principal. */
 export declare function workerLabel(key: string, principal: string): string;
+/** The Idempotency-Key value and the principal of a `worker` field written
+ * by `workerLabel` (by any SDK's middleware), or null for another field. */
+export declare function parseWorkerLabel(worker: unknown): {
+    idempotencyKey: string;
+    principal: string;
+} | null;
 export interface StoredResponse {
     status: number;
     headers: [string, string][];
@@ -144,6 +162,12 @@ export interface RoutePolicy {
      * `request_in_progress`: the outcome, if it arrives, is replayed (default
      * 0: no wait). */
     wait?: number;
+    /** Statuses whose responses say nothing happened: not stored, the lease
+     * released `not_committed`, the retry runs the handler (default 408, 409,
+     * 425, 429). A status added to these (e.g. 422, when the framework
+     * answers validation itself) is released with `forget`: the record is
+     * removed, so the corrected request with the same key runs. */
+    releaseOn?: readonly number[];
 }
 export interface Logger {
     info(msg: string): void;
@@ -185,13 +209,23 @@ export interface ReconcileRequestInfo {
     idempotencyKey: string;
     /** The principal the extractor found (before bindingPrincipal). */
     principal: string;
+    /** The request method (upper case). */
+    method: string;
+    /** The path with its query, as sent. */
+    path: string;
+    /** The request headers, names in lower case (several field lines joined with ", "). */
+    headers: Record<string, string>;
     /** The request body's bytes (the stream itself is left for the handler). */
     body: Buffer;
+    /** Aborted when the hook ran past `hookTimeoutMs` (its answer no longer counts). */
+    signal: AbortSignal;
 }
 /** Asked when a retry finds the record `unknown`: the ledger key, the
  * reconcile lease's fence, the retried request (read its headers; do not
  * consume its body, the handler may still need it) and `info` (the key,
- * the principal and the body's bytes). */
+ * the principal, the method, path, headers and body's bytes). The lease is
+ * heartbeated while it runs; past `hookTimeoutMs` it counts as
+ * `unavailable`. */
 export type MiddlewareReconcileHook<Req = IncomingMessage> = (ledgerKey: string, fence: number, req: Req, info: ReconcileRequestInfo) => Promise<MiddlewareFinding> | MiddlewareFinding;
 /** The options every adapter takes (Express `idempotency`, Fastify
  * `idempotency` plugin, Fetch `withIdempotency`); `Req` is its request type. */
@@ -229,6 +263,14 @@ export interface CoreOptions<Req = IncomingMessage> {
     failOpen?: boolean;
     /** Seconds a duplicate waits for the running request's outcome (RoutePolicy.wait; default 0). */
     wait?: number;
+    /** Statuses released instead of stored (RoutePolicy.releaseOn; default 408, 409, 425, 429). */
+    releaseOn?: readonly number[];
+    /** How long a claim or dispatch that settle does not answer (no answer,
+     * 503, 429) is retried, with the same claim_id, before the request gets
+     * 503 `idempotency_unavailable` (default 2000 ms). */
+    ledgerDeadlineMs?: number;
+    /** The reconcile hook's time limit (default: leaseMs); past it, it counts as `unavailable`. */
+    hookTimeoutMs?: number;
     unavailableRetryAfterS?: number;
     /** Resolves a record left unknown when a retry arrives (SPEC §8):
      * `{ finding: 'committed', response }` stores and replays that response,
@@ -264,6 +306,8 @@ export declare function fixedPrincipal(name: string, generation?: number): Princ
 export declare function authenticatedPrincipal(pick?: (user: any) => Principal | Promise<Principal>): PrincipalExtractor<object>;
 /** Every field line of the header `name` (lower case) of a Node request, in order. */
 export declare function rawHeaderValues(req: IncomingMessage, name: string): string[];
+/** Every header of a Node request as [name in lower case, value], in order. */
+export declare function rawHeaderEntries(req: IncomingMessage): [string, string][];
 /** The path (without the query) and the request target of a raw URL as
  * sent: "/p?" and "/p" are one target, as in ASGI. */
 export declare function pathAndTarget(url: string): {
@@ -281,6 +325,8 @@ export interface CoreRequest<Req> {
     target: string;
     /** Every field line of a header (the name in lower case); [] when absent. */
     headerValues(name: string): string[];
+    /** Every header as [name in lower case, value], for the reconcile hook. */
+    headerEntries?(): [string, string][];
     /** The body's bytes ('too_large' past `maxBytes`); called once, after the key and the principal were found. */
     body(maxBytes: number): Promise<Uint8Array | 'too_large'>;
 }
@@ -296,11 +342,14 @@ export interface CoreRun {
     readonly fence: number;
     readonly timeoutMs: number | null;
     /** The handler answered: settled `completed` (`failed` for a 5xx), or,
-     * for 408/409/425/429 or `retryable`, released `not_committed`. Resolves
-     * when the ledger knows (or gave up: logged); then send the response. */
+     * for a `releaseOn` status or `retryable`, released `not_committed`
+     * (with `forget` for a status added to the default ones). Resolves when
+     * the ledger knows (or gave up: logged); then send the response. */
     respond(status: number, headers: ReadonlyArray<readonly [string, string]>, body: Uint8Array, retryable?: boolean): Promise<void>;
     /** An escaped failure (a throw, a timeout): settled `unknown`; resolves to
-     * the 500 `outcome_unknown` answer. */
+     * the 500 `outcome_unknown` answer. The handler's `EffectNotSent`
+     * (nothing was done): released `not_committed`, 503
+     * `idempotency_unavailable` with `Retry-After: 1`. */
     fail(err: unknown, timeout: boolean): Promise<CoreResponse>;
 }
 export type Begun = 
@@ -331,3 +380,10 @@ export declare function answer(status: number, headers: [string, string][], body
 export declare function problemResponse(status: number, code: string, detail: string, extra?: [string, string][]): CoreResponse;
 /** The SPEC §8 engine for one adapter (`who` names its factory in errors). */
 export declare function createEngine<Req>(options: CoreOptions<Req>, who?: string): Engine<Req>;
+/** A reconcile hook's response as status, headers and body bytes (a body
+ * that is neither a string nor bytes as JSON, with its content-type). */
+export declare function foundResponse(r: ReconciledResponse): {
+    status: number;
+    headers: [string, string][];
+    body: Buffer;
+};

@@ -1,6 +1,37 @@
-import { Deadline, doneToOutcome, retrying, startHeartbeat } from './worker.js';
+import { HookTimeout, NotFound } from './errors.js';
+import { newClaimId } from './jcs.js';
+import { DEFAULT_MAX_STORED_BODY, DEFAULT_STORED_HEADERS, encodeResponse, foundResponse, parseWorkerLabel, } from './mwcore.js';
+import { Deadline, askHook, doneToOutcome, retrying, startHeartbeat } from './worker.js';
 const zero = () => ({ seen: 0, committed: 0, not_committed: 0, unavailable: 0, skipped: 0, errors: 0 });
 const defaultLogger = { info: () => { }, warn: (m) => console.warn(m), error: (m, e) => console.error(m, e ?? '') };
+/** The newest middleware `worker` field of the record's claims (SPEC §8:
+ * reconcile claims copy it, so it survives the 32-attempt bound). */
+function middlewareWorker(rec) {
+    const fields = [rec.lease?.worker];
+    for (let i = rec.attempts.length - 1; i >= 0; i--)
+        fields.push(rec.attempts[i].lease?.worker);
+    for (const w of fields)
+        if (parseWorkerLabel(w))
+            return w;
+    return null;
+}
+function isMiddlewareEntry(h) {
+    return typeof h === 'object' && h !== null && h.middleware === true;
+}
+/** A sleep that an abort of `signal` ends early (resolving). */
+function pause(ms, signal) {
+    return new Promise((resolve) => {
+        if (signal.aborted)
+            return resolve();
+        const done = () => {
+            clearTimeout(timer);
+            signal.removeEventListener('abort', done);
+            resolve();
+        };
+        const timer = setTimeout(done, ms);
+        signal.addEventListener('abort', done, { once: true });
+    });
+}
 export class Reconciler {
     /** Totals over every sweep since construction (the metrics of the background mode). */
     counts = zero();
@@ -13,26 +44,33 @@ export class Reconciler {
     prefixes;
     log;
     leaseMs;
+    hookTimeoutMs;
     pageSize;
     worker;
     serializer;
-    timer = null;
-    current = null;
-    stopped = true;
+    loop = null;
     constructor(client, options) {
         if (!client)
             throw new TypeError('new Reconciler(client, { hooks }) needs a settle Client');
         if (!options || !options.hooks || typeof options.hooks !== 'object')
             throw new TypeError('new Reconciler(client, { hooks: { [keyPrefix]: hook } })');
         for (const [p, h] of Object.entries(options.hooks)) {
-            if (typeof h !== 'function')
-                throw new TypeError(`the hook of prefix ${JSON.stringify(p)} must be a function (key, fence) => finding`);
+            if (isMiddlewareEntry(h)) {
+                if (typeof h.hook !== 'function')
+                    throw new TypeError(`the middleware hook of prefix ${JSON.stringify(p)} needs hook: (ledgerKey, fence, info) => finding`);
+            }
+            else if (typeof h !== 'function') {
+                throw new TypeError(`the hook of prefix ${JSON.stringify(p)} must be a function (key, fence) => finding, or { middleware: true, hook }`);
+            }
         }
         this.client = client;
         this.hooks = options.hooks;
         this.prefixes = Object.keys(options.hooks);
         this.log = options.logger ?? defaultLogger;
         this.leaseMs = options.leaseMs ?? 30_000;
+        this.hookTimeoutMs = options.hookTimeoutMs ?? this.leaseMs;
+        if (!(this.hookTimeoutMs > 0))
+            throw new RangeError('new Reconciler(client, { hookTimeoutMs }): must be > 0');
         this.pageSize = options.pageSize ?? 100;
         this.worker = options.worker ?? 'settle-reconciler';
         this.serializer = options.serializer;
@@ -47,29 +85,44 @@ export class Reconciler {
     }
     /** One pass over every prefix's records that need reconciliation. Never
      * rejects: a failure is counted under `errors` and logged. */
-    async sweep() {
+    sweep() {
+        return this.sweepUntil(new AbortController().signal);
+    }
+    async sweepUntil(signal) {
         const c = zero();
         for (const prefix of this.prefixes) {
+            if (signal.aborted)
+                break;
             const hook = this.hooks[prefix];
             let after;
             do {
                 let page;
                 try {
-                    page = await retrying(() => this.client.list({ reconcileRequired: true, keyPrefix: prefix, limit: this.pageSize, ...(after !== undefined ? { after } : {}) }), new Deadline(this.leaseMs), 'list');
+                    page = await retrying(() => this.client.list({
+                        reconcileRequired: true,
+                        // "" covers every key: the listing is asked without key_prefix.
+                        ...(prefix !== '' ? { keyPrefix: prefix } : {}),
+                        limit: this.pageSize,
+                        ...(after !== undefined ? { after } : {}),
+                    }), new Deadline(this.leaseMs), 'list', signal);
                 }
                 catch (e) {
+                    if (signal.aborted)
+                        break;
                     c.errors++;
                     this.log.error(`reconciler: listing the records of prefix ${JSON.stringify(prefix)} failed`, e);
                     break;
                 }
                 for (const op of page.operations) {
+                    if (signal.aborted)
+                        break;
                     if (this.owner(op.key) !== prefix)
                         continue; // a longer prefix's hook owns it
                     c.seen++;
-                    c[await this.one(op.key, hook)]++;
+                    c[await this.one(op.key, hook, signal)]++;
                 }
                 after = page.next ?? undefined;
-            } while (after !== undefined);
+            } while (after !== undefined && !signal.aborted);
         }
         for (const k of Object.keys(c))
             this.counts[k] += c[k];
@@ -77,20 +130,24 @@ export class Reconciler {
         this.lastSweep = c;
         return c;
     }
-    async one(key, hook) {
+    async one(key, hook, signal) {
         const { client, leaseMs } = this;
         const dl = () => new Deadline(leaseMs);
         let fence = null;
         try {
-            const rec = await retrying(() => client.get(key), dl(), 'get');
+            const rec = await retrying(() => client.get(key), dl(), 'get', signal);
             if (!rec.reconcileRequired) {
                 this.log.info(`reconciler: ${key} skipped (resolved meanwhile)`);
                 return 'skipped';
             }
             const { fingerprint, principal, scopes } = rec.reservation;
-            const generation = await retrying(() => client.principal(principal), dl(), 'principal');
+            const generation = await retrying(() => client.principal(principal), dl(), 'principal', signal);
             const binding = { principal, scopes, generation };
-            const dec = await retrying(() => client.claim(key, fingerprint, binding, { marksDispatch: true, leaseMs, worker: this.worker }), dl(), 'claim');
+            const mwWorker = middlewareWorker(rec);
+            // One claim_id: a retry of a claim whose answer was lost gets the same grant (SPEC §4 rule 5a).
+            const claimId = newClaimId();
+            const clock = { renewedAt: Date.now() };
+            const dec = await retrying(() => client.claim(key, fingerprint, binding, { marksDispatch: true, leaseMs, worker: mwWorker ?? this.worker, claimId }), dl(), 'claim', signal);
             if (dec.decision === 'execute') {
                 // Someone resolved it meanwhile: this lease never dispatched.
                 await retrying(() => client.release(key, dec.fence, 'not_dispatched'), dl(), 'release');
@@ -103,27 +160,33 @@ export class Reconciler {
             }
             fence = dec.fence;
             const f = fence;
-            const stop = startHeartbeat(client, key, f, leaseMs, new AbortController());
+            const hb = startHeartbeat(client, key, f, leaseMs, new AbortController(), clock);
+            // The calls that hand the lease back retry up to the lease's end.
+            const cleanup = () => new Deadline(Math.max(hb.leaseEnd(), Date.now() + 1000), true);
+            const unavailable = () => retrying(() => client.reconcile(key, f, 'unavailable'), cleanup(), 'reconcile');
             try {
+                let outcome;
                 let finding;
                 try {
-                    finding = await hook(key, f);
+                    if (isMiddlewareEntry(hook)) {
+                        const parsed = parseWorkerLabel(mwWorker);
+                        const found = await askHook((s) => hook.hook(key, f, { idempotencyKey: parsed?.idempotencyKey ?? null, principal: parsed?.principal ?? null, worker: mwWorker, signal: s }), this.hookTimeoutMs, signal);
+                        finding = typeof found === 'object' && found !== null && found.finding === 'committed' ? 'committed' : found;
+                        outcome = finding === 'committed' ? this.storedResponse(found, hook) : {};
+                    }
+                    else {
+                        const found = await askHook((s) => hook(key, f, { signal: s }), this.hookTimeoutMs, signal);
+                        finding = typeof found === 'object' && found !== null ? 'committed' : found;
+                        outcome = finding === 'committed' ? doneToOutcome(found, this.serializer) : {};
+                    }
                 }
                 catch (e) {
-                    await retrying(() => client.reconcile(key, f, 'unavailable'), dl(), 'reconcile');
-                    this.log.error(`reconciler: the hook failed for ${key} (fence ${f}); it stays unknown`, e);
+                    await unavailable().catch((e2) => this.log.warn(`reconciler: reconcile(unavailable) of ${key} failed: ${String(e2)}`));
+                    const why = e instanceof HookTimeout ? 'ran past hookTimeoutMs' : signal.aborted ? 'was abandoned by stop()' : 'failed';
+                    this.log.error(`reconciler: the hook ${why} for ${key} (fence ${f}); it stays unknown`, e);
                     return 'errors';
                 }
-                if (typeof finding === 'object' && finding !== null) {
-                    let outcome;
-                    try {
-                        outcome = doneToOutcome(finding, this.serializer);
-                    }
-                    catch (e) {
-                        await retrying(() => client.reconcile(key, f, 'unavailable'), dl(), 'reconcile');
-                        this.log.error(`reconciler: the hook's result for ${key} cannot be stored; it stays unknown`, e);
-                        return 'errors';
-                    }
+                if (finding === 'committed') {
                     await retrying(() => client.reconcile(key, f, 'committed', { fingerprint, binding, outcome }), dl(), 'reconcile');
                     this.log.info(`reconciler: ${key} committed (fence ${f}, ${outcome.status})`);
                     return 'committed';
@@ -131,52 +194,89 @@ export class Reconciler {
                 if (finding === 'not_committed') {
                     const g = (await retrying(() => client.reconcile(key, f, 'not_committed'), dl(), 'reconcile'));
                     // The execute lease it is handed never dispatched: the next claim executes.
-                    await retrying(() => client.release(key, g.fence, 'not_dispatched'), dl(), 'release');
+                    await retrying(() => client.release(key, g.fence, 'not_dispatched'), cleanup(), 'release');
                     this.log.info(`reconciler: ${key} not_committed (fence ${f}); the next run executes`);
                     return 'not_committed';
                 }
-                await retrying(() => client.reconcile(key, f, 'unavailable'), dl(), 'reconcile');
+                if (finding !== 'unavailable')
+                    this.log.error(`reconciler: the hook for ${key} returned ${JSON.stringify(finding)}; taken as unavailable`);
+                await unavailable();
                 this.log.info(`reconciler: ${key} unavailable (fence ${f}); it stays unknown`);
                 return 'unavailable';
             }
             finally {
-                stop();
+                hb.stop();
             }
         }
         catch (e) {
+            if (e instanceof NotFound && fence === null) {
+                this.log.info(`reconciler: ${key} skipped (collected meanwhile)`);
+                return 'skipped';
+            }
             this.log.error(`reconciler: ${key}${fence === null ? '' : ` (fence ${fence})`} failed; it stays as it was`, e);
             return 'errors';
         }
     }
-    /** Whether the background mode runs. */
-    get running() {
-        return !this.stopped;
+    /** A middleware hook's committed response, as the middleware stores one. */
+    storedResponse(found, entry) {
+        const r = foundResponse(found.response);
+        const names = [...new Set([...DEFAULT_STORED_HEADERS, ...(entry.storedHeaders ?? []).map((h) => h.toLowerCase())])];
+        const { result, responseSha256 } = encodeResponse(r.status, r.headers, r.body, names, entry.maxStoredBody ?? DEFAULT_MAX_STORED_BODY);
+        return { status: r.status >= 500 ? 'failed' : 'completed', result, responseSha256 };
     }
-    /** Sweeps now and then every `intervalMs` after each sweep ends, until stop(). */
+    /** Whether the background mode runs: from start() until its loop ended
+     * (after stop(), once the sweep under way wound down). */
+    get running() {
+        return this.loop !== null;
+    }
+    /** Sweeps now and then every `intervalMs` after each sweep ends, until
+     * stop(). Throws while a loop runs, also one that stop() gave up waiting
+     * for and that is still winding down. */
     start(intervalMs) {
         if (!(intervalMs > 0))
             throw new RangeError('start(intervalMs): intervalMs must be positive');
-        if (!this.stopped)
-            throw new Error('the reconciler is already running');
-        this.stopped = false;
-        const tick = () => {
-            this.timer = null;
-            this.current = this.sweep()
-                .catch((e) => this.log.error('reconciler: sweep failed', e))
-                .finally(() => {
-                this.current = null;
-                if (!this.stopped)
-                    this.timer = setTimeout(tick, intervalMs);
-            });
+        if (this.loop)
+            throw new Error('the reconciler is already running (a loop stopped with a timeout may still be winding down)');
+        const loop = { stopping: new AbortController(), abort: new AbortController(), done: Promise.resolve() };
+        const run = async () => {
+            while (!loop.stopping.signal.aborted) {
+                try {
+                    await this.sweepUntil(loop.abort.signal);
+                }
+                catch (e) {
+                    this.log.error('reconciler: sweep failed', e);
+                }
+                await pause(intervalMs, loop.stopping.signal);
+            }
         };
-        tick();
+        this.loop = loop;
+        loop.done = run().finally(() => {
+            if (this.loop === loop)
+                this.loop = null;
+        });
     }
-    /** Stops the background mode; resolves once the sweep under way (if any) ended. */
-    async stop() {
-        this.stopped = true;
-        if (this.timer)
-            clearTimeout(this.timer);
-        this.timer = null;
-        await this.current;
+    /** Stops the background mode. Resolves true once the sweep under way (if
+     * any) ended, or, after `timeoutMs`, false: that sweep is then abandoned
+     * (a hook still running is handed back with reconcile(unavailable) in the
+     * background and counted under `errors`) and start() keeps refusing until
+     * it wound down. Without a timeout, waits for the sweep to end. */
+    async stop(timeoutMs) {
+        const loop = this.loop;
+        if (!loop)
+            return true;
+        loop.stopping.abort();
+        if (timeoutMs === undefined) {
+            await loop.done;
+            return true;
+        }
+        let timer;
+        const timedOut = new Promise((resolve) => (timer = setTimeout(() => resolve(false), Math.max(0, timeoutMs))));
+        const ended = await Promise.race([loop.done.then(() => true), timedOut]);
+        clearTimeout(timer);
+        if (!ended) {
+            loop.abort.abort(new Error('stop(): the sweep was abandoned at its timeout'));
+            this.log.warn(`reconciler: stop(${timeoutMs}) gave up waiting for the sweep under way; it is abandoned`);
+        }
+        return ended;
     }
 }

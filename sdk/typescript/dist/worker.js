@@ -1,20 +1,38 @@
-import { DeadlineExceeded, EffectNotSent, EffectRefused, InvalidRequest, OutcomeUnknown, ProblemError, ReceiptRequired, ReconcileRequired, ResultNotSerializable, SettleError, TransportError, Unavailable, } from './errors.js';
-import { canonicalize, fingerprint as computeFingerprint, sha256Hex } from './jcs.js';
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+import { DeadlineExceeded, EffectNotSent, EffectRefused, HookTimeout, InvalidRequest, OutcomeUnknown, ProblemError, ReceiptRequired, ReconcileRequired, ResultNotSerializable, SettleError, TransportError, Unavailable, } from './errors.js';
+import { canonicalize, fingerprint as computeFingerprint, newClaimId, sha256Hex } from './jcs.js';
+const MAX_TIMER = 2 ** 31 - 1;
+/** Sleeps `ms`; an abort of `signal` ends the sleep early with its reason. */
+function sleep(ms, signal) {
+    return new Promise((resolve, reject) => {
+        if (signal?.aborted)
+            return reject(signal.reason);
+        const done = () => {
+            signal?.removeEventListener('abort', onAbort);
+            resolve();
+        };
+        const timer = setTimeout(done, Math.min(ms, MAX_TIMER));
+        const onAbort = () => {
+            clearTimeout(timer);
+            reject(signal.reason);
+        };
+        signal?.addEventListener('abort', onAbort, { once: true });
+    });
+}
 class Deadline {
+    /** Epoch ms, or null: none. */
     at;
-    constructor(ms) {
-        this.at = ms === null ? null : Date.now() + ms;
+    /** `ms` from now (null: no deadline); with `absolute`, `ms` is the epoch ms itself. */
+    constructor(ms, absolute = false) {
+        this.at = ms === null ? null : absolute ? ms : Date.now() + ms;
     }
     left() {
         return this.at === null ? Infinity : this.at - Date.now();
     }
-}
-function settleDeadline(d, leaseMs) {
-    // A settle without an answer is retried at least as long as the lease
-    // could still be held, and to the caller's deadline when that is later.
-    const s = new Deadline(leaseMs + 1000);
-    return d.at !== null && s.at !== null && d.at > s.at ? d : s;
+    /** This deadline, or `ms` from now when that is later. */
+    atLeast(ms) {
+        const t = Date.now() + ms;
+        return this.at !== null && t > this.at ? new Deadline(t, true) : this;
+    }
 }
 /** No answer, 503 `unavailable` or a 429 of settle: worth the same call again later. */
 export function isRetryable(e) {
@@ -31,9 +49,13 @@ function backoffMs(n, e) {
 }
 /** Retry `fn` on no answer, 503 `unavailable` and 429 (honouring
  * Retry-After) until the deadline; then DeadlineExceeded (`cause`: the
- * last error). Anything else is thrown at once. */
-export async function retrying(fn, deadline, what) {
+ * last error). Anything else is thrown at once. `fn` is the same call every
+ * time (SPEC §11.11: a lost call is retried with identical arguments). An
+ * abort of `signal` ends the retries with its reason. */
+export async function retrying(fn, deadline, what, signal) {
     for (let n = 0;; n++) {
+        if (signal?.aborted)
+            throw signal.reason;
         try {
             return await fn();
         }
@@ -43,19 +65,22 @@ export async function retrying(fn, deadline, what) {
             const wait = backoffMs(n, e);
             if (deadline.left() < wait)
                 throw new DeadlineExceeded(`${what}: deadline passed after ${n + 1} tries`, { cause: e });
-            await sleep(wait);
+            await sleep(wait, signal);
         }
     }
 }
-/** Heartbeats every leaseMs/3 until stopped; aborts `controller` when the lease is lost. */
-export function startHeartbeat(client, key, fence, leaseMs, controller) {
+/** Heartbeats every leaseMs/3 until stopped; aborts `controller` when the
+ * lease is lost; each heartbeat answered moves `clock.renewedAt`. */
+export function startHeartbeat(client, key, fence, leaseMs, controller, clock = { renewedAt: Date.now() }) {
     let stopped = false;
     let timer;
     const beat = async () => {
         if (stopped)
             return;
+        const sent = Date.now();
         try {
             await client.heartbeat(key, fence);
+            clock.renewedAt = Math.max(clock.renewedAt, sent);
         }
         catch (e) {
             if (!isRetryable(e)) {
@@ -67,11 +92,42 @@ export function startHeartbeat(client, key, fence, leaseMs, controller) {
             timer = setTimeout(beat, leaseMs / 3);
     };
     timer = setTimeout(beat, leaseMs / 3);
-    return () => {
-        stopped = true;
+    return {
+        stop() {
+            stopped = true;
+            if (timer)
+                clearTimeout(timer);
+        },
+        leaseEnd: () => clock.renewedAt + leaseMs,
+    };
+}
+/** Asks a reconcile hook, bounded by `timeoutMs` (SPEC §8, §11.10,
+ * §11.11): past it, rejects with HookTimeout; an abort of `outer` rejects
+ * with its reason. The hook gets a signal that is aborted in both cases. */
+export async function askHook(ask, timeoutMs, outer) {
+    const ac = new AbortController();
+    let timer;
+    const onOuter = () => ac.abort(outer.reason);
+    try {
+        return await new Promise((resolve, reject) => {
+            ac.signal.addEventListener('abort', () => reject(ac.signal.reason), { once: true });
+            if (outer) {
+                if (outer.aborted)
+                    return ac.abort(outer.reason);
+                outer.addEventListener('abort', onOuter, { once: true });
+            }
+            if (timeoutMs < MAX_TIMER)
+                timer = setTimeout(() => ac.abort(new HookTimeout(timeoutMs)), Math.max(0, timeoutMs));
+            Promise.resolve()
+                .then(() => ask(ac.signal))
+                .then(resolve, reject);
+        });
+    }
+    finally {
         if (timer)
             clearTimeout(timer);
-    };
+        outer?.removeEventListener('abort', onOuter);
+    }
 }
 function typeName(v) {
     switch (typeof v) {
@@ -156,10 +212,34 @@ export function doneToOutcome(d, serializer) {
     return { status: d.failed ? 'failed' : 'completed', result: result, responseSha256: sha256Hex(raw) };
 }
 const MAX_ERROR = 1000;
+function clip(msg) {
+    return msg.length > MAX_ERROR ? msg.slice(0, MAX_ERROR - 1) + '…' : msg;
+}
+function messageOf(e) {
+    return e instanceof Error ? e.message : String(e);
+}
 function unknownOutcome(e) {
-    const what = e instanceof Error ? e.message : String(e);
+    const what = messageOf(e);
     const msg = e instanceof ResultNotSerializable ? what : `the effect failed after it may have reached the remote: ${what}`;
-    return { status: 'unknown', error: msg.length > MAX_ERROR ? msg.slice(0, MAX_ERROR - 1) + '…' : msg };
+    return { status: 'unknown', error: clip(msg) };
+}
+/** A 409 problem of the ledger (lease_expired, stale_fence, ...): the lease is not ours any more. */
+function isRefusal(e) {
+    return e instanceof ProblemError && e.status === 409;
+}
+/** The deadline of a call that must be answered for the run to go on
+ * (dispatch, the settle of the outcome, a reconcile finding): the run's,
+ * and at least a third of the lease from now (one retry window even for an
+ * effect that ran past the run's deadline). */
+function callDeadline(s) {
+    return s.dl.atLeast(s.leaseMs / 3);
+}
+/** The deadline of a call that hands the lease back (release, the settle of
+ * `unknown` after a failure, reconcile(unavailable)): past the run's, up to
+ * the lease's end, so that the record is not left held. */
+function cleanupDeadline(s, hb) {
+    const end = hb.leaseEnd();
+    return s.dl.at !== null && s.dl.at > end ? s.dl : new Deadline(end, true);
 }
 /** SPEC §11: run `effect` at most once for `key`. */
 export async function runOnce(client, key, request, effect, options) {
@@ -168,11 +248,17 @@ export async function runOnce(client, key, request, effect, options) {
     const leaseMs = options.leaseMs ?? 30_000;
     const marksDispatch = options.marksDispatch ?? false;
     const dl = new Deadline(options.deadlineMs === undefined ? 30_000 : options.deadlineMs);
-    const step = { client, key, fp, binding, leaseMs, marksDispatch, dl, serializer: options.serializer };
+    const hookTimeoutMs = options.hookTimeoutMs ?? leaseMs;
+    const step = { client, key, fp, binding, leaseMs, marksDispatch, dl, hookTimeoutMs, serializer: options.serializer };
     for (;;) {
+        // One claim: one claim_id, sent again only by the retries of this claim
+        // (its answer was lost: the ledger answers with the same grant).
+        const claimId = newClaimId();
+        const clock = { renewedAt: Date.now() };
         const dec = await retrying(() => client.claim(key, fp, binding, {
             leaseMs,
             marksDispatch,
+            claimId,
             ...(options.worker !== undefined ? { worker: options.worker } : {}),
             ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
         }), dl, 'claim');
@@ -189,58 +275,79 @@ export async function runOnce(client, key, request, effect, options) {
         }
         let grant = dec;
         if (grant.decision === 'reconcile') {
-            const found = options.reconcile === 'resend' ? await resendStep(step, grant, effect) : await reconcileStep(step, grant, options.reconcile);
+            const found = options.reconcile === 'resend' ? await resendStep(step, grant, effect, clock) : await reconcileStep(step, grant, options.reconcile, clock);
             if ('outcome' in found)
                 return found;
             grant = found;
         }
-        return executeStep(step, grant, effect);
+        return executeStep(step, grant, effect, clock);
     }
 }
-async function reconcileStep(s, grant, hook) {
+/** Hands a reconcile lease back (the record stays `unknown`); a failure to
+ * do so leaves the lease to lapse, with the same effect. */
+async function handBackReconcile(s, fence, hb) {
+    try {
+        await retrying(() => s.client.reconcile(s.key, fence, 'unavailable'), cleanupDeadline(s, hb), 'reconcile');
+    }
+    catch {
+        // the reconcile lease lapses: the record stays unknown all the same
+    }
+}
+async function reconcileStep(s, grant, hook, clock) {
     const { client, key, fp, binding, leaseMs } = s;
-    const ac = new AbortController();
-    const stop = startHeartbeat(client, key, grant.fence, leaseMs, ac);
-    const sdl = settleDeadline(s.dl, leaseMs);
+    const fence = grant.fence;
+    const hb = startHeartbeat(client, key, fence, leaseMs, new AbortController(), clock);
     try {
         let finding;
         try {
-            finding = hook ? await hook(key, grant.fence) : 'unavailable';
+            finding = hook ? await askHook((signal) => hook(key, fence, { signal }), s.hookTimeoutMs) : 'unavailable';
         }
         catch (e) {
-            await retrying(() => client.reconcile(key, grant.fence, 'unavailable'), sdl, 'reconcile');
-            throw e;
+            // A hook that throws or runs past hookTimeoutMs cannot tell: unavailable.
+            await handBackReconcile(s, fence, hb);
+            throw new OutcomeUnknown(key, null, e);
         }
-        if (typeof finding === 'object') {
+        if (typeof finding === 'object' && finding !== null) {
             let outcome;
             try {
                 outcome = doneToOutcome(finding, s.serializer);
             }
             catch (e) {
-                await retrying(() => client.reconcile(key, grant.fence, 'unavailable'), sdl, 'reconcile'); // hand the lease back
+                await handBackReconcile(s, fence, hb);
                 throw e;
             }
-            const r = await retrying(() => client.reconcile(key, grant.fence, 'committed', { fingerprint: fp, binding, outcome }), sdl, 'reconcile');
-            return { result: outcome.result, outcome, receipt: r, replayed: false, fence: grant.fence, reconciled: true };
+            let r;
+            try {
+                r = await retrying(() => client.reconcile(key, fence, 'committed', { fingerprint: fp, binding, outcome }), callDeadline(s), 'reconcile');
+            }
+            catch (e) {
+                if (e instanceof InvalidRequest) {
+                    await handBackReconcile(s, fence, hb); // refused 422 (a result over max_result_bytes): it stays unknown
+                    throw new OutcomeUnknown(key, null, e, outcome);
+                }
+                if (e instanceof DeadlineExceeded)
+                    throw new OutcomeUnknown(key, null, e, outcome);
+                throw e;
+            }
+            return { result: outcome.result, outcome, receipt: r, replayed: false, fence, reconciled: true };
         }
         if (finding === 'not_committed') {
-            return (await retrying(() => client.reconcile(key, grant.fence, 'not_committed'), sdl, 'reconcile'));
+            return (await retrying(() => client.reconcile(key, fence, 'not_committed'), callDeadline(s), 'reconcile'));
         }
-        await retrying(() => client.reconcile(key, grant.fence, 'unavailable'), sdl, 'reconcile');
-        throw new ReconcileRequired(key, grant.fence, hook ? 'the reconcile hook could not tell (unavailable)' : 'no reconcile hook was given');
+        await handBackReconcile(s, fence, hb);
+        throw new ReconcileRequired(key, fence, hook ? 'the reconcile hook could not tell (unavailable)' : 'no reconcile hook was given');
     }
     finally {
-        stop();
+        hb.stop();
     }
 }
 /** SPEC §11.9: the effect again, with the same key, under the reconcile
  * lease (the remote de-duplicates by the key); its dispatch() is a local
  * no-op. Success → committed; any failure → unavailable. */
-async function resendStep(s, grant, effect) {
+async function resendStep(s, grant, effect, clock) {
     const { client, key, fp, binding, leaseMs } = s;
     const ac = new AbortController();
-    const stop = startHeartbeat(client, key, grant.fence, leaseMs, ac);
-    const sdl = settleDeadline(s.dl, leaseMs);
+    const hb = startHeartbeat(client, key, grant.fence, leaseMs, ac, clock);
     let marked = false;
     const ctx = {
         key,
@@ -260,93 +367,159 @@ async function resendStep(s, grant, effect) {
             outcome = doneToOutcome(await effect(ctx), s.serializer);
         }
         catch (e) {
-            await retrying(() => client.reconcile(key, grant.fence, 'unavailable'), sdl, 'reconcile');
-            const what = e instanceof Error ? e.message : String(e);
-            throw new ReconcileRequired(key, grant.fence, `the resend failed: ${what}`, { cause: e });
+            await handBackReconcile(s, grant.fence, hb);
+            throw new ReconcileRequired(key, grant.fence, `the resend failed: ${messageOf(e)}`, { cause: e });
         }
-        const r = await retrying(() => client.reconcile(key, grant.fence, 'committed', { fingerprint: fp, binding, outcome }), sdl, 'reconcile');
+        const r = await retrying(() => client.reconcile(key, grant.fence, 'committed', { fingerprint: fp, binding, outcome }), callDeadline(s), 'reconcile');
         return { result: outcome.result, outcome, receipt: r, replayed: false, fence: grant.fence, reconciled: true };
     }
     finally {
-        stop();
+        hb.stop();
     }
 }
-/** Hands back an execute lease without a receipt, for an effect that sent
- * nothing (or whose remote refused it for certain). */
-async function release(s, fence, reason, sdl, cause) {
-    const { client, key, fp, binding } = s;
-    try {
-        await retrying(() => client.release(key, fence, reason), sdl, 'release');
-        return;
-    }
-    catch (e) {
-        // receipt_required: the ledger recorded a dispatch whose answer was
-        // lost (ctx.dispatch() threw: the effect was told not to send);
-        // invalid_request: a server without release(not_committed).
-        if (!(e instanceof ReceiptRequired || e instanceof InvalidRequest))
-            throw e;
-        if (e instanceof ReceiptRequired) {
-            try {
-                await retrying(() => client.release(key, fence, 'not_committed'), sdl, 'release'); // true: nothing was sent
-                return;
-            }
-            catch (e2) {
-                if (!(e2 instanceof InvalidRequest))
-                    throw e2;
-            }
-        }
-    }
-    await retrying(() => client.settle(key, fence, fp, binding, unknownOutcome(cause)), sdl, 'settle'); // the safe record
-}
-async function executeStep(s, grant, effect) {
+async function executeStep(s, grant, effect, clock) {
     const { client, key, fp, binding, leaseMs, marksDispatch } = s;
-    const ac = new AbortController();
-    let dispatched = false;
+    const fence = grant.fence;
+    const lost = new AbortController(); // the lease was lost (a heartbeat was refused)
+    const over = new AbortController(); // the run is over: a dispatch() still retrying stops
+    let dispatch = { s: 'none' };
+    let dispatching = null;
     const ctx = {
         key,
-        fence: grant.fence,
+        fence,
         attempt: grant.attempt,
-        signal: ac.signal,
+        signal: lost.signal,
         get dispatched() {
-            return dispatched;
+            return dispatch.s === 'done';
         },
-        async dispatch() {
+        dispatch() {
+            if (!marksDispatch || dispatch.s === 'done') {
+                dispatch = { s: 'done' };
+                return Promise.resolve();
+            }
+            if (dispatch.s === 'pending' && dispatching)
+                return dispatching;
+            dispatch = { s: 'pending' };
             // A dispatch whose answer was lost is retried under the same fence
-            // (the ledger answers a repeated dispatch alike), for half the lease.
-            if (marksDispatch && !dispatched)
-                await retrying(() => client.dispatch(key, grant.fence), new Deadline(leaseMs / 2), 'dispatch');
-            dispatched = true;
+            // (the ledger answers a repeated dispatch alike).
+            const p = retrying(() => client.dispatch(key, fence), callDeadline(s), 'dispatch', over.signal).then(() => {
+                dispatch = { s: 'done' };
+            }, (e) => {
+                dispatch = { s: 'failed', error: e };
+                throw e;
+            });
+            p.catch(() => { }); // a dispatch() the effect does not await never becomes an unhandled rejection
+            dispatching = p;
+            return p;
         },
     };
-    const stop = startHeartbeat(client, key, grant.fence, leaseMs, ac);
-    const sdl = settleDeadline(s.dl, leaseMs);
+    const hb = startHeartbeat(client, key, fence, leaseMs, lost, clock);
+    /** The settle of `unknown` that hands the lease back; null when it could not be done (the lease lapses: `unknown`). */
+    const settleUnknown = async (outcome, sdl) => {
+        try {
+            return await retrying(() => client.settle(key, fence, fp, binding, outcome), sdl, 'settle');
+        }
+        catch {
+            return null;
+        }
+    };
+    /** Releases the lease; `callerWord`: the effect itself said nothing was
+     * applied (EffectNotSent / EffectRefused), which alone allows
+     * `not_committed` after the ledger refused `not_dispatched`. */
+    const handBack = async (reason, callerWord, cause, nothingMarked) => {
+        const sdl = cleanupDeadline(s, hb);
+        try {
+            await retrying(() => client.release(key, fence, reason), sdl, 'release');
+            return { released: true };
+        }
+        catch (e) {
+            if (e instanceof ReceiptRequired && reason === 'not_dispatched' && callerWord) {
+                // The ledger recorded the mark; the caller attests nothing was applied.
+                return handBackNotCommitted(cause, sdl);
+            }
+            if (e instanceof ReceiptRequired || e instanceof InvalidRequest) {
+                // receipt_required: the ledger recorded the dispatch mark, so what
+                // happened is unknown (never inferred: SPEC §11.11); invalid_request:
+                // a server without release(not_committed). The safe record: unknown.
+                return { released: false, receipt: await settleUnknown(unknownOutcome(cause), sdl) };
+            }
+            // No answer up to the lease's end, or the lease ended otherwise: it
+            // lapses. With marksDispatch and nothing marked, nothing changes.
+            return nothingMarked ? { released: true } : { released: false, receipt: null };
+        }
+    };
+    const handBackNotCommitted = async (cause, sdl) => {
+        try {
+            await retrying(() => client.release(key, fence, 'not_committed'), sdl, 'release');
+            return { released: true };
+        }
+        catch (e) {
+            if (e instanceof InvalidRequest)
+                return { released: false, receipt: await settleUnknown(unknownOutcome(cause), sdl) };
+            return { released: false, receipt: null };
+        }
+    };
+    /** The effect threw `e` (or its result cannot be stored): SPEC §11.8, §11.11. */
+    const failed = async (e) => {
+        const d = dispatch; // where ctx.dispatch() stood when the effect ended
+        if (d.s === 'pending')
+            over.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
+        if (d.s === 'failed' && isRefusal(d.error))
+            throw e; // the ledger refused the mark: the lease is not ours (lease_expired, stale_fence)
+        const nothingMarked = marksDispatch && d.s === 'none';
+        if (e instanceof EffectNotSent || e instanceof EffectRefused) {
+            const reason = e instanceof EffectNotSent && marksDispatch && d.s !== 'done' ? 'not_dispatched' : 'not_committed';
+            const r = await handBack(reason, true, e, nothingMarked);
+            if (!r.released)
+                throw new OutcomeUnknown(key, r.receipt, e);
+            throw e;
+        }
+        if (marksDispatch && (d.s === 'none' || d.s === 'failed')) {
+            // Before the mark (nothing could have been sent), or the mark's call
+            // failed: release not_dispatched and let the ledger decide.
+            const r = await handBack('not_dispatched', false, e, nothingMarked);
+            if (!r.released)
+                throw new OutcomeUnknown(key, r.receipt, e);
+            if (d.s === 'failed' && e === d.error) {
+                throw new EffectNotSent(`ctx.dispatch() did not reach settle (${messageOf(e)}); the lease was released not_dispatched: nothing was sent`, { cause: e });
+            }
+            throw e;
+        }
+        // After the boundary (or without marksDispatch): unknown.
+        throw new OutcomeUnknown(key, await settleUnknown(unknownOutcome(e), cleanupDeadline(s, hb)), e);
+    };
     try {
         let outcome;
         try {
             outcome = doneToOutcome(await effect(ctx), s.serializer);
         }
         catch (e) {
-            const beforeMark = marksDispatch && !dispatched; // §11.8: nothing could have been sent
-            if (e instanceof EffectNotSent) {
-                await release(s, grant.fence, beforeMark ? 'not_dispatched' : 'not_committed', sdl, e);
-                throw e;
-            }
-            if (e instanceof EffectRefused) {
-                await release(s, grant.fence, 'not_committed', sdl, e);
-                throw e;
-            }
-            if (beforeMark) {
-                await release(s, grant.fence, 'not_dispatched', sdl, e);
-                throw e;
-            }
-            const receipt = await retrying(() => client.settle(key, grant.fence, fp, binding, unknownOutcome(e)), sdl, 'settle');
-            throw new OutcomeUnknown(key, receipt, e);
+            return await failed(e);
         }
-        const receipt = await retrying(() => client.settle(key, grant.fence, fp, binding, outcome), sdl, 'settle');
-        return { result: outcome.result, outcome, receipt, replayed: false, fence: grant.fence, reconciled: false };
+        if (dispatch.s === 'pending')
+            over.abort(new Error('the run is over')); // not awaited: crossed
+        let receipt;
+        try {
+            receipt = await retrying(() => client.settle(key, fence, fp, binding, outcome), callDeadline(s), 'settle');
+        }
+        catch (e) {
+            if (e instanceof InvalidRequest) {
+                // Refused 422 (e.g. a result over max_result_bytes): settled unknown at once, with that error.
+                const r = await settleUnknown({ status: 'unknown', error: clip(`the outcome could not be recorded: ${e.message}`) }, cleanupDeadline(s, hb));
+                throw new OutcomeUnknown(key, r, e, outcome);
+            }
+            // Unanswered until the deadline: the lease lapses → unknown (or the
+            // receipt, if a settle whose answer was lost was applied).
+            if (e instanceof DeadlineExceeded)
+                throw new OutcomeUnknown(key, null, e, outcome);
+            throw e;
+        }
+        return { result: outcome.result, outcome, receipt, replayed: false, fence, reconciled: false };
     }
     finally {
-        stop();
+        hb.stop();
+        if (!over.signal.aborted)
+            over.abort(new Error('the run is over'));
     }
 }
 /** SPEC §11.8: `fn` run at most once per key, through runOnce. `fn` gets

@@ -74,7 +74,22 @@ export interface ClaimOptions {
   worker?: string;
   marksDispatch?: boolean;
   retentionS?: number;
+  /** SPEC §4 claim rule 5a: a random id of this claim (16–64 of
+   * `[A-Za-z0-9_-]`, see `newClaimId`), sent again only when the same claim
+   * is retried because its answer was lost; the ledger then answers with the
+   * same grant instead of `in_flight`. runOnce, the middlewares and the
+   * Reconciler draw one per claim. */
+  claimId?: string;
 }
+
+export interface ReleaseOptions {
+  /** SPEC §4 `release(…, forget)`: remove the record when nothing of it
+   * remains (pending, never settled, no flag, no quarantine), so that its
+   * key may be claimed afresh; else `receipt_required` and nothing changes. */
+  forget?: boolean;
+}
+
+export { newClaimId } from './jcs.js';
 
 export type ReconcileAnswer = Grant | Receipt | Released;
 
@@ -173,6 +188,7 @@ export class Client {
     if (options.worker !== undefined) body.worker = options.worker;
     if (options.marksDispatch) body.marks_dispatch = true;
     if (options.retentionS !== undefined) body.retention_s = options.retentionS;
+    if (options.claimId !== undefined) body.claim_id = options.claimId;
     return claimFromWire(await this.send('POST', `/v1/operations/${seg(key)}/claim`, body)) as ClaimDecision<R>;
   }
 
@@ -198,9 +214,15 @@ export class Client {
     return receiptFromWire(d.receipt);
   }
 
-  async release(key: string, fence: number, reason: 'not_dispatched' | 'not_committed' | null = 'not_dispatched'): Promise<Released> {
+  async release(
+    key: string,
+    fence: number,
+    reason: 'not_dispatched' | 'not_committed' | null = 'not_dispatched',
+    options: ReleaseOptions = {},
+  ): Promise<Released> {
     const body: W = { fence: uint('fence', fence) };
     if (reason !== null) body.reason = reason;
+    if (options.forget) body.forget = true;
     const d = await this.send('POST', `/v1/operations/${seg(key)}/release`, body);
     return { fence: d.fence, released: d.released };
   }

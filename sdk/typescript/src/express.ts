@@ -140,6 +140,7 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
       path,
       target,
       headerValues: (name) => mw.rawHeaderValues(req, name),
+      headerEntries: () => mw.rawHeaderEntries(req),
       body: (max) => readBody(req, max),
     });
     if (begun.kind === 'unwrapped') return next();
@@ -151,7 +152,7 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
    * reaches the client until the outcome is settled. */
   async function execute(req: Req, res: Res, next: Next, run: CoreRun): Promise<void> {
     const chunks: Buffer[] = [];
-    const orig = { writeHead: res.writeHead, write: res.write, end: res.end, flushHeaders: res.flushHeaders };
+    const orig = { writeHead: res.writeHead, write: res.write, end: res.end, flushHeaders: res.flushHeaders, destroy: res.destroy };
     type Result = { kind: 'response' } | { kind: 'escaped'; err: unknown; timeout: boolean };
     let settleResult!: (r: Result) => void;
     const done = new Promise<Result>((resolve) => (settleResult = resolve));
@@ -204,6 +205,16 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
       return res;
     };
     r.flushHeaders = function () {};
+    // A response destroyed before it ended (stream.pipeline() of a body
+    // stream that errored, whatever its size): an escaped failure, answered
+    // 500 outcome_unknown if the connection can still take it.
+    r.destroy = function (err?: unknown) {
+      if (!over) {
+        finish({ kind: 'escaped', err: err ?? new Error('the response was destroyed before it ended'), timeout: false });
+        return res;
+      }
+      return orig.destroy.call(res, err as Error | undefined);
+    };
     let timer: NodeJS.Timeout | undefined;
     if (run.timeoutMs != null) {
       const ms = run.timeoutMs;
@@ -222,6 +233,7 @@ export function idempotency(options: IdempotencyOptions): IdempotencyMiddleware 
       res.write = orig.write;
       res.end = orig.end;
       res.flushHeaders = orig.flushHeaders;
+      res.destroy = orig.destroy;
     };
     if (result.kind === 'escaped') {
       const problem = await run.fail(result.err, result.timeout);

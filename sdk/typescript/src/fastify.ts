@@ -143,6 +143,7 @@ export function idempotency(options: FastifyIdempotencyOptions): FastifyIdempote
         path,
         target,
         headerValues: (name) => mw.rawHeaderValues(request.raw, name),
+        headerEntries: () => mw.rawHeaderEntries(request.raw),
         body: async (max) => bodyOf(request, st, max),
       });
       if (begun.kind === 'unwrapped') return;
@@ -180,7 +181,13 @@ export function idempotency(options: FastifyIdempotencyOptions): FastifyIdempote
       st.over = true;
       if (st.timer) clearTimeout(st.timer);
       if (st.escaped) return setAnswer(reply, await st.run.fail(st.escaped.err, false));
-      const body = await payloadBytes(payload);
+      let body: Buffer;
+      try {
+        body = await payloadBytes(payload);
+      } catch (err) {
+        // The response body (a stream) failed before it ended: an escaped failure.
+        return setAnswer(reply, await st.run.fail(err, false));
+      }
       await st.run.respond(reply.statusCode, replyHeaders(reply), body, mw.isMarkedRetryable(reply, reply.raw));
       return body;
     });

@@ -78,6 +78,11 @@ export function withIdempotency<R extends Request, A extends unknown[]>(
         const v = request.headers.get(name); // several field lines arrive joined with ", "
         return v === null ? [] : [v];
       },
+      headerEntries: () => {
+        const out: [string, string][] = [];
+        request.headers.forEach((v, n) => out.push([n, v]));
+        return out;
+      },
       body: (max) => readBody(request, max),
     });
     if (begun.kind === 'unwrapped') return handler(request, ...rest);

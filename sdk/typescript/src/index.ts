@@ -1,7 +1,7 @@
 // @settle/client: the TypeScript SDK of settle (SPEC §7, §8, §11).
 export * from './errors.js';
 export * from './types.js';
-export { Client, type ClientOptions, type ClaimOptions, type ReconcileAnswer } from './client.js';
+export { Client, newClaimId, type ClientOptions, type ClaimOptions, type ReleaseOptions, type ReconcileAnswer } from './client.js';
 export type { CACertificates } from './tls.js';
 export {
   runOnce,

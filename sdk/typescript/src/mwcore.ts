@@ -8,13 +8,17 @@
 // against sdk/middleware-vectors.json.
 import type { IncomingMessage } from 'node:http';
 import type { Client } from './client.js';
-import { DeadlineExceeded, ProblemError, RecordRefused, StaleBinding, TransportError, Unavailable } from './errors.js';
+import { DeadlineExceeded, EffectNotSent, NotFound, ProblemError, RecordRefused, StaleBinding, TransportError, Unavailable } from './errors.js';
 import { BindingMismatch, FingerprintMismatch, InvalidRequest, ReceiptRequired } from './errors.js';
-import { FingerprintError, canonicalize, parsePointer, selectFields, sha256Hex } from './jcs.js';
+import { FingerprintError, canonicalize, newClaimId, parsePointer, selectFields, sha256Hex } from './jcs.js';
 import type { Binding, Grant, InFlight } from './types.js';
-import { Deadline, retrying, startHeartbeat } from './worker.js';
+import { Deadline, askHook, retrying, startHeartbeat, type Heartbeat, type LeaseClock } from './worker.js';
 
+/** The default `releaseOn`: responses that say nothing happened (SPEC §8). */
 export const NOT_COMMITTED_STATUSES: ReadonlySet<number> = new Set([408, 409, 425, 429]);
+/** The default `ledgerDeadlineMs`: how long the calls before the handler
+ * (claim, dispatch) are retried when settle does not answer. */
+export const DEFAULT_LEDGER_DEADLINE_MS = 2000;
 export const DEFAULT_STORED_HEADERS: readonly string[] = ['content-type', 'location'];
 export const DEFAULT_MAX_STORED_BODY = 32 * 1024;
 const RESULT_VERSION = 1;
@@ -376,9 +380,41 @@ export function bindingPrincipal(principal: string): string {
   return visible(principal) ? principal : 'sha256:' + sha256Hex(utf8(principal));
 }
 
-/** The claim's `worker` field, for operators. */
+/** A value of the `worker` field (SPEC §8): every UTF-8 byte outside
+ * `A-Za-z0-9-._~` as uppercase `%XX`. */
+export function workerValue(value: string): string {
+  let out = '';
+  for (const b of Buffer.from(value, 'utf8')) {
+    const unreserved =
+      (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a) || (b >= 0x30 && b <= 0x39) || b === 0x2d || b === 0x2e || b === 0x5f || b === 0x7e;
+    out += unreserved ? String.fromCharCode(b) : '%' + b.toString(16).toUpperCase().padStart(2, '0');
+  }
+  return out;
+}
+
+/** The claim's `worker` field (SPEC §8): `idempotency-key=<value>
+ * principal=<value>`, the header value after unquoting and the principal
+ * the extractor gave (not the binding's `sha256:` form), each encoded by
+ * `workerValue`. Operators read it; a Reconciler parses it
+ * (`parseWorkerLabel`) to hand a middleware hook the client's key and
+ * principal. */
 export function workerLabel(key: string, principal: string): string {
-  return `idempotency-key=${key} principal=${bindingPrincipal(principal)}`;
+  return `idempotency-key=${workerValue(key)} principal=${workerValue(principal)}`;
+}
+
+const WORKER_LABEL = /^idempotency-key=((?:[A-Za-z0-9._~-]|%[0-9A-F]{2})+) principal=((?:[A-Za-z0-9._~-]|%[0-9A-F]{2})*)$/;
+
+/** The Idempotency-Key value and the principal of a `worker` field written
+ * by `workerLabel` (by any SDK's middleware), or null for another field. */
+export function parseWorkerLabel(worker: unknown): { idempotencyKey: string; principal: string } | null {
+  if (typeof worker !== 'string') return null;
+  const m = WORKER_LABEL.exec(worker);
+  if (!m) return null;
+  try {
+    return { idempotencyKey: decodeURIComponent(m[1] as string), principal: decodeURIComponent(m[2] as string) };
+  } catch {
+    return null; // not UTF-8
+  }
 }
 
 export interface StoredResponse {
@@ -533,6 +569,12 @@ export interface RoutePolicy {
    * `request_in_progress`: the outcome, if it arrives, is replayed (default
    * 0: no wait). */
   wait?: number;
+  /** Statuses whose responses say nothing happened: not stored, the lease
+   * released `not_committed`, the retry runs the handler (default 408, 409,
+   * 425, 429). A status added to these (e.g. 422, when the framework
+   * answers validation itself) is released with `forget`: the record is
+   * removed, so the corrected request with the same key runs. */
+  releaseOn?: readonly number[];
 }
 
 export interface Logger {
@@ -574,14 +616,24 @@ export interface ReconcileRequestInfo {
   idempotencyKey: string;
   /** The principal the extractor found (before bindingPrincipal). */
   principal: string;
+  /** The request method (upper case). */
+  method: string;
+  /** The path with its query, as sent. */
+  path: string;
+  /** The request headers, names in lower case (several field lines joined with ", "). */
+  headers: Record<string, string>;
   /** The request body's bytes (the stream itself is left for the handler). */
   body: Buffer;
+  /** Aborted when the hook ran past `hookTimeoutMs` (its answer no longer counts). */
+  signal: AbortSignal;
 }
 
 /** Asked when a retry finds the record `unknown`: the ledger key, the
  * reconcile lease's fence, the retried request (read its headers; do not
  * consume its body, the handler may still need it) and `info` (the key,
- * the principal and the body's bytes). */
+ * the principal, the method, path, headers and body's bytes). The lease is
+ * heartbeated while it runs; past `hookTimeoutMs` it counts as
+ * `unavailable`. */
 export type MiddlewareReconcileHook<Req = IncomingMessage> = (
   ledgerKey: string,
   fence: number,
@@ -625,6 +677,14 @@ export interface CoreOptions<Req = IncomingMessage> {
   failOpen?: boolean;
   /** Seconds a duplicate waits for the running request's outcome (RoutePolicy.wait; default 0). */
   wait?: number;
+  /** Statuses released instead of stored (RoutePolicy.releaseOn; default 408, 409, 425, 429). */
+  releaseOn?: readonly number[];
+  /** How long a claim or dispatch that settle does not answer (no answer,
+   * 503, 429) is retried, with the same claim_id, before the request gets
+   * 503 `idempotency_unavailable` (default 2000 ms). */
+  ledgerDeadlineMs?: number;
+  /** The reconcile hook's time limit (default: leaseMs); past it, it counts as `unavailable`. */
+  hookTimeoutMs?: number;
   unavailableRetryAfterS?: number;
   /** Resolves a record left unknown when a retry arrives (SPEC §8):
    * `{ finding: 'committed', response }` stores and replays that response,
@@ -705,6 +765,14 @@ export function rawHeaderValues(req: IncomingMessage, name: string): string[] {
   return out;
 }
 
+/** Every header of a Node request as [name in lower case, value], in order. */
+export function rawHeaderEntries(req: IncomingMessage): [string, string][] {
+  const out: [string, string][] = [];
+  const raw = req.rawHeaders;
+  for (let i = 0; i + 1 < raw.length; i += 2) out.push([(raw[i] as string).toLowerCase(), raw[i + 1] as string]);
+  return out;
+}
+
 /** The path (without the query) and the request target of a raw URL as
  * sent: "/p?" and "/p" are one target, as in ASGI. */
 export function pathAndTarget(url: string): { path: string; target: string } {
@@ -723,6 +791,8 @@ export interface CoreRequest<Req> {
   target: string;
   /** Every field line of a header (the name in lower case); [] when absent. */
   headerValues(name: string): string[];
+  /** Every header as [name in lower case, value], for the reconcile hook. */
+  headerEntries?(): [string, string][];
   /** The body's bytes ('too_large' past `maxBytes`); called once, after the key and the principal were found. */
   body(maxBytes: number): Promise<Uint8Array | 'too_large'>;
 }
@@ -740,11 +810,14 @@ export interface CoreRun {
   readonly fence: number;
   readonly timeoutMs: number | null;
   /** The handler answered: settled `completed` (`failed` for a 5xx), or,
-   * for 408/409/425/429 or `retryable`, released `not_committed`. Resolves
-   * when the ledger knows (or gave up: logged); then send the response. */
+   * for a `releaseOn` status or `retryable`, released `not_committed`
+   * (with `forget` for a status added to the default ones). Resolves when
+   * the ledger knows (or gave up: logged); then send the response. */
   respond(status: number, headers: ReadonlyArray<readonly [string, string]>, body: Uint8Array, retryable?: boolean): Promise<void>;
   /** An escaped failure (a throw, a timeout): settled `unknown`; resolves to
-   * the 500 `outcome_unknown` answer. */
+   * the 500 `outcome_unknown` answer. The handler's `EffectNotSent`
+   * (nothing was done): released `not_committed`, 503
+   * `idempotency_unavailable` with `Retry-After: 1`. */
   fail(err: unknown, timeout: boolean): Promise<CoreResponse>;
 }
 
@@ -777,6 +850,14 @@ export function problemResponse(status: number, code: string, detail: string, ex
   return answer(status, [['content-type', 'application/problem+json'], ...extra], problemBody(status, code, detail));
 }
 
+function checkReleaseOn(statuses: readonly number[] | undefined, where: string): ReadonlySet<number> | null {
+  if (statuses === undefined) return null;
+  if (!Array.isArray(statuses) || statuses.some((x) => !Number.isInteger(x) || x < 100 || x > 599)) {
+    throw new RangeError(`${where}: releaseOn is an array of HTTP statuses (100-599)`);
+  }
+  return new Set(statuses);
+}
+
 /** The SPEC §8 engine for one adapter (`who` names its factory in errors). */
 export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'): Engine<Req> {
   const client = options?.client;
@@ -799,6 +880,10 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
   const maxStoredBody = options.maxStoredBody ?? DEFAULT_MAX_STORED_BODY;
   const maxRequestBody = options.maxRequestBody ?? 1024 * 1024;
   const leaseMs = options.leaseMs ?? 30_000;
+  const ledgerDeadlineMs = options.ledgerDeadlineMs ?? DEFAULT_LEDGER_DEADLINE_MS;
+  if (!(ledgerDeadlineMs >= 0)) throw new RangeError(`${who}({ ledgerDeadlineMs }) must be >= 0`);
+  const hookTimeoutMs = options.hookTimeoutMs ?? leaseMs;
+  if (!(hookTimeoutMs > 0)) throw new RangeError(`${who}({ hookTimeoutMs }) must be > 0`);
   const log = options.logger ?? defaultLogger;
   const onError = options.onError ?? ((err: unknown) => console.error('idempotency: handler failed', err));
   const checkWait = (w: number | undefined): number => {
@@ -806,11 +891,21 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
     if (typeof w !== 'number' || !Number.isFinite(w) || w < 0) throw new RangeError(`the wait option is seconds >= 0, got ${String(w)}`);
     return w;
   };
+  const defaultReleaseOn = checkReleaseOn(options.releaseOn, who) ?? NOT_COMMITTED_STATUSES;
   const defaultPolicy: RoutePolicy = {
     required: true,
     failOpen: options.failOpen ?? false,
     timeoutMs: options.timeoutMs ?? null,
     wait: checkWait(options.wait),
+    releaseOn: [...defaultReleaseOn],
+  };
+  const releaseSets = new WeakMap<readonly number[], ReadonlySet<number>>();
+  const releaseOnOf = (policy: RoutePolicy): ReadonlySet<number> => {
+    const list = policy.releaseOn;
+    if (list === undefined) return defaultReleaseOn;
+    let set = releaseSets.get(list);
+    if (!set) releaseSets.set(list, (set = checkReleaseOn(list, 'routes') ?? defaultReleaseOn));
+    return set;
   };
   const stats: Record<string, number> = {};
   const count = (k: string) => {
@@ -826,6 +921,7 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
         failOpen: p.failOpen ?? false,
         timeoutMs: p.timeoutMs ?? defaultPolicy.timeoutMs ?? null,
         wait: p.wait === undefined ? (defaultPolicy.wait ?? 0) : checkWait(p.wait),
+        ...(p.releaseOn !== undefined ? { releaseOn: p.releaseOn } : {}),
       };
     }
     return methods.has(method.toUpperCase()) ? defaultPolicy : null;
@@ -843,17 +939,18 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
     );
   }
 
-  const refuse = (status: number, code: string, detail: string, key: string | null): Begun => {
+  const refuse = (status: number, code: string, detail: string, key: string | null, extra: [string, string][] = []): Begun => {
     count(code);
     log.info(`idempotency: ${code} for key ${key}`);
-    return { kind: 'answer', response: problemResponse(status, code, detail) };
+    return { kind: 'answer', response: problemResponse(status, code, detail, extra) };
   };
+
+  const notStored = (key: string): Begun =>
+    refuse(409, 'response_not_stored', 'this request completed but its response was too large to store; it will not run again', key);
 
   function replay(key: string, result: unknown): Begun {
     const s = decodeResponse(result);
-    if (!s || s.body === null) {
-      return refuse(409, 'response_not_stored', 'this request completed but its response was too large to store; it will not run again', key);
-    }
+    if (!s || s.body === null) return notStored(key);
     count('replayed');
     log.info(`idempotency: replay of key ${key}`);
     return { kind: 'answer', response: answer(s.status, [...s.headers, ['idempotent-replayed', 'true']], s.body) };
@@ -874,6 +971,16 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
     else log.warn(`idempotency: the ${call} of key ${key} failed (${f.code}): ${String(err)}`);
     return { kind: 'answer', response: problemResponse(f.status, f.code, f.detail, f.retryAfter === null ? [] : [['retry-after', String(f.retryAfter)]]) };
   }
+
+  const inProgress = (key: string, d: InFlight): Begun =>
+    refuse(409, 'request_in_progress', 'a request with this Idempotency-Key is still being processed', key, [['retry-after', inProgressRetryAfter(d)]]);
+
+  const unknownAnswer = (): CoreResponse => problemResponse(500, 'outcome_unknown', 'the request failed; its outcome is unknown and must be reconciled');
+
+  /** The deadline of a call that hands the lease back (release, the settle
+   * of `unknown`, reconcile(unavailable)): past the ledger deadline, up to
+   * the lease's end, so that the record is not left held. */
+  const cleanupDeadline = (hb: Heartbeat): Deadline => new Deadline(Math.max(hb.leaseEnd(), Date.now() + ledgerDeadlineMs), true);
 
   async function begin(call: CoreRequest<Req>): Promise<Begun> {
     const method = call.method.toUpperCase();
@@ -901,83 +1008,108 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
     const binding: Binding = { principal: bindingPrincipal(principal), scopes: [], generation };
 
     let dec;
+    let clock: LeaseClock = { renewedAt: Date.now() };
+    let running: InFlight | null = null; // a request with this key is known to be running
     // A duplicate of a request still running waits up to policy.wait
     // seconds for its outcome, claiming again after the ledger's hint.
     const waiting = new Deadline((policy.wait ?? 0) * 1000);
     for (;;) {
+      // One claim_id per claim, sent again by its retries (SPEC §4 rule 5a).
+      const claimId = newClaimId();
+      clock = { renewedAt: Date.now() };
       try {
-        dec = await client.claim(lkey, fp, binding, {
-          leaseMs,
-          worker: workerLabel(key, principal),
-          marksDispatch: true,
-          ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
-        });
+        dec = await retrying(
+          () =>
+            client.claim(lkey, fp, binding, {
+              leaseMs,
+              worker: workerLabel(key, principal),
+              marksDispatch: true,
+              claimId,
+              ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
+            }),
+          // While waiting for a request known to be running, one try: a
+          // failing claim then answers request_in_progress at once, as in
+          // Python and Rust (the client retries later).
+          new Deadline(running ? 0 : ledgerDeadlineMs),
+          'claim',
+        );
       } catch (e) {
         if (e instanceof FingerprintMismatch || e instanceof BindingMismatch) {
           return refuse(422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
         }
+        // Waiting for a request known to be running: never fail open.
+        if (running && !(e instanceof StaleBinding)) {
+          log.warn(`idempotency: a claim of key ${key} failed while waiting for the running request: ${String(e)}`);
+          return inProgress(key, running);
+        }
         return ledgerFailed(policy, key, e, 'claim');
       }
       if (dec.decision !== 'in_flight' || waiting.left() <= 0) break;
+      running = dec;
       await sleep(Math.min(dec.retryAfterMs, waiting.left()));
     }
     if (dec.decision === 'replay') return replay(key, dec.outcome.result);
-    if (dec.decision === 'in_flight') {
-      count('request_in_progress');
-      log.info(`idempotency: key ${key} in progress`);
-      return {
-        kind: 'answer',
-        response: problemResponse(409, 'request_in_progress', 'a request with this Idempotency-Key is still being processed', [
-          ['retry-after', inProgressRetryAfter(dec)],
-        ]),
-      };
-    }
+    if (dec.decision === 'in_flight') return inProgress(key, dec);
     let grant: Grant = dec;
     if (grant.decision === 'reconcile') {
-      const g = await reconcile(call.req, lkey, grant, key, fp, binding, { idempotencyKey: key, principal, body });
+      const info: ReconcileRequestInfo = {
+        idempotencyKey: key,
+        principal,
+        method,
+        path: call.target,
+        headers: headersOf(call),
+        body,
+        signal: new AbortController().signal, // replaced by askHook's
+      };
+      const g = await reconcile(call.req, lkey, grant, key, fp, binding, info, clock);
       if (g === null) return refuse(409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
       if ('kind' in g) return g;
       grant = g;
     }
-    // A dispatch whose answer was lost is retried under the same fence (the
-    // ledger answers a repeated dispatch alike), for half the lease: the
-    // rest is left for handing the lease back.
+    // The lease is heartbeated from here until the outcome is recorded.
     const fence = grant.fence;
-    const lease = new Deadline(leaseMs);
+    const hb = startHeartbeat(client, lkey, fence, leaseMs, new AbortController(), clock);
     try {
-      await retrying(() => client.dispatch(lkey, fence), new Deadline(leaseMs / 2), 'dispatch');
+      // A dispatch whose answer was lost is retried under the same fence
+      // (the ledger answers a repeated dispatch alike).
+      await retrying(() => client.dispatch(lkey, fence), new Deadline(ledgerDeadlineMs), 'dispatch');
     } catch (e) {
-      await releaseUndispatched(lkey, fence, key, lease);
+      const after = await releaseUndispatched(lkey, fence, key, fp, binding, hb, e);
+      hb.stop();
+      if (after === 'unknown') return { kind: 'answer', response: unknownAnswer() };
       return ledgerFailed(policy, key, e, 'dispatch');
     }
     count('executed');
-    return { kind: 'run', run: execution(call.req, policy, key, lkey, fp, binding, fence) };
+    return { kind: 'run', run: execution(call.req, policy, key, lkey, fp, binding, fence, hb) };
   }
 
   /** Hands back a lease whose handler never ran, after a dispatch that
-   * failed: `not_dispatched`, or, when the ledger had recorded the dispatch
-   * after all (its answer was lost: `receipt_required`), `not_committed`
-   * (true: the handler did not run). */
-  async function releaseUndispatched(lkey: string, fence: number, key: string, lease: Deadline): Promise<void> {
+   * failed: `not_dispatched`, and lets the ledger decide (SPEC §11.11):
+   * when it recorded the dispatch after all (its answer was lost:
+   * `receipt_required`), the record is settled `unknown` (never inferred
+   * `not_committed`). */
+  async function releaseUndispatched(
+    lkey: string,
+    fence: number,
+    key: string,
+    fp: string,
+    binding: Binding,
+    hb: Heartbeat,
+    cause: unknown,
+  ): Promise<'released' | 'unknown'> {
     try {
-      await retrying(() => client.release(lkey, fence, 'not_dispatched'), lease, 'release');
-      return;
+      await retrying(() => client.release(lkey, fence, 'not_dispatched'), cleanupDeadline(hb), 'release');
+      return 'released';
     } catch (e) {
       if (!(e instanceof ReceiptRequired)) {
         // The lease lapses; with no dispatch recorded nothing is flagged.
         log.warn(`idempotency: release(not_dispatched) of key ${key} failed: ${String(e)}`);
-        return;
+        return 'released';
       }
     }
-    try {
-      await retrying(() => client.release(lkey, fence, 'not_committed'), lease, 'release');
-    } catch (e) {
-      log.error(
-        `idempotency: the dispatch of key ${key} was recorded but the handler did not run, and release(not_committed) failed: ` +
-          'the record becomes unknown when its lease lapses',
-        e,
-      );
-    }
+    log.warn(`idempotency: the dispatch of key ${key} was recorded although its answers were lost (${String(cause)}); outcome unknown`);
+    await settleUnknown(lkey, fence, fp, binding, key, 'the dispatch mark was recorded but its answer never arrived; the handler did not run', hb);
+    return 'unknown';
   }
 
   /** `Retry-After` of request_in_progress: the time the running lease has
@@ -988,7 +1120,7 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
 
   /** SPEC §8: a retry found the record `unknown` (a reconcile lease).
    * Returns the execute grant under the same fence (not_committed: run the
-   * handler), the replay of the found response (settled), or null (409
+   * handler), the answer of the found response (settled), or null (409
    * `outcome_unknown`: the record stays unknown). */
   async function reconcile(
     req: Req,
@@ -998,127 +1130,167 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
     fp: string,
     binding: Binding,
     info: ReconcileRequestInfo,
+    clock: LeaseClock,
   ): Promise<Grant | Begun | null> {
     const fence = grant.fence;
-    const lease = new Deadline(leaseMs);
-    let finding: MiddlewareFinding = 'unavailable';
-    if (options.reconcile) {
-      const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, new AbortController());
-      try {
-        finding = await options.reconcile(lkey, fence, req, info);
-      } catch (e) {
-        log.error(`idempotency: reconcile hook failed for key ${key}`, e);
-        finding = 'unavailable';
-      } finally {
-        stopHeartbeat();
-      }
-    }
-    let found: { status: number; headers: [string, string][]; body: Buffer } | null = null;
-    if (typeof finding === 'object' && finding !== null && finding.finding === 'committed') {
-      try {
-        found = foundResponse(finding.response);
-      } catch (e) {
-        log.error(`idempotency: the reconcile hook of key ${key} found an invalid response; taken as unavailable`, e);
-        finding = 'unavailable';
-      }
-    } else if (finding !== 'not_committed' && finding !== 'unavailable') {
-      log.error(`idempotency: the reconcile hook of key ${key} returned ${JSON.stringify(finding)}; taken as unavailable`);
-      finding = 'unavailable';
-    }
+    const hb = startHeartbeat(client, lkey, fence, leaseMs, new AbortController(), clock);
     try {
-      if (found) {
-        const { result, responseSha256 } = encodeResponse(found.status, found.headers, found.body, stored, maxStoredBody);
-        const status = found.status;
-        await retrying(
-          () => client.reconcile(lkey, fence, 'committed', { fingerprint: fp, binding, outcome: { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 } }),
-          lease,
-          'reconcile',
-        );
-        count('reconciled');
-        log.info(`idempotency: key ${key} reconciled: the hook found its response (${status})`);
-        return replay(key, result);
-      }
-      if (finding === 'not_committed') {
-        const ans = await retrying(() => client.reconcile(lkey, fence, 'not_committed'), lease, 'reconcile');
-        if ('decision' in ans) {
-          log.info(`idempotency: key ${key} reconciled: not committed, the handler runs (fence ${fence})`);
-          return ans;
+      let finding: MiddlewareFinding = 'unavailable';
+      const hook = options.reconcile;
+      if (hook) {
+        try {
+          finding = await askHook((signal) => hook(lkey, fence, req, { ...info, signal }), hookTimeoutMs);
+        } catch (e) {
+          log.error(`idempotency: reconcile hook failed for key ${key}`, e);
+          finding = 'unavailable';
         }
-        return null;
       }
-      await retrying(() => client.reconcile(lkey, fence, 'unavailable'), lease, 'reconcile');
-    } catch (e) {
-      // The reconcile lease lapses: the record stays unknown.
-      log.warn(`idempotency: reconcile of key ${key} failed: ${String(e)}`);
+      let found: { status: number; headers: [string, string][]; body: Buffer } | null = null;
+      if (typeof finding === 'object' && finding !== null && finding.finding === 'committed') {
+        try {
+          found = foundResponse(finding.response);
+        } catch (e) {
+          log.error(`idempotency: the reconcile hook of key ${key} found an invalid response; taken as unavailable`, e);
+          finding = 'unavailable';
+        }
+      } else if (finding !== 'not_committed' && finding !== 'unavailable') {
+        log.error(`idempotency: the reconcile hook of key ${key} returned ${JSON.stringify(finding)}; taken as unavailable`);
+        finding = 'unavailable';
+      }
+      try {
+        if (found) {
+          const { result, responseSha256 } = encodeResponse(found.status, found.headers, found.body, stored, maxStoredBody);
+          const status = found.status;
+          await retrying(
+            () => client.reconcile(lkey, fence, 'committed', { fingerprint: fp, binding, outcome: { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 } }),
+            cleanupDeadline(hb),
+            'reconcile',
+          );
+          count('reconciled');
+          log.info(`idempotency: key ${key} reconciled: the hook found its response (${status})`);
+          if (found.body.length <= maxStoredBody) return replay(key, result);
+          // Over the stored-body limit: settled with its digest, answered
+          // here as the hook gave it; a later replay is 409 response_not_stored.
+          const decoded = decodeResponse(result);
+          count('replayed');
+          return { kind: 'answer', response: answer(status, [...(decoded?.headers ?? []), ['idempotent-replayed', 'true']], found.body) };
+        }
+        if (finding === 'not_committed') {
+          const ans = await retrying(() => client.reconcile(lkey, fence, 'not_committed'), cleanupDeadline(hb), 'reconcile');
+          if ('decision' in ans) {
+            log.info(`idempotency: key ${key} reconciled: not committed, the handler runs (fence ${fence})`);
+            return ans;
+          }
+          return null;
+        }
+        await retrying(() => client.reconcile(lkey, fence, 'unavailable'), cleanupDeadline(hb), 'reconcile');
+      } catch (e) {
+        // The reconcile lease lapses: the record stays unknown.
+        log.warn(`idempotency: reconcile of key ${key} failed: ${String(e)}`);
+      }
+      return null;
+    } finally {
+      hb.stop();
     }
-    return null;
   }
 
-  /** The handler's run under the lease: heartbeated until it answers or fails. */
-  function execution(req: Req, policy: RoutePolicy, key: string, lkey: string, fp: string, binding: Binding, fence: number): CoreRun {
-    const stopHeartbeat = startHeartbeat(client, lkey, fence, leaseMs, new AbortController());
+  /** The handler's run under the lease: heartbeated until its outcome is recorded. */
+  function execution(req: Req, policy: RoutePolicy, key: string, lkey: string, fp: string, binding: Binding, fence: number, hb: Heartbeat): CoreRun {
     let over = false;
     const end = (what: string) => {
       if (over) throw new Error(`idempotency: ${what} after the run of key ${key} was over`);
       over = true;
-      stopHeartbeat();
     };
+    const releaseOn = releaseOnOf(policy);
     return {
       key,
       fence,
       timeoutMs: policy.timeoutMs ?? null,
       async respond(status, headers, body, retryable = false) {
         end('respond');
-        if (NOT_COMMITTED_STATUSES.has(status) || retryable) {
-          await releaseNotCommitted(lkey, fence, fp, binding, key);
-          return;
-        }
-        const { result, responseSha256 } = encodeResponse(status, headers, body, stored, maxStoredBody);
         try {
-          await retrying(
-            () => client.settle(lkey, fence, fp, binding, { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 }),
-            new Deadline(leaseMs + 1000),
-            'settle',
-          );
-        } catch (e) {
-          // The response goes out anyway (the effect happened); the record
-          // becomes unknown when its lease lapses.
-          log.error(`idempotency: the response of key ${key} could not be settled`, e);
+          if (releaseOn.has(status) || retryable) {
+            // A status the application added (e.g. a framework's 422): forget the record.
+            const forget = releaseOn.has(status) && !NOT_COMMITTED_STATUSES.has(status);
+            await releaseNotCommitted(lkey, fence, fp, binding, key, forget, hb);
+            return;
+          }
+          const { result, responseSha256 } = encodeResponse(status, headers, body, stored, maxStoredBody);
+          try {
+            await retrying(
+              () => client.settle(lkey, fence, fp, binding, { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 }),
+              cleanupDeadline(hb),
+              'settle',
+            );
+          } catch (e) {
+            // The response goes out anyway (the effect happened); the record
+            // becomes unknown when its lease lapses.
+            log.error(`idempotency: the response of key ${key} could not be settled`, e);
+          }
+        } finally {
+          hb.stop();
         }
       },
       async fail(err, timeout) {
         end('fail');
-        await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : 'error');
-        if (!timeout) onError(err, req);
-        return problemResponse(500, 'outcome_unknown', 'the request failed; its outcome is unknown and must be reconciled');
+        try {
+          if (!timeout && err instanceof EffectNotSent) {
+            // The handler says nothing was done: released, the retry runs it.
+            if (await releaseNotCommitted(lkey, fence, fp, binding, key, false, hb)) {
+              return problemResponse(503, 'idempotency_unavailable', 'the request was not processed; retry it', [['retry-after', '1']]);
+            }
+            return unknownAnswer();
+          }
+          await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : 'error', hb);
+          if (!timeout) onError(err, req);
+          return unknownAnswer();
+        } finally {
+          hb.stop();
+        }
       },
     };
   }
 
-  async function releaseNotCommitted(lkey: string, fence: number, fp: string, binding: Binding, key: string): Promise<void> {
+  /** Releases `not_committed` (with `forget`: the record removed when
+   * nothing of it remains); true when released. */
+  async function releaseNotCommitted(lkey: string, fence: number, fp: string, binding: Binding, key: string, forget: boolean, hb: Heartbeat): Promise<boolean> {
     count('not_committed');
+    const sdl = cleanupDeadline(hb);
+    let lost = false; // an answer was lost: a later 404 means the forget was applied
+    const once = async () => {
+      try {
+        return await client.release(lkey, fence, 'not_committed', forget ? { forget: true } : {});
+      } catch (e) {
+        if (forget && lost && e instanceof NotFound) return null;
+        if (e instanceof TransportError) lost = true;
+        throw e;
+      }
+    };
     try {
-      await retrying(() => client.release(lkey, fence, 'not_committed'), new Deadline(leaseMs), 'release');
+      await retrying(once, sdl, 'release');
+      if (forget) count('forgotten');
+      return true;
     } catch (e) {
+      if (forget && e instanceof ReceiptRequired) {
+        // Something of the record remains (an earlier attempt): keep it.
+        return releaseNotCommitted(lkey, fence, fp, binding, key, false, hb);
+      }
       if (e instanceof InvalidRequest) {
         // A server without release(not_committed) (SPEC §4): the safe record is unknown.
         log.warn(`idempotency: the ledger refused release(not_committed) for key ${key}; settling unknown`);
-        await settleUnknown(lkey, fence, fp, binding, key, 'not_committed unsupported');
+        await settleUnknown(lkey, fence, fp, binding, key, 'not_committed unsupported', hb);
       } else {
         log.error(`idempotency: release of key ${key} failed`, e);
       }
+      return false;
     }
   }
 
-  async function settleUnknown(lkey: string, fence: number, fp: string, binding: Binding, key: string, why: string): Promise<void> {
+  async function settleUnknown(lkey: string, fence: number, fp: string, binding: Binding, key: string, why: string, hb: Heartbeat): Promise<void> {
     count('outcome_unknown');
     log.warn(`idempotency: key ${key} failed (${why}); outcome unknown`);
     try {
-      await retrying(
-        () => client.settle(lkey, fence, fp, binding, { status: 'unknown', error: `handler failed: ${why}` }),
-        new Deadline(leaseMs + 1000),
-        'settle',
-      );
+      await retrying(() => client.settle(lkey, fence, fp, binding, { status: 'unknown', error: `handler failed: ${why}` }), cleanupDeadline(hb), 'settle');
     } catch (e) {
       log.error(`idempotency: settle unknown of key ${key} failed`, e); // the lease lapses after dispatch: unknown anyway
     }
@@ -1127,8 +1299,19 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
   return { stats, maxRequestBody, begin };
 }
 
-/** A reconcile hook's response as status, headers and body bytes. */
-function foundResponse(r: ReconciledResponse): { status: number; headers: [string, string][]; body: Buffer } {
+/** Every header of the request as one record (names in lower case). */
+function headersOf<Req>(call: CoreRequest<Req>): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const [n, v] of call.headerEntries?.() ?? []) {
+    const name = n.toLowerCase();
+    out[name] = name in out ? `${out[name]}, ${v}` : v;
+  }
+  return out;
+}
+
+/** A reconcile hook's response as status, headers and body bytes (a body
+ * that is neither a string nor bytes as JSON, with its content-type). */
+export function foundResponse(r: ReconciledResponse): { status: number; headers: [string, string][]; body: Buffer } {
   if (!r || typeof r !== 'object' || !Number.isInteger(r.status) || r.status < 100 || r.status > 599) {
     throw new TypeError('a committed finding needs response: { status (100-599), headers?, body? }');
   }

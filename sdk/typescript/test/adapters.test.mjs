@@ -6,10 +6,10 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import http from 'node:http';
-import { Readable } from 'node:stream';
+import { Readable, pipeline } from 'node:stream';
 import express from 'express';
 import Fastify from 'fastify';
-import { Client, idempotency as expressIdempotency, withIdempotency, markRetryable, fixedPrincipal, authenticatedPrincipal, middlewareCore as mw } from '@settle/client';
+import { Client, EffectNotSent, idempotency as expressIdempotency, withIdempotency, markRetryable, fixedPrincipal, authenticatedPrincipal, middlewareCore as mw } from '@settle/client';
 import { idempotency as fastifyIdempotency } from '@settle/client/fastify';
 import { startSettle, newKey, deadUrl, notCommittedSupported, NOT_COMMITTED_MISSING } from './helpers.mjs';
 
@@ -36,9 +36,21 @@ async function behave(state, b) {
   if (b.block) await state.gate;
   if (b.sleep) await new Promise((r) => setTimeout(r, b.sleep));
   if (b.raise) throw new Error('handler failed');
+  if (b.notSentFirst && n === 1) throw new EffectNotSent('the upstream refused the connection: nothing was sent');
   const headers = { location: `/items/${n}`, 'x-custom': 'c', 'x-trace': `t${n}` };
+  if (b.streamError) return { status: 201, headers: { ...headers, 'content-type': 'text/plain' }, failing: b.streamError };
   if (b.chunks) return { status: b.status ?? 201, headers: { ...headers, 'content-type': 'text/plain' }, chunks: ['part1-', Buffer.from('part2-'), 'end'], retryable: b.retryable };
   return { status: b.status ?? 201, headers: { ...headers, 'content-type': 'application/json' }, text: JSON.stringify({ n, pad: 'x'.repeat(b.size ?? 0) }), retryable: b.retryable };
+}
+
+/** A response body stream: `size` bytes, then an error. */
+function failingStream(size) {
+  return Readable.from(
+    (async function* () {
+      yield Buffer.alloc(size, 'a');
+      throw new Error('the response body stream failed');
+    })(),
+  );
 }
 
 const parse = (text) => {
@@ -65,6 +77,7 @@ const FRAMEWORKS = {
       if (out.retryable) markRetryable(res);
       res.statusCode = out.status;
       for (const [n, v] of Object.entries(out.headers)) res.setHeader(n, v); // as sent (res.set would add a charset)
+      if (out.failing) return pipeline(failingStream(out.failing), res, () => {});
       for (const c of out.chunks ?? []) res.write(c);
       res.end(out.chunks ? undefined : out.text);
     };
@@ -86,6 +99,7 @@ const FRAMEWORKS = {
       const out = await behave(state, parse(request.body));
       if (out.retryable) markRetryable(reply);
       reply.code(out.status).headers(out.headers);
+      if (out.failing) return failingStream(out.failing);
       return out.chunks ? Readable.from(out.chunks) : out.text;
     };
     for (const m of ['post', 'patch', 'put']) app[m]('/items', items);
@@ -100,7 +114,9 @@ const FRAMEWORKS = {
       const path = new URL(request.url).pathname;
       if (path !== '/items' && path !== '/free') return new Response('not found', { status: 404 });
       const out = await behave(state, parse(await request.text()));
-      const body = out.chunks
+      const body = out.failing
+        ? Readable.toWeb(failingStream(out.failing))
+        : out.chunks
         ? new ReadableStream({
             start(c) {
               for (const x of out.chunks) c.enqueue(typeof x === 'string' ? new TextEncoder().encode(x) : new Uint8Array(x));
@@ -325,14 +341,18 @@ for (const kind of Object.keys(FRAMEWORKS)) {
     const asked = [];
     const a = await makeApp(kind, {
       reconcile: (lkey, fence, req, info) => {
-        asked.push({ lkey, key: header(req, 'idempotency-key'), info: { ...info, body: info.body.toString() } });
+        const { signal, headers, ...rest } = info;
+        assert.ok(signal instanceof AbortSignal);
+        assert.equal(headers['idempotency-key'], header(req, 'idempotency-key'));
+        assert.equal(headers['content-type'], 'application/json');
+        asked.push({ lkey, key: header(req, 'idempotency-key'), info: { ...rest, body: info.body.toString() } });
         return info.idempotencyKey === 'k-1' ? 'not_committed' : { finding: 'committed', response: { status: 201, headers: { location: '/found' }, body: { found: true } } };
       },
     });
     await problem(await post(a, '/items', { raise: true }), 500, 'outcome_unknown');
     await problem(await post(a, '/items', { raise: true }), 500, 'outcome_unknown'); // not_committed: ran again
     assert.equal(a.state.count, 2);
-    assert.deepEqual(asked[0], { lkey: mw.ledgerKey(a.namespace, 'acct-1', 'k-1'), key: 'k-1', info: { idempotencyKey: 'k-1', principal: 'acct-1', body: '{"raise":true}' } });
+    assert.deepEqual(asked[0], { lkey: mw.ledgerKey(a.namespace, 'acct-1', 'k-1'), key: 'k-1', info: { idempotencyKey: 'k-1', principal: 'acct-1', method: 'POST', path: '/items', body: '{"raise":true}' } });
     const h = { ...H, 'Idempotency-Key': 'k-2' };
     await problem(await post(a, '/items', { raise: true }, h), 500, 'outcome_unknown');
     const found = await post(a, '/items', { raise: true }, h);
@@ -415,6 +435,65 @@ for (const kind of Object.keys(FRAMEWORKS)) {
     await problem(await post(a, '/items', { size: 5000 }), 409, 'response_not_stored');
     assert.equal(a.state.count, 1);
     assert.equal((await record(a)).status, 'completed');
+  });
+
+  test(`${kind}: a streamed response over maxStoredBody whose body fails → 500 outcome_unknown, record unknown (issue 47)`, async () => {
+    const a = await makeApp(kind, { maxStoredBody: 1000 });
+    const r = await post(a, '/items', { streamError: 5000 });
+    await problem(r, 500, 'outcome_unknown');
+    const rec = await record(a);
+    assert.equal(rec.status, 'unknown', JSON.stringify(rec.raw.lease));
+    assert.equal(rec.reconcileRequired, true);
+    await problem(await post(a, '/items', { streamError: 5000 }), 409, 'outcome_unknown');
+    assert.equal(a.state.count, 1);
+  });
+
+  test(`${kind}: the handler's EffectNotSent → released not_committed, 503 idempotency_unavailable, Retry-After: 1; the retry runs it (issue 47)`, async () => {
+    const a = await makeApp(kind);
+    const r = await post(a, '/items', { notSentFirst: true });
+    await problem(r, 503, 'idempotency_unavailable');
+    assert.equal(r.headers.get('retry-after'), '1');
+    const rec = await record(a);
+    assert.equal(rec.status, 'pending');
+    assert.equal(rec.reconcileRequired, false);
+    assert.equal(rec.lease.ended?.reason, 'not_committed');
+    const again = await post(a, '/items', { notSentFirst: true });
+    assert.equal(again.status, 201);
+    assert.equal(again.headers.get('idempotent-replayed'), null);
+    assert.equal(a.state.count, 2);
+  });
+
+  test(`${kind}: releaseOn adds 422: released with forget, no record; the corrected request with the same key runs (issue 47)`, async () => {
+    const a = await makeApp(kind, { releaseOn: [408, 409, 425, 429, 422] });
+    assert.equal((await post(a, '/items', { status: 422 })).status, 422);
+    await assert.rejects(record(a), /not found|404/i);
+    const fixed = await post(a, '/items', { status: 201, fixed: true });
+    assert.equal(fixed.status, 201);
+    assert.equal(fixed.headers.get('idempotent-replayed'), null);
+    assert.equal((await record(a)).status, 'completed');
+    // A default status is released without forget: the record stays, the same request runs again.
+    const h = { ...H, 'Idempotency-Key': 'k-409' };
+    assert.equal((await post(a, '/items', { status: 409 }, h)).status, 409);
+    assert.equal((await record(a, 'k-409')).lease.ended?.reason, 'not_committed');
+    assert.equal(a.state.count, 3);
+  });
+
+  test(`${kind}: a reconcile hook past hookTimeoutMs counts as unavailable: 409 outcome_unknown, the lease handed back (issue 47)`, async () => {
+    let aborted = null;
+    const a = await makeApp(kind, {
+      hookTimeoutMs: 200,
+      reconcile: (lkey, fence, req, info) =>
+        new Promise(() => {
+          info.signal.addEventListener('abort', () => (aborted = info.signal.reason));
+        }),
+    });
+    await problem(await post(a, '/items', { raise: true }), 500, 'outcome_unknown');
+    await problem(await post(a, '/items', { raise: true }), 409, 'outcome_unknown');
+    assert.ok(aborted instanceof Error && aborted.name === 'HookTimeout', String(aborted));
+    const rec = await record(a);
+    assert.equal(rec.status, 'unknown');
+    assert.equal(rec.lease.ended?.reason, 'unavailable');
+    assert.equal(a.state.count, 1);
   });
 
   test(`${kind}: a request body over maxRequestBody → 413, nothing claimed`, async () => {

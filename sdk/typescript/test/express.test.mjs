@@ -418,7 +418,8 @@ test('reconcile hook, committed: the found response is settled and replayed; the
   };
   const a = await makeApp({
     reconcile: (lkey, fence, req, info) => {
-      asked.push({ lkey, fence, key: req.headers['idempotency-key'], method: req.method, url: req.url, info: { ...info, body: info.body.toString() } });
+      const { signal, headers, ...rest } = info;
+      asked.push({ lkey, fence, key: req.headers['idempotency-key'], method: req.method, url: req.url, info: { ...rest, body: info.body.toString(), idem: headers['idempotency-key'], aborted: signal.aborted } });
       return { finding: 'committed', response: found[req.headers['idempotency-key']] };
     },
   });
@@ -437,7 +438,7 @@ test('reconcile hook, committed: the found response is settled and replayed; the
     key: 'k-1',
     method: 'POST',
     url: '/items',
-    info: { idempotencyKey: 'k-1', principal: 'acct-1', body: '{"raise":true}' },
+    info: { idempotencyKey: 'k-1', principal: 'acct-1', method: 'POST', path: '/items', body: '{"raise":true}', idem: 'k-1', aborted: false },
   });
   const rec = await ledger.get(lkey);
   assert.equal(rec.status, 'completed');
@@ -799,21 +800,20 @@ test('dispatch: a lost answer is retried under the same fence; the handler runs 
   assert.equal(a.state.count, 1);
 });
 
-test('dispatch: every answer lost → released not_committed (the dispatch was recorded), never left unknown', async (t) => {
-  if (!ncSupported) return t.skip(NOT_COMMITTED_MISSING);
+test('dispatch: every answer lost (the mark was recorded) → settled unknown, 500 outcome_unknown; never released not_committed on the SDK\'s own inference (issue 47)', async () => {
   const client = losingClient(() => true);
-  const a = await makeApp({ leaseMs: 2000, logger: capture().logger }, { client });
-  await problem(await post(a, '/items', {}), 503, 'idempotency_unavailable');
+  const a = await makeApp({ leaseMs: 2000, ledgerDeadlineMs: 500, logger: capture().logger }, { client });
+  await problem(await post(a, '/items', {}), 500, 'outcome_unknown');
   assert.equal(a.state.count, 0);
   assert.ok(client.dispatches() >= 2, 'retried');
   const rec = await ledger.get(mw.ledgerKey(a.namespace, 'acct-1', 'k-1'));
-  assert.equal(rec.status, 'pending');
-  assert.equal(rec.lease.ended?.reason, 'not_committed', JSON.stringify(rec.raw));
-  // The retry runs the handler at once (not 409 request_in_progress, not outcome_unknown).
+  assert.equal(rec.status, 'unknown', JSON.stringify(rec.raw));
+  assert.equal(rec.reconcileRequired, true);
+  assert.equal(rec.lease.ended?.reason, 'settled', JSON.stringify(rec.raw));
+  // The retry does not run the handler: the ledger decides, a hook or an operator resolves it.
   const b = await makeApp({ namespace: a.namespace });
-  const again = await post(b, '/items', {});
-  assert.equal(again.status, 201);
-  assert.equal(b.state.count, 1);
+  await problem(await post(b, '/items', {}), 409, 'outcome_unknown');
+  assert.equal(b.state.count, 0);
 });
 
 test('route selection', async () => {

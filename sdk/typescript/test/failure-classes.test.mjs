@@ -301,3 +301,67 @@ test('a reconcile hook whose found result cannot be stored: ResultNotSerializabl
   assert.equal(r.reconciled, true);
   assert.deepEqual(r.outcome.result, { amount: '5' });
 });
+
+test('a reconcile hook runs at most hookTimeoutMs (default: the lease), heartbeated: past it, reconcile(unavailable) and OutcomeUnknown caused by HookTimeout (issue 47)', async () => {
+  const key = newKey();
+  const fp = S.fingerprint({ a: 1 });
+  const g = await client.claim(key, fp, { principal: 'p' });
+  await client.settle(key, g.fence, fp, { principal: 'p' }, { status: 'unknown' });
+  let signal = null;
+  const t0 = Date.now();
+  const e = await client
+    .runOnce(key, { a: 1 }, () => assert.fail('the effect ran'), {
+      principal: 'p',
+      leaseMs: 600, // hookTimeoutMs defaults to it
+      reconcile: (k, fence, options) => {
+        signal = options.signal;
+        return new Promise(() => {});
+      },
+    })
+    .catch((x) => x);
+  assert.ok(e instanceof S.OutcomeUnknown, String(e));
+  assert.ok(e.cause instanceof S.HookTimeout, String(e.cause));
+  assert.equal(e.cause.timeoutMs, 600);
+  assert.ok(Date.now() - t0 < 3000);
+  assert.equal(signal.aborted, true);
+  const rec = await client.get(key);
+  assert.equal(rec.status, 'unknown');
+  assert.equal(rec.lease.ended?.reason, 'unavailable');
+  // A hook that throws: the same (the hook's error as the cause).
+  const e2 = await client
+    .runOnce(key, { a: 1 }, () => assert.fail('the effect ran'), { principal: 'p', reconcile: () => { throw new Error('lookup failed'); } })
+    .catch((x) => x);
+  assert.ok(e2 instanceof S.OutcomeUnknown && /lookup failed/.test(e2.cause.message), String(e2));
+});
+
+test('the calls that hand a lease back retry past the run\'s deadline, up to the lease\'s end (issue 47)', async () => {
+  let refusals = 2;
+  const c = counted(async (url, init) => {
+    if (String(url).endsWith('/release') && refusals-- > 0) {
+      return new Response(JSON.stringify({ status: 503, code: 'unavailable', detail: 'test' }), { status: 503, headers: { 'content-type': 'application/problem+json', 'retry-after': '1' } });
+    }
+    return fetch(url, init);
+  });
+  const key = newKey();
+  const e = await c
+    .runOnce(key, {}, async () => {
+      throw new S.EffectNotSent('nothing was sent');
+    }, { principal: 'p', deadlineMs: 300, leaseMs: 5000 })
+    .catch((x) => x);
+  assert.ok(e instanceof S.EffectNotSent, String(e));
+  assert.equal(c.count('release'), 3, 'retried after the 300 ms deadline, with Retry-After: 1');
+  const rec = await client.get(key);
+  assert.equal(rec.lease.ended?.reason, 'not_committed', 'released, not left to lapse');
+});
+
+test('settle refused 422 (a result over max_result_bytes) → settled unknown at once with that error; OutcomeUnknown carries the refusal and the outcome (issue 47)', async () => {
+  const key = newKey();
+  const e = await client.runOnce(key, {}, () => ({ result: { pad: 'x'.repeat(70_000) } }), { principal: 'p' }).catch((x) => x);
+  assert.ok(e instanceof S.OutcomeUnknown, String(e));
+  assert.ok(e.cause instanceof S.InvalidRequest, String(e.cause));
+  assert.equal(e.outcome.status, 'completed');
+  assert.equal(e.receipt.status, 'unknown');
+  const rec = await client.get(key);
+  assert.equal(rec.status, 'unknown');
+  assert.match(rec.attempts[0].error, /could not be recorded: 422 invalid_request/);
+});

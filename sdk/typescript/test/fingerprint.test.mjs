@@ -166,9 +166,33 @@ test('there is no default principal (the application names its callers)', () => 
   assert.equal(mw.defaultPrincipal, undefined);
 });
 
+/** SPEC §8's worker-field encoding, written independently: every byte outside A-Za-z0-9-._~ as %XX. */
+const pct = (v) => encodeURIComponent(v).replace(/[!'()*]/g, (c) => '%' + c.charCodeAt(0).toString(16).toUpperCase());
+
+test('the worker field (SPEC §8): idempotency-key=<v> principal=<p>, %XX-encoded, the extractor\'s principal; parsed back', () => {
+  assert.equal(mw.workerLabel('order-7', 'acct-1'), 'idempotency-key=order-7 principal=acct-1');
+  assert.equal(mw.workerLabel('a b/c%', 'has space'), 'idempotency-key=a%20b%2Fc%25 principal=has%20space');
+  assert.equal(mw.workerLabel('k~._-', 'é'), 'idempotency-key=k~._- principal=%C3%A9');
+  assert.equal(mw.workerLabel('"q"', ''), 'idempotency-key=%22q%22 principal=');
+  for (const [k, p] of [['order-7', 'acct-1'], ['a b/c%', 'has space'], ['k~._-', 'é'], ['x', ''], ['!*()\'', 'user@example.com']]) {
+    assert.equal(mw.workerLabel(k, p), `idempotency-key=${pct(k)} principal=${pct(p)}`);
+    assert.deepEqual(mw.parseWorkerLabel(mw.workerLabel(k, p)), { idempotencyKey: k, principal: p });
+  }
+  for (const bad of [null, 42, 'settle-reconciler', 'idempotency-key=a principal=b c', 'idempotency-key= principal=b', 'idempotency-key=a%2 principal=b', 'idempotency-key=a%2f principal=b', 'idempotency-key=%FF principal=b']) {
+    assert.equal(mw.parseWorkerLabel(bad), null, String(bad));
+  }
+});
+
 test('middleware vectors: principals, worker label, responses, Retry-After', () => {
   for (const c of mwv.binding_principal) assert.equal(mw.bindingPrincipal(c.principal), c.binding_principal);
-  for (const c of mwv.worker_label) assert.equal(mw.workerLabel(c.key, c.principal), c.worker);
+  for (const c of mwv.worker_label) {
+    // SPEC §8 as amended (issue 47): the principal the extractor gave, never
+    // the binding's sha256: form; a vector still in that form is checked
+    // against the amended rule (reported to the lead: sdk/middleware-vectors.json).
+    const want = c.worker.replace(/ principal=sha256:[0-9a-f]{64}$/, ` principal=${pct(c.principal)}`);
+    assert.equal(mw.workerLabel(c.key, c.principal), want);
+    assert.deepEqual(mw.parseWorkerLabel(want), { idempotencyKey: c.key, principal: c.principal });
+  }
   for (const c of mwv.responses) {
     const got = mw.encodeResponse(c.status, c.headers, Buffer.from(c.body_b64, 'base64'), c.stored_headers, c.max_stored_body);
     assert.deepEqual(got.result, c.result);

@@ -3,6 +3,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomUUID } from 'node:crypto';
+import http from 'node:http';
 import * as S from '@settle/client';
 import { startSettle, newKey } from './helpers.mjs';
 
@@ -227,4 +228,103 @@ test('background: start(interval) resolves records as they appear; counts on the
   const done = r.sweeps;
   await new Promise((res) => setTimeout(res, 300)); // three intervals: no sweep after stop()
   assert.equal(r.sweeps, done);
+});
+
+test('middleware records: a { middleware: true } hook gets the client\'s key and principal from the worker field; reconcile claims copy that field; a committed response is stored the middleware\'s way and replayed by it (issue 47)', async () => {
+  const namespace = newKey('ns');
+  const idemKey = 'order/7"x"';
+  const principal = 'Ana María <ana@example.com>'; // the binding's form is sha256:…, the worker field carries it
+  const lkey = S.middlewareCore.ledgerKey(namespace, principal, idemKey);
+  const body = Buffer.from('{"amount":10}');
+  const fp = S.middlewareCore.requestFingerprint('POST', '/charges', 'application/json', body);
+  const binding = { principal: S.middlewareCore.bindingPrincipal(principal), scopes: [] };
+  const worker = S.middlewareCore.workerLabel(idemKey, principal);
+  assert.equal(worker, 'idempotency-key=order%2F7%22x%22 principal=Ana%20Mar%C3%ADa%20%3Cana%40example.com%3E');
+  assert.match(binding.principal, /^sha256:/);
+  // What the middleware leaves when its handler dies after the dispatch mark.
+  const g = await client.claim(lkey, fp, binding, { marksDispatch: true, worker });
+  await client.dispatch(lkey, g.fence);
+  await client.settle(lkey, g.fence, fp, binding, { status: 'unknown', error: 'the handler died' });
+  const seen = [];
+  let answer = 'unavailable';
+  const r = new Reconciler(client, {
+    hooks: {
+      [lkey]: {
+        middleware: true,
+        hook: (key, fence, info) => {
+          seen.push({ key, fence, idempotencyKey: info.idempotencyKey, principal: info.principal, worker: info.worker });
+          return answer;
+        },
+      },
+    },
+    logger: capture().logger,
+  });
+  assert.deepEqual(await r.sweep(), { seen: 1, committed: 0, not_committed: 0, unavailable: 1, skipped: 0, errors: 0 });
+  assert.deepEqual({ ...seen[0], fence: 0 }, { key: lkey, fence: 0, idempotencyKey: idemKey, principal, worker });
+  let rec = await client.get(lkey);
+  assert.equal(rec.attempts.at(-1).lease.worker, worker, 'the reconcile claim copied the worker field');
+  answer = { finding: 'committed', response: { status: 201, headers: { location: '/charges/ch_1', 'x-not-stored': 'x' }, body: { charge: 'ch_1' } } };
+  assert.deepEqual(await r.sweep(), { seen: 1, committed: 1, not_committed: 0, unavailable: 0, skipped: 0, errors: 0 });
+  assert.equal(seen[1].idempotencyKey, idemKey, 'parsed again from the copied field');
+  rec = await client.get(lkey);
+  assert.equal(rec.status, 'completed');
+  const stored = S.middlewareCore.decodeResponse(rec.outcome.result);
+  assert.equal(stored.status, 201);
+  assert.deepEqual(Object.fromEntries(stored.headers), { location: '/charges/ch_1', 'content-type': 'application/json' });
+  assert.deepEqual(JSON.parse(stored.body.toString()), { charge: 'ch_1' });
+  // The client's retry through the middleware: the stored response, replayed.
+  let runs = 0;
+  const idem = S.idempotency({ client, namespace, principal: S.fixedPrincipal(principal), logger: capture().logger });
+  const srv = http.createServer(idem.wrap((req, res) => (runs++, res.end('ran'))));
+  await new Promise((res) => srv.listen(0, '127.0.0.1', res));
+  try {
+    const again = await fetch(`http://127.0.0.1:${srv.address().port}/charges`, {
+      method: 'POST',
+      headers: { 'idempotency-key': '"order/7\\"x\\""', 'content-type': 'application/json' },
+      body,
+    });
+    assert.equal(again.status, 201);
+    assert.equal(again.headers.get('idempotent-replayed'), 'true');
+    assert.equal(again.headers.get('location'), '/charges/ch_1');
+    assert.deepEqual(await again.json(), { charge: 'ch_1' });
+    assert.equal(runs, 0);
+  } finally {
+    await new Promise((res) => srv.close(res));
+  }
+});
+
+test('background: a second start() is refused; stop(timeout) returns within it while a hook hangs; start() stays refused until the abandoned sweep wound down, which hands the record back (issue 47)', async () => {
+  const key = newKey('hang');
+  await killedAfterDispatch(key);
+  let entered;
+  const started = new Promise((res) => (entered = res));
+  let aborted = null;
+  const r = new Reconciler(client, {
+    hooks: {
+      [key]: (k, fence, { signal }) => {
+        if (aborted) return 'unavailable'; // the next loop's sweep
+        entered();
+        signal.addEventListener('abort', () => (aborted = signal.reason));
+        return new Promise(() => {}); // never answers
+      },
+    },
+    hookTimeoutMs: 60_000,
+    logger: capture().logger,
+  });
+  r.start(50);
+  assert.throws(() => r.start(50), /already running/);
+  await started;
+  const t0 = Date.now();
+  assert.equal(await r.stop(300), false, 'the sweep had not ended');
+  assert.ok(Date.now() - t0 < 300 + 200, `stop(300) took ${Date.now() - t0} ms`);
+  assert.ok(aborted, 'the hook was told (its signal aborted)');
+  await r.stop(); // the abandoned sweep winds down
+  assert.equal(r.running, false);
+  assert.equal(r.counts.errors, 1);
+  const rec = await client.get(key);
+  assert.equal(rec.status, 'unknown');
+  assert.equal(rec.reconcileRequired, true);
+  assert.equal(rec.lease.ended?.reason, 'unavailable', 'handed back at once, not left to lapse');
+  r.start(50); // a new loop may start now
+  assert.equal(await r.stop(5_000), true);
 });

@@ -120,6 +120,38 @@ impl Ledgers {
         IdempotencyLayer::remote(dead, principal::fixed(PRINCIPAL)).namespace("payments-example")
     }
 
+    /// A Reconciler over this ledger (no hooks yet).
+    pub fn reconciler(&self) -> settle_worker::Reconciler {
+        match (&self.embedded, &self.remote) {
+            (Some((ledger, _)), _) => {
+                settle_worker::Reconciler::new(settle_worker::LedgerTransport::for_tenant(
+                    ledger.clone(),
+                    TenantId::default_tenant(),
+                ))
+            }
+            (_, Some((client, _, _))) => settle_worker::Reconciler::new(client.clone()),
+            _ => unreachable!(),
+        }
+    }
+
+    /// The `worker` field of each kept attempt's lease, oldest first.
+    pub async fn workers(&self, lkey: &str) -> Vec<Option<String>> {
+        if let Some((ledger, _)) = &self.embedded {
+            let r = ledger
+                .get(&TenantId::default_tenant(), &Key::new(lkey).unwrap())
+                .await
+                .unwrap();
+            return r
+                .attempts
+                .iter()
+                .map(|a| a.lease.worker.as_ref().map(|w| w.as_str().to_string()))
+                .collect();
+        }
+        let (client, _, _) = self.remote.as_ref().unwrap();
+        let r = client.get(lkey).await.unwrap();
+        r.attempts.into_iter().map(|a| a.lease.worker).collect()
+    }
+
     /// The record of a ledger key: `status` and `reconcile_required`.
     pub async fn record(&self, lkey: &str) -> (String, bool) {
         if let Some((ledger, _)) = &self.embedded {

@@ -7,7 +7,8 @@
 - ``fingerprint``: RFC 8785 canonical JSON → SHA-256 (SPEC §11.1);
 - ``idempotent``: a Powertools-style decorator;
 - ``Reconciler`` / ``AsyncReconciler``: resolve ``unknown`` records by key
-  prefix with reconcile hooks (SPEC §11.10);
+  prefix with reconcile hooks (SPEC §11.10), records of the middleware with
+  a ``MiddlewareHook`` (told the client's Idempotency-Key and principal);
 - ``settle_client.asgi.IdempotencyMiddleware``: SPEC §8 for Starlette/FastAPI,
   with its principal helpers ``fixed_principal`` and ``authenticated_principal``;
   the same for WSGI (``settle_client.wsgi``), Flask (``settle_client.flask``)
@@ -18,7 +19,7 @@
 
 from ._jcs import FingerprintError, canonicalize, fingerprint, select_fields
 from .asgi import authenticated_principal, fixed_principal
-from .client import AsyncClient, Client
+from .client import AsyncClient, Client, new_claim_id
 from .decorator import AsyncIdempotentFunction, IdempotentFunction, Invocation, idempotent
 from .errors import (
     BadRequest,
@@ -50,7 +51,8 @@ from .errors import (
     Unavailable,
     WrongPurpose,
 )
-from .reconciler import AsyncReconciler, Reconciler
+from ._mwbase import Committed
+from .reconciler import AsyncReconciler, MiddlewareHook, MiddlewareRecord, Reconciler
 from .types import (
     BatchResult,
     Binding,
@@ -99,6 +101,7 @@ __all__ = [
     "Binding",
     "BindingMismatch",
     "ClaimDecision",
+    "Committed",
     "Client",
     "DeadlineExceeded",
     "Dispatched",
@@ -116,6 +119,8 @@ __all__ = [
     "Invocation",
     "LeaseExpired",
     "LeaseInfo",
+    "MiddlewareHook",
+    "MiddlewareRecord",
     "NotFound",
     "OperationSummary",
     "Outcome",
@@ -152,6 +157,7 @@ __all__ = [
     "WrongPurpose",
     "authenticated_principal",
     "canonicalize",
+    "new_claim_id",
     "dispatch",
     "effect_context",
     "encode_result",

@@ -36,6 +36,7 @@ __all__ = [
     "MAX_JSON_DEPTH",
     "binding_principal",
     "worker_label",
+    "parse_worker_label",
     "StoredResponse",
     "encode_response",
     "decode_response",
@@ -401,9 +402,58 @@ def binding_principal(principal: str) -> str:
     return "sha256:" + hashlib.sha256(principal.encode()).hexdigest()
 
 
+_UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+_WORKER_MAX = 4096  # the ledger's limit for the claim's worker field (SPEC §7)
+
+
+def _pct(value: str) -> str:
+    return "".join(chr(b) if b in _UNRESERVED else f"%{b:02X}" for b in value.encode("utf-8"))
+
+
 def worker_label(key: str, principal: str) -> str:
-    """The claim's ``worker`` field, for operators (SPEC §8)."""
-    return f"idempotency-key={key} principal={binding_principal(principal)}"
+    """The claim's ``worker`` field (SPEC §8): ``idempotency-key=<key>
+    principal=<principal>``, the header value after unquoting and the
+    principal the extractor gave (not the binding's ``sha256:`` form), every
+    byte outside ``A-Za-z0-9-._~`` of their UTF-8 as uppercase ``%XX``, so
+    that a Reconciler can hand a middleware hook both. A principal whose
+    encoded form would make the field longer than the ledger's 4096 bytes is
+    written in its binding form instead (``sha256:`` + hex)."""
+    label = f"idempotency-key={_pct(key)} principal={_pct(principal)}"
+    if len(label) > _WORKER_MAX:
+        label = f"idempotency-key={_pct(key)} principal={_pct(binding_principal(principal))}"
+    return label
+
+
+_WORKER_RE = re.compile(r"idempotency-key=([A-Za-z0-9\-._~%]+) principal=([A-Za-z0-9\-._~%]*)")
+
+
+def parse_worker_label(worker: str) -> tuple[str, str] | None:
+    """The (Idempotency-Key value, principal) of a claim's ``worker`` field
+    written by ``worker_label``, or None when it is not one."""
+    m = _WORKER_RE.fullmatch(worker)
+    if m is None:
+        return None
+    try:
+        return _unpct(m.group(1)), _unpct(m.group(2))
+    except ValueError:
+        return None
+
+
+def _unpct(s: str) -> str:
+    out = bytearray()
+    i = 0
+    while i < len(s):
+        c = s[i]
+        if c == "%":
+            h = s[i + 1 : i + 3]
+            if len(h) != 2 or any(x not in "0123456789ABCDEFabcdef" for x in h):
+                raise ValueError("bad %XX")
+            out.append(int(h, 16))
+            i += 3
+        else:
+            out.append(ord(c))
+            i += 1
+    return out.decode("utf-8")  # UnicodeDecodeError is a ValueError
 
 
 @dataclass(frozen=True)

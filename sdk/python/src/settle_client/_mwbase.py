@@ -15,6 +15,7 @@ from typing import Any, Literal, TypedDict, Union
 
 from . import _mw
 from .types import MAX_SAFE_INTEGER, Binding, InFlight, Outcome, Replay
+from .worker import hook_timeout_s
 
 __all__ = [
     "Principal",
@@ -32,11 +33,21 @@ __all__ = [
     "checked_finding",
     "committed_answer",
     "response_outcome",
+    "stored_outcome",
+    "statuses",
+    "Release",
+    "DEFAULT_LEDGER_DEADLINE_S",
     "replay_answer",
     "in_progress_answer",
+    "not_sent_answer",
     "ledger_failure_answer",
     "target_of",
 ]
+
+DEFAULT_LEDGER_DEADLINE_S = 2.0
+"""How long the middleware retries a claim (and a dispatch) whose answer
+was lost, or that got 503 or 429, before it answers 503."""
+
 
 Principal = Union[str, tuple[str, int], None]
 """What a principal extractor returns: the caller's account (generation 0),
@@ -58,12 +69,15 @@ class RoutePolicy:
     ``wait``: seconds a duplicate that finds the first request in progress
     waits for its outcome (claiming again after each retry hint) before it
     answers 409 ``request_in_progress``; None: the middleware's ``wait``
-    (default 0)."""
+    (default 0). ``release_on``: the statuses that say nothing happened
+    (not stored: released, the retry runs the handler); None: the
+    middleware's ``release_on`` (default 408, 409, 425, 429)."""
 
     required: bool = True
     fail_open: bool = False
     timeout: float | None = None
     wait: float | None = None
+    release_on: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,6 +180,9 @@ class MiddlewareOptions(TypedDict, total=False):
     fail_open: bool
     unavailable_retry_after_s: int
     wait: float
+    release_on: Sequence[int]
+    ledger_deadline: float
+    hook_timeout: float | None
 
 
 @dataclass(frozen=True)
@@ -185,6 +202,8 @@ class Options:
     retention_s: int | None
     default_policy: RoutePolicy
     unavailable_retry_after_s: int
+    ledger_deadline: float
+    hook_timeout: float
 
     @classmethod
     def make(
@@ -208,6 +227,9 @@ class Options:
         fail_open: bool = False,
         unavailable_retry_after_s: int = 1,
         wait: float = 0.0,
+        release_on: Sequence[int] = tuple(sorted(_mw.NOT_COMMITTED_STATUSES)),
+        ledger_deadline: float = DEFAULT_LEDGER_DEADLINE_S,
+        hook_timeout: float | None = None,
     ) -> Options:
         if principal is None or not callable(principal):
             raise TypeError(
@@ -217,6 +239,8 @@ class Options:
             )
         if wait < 0:
             raise ValueError("wait is a number of seconds, at least 0")
+        if isinstance(ledger_deadline, bool) or not isinstance(ledger_deadline, (int, float)) or ledger_deadline < 0:
+            raise ValueError("ledger_deadline is a number of seconds, at least 0")
         return cls(
             namespace=namespace,
             methods=tuple(m.upper() for m in methods),
@@ -232,8 +256,12 @@ class Options:
             max_request_body=max_request_body,
             lease_ms=lease_ms,
             retention_s=retention_s,
-            default_policy=RoutePolicy(required=True, fail_open=fail_open, timeout=timeout, wait=wait),
+            default_policy=RoutePolicy(
+                required=True, fail_open=fail_open, timeout=timeout, wait=wait, release_on=statuses(release_on)
+            ),
             unavailable_retry_after_s=unavailable_retry_after_s,
+            ledger_deadline=float(ledger_deadline),
+            hook_timeout=hook_timeout_s(hook_timeout, lease_ms),
         )
 
     def policy(self, method: str, path: str) -> RoutePolicy | None:
@@ -245,6 +273,10 @@ class Options:
                 p = replace(p, timeout=self.default_policy.timeout)
             if p is not None and p.wait is None:
                 p = replace(p, wait=self.default_policy.wait)
+            if p is not None and p.release_on is None:
+                p = replace(p, release_on=self.default_policy.release_on)
+            elif p is not None and p.release_on is not None:
+                p = replace(p, release_on=statuses(p.release_on))
             return p
         return self.default_policy if method.upper() in self.methods else None
 
@@ -268,16 +300,58 @@ class Options:
         """The outcome a response is settled with: ``completed`` (``failed``
         for a 5xx), the stored headers, the body or, over
         ``max_stored_body``, its digest."""
-        result, digest = _mw.encode_response(status, headers, body, self.stored_headers, self.max_stored_body)
-        return Outcome(status="failed" if status >= 500 else "completed", result=result, response_sha256=digest)
+        return stored_outcome(status, headers, body, self.stored_headers, self.max_stored_body)
 
 
-def response_outcome(opts: Options, status: int, headers: Sequence[tuple[str, str]], body: bytes, retryable: bool) -> Outcome | None:
-    """How a handler's response is settled: None when it says nothing
-    happened (408/409/425/429 or marked retryable: released
-    ``not_committed``), else its outcome."""
-    if retryable or status in _mw.NOT_COMMITTED_STATUSES:
-        return None
+def stored_outcome(
+    status: int, headers: Sequence[tuple[str, str]], body: bytes, stored_headers: Sequence[str], max_stored_body: int
+) -> Outcome:
+    """A response as the middleware settles it (sdk/MIDDLEWARE-KEYS.md):
+    ``completed`` (``failed`` for a 5xx), the stored headers, the body or,
+    over ``max_stored_body``, its digest (a replay then answers 409
+    ``response_not_stored``)."""
+    result, digest = _mw.encode_response(status, headers, body, stored_headers, max_stored_body)
+    return Outcome(status="failed" if status >= 500 else "completed", result=result, response_sha256=digest)
+
+
+def statuses(values: Sequence[int]) -> tuple[int, ...]:
+    """A ``release_on`` list, checked: HTTP statuses (100-599)."""
+    if isinstance(values, (str, bytes)):
+        raise TypeError("release_on is a list of HTTP statuses, e.g. (408, 409, 425, 429, 422)")
+    out = tuple(dict.fromkeys(values))
+    for v in out:
+        if isinstance(v, bool) or not isinstance(v, int) or not 100 <= v <= 599:
+            raise ValueError(f"release_on holds HTTP statuses (100-599), not {v!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class Release:
+    """A response that says nothing happened: released ``not_committed``,
+    with ``forget`` (SPEC §4) for a status the application added to
+    ``release_on`` beyond the default (408, 409, 425, 429), so that the
+    corrected request with the same key runs."""
+
+    forget: bool
+
+
+def response_outcome(
+    opts: Options,
+    status: int,
+    headers: Sequence[tuple[str, str]],
+    body: bytes,
+    retryable: bool,
+    release_on: Sequence[int] | None = None,
+) -> Outcome | Release:
+    """How a handler's response is recorded: a ``Release`` when it says
+    nothing happened (a ``release_on`` status, default 408/409/425/429, or
+    marked retryable), else its outcome."""
+    listed = opts.default_policy.release_on if release_on is None else release_on
+    assert listed is not None
+    if status in listed:
+        return Release(forget=status not in _mw.NOT_COMMITTED_STATUSES)
+    if retryable:
+        return Release(forget=False)
     return opts.outcome(status, headers, body)
 
 
@@ -316,6 +390,16 @@ def replay_answer(dec: Replay) -> tuple[str, Answer]:
             "this request completed but its response was too large to store; it will not run again",
         )
     return "replayed", _replay(stored.status, stored.headers, stored.body)
+
+
+NOT_SENT_DETAIL = "the request was not run to completion and nothing was done; retry it"
+
+
+def not_sent_answer() -> Answer:
+    """SPEC §8: the handler raised ``EffectNotSent`` (or ``EffectRefused``):
+    released ``not_committed``; 503 ``idempotency_unavailable`` with
+    ``Retry-After: 1``, the next retry runs the handler."""
+    return problem(503, "idempotency_unavailable", NOT_SENT_DETAIL, [("retry-after", "1")])
 
 
 def in_progress_answer(dec: InFlight) -> Answer:

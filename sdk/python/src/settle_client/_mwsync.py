@@ -27,21 +27,31 @@ from ._mwbase import (
     Answer,
     Committed,
     Options,
+    Release,
     Resolution,
     RoutePolicy,
     checked_finding,
     committed_answer,
     in_progress_answer,
     ledger_failure_answer,
+    not_sent_answer,
     principal_parts,
     problem,
     replay_answer,
     response_outcome,
 )
-from .client import Client
-from .errors import BindingMismatch, FingerprintMismatch, InvalidRequest, ReceiptRequired, SettleError
-from .types import Binding, Grant, InFlight, Outcome, Receipt, Replay
-from .worker import _Deadline, _Heartbeat, _in_flight_wait_s, _retry
+from .client import Client, new_claim_id
+from .errors import (
+    BindingMismatch,
+    EffectNotSent,
+    EffectRefused,
+    FingerprintMismatch,
+    InvalidRequest,
+    ReceiptRequired,
+    SettleError,
+)
+from .types import Binding, ClaimDecision, Grant, InFlight, Outcome, Receipt, Replay
+from .worker import _Deadline, _Heartbeat, _in_flight_wait_s, _retry, call_hook_sync
 
 R = TypeVar("R")
 
@@ -78,7 +88,13 @@ class Ran(Generic[R]):
 class HandlerFailed(Exception):
     """Raised by an adapter's ``execute`` when the handler failed (an
     exception the framework turned into a response, or no complete
-    response): the outcome is unknown."""
+    response): the outcome is unknown — unless ``raised``, the handler's
+    exception when the framework reported it, is ``EffectNotSent`` or
+    ``EffectRefused`` (nothing was done: released ``not_committed``)."""
+
+    def __init__(self, message: str, raised: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.raised = raised
 
 
 @dataclass(frozen=True)
@@ -187,28 +203,17 @@ class _Call(Generic[R]):
         # A duplicate that finds the first request in progress claims again
         # after each retry hint, up to the route's wait, then answers 409.
         waiting = _Deadline(self.policy.wait or 0.0)
+        running: InFlight | None = None
         while True:
-            try:
-                dec = self.client.claim(
-                    self.lkey,
-                    self.fp,
-                    self.binding,
-                    lease_ms=self.opts.lease_ms,
-                    worker=_mw.worker_label(self.key, self.principal),
-                    marks_dispatch=True,
-                    retention_s=self.opts.retention_s,
-                )
-            except (FingerprintMismatch, BindingMismatch):
-                return self.flow.refuse(422, "idempotency_key_reused", REUSED_DETAIL, self.key)
-            except Exception as e:  # noqa: BLE001 - every failure of the claim is classified; none runs the handler unless allowed
-                return self.ledger_failed(e, "claim")
+            dec = self.claim(running, waiting)
+            if isinstance(dec, (Answer, Unwrapped)):
+                return dec
             if not isinstance(dec, InFlight):
                 break
+            running = dec
             left = waiting.left()
             if left <= 0:
-                self.flow.count("request_in_progress")
-                self.log.info("idempotency: key %s in progress", self.key)
-                return in_progress_answer(dec)
+                return self.in_progress(dec)
             time.sleep(min(left, _in_flight_wait_s(dec.retry_after_ms)))
 
         if isinstance(dec, Replay):
@@ -226,15 +231,63 @@ class _Call(Generic[R]):
                 return self.flow.refuse(409, "outcome_unknown", OUTCOME_UNKNOWN_DETAIL, self.key)
             grant = found
         # The dispatch is retried under the same fence while its answer is
-        # lost (it is idempotent), for half the lease: the rest is left for
-        # handing the lease back.
-        lease = _Deadline(self.opts.lease_ms / 1000.0)
+        # lost (the ledger answers a repeated dispatch alike), within the
+        # ledger deadline and half the lease: the rest is left for handing
+        # the lease back.
         try:
-            _retry(lambda: self.client.dispatch(self.lkey, grant.fence), _Deadline(self.opts.lease_ms / 2000.0), "dispatch")
+            _retry(
+                lambda: self.client.dispatch(self.lkey, grant.fence),
+                _Deadline(min(self.opts.ledger_deadline, self.opts.lease_ms / 2000.0)),
+                "dispatch",
+            )
         except Exception as e:  # noqa: BLE001 - the handler has not run: hand the lease back, then classify
-            self.release_undispatched(grant.fence, lease)
+            if self.release_undispatched(grant.fence):
+                return problem(500, "outcome_unknown", FAILED_DETAIL)
             return self.ledger_failed(e, "dispatch")
         return self.execute(execute, grant.fence)
+
+    def cleanup_deadline(self) -> _Deadline:
+        # Calls that record what happened are retried up to the lease's end.
+        return _Deadline(self.opts.lease_ms / 1000.0)
+
+    def in_progress(self, dec: InFlight) -> Answer:
+        self.flow.count("request_in_progress")
+        self.log.info("idempotency: key %s in progress", self.key)
+        return in_progress_answer(dec)
+
+    def claim(self, running: InFlight | None, waiting: _Deadline) -> ClaimDecision | Answer | Unwrapped:
+        """The claim's decision, or the answer to a failure. A claim whose
+        answer was lost (or a 503, a 429) is retried with the same
+        ``claim_id`` within the ledger deadline; while waiting for a request
+        known to be running (``running``), within what is left of the wait,
+        and a claim that still fails answers 409 ``request_in_progress``
+        (never fail open)."""
+        cid = new_claim_id()
+        bound = self.opts.ledger_deadline if running is None else max(0.0, waiting.left())
+        try:
+            return _retry(
+                lambda: self.client.claim(
+                    self.lkey,
+                    self.fp,
+                    self.binding,
+                    lease_ms=self.opts.lease_ms,
+                    worker=_mw.worker_label(self.key, self.principal),
+                    marks_dispatch=True,
+                    retention_s=self.opts.retention_s,
+                    claim_id=cid,
+                ),
+                _Deadline(bound),
+                "claim",
+            )
+        except (FingerprintMismatch, BindingMismatch):
+            return self.flow.refuse(422, "idempotency_key_reused", REUSED_DETAIL, self.key)
+        except Exception as e:  # noqa: BLE001 - every failure of the claim is classified; none runs the handler unless allowed
+            if running is not None:
+                self.log.warning(
+                    "idempotency: the claim of key %s failed while it waited for the request in progress: %s", self.key, e
+                )
+                return self.in_progress(running)
+            return self.ledger_failed(e, "claim")
 
     def ledger_failed(self, err: BaseException, call: str) -> Answer | Unwrapped:
         """A claim or dispatch that failed (SPEC §8): only a ledger that gave
@@ -260,20 +313,24 @@ class _Call(Generic[R]):
         """Asks the hook about a record left ``unknown``: the execute grant
         under the same fence (``not_committed``), the replay of the hook's
         response (``Committed``, settled), or None (the lease was handed
-        back: 409 ``outcome_unknown``)."""
+        back: 409 ``outcome_unknown``). The reconcile lease is heartbeated
+        while the hook runs (in a thread of its own), bounded by
+        ``hook_timeout`` (past it the hook counts as ``unavailable``)."""
         finding: Resolution = "unavailable"
-        if self.reconcile is not None:
-            # The reconcile lease is heartbeated while the hook asks the remote.
+        hook = self.reconcile
+        if hook is not None:
             hb = _Heartbeat(self.client, self.lkey, grant.fence, self.opts.lease_ms, threading.Event())
             try:
-                found = self.reconcile(self.lkey, grant.fence, self.body, self.key, self.principal)
+                found = call_hook_sync(
+                    lambda: hook(self.lkey, grant.fence, self.body, self.key, self.principal), self.opts.hook_timeout
+                )
                 finding = checked_finding(found, self.key, self.log)
             except Exception:
                 self.log.exception("idempotency: reconcile hook failed for key %s", self.key)
                 finding = "unavailable"
             finally:
                 hb.stop()
-        lease = _Deadline(self.opts.lease_ms / 1000.0)
+        lease = self.cleanup_deadline()
         try:
             if isinstance(finding, Committed):
                 outcome, answer = committed_answer(self.opts, finding)
@@ -306,6 +363,14 @@ class _Call(Generic[R]):
             ran = execute(self.body)
         except BaseException as e:  # noqa: BLE001 - every escape is an unknown outcome
             hb.stop()
+            said = e.raised if isinstance(e, HandlerFailed) else e
+            if isinstance(said, (EffectNotSent, EffectRefused)):
+                # The handler's own word: nothing was done (SPEC §8).
+                self.log.info(
+                    "idempotency: the handler of key %s raised %s: released not_committed", self.key, type(said).__name__
+                )
+                self.release_not_committed(fence)
+                return not_sent_answer()
             self.settle_unknown(fence, type(e).__name__)
             if not isinstance(e, Exception):
                 raise  # KeyboardInterrupt, SystemExit: the process is going; the record is settled
@@ -315,14 +380,14 @@ class _Call(Generic[R]):
                 self.log.error("idempotency: the handler of key %s raised", self.key, exc_info=e)
             return problem(500, "outcome_unknown", FAILED_DETAIL)
         hb.stop()
-        outcome = response_outcome(self.opts, ran.status, ran.headers, ran.body, ran.retryable)
-        if outcome is None:
-            self.release_not_committed(fence)
+        outcome = response_outcome(self.opts, ran.status, ran.headers, ran.body, ran.retryable, self.policy.release_on)
+        if isinstance(outcome, Release):
+            self.release_not_committed(fence, forget=outcome.forget)
         else:
             try:
                 _retry(
                     lambda: self.client.settle(self.lkey, fence, self.fp, self.binding, outcome),
-                    _Deadline(self.opts.lease_ms / 1000.0 + 1.0),
+                    self.cleanup_deadline(),
                     "settle",
                 )
             except SettleError:
@@ -331,37 +396,36 @@ class _Call(Generic[R]):
                 self.log.error("idempotency: the response of key %s could not be settled", self.key, exc_info=True)
         return ran.response
 
-    def release_undispatched(self, fence: int, lease: _Deadline) -> None:
-        """Hands back a lease whose handler never ran, after a dispatch that
-        failed: ``not_dispatched``, or, when the ledger recorded the dispatch
-        after all (``receipt_required``), ``not_committed`` (true: the
-        handler did not run)."""
+    def release_undispatched(self, fence: int) -> bool:
+        """Hands back a lease whose handler never ran after a dispatch that
+        failed: ``release(not_dispatched)``, and the ledger decides (SPEC
+        §11.11: the SDK never attests on its own inference). When it had
+        recorded the dispatch after all (``receipt_required``), the record
+        is settled ``unknown`` and True is returned (500
+        ``outcome_unknown``)."""
         try:
-            _retry(lambda: self.client.release(self.lkey, fence, "not_dispatched"), lease, "release")
-            return
+            _retry(lambda: self.client.release(self.lkey, fence, "not_dispatched"), self.cleanup_deadline(), "release")
+            return False
         except ReceiptRequired:
-            pass
-        except Exception:  # noqa: BLE001 - the lease lapses; with no dispatch recorded nothing is flagged
+            self.settle_unknown(fence, "the dispatch was recorded but its answer was lost")
+            return True
+        except Exception:  # noqa: BLE001 - the lease lapses (unknown if the dispatch was recorded)
             self.log.warning("idempotency: release(not_dispatched) of key %s failed", self.key, exc_info=True)
-            return
-        try:
-            _retry(lambda: self.client.release(self.lkey, fence, "not_committed"), lease, "release")
-        except Exception:  # noqa: BLE001
-            self.log.error(
-                "idempotency: the dispatch of key %s was recorded but the handler did not run, and "
-                "release(not_committed) failed: the record becomes unknown when its lease lapses",
-                self.key,
-                exc_info=True,
-            )
+            return False
 
-    def release_not_committed(self, fence: int) -> None:
+    def release_not_committed(self, fence: int, forget: bool = False) -> None:
         self.flow.count("not_committed")
+        deadline = self.cleanup_deadline()
         try:
-            _retry(
-                lambda: self.client.release(self.lkey, fence, "not_committed"),
-                _Deadline(self.opts.lease_ms / 1000.0),
-                "release",
-            )
+            if forget:
+                try:
+                    _retry(lambda: self.client.release(self.lkey, fence, "not_committed", forget=True), deadline, "release")
+                    return
+                except (ReceiptRequired, InvalidRequest) as e:
+                    # Something was recorded on this key before (or a server
+                    # without forget): keep the record, release it.
+                    self.log.info("idempotency: key %s cannot be forgotten (%s); released not_committed", self.key, e.code)
+            _retry(lambda: self.client.release(self.lkey, fence, "not_committed"), deadline, "release")
         except InvalidRequest:
             # A server without release(not_committed) (SPEC §4): the safe
             # record is unknown.
@@ -380,7 +444,7 @@ class _Call(Generic[R]):
                 lambda: self.client.settle(
                     self.lkey, fence, self.fp, self.binding, Outcome(status="unknown", error=f"handler failed: {why}"[:4096])
                 ),
-                _Deadline(self.opts.lease_ms / 1000.0 + 1.0),
+                self.cleanup_deadline(),
                 "settle",
             )
         except SettleError:

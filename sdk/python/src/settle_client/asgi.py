@@ -37,6 +37,7 @@ from typing import Any, Union
 from . import _mw
 from ._mw import ConfigError
 from ._mwbase import (
+    DEFAULT_LEDGER_DEADLINE_S,
     FAILED_DETAIL,
     MISSING_DETAIL,
     OUTCOME_UNKNOWN_DETAIL,
@@ -47,6 +48,7 @@ from ._mwbase import (
     Committed,
     Options,
     Principal,
+    Release,
     Resolution,
     RoutePolicy,
     checked_finding,
@@ -54,21 +56,24 @@ from ._mwbase import (
     fixed_principal,
     in_progress_answer,
     ledger_failure_answer,
+    not_sent_answer,
     principal_parts,
     problem,
     replay_answer,
     response_outcome,
 )
-from .client import AsyncClient
+from .client import AsyncClient, new_claim_id
 from .errors import (
     BindingMismatch,
+    EffectNotSent,
+    EffectRefused,
     FingerprintMismatch,
     InvalidRequest,
     ReceiptRequired,
     SettleError,
 )
 from .types import Binding, ClaimDecision, Grant, InFlight, Outcome, Receipt, Replay
-from .worker import _aheartbeat, _aretry, _Deadline, _in_flight_wait_s
+from .worker import _aheartbeat, _aretry, _AsyncHeartbeat, _Deadline, _in_flight_wait_s, call_hook_async
 
 __all__ = [
     "IdempotencyMiddleware",
@@ -101,8 +106,10 @@ PrincipalExtractor = Callable[[Scope], Union[Principal, Awaitable[Principal]]]
 @dataclass(frozen=True)
 class ReconcileRequest:
     """The retried request a ``reconcile`` hook is asked about: its ASGI
-    ``scope``, its whole ``body``, the ``Idempotency-Key`` value the client
-    sent (unquoted) and the ``principal`` (account) it came from."""
+    ``scope`` (``method``, ``path``, ``query``, ``target``: the path with
+    its query, ``headers``, ``header(name)``), its whole ``body``, the
+    ``Idempotency-Key`` value the client sent (unquoted) and the
+    ``principal`` (account) it came from."""
 
     scope: Scope
     body: bytes
@@ -115,7 +122,24 @@ class ReconcileRequest:
 
     @property
     def path(self) -> str:
+        """The path (without the query)."""
         return str(self.scope["path"])
+
+    @property
+    def query(self) -> str:
+        """The query string as sent, without ``?`` ("" when none)."""
+        qs = self.scope.get("query_string", b"")
+        return qs.decode("latin-1") if isinstance(qs, (bytes, bytearray)) else str(qs)
+
+    @property
+    def target(self) -> str:
+        """The path with its query, as sent (what the fingerprint covers)."""
+        return _target(self.scope)
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """Every request header line: (lower-case name, value)."""
+        return [(bytes(n).decode("latin-1").lower(), bytes(v).decode("latin-1")) for n, v in self.scope.get("headers", [])]
 
     def header(self, name: str) -> str | None:
         """The value of a request header (lines joined by ", "), or None."""
@@ -236,7 +260,16 @@ class IdempotencyMiddleware:
         unavailable_retry_after_s: int = 1,
         reconcile: ReconcileHook | None = None,
         wait: float = 0.0,
+        release_on: Sequence[int] = (408, 409, 425, 429),
+        ledger_deadline: float = DEFAULT_LEDGER_DEADLINE_S,
+        hook_timeout: float | None = None,
     ) -> None:
+        if not isinstance(client, AsyncClient):
+            raise TypeError(
+                "IdempotencyMiddleware (ASGI) needs a settle_client.AsyncClient, not "
+                f"{type(client).__name__}: an ASGI app runs on an event loop (a settle_local.LocalLedger: "
+                "pass its .aio); for a WSGI app use settle_client.wsgi.IdempotencyMiddleware with a Client"
+            )
         self.options = Options.make(
             middleware="IdempotencyMiddleware",
             principal=principal,
@@ -256,6 +289,9 @@ class IdempotencyMiddleware:
             fail_open=fail_open,
             unavailable_retry_after_s=unavailable_retry_after_s,
             wait=wait,
+            release_on=release_on,
+            ledger_deadline=ledger_deadline,
+            hook_timeout=hook_timeout,
         )
         assert principal is not None  # Options.make refused None
         self.app = app
@@ -338,17 +374,17 @@ class IdempotencyMiddleware:
         # A duplicate that finds the first request in progress claims again
         # after each retry hint, up to the route's wait, then answers 409.
         waiting = _Deadline(policy.wait or 0.0)
+        running: InFlight | None = None
         while True:
-            dec = await self._claim(scope, receive, send, policy, key, body, lkey, fp, binding, principal)
+            dec = await self._claim(scope, receive, send, policy, key, body, lkey, fp, binding, principal, running, waiting)
             if dec is None:
                 return  # answered
             if not isinstance(dec, InFlight):
                 break
+            running = dec
             left = waiting.left()
             if left <= 0:
-                self.counts["request_in_progress"] += 1
-                log.info("idempotency: key %s in progress", key)
-                await _send_answer(send, in_progress_answer(dec))
+                await self._in_progress(send, key, dec)
                 return
             await asyncio.sleep(min(left, _in_flight_wait_s(dec.retry_after_ms)))
 
@@ -366,39 +402,47 @@ class IdempotencyMiddleware:
                 return
             grant = found
         # The dispatch is retried under the same fence while its answer is
-        # lost (it is idempotent), for half the lease: the rest is left for
-        # handing the lease back.
-        lease = _Deadline(self.lease_ms / 1000.0)
+        # lost (the ledger answers a repeated dispatch alike), within the
+        # ledger deadline and half the lease: the rest is left for handing
+        # the lease back.
         try:
-            await _aretry(lambda: self.client.dispatch(lkey, grant.fence), _Deadline(self.lease_ms / 2000.0), "dispatch")
+            await _aretry(lambda: self.client.dispatch(lkey, grant.fence), self._dispatch_deadline(), "dispatch")
         except Exception as e:  # noqa: BLE001 - the handler has not run: hand the lease back, then classify
-            await self._release_undispatched(lkey, grant.fence, key, lease)
+            if await self._release_undispatched(lkey, grant.fence, fp, binding, key):
+                await _send_answer(send, problem(500, "outcome_unknown", FAILED_DETAIL))
+                return
             await self._ledger_failed(scope, receive, send, policy, key, body, e, "dispatch")
             return
         await self._execute(scope, receive, send, policy, key, body, lkey, fp, binding, grant.fence)
 
-    async def _release_undispatched(self, lkey: str, fence: int, key: str, lease: _Deadline) -> None:
-        """Hands back a lease whose handler never ran, after a dispatch that
-        failed: ``not_dispatched``, or, when the ledger recorded the dispatch
-        after all (its answer was lost: ``receipt_required``),
-        ``not_committed`` (true: the handler did not run)."""
+    def _dispatch_deadline(self) -> _Deadline:
+        return _Deadline(min(self.options.ledger_deadline, self.lease_ms / 2000.0))
+
+    def _cleanup_deadline(self) -> _Deadline:
+        # Calls that record what happened are retried up to the lease's end.
+        return _Deadline(self.lease_ms / 1000.0)
+
+    async def _in_progress(self, send: Send, key: str, dec: InFlight) -> None:
+        self.counts["request_in_progress"] += 1
+        log.info("idempotency: key %s in progress", key)
+        await _send_answer(send, in_progress_answer(dec))
+
+    async def _release_undispatched(self, lkey: str, fence: int, fp: str, binding: Binding, key: str) -> bool:
+        """Hands back a lease whose handler never ran after a dispatch that
+        failed: ``release(not_dispatched)``, and the ledger decides (SPEC
+        §11.11: the SDK never attests on its own inference). When it had
+        recorded the dispatch after all (its answer was lost:
+        ``receipt_required``), the record is settled ``unknown`` and True is
+        returned (the request gets 500 ``outcome_unknown``)."""
         try:
-            await _aretry(lambda: self.client.release(lkey, fence, "not_dispatched"), lease, "release")
-            return
+            await _aretry(lambda: self.client.release(lkey, fence, "not_dispatched"), self._cleanup_deadline(), "release")
+            return False
         except ReceiptRequired:
-            pass
-        except Exception:  # noqa: BLE001 - the lease lapses; with no dispatch recorded nothing is flagged
+            await self._settle_unknown(lkey, fence, fp, binding, key, "the dispatch was recorded but its answer was lost")
+            return True
+        except Exception:  # noqa: BLE001 - the lease lapses (unknown if the dispatch was recorded)
             log.warning("idempotency: release(not_dispatched) of key %s failed", key, exc_info=True)
-            return
-        try:
-            await _aretry(lambda: self.client.release(lkey, fence, "not_committed"), lease, "release")
-        except Exception:  # noqa: BLE001
-            log.error(
-                "idempotency: the dispatch of key %s was recorded but the handler did not run, and "
-                "release(not_committed) failed: the record becomes unknown when its lease lapses",
-                key,
-                exc_info=True,
-            )
+            return False
 
     async def _claim(
         self,
@@ -412,21 +456,39 @@ class IdempotencyMiddleware:
         fp: str,
         binding: Binding,
         principal: str,
+        running: InFlight | None,
+        waiting: _Deadline,
     ) -> ClaimDecision | None:
-        """The claim's decision, or None when a failure was answered."""
+        """The claim's decision, or None when a failure was answered. A
+        claim whose answer was lost (or a 503, a 429) is retried with the
+        same ``claim_id`` within the ledger deadline; while waiting for a
+        request known to be running (``running``), within what is left of
+        the wait, and a claim that still fails answers 409
+        ``request_in_progress`` (never fail open)."""
+        cid = new_claim_id()
+        bound = self.options.ledger_deadline if running is None else max(0.0, waiting.left())
         try:
-            return await self.client.claim(
-                lkey,
-                fp,
-                binding,
-                lease_ms=self.lease_ms,
-                worker=_mw.worker_label(key, principal),
-                marks_dispatch=True,
-                retention_s=self.options.retention_s,
+            return await _aretry(
+                lambda: self.client.claim(
+                    lkey,
+                    fp,
+                    binding,
+                    lease_ms=self.lease_ms,
+                    worker=_mw.worker_label(key, principal),
+                    marks_dispatch=True,
+                    retention_s=self.options.retention_s,
+                    claim_id=cid,
+                ),
+                _Deadline(bound),
+                "claim",
             )
         except (FingerprintMismatch, BindingMismatch):
             await self._refuse(send, 422, "idempotency_key_reused", REUSED_DETAIL, key)
         except Exception as e:  # noqa: BLE001 - every failure of the claim is classified; none runs the handler unless allowed
+            if running is not None:
+                log.warning("idempotency: the claim of key %s failed while it waited for the request in progress: %s", key, e)
+                await self._in_progress(send, key, running)
+                return None
             await self._ledger_failed(scope, receive, send, policy, key, body, e, "claim")
         return None
 
@@ -445,22 +507,23 @@ class IdempotencyMiddleware:
         """Asks the hook about a record left ``unknown`` (SPEC §8): the
         execute grant under the same fence (``not_committed``), the receipt
         of the hook's response (``Committed``: it was sent), or None (the
-        lease was handed back: 409 ``outcome_unknown``)."""
+        lease was handed back: 409 ``outcome_unknown``). The reconcile lease
+        is heartbeated while the hook runs, bounded by ``hook_timeout``
+        (past it the hook counts as ``unavailable``)."""
         finding: Resolution = "unavailable"
-        if self.reconcile is not None:
-            # The reconcile lease is heartbeated while the hook asks the remote.
-            hb = asyncio.get_running_loop().create_task(
-                _aheartbeat(self.client, lkey, grant.fence, self.lease_ms, asyncio.Event())
-            )
+        hook = self.reconcile
+        if hook is not None:
+            hb = _AsyncHeartbeat(self.client, lkey, grant.fence, self.lease_ms, asyncio.Event())
+            request = ReconcileRequest(scope, body, key, principal)
             try:
-                found = self.reconcile(lkey, grant.fence, ReconcileRequest(scope, body, key, principal))
-                finding = checked_finding(await found if inspect.isawaitable(found) else found, key, log)
+                found = await call_hook_async(hook, (lkey, grant.fence, request), self.options.hook_timeout)
+                finding = checked_finding(found, key, log)
             except Exception:
                 log.exception("idempotency: reconcile hook failed for key %s", key)
                 finding = "unavailable"
             finally:
-                hb.cancel()
-        lease = _Deadline(self.lease_ms / 1000.0)
+                await hb.stop()
+        lease = self._cleanup_deadline()
         try:
             if isinstance(finding, Committed):
                 outcome, answer = committed_answer(self.options, finding)
@@ -532,6 +595,13 @@ class IdempotencyMiddleware:
             hb.cancel()
             await asyncio.shield(self._settle_unknown(lkey, fence, fp, binding, key, "cancelled"))
             raise e
+        except (EffectNotSent, EffectRefused) as e:
+            # The handler's own word: nothing was done (SPEC §8).
+            hb.cancel()
+            log.info("idempotency: the handler of key %s raised %s: released not_committed", key, type(e).__name__)
+            await self._release_not_committed(lkey, fence, fp, binding, key)
+            await _send_answer(send, not_sent_answer())
+            return
         except BaseException as e:  # noqa: BLE001 - every escape is an unknown outcome
             escaped = e
         finally:
@@ -554,15 +624,20 @@ class IdempotencyMiddleware:
         out = b"".join(cap.chunks)
         state = inner.get("state")
         outcome = response_outcome(
-            self.options, status, headers, out, isinstance(state, dict) and bool(state.get(RETRYABLE))
+            self.options,
+            status,
+            headers,
+            out,
+            isinstance(state, dict) and bool(state.get(RETRYABLE)),
+            policy.release_on,
         )
-        if outcome is None:
-            await self._release_not_committed(lkey, fence, fp, binding, key)
+        if isinstance(outcome, Release):
+            await self._release_not_committed(lkey, fence, fp, binding, key, forget=outcome.forget)
         else:
             try:
                 await _aretry(
                     lambda: self.client.settle(lkey, fence, fp, binding, outcome),
-                    _Deadline(self.lease_ms / 1000.0 + 1.0),
+                    self._cleanup_deadline(),
                     "settle",
                 )
             except SettleError:
@@ -574,12 +649,23 @@ class IdempotencyMiddleware:
         await send(start)
         await send({"type": "http.response.body", "body": out, "more_body": False})
 
-    async def _release_not_committed(self, lkey: str, fence: int, fp: str, binding: Binding, key: str) -> None:
+    async def _release_not_committed(
+        self, lkey: str, fence: int, fp: str, binding: Binding, key: str, forget: bool = False
+    ) -> None:
         self.counts["not_committed"] += 1
+        deadline = self._cleanup_deadline()
         try:
-            await _aretry(
-                lambda: self.client.release(lkey, fence, "not_committed"), _Deadline(self.lease_ms / 1000.0), "release"
-            )
+            if forget:
+                try:
+                    await _aretry(
+                        lambda: self.client.release(lkey, fence, "not_committed", forget=True), deadline, "release"
+                    )
+                    return
+                except (ReceiptRequired, InvalidRequest) as e:
+                    # Something was recorded on this key before (or a server
+                    # without forget): keep the record, release it.
+                    log.info("idempotency: key %s cannot be forgotten (%s); released not_committed", key, e.code)
+            await _aretry(lambda: self.client.release(lkey, fence, "not_committed"), deadline, "release")
         except InvalidRequest:
             # A server without release(not_committed) (SPEC §4): the safe
             # record is unknown.
@@ -596,7 +682,7 @@ class IdempotencyMiddleware:
                 lambda: self.client.settle(
                     lkey, fence, fp, binding, Outcome(status="unknown", error=f"handler failed: {why}"[:4096])
                 ),
-                _Deadline(self.lease_ms / 1000.0 + 1.0),
+                self._cleanup_deadline(),
                 "settle",
             )
         except SettleError:

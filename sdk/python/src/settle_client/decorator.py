@@ -16,7 +16,7 @@ It answers the complaints of AWS Lambda Powertools' idempotency users:
   checks; ``default=`` converts what is not JSON) before it is settled.
 
 It takes every option ``run_once`` takes (``marks_dispatch``, ``reconcile``
-— a hook or ``"resend"`` —, ``lease_ms``, ``retention_s``, ``deadline``,
+— a hook or ``"resend"`` —, ``hook_timeout``, ``lease_ms``, ``retention_s``, ``deadline``,
 ``worker``, ``default``); inside the function, ``settle_client.dispatch()``
 (``await settle_client.dispatch()`` in an ``async def``) marks the commit
 boundary and ``settle_client.effect_context()`` gives the key and fence to
@@ -93,6 +93,7 @@ class _Options:
     validate: Callable[[Any], None] | None
     marks_dispatch: bool
     reconcile: Any  # ReconcileHook / AsyncReconcileHook / "resend" / None, by the client's kind
+    hook_timeout: float | None
     retention_s: int | None
     worker: str | None
     default: Serializer | None
@@ -142,6 +143,7 @@ class IdempotentFunction(Generic[P, R]):
             deadline=o.deadline,
             marks_dispatch=o.marks_dispatch,
             reconcile=o.reconcile,
+            hook_timeout=o.hook_timeout,
             retention_s=o.retention_s,
             worker=o.worker,
             default=o.default,
@@ -186,6 +188,7 @@ class AsyncIdempotentFunction(Generic[P, R]):
             deadline=o.deadline,
             marks_dispatch=o.marks_dispatch,
             reconcile=o.reconcile,
+            hook_timeout=o.hook_timeout,
             retention_s=o.retention_s,
             worker=o.worker,
             default=o.default,
@@ -214,6 +217,7 @@ def idempotent(
     validate: Callable[[Any], None] | None = None,
     marks_dispatch: bool = False,
     reconcile: ReconcileHook | Literal["resend"] | None = None,
+    hook_timeout: float | None = None,
     retention_s: int | None = None,
     worker: str | None = None,
     default: Serializer | None = None,
@@ -236,6 +240,7 @@ def idempotent(
     validate: Callable[[Any], None] | None = None,
     marks_dispatch: bool = False,
     reconcile: AsyncReconcileHook | Literal["resend"] | None = None,
+    hook_timeout: float | None = None,
     retention_s: int | None = None,
     worker: str | None = None,
     default: Serializer | None = None,
@@ -257,6 +262,7 @@ def idempotent(
     validate: Callable[[Any], None] | None = None,
     marks_dispatch: bool = False,
     reconcile: Any = None,
+    hook_timeout: float | None = None,
     retention_s: int | None = None,
     worker: str | None = None,
     default: Serializer | None = None,
@@ -269,8 +275,8 @@ def idempotent(
     With a ``Client`` the function must be synchronous; with an
     ``AsyncClient``, a coroutine function (and ``reconcile``, when a hook,
     an ``async def`` too). ``marks_dispatch``, ``reconcile`` (a hook or
-    ``"resend"``), ``lease_ms``, ``retention_s``, ``deadline``, ``worker``
-    and ``default`` are those of ``run_once``.
+    ``"resend"``), ``hook_timeout``, ``lease_ms``, ``retention_s``,
+    ``deadline``, ``worker`` and ``default`` are those of ``run_once``.
     """
     opts = _Options(
         key=key,
@@ -285,6 +291,7 @@ def idempotent(
         validate=validate,
         marks_dispatch=marks_dispatch,
         reconcile=reconcile,
+        hook_timeout=hook_timeout,
         retention_s=retention_s,
         worker=worker,
         default=default,

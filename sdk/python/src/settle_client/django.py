@@ -34,6 +34,7 @@ record becomes ``unknown``.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +42,7 @@ from typing import Any
 from ._mwbase import RETRYABLE, Answer, Committed, Options, Principal, Resolution, RoutePolicy, fixed_principal
 from ._mwsync import HandlerFailed, Ran, RequestInfo, SyncFlow, Unwrapped
 from .client import Client
-from .wsgi import FAILED, header_values, idempotency_key, mark_failed, mark_retryable, request_target
+from .wsgi import FAILED, FAILED_EXCEPTION, header_values, idempotency_key, mark_failed, mark_retryable, request_target
 
 try:
     from django.conf import settings
@@ -78,8 +79,10 @@ log = logging.getLogger("settle_client.django")
 @dataclass(frozen=True)
 class ReconcileRequest:
     """The retried request a ``reconcile`` hook is asked about: the Django
-    ``request``, its whole ``body``, the ``Idempotency-Key`` value the
-    client sent (unquoted) and the ``principal`` (account) it came from."""
+    ``request`` (``method``, ``path``, ``query``, ``target``: the path with
+    its query as sent, ``headers``, ``header(name)``), its whole ``body``,
+    the ``Idempotency-Key`` value the client sent (unquoted) and the
+    ``principal`` (account) it came from."""
 
     request: HttpRequest
     body: bytes
@@ -92,7 +95,23 @@ class ReconcileRequest:
 
     @property
     def path(self) -> str:
+        """The path (without the query)."""
         return self.request.path
+
+    @property
+    def query(self) -> str:
+        """The query string, without ``?`` ("" when none)."""
+        return str(self.request.META.get("QUERY_STRING", ""))
+
+    @property
+    def target(self) -> str:
+        """The path with its query, as sent (what the fingerprint covers)."""
+        return request_target(self.request.META)
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """The request's headers: (lower-case name, value)."""
+        return [(str(n).lower(), str(v)) for n, v in self.request.headers.items()]
 
     def header(self, name: str) -> str | None:
         return self.request.headers.get(name)
@@ -131,9 +150,10 @@ def authenticated_principal(identity: Callable[[Any], Principal] | None = None) 
 
 
 def _failed(sender: Any, request: HttpRequest | None = None, **extra: Any) -> None:
-    # Sent by Django's exception handling before it makes the 500 page.
+    # Sent by Django's exception handling before it makes the 500 page,
+    # while it handles the view's exception (sys.exc_info() names it).
     if request is not None:
-        mark_failed(request)
+        mark_failed(request, sys.exc_info()[1])
 
 
 # One receiver for every instance (dispatch_uid), held strongly.
@@ -225,7 +245,10 @@ class IdempotencyMiddleware:
     def _execute(self, request: HttpRequest) -> Ran[HttpResponseBase]:
         response = self.get_response(request)
         if request.META.get(FAILED):
-            raise HandlerFailed("Django reported that the view raised")
+            raised = request.META.get(FAILED_EXCEPTION)
+            raise HandlerFailed(
+                "Django reported that the view raised", raised if isinstance(raised, BaseException) else None
+            )
         if response.streaming:
             # Buffered whole, to settle it before the client sees it.
             body = b"".join(bytes(c) for c in response.streaming_content)  # type: ignore[attr-defined]

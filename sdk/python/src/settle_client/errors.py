@@ -236,26 +236,41 @@ class DeadlineExceeded(SettleError):
 
 
 class OutcomeUnknown(SettleError):
-    """The effect raised after it may have reached the remote: the operation
-    was settled ``unknown`` (reconcile required). The effect's exception is
-    ``__cause__``; ``receipt`` is the unknown receipt when the settle was
-    answered. The message repeats the cause's."""
+    """The operation's outcome is unknown (SPEC §11.11): the effect raised
+    after it may have reached the remote, or its outcome could not be
+    recorded (a settle refused 422, or unanswered until the deadline), or a
+    reconcile hook raised or ran past ``hook_timeout``. The record is (or,
+    when its lease lapses, becomes) ``unknown``: reconcile required.
+    ``__cause__`` is what happened (the effect's exception, the ledger's
+    refusal, the last error, the hook's exception or a ``TimeoutError``);
+    ``receipt`` is the ``unknown`` receipt when that settle was answered;
+    ``outcome`` is the effect's outcome that could not be recorded (None
+    when the effect failed). The message repeats the cause's."""
 
-    def __init__(self, key: str, receipt: Any = None, cause: BaseException | None = None) -> None:
+    def __init__(self, key: str, receipt: Any = None, cause: BaseException | None = None, outcome: Any = None) -> None:
         why = f": {type(cause).__name__}: {cause}" if cause is not None else ""
         super().__init__(f"the outcome of operation {key!r} is unknown; it must be reconciled{why}")
         self.key = key
         self.receipt: Any = receipt
+        self.outcome: Any = outcome
 
 
 class EffectNotSent(SettleError):
-    """SPEC §11.8: raise from an effect (or an ``@idempotent`` function) when
-    nothing reached the remote: the lease is released (``not_dispatched``
-    when the claim used ``marks_dispatch`` and no dispatch was marked, else
-    ``not_committed``: the caller attests that nothing was applied) and the
-    next run executes. The run re-raises it. Under ``marks_dispatch`` any
-    exception raised before the dispatch mark counts as this (and is
-    re-raised as it is)."""
+    """SPEC §11.8: raise from an effect (or an ``@idempotent`` function, or a
+    middleware's handler) when nothing reached the remote: the lease is
+    released (``not_dispatched`` when the claim used ``marks_dispatch`` and
+    no dispatch was marked, else ``not_committed``: the caller attests that
+    nothing was applied) and the next run executes. The run re-raises it;
+    the middleware answers 503 ``idempotency_unavailable``, ``Retry-After:
+    1``. Under ``marks_dispatch`` any exception raised before the dispatch
+    mark counts as this (and is re-raised as it is).
+
+    ``dispatch()`` raises it too when the mark could not be recorded (no
+    answer until the deadline; ``__cause__`` is the ``DeadlineExceeded``):
+    the effect must not write. That one is the SDK's inference, not the
+    caller's word: the SDK releases ``not_dispatched`` and, when the ledger
+    had recorded the mark after all (``receipt_required``), settles
+    ``unknown`` and raises ``OutcomeUnknown`` (SPEC §11.11)."""
 
 
 class EffectRefused(SettleError):

@@ -36,7 +36,7 @@ __all__ = ["init_app"]
 
 def _failed(sender: Any, exception: BaseException, **extra: Any) -> None:
     # Sent by Flask inside the request context, before it makes its 500.
-    mark_failed(flask.request.environ)
+    mark_failed(flask.request.environ, exception)
 
 
 def init_app(

@@ -22,6 +22,19 @@ the next run executes; anything else settles ``unknown`` (reconcile
 required). ``reconcile="resend"`` (§11.9) runs the effect again under the
 reconcile lease, for remotes that de-duplicate by the key themselves.
 
+Faults between the SDK and settle (§11.11): every claim draws a random
+``claim_id`` and a retry of that claim (no answer, 503, 429) sends it again,
+so a lost grant is answered again instead of meeting our own lease as
+``in_flight``; every other call is retried with identical arguments. The
+SDK never attests on its own inference: after a ``dispatch()`` that failed
+it releases ``not_dispatched`` and lets the ledger decide
+(``receipt_required`` → settle ``unknown``, ``OutcomeUnknown``);
+``not_committed`` only on the effect's own ``EffectNotSent`` /
+``EffectRefused`` or a hook's finding. A settle refused 422 (a result over
+``max_result_bytes``) is settled ``unknown`` at once; a settle without an
+answer up to the lease's end, a hook that raises or runs past
+``hook_timeout``: ``OutcomeUnknown``.
+
 Refusals (409) raise their typed error and are never retried (§11.7); 503
 ``unavailable``, 429 and transport errors back off (honouring
 ``Retry-After``) and retry until the deadline.
@@ -32,17 +45,18 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import inspect
 import math
 import random
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeVar, Union
+from typing import Any, Literal, NoReturn, TypeVar, Union
 
 from ._jcs import FingerprintError, canonicalize, fingerprint as compute_fingerprint
 from ._typed import restore, to_json
-from .client import AsyncClient, Client
+from .client import AsyncClient, Client, new_claim_id
 from .errors import (
     DeadlineExceeded,
     EffectNotSent,
@@ -50,6 +64,7 @@ from .errors import (
     InvalidRequest,
     NotFound,
     OutcomeUnknown,
+    PayloadTooLarge,
     ProblemError,
     ReceiptRequired,
     ReconcileRequired,
@@ -75,6 +90,7 @@ __all__ = [
     "encode_result",
     "run_once",
     "run_once_async",
+    "hook_timeout_s",
     "DEFAULT_DEADLINE_S",
 ]
 
@@ -201,6 +217,19 @@ class RunResult:
     value: Any = None
 
 
+class _Recorded(Done):
+    """A finding whose outcome is already made (a middleware hook's response
+    stored the middleware's way, in the Reconciler)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.result, failed=outcome.status == "failed")
+        object.__setattr__(self, "_recorded", outcome)
+
+    def outcome(self, default: Serializer | None = None) -> Outcome:
+        recorded: Outcome = object.__getattribute__(self, "_recorded")
+        return recorded
+
+
 class EffectContext:
     """Handed to a synchronous effect: the key and fence to pass to the
     remote, ``dispatch()``, and ``lease_lost`` (set when a heartbeat learns
@@ -217,6 +246,7 @@ class EffectContext:
         marks_dispatch: bool,
         resend: bool = False,
         lease_ms: int = 30000,
+        deadline: _Deadline | None = None,
     ) -> None:
         self.key = key
         self.fence = fence
@@ -227,15 +257,35 @@ class EffectContext:
         self.lease_lost = threading.Event()
         self._client = client
         self._lease_ms = lease_ms
+        self._deadline = deadline if deadline is not None else _Deadline(None)
+        # Whether dispatch() was called at all, and the error it raised
+        # (the SDK's inference, never the caller's word: SPEC §11.11).
+        self._called = False
+        self._dispatch_error: BaseException | None = None
 
     def dispatch(self) -> None:
         """Record the commit boundary before the remote write (required when
         the run uses ``marks_dispatch``). A dispatch whose answer was lost
-        (or a 503, a 429) is retried under the same fence for half the
-        lease; when it still fails it raises, and the effect must not make
-        its remote write (let the error propagate: "not sent")."""
+        (or a 503, a 429) is retried under the same fence until the run's
+        deadline (at most half the lease); when it still has no answer it
+        raises ``EffectNotSent`` (caused by ``DeadlineExceeded``), a refusal
+        raises its typed error (``LeaseExpired``, ``StaleFence``): either
+        way the effect must not make its remote write (let it propagate)."""
+        self._called = True
         if self.marks_dispatch and not self.dispatched and not self.resend:
-            _retry(lambda: self._client.dispatch(self.key, self.fence), _Deadline(self._lease_ms / 2000.0), "dispatch")
+            try:
+                _retry(
+                    lambda: self._client.dispatch(self.key, self.fence),
+                    _dispatch_deadline(self._deadline, self._lease_ms),
+                    "dispatch",
+                )
+            except DeadlineExceeded as e:
+                err = _dispatch_not_recorded(self.key, e)
+                self._dispatch_error = err
+                raise err from e
+            except BaseException as e:
+                self._dispatch_error = e
+                raise
         self.dispatched = True
 
 
@@ -251,6 +301,7 @@ class AsyncEffectContext:
         marks_dispatch: bool,
         resend: bool = False,
         lease_ms: int = 30000,
+        deadline: _Deadline | None = None,
     ) -> None:
         self._lease_ms = lease_ms
         self.key = key
@@ -260,26 +311,51 @@ class AsyncEffectContext:
         self.resend = resend
         self.dispatched = False
         # Set as soon as dispatch() is called, awaited or not: a dispatch
-        # that was asked for counts as crossed (failures are then unknown,
-        # never "not sent"), even when its awaitable was dropped.
+        # that was asked for and not awaited counts as crossed (failures
+        # are then unknown, never "not sent"), even when its awaitable was
+        # dropped. One that was awaited and failed does not (SPEC §11.11).
         self.dispatch_requested = False
         self.lease_lost = asyncio.Event()
         self._client = client
+        self._deadline = deadline if deadline is not None else _Deadline(None)
+        self._requested = 0
+        self._finished = 0
+        self._dispatch_error: BaseException | None = None
 
     def dispatch(self) -> Awaitable[None]:
         self.dispatch_requested = True
+        self._requested += 1
         return self._dispatch()
 
     async def _dispatch(self) -> None:
-        if self.marks_dispatch and not self.dispatched and not self.resend:
-            await _aretry(
-                lambda: self._client.dispatch(self.key, self.fence), _Deadline(self._lease_ms / 2000.0), "dispatch"
-            )
-        self.dispatched = True
+        try:
+            if self.marks_dispatch and not self.dispatched and not self.resend:
+                try:
+                    await _aretry(
+                        lambda: self._client.dispatch(self.key, self.fence),
+                        _dispatch_deadline(self._deadline, self._lease_ms),
+                        "dispatch",
+                    )
+                except DeadlineExceeded as e:
+                    err = _dispatch_not_recorded(self.key, e)
+                    self._dispatch_error = err
+                    raise err from e
+                except BaseException as e:
+                    self._dispatch_error = e
+                    raise
+            self.dispatched = True
+        finally:
+            self._finished += 1
 
     @property
     def crossed(self) -> bool:
-        return self.dispatched or self.dispatch_requested
+        """The commit boundary is crossed: a dispatch was answered, or one
+        was asked for and not awaited to its end."""
+        return self.dispatched or self._requested > self._finished
+
+
+def _dispatch_not_recorded(key: str, e: DeadlineExceeded) -> EffectNotSent:
+    return EffectNotSent(f"the dispatch mark of operation {key!r} could not be recorded ({e}); nothing may be written")
 
 
 _current: contextvars.ContextVar[EffectContext | AsyncEffectContext | None] = contextvars.ContextVar(
@@ -357,24 +433,75 @@ class _Deadline:
 
 
 def _settle_deadline(deadline: _Deadline, lease_ms: int) -> _Deadline:
-    # A settle that got no answer is retried at least for as long as the
-    # lease could still be held (rule 0 answers a retry of a committed settle
-    # with its receipt even after that), and at most to the caller's deadline
-    # when that is later.
-    d = _Deadline(lease_ms / 1000.0 + 1.0)
+    # The calls that record what happened (the settle, a release, the
+    # settle unknown after a failure, a reconcile finding) are retried past
+    # the caller's deadline up to the lease's end (the lease is heartbeated
+    # meanwhile; rule 0 answers a retry of a committed settle with its
+    # receipt even after that), so that the record is not left stuck; and
+    # to the caller's deadline when that is later.
+    d = _Deadline(lease_ms / 1000.0)
     if deadline.at is not None and d.at is not None and deadline.at > d.at:
         return deadline
     return d
 
 
+def _dispatch_deadline(deadline: _Deadline, lease_ms: int) -> _Deadline:
+    # dispatch() is retried until the run's deadline, and for at most half
+    # the lease: the rest is left for handing the lease back.
+    return _Deadline(max(0.0, min(deadline.left(), lease_ms / 2000.0)))
+
+
+def hook_timeout_s(hook_timeout: float | None, lease_ms: int) -> float:
+    """The bound of a reconcile hook in seconds: ``hook_timeout``, or the
+    lease when None (SPEC §8, §11.10)."""
+    if hook_timeout is None:
+        return lease_ms / 1000.0
+    if isinstance(hook_timeout, bool) or not isinstance(hook_timeout, (int, float)) or not hook_timeout > 0:
+        raise ValueError(f"hook_timeout is a number of seconds above 0 (or None: the lease), got {hook_timeout!r}")
+    return float(hook_timeout)
+
+
+def _hook_timed_out(timeout: float) -> TimeoutError:
+    return TimeoutError(f"the reconcile hook did not answer within hook_timeout ({timeout:g} s)")
+
+
 def _unknown(e: BaseException | None = None) -> Outcome:
     if isinstance(e, ResultNotSerializable):
         why = str(e)
+    elif isinstance(e, (InvalidRequest, PayloadTooLarge)):
+        why = f"the ledger refused the outcome: {e}"
     elif e is not None:
         why = f"the effect failed after it may have reached the remote: {type(e).__name__}"
     else:
         why = "the effect failed after it may have reached the remote"
     return Outcome(status="unknown", error=why[:4096])
+
+
+# What the run does when the effect did not return a Done (SPEC §11.8, §11.11).
+_RELEASE_NOT_DISPATCHED = "before_mark"  # release not_dispatched, the ledger decides
+_RELEASE_NOT_COMMITTED = "word"  # the caller's word: release not_committed
+_SETTLE_UNKNOWN = "unknown"
+
+
+def _plan(e: BaseException, marks_dispatch: bool, crossed: bool) -> str:
+    if marks_dispatch and not crossed:
+        # Nothing was marked: whatever was raised, nothing could have been
+        # sent — unless the ledger recorded a mark whose answer was lost.
+        return _RELEASE_NOT_DISPATCHED
+    if isinstance(e, (EffectNotSent, EffectRefused)):
+        return _RELEASE_NOT_COMMITTED
+    return _SETTLE_UNKNOWN
+
+
+def _caller_word(e: BaseException, sdk_error: BaseException | None) -> bool:
+    """The effect's own EffectNotSent / EffectRefused (not the one
+    ``dispatch()`` raised: that is the SDK's inference)."""
+    return isinstance(e, (EffectNotSent, EffectRefused)) and e is not sdk_error
+
+
+def _lapses(e: BaseException) -> bool:
+    """A cleanup call that got no answer until its deadline: the lease lapses."""
+    return isinstance(e, DeadlineExceeded)
 
 
 # --------------------------------------------------------------------- sync
@@ -426,6 +553,41 @@ class _Heartbeat:
         self._thread.join()
 
 
+def call_hook_sync(fn: Callable[[], T], timeout: float, stop: threading.Event | None = None) -> T:
+    """``fn()`` in a daemon thread (in a copy of the caller's context),
+    waited for at most ``timeout`` seconds (and until ``stop`` is set):
+    past that, ``TimeoutError`` — the thread is left to finish on its own
+    (a thread cannot be interrupted)."""
+    done = threading.Event()
+    box: list[tuple[bool, Any]] = []
+
+    def run() -> None:
+        try:
+            box.append((True, fn()))
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            box.append((False, e))
+        finally:
+            done.set()
+
+    t = threading.Thread(target=contextvars.copy_context().run, args=(run,), daemon=True, name="settle-hook")
+    t.start()
+    end = time.monotonic() + timeout
+    while not done.is_set():
+        left = end - time.monotonic()
+        if left <= 0 or (stop is not None and stop.is_set()):
+            break
+        done.wait(left if stop is None else min(left, 0.05))
+    if not done.is_set():
+        if stop is not None and stop.is_set():
+            raise TimeoutError("the reconcile hook was abandoned: the reconciler is stopping")
+        raise _hook_timed_out(timeout)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    result: T = value
+    return result
+
+
 def run_once(
     client: Client,
     key: str,
@@ -443,18 +605,24 @@ def run_once(
     retention_s: int | None = None,
     deadline: float | None = DEFAULT_DEADLINE_S,
     reconcile: ReconcileHook | Literal["resend"] | None = None,
+    hook_timeout: float | None = None,
     default: Serializer | None = None,
     result_type: Any = None,
 ) -> RunResult:
     """Run ``effect`` at most once for ``key`` (SPEC §11); see the module
     docstring. ``deadline`` (seconds, None: no limit) bounds the in_flight
-    waits and the retries of claim. ``reconcile``: a hook (key, fence →
-    Finding), or ``"resend"`` (SPEC §11.9: run the effect again under the
-    reconcile lease with the same key; only for a remote that de-duplicates
-    by that key). ``default``: the serializer of result values that are not
-    JSON (as ``json.dumps``'s ``default``). ``request`` and the result may
-    be pydantic models or dataclasses (fingerprinted and stored as their
-    JSON); ``result_type``: the type ``RunResult.value`` is restored to."""
+    waits and the retries of claim and dispatch (the calls that record what
+    happened are retried past it, up to the lease's end). ``reconcile``: a
+    hook (key, fence → Finding), or ``"resend"`` (SPEC §11.9: run the
+    effect again under the reconcile lease with the same key; only for a
+    remote that de-duplicates by that key). ``hook_timeout``: seconds the
+    hook may take (default: the lease; it runs in a thread of its own, its
+    lease heartbeated); past it, or when it raises, the lease is handed back
+    with ``reconcile(unavailable)`` and ``OutcomeUnknown`` is raised.
+    ``default``: the serializer of result values that are not JSON (as
+    ``json.dumps``'s ``default``). ``request`` and the result may be
+    pydantic models or dataclasses (fingerprinted and stored as their JSON);
+    ``result_type``: the type ``RunResult.value`` is restored to."""
     r = _run_once(
         client,
         key,
@@ -471,6 +639,7 @@ def run_once(
         retention_s=retention_s,
         deadline=deadline,
         reconcile=reconcile,
+        hook_timeout=hook_timeout,
         default=default,
     )
     return _typed_result(r, result_type)
@@ -497,15 +666,27 @@ def _run_once(
     retention_s: int | None,
     deadline: float | None,
     reconcile: ReconcileHook | Literal["resend"] | None,
+    hook_timeout: float | None,
     default: Serializer | None,
 ) -> RunResult:
     fp = fingerprint if fingerprint is not None else compute_fingerprint(request, fields)
     binding = Binding(principal, tuple(scopes), generation)
+    bound = hook_timeout_s(hook_timeout, lease_ms)
     dl = _Deadline(deadline)
     while True:
+        # One claim_id per claim: a retry of this claim whose answer was
+        # lost sends it again and gets the same grant (claim rule 5a).
+        cid = new_claim_id()
         dec = _retry(
             lambda: client.claim(
-                key, fp, binding, lease_ms=lease_ms, worker=worker, marks_dispatch=marks_dispatch, retention_s=retention_s
+                key,
+                fp,
+                binding,
+                lease_ms=lease_ms,
+                worker=worker,
+                marks_dispatch=marks_dispatch,
+                retention_s=retention_s,
+                claim_id=cid,
             ),
             dl,
             "claim",
@@ -523,7 +704,7 @@ def _run_once(
         if grant.decision == "reconcile":
             if reconcile == "resend":
                 return _resend_sync(client, key, grant, fp, binding, lease_ms, dl, effect, default)
-            found = _reconcile_sync(client, key, grant, fp, binding, lease_ms, dl, reconcile, default)
+            found = _reconcile_sync(client, key, grant, fp, binding, lease_ms, dl, reconcile, default, bound)
             if isinstance(found, RunResult):
                 return found
             grant = found
@@ -551,16 +732,26 @@ def _reconcile_sync(
     dl: _Deadline,
     hook: ReconcileHook | None,
     default: Serializer | None,
+    hook_timeout: float | None = None,
+    stop: threading.Event | None = None,
 ) -> RunResult | Grant:
+    """Asks the hook about a reconcile lease (heartbeated meanwhile) and
+    reports its finding: the receipt (committed), the execute grant under
+    the same fence (not_committed); ``ReconcileRequired`` (no hook, or it
+    cannot tell); ``OutcomeUnknown`` (the hook raised or ran past
+    ``hook_timeout``: the lease was handed back with ``unavailable``)."""
+    bound = hook_timeout_s(hook_timeout, lease_ms)
     lost = threading.Event()
     hb = _Heartbeat(client, key, grant.fence, lease_ms, lost)
     sdl = _settle_deadline(dl, lease_ms)
     try:
         try:
-            finding: Finding = "unavailable" if hook is None else hook(key, grant.fence)
+            finding: Finding = "unavailable" if hook is None else call_hook_sync(lambda: hook(key, grant.fence), bound, stop)
             outcome = finding.outcome(default) if isinstance(finding, Done) else None
-        except BaseException:
+        except BaseException as e:
             _retry(lambda: client.reconcile(key, grant.fence, "unavailable"), sdl, "reconcile")
+            if isinstance(e, Exception):
+                raise OutcomeUnknown(key, None, e) from e
             raise
         if outcome is not None:
             ans = _retry(
@@ -593,7 +784,7 @@ def _resend_sync(
 ) -> RunResult:
     """SPEC §11.9: the effect again, same key, the reconcile lease's fence;
     the remote's own de-duplication answers for the first attempt."""
-    ctx = EffectContext(client, key, grant.fence, grant.attempt, marks_dispatch=False, resend=True)
+    ctx = EffectContext(client, key, grant.fence, grant.attempt, marks_dispatch=False, resend=True, deadline=dl)
     hb = _Heartbeat(client, key, grant.fence, lease_ms, ctx.lease_lost)
     sdl = _settle_deadline(dl, lease_ms)
     try:
@@ -615,27 +806,92 @@ def _resend_sync(
         hb.stop()
 
 
-def _release_sync(
-    client: Client, key: str, fence: int, reason: str, fp: str, binding: Binding, dl: _Deadline, cause: BaseException
+def _settle_unknown_sync(
+    client: Client, key: str, fence: int, fp: str, binding: Binding, sdl: _Deadline, cause: BaseException
+) -> NoReturn:
+    """Settle ``unknown`` after the effect failed, then raise
+    ``OutcomeUnknown`` (the cause re-raised as it is when it is not an
+    Exception: KeyboardInterrupt, SystemExit). A refusal of the settle (the
+    lease was lost meanwhile) is raised instead."""
+    receipt: Receipt | None = None
+    try:
+        receipt = _retry(lambda: client.settle(key, fence, fp, binding, _unknown(cause)), sdl, "settle")
+    except DeadlineExceeded:
+        pass  # the lease lapses: the ledger marks the record unknown itself
+    if isinstance(cause, Exception):
+        raise OutcomeUnknown(key, receipt, cause) from cause
+    raise cause
+
+
+def _release_word_sync(
+    client: Client, key: str, fence: int, fp: str, binding: Binding, sdl: _Deadline, cause: BaseException
 ) -> None:
+    """The caller's word (EffectNotSent, EffectRefused): release
+    ``not_committed``. A server without that reason (422): settle
+    ``unknown`` (the safe record) and re-raise the effect's error."""
     try:
-        _retry(lambda: client.release(key, fence, reason), dl, "release")
-        return
-    except ReceiptRequired:
-        if reason != "not_dispatched":
-            raise
-        # The dispatch was recorded although its answer never arrived here
-        # (dispatch() raised, so the effect stopped before its remote
-        # write): nothing was applied.
+        _retry(lambda: client.release(key, fence, "not_committed"), sdl, "release")
     except InvalidRequest:
-        # A server without release(not_committed): the ledger cannot be
-        # told that nothing happened, so the safe record is unknown.
-        _retry(lambda: client.settle(key, fence, fp, binding, _unknown(cause)), dl, "settle")
-        return
+        try:
+            _retry(lambda: client.settle(key, fence, fp, binding, _unknown(cause)), sdl, "settle")
+        except DeadlineExceeded:
+            pass
+    except DeadlineExceeded as e:
+        # The lease lapses: the record becomes unknown.
+        raise OutcomeUnknown(key, None, cause) from e
+
+
+def _failed_sync(
+    client: Client,
+    key: str,
+    fence: int,
+    fp: str,
+    binding: Binding,
+    sdl: _Deadline,
+    e: BaseException,
+    marks_dispatch: bool,
+    ctx: EffectContext,
+) -> NoReturn:
+    """SPEC §11.8 and §11.11 for an effect that did not return a Done."""
+    plan = _plan(e, marks_dispatch, ctx.dispatched)
+    if plan == _RELEASE_NOT_DISPATCHED:
+        try:
+            _retry(lambda: client.release(key, fence, "not_dispatched"), sdl, "release")
+        except ReceiptRequired:
+            # The ledger recorded a mark whose answer never arrived here.
+            if _caller_word(e, ctx._dispatch_error):
+                _release_word_sync(client, key, fence, fp, binding, sdl, e)
+                raise e from None
+            _settle_unknown_sync(client, key, fence, fp, binding, sdl, e)
+        except DeadlineExceeded as d:
+            if ctx._called:  # a mark may have been recorded: the lapse may leave it unknown
+                raise OutcomeUnknown(key, None, e) from d
+        raise e
+    if plan == _RELEASE_NOT_COMMITTED:
+        _release_word_sync(client, key, fence, fp, binding, sdl, e)
+        raise e
+    _settle_unknown_sync(client, key, fence, fp, binding, sdl, e)
+
+
+def _record_sync(
+    client: Client, key: str, fence: int, fp: str, binding: Binding, sdl: _Deadline, outcome: Outcome
+) -> Receipt:
+    """Settle the effect's outcome (retried with the same arguments while
+    its answer is lost). Refused 422 (e.g. a result over
+    ``max_result_bytes``): settle ``unknown`` at once with that error and
+    raise ``OutcomeUnknown``; no answer up to the lease's end:
+    ``OutcomeUnknown`` carrying the outcome (the lease lapses)."""
     try:
-        _retry(lambda: client.release(key, fence, "not_committed"), dl, "release")
-    except InvalidRequest:
-        _retry(lambda: client.settle(key, fence, fp, binding, _unknown(cause)), dl, "settle")
+        return _retry(lambda: client.settle(key, fence, fp, binding, outcome), sdl, "settle")
+    except (InvalidRequest, PayloadTooLarge) as r:
+        receipt: Receipt | None = None
+        try:
+            receipt = _retry(lambda: client.settle(key, fence, fp, binding, _unknown(r)), sdl, "settle")
+        except SettleError:
+            pass  # the lease lapses: unknown all the same
+        raise OutcomeUnknown(key, receipt, r, outcome) from r
+    except DeadlineExceeded as d:
+        raise OutcomeUnknown(key, None, d, outcome) from d
 
 
 def _execute_sync(
@@ -650,34 +906,18 @@ def _execute_sync(
     effect: Callable[[EffectContext], Done],
     default: Serializer | None,
 ) -> RunResult:
-    ctx = EffectContext(client, key, grant.fence, grant.attempt, marks_dispatch, lease_ms=lease_ms)
+    ctx = EffectContext(client, key, grant.fence, grant.attempt, marks_dispatch, lease_ms=lease_ms, deadline=dl)
     hb = _Heartbeat(client, key, grant.fence, lease_ms, ctx.lease_lost)
     sdl = _settle_deadline(dl, lease_ms)
     try:
         try:
             outcome = _call_effect_sync(ctx, effect, default)
-        except EffectNotSent as e:
-            reason = "not_dispatched" if marks_dispatch and not ctx.dispatched else "not_committed"
-            _release_sync(client, key, grant.fence, reason, fp, binding, sdl, e)
-            raise
-        except EffectRefused as e:
-            _release_sync(client, key, grant.fence, "not_committed", fp, binding, sdl, e)
-            raise
         except BaseException as e:
-            if marks_dispatch and not ctx.dispatched:
-                # Before the dispatch mark: nothing could have been sent
-                # (SPEC §11.8), whatever was raised. Hand the lease back.
-                _release_sync(client, key, grant.fence, "not_dispatched", fp, binding, sdl, e)
-                raise
-            receipt = _retry(lambda: client.settle(key, grant.fence, fp, binding, _unknown(e)), sdl, "settle")
-            if isinstance(e, Exception):
-                raise OutcomeUnknown(key, receipt, e) from e
-            raise
-        receipt = _retry(lambda: client.settle(key, grant.fence, fp, binding, outcome), sdl, "settle")
+            _failed_sync(client, key, grant.fence, fp, binding, sdl, e, marks_dispatch, ctx)
+        receipt = _record_sync(client, key, grant.fence, fp, binding, sdl, outcome)
         return RunResult(outcome, receipt, replayed=False, fence=grant.fence)
     finally:
         hb.stop()
-
 
 
 # -------------------------------------------------------------------- async
@@ -722,6 +962,25 @@ class _AsyncHeartbeat:
         await asyncio.wait({self._task})
 
 
+async def call_hook_async(hook: Callable[..., Any], args: tuple[Any, ...], timeout: float) -> Any:
+    """``hook(*args)``, awaited when it answers an awaitable, at most
+    ``timeout`` seconds: past that the hook is cancelled and
+    ``TimeoutError`` is raised. A plain function (not ``async def``) runs in
+    a thread of its own so that it neither blocks the event loop nor escapes
+    the bound (such a thread is left to finish on its own)."""
+    end = time.monotonic() + timeout
+    try:
+        if inspect.iscoroutinefunction(hook) or inspect.iscoroutinefunction(getattr(hook, "__call__", None)):
+            found = hook(*args)
+        else:
+            found = await asyncio.wait_for(asyncio.to_thread(hook, *args), timeout)
+        if inspect.isawaitable(found):
+            found = await asyncio.wait_for(found, max(0.0, end - time.monotonic()))
+        return found
+    except asyncio.TimeoutError as e:
+        raise _hook_timed_out(timeout) from e
+
+
 async def run_once_async(
     client: AsyncClient,
     key: str,
@@ -739,10 +998,12 @@ async def run_once_async(
     retention_s: int | None = None,
     deadline: float | None = DEFAULT_DEADLINE_S,
     reconcile: AsyncReconcileHook | Literal["resend"] | None = None,
+    hook_timeout: float | None = None,
     default: Serializer | None = None,
     result_type: Any = None,
 ) -> RunResult:
-    """The asyncio twin of ``run_once``."""
+    """The asyncio twin of ``run_once`` (a hook past ``hook_timeout`` is
+    cancelled)."""
     r = await _run_once_async(
         client,
         key,
@@ -759,6 +1020,7 @@ async def run_once_async(
         retention_s=retention_s,
         deadline=deadline,
         reconcile=reconcile,
+        hook_timeout=hook_timeout,
         default=default,
     )
     return _typed_result(r, result_type)
@@ -781,15 +1043,25 @@ async def _run_once_async(
     retention_s: int | None,
     deadline: float | None,
     reconcile: AsyncReconcileHook | Literal["resend"] | None,
+    hook_timeout: float | None,
     default: Serializer | None,
 ) -> RunResult:
     fp = fingerprint if fingerprint is not None else compute_fingerprint(request, fields)
     binding = Binding(principal, tuple(scopes), generation)
+    bound = hook_timeout_s(hook_timeout, lease_ms)
     dl = _Deadline(deadline)
     while True:
+        cid = new_claim_id()
         dec = await _aretry(
             lambda: client.claim(
-                key, fp, binding, lease_ms=lease_ms, worker=worker, marks_dispatch=marks_dispatch, retention_s=retention_s
+                key,
+                fp,
+                binding,
+                lease_ms=lease_ms,
+                worker=worker,
+                marks_dispatch=marks_dispatch,
+                retention_s=retention_s,
+                claim_id=cid,
             ),
             dl,
             "claim",
@@ -807,7 +1079,7 @@ async def _run_once_async(
         if grant.decision == "reconcile":
             if reconcile == "resend":
                 return await _resend_async(client, key, grant, fp, binding, lease_ms, dl, effect, default)
-            found = await _reconcile_async(client, key, grant, fp, binding, lease_ms, dl, reconcile, default)
+            found = await _reconcile_async(client, key, grant, fp, binding, lease_ms, dl, reconcile, default, bound)
             if isinstance(found, RunResult):
                 return found
             grant = found
@@ -835,18 +1107,23 @@ async def _reconcile_async(
     binding: Binding,
     lease_ms: int,
     dl: _Deadline,
-    hook: AsyncReconcileHook | None,
+    hook: Callable[[str, int], Any] | None,
     default: Serializer | None,
+    hook_timeout: float | None = None,
 ) -> RunResult | Grant:
+    bound = hook_timeout_s(hook_timeout, lease_ms)
     lost = asyncio.Event()
     hb = _AsyncHeartbeat(client, key, grant.fence, lease_ms, lost)
     sdl = _settle_deadline(dl, lease_ms)
     try:
         try:
-            finding: Finding = "unavailable" if hook is None else await hook(key, grant.fence)
+            finding: Finding = "unavailable" if hook is None else await call_hook_async(hook, (key, grant.fence), bound)
             outcome = finding.outcome(default) if isinstance(finding, Done) else None
-        except BaseException:
-            await _aretry(lambda: client.reconcile(key, grant.fence, "unavailable"), sdl, "reconcile")
+        except BaseException as e:
+            # Also on cancellation: the lease is handed back before it goes on.
+            await asyncio.shield(_aretry(lambda: client.reconcile(key, grant.fence, "unavailable"), sdl, "reconcile"))
+            if isinstance(e, Exception):
+                raise OutcomeUnknown(key, None, e) from e
             raise
         if outcome is not None:
             ans = await _aretry(
@@ -877,7 +1154,7 @@ async def _resend_async(
     effect: Callable[[AsyncEffectContext], Awaitable[Done]],
     default: Serializer | None,
 ) -> RunResult:
-    ctx = AsyncEffectContext(client, key, grant.fence, grant.attempt, marks_dispatch=False, resend=True)
+    ctx = AsyncEffectContext(client, key, grant.fence, grant.attempt, marks_dispatch=False, resend=True, deadline=dl)
     hb = _AsyncHeartbeat(client, key, grant.fence, lease_ms, ctx.lease_lost)
     sdl = _settle_deadline(dl, lease_ms)
     try:
@@ -899,22 +1176,77 @@ async def _resend_async(
         await hb.stop()
 
 
-async def _release_async(
-    client: AsyncClient, key: str, fence: int, reason: str, fp: str, binding: Binding, dl: _Deadline, cause: BaseException
+async def _settle_unknown_async(
+    client: AsyncClient, key: str, fence: int, fp: str, binding: Binding, sdl: _Deadline, cause: BaseException
+) -> NoReturn:
+    receipt: Receipt | None = None
+    try:
+        receipt = await _aretry(lambda: client.settle(key, fence, fp, binding, _unknown(cause)), sdl, "settle")
+    except DeadlineExceeded:
+        pass
+    if isinstance(cause, Exception):
+        raise OutcomeUnknown(key, receipt, cause) from cause
+    raise cause
+
+
+async def _release_word_async(
+    client: AsyncClient, key: str, fence: int, fp: str, binding: Binding, sdl: _Deadline, cause: BaseException
 ) -> None:
     try:
-        await _aretry(lambda: client.release(key, fence, reason), dl, "release")
-        return
-    except ReceiptRequired:
-        if reason != "not_dispatched":
-            raise
+        await _aretry(lambda: client.release(key, fence, "not_committed"), sdl, "release")
     except InvalidRequest:
-        await _aretry(lambda: client.settle(key, fence, fp, binding, _unknown(cause)), dl, "settle")
-        return
+        try:
+            await _aretry(lambda: client.settle(key, fence, fp, binding, _unknown(cause)), sdl, "settle")
+        except DeadlineExceeded:
+            pass
+    except DeadlineExceeded as e:
+        raise OutcomeUnknown(key, None, cause) from e
+
+
+async def _failed_async(
+    client: AsyncClient,
+    key: str,
+    fence: int,
+    fp: str,
+    binding: Binding,
+    sdl: _Deadline,
+    e: BaseException,
+    marks_dispatch: bool,
+    ctx: AsyncEffectContext,
+) -> NoReturn:
+    plan = _plan(e, marks_dispatch, ctx.crossed)
+    if plan == _RELEASE_NOT_DISPATCHED:
+        try:
+            await _aretry(lambda: client.release(key, fence, "not_dispatched"), sdl, "release")
+        except ReceiptRequired:
+            if _caller_word(e, ctx._dispatch_error):
+                await _release_word_async(client, key, fence, fp, binding, sdl, e)
+                raise e from None
+            await _settle_unknown_async(client, key, fence, fp, binding, sdl, e)
+        except DeadlineExceeded as d:
+            if ctx.dispatch_requested:
+                raise OutcomeUnknown(key, None, e) from d
+        raise e
+    if plan == _RELEASE_NOT_COMMITTED:
+        await _release_word_async(client, key, fence, fp, binding, sdl, e)
+        raise e
+    await _settle_unknown_async(client, key, fence, fp, binding, sdl, e)
+
+
+async def _record_async(
+    client: AsyncClient, key: str, fence: int, fp: str, binding: Binding, sdl: _Deadline, outcome: Outcome
+) -> Receipt:
     try:
-        await _aretry(lambda: client.release(key, fence, "not_committed"), dl, "release")
-    except InvalidRequest:
-        await _aretry(lambda: client.settle(key, fence, fp, binding, _unknown(cause)), dl, "settle")
+        return await _aretry(lambda: client.settle(key, fence, fp, binding, outcome), sdl, "settle")
+    except (InvalidRequest, PayloadTooLarge) as r:
+        receipt: Receipt | None = None
+        try:
+            receipt = await _aretry(lambda: client.settle(key, fence, fp, binding, _unknown(r)), sdl, "settle")
+        except SettleError:
+            pass
+        raise OutcomeUnknown(key, receipt, r, outcome) from r
+    except DeadlineExceeded as d:
+        raise OutcomeUnknown(key, None, d, outcome) from d
 
 
 async def _execute_async(
@@ -929,29 +1261,16 @@ async def _execute_async(
     effect: Callable[[AsyncEffectContext], Awaitable[Done]],
     default: Serializer | None,
 ) -> RunResult:
-    ctx = AsyncEffectContext(client, key, grant.fence, grant.attempt, marks_dispatch, lease_ms=lease_ms)
+    ctx = AsyncEffectContext(client, key, grant.fence, grant.attempt, marks_dispatch, lease_ms=lease_ms, deadline=dl)
     hb = _AsyncHeartbeat(client, key, grant.fence, lease_ms, ctx.lease_lost)
     sdl = _settle_deadline(dl, lease_ms)
     try:
         try:
             outcome = await _call_effect_async(ctx, effect, default)
-        except EffectNotSent as e:
-            reason = "not_dispatched" if marks_dispatch and not ctx.crossed else "not_committed"
-            await _release_async(client, key, grant.fence, reason, fp, binding, sdl, e)
-            raise
-        except EffectRefused as e:
-            await _release_async(client, key, grant.fence, "not_committed", fp, binding, sdl, e)
-            raise
         except BaseException as e:
             # Also on cancellation: the effect may have reached the remote.
-            if marks_dispatch and not ctx.crossed:
-                await _release_async(client, key, grant.fence, "not_dispatched", fp, binding, sdl, e)
-                raise
-            receipt = await _aretry(lambda: client.settle(key, grant.fence, fp, binding, _unknown(e)), sdl, "settle")
-            if isinstance(e, Exception):
-                raise OutcomeUnknown(key, receipt, e) from e
-            raise
-        receipt = await _aretry(lambda: client.settle(key, grant.fence, fp, binding, outcome), sdl, "settle")
+            await _failed_async(client, key, grant.fence, fp, binding, sdl, e, marks_dispatch, ctx)
+        receipt = await _record_async(client, key, grant.fence, fp, binding, sdl, outcome)
         return RunResult(outcome, receipt, replayed=False, fence=grant.fence)
     finally:
         await hb.stop()

@@ -92,8 +92,10 @@ response came back (a framework's own 500 page)."""
 @dataclass(frozen=True)
 class ReconcileRequest:
     """The retried request a ``reconcile`` hook is asked about: its WSGI
-    ``environ``, its whole ``body``, the ``Idempotency-Key`` value the
-    client sent (unquoted) and the ``principal`` (account) it came from."""
+    ``environ`` (``method``, ``path``, ``query``, ``target``: the path with
+    its query as sent, ``headers``, ``header(name)``), its whole ``body``,
+    the ``Idempotency-Key`` value the client sent (unquoted) and the
+    ``principal`` (account) it came from."""
 
     environ: WSGIEnviron
     body: bytes
@@ -106,7 +108,29 @@ class ReconcileRequest:
 
     @property
     def path(self) -> str:
+        """The path (``SCRIPT_NAME`` + ``PATH_INFO``, without the query)."""
         return _path(self.environ)
+
+    @property
+    def query(self) -> str:
+        """The query string, without ``?`` ("" when none)."""
+        return str(self.environ.get("QUERY_STRING", ""))
+
+    @property
+    def target(self) -> str:
+        """The path with its query, as sent (what the fingerprint covers)."""
+        return request_target(self.environ)
+
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """The request's headers: (lower-case name, value)."""
+        out: list[tuple[str, str]] = []
+        for k, v in self.environ.items():
+            if k.startswith("HTTP_"):
+                out.append((k[5:].lower().replace("_", "-"), str(v)))
+            elif k in ("CONTENT_TYPE", "CONTENT_LENGTH") and v:
+                out.append((k.lower().replace("_", "-"), str(v)))
+        return out
 
     def header(self, name: str) -> str | None:
         """The value of a request header, or None."""
@@ -137,13 +161,23 @@ def mark_retryable(target: Any) -> None:
     _environ_of(target)[RETRYABLE] = True
 
 
-def mark_failed(target: Any) -> None:
+FAILED_EXCEPTION = "settle.failed_exception"
+"""The environ key where ``mark_failed`` keeps the handler's exception."""
+
+
+def mark_failed(target: Any, exception: BaseException | None = None) -> None:
     """Tell the middleware that the handler failed although a response came
     back (a framework that turns exceptions into a 500 page): that request
-    gets 500 ``outcome_unknown`` and the record is ``unknown``.
+    gets 500 ``outcome_unknown`` and the record is ``unknown`` — unless
+    ``exception`` (the handler's) is ``EffectNotSent`` or ``EffectRefused``:
+    nothing was done, released ``not_committed``, 503
+    ``idempotency_unavailable`` with ``Retry-After: 1``.
     ``settle_client.flask.init_app`` and the Django middleware call it for
     you."""
-    _environ_of(target)[FAILED] = True
+    env = _environ_of(target)
+    env[FAILED] = True
+    if exception is not None:
+        env[FAILED_EXCEPTION] = exception
 
 
 def header_values(environ: WSGIEnviron, name: str) -> list[str]:
@@ -283,6 +317,12 @@ class IdempotencyMiddleware:
         reconcile: ReconcileHook | None = None,
         **options: Unpack[MiddlewareOptions],
     ) -> None:
+        if not isinstance(client, Client):
+            raise TypeError(
+                "IdempotencyMiddleware (WSGI) needs a settle_client.Client (the sync client), not "
+                f"{type(client).__name__}: a WSGI app runs in threads; for an ASGI app use "
+                "settle_client.asgi.IdempotencyMiddleware with an AsyncClient"
+            )
         if options.get("timeout") is not None:
             raise ValueError(
                 "timeout is not supported by the WSGI middleware: a handler runs in the server's thread, which "
@@ -341,7 +381,10 @@ class IdempotencyMiddleware:
             if close is not None:
                 close()
         if env.get(FAILED) or environ.get(FAILED):
-            raise HandlerFailed("the framework reported that the handler raised")
+            raised = env.get(FAILED_EXCEPTION) or environ.get(FAILED_EXCEPTION)
+            raise HandlerFailed(
+                "the framework reported that the handler raised", raised if isinstance(raised, BaseException) else None
+            )
         if not started:
             raise HandlerFailed("the app returned without calling start_response")
         status_line, headers = started[0]

@@ -1,6 +1,6 @@
 "use strict";
 Object.defineProperty(exports, "__esModule", { value: true });
-exports.Client = void 0;
+exports.Client = exports.newClaimId = void 0;
 exports.encodeSegment = seg;
 // The typed HTTP client of SPEC §7, on the built-in fetch (on node:https with
 // a custom CA, tls.ts); every request carries the caller's W3C trace context
@@ -34,6 +34,8 @@ function query(params) {
         add('after', String(params.after));
     return q.length ? '?' + q.join('&') : '';
 }
+var jcs_js_1 = require("./jcs.js");
+Object.defineProperty(exports, "newClaimId", { enumerable: true, get: function () { return jcs_js_1.newClaimId; } });
 /** Every byte but the unreserved ones percent-encoded (SPEC §7 path segments). */
 function seg(s) {
     if (typeof s !== 'string')
@@ -136,6 +138,8 @@ class Client {
             body.marks_dispatch = true;
         if (options.retentionS !== undefined)
             body.retention_s = options.retentionS;
+        if (options.claimId !== undefined)
+            body.claim_id = options.claimId;
         return (0, types_js_1.claimFromWire)(await this.send('POST', `/v1/operations/${seg(key)}/claim`, body));
     }
     async heartbeat(key, fence, leaseMs) {
@@ -158,10 +162,12 @@ class Client {
         });
         return (0, types_js_1.receiptFromWire)(d.receipt);
     }
-    async release(key, fence, reason = 'not_dispatched') {
+    async release(key, fence, reason = 'not_dispatched', options = {}) {
         const body = { fence: uint('fence', fence) };
         if (reason !== null)
             body.reason = reason;
+        if (options.forget)
+            body.forget = true;
         const d = await this.send('POST', `/v1/operations/${seg(key)}/release`, body);
         return { fence: d.fence, released: d.released };
     }

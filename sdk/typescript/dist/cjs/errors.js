@@ -1,7 +1,7 @@
 "use strict";
 // Typed errors: one class per SPEC §7 problem code, plus the SDK's own.
 Object.defineProperty(exports, "__esModule", { value: true });
-exports.ResultNotSerializable = exports.EffectRefused = exports.EffectNotSent = exports.OutcomeUnknown = exports.DeadlineExceeded = exports.ReconcileRequired = exports.PROBLEM_CLASSES = exports.RecordRefused = exports.RateLimited = exports.Unavailable = exports.TooManyClasses = exports.ReceiptRequired = exports.ResultMismatch = exports.WrongPurpose = exports.LeaseExpired = exports.StaleFence = exports.StaleBinding = exports.BindingMismatch = exports.FingerprintMismatch = exports.Refusal = exports.InvalidRequest = exports.PayloadTooLarge = exports.RequestTimeout = exports.NotFound = exports.Unauthorized = exports.BadRequest = exports.ProblemError = exports.TransportError = exports.SettleError = void 0;
+exports.ResultNotSerializable = exports.EffectRefused = exports.EffectNotSent = exports.HookTimeout = exports.OutcomeUnknown = exports.DeadlineExceeded = exports.ReconcileRequired = exports.PROBLEM_CLASSES = exports.RecordRefused = exports.RateLimited = exports.Unavailable = exports.TooManyClasses = exports.ReceiptRequired = exports.ResultMismatch = exports.WrongPurpose = exports.LeaseExpired = exports.StaleFence = exports.StaleBinding = exports.BindingMismatch = exports.FingerprintMismatch = exports.Refusal = exports.InvalidRequest = exports.PayloadTooLarge = exports.RequestTimeout = exports.NotFound = exports.Unauthorized = exports.BadRequest = exports.ProblemError = exports.TransportError = exports.SettleError = void 0;
 exports.problemError = problemError;
 /** Base of every error thrown by @settle/client. */
 class SettleError extends Error {
@@ -149,25 +149,48 @@ exports.ReconcileRequired = ReconcileRequired;
 class DeadlineExceeded extends SettleError {
 }
 exports.DeadlineExceeded = DeadlineExceeded;
-/** The effect threw after it may have reached the remote: settled `unknown`.
- * `cause` is the effect's error; `receipt` the unknown receipt. */
+/** The outcome of the operation is unknown: the record is (or becomes, when
+ * its lease lapses) `unknown`, reconcile required (SPEC §11.11). Thrown when
+ * the effect failed after it may have reached the remote (`cause`: the
+ * effect's error), when the outcome could not be recorded (`cause`: the
+ * refusal or the last error; `outcome`: what could not be recorded), or when
+ * a reconcile hook threw or ran past `hookTimeoutMs` (`cause`: its error, or
+ * a HookTimeout). `receipt`: the `unknown` receipt, or null when none was
+ * written. */
 class OutcomeUnknown extends SettleError {
     key;
     receipt;
-    constructor(key, receipt, cause) {
+    /** The outcome the effect produced that could not be recorded, if any. */
+    outcome;
+    constructor(key, receipt, cause, outcome = null) {
         const why = cause instanceof Error ? `: ${cause.message}` : '';
         super(`the outcome of operation ${JSON.stringify(key)} is unknown; it must be reconciled${why}`, { cause });
         this.key = key;
         this.receipt = receipt;
+        this.outcome = outcome;
     }
 }
 exports.OutcomeUnknown = OutcomeUnknown;
-/** SPEC §11.8: throw from an effect (or a `makeIdempotent` function) when
- * nothing reached the remote: the lease is released (`not_dispatched` when
- * the claim used `marksDispatch` and no dispatch was marked, else
- * `not_committed`: the caller attests that nothing was applied) and the
- * next run executes. Under `marksDispatch`, any error thrown before
- * `ctx.dispatch()` counts as this. */
+/** A reconcile hook (of runOnce, the Reconciler or a middleware) ran past
+ * its `hookTimeoutMs`: it counts as `unavailable`, and its lease is handed
+ * back with reconcile(unavailable). */
+class HookTimeout extends SettleError {
+    timeoutMs;
+    constructor(timeoutMs) {
+        super(`the reconcile hook did not answer within ${timeoutMs} ms (hookTimeoutMs)`);
+        this.timeoutMs = timeoutMs;
+    }
+}
+exports.HookTimeout = HookTimeout;
+/** SPEC §11.8: throw from an effect (or a `makeIdempotent` function, or a
+ * middleware's handler) when nothing reached the remote: the lease is
+ * released (`not_dispatched` when the claim used `marksDispatch` and no
+ * dispatch was marked, else `not_committed`: the caller attests that
+ * nothing was applied) and the next run executes. Under `marksDispatch`,
+ * any error thrown before `ctx.dispatch()` counts as this (and is thrown
+ * as it is). runOnce also throws it, with the `DeadlineExceeded` of
+ * `ctx.dispatch()` as its `cause`, when the dispatch mark never reached
+ * settle and the lease was released `not_dispatched` (SPEC §11.11). */
 class EffectNotSent extends SettleError {
 }
 exports.EffectNotSent = EffectNotSent;

@@ -133,6 +133,7 @@ function idempotency(options) {
                 path,
                 target,
                 headerValues: (name) => mw.rawHeaderValues(request.raw, name),
+                headerEntries: () => mw.rawHeaderEntries(request.raw),
                 body: async (max) => bodyOf(request, st, max),
             });
             if (begun.kind === 'unwrapped')
@@ -177,7 +178,14 @@ function idempotency(options) {
                 clearTimeout(st.timer);
             if (st.escaped)
                 return setAnswer(reply, await st.run.fail(st.escaped.err, false));
-            const body = await payloadBytes(payload);
+            let body;
+            try {
+                body = await payloadBytes(payload);
+            }
+            catch (err) {
+                // The response body (a stream) failed before it ended: an escaped failure.
+                return setAnswer(reply, await st.run.fail(err, false));
+            }
             await st.run.respond(reply.statusCode, replyHeaders(reply), body, mw.isMarkedRetryable(reply, reply.raw));
             return body;
         });

@@ -99,6 +99,11 @@ function withIdempotency(handler, options) {
                 const v = request.headers.get(name); // several field lines arrive joined with ", "
                 return v === null ? [] : [v];
             },
+            headerEntries: () => {
+                const out = [];
+                request.headers.forEach((v, n) => out.push([n, v]));
+                return out;
+            },
             body: (max) => readBody(request, max),
         });
         if (begun.kind === 'unwrapped')

@@ -1,6 +1,6 @@
 export * from './errors.js';
 export * from './types.js';
-export { Client, type ClientOptions, type ClaimOptions, type ReconcileAnswer } from './client.js';
+export { Client, newClaimId, type ClientOptions, type ClaimOptions, type ReleaseOptions, type ReconcileAnswer } from './client.js';
 export type { CACertificates } from './tls.js';
 export { runOnce, makeIdempotent, encodeResult, type Done, type Effect, type EffectContext, type Finding, type IdempotentFunction, type IdempotentOptions, type ReconcileHook, type RunOptions, type RunResult, type Serializer, } from './worker.js';
 export { Reconciler, type ReconcileCounts, type ReconcilerOptions } from './reconciler.js';

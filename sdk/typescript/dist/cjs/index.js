@@ -36,12 +36,13 @@ var __importStar = (this && this.__importStar) || (function () {
     };
 })();
 Object.defineProperty(exports, "__esModule", { value: true });
-exports.middlewareCore = exports.withIdempotency = exports.authenticatedPrincipal = exports.fixedPrincipal = exports.markRetryable = exports.idempotency = exports.FingerprintError = exports.sha256Hex = exports.selectFields = exports.fingerprint = exports.canonicalize = exports.Reconciler = exports.encodeResult = exports.makeIdempotent = exports.runOnce = exports.Client = void 0;
+exports.middlewareCore = exports.withIdempotency = exports.authenticatedPrincipal = exports.fixedPrincipal = exports.markRetryable = exports.idempotency = exports.FingerprintError = exports.sha256Hex = exports.selectFields = exports.fingerprint = exports.canonicalize = exports.Reconciler = exports.encodeResult = exports.makeIdempotent = exports.runOnce = exports.newClaimId = exports.Client = void 0;
 // @settle/client: the TypeScript SDK of settle (SPEC §7, §8, §11).
 __exportStar(require("./errors.js"), exports);
 __exportStar(require("./types.js"), exports);
 var client_js_1 = require("./client.js");
 Object.defineProperty(exports, "Client", { enumerable: true, get: function () { return client_js_1.Client; } });
+Object.defineProperty(exports, "newClaimId", { enumerable: true, get: function () { return client_js_1.newClaimId; } });
 var worker_js_1 = require("./worker.js");
 Object.defineProperty(exports, "runOnce", { enumerable: true, get: function () { return worker_js_1.runOnce; } });
 Object.defineProperty(exports, "makeIdempotent", { enumerable: true, get: function () { return worker_js_1.makeIdempotent; } });

@@ -6,6 +6,7 @@ exports.parsePointer = parsePointer;
 exports.selectFields = selectFields;
 exports.sha256Hex = sha256Hex;
 exports.fingerprint = fingerprint;
+exports.newClaimId = newClaimId;
 // RFC 8785 (JCS) canonical JSON and the SPEC §11.1 fingerprint.
 //
 // Members are sorted by UTF-16 code units (Array.prototype.sort's default),
@@ -180,4 +181,9 @@ function sha256Hex(data) {
 function fingerprint(value, fields) {
     const target = fields === undefined ? value : selectFields(value, fields);
     return sha256Hex(canonicalize(target));
+}
+/** A fresh `claim_id` (SPEC §4 claim rule 5a): 128 random bits, base64url
+ * (22 characters). */
+function newClaimId() {
+    return (0, node_crypto_1.randomBytes)(16).toString('base64url');
 }

@@ -1,6 +1,6 @@
 "use strict";
 Object.defineProperty(exports, "__esModule", { value: true });
-exports.FORBIDDEN_DETAIL = exports.UNAVAILABLE_DETAIL = exports.PRINCIPAL_MISSING_DETAIL = exports.FingerprintOptions = exports.MiddlewareConfigError = exports.MAX_JSON_DEPTH = exports.KeyHeaderError = exports.DEFAULT_MAX_STORED_BODY = exports.DEFAULT_STORED_HEADERS = exports.NOT_COMMITTED_STATUSES = void 0;
+exports.FORBIDDEN_DETAIL = exports.UNAVAILABLE_DETAIL = exports.PRINCIPAL_MISSING_DETAIL = exports.FingerprintOptions = exports.MiddlewareConfigError = exports.MAX_JSON_DEPTH = exports.KeyHeaderError = exports.DEFAULT_MAX_STORED_BODY = exports.DEFAULT_STORED_HEADERS = exports.DEFAULT_LEDGER_DEADLINE_MS = exports.NOT_COMMITTED_STATUSES = void 0;
 exports.parseIdempotencyKey = parseIdempotencyKey;
 exports.frame = frame;
 exports.ledgerKey = ledgerKey;
@@ -10,7 +10,9 @@ exports.excludePointers = excludePointers;
 exports.fingerprintBody = fingerprintBody;
 exports.requestFingerprint = requestFingerprint;
 exports.bindingPrincipal = bindingPrincipal;
+exports.workerValue = workerValue;
 exports.workerLabel = workerLabel;
+exports.parseWorkerLabel = parseWorkerLabel;
 exports.responseSha256 = responseSha256;
 exports.encodeResponse = encodeResponse;
 exports.decodeResponse = decodeResponse;
@@ -24,15 +26,21 @@ exports.principalParts = principalParts;
 exports.fixedPrincipal = fixedPrincipal;
 exports.authenticatedPrincipal = authenticatedPrincipal;
 exports.rawHeaderValues = rawHeaderValues;
+exports.rawHeaderEntries = rawHeaderEntries;
 exports.pathAndTarget = pathAndTarget;
 exports.answer = answer;
 exports.problemResponse = problemResponse;
 exports.createEngine = createEngine;
+exports.foundResponse = foundResponse;
 const errors_js_1 = require("./errors.js");
 const errors_js_2 = require("./errors.js");
 const jcs_js_1 = require("./jcs.js");
 const worker_js_1 = require("./worker.js");
+/** The default `releaseOn`: responses that say nothing happened (SPEC §8). */
 exports.NOT_COMMITTED_STATUSES = new Set([408, 409, 425, 429]);
+/** The default `ledgerDeadlineMs`: how long the calls before the handler
+ * (claim, dispatch) are retried when settle does not answer. */
+exports.DEFAULT_LEDGER_DEADLINE_MS = 2000;
 exports.DEFAULT_STORED_HEADERS = ['content-type', 'location'];
 exports.DEFAULT_MAX_STORED_BODY = 32 * 1024;
 const RESULT_VERSION = 1;
@@ -399,9 +407,40 @@ function requestFingerprint(method, target, contentType, body, headers = [], opt
 function bindingPrincipal(principal) {
     return visible(principal) ? principal : 'sha256:' + (0, jcs_js_1.sha256Hex)(utf8(principal));
 }
-/** The claim's `worker` field, for operators. */
+/** A value of the `worker` field (SPEC §8): every UTF-8 byte outside
+ * `A-Za-z0-9-._~` as uppercase `%XX`. */
+function workerValue(value) {
+    let out = '';
+    for (const b of Buffer.from(value, 'utf8')) {
+        const unreserved = (b >= 0x41 && b <= 0x5a) || (b >= 0x61 && b <= 0x7a) || (b >= 0x30 && b <= 0x39) || b === 0x2d || b === 0x2e || b === 0x5f || b === 0x7e;
+        out += unreserved ? String.fromCharCode(b) : '%' + b.toString(16).toUpperCase().padStart(2, '0');
+    }
+    return out;
+}
+/** The claim's `worker` field (SPEC §8): `idempotency-key=<value>
+ * principal=<value>`, the header value after unquoting and the principal
+ * the extractor gave (not the binding's `sha256:` form), each encoded by
+ * `workerValue`. Operators read it; a Reconciler parses it
+ * (`parseWorkerLabel`) to hand a middleware hook the client's key and
+ * principal. */
 function workerLabel(key, principal) {
-    return `idempotency-key=${key} principal=${bindingPrincipal(principal)}`;
+    return `idempotency-key=${workerValue(key)} principal=${workerValue(principal)}`;
+}
+const WORKER_LABEL = /^idempotency-key=((?:[A-Za-z0-9._~-]|%[0-9A-F]{2})+) principal=((?:[A-Za-z0-9._~-]|%[0-9A-F]{2})*)$/;
+/** The Idempotency-Key value and the principal of a `worker` field written
+ * by `workerLabel` (by any SDK's middleware), or null for another field. */
+function parseWorkerLabel(worker) {
+    if (typeof worker !== 'string')
+        return null;
+    const m = WORKER_LABEL.exec(worker);
+    if (!m)
+        return null;
+    try {
+        return { idempotencyKey: decodeURIComponent(m[1]), principal: decodeURIComponent(m[2]) };
+    }
+    catch {
+        return null; // not UTF-8
+    }
 }
 function responseSha256(status, body) {
     return (0, jcs_js_1.sha256Hex)(frame(utf8(String(status)), body));
@@ -577,6 +616,14 @@ function rawHeaderValues(req, name) {
             out.push(raw[i + 1]);
     return out;
 }
+/** Every header of a Node request as [name in lower case, value], in order. */
+function rawHeaderEntries(req) {
+    const out = [];
+    const raw = req.rawHeaders;
+    for (let i = 0; i + 1 < raw.length; i += 2)
+        out.push([raw[i].toLowerCase(), raw[i + 1]]);
+    return out;
+}
 /** The path (without the query) and the request target of a raw URL as
  * sent: "/p?" and "/p" are one target, as in ASGI. */
 function pathAndTarget(url) {
@@ -592,6 +639,14 @@ function answer(status, headers, body) {
 /** A problem+json answer. */
 function problemResponse(status, code, detail, extra = []) {
     return answer(status, [['content-type', 'application/problem+json'], ...extra], problemBody(status, code, detail));
+}
+function checkReleaseOn(statuses, where) {
+    if (statuses === undefined)
+        return null;
+    if (!Array.isArray(statuses) || statuses.some((x) => !Number.isInteger(x) || x < 100 || x > 599)) {
+        throw new RangeError(`${where}: releaseOn is an array of HTTP statuses (100-599)`);
+    }
+    return new Set(statuses);
 }
 /** The SPEC §8 engine for one adapter (`who` names its factory in errors). */
 function createEngine(options, who = 'idempotency') {
@@ -614,6 +669,12 @@ function createEngine(options, who = 'idempotency') {
     const maxStoredBody = options.maxStoredBody ?? exports.DEFAULT_MAX_STORED_BODY;
     const maxRequestBody = options.maxRequestBody ?? 1024 * 1024;
     const leaseMs = options.leaseMs ?? 30_000;
+    const ledgerDeadlineMs = options.ledgerDeadlineMs ?? exports.DEFAULT_LEDGER_DEADLINE_MS;
+    if (!(ledgerDeadlineMs >= 0))
+        throw new RangeError(`${who}({ ledgerDeadlineMs }) must be >= 0`);
+    const hookTimeoutMs = options.hookTimeoutMs ?? leaseMs;
+    if (!(hookTimeoutMs > 0))
+        throw new RangeError(`${who}({ hookTimeoutMs }) must be > 0`);
     const log = options.logger ?? defaultLogger;
     const onError = options.onError ?? ((err) => console.error('idempotency: handler failed', err));
     const checkWait = (w) => {
@@ -623,11 +684,23 @@ function createEngine(options, who = 'idempotency') {
             throw new RangeError(`the wait option is seconds >= 0, got ${String(w)}`);
         return w;
     };
+    const defaultReleaseOn = checkReleaseOn(options.releaseOn, who) ?? exports.NOT_COMMITTED_STATUSES;
     const defaultPolicy = {
         required: true,
         failOpen: options.failOpen ?? false,
         timeoutMs: options.timeoutMs ?? null,
         wait: checkWait(options.wait),
+        releaseOn: [...defaultReleaseOn],
+    };
+    const releaseSets = new WeakMap();
+    const releaseOnOf = (policy) => {
+        const list = policy.releaseOn;
+        if (list === undefined)
+            return defaultReleaseOn;
+        let set = releaseSets.get(list);
+        if (!set)
+            releaseSets.set(list, (set = checkReleaseOn(list, 'routes') ?? defaultReleaseOn));
+        return set;
     };
     const stats = {};
     const count = (k) => {
@@ -643,6 +716,7 @@ function createEngine(options, who = 'idempotency') {
                 failOpen: p.failOpen ?? false,
                 timeoutMs: p.timeoutMs ?? defaultPolicy.timeoutMs ?? null,
                 wait: p.wait === undefined ? (defaultPolicy.wait ?? 0) : checkWait(p.wait),
+                ...(p.releaseOn !== undefined ? { releaseOn: p.releaseOn } : {}),
             };
         }
         return methods.has(method.toUpperCase()) ? defaultPolicy : null;
@@ -651,16 +725,16 @@ function createEngine(options, who = 'idempotency') {
     function fingerprintOf(call, method, body) {
         return requestFingerprint(method, call.target, call.headerValues('content-type')[0] ?? '', body, fpHeaders.map((h) => [h, call.headerValues(h).join(', ')]), fpOptions);
     }
-    const refuse = (status, code, detail, key) => {
+    const refuse = (status, code, detail, key, extra = []) => {
         count(code);
         log.info(`idempotency: ${code} for key ${key}`);
-        return { kind: 'answer', response: problemResponse(status, code, detail) };
+        return { kind: 'answer', response: problemResponse(status, code, detail, extra) };
     };
+    const notStored = (key) => refuse(409, 'response_not_stored', 'this request completed but its response was too large to store; it will not run again', key);
     function replay(key, result) {
         const s = decodeResponse(result);
-        if (!s || s.body === null) {
-            return refuse(409, 'response_not_stored', 'this request completed but its response was too large to store; it will not run again', key);
-        }
+        if (!s || s.body === null)
+            return notStored(key);
         count('replayed');
         log.info(`idempotency: replay of key ${key}`);
         return { kind: 'answer', response: answer(s.status, [...s.headers, ['idempotent-replayed', 'true']], s.body) };
@@ -682,6 +756,12 @@ function createEngine(options, who = 'idempotency') {
             log.warn(`idempotency: the ${call} of key ${key} failed (${f.code}): ${String(err)}`);
         return { kind: 'answer', response: problemResponse(f.status, f.code, f.detail, f.retryAfter === null ? [] : [['retry-after', String(f.retryAfter)]]) };
     }
+    const inProgress = (key, d) => refuse(409, 'request_in_progress', 'a request with this Idempotency-Key is still being processed', key, [['retry-after', inProgressRetryAfter(d)]]);
+    const unknownAnswer = () => problemResponse(500, 'outcome_unknown', 'the request failed; its outcome is unknown and must be reconciled');
+    /** The deadline of a call that hands the lease back (release, the settle
+     * of `unknown`, reconcile(unavailable)): past the ledger deadline, up to
+     * the lease's end, so that the record is not left held. */
+    const cleanupDeadline = (hb) => new worker_js_1.Deadline(Math.max(hb.leaseEnd(), Date.now() + ledgerDeadlineMs), true);
     async function begin(call) {
         const method = call.method.toUpperCase();
         const policy = policyOf(method, call.path);
@@ -712,87 +792,104 @@ function createEngine(options, who = 'idempotency') {
         const lkey = ledgerKey(namespace, principal, key);
         const binding = { principal: bindingPrincipal(principal), scopes: [], generation };
         let dec;
+        let clock = { renewedAt: Date.now() };
+        let running = null; // a request with this key is known to be running
         // A duplicate of a request still running waits up to policy.wait
         // seconds for its outcome, claiming again after the ledger's hint.
         const waiting = new worker_js_1.Deadline((policy.wait ?? 0) * 1000);
         for (;;) {
+            // One claim_id per claim, sent again by its retries (SPEC §4 rule 5a).
+            const claimId = (0, jcs_js_1.newClaimId)();
+            clock = { renewedAt: Date.now() };
             try {
-                dec = await client.claim(lkey, fp, binding, {
+                dec = await (0, worker_js_1.retrying)(() => client.claim(lkey, fp, binding, {
                     leaseMs,
                     worker: workerLabel(key, principal),
                     marksDispatch: true,
+                    claimId,
                     ...(options.retentionS !== undefined ? { retentionS: options.retentionS } : {}),
-                });
+                }), 
+                // While waiting for a request known to be running, one try: a
+                // failing claim then answers request_in_progress at once, as in
+                // Python and Rust (the client retries later).
+                new worker_js_1.Deadline(running ? 0 : ledgerDeadlineMs), 'claim');
             }
             catch (e) {
                 if (e instanceof errors_js_2.FingerprintMismatch || e instanceof errors_js_2.BindingMismatch) {
                     return refuse(422, 'idempotency_key_reused', 'this Idempotency-Key was used for another request', key);
                 }
+                // Waiting for a request known to be running: never fail open.
+                if (running && !(e instanceof errors_js_1.StaleBinding)) {
+                    log.warn(`idempotency: a claim of key ${key} failed while waiting for the running request: ${String(e)}`);
+                    return inProgress(key, running);
+                }
                 return ledgerFailed(policy, key, e, 'claim');
             }
             if (dec.decision !== 'in_flight' || waiting.left() <= 0)
                 break;
+            running = dec;
             await sleep(Math.min(dec.retryAfterMs, waiting.left()));
         }
         if (dec.decision === 'replay')
             return replay(key, dec.outcome.result);
-        if (dec.decision === 'in_flight') {
-            count('request_in_progress');
-            log.info(`idempotency: key ${key} in progress`);
-            return {
-                kind: 'answer',
-                response: problemResponse(409, 'request_in_progress', 'a request with this Idempotency-Key is still being processed', [
-                    ['retry-after', inProgressRetryAfter(dec)],
-                ]),
-            };
-        }
+        if (dec.decision === 'in_flight')
+            return inProgress(key, dec);
         let grant = dec;
         if (grant.decision === 'reconcile') {
-            const g = await reconcile(call.req, lkey, grant, key, fp, binding, { idempotencyKey: key, principal, body });
+            const info = {
+                idempotencyKey: key,
+                principal,
+                method,
+                path: call.target,
+                headers: headersOf(call),
+                body,
+                signal: new AbortController().signal, // replaced by askHook's
+            };
+            const g = await reconcile(call.req, lkey, grant, key, fp, binding, info, clock);
             if (g === null)
                 return refuse(409, 'outcome_unknown', 'an earlier request with this Idempotency-Key failed with an unknown outcome', key);
             if ('kind' in g)
                 return g;
             grant = g;
         }
-        // A dispatch whose answer was lost is retried under the same fence (the
-        // ledger answers a repeated dispatch alike), for half the lease: the
-        // rest is left for handing the lease back.
+        // The lease is heartbeated from here until the outcome is recorded.
         const fence = grant.fence;
-        const lease = new worker_js_1.Deadline(leaseMs);
+        const hb = (0, worker_js_1.startHeartbeat)(client, lkey, fence, leaseMs, new AbortController(), clock);
         try {
-            await (0, worker_js_1.retrying)(() => client.dispatch(lkey, fence), new worker_js_1.Deadline(leaseMs / 2), 'dispatch');
+            // A dispatch whose answer was lost is retried under the same fence
+            // (the ledger answers a repeated dispatch alike).
+            await (0, worker_js_1.retrying)(() => client.dispatch(lkey, fence), new worker_js_1.Deadline(ledgerDeadlineMs), 'dispatch');
         }
         catch (e) {
-            await releaseUndispatched(lkey, fence, key, lease);
+            const after = await releaseUndispatched(lkey, fence, key, fp, binding, hb, e);
+            hb.stop();
+            if (after === 'unknown')
+                return { kind: 'answer', response: unknownAnswer() };
             return ledgerFailed(policy, key, e, 'dispatch');
         }
         count('executed');
-        return { kind: 'run', run: execution(call.req, policy, key, lkey, fp, binding, fence) };
+        return { kind: 'run', run: execution(call.req, policy, key, lkey, fp, binding, fence, hb) };
     }
     /** Hands back a lease whose handler never ran, after a dispatch that
-     * failed: `not_dispatched`, or, when the ledger had recorded the dispatch
-     * after all (its answer was lost: `receipt_required`), `not_committed`
-     * (true: the handler did not run). */
-    async function releaseUndispatched(lkey, fence, key, lease) {
+     * failed: `not_dispatched`, and lets the ledger decide (SPEC §11.11):
+     * when it recorded the dispatch after all (its answer was lost:
+     * `receipt_required`), the record is settled `unknown` (never inferred
+     * `not_committed`). */
+    async function releaseUndispatched(lkey, fence, key, fp, binding, hb, cause) {
         try {
-            await (0, worker_js_1.retrying)(() => client.release(lkey, fence, 'not_dispatched'), lease, 'release');
-            return;
+            await (0, worker_js_1.retrying)(() => client.release(lkey, fence, 'not_dispatched'), cleanupDeadline(hb), 'release');
+            return 'released';
         }
         catch (e) {
             if (!(e instanceof errors_js_2.ReceiptRequired)) {
                 // The lease lapses; with no dispatch recorded nothing is flagged.
                 log.warn(`idempotency: release(not_dispatched) of key ${key} failed: ${String(e)}`);
-                return;
+                return 'released';
             }
         }
-        try {
-            await (0, worker_js_1.retrying)(() => client.release(lkey, fence, 'not_committed'), lease, 'release');
-        }
-        catch (e) {
-            log.error(`idempotency: the dispatch of key ${key} was recorded but the handler did not run, and release(not_committed) failed: ` +
-                'the record becomes unknown when its lease lapses', e);
-        }
+        log.warn(`idempotency: the dispatch of key ${key} was recorded although its answers were lost (${String(cause)}); outcome unknown`);
+        await settleUnknown(lkey, fence, fp, binding, key, 'the dispatch mark was recorded but its answer never arrived; the handler did not run', hb);
+        return 'unknown';
     }
     /** `Retry-After` of request_in_progress: the time the running lease has
      * left, in whole seconds, at least 1 and at least the ledger's hint. */
@@ -801,124 +898,174 @@ function createEngine(options, who = 'idempotency') {
     }
     /** SPEC §8: a retry found the record `unknown` (a reconcile lease).
      * Returns the execute grant under the same fence (not_committed: run the
-     * handler), the replay of the found response (settled), or null (409
+     * handler), the answer of the found response (settled), or null (409
      * `outcome_unknown`: the record stays unknown). */
-    async function reconcile(req, lkey, grant, key, fp, binding, info) {
+    async function reconcile(req, lkey, grant, key, fp, binding, info, clock) {
         const fence = grant.fence;
-        const lease = new worker_js_1.Deadline(leaseMs);
-        let finding = 'unavailable';
-        if (options.reconcile) {
-            const stopHeartbeat = (0, worker_js_1.startHeartbeat)(client, lkey, fence, leaseMs, new AbortController());
-            try {
-                finding = await options.reconcile(lkey, fence, req, info);
-            }
-            catch (e) {
-                log.error(`idempotency: reconcile hook failed for key ${key}`, e);
-                finding = 'unavailable';
-            }
-            finally {
-                stopHeartbeat();
-            }
-        }
-        let found = null;
-        if (typeof finding === 'object' && finding !== null && finding.finding === 'committed') {
-            try {
-                found = foundResponse(finding.response);
-            }
-            catch (e) {
-                log.error(`idempotency: the reconcile hook of key ${key} found an invalid response; taken as unavailable`, e);
-                finding = 'unavailable';
-            }
-        }
-        else if (finding !== 'not_committed' && finding !== 'unavailable') {
-            log.error(`idempotency: the reconcile hook of key ${key} returned ${JSON.stringify(finding)}; taken as unavailable`);
-            finding = 'unavailable';
-        }
+        const hb = (0, worker_js_1.startHeartbeat)(client, lkey, fence, leaseMs, new AbortController(), clock);
         try {
-            if (found) {
-                const { result, responseSha256 } = encodeResponse(found.status, found.headers, found.body, stored, maxStoredBody);
-                const status = found.status;
-                await (0, worker_js_1.retrying)(() => client.reconcile(lkey, fence, 'committed', { fingerprint: fp, binding, outcome: { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 } }), lease, 'reconcile');
-                count('reconciled');
-                log.info(`idempotency: key ${key} reconciled: the hook found its response (${status})`);
-                return replay(key, result);
-            }
-            if (finding === 'not_committed') {
-                const ans = await (0, worker_js_1.retrying)(() => client.reconcile(lkey, fence, 'not_committed'), lease, 'reconcile');
-                if ('decision' in ans) {
-                    log.info(`idempotency: key ${key} reconciled: not committed, the handler runs (fence ${fence})`);
-                    return ans;
+            let finding = 'unavailable';
+            const hook = options.reconcile;
+            if (hook) {
+                try {
+                    finding = await (0, worker_js_1.askHook)((signal) => hook(lkey, fence, req, { ...info, signal }), hookTimeoutMs);
                 }
-                return null;
+                catch (e) {
+                    log.error(`idempotency: reconcile hook failed for key ${key}`, e);
+                    finding = 'unavailable';
+                }
             }
-            await (0, worker_js_1.retrying)(() => client.reconcile(lkey, fence, 'unavailable'), lease, 'reconcile');
+            let found = null;
+            if (typeof finding === 'object' && finding !== null && finding.finding === 'committed') {
+                try {
+                    found = foundResponse(finding.response);
+                }
+                catch (e) {
+                    log.error(`idempotency: the reconcile hook of key ${key} found an invalid response; taken as unavailable`, e);
+                    finding = 'unavailable';
+                }
+            }
+            else if (finding !== 'not_committed' && finding !== 'unavailable') {
+                log.error(`idempotency: the reconcile hook of key ${key} returned ${JSON.stringify(finding)}; taken as unavailable`);
+                finding = 'unavailable';
+            }
+            try {
+                if (found) {
+                    const { result, responseSha256 } = encodeResponse(found.status, found.headers, found.body, stored, maxStoredBody);
+                    const status = found.status;
+                    await (0, worker_js_1.retrying)(() => client.reconcile(lkey, fence, 'committed', { fingerprint: fp, binding, outcome: { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 } }), cleanupDeadline(hb), 'reconcile');
+                    count('reconciled');
+                    log.info(`idempotency: key ${key} reconciled: the hook found its response (${status})`);
+                    if (found.body.length <= maxStoredBody)
+                        return replay(key, result);
+                    // Over the stored-body limit: settled with its digest, answered
+                    // here as the hook gave it; a later replay is 409 response_not_stored.
+                    const decoded = decodeResponse(result);
+                    count('replayed');
+                    return { kind: 'answer', response: answer(status, [...(decoded?.headers ?? []), ['idempotent-replayed', 'true']], found.body) };
+                }
+                if (finding === 'not_committed') {
+                    const ans = await (0, worker_js_1.retrying)(() => client.reconcile(lkey, fence, 'not_committed'), cleanupDeadline(hb), 'reconcile');
+                    if ('decision' in ans) {
+                        log.info(`idempotency: key ${key} reconciled: not committed, the handler runs (fence ${fence})`);
+                        return ans;
+                    }
+                    return null;
+                }
+                await (0, worker_js_1.retrying)(() => client.reconcile(lkey, fence, 'unavailable'), cleanupDeadline(hb), 'reconcile');
+            }
+            catch (e) {
+                // The reconcile lease lapses: the record stays unknown.
+                log.warn(`idempotency: reconcile of key ${key} failed: ${String(e)}`);
+            }
+            return null;
         }
-        catch (e) {
-            // The reconcile lease lapses: the record stays unknown.
-            log.warn(`idempotency: reconcile of key ${key} failed: ${String(e)}`);
+        finally {
+            hb.stop();
         }
-        return null;
     }
-    /** The handler's run under the lease: heartbeated until it answers or fails. */
-    function execution(req, policy, key, lkey, fp, binding, fence) {
-        const stopHeartbeat = (0, worker_js_1.startHeartbeat)(client, lkey, fence, leaseMs, new AbortController());
+    /** The handler's run under the lease: heartbeated until its outcome is recorded. */
+    function execution(req, policy, key, lkey, fp, binding, fence, hb) {
         let over = false;
         const end = (what) => {
             if (over)
                 throw new Error(`idempotency: ${what} after the run of key ${key} was over`);
             over = true;
-            stopHeartbeat();
         };
+        const releaseOn = releaseOnOf(policy);
         return {
             key,
             fence,
             timeoutMs: policy.timeoutMs ?? null,
             async respond(status, headers, body, retryable = false) {
                 end('respond');
-                if (exports.NOT_COMMITTED_STATUSES.has(status) || retryable) {
-                    await releaseNotCommitted(lkey, fence, fp, binding, key);
-                    return;
-                }
-                const { result, responseSha256 } = encodeResponse(status, headers, body, stored, maxStoredBody);
                 try {
-                    await (0, worker_js_1.retrying)(() => client.settle(lkey, fence, fp, binding, { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 }), new worker_js_1.Deadline(leaseMs + 1000), 'settle');
+                    if (releaseOn.has(status) || retryable) {
+                        // A status the application added (e.g. a framework's 422): forget the record.
+                        const forget = releaseOn.has(status) && !exports.NOT_COMMITTED_STATUSES.has(status);
+                        await releaseNotCommitted(lkey, fence, fp, binding, key, forget, hb);
+                        return;
+                    }
+                    const { result, responseSha256 } = encodeResponse(status, headers, body, stored, maxStoredBody);
+                    try {
+                        await (0, worker_js_1.retrying)(() => client.settle(lkey, fence, fp, binding, { status: status >= 500 ? 'failed' : 'completed', result, responseSha256 }), cleanupDeadline(hb), 'settle');
+                    }
+                    catch (e) {
+                        // The response goes out anyway (the effect happened); the record
+                        // becomes unknown when its lease lapses.
+                        log.error(`idempotency: the response of key ${key} could not be settled`, e);
+                    }
                 }
-                catch (e) {
-                    // The response goes out anyway (the effect happened); the record
-                    // becomes unknown when its lease lapses.
-                    log.error(`idempotency: the response of key ${key} could not be settled`, e);
+                finally {
+                    hb.stop();
                 }
             },
             async fail(err, timeout) {
                 end('fail');
-                await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : 'error');
-                if (!timeout)
-                    onError(err, req);
-                return problemResponse(500, 'outcome_unknown', 'the request failed; its outcome is unknown and must be reconciled');
+                try {
+                    if (!timeout && err instanceof errors_js_1.EffectNotSent) {
+                        // The handler says nothing was done: released, the retry runs it.
+                        if (await releaseNotCommitted(lkey, fence, fp, binding, key, false, hb)) {
+                            return problemResponse(503, 'idempotency_unavailable', 'the request was not processed; retry it', [['retry-after', '1']]);
+                        }
+                        return unknownAnswer();
+                    }
+                    await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : 'error', hb);
+                    if (!timeout)
+                        onError(err, req);
+                    return unknownAnswer();
+                }
+                finally {
+                    hb.stop();
+                }
             },
         };
     }
-    async function releaseNotCommitted(lkey, fence, fp, binding, key) {
+    /** Releases `not_committed` (with `forget`: the record removed when
+     * nothing of it remains); true when released. */
+    async function releaseNotCommitted(lkey, fence, fp, binding, key, forget, hb) {
         count('not_committed');
+        const sdl = cleanupDeadline(hb);
+        let lost = false; // an answer was lost: a later 404 means the forget was applied
+        const once = async () => {
+            try {
+                return await client.release(lkey, fence, 'not_committed', forget ? { forget: true } : {});
+            }
+            catch (e) {
+                if (forget && lost && e instanceof errors_js_1.NotFound)
+                    return null;
+                if (e instanceof errors_js_1.TransportError)
+                    lost = true;
+                throw e;
+            }
+        };
         try {
-            await (0, worker_js_1.retrying)(() => client.release(lkey, fence, 'not_committed'), new worker_js_1.Deadline(leaseMs), 'release');
+            await (0, worker_js_1.retrying)(once, sdl, 'release');
+            if (forget)
+                count('forgotten');
+            return true;
         }
         catch (e) {
+            if (forget && e instanceof errors_js_2.ReceiptRequired) {
+                // Something of the record remains (an earlier attempt): keep it.
+                return releaseNotCommitted(lkey, fence, fp, binding, key, false, hb);
+            }
             if (e instanceof errors_js_2.InvalidRequest) {
                 // A server without release(not_committed) (SPEC §4): the safe record is unknown.
                 log.warn(`idempotency: the ledger refused release(not_committed) for key ${key}; settling unknown`);
-                await settleUnknown(lkey, fence, fp, binding, key, 'not_committed unsupported');
+                await settleUnknown(lkey, fence, fp, binding, key, 'not_committed unsupported', hb);
             }
             else {
                 log.error(`idempotency: release of key ${key} failed`, e);
             }
+            return false;
         }
     }
-    async function settleUnknown(lkey, fence, fp, binding, key, why) {
+    async function settleUnknown(lkey, fence, fp, binding, key, why, hb) {
         count('outcome_unknown');
         log.warn(`idempotency: key ${key} failed (${why}); outcome unknown`);
         try {
-            await (0, worker_js_1.retrying)(() => client.settle(lkey, fence, fp, binding, { status: 'unknown', error: `handler failed: ${why}` }), new worker_js_1.Deadline(leaseMs + 1000), 'settle');
+            await (0, worker_js_1.retrying)(() => client.settle(lkey, fence, fp, binding, { status: 'unknown', error: `handler failed: ${why}` }), cleanupDeadline(hb), 'settle');
         }
         catch (e) {
             log.error(`idempotency: settle unknown of key ${key} failed`, e); // the lease lapses after dispatch: unknown anyway
@@ -926,7 +1073,17 @@ function createEngine(options, who = 'idempotency') {
     }
     return { stats, maxRequestBody, begin };
 }
-/** A reconcile hook's response as status, headers and body bytes. */
+/** Every header of the request as one record (names in lower case). */
+function headersOf(call) {
+    const out = {};
+    for (const [n, v] of call.headerEntries?.() ?? []) {
+        const name = n.toLowerCase();
+        out[name] = name in out ? `${out[name]}, ${v}` : v;
+    }
+    return out;
+}
+/** A reconcile hook's response as status, headers and body bytes (a body
+ * that is neither a string nor bytes as JSON, with its content-type). */
 function foundResponse(r) {
     if (!r || typeof r !== 'object' || !Number.isInteger(r.status) || r.status < 100 || r.status > 599) {
         throw new TypeError('a committed finding needs response: { status (100-599), headers?, body? }');

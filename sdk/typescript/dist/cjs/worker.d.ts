@@ -16,15 +16,25 @@ export interface EffectContext {
     /** Aborted when a heartbeat learns that the lease ended: stop, the settle will be refused. */
     readonly signal: AbortSignal;
     /** Record the commit boundary before the remote write (required with
-     * marksDispatch; a lost answer is retried under the same fence). A no-op
-     * without marksDispatch, and during a resend (a reconcile lease cannot dispatch). */
+     * marksDispatch; a lost answer is retried under the same fence until the
+     * run's deadline). If it rejects, do not write: the SDK releases the lease
+     * `not_dispatched` and lets the ledger decide (SPEC §11.11). Once it was
+     * called, the effect has crossed the boundary unless it awaited a
+     * rejection. A no-op without marksDispatch, and during a resend (a
+     * reconcile lease cannot dispatch). */
     dispatch(): Promise<void>;
+    /** The dispatch mark was recorded (answered). */
     readonly dispatched: boolean;
 }
 export type Effect<R = unknown> = (ctx: EffectContext) => Promise<Done<R>> | Done<R>;
 /** What a reconcile hook found: the effect applied (`{ result }`, of the effect's type `R`), not applied, or it cannot tell. */
 export type Finding<R = unknown> = Done<R> | 'not_committed' | 'unavailable';
-export type ReconcileHook<R = unknown> = (key: string, fence: number) => Promise<Finding<R>> | Finding<R>;
+/** Asked with the key and the reconcile lease's fence; `options.signal` is
+ * aborted when the hook ran past `hookTimeoutMs` (its answer no longer
+ * counts). The lease is heartbeated while it runs. */
+export type ReconcileHook<R = unknown> = (key: string, fence: number, options: {
+    signal: AbortSignal;
+}) => Promise<Finding<R>> | Finding<R>;
 /** Turns a value that is not JSON (a BigInt, a Map, a class instance, ...)
  * into JSON. Called for every such value inside the result, with the value;
  * what it returns is stored in its place (its own non-JSON members are
@@ -43,12 +53,17 @@ export interface RunOptions<R = unknown> {
     marksDispatch?: boolean;
     worker?: string;
     retentionS?: number;
-    /** Bounds in_flight waits and claim retries (default 30 000 ms; null: none). */
+    /** Bounds in_flight waits and the retries of claim, dispatch and settle
+     * (default 30 000 ms; null: none). The calls that hand the lease back
+     * after a failure retry past it, up to the lease's end. */
     deadlineMs?: number | null;
     /** What to do with a record left `unknown`: a hook that finds out
      * (SPEC §11.4), or 'resend' (SPEC §11.9: run the effect again with the
      * same key; only when the remote itself de-duplicates by that key). */
     reconcile?: ReconcileHook<R> | 'resend';
+    /** The reconcile hook's time limit (default: leaseMs); past it, it counts
+     * as unavailable and runOnce throws OutcomeUnknown (cause: HookTimeout). */
+    hookTimeoutMs?: number;
     /** Encodes the values of the effect's result that are not JSON. */
     serializer?: Serializer;
 }
@@ -70,18 +85,39 @@ export interface RunResult<R = unknown> {
     reconciled: boolean;
 }
 declare class Deadline {
+    /** Epoch ms, or null: none. */
     readonly at: number | null;
-    constructor(ms: number | null);
+    /** `ms` from now (null: no deadline); with `absolute`, `ms` is the epoch ms itself. */
+    constructor(ms: number | null, absolute?: boolean);
     left(): number;
+    /** This deadline, or `ms` from now when that is later. */
+    atLeast(ms: number): Deadline;
 }
 /** No answer, 503 `unavailable` or a 429 of settle: worth the same call again later. */
 export declare function isRetryable(e: unknown): boolean;
 /** Retry `fn` on no answer, 503 `unavailable` and 429 (honouring
  * Retry-After) until the deadline; then DeadlineExceeded (`cause`: the
- * last error). Anything else is thrown at once. */
-export declare function retrying<T>(fn: () => Promise<T>, deadline: Deadline, what: string): Promise<T>;
-/** Heartbeats every leaseMs/3 until stopped; aborts `controller` when the lease is lost. */
-export declare function startHeartbeat(client: Client, key: string, fence: number, leaseMs: number, controller: AbortController): () => void;
+ * last error). Anything else is thrown at once. `fn` is the same call every
+ * time (SPEC §11.11: a lost call is retried with identical arguments). An
+ * abort of `signal` ends the retries with its reason. */
+export declare function retrying<T>(fn: () => Promise<T>, deadline: Deadline, what: string, signal?: AbortSignal): Promise<T>;
+/** When a lease was last renewed (the local time its claim or heartbeat was
+ * sent: the lease ends no sooner than `renewedAt + leaseMs`). */
+export interface LeaseClock {
+    renewedAt: number;
+}
+export interface Heartbeat {
+    stop(): void;
+    /** When the lease ends unless a heartbeat gets through (local clock, epoch ms). */
+    leaseEnd(): number;
+}
+/** Heartbeats every leaseMs/3 until stopped; aborts `controller` when the
+ * lease is lost; each heartbeat answered moves `clock.renewedAt`. */
+export declare function startHeartbeat(client: Client, key: string, fence: number, leaseMs: number, controller: AbortController, clock?: LeaseClock): Heartbeat;
+/** Asks a reconcile hook, bounded by `timeoutMs` (SPEC §8, §11.10,
+ * §11.11): past it, rejects with HookTimeout; an abort of `outer` rejects
+ * with its reason. The hook gets a signal that is aborted in both cases. */
+export declare function askHook<T>(ask: (signal: AbortSignal) => Promise<T> | T, timeoutMs: number, outer?: AbortSignal): Promise<T>;
 /** The JSON form of an effect's result: plain objects, arrays, strings,
  * finite numbers, booleans and null as they are (`toJSON` honoured, an
  * undefined member left out, an undefined result null); anything else goes
@@ -101,6 +137,7 @@ export interface IdempotentOptions<A extends unknown[], R = unknown> {
     generation?: number;
     marksDispatch?: boolean;
     reconcile?: ReconcileHook<R> | 'resend';
+    hookTimeoutMs?: number;
     leaseMs?: number;
     retentionS?: number;
     deadlineMs?: number | null;
