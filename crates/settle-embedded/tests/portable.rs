@@ -263,7 +263,15 @@ fn an_import_refuses_damage_and_a_non_empty_target_and_writes_nothing() {
     let truncated = bytes[..bytes.len() - 10].to_vec();
     let text = String::from_utf8(bytes.clone()).unwrap();
     let first = text.split('\n').next().unwrap();
-    let newer_json = first[9..].replace("\"version\":1", "\"version\":2");
+    let newer_json = first[9..].replace(
+        &format!("\"version\":{}", settle_portable::VERSION),
+        &format!("\"version\":{}", settle_portable::VERSION + 1),
+    );
+    assert_ne!(
+        newer_json,
+        first[9..],
+        "the header names this build's version"
+    );
     let newer = format!(
         "{:08x} {newer_json}\n{}",
         crc32fast::hash(newer_json.as_bytes()),
