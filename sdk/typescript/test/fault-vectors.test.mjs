@@ -463,17 +463,15 @@ async function middlewareSetup(app, setups) {
 }
 
 async function checkNextRequest(app, want) {
-  for (const k of Object.keys(want)) if (!['body', 'status', 'code', 'replayed'].includes(k)) throw new Error(`unknown next_request expectation ${k}`);
-  // `body`: the corrected request's body when the handler runs again
-  // (replayed: false), the replayed response's body otherwise (see the
-  // runner's note on FAULT-VECTORS.md).
-  const bodyIsRequest = want.body !== undefined && want.replayed === false;
-  const r = await app.send(bodyIsRequest ? want.body : undefined);
+  for (const k of Object.keys(want)) if (!['request_body', 'body', 'status', 'code', 'replayed'].includes(k)) throw new Error(`unknown next_request expectation ${k}`);
+  // `request_body`: the corrected request's JSON body; `body`: the
+  // response's (FAULT-VECTORS.md).
+  const r = await app.send(want.request_body);
   const text = await r.text();
   assert.equal(r.status, want.status, `next_request status: ${text}`);
   if (want.code !== undefined) assert.equal(JSON.parse(text).code, want.code, 'next_request code');
   if (want.replayed !== undefined) assert.equal(r.headers.get('idempotent-replayed') === 'true', want.replayed, 'next_request replayed');
-  if (want.body !== undefined && !bodyIsRequest) assert.deepEqual(JSON.parse(text), want.body, 'next_request body');
+  if (want.body !== undefined) assert.deepEqual(JSON.parse(text), want.body, 'next_request body');
 }
 
 async function middlewareCase(s) {
