@@ -436,6 +436,10 @@ class AsyncReconciler(_Base):
         self.client = client
         self.default = default
         self._task: asyncio.Task[None] | None = None
+        # Set by stop() besides the cancellation: Python 3.10/3.11's
+        # asyncio.wait_for can swallow a cancellation that arrives as the
+        # awaited hook completes, and the loop must end all the same.
+        self._stopping = False
 
     async def sweep(self) -> dict[str, int]:
         s = _zero()
@@ -546,14 +550,17 @@ class AsyncReconciler(_Base):
         ended yet."""
         if self.running:
             raise RuntimeError("this AsyncReconciler is already running (stop() it, and let it end, first)")
+        self._stopping = False
         self._task = asyncio.get_running_loop().create_task(self._loop(interval), name="settle-reconciler")
 
     async def _loop(self, interval: float) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self.sweep()
             except Exception:  # noqa: BLE001
                 log.exception("reconciler: sweep failed")
+            if self._stopping:
+                break
             await asyncio.sleep(interval)
 
     async def stop(self, timeout: float | None = None) -> bool:
@@ -564,6 +571,7 @@ class AsyncReconciler(_Base):
         t = self._task
         if t is None:
             return True
+        self._stopping = True
         t.cancel()
         # Not `await t` in a try/except CancelledError: that would also
         # swallow a cancellation of the task calling stop().
