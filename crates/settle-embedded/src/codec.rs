@@ -518,6 +518,23 @@ mod tests {
         assert_eq!(frame_lsn(&[0u8; 40]), None, "no magic, no number");
     }
 
+    /// A format-2 value (leases without `claim_id`) reads back as today's
+    /// record with no `claim_id`, and re-encodes as format 3: one byte
+    /// longer per attempt (the `claim_id` tag), which fuzz/'s
+    /// `check_value` allows (fuzz found it assumed no growth).
+    #[test]
+    fn a_format_2_value_reads_back_and_grows_one_byte_per_attempt() {
+        let r = without_claim_ids(full_record());
+        assert!(!r.attempts.is_empty());
+        let mut old = vec![FORMAT_VERSION_2, VALUE_RECORD];
+        old.extend(postcard::to_allocvec(&settle_core::legacy::v2::Record::from(&r)).unwrap());
+        let back = decode_value(&old).expect("format 2 is still read");
+        assert_eq!(back, Value::Record(r.clone()));
+        let enc = encode_value(&back);
+        assert_eq!(enc[0], FORMAT_VERSION);
+        assert_eq!(enc.len(), old.len() + r.attempts.len());
+    }
+
     fn sample_record() -> Record {
         let mut w = World::default();
         let t = TenantId::default_tenant();
