@@ -4,7 +4,10 @@
 //! debug builds, by `settle check`/`inspect`, the crash tests and the model
 //! test); [`check_transition`] checks one record before and after a change.
 
-use crate::record::{MAX_ATTEMPTS, MAX_OBSERVATIONS, MAX_QUARANTINE, Purpose, Record, Status};
+use crate::record::{
+    MAX_ATTEMPTS, MAX_MOVES, MAX_OBSERVATIONS, MAX_QUARANTINE, Move, PrincipalState, Purpose,
+    Record, Status,
+};
 
 /// A broken invariant: which one, and what was seen.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -121,6 +124,38 @@ pub fn check_record(r: &Record) -> Result<(), Violation> {
     Ok(())
 }
 
+/// Checks a stored principal: at most [`MAX_MOVES`] moves kept, the unused
+/// slots empty, and each kept move left a generation below the next one's
+/// and below the current one (a generation only moves up).
+pub fn check_principal(p: &PrincipalState) -> Result<(), Violation> {
+    let n = p.moves_len as usize;
+    if n > MAX_MOVES {
+        return fail(
+            "bounded-moves",
+            format!("{n} moves kept, at most {MAX_MOVES}"),
+        );
+    }
+    if p.moves[n..].iter().any(|m| *m != Move::default()) {
+        return fail("moves-canonical", "an unused move slot is not empty");
+    }
+    let kept = p.moves();
+    if kept.windows(2).any(|w| w[0].left >= w[1].left) {
+        return fail("moves-increase", format!("{kept:?}"));
+    }
+    if let Some(last) = kept.last()
+        && last.left >= p.generation
+    {
+        return fail(
+            "moves-below-generation",
+            format!(
+                "a move left generation {}, the current is {}",
+                last.left, p.generation
+            ),
+        );
+    }
+    Ok(())
+}
+
 /// Checks one change of the same record (same reservation, not recreated).
 pub fn check_transition(before: &Record, after: &Record) -> Result<(), Violation> {
     check_record(after)?;
@@ -160,4 +195,56 @@ pub fn check_transition(before: &Record, after: &Record) -> Result<(), Violation
         return fail("disputed-sticks", "disputed was cleared");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Timestamp;
+
+    fn moved(gens: &[u64]) -> PrincipalState {
+        let mut p = PrincipalState::default();
+        for (i, &g) in gens.iter().enumerate() {
+            p = p.moved(g, Timestamp(i as u64 + 1));
+        }
+        p
+    }
+
+    #[test]
+    fn a_principal_the_rules_made_passes() {
+        assert_eq!(check_principal(&PrincipalState::default()), Ok(()));
+        assert_eq!(check_principal(&moved(&[1, 2, 5])), Ok(()));
+        // More moves than are kept: the oldest are forgotten.
+        let many: Vec<u64> = (1..=20).collect();
+        assert_eq!(check_principal(&moved(&many)), Ok(()));
+    }
+
+    fn rule(p: &PrincipalState) -> &'static str {
+        check_principal(p).expect_err("refused").rule
+    }
+
+    #[test]
+    fn a_principal_out_of_shape_is_refused_by_rule() {
+        let mut p = moved(&[1, 2, 3]);
+        p.moves_len = MAX_MOVES as u8 + 1;
+        assert_eq!(rule(&p), "bounded-moves");
+        let mut p = moved(&[1, 2, 3]);
+        p.moves_len = 2;
+        assert_eq!(rule(&p), "moves-canonical", "the third move is left behind");
+        let mut p = moved(&[1, 2, 3]);
+        p.moves.swap(0, 1);
+        assert_eq!(rule(&p), "moves-increase");
+        let mut p = moved(&[1, 2, 3]);
+        p.moves[1].left = p.moves[0].left;
+        assert_eq!(rule(&p), "moves-increase", "equal is not increasing");
+        let mut p = moved(&[1, 2, 3]);
+        p.generation = 2;
+        assert_eq!(rule(&p), "moves-below-generation", "the last move left 2");
+        // The full set of kept slots is accepted (the bound is inclusive).
+        let mut p = moved(&(1..=9).collect::<Vec<_>>());
+        assert_eq!(p.moves_len as usize, MAX_MOVES);
+        assert_eq!(check_principal(&p), Ok(()));
+        p.moves[MAX_MOVES - 1].left = p.generation;
+        assert_eq!(rule(&p), "moves-below-generation");
+    }
 }

@@ -34,6 +34,7 @@ pub use command::{
     Claim, ClaimDecision, Command, CommittedFinding, Dispatch, Finding, Grant, Heartbeat,
     LeaseInfo, Reconcile, Release, ReleaseReason, Reply, Revoke, Settle, Target, Warn,
 };
+pub use invariants::{check_principal, check_record};
 pub use record::{
     Attempt, Call, Ended, FindingKind, Lease, LeaseEnd, Move, Observation, Outcome, OutcomeStatus,
     PrincipalState, Purpose, QuarantineEntry, Receipt, Record, Reservation, Status, Warning,

@@ -96,7 +96,7 @@ impl Frozen {
 
     /// Streams the snapshot from a thread of its own.
     pub(crate) fn spawn(self) -> Result<Snapshot, StoreError> {
-        let (snap, tx) = Snapshot::channel("embedded", self.fence_floor);
+        let (snap, tx) = Snapshot::channel("embedded", self.fence_floor, FENCES_PER_CLAIM_MAX);
         std::thread::Builder::new()
             .name("settle-export".into())
             .spawn(move || {
@@ -239,7 +239,7 @@ pub fn export_dir<W: Write>(
     let rec = recovery::recover(&OsFs, &dir.join("wal"), &index)?;
     let frozen = Frozen::offline(&rec.map, &index, rec.next_fence)?;
     let floor = frozen.fence_floor;
-    let mut w = Writer::new(out, Header::new("embedded", floor))?;
+    let mut w = Writer::new(out, Header::new("embedded", floor, FENCES_PER_CLAIM_MAX))?;
     let mut failed = None;
     frozen.stream(&mut |chunk| {
         for e in &chunk {
@@ -256,6 +256,10 @@ pub fn export_dir<W: Write>(
     }
     Ok(w.finish(floor)?)
 }
+
+/// Fences one claim consumes here: the rules draw one per new lease, and
+/// the fence counter is logged with each batch (nothing drawn ahead).
+pub const FENCES_PER_CLAIM_MAX: u64 = 1;
 
 /// Entities per ingestion while importing.
 const IMPORT_CHUNK: usize = 16 * 1024;
@@ -278,6 +282,8 @@ pub fn import(
     let dir = dir.as_ref();
     let file = file.as_ref();
     let summary = settle_portable::verify(BufReader::new(File::open(file)?))?;
+    // Bounded before any work (SPEC §12): refused, nothing written.
+    let floor = summary.import_floor(margin)?;
     match std::fs::read_dir(dir) {
         Ok(mut entries) => {
             if entries.next().is_some() {
@@ -309,7 +315,6 @@ pub fn import(
     let tmp = parent.join(format!("{stale}{}", std::process::id()));
     // A fresh store lays out the log and the index, and closes.
     EmbeddedStore::open(&tmp, EmbeddedOptions::default())?.close();
-    let floor = summary.import_floor(margin);
     let index = FjallIndex::open(&tmp.join("index"))?;
     let meta = index.meta()?;
     let mut reader = Reader::new(BufReader::new(File::open(file)?))?;

@@ -130,7 +130,7 @@ async fn a_round_trip_keeps_every_entity_and_replays_byte_for_byte() {
         report.summary,
         settle_portable::verify(&std::fs::read(&file).unwrap()[..]).unwrap()
     );
-    assert_eq!(report.fence_floor, exported.import_floor(1_000));
+    assert_eq!(report.fence_floor, exported.import_floor(1_000).unwrap());
     let b = EmbeddedStore::open(tmp.path().join("b"), opts()).unwrap();
     let again = tmp.path().join("b.settle");
     let reexported = export_file(&*b, &again).await;

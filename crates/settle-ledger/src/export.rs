@@ -55,6 +55,7 @@ impl Snapshot {
     pub fn channel(
         engine: &'static str,
         fence_floor: u64,
+        fences_per_claim_max: u64,
     ) -> (
         Snapshot,
         tokio::sync::mpsc::Sender<Result<Vec<Entity>, StoreError>>,
@@ -64,6 +65,7 @@ impl Snapshot {
             Snapshot {
                 engine,
                 fence_floor,
+                fences_per_claim_max,
                 entities: rx,
             },
             tx,
@@ -73,7 +75,8 @@ impl Snapshot {
     /// A snapshot of entities already in memory (sorted here).
     pub fn of(engine: &'static str, fence_floor: u64, mut entities: Vec<Entity>) -> Snapshot {
         entities.sort_by(|a, b| a.order().cmp(&b.order()));
-        let (snap, tx) = Snapshot::channel(engine, fence_floor);
+        // One fence per claim: the rules draw a fence for each new lease.
+        let (snap, tx) = Snapshot::channel(engine, fence_floor, 1);
         tokio::spawn(async move {
             let mut rest = entities.into_iter().peekable();
             while rest.peek().is_some() {
@@ -88,7 +91,7 @@ impl Snapshot {
 
     /// The export header for this snapshot.
     pub fn header(&self) -> Header {
-        Header::new(self.engine, self.fence_floor)
+        Header::new(self.engine, self.fence_floor, self.fences_per_claim_max)
     }
 }
 

@@ -251,6 +251,9 @@ pub struct Snapshot {
     pub engine: &'static str,
     /// The fence counter at the snapshot.
     pub fence_floor: u64,
+    /// How many fences one claim may consume on this engine (the header's
+    /// `fences_per_claim_max`, SPEC §12).
+    pub fences_per_claim_max: u64,
     /// The entities; an `Err` ends the stream, and the export is then
     /// incomplete (its file gets no trailer, so it is never read back).
     pub entities: tokio::sync::mpsc::Receiver<Result<Vec<Entity>, StoreError>>,

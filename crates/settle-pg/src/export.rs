@@ -121,7 +121,7 @@ pub async fn export(inner: &Inner) -> Result<Snapshot, PgError> {
         let fetch = format!("FETCH FORWARD {CHUNK} FROM {c}");
         fetches.push(within(d, client.prepare(&fetch)).await?);
     }
-    let (snap, tx) = Snapshot::channel(ENGINE, floor);
+    let (snap, tx) = Snapshot::channel(ENGINE, floor, crate::known::FENCES_PER_CLAIM_MAX);
     tokio::spawn(async move {
         if let Err(e) = stream(&client, &fetches, &tx).await {
             let _ = tx.send(Err(e)).await;

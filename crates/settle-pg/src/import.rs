@@ -50,7 +50,8 @@ pub async fn import(
     mut progress: impl FnMut(u64, u64),
 ) -> Result<ImportReport, ImportError> {
     let summary = verify(file.to_path_buf()).await?;
-    let floor = summary.import_floor(margin);
+    // Bounded before any work (SPEC §12): refused, nothing written.
+    let floor = summary.import_floor(margin)?;
     let floor = i64::try_from(floor).map_err(|_| {
         StoreError::from(PgError::Option(format!(
             "the fence floor {floor} (the file's fences plus the margin) is beyond the \

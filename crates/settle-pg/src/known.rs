@@ -30,6 +30,10 @@ const FENCE_AGE: Duration = Duration::from_millis(400);
 /// Fences a load draws ahead (two full batches' worth at the default
 /// `max_batch`; `nextval` costs ~0.3 µs each).
 pub const FENCE_BLOCK: i32 = 128;
+/// The most fences one claim consumes: its own and, when its load draws
+/// a block ahead that the server never uses, the whole block (the export
+/// header's `fences_per_claim_max`, SPEC §12).
+pub const FENCES_PER_CLAIM_MAX: u64 = FENCE_BLOCK as u64 + 1;
 /// A record is trusted by its `xmin` for at most this long: far less than
 /// the ~2^31 transactions after which a 32-bit `xmin` comes round again.
 const RECORD_AGE: Duration = Duration::from_secs(60);

@@ -218,7 +218,7 @@ async fn a_round_trip_through_a_file_keeps_every_entity_record_and_receipt() {
     .await
     .unwrap();
     assert_eq!(report.summary, exported);
-    assert_eq!(report.fence_floor, exported.import_floor(MARGIN));
+    assert_eq!(report.fence_floor, exported.import_floor(MARGIN).unwrap());
     let total = exported.records + exported.principals + exported.warning_tasks;
     assert_eq!(calls.last(), Some(&(total, exported.bytes)));
     assert!(calls.windows(2).all(|w| w[0] <= w[1]), "{calls:?}");
@@ -243,12 +243,12 @@ async fn a_round_trip_through_a_file_keeps_every_entity_record_and_receipt() {
             exported.max_fence
         )
     );
-    assert!(again.fence_floor >= exported.import_floor(MARGIN));
+    assert!(again.fence_floor >= exported.import_floor(MARGIN).unwrap());
 
     same_answers(&src, &dst, &entities(&first), &settled).await;
     // A new claim on the target gets a fence past every fence the file saw.
     let f = fence(&dst, &tenant("acme"), claim("new", 1, binding("alice", 0))).await;
-    assert!(f.0 >= exported.import_floor(MARGIN), "{f:?}");
+    assert!(f.0 >= exported.import_floor(MARGIN).unwrap(), "{f:?}");
     assert!(f.0 > exported.max_fence && f.0 >= exported.fence_floor);
     // Bob's revocation survives.
     assert_eq!(
@@ -329,7 +329,7 @@ async fn an_import_is_refused_into_a_non_empty_target_or_from_a_damaged_file() {
     {
         let header = Header {
             version: settle_portable::VERSION + 1,
-            ..Header::new("postgres", 1)
+            ..Header::new("postgres", 1, 129)
         };
         let w = Writer::new(std::fs::File::create(&newer).unwrap(), header).unwrap();
         w.finish(1).unwrap();
@@ -740,5 +740,5 @@ async fn an_import_cut_short_leaves_the_target_empty() {
     .await
     .unwrap();
     assert_eq!(rows(&schema).await, (20_000, 0, 0));
-    assert_eq!(report.fence_floor, summary.import_floor(MARGIN));
+    assert_eq!(report.fence_floor, summary.import_floor(MARGIN).unwrap());
 }

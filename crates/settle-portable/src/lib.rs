@@ -14,7 +14,7 @@
 //! file is only known whole once its trailer checked: importers verify a
 //! file first ([`verify`]) and write only then.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, Read, Write};
 use std::time::SystemTime;
 
@@ -30,6 +30,19 @@ pub const FORMAT: &str = "settle-export";
 pub const VERSION: u32 = 2;
 /// The oldest version this build reads.
 pub const OLDEST_VERSION: u32 = 1;
+/// The engines a file may come from (the header's `engine`).
+pub const ENGINES: [&str; 3] = ["embedded", "postgres", "memory"];
+/// The highest fence counter an import may set (SPEC §12): fences stay
+/// exact in every client language (JavaScript's 2^53 − 1) with 2^32
+/// fences to spare after it.
+pub const MAX_FENCE_FLOOR: u64 = (1 << 53) - 1 - (1 << 32);
+/// The largest `--fence-margin` an import takes (SPEC §12).
+pub const MAX_FENCE_MARGIN: u64 = 1 << 50;
+/// What a version-1 header (which has no `fences_per_claim_max`) means:
+/// PostgreSQL servers drew 128 fences ahead with each batch holding a claim
+/// then, so one claim could consume 129; the other engines one.
+const V1_POSTGRES_FENCES_PER_CLAIM: u64 = 129;
+
 /// The longest line a reader accepts (a record with the largest results and
 /// every attempt kept is far below it): a damaged length never makes a
 /// reader take all memory.
@@ -113,11 +126,18 @@ pub struct Header {
     /// The source's fence counter at the snapshot: every fence it had
     /// granted was below it.
     pub fence_floor: u64,
+    /// How many fences one claim may consume on the source's engine (a
+    /// PostgreSQL server draws fences ahead in blocks): a margin of `m`
+    /// covers at least `m / fences_per_claim_max` claims made after the
+    /// snapshot. Since version 2; absent in version 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fences_per_claim_max: Option<u64>,
 }
 
 impl Header {
-    /// A header for a snapshot of `engine` taken now.
-    pub fn new(engine: &str, fence_floor: u64) -> Header {
+    /// A header for a snapshot of `engine` taken now, whose claims consume
+    /// at most `fences_per_claim_max` fences each.
+    pub fn new(engine: &str, fence_floor: u64, fences_per_claim_max: u64) -> Header {
         Header {
             kind: "header".into(),
             format: FORMAT.into(),
@@ -125,7 +145,52 @@ impl Header {
             engine: engine.into(),
             created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             fence_floor,
+            fences_per_claim_max: Some(fences_per_claim_max),
         }
+    }
+
+    /// Fences one claim may consume on the source's engine (for version 1
+    /// files, what that engine did then).
+    pub fn fences_per_claim(&self) -> u64 {
+        match self.fences_per_claim_max {
+            Some(n) => n,
+            None if self.engine == "postgres" => V1_POSTGRES_FENCES_PER_CLAIM,
+            None => 1,
+        }
+    }
+
+    /// SPEC §12 "What import trusts": the header as this build writes it
+    /// for its version (canonical JSON, a known engine, a real time).
+    fn check(&self, json: &[u8]) -> Result<(), String> {
+        if self.kind != "header" {
+            return Err(format!("the header's kind is {:?}", self.kind));
+        }
+        if !ENGINES.contains(&self.engine.as_str()) {
+            return Err(format!(
+                "the header's engine {:?} is none of {ENGINES:?}",
+                self.engine
+            ));
+        }
+        if humantime::parse_rfc3339(&self.created_at).is_err() {
+            return Err(format!(
+                "the header's created_at {:?} is not an RFC 3339 time (UTC)",
+                self.created_at
+            ));
+        }
+        match (self.version, self.fences_per_claim_max) {
+            (1, Some(_)) => {
+                return Err("a version 1 header has no fences_per_claim_max".into());
+            }
+            (1, None) => {}
+            (_, None) => return Err("the header has no fences_per_claim_max".into()),
+            (_, Some(0)) => return Err("the header's fences_per_claim_max is 0".into()),
+            (_, Some(_)) => {}
+        }
+        let again = serde_json::to_vec(self).map_err(|e| e.to_string())?;
+        if again != json {
+            return Err("the header is not in canonical form (members in order, no spaces)".into());
+        }
+        Ok(())
     }
 }
 
@@ -167,6 +232,9 @@ pub struct Summary {
     pub max_fence: u64,
     /// The highest fence counter the file saw (header and trailer).
     pub fence_floor: u64,
+    /// How many fences one claim may consume on the source's engine
+    /// ([`Header::fences_per_claim`]).
+    pub fences_per_claim_max: u64,
     /// The file's length.
     pub bytes: u64,
     /// The trailer's digest.
@@ -178,10 +246,29 @@ pub struct Summary {
 impl Summary {
     /// The fence counter an importing store starts at: past every fence the
     /// file saw, plus `margin` for fences a live source granted after it.
-    pub fn import_floor(&self, margin: u64) -> u64 {
-        self.fence_floor
-            .max(self.max_fence.saturating_add(1))
-            .saturating_add(margin)
+    /// Refused (SPEC §12) when the margin is over [`MAX_FENCE_MARGIN`] or
+    /// the floor would pass [`MAX_FENCE_FLOOR`]: fences would lose
+    /// precision in JavaScript clients, or wrap.
+    pub fn import_floor(&self, margin: u64) -> Result<u64, Error> {
+        if margin > MAX_FENCE_MARGIN {
+            return Err(Error::FenceBound(format!(
+                "the fence margin {margin} is over the largest allowed, 2^50 ({MAX_FENCE_MARGIN})"
+            )));
+        }
+        let seen = self.fence_floor.max(self.max_fence.saturating_add(1));
+        match seen.checked_add(margin) {
+            Some(floor) if floor <= MAX_FENCE_FLOOR => Ok(floor),
+            _ => Err(Error::FenceBound(format!(
+                "the file's fences (counter {seen}) plus the margin {margin} pass the highest \
+                 fence floor allowed, 2^53 - 1 - 2^32 ({MAX_FENCE_FLOOR})"
+            ))),
+        }
+    }
+
+    /// How many claims made on the source after its snapshot `margin`
+    /// surely covers (each consumes at most `fences_per_claim_max` fences).
+    pub fn claims_covered(&self, margin: u64) -> u64 {
+        margin / self.fences_per_claim_max.max(1)
     }
 }
 
@@ -237,6 +324,9 @@ pub enum Error {
     /// one that does not encode.
     #[error("cannot write: {0}")]
     Write(String),
+    /// The fence floor an import would set is out of bounds (SPEC §12).
+    #[error("refused: {0}")]
+    FenceBound(String),
 }
 
 #[derive(Serialize, Deserialize)]
@@ -384,6 +474,7 @@ impl Tally {
             warning_tasks: self.warning_tasks,
             max_fence: self.max_fence,
             fence_floor: header.fence_floor.max(trailer.fence_floor),
+            fences_per_claim_max: header.fences_per_claim(),
             bytes,
             sha256: trailer.sha256.clone(),
             tenants: self
@@ -480,6 +571,7 @@ pub struct Reader<R: BufRead> {
     offset: u64,
     header: Header,
     tally: Tally,
+    trust: Trust,
     summary: Option<Summary>,
     buf: Vec<u8>,
 }
@@ -490,8 +582,9 @@ impl<R: BufRead> Reader<R> {
         let mut r = Reader {
             inp,
             offset: 0,
-            header: Header::new("", 0),
+            header: Header::new("", 0, 1),
             tally: Tally::default(),
+            trust: Trust::default(),
             summary: None,
             buf: Vec::new(),
         };
@@ -543,6 +636,9 @@ impl<R: BufRead> Reader<R> {
             offset: 0,
             reason: format!("the header does not parse: {e}"),
         })?;
+        r.header
+            .check(&json)
+            .map_err(|reason| Error::Damaged { offset: 0, reason })?;
         Ok(r)
     }
 
@@ -663,7 +759,15 @@ impl<R: BufRead> Reader<R> {
             }
             "trailer" => {
                 let t: Trailer = serde_json::from_slice(&json).map_err(parsed)?;
+                if serde_json::to_vec(&t).map_err(|e| damaged(e.to_string()))? != json {
+                    return Err(damaged(
+                        "the trailer is not in canonical form (members in order, no spaces)".into(),
+                    ));
+                }
                 self.check_trailer(&t, before, start)?;
+                self.trust
+                    .end()
+                    .map_err(|(offset, reason)| Error::Damaged { offset, reason })?;
                 let mut rest = [0u8; 1];
                 if self.inp.read(&mut rest)? != 0 {
                     return Err(Error::Damaged {
@@ -688,6 +792,7 @@ impl<R: BufRead> Reader<R> {
             ));
         }
         self.tally.entity(&entity, &json).map_err(damaged)?;
+        self.trust.entity(&entity, start).map_err(damaged)?;
         Ok(Some(entity))
     }
 
@@ -716,6 +821,96 @@ impl<R: BufRead> Reader<R> {
                 "the trailer's digest {} is not the file's ({digest})",
                 t.sha256
             )));
+        }
+        Ok(())
+    }
+}
+
+/// SPEC §12 "What import trusts": a checksum proves the bytes arrived,
+/// not that they are a store. Each entity is checked against the
+/// invariants (§6), and across entities: no fence granted twice within a
+/// tenant (attempts' fences; quarantined evidence carries whatever fence a
+/// caller sent), no record's generation above its principal's.
+#[derive(Default)]
+struct Trust {
+    /// The tenant whose records are being read (records come sorted by
+    /// tenant), and the attempt fences seen in it.
+    tenant: Option<TenantId>,
+    fences: HashSet<u64>,
+    /// Per (tenant, principal): the highest generation a record holds, and
+    /// where that record's line starts, until the principal's line is read.
+    generations: HashMap<(TenantId, Principal), (u64, u64, String)>,
+}
+
+impl Trust {
+    fn entity(&mut self, e: &Entity, offset: u64) -> Result<(), String> {
+        match e {
+            Entity::Record { tenant, record } => {
+                settle_core::check_record(record).map_err(|v| {
+                    format!("record {tenant}/{} breaks an invariant: {v}", record.key)
+                })?;
+                if self.tenant.as_ref() != Some(tenant) {
+                    self.tenant = Some(tenant.clone());
+                    self.fences.clear();
+                }
+                for a in &record.attempts {
+                    if !self.fences.insert(a.lease.fence.0) {
+                        return Err(format!(
+                            "record {tenant}/{} holds fence {}, granted to another record of \
+                             the tenant: no fence is granted twice",
+                            record.key, a.lease.fence.0
+                        ));
+                    }
+                }
+                let g = record.reservation.generation;
+                if g > 0 {
+                    let e = self
+                        .generations
+                        .entry((tenant.clone(), record.reservation.principal.clone()))
+                        .or_insert((0, offset, String::new()));
+                    if g > e.0 {
+                        *e = (g, offset, record.key.to_string());
+                    }
+                }
+            }
+            Entity::Principal {
+                tenant,
+                principal,
+                state,
+            } => {
+                settle_core::check_principal(state)
+                    .map_err(|v| format!("principal {tenant}/{principal} is not valid: {v}"))?;
+                if let Some((g, _, key)) = self
+                    .generations
+                    .remove(&(tenant.clone(), principal.clone()))
+                    && g > state.generation
+                {
+                    return Err(format!(
+                        "record {tenant}/{key} holds generation {g} of principal {principal}, \
+                         whose generation is {}",
+                        state.generation
+                    ));
+                }
+            }
+            Entity::Warnings { .. } => {}
+        }
+        Ok(())
+    }
+
+    /// At the trailer: a record's principal with no line is at generation 0.
+    fn end(&mut self) -> Result<(), (u64, String)> {
+        let first = self
+            .generations
+            .iter()
+            .min_by_key(|(_, (_, offset, _))| *offset);
+        if let Some(((tenant, principal), (g, offset, key))) = first {
+            return Err((
+                *offset,
+                format!(
+                    "record {tenant}/{key} holds generation {g} of principal {principal}, \
+                     which the file has no line for (generation 0)"
+                ),
+            ));
         }
         Ok(())
     }

@@ -44,6 +44,13 @@ fn entities_of(full: settle_core::Record) -> Vec<Entity> {
             tenant: acme.clone(),
             record: fixture_open_record(),
         },
+        // The records' principal: a file holds no record above its
+        // principal's generation (SPEC §12, what import trusts).
+        Entity::Principal {
+            tenant: acme.clone(),
+            principal: Principal::new("alice").unwrap(),
+            state: fixture_principal(),
+        },
         Entity::Principal {
             tenant: acme.clone(),
             principal: Principal::new("bob").unwrap(),
@@ -58,7 +65,7 @@ fn entities_of(full: settle_core::Record) -> Vec<Entity> {
 }
 
 fn written() -> Vec<u8> {
-    let mut header = Header::new("embedded", 9);
+    let mut header = Header::new("embedded", 9, 1);
     header.created_at = "2025-11-30T00:00:03.000Z".into();
     let mut w = Writer::new(Vec::new(), header).unwrap();
     for e in entities() {
@@ -83,7 +90,7 @@ fn the_v1_fixture_reads_back_to_the_expected_entities() {
     let (version, got, s) = read_back(FIXTURE_V1);
     assert_eq!(version, 1);
     assert_eq!(got, entities_v1());
-    assert_eq!((s.records, s.principals, s.warning_tasks), (2, 1, 1));
+    assert_eq!((s.records, s.principals, s.warning_tasks), (2, 2, 1));
     assert_eq!(s.fence_floor, 11);
 }
 
@@ -93,7 +100,7 @@ fn the_v2_fixture_reads_back_to_the_expected_entities() {
     assert_eq!(version, 2);
     assert_eq!(got, entities());
     assert_ne!(entities(), entities_v1(), "version 2 carries a claim_id");
-    assert_eq!((s.records, s.principals, s.warning_tasks), (2, 1, 1));
+    assert_eq!((s.records, s.principals, s.warning_tasks), (2, 2, 1));
     assert_eq!(s.fence_floor, 11);
 }
 
@@ -102,14 +109,16 @@ fn the_v2_fixture_reads_back_to_the_expected_entities() {
 fn a_v1_file_with_a_claim_id_is_not_in_canonical_form() {
     let bytes = std::fs::read(path(FIXTURE_V2)).unwrap();
     let text = String::from_utf8(bytes).unwrap();
-    // Only the header's version differs: the file then fails its line
+    // Only the header's version differs (and version 1 has no
+    // fences_per_claim_max): the file then fails its line
     // checksum first; rebuild it as a version 1 writer would frame it.
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
     let header = lines[0]
         .split_once(' ')
         .unwrap()
         .1
-        .replace("\"version\":2", "\"version\":1");
+        .replace("\"version\":2", "\"version\":1")
+        .replace(",\"fences_per_claim_max\":1", "");
     lines[0] = format!("{:08x} {header}", crc32fast::hash(header.as_bytes()));
     let file = lines.join("\n") + "\n";
     let mut r = Reader::new(file.as_bytes()).unwrap();

@@ -392,7 +392,7 @@ async fn a_store_failure_midway_aborts_the_body_without_a_trailer() {
     fn fails_midway(inner: &MemStore) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
         Box::pin(async move {
             let all = entities(inner).await;
-            let (snap, tx) = Snapshot::channel("memory", 5);
+            let (snap, tx) = Snapshot::channel("memory", 5, 1);
             tokio::spawn(async move {
                 tx.send(Ok(all)).await.unwrap();
                 tx.send(Err(StoreError::Io("disk gone".into())))
@@ -454,7 +454,7 @@ async fn over_http_an_aborted_export_is_an_error_for_the_client() {
     fn fails_midway(inner: &MemStore) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
         Box::pin(async move {
             let all = entities(inner).await;
-            let (snap, tx) = Snapshot::channel("memory", 5);
+            let (snap, tx) = Snapshot::channel("memory", 5, 1);
             tokio::spawn(async move {
                 tx.send(Ok(all)).await.unwrap();
                 // The client has the first chunk before the failure.

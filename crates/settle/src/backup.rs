@@ -5,7 +5,7 @@
 //! trailer's counts and digest) and only then renamed to FILE: a FILE
 //! that exists is a whole backup. Nothing is overwritten.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufReader, BufWriter, IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -72,32 +72,11 @@ impl Drop for Partial {
 pub async fn run(a: BackupArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let client = crate::remote::client_for(&a.url, a.token.as_deref(), a.ca_cert.as_deref())?;
-    if a.to.symlink_metadata().is_ok() {
-        return Err(Failure::local(format!(
-            "{} already exists; settle backup never overwrites a file: move it away or choose \
-             another --to",
-            a.to.display()
-        )));
-    }
+    crate::files::refuse_existing(&a.to)?;
     let mut partial_path = a.to.clone().into_os_string();
     partial_path.push(".partial");
     let partial_path = PathBuf::from(partial_path);
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(&partial_path)
-        .map_err(|e| {
-            if e.kind() == std::io::ErrorKind::AlreadyExists {
-                Failure::local(format!(
-                    "{} already exists: another backup to {} is running, or one was \
-                     interrupted; remove it if none is running",
-                    partial_path.display(),
-                    a.to.display()
-                ))
-            } else {
-                Failure::local(format!("cannot create {}: {e}", partial_path.display()))
-            }
-        })?;
+    let file = crate::files::create_exclusive(&partial_path)?;
     let mut partial = Partial {
         path: partial_path,
         keep: false,
@@ -118,7 +97,7 @@ pub async fn run(a: BackupArgs) -> Result<(), Failure> {
     let summary = tokio::task::spawn_blocking(move || verify(&path))
         .await
         .map_err(Failure::local)??;
-    publish(&partial.path, &a.to)?;
+    crate::files::publish(&partial.path, &a.to)?;
     partial.keep = true;
 
     let seconds = started.elapsed().as_secs_f64();
@@ -190,46 +169,6 @@ fn verify(path: &Path) -> Result<Summary, Failure> {
         .map_err(|e| Failure::local(format!("cannot read {}: {e}", path.display())))?;
     settle_portable::verify(BufReader::with_capacity(1 << 20, f))
         .map_err(|e| Failure::local(format!("the backup does not verify ({e}); nothing written")))
-}
-
-/// Moves the verified `partial` to `to`, never over an existing file,
-/// and makes the new name durable.
-fn publish(partial: &Path, to: &Path) -> Result<(), Failure> {
-    let exists = || {
-        Failure::local(format!(
-            "{} appeared while the backup ran; it was left as it is",
-            to.display()
-        ))
-    };
-    // A hard link cannot replace a file that appeared meanwhile (a rename
-    // would); where links are not supported, check and rename.
-    match std::fs::hard_link(partial, to) {
-        Ok(()) => {
-            let _ = std::fs::remove_file(partial);
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Err(exists()),
-        Err(_) => {
-            if to.symlink_metadata().is_ok() {
-                return Err(exists());
-            }
-            std::fs::rename(partial, to).map_err(|e| {
-                Failure::local(format!(
-                    "cannot rename {} to {}: {e}",
-                    partial.display(),
-                    to.display()
-                ))
-            })?;
-        }
-    }
-    // The directory entry is durable only once its directory is synced.
-    let dir = match to.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
 }
 
 fn print_report(a: &BackupArgs, s: &Summary, seconds: f64) {

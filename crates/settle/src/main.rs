@@ -11,6 +11,7 @@ mod backup;
 mod bench;
 mod docs;
 mod exit;
+mod files;
 mod offline;
 mod otlp;
 mod pg;

@@ -50,8 +50,9 @@ pub struct ImportArgs {
     #[arg(long, value_name = "URL")]
     pub store: Option<String>,
     /// Added to the highest fence the file saw to make the target's first
-    /// fence: room for fences a live source granted after its snapshot.
-    #[arg(long, value_name = "N", default_value_t = FENCE_MARGIN)]
+    /// fence: room for fences a live source granted after its snapshot
+    /// (at most 2^50; the resulting floor at most 2^53 - 1 - 2^32).
+    #[arg(long, value_name = "N", default_value_t = FENCE_MARGIN, value_parser = margin())]
     pub fence_margin: u64,
     /// Print one JSON object instead of a summary line.
     #[arg(long)]
@@ -85,11 +86,28 @@ pub struct MigrateArgs {
     #[arg(long, value_name = "DIR")]
     pub to_data: Option<PathBuf>,
     /// As for `settle import`.
-    #[arg(long, value_name = "N", default_value_t = FENCE_MARGIN)]
+    #[arg(long, value_name = "N", default_value_t = FENCE_MARGIN, value_parser = margin())]
     pub fence_margin: u64,
     /// Print one JSON object instead of a summary line.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `--fence-margin`: refused over 2^50 before any work (SPEC §12).
+fn margin() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(..=settle_portable::MAX_FENCE_MARGIN)
+}
+
+/// What the margin means, for the output: fences stay unique only for as
+/// many claims as it covers on the source after the file was taken.
+fn margin_words(s: &Summary, margin: u64) -> String {
+    format!(
+        "the margin of {margin} fences covers at least {} claims made on the source after its \
+         snapshot ({} fences per claim at most on {})",
+        s.claims_covered(margin),
+        s.fences_per_claim_max,
+        s.engine
+    )
 }
 
 /// A progress line on stderr, drawn only when stderr is a terminal.
@@ -118,15 +136,9 @@ pub fn write_whole<T>(
     file: &Path,
     write: impl FnOnce(BufWriter<File>) -> Result<(BufWriter<File>, T), Failure>,
 ) -> Result<T, Failure> {
-    if file.exists() {
-        return Err(Failure::local(format!(
-            "{} exists; choose another name or remove it",
-            file.display()
-        )));
-    }
+    crate::files::refuse_existing(file)?;
     let partial = partial_name(file);
-    let out = File::create(&partial)
-        .map_err(|e| Failure::local(format!("{}: {e}", partial.display())))?;
+    let out = crate::files::create_exclusive(&partial)?;
     match write(BufWriter::new(out)) {
         Ok((w, t)) => {
             write_whole_after(&partial, file, w)?;
@@ -157,6 +169,7 @@ pub fn summary_json(file: &Path, s: &Summary, seconds: f64) -> Value {
         "warning_tasks": s.warning_tasks,
         "max_fence": s.max_fence,
         "fence_floor": s.fence_floor,
+        "fences_per_claim_max": s.fences_per_claim_max,
         "bytes": s.bytes,
         "sha256": s.sha256,
         "seconds": round3(seconds),
@@ -228,15 +241,9 @@ async fn export_store(
     to: &Path,
     tick: impl FnMut(u64, u64),
 ) -> Result<Summary, Failure> {
-    if to.exists() {
-        return Err(Failure::local(format!(
-            "{} exists; choose another name or remove it",
-            to.display()
-        )));
-    }
+    crate::files::refuse_existing(to)?;
     let partial = partial_name(to);
-    let out = File::create(&partial)
-        .map_err(|e| Failure::local(format!("{}: {e}", partial.display())))?;
+    let out = crate::files::create_exclusive(&partial)?;
     let r = export_to(store, BufWriter::new(out), tick).await;
     let (w, summary) = match r {
         Ok(x) => x,
@@ -249,24 +256,25 @@ async fn export_store(
     Ok(summary)
 }
 
-/// Syncs and renames a written `partial` to `to`.
+/// Syncs a written `partial` and publishes it as `to`.
 fn write_whole_after(partial: &Path, to: &Path, w: BufWriter<File>) -> Result<(), Failure> {
     let f = w.into_inner().map_err(|e| Failure::local(e.error()))?;
     f.sync_all().map_err(Failure::local)?;
-    std::fs::rename(partial, to).map_err(Failure::local)?;
-    let dir = match to.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(Failure::local)
+    crate::files::publish(partial, to)
 }
 
-fn import_json(report: &ImportReport, file: &Path, target: &str, seconds: f64) -> Value {
+fn import_json(
+    report: &ImportReport,
+    file: &Path,
+    target: &str,
+    margin: u64,
+    seconds: f64,
+) -> Value {
     let mut v = summary_json(file, &report.summary, seconds);
     v["target"] = json!(target);
     v["target_fence_floor"] = json!(report.fence_floor);
+    v["fence_margin"] = json!(margin);
+    v["claims_covered"] = json!(report.summary.claims_covered(margin));
     v
 }
 
@@ -298,12 +306,16 @@ pub async fn import(a: ImportArgs) -> Result<(), Failure> {
     let secs = started.elapsed().as_secs_f64();
     let s = &report.summary;
     say(
-        import_json(&report, &a.from, &target, secs),
+        import_json(&report, &a.from, &target, a.fence_margin, secs),
         a.json,
         format!(
             "imported {} records, {} principals, {} warning tasks into {target} in {secs:.1} s; \
-             its next fence is {}",
-            s.records, s.principals, s.warning_tasks, report.fence_floor
+             its next fence is {}: {}",
+            s.records,
+            s.principals,
+            s.warning_tasks,
+            report.fence_floor,
+            margin_words(s, a.fence_margin)
         ),
     );
     Ok(())
@@ -314,11 +326,15 @@ pub async fn import(a: ImportArgs) -> Result<(), Failure> {
 pub async fn migrate(a: MigrateArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let pb = spinner("migrating");
-    let tmp = std::env::temp_dir().join(format!("settle-migrate-{}.settle", std::process::id()));
-    let _ = std::fs::remove_file(&tmp);
+    // A directory of its own (random name, mode 0700), removed with what
+    // is in it: nothing is written through a name someone could plant.
+    let tmp_dir = tempfile::Builder::new()
+        .prefix("settle-migrate-")
+        .tempdir()
+        .map_err(|e| Failure::local(format!("cannot create a temporary directory: {e}")))?;
+    let tmp = tmp_dir.path().join("migrate.settle");
     let result = migrate_through(&a, &tmp, &pb).await;
-    let _ = std::fs::remove_file(&tmp);
-    let _ = std::fs::remove_file(partial_name(&tmp));
+    drop(tmp_dir);
     let (source, report, target, target_name) = result?;
     pb.finish_and_clear();
     if source.tenants != target.tenants
@@ -346,6 +362,8 @@ pub async fn migrate(a: MigrateArgs) -> Result<(), Failure> {
         "source": summary_json(Path::new(""), &source, secs),
         "target": target_name,
         "target_fence_floor": report.fence_floor,
+        "fence_margin": a.fence_margin,
+        "claims_covered": source.claims_covered(a.fence_margin),
         "records": source.records,
         "principals": source.principals,
         "warning_tasks": source.warning_tasks,
@@ -359,12 +377,14 @@ pub async fn migrate(a: MigrateArgs) -> Result<(), Failure> {
         format!(
             "moved {} records, {} principals, {} warning tasks of {} tenants to {target_name} in \
              {secs:.1} s; both sides checked (counts and per-tenant digests equal); its next \
-             fence is {}",
+             fence is {} (the source's highest plus --fence-margin {}, so that no fence is \
+             handed out twice should the source have granted more)",
             source.records,
             source.principals,
             source.warning_tasks,
             source.tenants.len(),
-            report.fence_floor
+            report.fence_floor,
+            a.fence_margin
         ),
     );
     Ok(())

@@ -95,6 +95,7 @@ async fn export_and_import_through_a_file_on_the_embedded_engine() {
             "engine",
             "entities_per_s",
             "fence_floor",
+            "fences_per_claim_max",
             "file",
             "max_fence",
             "principals",
@@ -107,6 +108,7 @@ async fn export_and_import_through_a_file_on_the_embedded_engine() {
     assert_eq!(exported["records"], 301);
     assert_eq!(exported["principals"], 1);
     assert_eq!(exported["engine"], "embedded");
+    assert_eq!(exported["fences_per_claim_max"], 1);
     assert!(!Path::new(&format!("{}.partial", file.display())).exists());
 
     let b = tmp.path().join("b");
@@ -118,6 +120,11 @@ async fn export_and_import_through_a_file_on_the_embedded_engine() {
         b.to_str().unwrap(),
     ]);
     assert_eq!(imported["records"], 301);
+    assert_eq!(imported["fence_margin"], 1_000_000_000);
+    assert_eq!(
+        imported["claims_covered"], 1_000_000_000,
+        "one fence per claim"
+    );
     let floor = imported["target_fence_floor"].as_u64().unwrap();
     assert!(
         floor > 1_000_000_000,
@@ -282,6 +289,258 @@ async fn migrate_to_postgresql_and_back_keeps_every_tenants_digest() {
     assert!(
         pg["fence_floor"].as_u64().unwrap() > ea["max_fence"].as_u64().unwrap() + 1_000_000_000
     );
+}
+
+/// `lines` (the JSON texts of a file, header first) framed and the
+/// trailer's digest recomputed: an edited file re-signed, every checksum
+/// good.
+fn resigned(lines: &[String]) -> Vec<u8> {
+    use sha2::Digest as _;
+    let frame = |j: &str| format!("{:08x} {j}\n", crc32fast::hash(j.as_bytes()));
+    let mut out = String::new();
+    for l in &lines[..lines.len() - 1] {
+        out.push_str(&frame(l));
+    }
+    let trailer = &lines[lines.len() - 1];
+    let t: Value = serde_json::from_str(trailer).unwrap();
+    let digest = hex::encode(sha2::Sha256::digest(out.as_bytes()));
+    out.push_str(&frame(
+        &trailer.replace(t["sha256"].as_str().unwrap(), &digest),
+    ));
+    out.into_bytes()
+}
+
+/// Edited copies of the export `text` (re-signed), each with what import
+/// must say about it ("" for the unchanged one, which imports).
+fn untrusted_files(text: &str) -> Vec<(&'static str, Vec<u8>, String)> {
+    let lines: Vec<String> = text.lines().map(|l| l[9..].to_string()).collect();
+    let at = |n: usize| -> usize { text.lines().take(n).map(|l| l.len() + 1).sum() };
+    let edited = |n: usize, from: &str, to: &str| {
+        let mut l = lines.clone();
+        assert!(l[n].contains(from), "line {n} holds {from}: {}", l[n]);
+        l[n] = l[n].replacen(from, to, 1);
+        resigned(&l)
+    };
+    let principal = lines
+        .iter()
+        .position(|l| l.contains("\"kind\":\"principal\""))
+        .unwrap();
+    let floor = serde_json::from_str::<Value>(&lines[0]).unwrap()["fence_floor"].to_string();
+    // Line 1: acme/k000000 (fence 1); line 2: acme/k000002 (fence 3).
+    let mut shared = lines.clone();
+    shared[2] = shared[2].replace("\"fence\":3,", "\"fence\":1,");
+    vec![
+        ("resigned unchanged", resigned(&lines), String::new()),
+        (
+            "a completed record without its receipt",
+            edited(
+                1,
+                "\"status\":\"completed\",\"outcome\"",
+                "\"status\":\"pending\",\"outcome\"",
+            ),
+            format!(
+                "damaged at byte {}: record acme/k000000 breaks an invariant: terminal-has-receipt",
+                at(1)
+            ),
+        ),
+        (
+            "two records sharing fence 1",
+            resigned(&shared),
+            format!(
+                "damaged at byte {}: record acme/k000002 holds fence 1",
+                at(2)
+            ),
+        ),
+        (
+            "a principal with 200 moves",
+            edited(principal, "\"moves_len\":1", "\"moves_len\":200"),
+            "bounded-moves".into(),
+        ),
+        (
+            "an unknown engine",
+            edited(0, "\"engine\":\"embedded\"", "\"engine\":\"whatever\""),
+            "damaged at byte 0: the header's engine \"whatever\"".into(),
+        ),
+        (
+            "a fence floor past 2^53 - 1 - 2^32",
+            edited(
+                0,
+                &format!("\"fence_floor\":{floor}"),
+                "\"fence_floor\":9007199254740991",
+            ),
+            "pass the highest fence floor allowed, 2^53 - 1 - 2^32".into(),
+        ),
+    ]
+}
+
+/// SPEC §12 "What import trusts": a re-signed file that is not a store,
+/// and a fence floor out of bounds, are refused by name before anything is
+/// written, on both engines.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn import_refuses_what_it_cannot_trust_on_both_engines() {
+    let tmp = TempDir::new("trust");
+    let a = tmp.path().join("a");
+    populate(&a, 4).await;
+    let file = tmp.path().join("a.settle");
+    json(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        file.to_str().unwrap(),
+    ]);
+    let text = std::fs::read_to_string(&file).unwrap();
+    let db = Database::create().await;
+    let url = db.url();
+    for (i, (what, bytes, want)) in untrusted_files(&text).iter().enumerate() {
+        let f = tmp.path().join(format!("case-{i}.settle"));
+        std::fs::write(&f, bytes).unwrap();
+        let target = tmp.path().join(format!("target-{i}"));
+        let out = settle_cmd(&[
+            "import",
+            "--from",
+            f.to_str().unwrap(),
+            "--data",
+            target.to_str().unwrap(),
+        ]);
+        if want.is_empty() {
+            assert!(
+                out.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            continue;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+        assert!(err.contains(want.as_str()), "{what}: {err}");
+        assert!(!target.exists(), "{what}: nothing written");
+        let out = settle_cmd(&["import", "--from", f.to_str().unwrap(), "--store", &url]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{what} (PostgreSQL): {err}");
+        assert!(err.contains(want.as_str()), "{what} (PostgreSQL): {err}");
+    }
+    // Nothing reached the database: an export of it holds no record.
+    let empty = json(&[
+        "export",
+        "--store",
+        &url,
+        "--to",
+        tmp.path().join("pg.settle").to_str().unwrap(),
+    ]);
+    assert_eq!(empty["records"], 0);
+}
+
+/// `--fence-margin` is bounded (2^50) before any work, and the output
+/// says how many claims it covers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_margin_is_bounded_and_explained() {
+    let tmp = TempDir::new("margin");
+    let a = tmp.path().join("a");
+    populate(&a, 2).await;
+    let file = tmp.path().join("a.settle");
+    json(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        file.to_str().unwrap(),
+    ]);
+    // Over the bound: clap refuses it (usage, 2), nothing made.
+    for margin in ["18446744073709551615", "1125899906842625"] {
+        let target = tmp.path().join("wrapped");
+        let out = settle_cmd(&[
+            "import",
+            "--from",
+            file.to_str().unwrap(),
+            "--data",
+            target.to_str().unwrap(),
+            "--fence-margin",
+            margin,
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!target.exists());
+    }
+    // 2^50 itself is taken.
+    let b = tmp.path().join("b");
+    let v = json(&[
+        "import",
+        "--from",
+        file.to_str().unwrap(),
+        "--data",
+        b.to_str().unwrap(),
+        "--fence-margin",
+        "1125899906842624",
+    ]);
+    assert_eq!(v["claims_covered"], 1u64 << 50);
+    assert!(v["target_fence_floor"].as_u64().unwrap() > 1 << 50);
+    // The summary line says it in words.
+    let c = tmp.path().join("c");
+    let out = settle_cmd(&[
+        "import",
+        "--from",
+        file.to_str().unwrap(),
+        "--data",
+        c.to_str().unwrap(),
+    ]);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("covers at least 1000000000 claims made on the source after its snapshot"),
+        "{said}"
+    );
+}
+
+/// Every file the commands write is created exclusively, mode 0600: a
+/// planted link at the partial name is never written through.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exports_are_private_and_never_written_through_a_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = TempDir::new("exclusive");
+    let a = tmp.path().join("a");
+    populate(&a, 2).await;
+    let file = tmp.path().join("a.settle");
+    json(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        file.to_str().unwrap(),
+    ]);
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "{mode:o}");
+    // A link planted where the partial file goes: refused, its target untouched.
+    let victim = tmp.path().join("victim");
+    std::fs::write(&victim, b"keep me").unwrap();
+    let to = tmp.path().join("b.settle");
+    std::os::unix::fs::symlink(&victim, tmp.path().join("b.settle.partial")).unwrap();
+    let out = settle_cmd(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        to.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("already exists"));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
+    assert!(!to.exists());
+    // A link at the final name: refused as well.
+    std::os::unix::fs::symlink(&victim, tmp.path().join("c.settle")).unwrap();
+    let out = settle_cmd(&[
+        "export",
+        "--data",
+        a.to_str().unwrap(),
+        "--to",
+        tmp.path().join("c.settle").to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(std::fs::read(&victim).unwrap(), b"keep me");
 }
 
 /// `settle import` killed with SIGKILL at spread-out moments leaves either
