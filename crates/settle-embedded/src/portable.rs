@@ -15,9 +15,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use dashmap::DashMap;
-use settle_ledger::Snapshot;
 use settle_ledger::StoreError;
 use settle_ledger::export::{CHUNK, ExportError, ImportError, ImportReport};
+use settle_ledger::{Part, Snapshot};
 use settle_portable::{Entity, Header, Reader, Summary, Writer};
 
 use crate::codec::{
@@ -100,10 +100,10 @@ impl Frozen {
         std::thread::Builder::new()
             .name("settle-export".into())
             .spawn(move || {
-                let r = self.stream(&mut |chunk| tx.blocking_send(Ok(chunk)).is_ok());
-                if let Err(e) = r {
-                    let _ = tx.blocking_send(Err(e));
-                }
+                let r =
+                    self.stream(&mut |chunk| tx.blocking_send(Ok(Part::Entities(chunk))).is_ok());
+                // Only a stream that ran to its end says so.
+                let _ = tx.blocking_send(r.map(|()| Part::End));
             })
             .map_err(io)?;
         Ok(snap)

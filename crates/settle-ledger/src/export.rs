@@ -5,7 +5,7 @@ use std::io::Write;
 
 use settle_portable::{Entity, Header, Summary, Writer};
 
-use crate::store::{Snapshot, Store, StoreError};
+use crate::store::{Part, Snapshot, Store, StoreError};
 
 /// Entities per chunk of a snapshot's stream.
 pub const CHUNK: usize = 1024;
@@ -58,7 +58,7 @@ impl Snapshot {
         fences_per_claim_max: u64,
     ) -> (
         Snapshot,
-        tokio::sync::mpsc::Sender<Result<Vec<Entity>, StoreError>>,
+        tokio::sync::mpsc::Sender<Result<Part, StoreError>>,
     ) {
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         (
@@ -81,10 +81,11 @@ impl Snapshot {
             let mut rest = entities.into_iter().peekable();
             while rest.peek().is_some() {
                 let chunk: Vec<Entity> = rest.by_ref().take(CHUNK).collect();
-                if tx.send(Ok(chunk)).await.is_err() {
+                if tx.send(Ok(Part::Entities(chunk))).await.is_err() {
                     return;
                 }
             }
+            let _ = tx.send(Ok(Part::End)).await;
         });
         snap
     }
@@ -109,8 +110,8 @@ where
 {
     let mut snap = store.export().await?;
     let mut w = Writer::new(out, snap.header())?;
-    while let Some(chunk) = snap.entities.recv().await {
-        for e in &chunk? {
+    while let Some(chunk) = snap.next_chunk().await? {
+        for e in &chunk {
             w.write(e)?;
         }
         progress(w.entities(), w.bytes());

@@ -61,5 +61,5 @@ mod store;
 pub use ledger::{Ledger, LedgerConfig, LedgerError, Reconciled};
 pub use memory::MemStore;
 pub use store::{
-    BoxFuture, Clock, Snapshot, Store, StoreError, StoreStats, SweepReport, panic_message,
+    BoxFuture, Clock, Part, Snapshot, Store, StoreError, StoreStats, SweepReport, panic_message,
 };

@@ -254,9 +254,37 @@ pub struct Snapshot {
     /// How many fences one claim may consume on this engine (the header's
     /// `fences_per_claim_max`, SPEC §12).
     pub fences_per_claim_max: u64,
-    /// The entities; an `Err` ends the stream, and the export is then
-    /// incomplete (its file gets no trailer, so it is never read back).
-    pub entities: tokio::sync::mpsc::Receiver<Result<Vec<Entity>, StoreError>>,
+    /// The entities, then [`Part::End`]; an `Err` ends the stream, and the
+    /// export is then incomplete (its file gets no trailer, so it is never
+    /// read back). Read it with [`Snapshot::next_chunk`].
+    pub entities: tokio::sync::mpsc::Receiver<Result<Part, StoreError>>,
+}
+
+/// One message of a [`Snapshot`]'s stream.
+#[derive(Debug)]
+pub enum Part {
+    /// The next entities, in canonical order.
+    Entities(Vec<Entity>),
+    /// The producer sent every entity of the snapshot: only now may an
+    /// export write its trailer.
+    End,
+}
+
+impl Snapshot {
+    /// The next chunk of entities; `Ok(None)` once the producer said the
+    /// snapshot is whole. A producer that goes away without saying so (it
+    /// panicked, its task or thread ended early) is an error: an export
+    /// whose producer failed never writes a trailer (SPEC §12).
+    pub async fn next_chunk(&mut self) -> Result<Option<Vec<Entity>>, StoreError> {
+        match self.entities.recv().await {
+            Some(Ok(Part::Entities(chunk))) => Ok(Some(chunk)),
+            Some(Ok(Part::End)) => Ok(None),
+            Some(Err(e)) => Err(e),
+            None => Err(StoreError::Io(
+                "the export's producer stopped before the end of the snapshot".into(),
+            )),
+        }
+    }
 }
 
 impl std::fmt::Debug for Snapshot {

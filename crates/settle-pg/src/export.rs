@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use settle_core::{Key, Principal, TaskId, TenantId};
 use settle_ledger::export::CHUNK;
-use settle_ledger::{Snapshot, StoreError};
+use settle_ledger::{Part, Snapshot, StoreError};
 use settle_portable::Entity;
 use tokio::sync::mpsc::Sender;
 use tokio_postgres::{Client, Row, Statement};
@@ -123,9 +123,9 @@ pub async fn export(inner: &Inner) -> Result<Snapshot, PgError> {
     }
     let (snap, tx) = Snapshot::channel(ENGINE, floor, crate::known::FENCES_PER_CLAIM_MAX);
     tokio::spawn(async move {
-        if let Err(e) = stream(&client, &fetches, &tx).await {
-            let _ = tx.send(Err(e)).await;
-        }
+        // Only a stream that ran to its end says so.
+        let r = stream(&client, &fetches, &tx).await;
+        let _ = tx.send(r.map(|()| Part::End)).await;
         // Dropping the client ends the session, and with it the read-only
         // transaction (nothing to commit).
         drop(client);
@@ -152,7 +152,7 @@ type Decoder = fn(&Row) -> Result<Option<Entity>, PgError>;
 async fn stream(
     client: &Client,
     fetches: &[Statement],
-    tx: &Sender<Result<Vec<Entity>, StoreError>>,
+    tx: &Sender<Result<Part, StoreError>>,
 ) -> Result<(), StoreError> {
     let decoders: [Decoder; 3] = [record_entity, principal_entity, warnings_entity];
     for (fetch, decode) in fetches.iter().zip(decoders) {
@@ -164,7 +164,7 @@ async fn stream(
                     chunk.push(e);
                 }
             }
-            if !chunk.is_empty() && tx.send(Ok(chunk)).await.is_err() {
+            if !chunk.is_empty() && tx.send(Ok(Part::Entities(chunk))).await.is_err() {
                 return Ok(());
             }
             if rows.len() < CHUNK {

@@ -19,8 +19,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use settle_ledger::{Snapshot, Store, StoreError};
-use settle_portable::{Entity, Writer};
-use tokio::sync::mpsc;
+use settle_portable::Writer;
 use tracing::{error, info, warn};
 
 use crate::http::{AppState, Route, finish, store_error};
@@ -110,7 +109,7 @@ impl Write for Buffer {
 /// One export in progress: the snapshot's entities in, the file's bytes out.
 struct ExportStream {
     store: Arc<dyn Store>,
-    entities: mpsc::Receiver<Result<Vec<Entity>, StoreError>>,
+    snap: Snapshot,
     /// `None` once the trailer is written or the export failed.
     writer: Option<Writer<Buffer>>,
     out: Buffer,
@@ -141,10 +140,10 @@ impl ExportStream {
         );
         Ok(ExportStream {
             store,
-            entities: snap.entities,
+            engine: snap.engine,
+            snap,
             writer: Some(writer),
             out,
-            engine: snap.engine,
             started: Instant::now(),
         })
     }
@@ -155,8 +154,8 @@ impl ExportStream {
     async fn next(mut self) -> Option<(Chunk, ExportStream)> {
         loop {
             let writer = self.writer.as_mut()?;
-            match self.entities.recv().await {
-                Some(Ok(chunk)) => {
+            match self.snap.next_chunk().await {
+                Ok(Some(chunk)) => {
                     for e in &chunk {
                         if let Err(err) = writer.write(e) {
                             // Out of order or not encodable: an engine bug.
@@ -168,12 +167,12 @@ impl ExportStream {
                         return Some((Ok(bytes), self));
                     }
                 }
-                Some(Err(e)) => {
+                Err(e) => {
                     let p = store_error("export", None, &e);
                     let id = p.correlation_id.clone().unwrap_or_default();
                     return Some(self.abort(&format!("the store failed (correlation_id {id})")));
                 }
-                None => return Some(self.finish().await),
+                Ok(None) => return Some(self.finish().await),
             }
         }
     }

@@ -16,7 +16,9 @@ use http_body_util::BodyExt;
 use serde_json::json;
 use settle_core::{Command, Key, Record, RefusalCode, Reply, TaskId, TenantId, Timestamp, Warning};
 use settle_ledger::inspect::Scan;
-use settle_ledger::{BoxFuture, MemStore, Snapshot, Store, StoreError, StoreStats, SweepReport};
+use settle_ledger::{
+    BoxFuture, MemStore, Part, Snapshot, Store, StoreError, StoreStats, SweepReport,
+};
 use settle_portable::{Entity, Reader};
 use settle_server::admin::EXPORT_CONTENT_TYPE;
 use settle_server::config::Settings;
@@ -377,8 +379,8 @@ async fn claims(app: &axum::Router, n: usize) {
 async fn entities(store: &MemStore) -> Vec<Entity> {
     let mut snap = store.export().await.unwrap();
     let mut out = Vec::new();
-    while let Some(chunk) = snap.entities.recv().await {
-        out.extend(chunk.unwrap());
+    while let Some(chunk) = snap.next_chunk().await.unwrap() {
+        out.extend(chunk);
     }
     out
 }
@@ -394,7 +396,7 @@ async fn a_store_failure_midway_aborts_the_body_without_a_trailer() {
             let all = entities(inner).await;
             let (snap, tx) = Snapshot::channel("memory", 5, 1);
             tokio::spawn(async move {
-                tx.send(Ok(all)).await.unwrap();
+                tx.send(Ok(Part::Entities(all))).await.unwrap();
                 tx.send(Err(StoreError::Io("disk gone".into())))
                     .await
                     .unwrap();
@@ -416,6 +418,30 @@ async fn a_store_failure_midway_aborts_the_body_without_a_trailer() {
     assert!(!text.contains("trailer"), "{text}");
     let e = settle_portable::verify(&got[..]).unwrap_err();
     assert!(matches!(e, settle_portable::Error::Truncated { .. }), "{e}");
+
+    // The producer dies after the first chunk without a word (a panic in
+    // its task): the channel closes without `End`, and no trailer is
+    // written either (before `Part::End`, a closed channel read as the end).
+    fn dies_midway(inner: &MemStore) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
+        Box::pin(async move {
+            let all = entities(inner).await;
+            let (snap, tx) = Snapshot::channel("memory", 5, 1);
+            tokio::spawn(async move {
+                tx.send(Ok(Part::Entities(all))).await.unwrap();
+                panic!("the producer dies (injected)");
+            });
+            Ok(snap)
+        })
+    }
+    let app = exporting(dies_midway, Ok(9));
+    claims(&app, 2).await;
+    let (status, got, err) = read_body(&app).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(err.is_some(), "the body ends in an error");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.contains(r#""key":"k00001""#), "{text}");
+    assert!(!text.contains("trailer"), "{text}");
+    assert!(settle_portable::verify(&got[..]).is_err());
 
     // The fence counter fails once every entity is out: no trailer either.
     fn whole(inner: &MemStore) -> BoxFuture<'_, Result<Snapshot, StoreError>> {
@@ -456,7 +482,7 @@ async fn over_http_an_aborted_export_is_an_error_for_the_client() {
             let all = entities(inner).await;
             let (snap, tx) = Snapshot::channel("memory", 5, 1);
             tokio::spawn(async move {
-                tx.send(Ok(all)).await.unwrap();
+                tx.send(Ok(Part::Entities(all))).await.unwrap();
                 // The client has the first chunk before the failure.
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 tx.send(Err(StoreError::Io("disk gone".into())))
