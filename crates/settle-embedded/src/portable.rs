@@ -10,7 +10,7 @@
 //! is read afterwards, from its view, while the store runs on.
 
 use std::fs::File;
-use std::io::{BufReader, Write};
+use std::io::{BufReader, Seek, Write};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -281,21 +281,14 @@ pub fn import(
 ) -> Result<ImportReport, ImportError> {
     let dir = dir.as_ref();
     let file = file.as_ref();
-    let summary = settle_portable::verify(BufReader::new(File::open(file)?))?;
+    // The target first (SPEC §12: refused before any work).
+    check_target(dir)?;
+    // One handle for both passes: a file renamed over the path between them
+    // is not read; one rewritten in place is caught by the digest below.
+    let mut input = File::open(file)?;
+    let summary = settle_portable::verify(BufReader::new(&input))?;
     // Bounded before any work (SPEC §12): refused, nothing written.
     let floor = summary.import_floor(margin)?;
-    match std::fs::read_dir(dir) {
-        Ok(mut entries) => {
-            if entries.next().is_some() {
-                return Err(ImportError::NotEmpty(format!(
-                    "{} is not empty",
-                    dir.display()
-                )));
-            }
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e.into()),
-    }
     let name = dir
         .file_name()
         .ok_or_else(|| ImportError::NotEmpty(format!("{} names no directory", dir.display())))?;
@@ -304,6 +297,20 @@ pub fn import(
         _ => std::path::PathBuf::from("."),
     };
     std::fs::create_dir_all(&parent)?;
+    // One import into a target at a time: another one's build beside it
+    // would look stale to this one. (The empty lock file stays.)
+    let lock = parent.join(format!(".{}.import.lock", name.to_string_lossy()));
+    let _lock = OsFs.lock(&lock).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            ImportError::Io(std::io::Error::other(format!(
+                "another import into {} is running (it holds {})",
+                dir.display(),
+                lock.display()
+            )))
+        } else {
+            e.into()
+        }
+    })?;
     // What an import killed before its rename left is never opened: gone.
     let stale = format!(".{}.import-", name.to_string_lossy());
     for e in std::fs::read_dir(&parent)? {
@@ -317,7 +324,8 @@ pub fn import(
     EmbeddedStore::open(&tmp, EmbeddedOptions::default())?.close();
     let index = FjallIndex::open(&tmp.join("index"))?;
     let meta = index.meta()?;
-    let mut reader = Reader::new(BufReader::new(File::open(file)?))?;
+    input.seek(std::io::SeekFrom::Start(0))?;
+    let mut reader = Reader::new(BufReader::new(input))?;
     let mut batch: Vec<Item> = Vec::with_capacity(IMPORT_CHUNK);
     let mut disputed = 0u64;
     let mut done = 0u64;
@@ -357,6 +365,14 @@ pub fn import(
         batch.push((key.to_bytes(), encode_value(&value), open, expires_at));
         done += 1;
     }
+    // The file was verified before; the bytes just imported must be those.
+    if reader.summary().map(|s| &s.sha256) != Some(&summary.sha256) {
+        return Err(settle_portable::Error::Damaged {
+            offset: 0,
+            reason: "the file changed while it was imported".into(),
+        }
+        .into());
+    }
     index.commit_meta(&Meta {
         checkpoint_seq: meta.checkpoint_seq,
         checkpoint_lsn: meta.checkpoint_lsn,
@@ -370,6 +386,60 @@ pub fn import(
         summary,
         fence_floor: floor,
     })
+}
+
+/// An import's target must be absent or an empty directory that is not a
+/// mount point.
+fn check_target(dir: &Path) -> Result<(), ImportError> {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                return Err(ImportError::NotEmpty(format!(
+                    "{} is not empty",
+                    dir.display()
+                )));
+            }
+            if is_mount_point(dir)? {
+                return Err(ImportError::Io(std::io::Error::other(format!(
+                    "{} is a mount point: the store is built beside its target and renamed \
+                     into place, which a mount point cannot take; import into a directory \
+                     inside it (such as {}) and give that to settle serve --data",
+                    dir.display(),
+                    dir.join("data").display()
+                ))));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(())
+}
+
+/// Whether `dir` is a mount point: on another device than its parent, the
+/// root, or listed in /proc/self/mountinfo (a bind mount of the same
+/// device). A rename onto a mount point fails (EBUSY).
+fn is_mount_point(dir: &Path) -> std::io::Result<bool> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let (m, p) = (std::fs::metadata(dir)?, std::fs::metadata(dir.join(".."))?);
+        if m.dev() != p.dev() || m.ino() == p.ino() {
+            return Ok(true);
+        }
+    }
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Ok(false);
+    };
+    let dir = std::fs::canonicalize(dir)?;
+    // The fifth field is the mount point, with space, tab, LF and \ octal-escaped.
+    Ok(mounts.lines().filter_map(|l| l.split(' ').nth(4)).any(|m| {
+        let m = m
+            .replace("\\040", " ")
+            .replace("\\011", "\t")
+            .replace("\\012", "\n")
+            .replace("\\134", "\\");
+        Path::new(&m) == dir
+    }))
 }
 
 /// One ingestion of a section's entities (in key order: the file's order).
@@ -389,4 +459,22 @@ fn ingest(index: &FjallIndex, batch: &mut Vec<Item>) -> Result<(), StoreError> {
     drop(items);
     batch.clear();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_mount_point;
+    use std::path::Path;
+
+    #[test]
+    fn mount_points_are_told_from_directories() {
+        assert!(is_mount_point(Path::new("/")).unwrap(), "the root");
+        if Path::new("/proc/self").exists() {
+            assert!(is_mount_point(Path::new("/proc")).unwrap());
+        }
+        let tmp = tempfile::tempdir().unwrap();
+        let d = tmp.path().join("d");
+        std::fs::create_dir(&d).unwrap();
+        assert!(!is_mount_point(&d).unwrap());
+    }
 }

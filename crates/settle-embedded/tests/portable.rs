@@ -314,6 +314,31 @@ fn an_import_refuses_damage_and_a_non_empty_target_and_writes_nothing() {
     assert!(empty.join("wal").is_dir());
 }
 
+/// Two imports into one target at a time: the second is refused before
+/// it builds anything (it would have taken the first one's build beside
+/// the target for a killed import's and deleted it).
+#[test]
+fn a_second_import_into_the_same_target_is_refused_while_one_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let file = tmp.path().join("ok.settle");
+    rt.block_on(async {
+        let (store, _) = populated(&tmp.path().join("src"), 5).await;
+        export_file(&*store, &file).await;
+        store.close();
+    });
+    let target = tmp.path().join("target");
+    // What a running import holds.
+    let held = std::fs::File::create(tmp.path().join(".target.import.lock")).unwrap();
+    held.try_lock().unwrap();
+    let err = import(&target, &file, 1_000, |_, _| {}).unwrap_err();
+    assert!(err.to_string().contains("another import into"), "{err}");
+    assert!(!target.exists());
+    drop(held);
+    import(&target, &file, 1_000, |_, _| {}).unwrap();
+    assert!(target.join("wal").is_dir());
+}
+
 /// Random stores: claims (settled, failed, left open), revokes and warnings
 /// over a few tenants, then export, import and export again.
 fn ops() -> impl Strategy<Value = Vec<(u8, u8, u8)>> {
