@@ -41,6 +41,14 @@ pub enum ServeError {
         "store {0:?} is not supported: use --data DIR for the embedded store or --store postgres://... for PostgreSQL"
     )]
     UnsupportedStore(String),
+    /// `--pid-file` cannot be written.
+    #[error("cannot write the pid file {path}: {source}")]
+    PidFile {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
 }
 
 /// `settle serve` flags; each also reads its `SETTLE_*` variable.
@@ -167,6 +175,10 @@ pub struct ServeArgs {
     /// [default: none].
     #[arg(long, env = "SETTLE_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// Write the server's process id to FILE once it listens (for `kill -HUP $(cat FILE)`
+    /// without systemd); removed when it exits [default: none].
+    #[arg(long, env = "SETTLE_PID_FILE", value_name = "FILE")]
+    pub pid_file: Option<PathBuf>,
     /// Testing only: moves the store's clock by this many milliseconds [default: 0].
     #[arg(
         long,
@@ -313,7 +325,8 @@ fn init_tracing_with(default: &str, traces: Option<&opentelemetry_sdk::trace::Sd
 /// `settle serve`: reads the settings, opens the store, prints
 /// `listening on ADDR` on stdout (tests and scripts read it), serves until
 /// SIGTERM or ctrl-c.
-pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
+pub async fn serve_main(mut args: ServeArgs) -> Result<(), ServeError> {
+    let pid_file = args.pid_file.take();
     let settings: Settings = args.into();
     let config = Config::from_settings(&settings);
     let traces = match config
@@ -350,7 +363,14 @@ pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
     let opened = open_store(&config).await?;
     match &config.store {
         StoreConfig::Embedded(dir) => info!(data = %dir.display(), "embedded store open"),
-        StoreConfig::Url(_) => info!("store open"),
+        StoreConfig::Url(url) => info!(
+            engine = "postgres",
+            url = %crate::pg::redacted(url),
+            "PostgreSQL store open"
+        ),
+    }
+    if let Some(path) = &pid_file {
+        write_pid_file(path)?;
     }
     {
         use std::io::Write;
@@ -383,5 +403,21 @@ pub async fn serve_main(args: ServeArgs) -> Result<(), ServeError> {
     if let Some(provider) = traces {
         crate::otlp::shutdown(provider).await;
     }
+    if let Some(path) = &pid_file {
+        let _ = std::fs::remove_file(path);
+    }
     Ok(())
+}
+
+/// Writes this process's id to `path` whole (beside it, then renamed), so
+/// that a script reading it never sees a partial number.
+fn write_pid_file(path: &std::path::Path) -> Result<(), ServeError> {
+    let err = |source| ServeError::PidFile {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    std::fs::write(&tmp, format!("{}\n", std::process::id())).map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
 }

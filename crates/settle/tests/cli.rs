@@ -507,3 +507,23 @@ fn completions_and_man_page_come_from_the_parser() {
     assert_eq!(bad.status.code(), Some(2));
     assert!(stderr(&bad).contains("possible values"), "{}", stderr(&bad));
 }
+
+/// `--pid-file`: the process id is there once the server listens (what
+/// `kill -HUP $(cat FILE)` needs without systemd), and gone after it exits.
+#[tokio::test]
+async fn serve_writes_its_pid_file_and_removes_it_at_exit() {
+    let tmp = TempDir::new("pidfile");
+    let pid = tmp.path().join("settle.pid");
+    let mut s = Server::start(
+        &tmp.path().join("data"),
+        &["--pid-file", pid.to_str().unwrap()],
+    );
+    assert_eq!(
+        std::fs::read_to_string(&pid).unwrap(),
+        format!("{}\n", s.child.id())
+    );
+    // Serving (and so handling SIGTERM) before it is stopped.
+    assert_eq!(get(&s.ep(), "/healthz").await.status, 200);
+    assert!(s.terminate().success());
+    assert!(!pid.exists(), "removed at exit");
+}
