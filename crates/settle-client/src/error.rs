@@ -230,7 +230,10 @@ impl fmt::Display for HttpError {
         {
             write!(f, " (correlation_id {id})")?;
         }
-        if let Some(after) = self.retry_after {
+        // Said once: the server's detail may already say it.
+        if let Some(after) = self.retry_after
+            && !detail.contains("retry after")
+        {
             write!(f, "; retry after {} s", after.as_secs())?;
         }
         Ok(())
@@ -276,6 +279,14 @@ mod tests {
             e.to_string(),
             "unavailable (503 unavailable): storage failure (correlation_id ab-1); retry after 2 s"
         );
+        // The rate limiter's detail says when already: once, not twice.
+        let p = Problem::new(
+            Code::RateLimited,
+            "this tenant's request rate is over its quota (rate_per_s, burst); retry after 1 s",
+        );
+        let mut e = error(429, Some(p));
+        e.retry_after = Some(Duration::from_secs(1));
+        assert_eq!(e.to_string().matches("retry after").count(), 1, "{e}");
         assert_eq!(
             error(502, None).to_string(),
             "unavailable (HTTP 502): the answer is not a problem of the settle API"

@@ -3,7 +3,8 @@
 //! 0 success · 1 local failure (cannot open the store, bad config, ...) ·
 //! 2 usage error · 3 the server cannot be reached · 4 the request was
 //! refused as invalid (400, 401, 404, 408, 413, 422) · 5 protocol refusal
-//! (409) · 6 the server is unavailable (503 and other 5xx).
+//! (409) · 6 try again later: over a quota (429) or the server is
+//! unavailable (503 and other 5xx).
 
 use std::fmt::Display;
 
@@ -55,7 +56,30 @@ impl Failure {
 pub fn for_status(status: u16) -> u8 {
     match status {
         409 => REFUSED,
+        // Like a 503: the same call may succeed later (Retry-After).
+        429 => UNAVAILABLE,
         s if s >= 500 => UNAVAILABLE,
         _ => INVALID,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_maps_to_its_exit_code() {
+        for (status, code) in [
+            (400, INVALID),
+            (401, INVALID),
+            (404, INVALID),
+            (422, INVALID),
+            (409, REFUSED),
+            (429, UNAVAILABLE),
+            (500, UNAVAILABLE),
+            (503, UNAVAILABLE),
+        ] {
+            assert_eq!(for_status(status), code, "{status}");
+        }
     }
 }
