@@ -44,7 +44,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run the HTTP server (docs/spec.md §7).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Reserve a key and ask for permission to execute.
     Claim(remote::ClaimArgs),
     /// Extend a lease.
@@ -124,7 +124,7 @@ async fn main() -> ExitCode {
 
 async fn run(cmd: Cmd) -> Result<(), Failure> {
     match cmd {
-        Cmd::Serve(args) => serve(args).await,
+        Cmd::Serve(args) => serve(*args).await,
         Cmd::Claim(a) => remote::claim(a).await,
         Cmd::Heartbeat(a) => remote::heartbeat(a).await,
         Cmd::Dispatch(a) => remote::dispatch(a).await,
