@@ -76,6 +76,16 @@ pub enum ClientError {
     },
 }
 
+/// Whether a rustls error is anywhere in `e`'s chain, looking inside
+/// `io::Error`s too (their `source()` skips the error they wrap).
+fn has_rustls_error(e: &(dyn StdError + 'static)) -> bool {
+    e.is::<tokio_rustls::rustls::Error>()
+        || e.downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .is_some_and(|inner| has_rustls_error(inner))
+        || e.source().is_some_and(has_rustls_error)
+}
+
 /// The innermost message of an error chain (hyper wraps the I/O error
 /// that says what happened in layers that do not).
 fn root_cause(e: &(dyn StdError + 'static)) -> String {
@@ -87,6 +97,18 @@ fn root_cause(e: &(dyn StdError + 'static)) -> String {
 }
 
 impl ClientError {
+    /// The connection failed in its TLS handshake (a certificate the
+    /// trusted roots do not vouch for, a name it does not hold, an alert
+    /// from the server): nothing was sent. What to fix is the trust or the
+    /// URL, not the network.
+    pub fn is_tls_failure(&self) -> bool {
+        let (ClientError::Connect { source, .. } | ClientError::Transport { source, .. }) = self
+        else {
+            return false;
+        };
+        has_rustls_error(source.as_ref())
+    }
+
     /// No answer arrived: connect, timeout or transport. Only a connect
     /// error proves that the server never saw the request.
     pub fn is_transport(&self) -> bool {

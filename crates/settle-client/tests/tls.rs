@@ -201,6 +201,7 @@ fn assert_refused(r: Result<settle_client::api::Health, ClientError>, what: &str
     let e = r.unwrap_err();
     assert!(matches!(e, ClientError::Connect { .. }), "{what}: {e:?}");
     assert!(e.is_transport() && e.is_retryable(), "{what}");
+    assert!(e.is_tls_failure(), "{what}: {e:?}");
     let line = e.to_string();
     assert!(
         line.starts_with("cannot connect to 127.0.0.1:") && line.contains("certificate"),

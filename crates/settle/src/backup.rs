@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use settle_client::{ClientError, Download};
+use settle_client::Download;
 use settle_portable::Summary;
 
 use crate::exit::{self, Failure};
@@ -82,7 +82,7 @@ pub async fn run(a: BackupArgs) -> Result<(), Failure> {
         keep: false,
     };
 
-    let download = client.export().await.map_err(client_failure)?;
+    let download = client.export().await.map_err(exit::client_failure)?;
     let streamed = tokio::select! {
         r = receive(download, file, &partial.path) => r,
         _ = tokio::signal::ctrl_c() => Err(Failure::local(format!(
@@ -201,21 +201,5 @@ fn print_report(a: &BackupArgs, s: &Summary, seconds: f64) {
             seconds,
             s.sha256
         );
-    }
-}
-
-/// The exit code of a failed request: usage (2) for a bad URL or token,
-/// the status's code for an answer (401 → 4, 5xx → 6), unreachable (3)
-/// without one.
-fn client_failure(e: ClientError) -> Failure {
-    match e {
-        ClientError::Url { .. } | ClientError::Request(_) | ClientError::Tls(_) => {
-            Failure::usage(e)
-        }
-        ClientError::Http(h) => Failure::new(exit::for_status(h.status), h.to_string()),
-        ClientError::UnexpectedBody { .. } => {
-            Failure::new(exit::UNAVAILABLE, format!("error: {e}"))
-        }
-        e => Failure::unreachable(e),
     }
 }

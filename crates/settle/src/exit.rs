@@ -4,7 +4,8 @@
 //! 2 usage error · 3 the server cannot be reached · 4 the request was
 //! refused as invalid (400, 401, 404, 408, 413, 422) · 5 protocol refusal
 //! (409) · 6 try again later: over a quota (429) or the server is
-//! unavailable (503 and other 5xx).
+//! unavailable (503 and other 5xx) · 7 the TLS handshake failed (a
+//! certificate not trusted, a name it does not hold).
 
 use std::fmt::Display;
 
@@ -14,6 +15,7 @@ pub const UNREACHABLE: u8 = 3;
 pub const INVALID: u8 = 4;
 pub const REFUSED: u8 = 5;
 pub const UNAVAILABLE: u8 = 6;
+pub const TLS: u8 = 7;
 
 /// Why a subcommand failed: its exit code and what to tell the user on
 /// stderr (nothing when the output already said it).
@@ -49,6 +51,32 @@ impl Failure {
     /// Exit 3: `error: <e>`.
     pub fn unreachable(e: impl Display) -> Failure {
         Failure::new(UNREACHABLE, format!("error: {e}"))
+    }
+}
+
+/// The exit code and line of a failed request: usage (2) for a bad URL,
+/// token or TLS setting; the status's code for an answer; 6 for an answer
+/// that is not the API's; 7 for a failed TLS handshake; 3 without any
+/// answer.
+pub fn client_failure(e: settle_client::ClientError) -> Failure {
+    use settle_client::ClientError as E;
+    match e {
+        E::Url { .. } | E::Request(_) | E::Tls(_) => Failure::usage(e),
+        E::Http(h) => Failure::new(for_status(h.status), h.to_string()),
+        E::UnexpectedBody { .. } => Failure::new(UNAVAILABLE, format!("error: {e}")),
+        e if e.is_tls_failure() => Failure::new(
+            TLS,
+            format!(
+                "error: {e}: the TLS handshake failed (trust the server's CA with --ca-cert, and \
+                 use a host name its certificate holds)"
+            ),
+        ),
+        // A TLS server answers plain HTTP with a TLS alert, which hyper
+        // reads as a response line of an unknown HTTP version.
+        e if e.to_string().contains("invalid HTTP version") => {
+            Failure::unreachable(format!("{e}: the server speaks TLS: use https://"))
+        }
+        e => Failure::unreachable(e),
     }
 }
 

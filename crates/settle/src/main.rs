@@ -34,7 +34,7 @@ use crate::exit::Failure;
     about = "A durable ledger that makes retried side effects happen at most once.",
     after_help = "Exit codes: 0 success, 1 local failure, 2 usage error, 3 server unreachable, \
                   4 invalid request (400/401/404/408/413/422), 5 protocol refusal (409), \
-                  6 try again later (429 rate_limited/quota_exceeded, 5xx)."
+                  6 try again later (429 rate_limited/quota_exceeded, 5xx), 7 TLS handshake failed."
 )]
 struct Cli {
     #[command(subcommand)]

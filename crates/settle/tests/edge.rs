@@ -216,6 +216,51 @@ async fn https_with_a_trusted_ca_and_refused_with_another() {
     // Plain HTTP on the TLS port gets no HTTP answer.
     let plain = Client::new(&format!("http://{}", s.addr)).unwrap();
     assert!(status(&plain, "/readyz").await.is_err());
+    // The CLI says which of these it met, each with its own exit code.
+    let settle = |args: &[&str]| {
+        let out = std::process::Command::new(BIN)
+            .args(args)
+            .env_remove("SETTLE_CA_CERT")
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let pem = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_str().unwrap().to_string()
+    };
+    let (good, bad, not_pem) = (
+        pem("ca.pem", &ca.pem),
+        pem("other.pem", &other.pem),
+        pem("not.pem", "hello"),
+    );
+    let https = format!("https://{}", s.addr);
+    let (code, err) = settle(&["stats", "--url", &https, "--ca-cert", &good]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, err) = settle(&["stats", "--url", &https, "--ca-cert", &bad]);
+    assert_eq!(code, Some(7), "an untrusted certificate: {err}");
+    assert!(err.contains("the TLS handshake failed"), "{err}");
+    let (code, err) = settle(&["stats", "--url", &format!("http://{}", s.addr)]);
+    assert_eq!(code, Some(3), "{err}");
+    assert!(err.contains("the server speaks TLS: use https://"), "{err}");
+    let (code, err) = settle(&["stats", "--url", &https, "--ca-cert", &not_pem]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--ca-cert") && err.contains("not.pem"),
+        "{err}"
+    );
+    let (_, err) = settle(&[
+        "stats",
+        "--url",
+        &format!("http://{}", s.addr),
+        "--ca-cert",
+        &good,
+    ]);
+    assert!(err.contains("warning: --ca-cert is ignored"), "{err}");
     // HTTP/2 and HTTP/1.1 are both offered by ALPN.
     assert_eq!(
         alpn(&s.addr, &ca, &[b"h2", b"http/1.1"]).await.as_deref(),

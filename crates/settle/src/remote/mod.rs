@@ -42,6 +42,9 @@ pub fn client_for(
 ) -> Result<Client, Failure> {
     let mut b = Client::builder(url).token(token.unwrap_or_default());
     if let Some(pem) = read_ca_cert(ca_cert)? {
+        if !url.starts_with("https://") {
+            eprintln!("warning: --ca-cert is ignored: {url} is not an https:// URL");
+        }
         b = b.add_root_certificate_pem(&pem);
     }
     b.build().map_err(Failure::usage)
@@ -50,8 +53,15 @@ pub fn client_for(
 /// The PEM bytes of `--ca-cert FILE`, if given (a usage error when unreadable).
 pub fn read_ca_cert(path: Option<&std::path::Path>) -> Result<Option<Vec<u8>>, Failure> {
     path.map(|p| {
-        std::fs::read(p)
-            .map_err(|e| Failure::usage(format!("cannot read --ca-cert {}: {e}", p.display())))
+        let pem = std::fs::read(p)
+            .map_err(|e| Failure::usage(format!("cannot read --ca-cert {}: {e}", p.display())))?;
+        if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+            return Err(Failure::usage(format!(
+                "--ca-cert {} holds no PEM certificate (no -----BEGIN CERTIFICATE----- block)",
+                p.display()
+            )));
+        }
+        Ok(pem)
     })
     .transpose()
 }
@@ -376,12 +386,11 @@ impl Remote {
         call: Result<Call<T>, ClientError>,
     ) -> Result<(), Failure> {
         let call = call.map_err(Failure::local)?;
-        let reply = self.client()?.send(&call).await.map_err(|e| match e {
-            ClientError::Url { .. } | ClientError::Request(_) | ClientError::Tls(_) => {
-                Failure::usage(e)
-            }
-            e => Failure::unreachable(e),
-        })?;
+        let reply = self
+            .client()?
+            .send(&call)
+            .await
+            .map_err(exit::client_failure)?;
         if self.json {
             // The server's answer as sent: a replayed result keeps its exact text.
             println!("{}", String::from_utf8_lossy(&reply.body));
@@ -622,12 +631,7 @@ async fn reconcile_required_keys(client: &Client, prefix: &str) -> Result<Vec<St
     }
 }
 
-fn client_failure(e: ClientError) -> Failure {
-    match e {
-        ClientError::Http(h) => Failure::new(exit::for_status(h.status), h.to_string()),
-        e => Failure::unreachable(e),
-    }
-}
+use exit::client_failure;
 
 pub async fn get(a: GetArgs) -> Result<(), Failure> {
     let key = match (&a.key, &a.idempotency_key, &a.principal) {
