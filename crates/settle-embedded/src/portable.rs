@@ -234,7 +234,17 @@ pub fn export_dir<W: Write>(
         ))
         .into());
     }
-    let _lock = OsFs.lock(&dir.join("LOCK")).map_err(io)?;
+    let _lock = OsFs.lock(&dir.join("LOCK")).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::WouldBlock {
+            StoreError::Io(format!(
+                "{} is in use by a running settle serve: stop the server first (or take a live \
+                 backup of it with settle backup --url)",
+                dir.display()
+            ))
+        } else {
+            io(e)
+        }
+    })?;
     let index = FjallIndex::open(&dir.join("index"))?;
     let rec = recovery::recover(&OsFs, &dir.join("wal"), &index)?;
     let frozen = Frozen::offline(&rec.map, &index, rec.next_fence)?;

@@ -13,7 +13,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::pg::Database;
-use common::{BIN, TempDir};
+use common::{BIN, Server, TempDir};
 use serde_json::Value;
 use settle_core::testkit::{binding, claim, completed, revoke, settle};
 use settle_core::{ClaimDecision, Reply, TenantId};
@@ -690,4 +690,25 @@ async fn a_killed_import_into_postgresql_leaves_no_rows_or_all_of_them() {
             assert_eq!(got["principals"], exported["principals"]);
         }
     }
+}
+
+/// `settle export --data` (and `migrate --from-data`) on a store a running
+/// server holds: refused, saying to stop the server first.
+#[test]
+fn exporting_a_served_store_says_to_stop_the_server_first() {
+    let tmp = TempDir::new("served");
+    let data = tmp.path().join("data");
+    let _server = Server::start(&data, &[]);
+    let to = tmp.path().join("a.settle");
+    let out = settle_cmd(&[
+        "export",
+        "--data",
+        data.to_str().unwrap(),
+        "--to",
+        to.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stop the server first"), "{err}");
+    assert!(!to.exists());
 }
