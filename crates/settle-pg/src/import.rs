@@ -52,13 +52,8 @@ pub async fn import(
     let summary = verify(file.to_path_buf()).await?;
     // Bounded before any work (SPEC §12): refused, nothing written.
     let floor = summary.import_floor(margin)?;
-    let floor = i64::try_from(floor).map_err(|_| {
-        StoreError::from(PgError::Option(format!(
-            "the fence floor {floor} (the file's fences plus the margin) is beyond the \
-             fence sequence's range (at most {})",
-            i64::MAX
-        )))
-    })?;
+    // At most settle_portable::MAX_FENCE_FLOOR (< 2^53): the sequence's range.
+    let floor = i64::try_from(floor).expect("import_floor is below 2^53");
     let (cfg, tls, _) = crate::prepare(url, &opts).await.map_err(StoreError::from)?;
     let (client, driver) = session::connect(&cfg, &tls)
         .await

@@ -73,9 +73,7 @@ pub async fn run(a: BackupArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let client = crate::remote::client_for(&a.url, a.token.as_deref(), a.ca_cert.as_deref())?;
     crate::files::refuse_existing(&a.to)?;
-    let mut partial_path = a.to.clone().into_os_string();
-    partial_path.push(".partial");
-    let partial_path = PathBuf::from(partial_path);
+    let partial_path = crate::portable::partial_name(&a.to);
     let file = crate::files::create_exclusive(&partial_path)?;
     let mut partial = Partial {
         path: partial_path,
