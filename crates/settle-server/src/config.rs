@@ -357,6 +357,11 @@ pub struct Config {
     /// its variable, whatever the value), by their file key: accepted for
     /// one more release, ignored, and warned about at startup.
     pub deprecated: Vec<&'static str>,
+    /// Settings given that this configuration does not use (`data` with a
+    /// PostgreSQL store, PostgreSQL timeouts with the embedded one, ...),
+    /// each a sentence for a start-up warning: silently ignoring what an
+    /// operator wrote hides a mistake.
+    pub unused: Vec<String>,
     /// Per-tenant quotas (SPEC §12); a tenant without any is not listed.
     pub quotas: Vec<(TenantId, Quota)>,
     /// HTTPS when set.
@@ -536,6 +541,125 @@ fn tenants(
     Ok((tokens, quotas))
 }
 
+/// Where the records live, and the store settings given that lose.
+///
+/// Flags and variables beat the file for the store as for every setting,
+/// so the first of these layers that names a store chooses it: the flags
+/// and variables (`--store`, else `--data`), then the file (`store`, else
+/// `data`), else the default directory. Whatever else named a store is
+/// not used, and said so.
+fn choose_store(file: &FileConfig, args: &Settings) -> (StoreConfig, Vec<String>) {
+    let layers = [
+        ("--store", args.store.as_ref(), "--data", args.data.as_ref()),
+        (
+            "store (config file)",
+            file.store.as_ref(),
+            "data (config file)",
+            file.data.as_ref(),
+        ),
+    ];
+    let mut store = None;
+    let mut unused = Vec::new();
+    for (store_name, url, data_name, dir) in layers {
+        let chosen_here = match (url, dir) {
+            (Some(url), _) => Some((store_name, StoreConfig::Url(url.clone()))),
+            (None, Some(dir)) => Some((data_name, StoreConfig::Embedded(dir.clone()))),
+            (None, None) => None,
+        };
+        match (&store, chosen_here) {
+            (None, Some(chosen)) => {
+                if let (Some(_), Some(dir)) = (url, dir) {
+                    unused.push(format!(
+                        "{data_name} = {} is not used: {store_name} names a PostgreSQL store",
+                        dir.display()
+                    ));
+                }
+                store = Some(chosen);
+            }
+            (Some((by, _)), Some(_)) => {
+                for (name, given) in [
+                    (store_name, url.map(|u| redact_url(u))),
+                    (data_name, dir.map(|d| d.display().to_string())),
+                ] {
+                    if let Some(v) = given {
+                        unused.push(format!("{name} = {v} is not used: {by} chooses the store"));
+                    }
+                }
+            }
+            (_, None) => {}
+        }
+    }
+    let store = store.map_or_else(
+        || StoreConfig::Embedded(PathBuf::from(DEFAULT_DATA)),
+        |(_, s)| s,
+    );
+    (store, unused)
+}
+
+/// The engine tuning given for the other engine.
+fn engine_settings_unused(store: &StoreConfig, tuning: &Tuning) -> Vec<String> {
+    let (engine, others): (&str, &[(&str, bool)]) = match store {
+        StoreConfig::Embedded(_) => (
+            "the embedded store",
+            &[
+                (
+                    "pg_statement_timeout_ms",
+                    tuning.pg_statement_timeout_ms.is_some(),
+                ),
+                ("pg_lock_timeout_ms", tuning.pg_lock_timeout_ms.is_some()),
+                (
+                    "pg_idle_in_transaction_timeout_ms",
+                    tuning.pg_idle_in_transaction_timeout_ms.is_some(),
+                ),
+                (
+                    "pg_client_timeout_ms",
+                    tuning.pg_client_timeout_ms.is_some(),
+                ),
+            ],
+        ),
+        StoreConfig::Url(_) => (
+            "PostgreSQL",
+            &[("segment_bytes", tuning.segment_bytes.is_some())],
+        ),
+    };
+    others
+        .iter()
+        .filter(|(_, given)| *given)
+        .map(|(key, _)| format!("{key} is not used: the store is {engine}"))
+        .collect()
+}
+
+/// A store URL with its password, if any, replaced by `***` (for logs and
+/// messages): in the user part (`postgres://u:PASSWORD@h/db`) and in a
+/// `password=` parameter.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let (authority, tail) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{user}:***@{host}"),
+            None => authority.to_string(),
+        },
+        None => authority.to_string(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query: Vec<String> = query
+                .split('&')
+                .map(|kv| match kv.split_once('=') {
+                    Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+                    _ => kv.to_string(),
+                })
+                .collect();
+            format!("{path}?{}", query.join("&"))
+        }
+        None => tail.to_string(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
 /// Where `settle serve` listens by default (loopback: auth may be off).
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7411";
 /// Where the embedded store lives by default.
@@ -564,6 +688,7 @@ impl Config {
             metrics_refresh_ms: 10_000,
             tuning: Tuning::default(),
             deprecated: Vec::new(),
+            unused: Vec::new(),
             quotas: Vec::new(),
             tls: None,
             behind_proxy: false,
@@ -585,6 +710,7 @@ impl Config {
     #[allow(clippy::too_many_lines)]
     pub fn merge(file: FileConfig, args: &Settings) -> Result<Config, ConfigError> {
         let deprecated = deprecated_given(&file, args);
+        let (store, mut unused) = choose_store(&file, args);
         let listen_s = args
             .listen
             .clone()
@@ -595,16 +721,6 @@ impl Config {
             .map_err(|e| invalid("listen", format!("{listen_s:?}: {e}")))?
             .next()
             .ok_or_else(|| invalid("listen", format!("{listen_s:?} resolves to no address")))?;
-
-        let store = match args.store.clone().or(file.store) {
-            Some(url) => StoreConfig::Url(url),
-            None => StoreConfig::Embedded(
-                args.data
-                    .clone()
-                    .or(file.data)
-                    .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA)),
-            ),
-        };
 
         let (parsed, quotas) = tenants(file.tenants, &args.tenants)?;
         let admin_tokens = admin_tokens(file.admin, &args.admin_tokens_sha256, &parsed)?;
@@ -784,6 +900,7 @@ impl Config {
                 return Err(invalid(name, "must be within [1, 120000] ms"));
             }
         }
+        unused.extend(engine_settings_unused(&store, &tuning));
         Ok(Config {
             listen,
             store,
@@ -804,6 +921,7 @@ impl Config {
             metrics_refresh_ms,
             tuning,
             deprecated,
+            unused,
             quotas,
             tls,
             behind_proxy,
@@ -824,6 +942,81 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn passwords_are_not_shown() {
+        for (url, shown) in [
+            (
+                "postgres://u:secret@h:5432/db",
+                "postgres://u:***@h:5432/db",
+            ),
+            ("postgres://u:p@ss@h/db", "postgres://u:***@h/db"),
+            ("postgres://u@h/db", "postgres://u@h/db"),
+            (
+                "postgres://h/db?user=u&password=secret&sslmode=require",
+                "postgres://h/db?user=u&password=***&sslmode=require",
+            ),
+            ("postgres://h", "postgres://h"),
+            ("not a url", "not a url"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+        }
+    }
+
+    fn file(text: &str) -> FileConfig {
+        toml::from_str(text).unwrap()
+    }
+
+    /// Flags and variables beat the file for the store too, and every store
+    /// setting that loses is named (docs/http-api.md, "Settings").
+    #[test]
+    fn the_store_is_chosen_by_precedence_and_what_loses_is_said() {
+        let pg = "postgres://u:secret@h/db";
+        // The packaged file names a directory; --store on the command line.
+        let mut a = args();
+        a.store = Some(pg.into());
+        let c = Config::merge(file("data = \"/var/lib/settle\""), &a).unwrap();
+        assert_eq!(c.store, StoreConfig::Url(pg.into()));
+        assert_eq!(
+            c.unused,
+            ["data (config file) = /var/lib/settle is not used: --store chooses the store"]
+        );
+        // Both in the file: the URL wins, the directory is named.
+        let c = Config::merge(file(&format!("store = \"{pg}\"\ndata = \"d\"")), &args()).unwrap();
+        assert_eq!(c.store, StoreConfig::Url(pg.into()));
+        assert_eq!(
+            c.unused,
+            ["data (config file) = d is not used: store (config file) names a PostgreSQL store"]
+        );
+        // --data beats the file's store (a flag beats the file); the
+        // password is not repeated in the warning.
+        let mut a = args();
+        a.data = Some("flagdir".into());
+        let c = Config::merge(file(&format!("store = \"{pg}\"")), &a).unwrap();
+        assert_eq!(c.store, StoreConfig::Embedded("flagdir".into()));
+        assert_eq!(
+            c.unused,
+            ["store (config file) = postgres://u:***@h/db is not used: --data chooses the store"]
+        );
+        // Nothing given twice: nothing said.
+        let c = Config::merge(file("data = \"d\""), &args()).unwrap();
+        assert_eq!(c.store, StoreConfig::Embedded("d".into()));
+        assert!(c.unused.is_empty(), "{:?}", c.unused);
+        // The other engine's tuning.
+        let c = Config::merge(file("pg_lock_timeout_ms = 250"), &args()).unwrap();
+        assert_eq!(
+            c.unused,
+            ["pg_lock_timeout_ms is not used: the store is the embedded store"]
+        );
+        let mut a = args();
+        a.store = Some(pg.into());
+        a.segment_bytes = Some(1 << 20);
+        let c = Config::merge(FileConfig::default(), &a).unwrap();
+        assert_eq!(
+            c.unused,
+            ["segment_bytes is not used: the store is PostgreSQL"]
+        );
+    }
 
     fn args() -> Settings {
         Settings::default()

@@ -80,7 +80,9 @@ pub fn log_auth(config: &Config, addr: SocketAddr) {
 }
 
 /// A start-up warning for each deprecated setting that was given
-/// ([`Config::deprecated`]): it is ignored, and refused from the next release.
+/// ([`Config::deprecated`]: it is ignored, and refused from the next
+/// release) and each setting given that this configuration does not use
+/// ([`Config::unused`]).
 pub fn log_deprecated(config: &Config) {
     for key in &config.deprecated {
         warn!(
@@ -88,6 +90,9 @@ pub fn log_deprecated(config: &Config) {
             "the setting {key} (--{}) is deprecated and ignored; it will be removed in the next release",
             key.replace('_', "-")
         );
+    }
+    for sentence in &config.unused {
+        warn!("{sentence}");
     }
 }
 

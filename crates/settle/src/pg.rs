@@ -39,27 +39,4 @@ pub async fn import(
 }
 
 /// `url` without its password (for messages and summaries).
-pub fn redacted(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    match rest.split_once('@') {
-        Some((user, host)) if user.contains(':') => {
-            let name = user.split(':').next().unwrap_or_default();
-            format!("{scheme}://{name}:***@{host}")
-        }
-        _ => url.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn passwords_are_not_shown() {
-        assert_eq!(
-            super::redacted("postgres://u:secret@h:5432/db"),
-            "postgres://u:***@h:5432/db"
-        );
-        assert_eq!(super::redacted("postgres://u@h/db"), "postgres://u@h/db");
-    }
-}
+pub use settle_server::config::redact_url as redacted;
