@@ -182,7 +182,14 @@ impl Cursor {
     /// Reads a text form back; `None` for anything [`to_text`](Self::to_text) does not write.
     pub fn from_text(text: &str) -> Option<Cursor> {
         let parts: Vec<&str> = text.split(' ').collect();
-        let ms = |s: &str| s.parse::<u64>().ok().map(Timestamp);
+        // Digits only, at most 18 (the OpenAPI pattern of `after`): every
+        // such number fits the stores' signed 64-bit columns, and `+1`,
+        // which `parse` takes, is not a cursor this code writes.
+        let ms = |s: &str| {
+            (!s.is_empty() && s.len() <= 18 && s.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| s.parse::<u64>().ok().map(Timestamp))
+                .flatten()
+        };
         Some(match parts.as_slice() {
             [key] => Cursor::Key(Key::new(*key).ok()?),
             ["u", at, key] => Cursor::Ordered {

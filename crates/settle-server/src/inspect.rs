@@ -38,6 +38,16 @@ pub fn cursor(c: &Cursor) -> String {
     hex::encode(c.to_text())
 }
 
+/// Every cursor [`cursor`] writes, and nothing else: the hex of a key
+/// (visible ASCII, 1-255 bytes, hex 21-7e), of `u <ms> <key>` or of
+/// `a <bucket> <ms> <key>` (`75 20`, `61 20 3x 20`; digits `3x`, at most 18
+/// of them: every such number fits the stores' signed 64-bit columns).
+/// The OpenAPI document gives it to `after` (spelled again in `list`'s
+/// attribute, which takes only a literal; a test holds the two equal), so a
+/// generated value is a position the server takes, never a refusal.
+#[cfg(test)]
+const CURSOR_PATTERN: &str = "^((2[1-9a-f]|[3-6][0-9a-f]|7[0-9a-e]){1,255}|7520(3[0-9]){1,18}20(2[1-9a-f]|[3-6][0-9a-f]|7[0-9a-e]){1,255}|61203[0-3]20(3[0-9]){1,18}20(2[1-9a-f]|[3-6][0-9a-f]|7[0-9a-e]){1,255})$";
+
 fn parse_cursor(raw: &str) -> Result<Cursor, Problem> {
     let bad = || Problem::invalid("after", "not a cursor returned by this listing");
     let bytes = hex::decode(raw).map_err(|_| bad())?;
@@ -126,11 +136,13 @@ fn parse_list_query(raw: Option<&str>, stuck_after_ms: u64) -> Result<ListQuery,
             }
         }
     }
-    if q.after.as_ref().is_some_and(|c| c.order() != q.order) {
-        return Err(Problem::invalid(
-            "after",
-            "the cursor of a listing in another order (give the same order as its first page)",
-        ));
+    // The cursor carries the order (SPEC §9): a later page continues the
+    // listing the cursor came from, whatever `order` says. Refusing a
+    // mismatch would make a schema-valid request fail (the document cannot
+    // tie one parameter to another); continuing in another order than the
+    // cursor's position belongs to is not possible.
+    if let Some(c) = &q.after {
+        q.order = c.order();
     }
     Ok(q)
 }
@@ -147,7 +159,7 @@ fn parse_list_query(raw: Option<&str>, stuck_after_ms: u64) -> Result<ListQuery,
         ("key_prefix" = Option<String>, Query, description = "Only keys starting with this (1-255 bytes of visible ASCII); the scan starts at the prefix and ends past it", pattern = "^[!-~]{1,255}$"),
         ("order" = Option<String>, Query, description = "key (default): by key, a bounded scan per page; updated: most recently updated first; attention: reconcile required, then disputed, then stuck, then the rest, most recently updated first within each (these two read every record the prefix allows per page). The cursor carries the order.", pattern = "^(key|updated|attention)$"),
         ("limit" = Option<u32>, Query, description = "Most records per page, 1-1000 (default 100)", minimum = 1, maximum = 1000),
-        ("after" = Option<String>, Query, description = "The previous page's `next` cursor (opaque; give the same `order`)", pattern = "^([0-9a-f]{2})+$"),
+        ("after" = Option<String>, Query, description = "The previous page's `next` cursor. Opaque to clients; it carries its listing's order, which the page continues (`order` is then not needed). Today the lowercase hex of the position's text: the key (key order), `u <updated_at ms> <key>` (updated) or `a <bucket 0-3> <updated_at ms> <key>` (attention); the pattern is exactly that, so every value it admits is a position.", pattern = "^((2[1-9a-f]|[3-6][0-9a-f]|7[0-9a-e]){1,255}|7520(3[0-9]){1,18}20(2[1-9a-f]|[3-6][0-9a-f]|7[0-9a-e]){1,255}|61203[0-3]20(3[0-9]){1,18}20(2[1-9a-f]|[3-6][0-9a-f]|7[0-9a-e]){1,255})$"),
     ),
     responses(
         (status = 200, description = "One page in the listing's order. A page may hold fewer than `limit` records while `next` is not null (a bounded scan); the listing ends when `next` is null.", body = ListResponse),
@@ -323,8 +335,9 @@ mod tests {
             "stuck=true&stuck=false",
             "key_prefix=",
             "order=time",
-            // A cursor of the key order given to the updated order.
-            "order=updated&after=6b",
+            // Hex, but not a position (a NUL byte; a space alone).
+            "after=00",
+            "after=7520",
         ] {
             assert_eq!(
                 parse_list_query(Some(bad), 1).unwrap_err().status,
@@ -341,6 +354,87 @@ mod tests {
             key: Key::new("k").unwrap(),
         };
         let q = parse_list_query(Some(&format!("order=updated&after={}", cursor(&u))), 1).unwrap();
+        assert_eq!(
+            (q.order, q.after.clone()),
+            (ListOrder::Updated, Some(u.clone()))
+        );
+        // The cursor carries the order: another `order` does not change
+        // which listing the page continues.
+        let q = parse_list_query(Some(&format!("order=key&after={}", cursor(&u))), 1).unwrap();
         assert_eq!((q.order, q.after), (ListOrder::Updated, Some(u)));
+        let q = parse_list_query(Some("order=attention&after=6b"), 1).unwrap();
+        assert_eq!(q.order, ListOrder::Key);
+    }
+
+    /// `CURSOR_PATTERN` admits exactly the cursors the server takes: every
+    /// cursor it writes matches, and every value matching it parses (a
+    /// sample of each form, at the edges of each part).
+    #[test]
+    fn the_cursor_pattern_is_exactly_the_cursors_taken() {
+        let doc: serde_json::Value =
+            serde_json::from_slice(&crate::openapi::document(100)).unwrap();
+        let after = doc["paths"]["/v1/operations"]["get"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "after")
+            .unwrap();
+        assert_eq!(after["schema"]["pattern"], CURSOR_PATTERN);
+        let re = regex_lite::Regex::new(CURSOR_PATTERN).unwrap();
+        let key = |s: &str| Key::new(s).unwrap();
+        let longest = "~".repeat(255);
+        let written = [
+            Cursor::Key(key("!")),
+            Cursor::Key(key(&longest)),
+            Cursor::Key(key("a/b?c")),
+            Cursor::Ordered {
+                order: ListOrder::Updated,
+                bucket: 0,
+                updated_at: settle_core::Timestamp(0),
+                key: key("k"),
+            },
+            Cursor::Ordered {
+                order: ListOrder::Attention,
+                bucket: 3,
+                updated_at: settle_core::Timestamp(1_765_000_000_000),
+                key: key(&longest),
+            },
+        ];
+        for c in &written {
+            let text = cursor(c);
+            assert!(
+                re.is_match(&text),
+                "{c:?} wrote {text}, which the pattern refuses"
+            );
+            assert_eq!(&parse_cursor(&text).unwrap(), c);
+        }
+        // Matching values that no server wrote still parse: leading zeros,
+        // 18 digits, the highest bucket.
+        for text in [
+            "0001",
+            "u 000000000000000000 !",
+            "u 999999999999999999 ~",
+            "a 3 1 x",
+        ] {
+            let hexed = hex::encode(text);
+            assert!(re.is_match(&hexed), "{text}");
+            parse_cursor(&hexed).unwrap_or_else(|e| panic!("{text}: {e:?}"));
+        }
+        // Refused, and outside the pattern.
+        for text in [
+            "",
+            " ",
+            "u  k",
+            "u 1",
+            "u +1 k",
+            "a 4 1 k",
+            "u 1234567890123456789 k",
+            "k\u{7f}",
+            "a b",
+        ] {
+            let hexed = hex::encode(text);
+            assert!(!re.is_match(&hexed), "the pattern admits {text:?}");
+            assert!(parse_cursor(&hexed).is_err(), "{text:?} parsed");
+        }
     }
 }
