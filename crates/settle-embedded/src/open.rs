@@ -68,6 +68,8 @@ pub(crate) fn recover_engine<F: Fs, I: Index>(
         .map(|s| s.key().clone())
         .collect();
     let shared = Arc::new(Shared::new(index, map, opts.clock.clone(), opts.limits));
+    #[cfg(feature = "faults")]
+    shared.set_faults(opts.faults());
     for k in &rec.undecodable {
         shared.note_undecodable(k.clone());
     }

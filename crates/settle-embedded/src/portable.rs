@@ -3,11 +3,12 @@
 //! ([`export_dir`]), and an import into an empty data directory ([`import`]).
 //!
 //! A snapshot is the map of durable states in memory plus a view of the
-//! index, taken while no batch is published and no segment evicted
-//! (`Shared::frozen`): a state is in memory until the index holds it, so
-//! the two together are the store at one published batch. Only the copy of
-//! the map's entries (pointers, not values) holds the writer up; the index
-//! is read afterwards, from its view, while the store runs on.
+//! index, both at one published batch (`Shared::snapshot`): a state is in
+//! memory until the index holds it, so the two together are the store at
+//! that instant. Writes wait only while the instant is marked (the batch,
+//! the view, the start of a capture: constant time); the map is then read
+//! while the writer runs on, each publish keeping the instant's states it
+//! replaces, and the index is read afterwards, from its view.
 
 use std::fs::File;
 use std::io::{BufReader, Seek, Write};
@@ -37,26 +38,21 @@ pub(crate) struct Frozen {
 }
 
 impl Frozen {
-    /// The running store's snapshot.
+    /// The running store's snapshot (`Shared::snapshot`: writes wait only
+    /// while its instant is marked, not while the map is read).
     pub(crate) fn of<I: Index>(shared: &Shared<I>) -> Result<Frozen, StoreError> {
         let started = std::time::Instant::now();
-        let (resident, view, fence_floor) = shared.frozen(|map, floor| {
-            let view = shared.index().view()?;
-            let resident: Vec<(Box<[u8]>, Arc<Value>)> = map
-                .iter()
-                .map(|s| (s.key().clone(), s.value.clone()))
-                .collect();
-            Ok::<_, StoreError>((resident, view, floor))
-        })?;
+        let snap = shared.snapshot(|| shared.index().view())?;
         // How long publishing waited: the one cost an export puts on writes.
-        let held = started.elapsed();
-        metrics::histogram!("settle_export_freeze_seconds").record(held.as_secs_f64());
+        metrics::histogram!("settle_export_freeze_seconds").record(snap.held.as_secs_f64());
         tracing::info!(
-            resident = resident.len(),
-            held_ms = held.as_secs_f64() * 1e3,
+            resident = snap.resident.len(),
+            replaced = snap.replaced,
+            held_ms = snap.held.as_secs_f64() * 1e3,
+            read_ms = started.elapsed().as_secs_f64() * 1e3,
             "export snapshot taken"
         );
-        Ok(Frozen::new(resident, view, fence_floor))
+        Ok(Frozen::new(snap.resident, snap.view, snap.fence_floor))
     }
 
     /// A running store's snapshot, streamed (`Store::export` of both stores).

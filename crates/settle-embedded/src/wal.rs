@@ -80,6 +80,9 @@ pub struct Faults {
     pub panic_writer: AtomicBool,
     /// Called at each step of each checkpoint (to cut a simulated power there).
     pub checkpoint_hook: Mutex<Option<Hook>>,
+    /// Called by a live export after it marked its instant and before it
+    /// reads the map (on the export's thread; writes go on meanwhile).
+    pub export_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Successful log syncs so far.
     pub syncs: AtomicU64,
     /// Checkpoints completed so far.

@@ -245,6 +245,95 @@ async fn a_live_export_holds_every_receipt_acknowledged_before_it_started() {
     store.close();
 }
 
+/// A live export is the store at the instant it marked, though the map is
+/// read after writes resumed: records settled and claimed between the
+/// instant and the read are in the file as they were at the instant
+/// (kept by the publishes that replaced them), keys first written in
+/// between are not in it. Writes wait only for the instant to be marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_export_is_one_instant_while_writes_go_on_during_its_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    let faults = Arc::new(settle_embedded::Faults::default());
+    let store = EmbeddedStore::open(
+        tmp.path().join("live"),
+        EmbeddedOptions {
+            faults: Some(faults.clone()),
+            ..opts()
+        },
+    )
+    .unwrap();
+    let t = tenant("acme");
+    let mut open = Vec::new();
+    for i in 0..10 {
+        let k = format!("open-{i}");
+        match store
+            .execute(&t, claim(&k, 1, binding("alice", 0)))
+            .await
+            .unwrap()
+        {
+            Reply::Claim(ClaimDecision::Execute(g)) => open.push((k, g.fence)),
+            other => panic!("{other:?}"),
+        }
+    }
+    let settled_before = pair(&store, &t, "settled-before").await;
+    // Between the instant and the read of the map: settle half of the open
+    // records, claim new keys (each acknowledged, so published).
+    let (hook_store, hook_t, to_settle) = (store.clone(), t.clone(), open[..5].to_vec());
+    let rt = tokio::runtime::Handle::current();
+    *faults.export_hook.lock() = Some(Arc::new(move || {
+        for (k, fence) in &to_settle {
+            let r = rt
+                .block_on(hook_store.execute(
+                    &hook_t,
+                    settle(k, *fence, 1, binding("alice", 0), completed(1)),
+                ))
+                .unwrap();
+            assert!(matches!(r, Reply::Receipt(_)), "{r:?}");
+        }
+        for i in 0..3 {
+            rt.block_on(
+                hook_store.execute(&hook_t, claim(&format!("new-{i}"), 1, binding("alice", 0))),
+            )
+            .unwrap();
+        }
+    }));
+    let file = tmp.path().join("live.settle");
+    export_file(&*store, &file).await;
+    *faults.export_hook.lock() = None;
+
+    let records: std::collections::BTreeMap<String, Record> = entities(&file)
+        .into_iter()
+        .filter_map(|e| match e {
+            Entity::Record { record, .. } => Some((record.key.to_string(), record)),
+            _ => None,
+        })
+        .collect();
+    for (k, _) in &open {
+        let r = &records[k];
+        assert!(
+            r.receipt.is_none(),
+            "{k}: the file holds a state after the instant: {r:?}"
+        );
+        assert!(!r.status.is_terminal(), "{k}: {:?}", r.status);
+    }
+    assert_eq!(
+        records["settled-before"].receipt.as_ref(),
+        Some(&settled_before)
+    );
+    for i in 0..3 {
+        assert!(
+            !records.contains_key(&format!("new-{i}")),
+            "new-{i} was written after the instant"
+        );
+    }
+    assert_eq!(records.len(), open.len() + 1);
+    // The store itself went on: the records settled in between are settled.
+    for (k, _) in &open[..5] {
+        assert!(get(&store, &t, k).await.receipt.is_some(), "{k}");
+    }
+    store.close();
+}
+
 #[test]
 fn an_import_refuses_damage_and_a_non_empty_target_and_writes_nothing() {
     let tmp = tempfile::tempdir().unwrap();

@@ -9,22 +9,28 @@
 /// The engine's locks, in the only order a thread may take them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
+    /// `Shared::evict_gate`: shared by an eviction, exclusive while an
+    /// export reads the map.
+    EvictGate = 1,
     /// `Listing::evicting`: an eviction or a listing's fold.
-    Evicting = 1,
+    Evicting = 2,
     /// `Shared::frozen`: shared by a publish or an eviction, exclusive while
-    /// an export copies the map (one instant of map and index).
-    Frozen = 2,
+    /// an export marks its instant (one instant of map and index).
+    Frozen = 3,
     /// `Shared::leased`: held by the writer while it applies a command.
-    Leased = 3,
+    Leased = 4,
+    /// `Shared::capture`: by a publish while an export reads the map, and by
+    /// the export at its start and end.
+    Capture = 5,
     /// A shard of the map (DashMap's own lock: an entry, `get`, `iter`,
     /// `remove_if`'s closure).
-    Map = 4,
+    Map = 6,
     /// `Listing::pending`.
-    Pending = 5,
+    Pending = 7,
     /// `Listing::sorted`.
-    Sorted = 6,
+    Sorted = 8,
     /// `Shared::published`.
-    Published = 7,
+    Published = 9,
 }
 
 /// A level this thread holds until it is dropped.

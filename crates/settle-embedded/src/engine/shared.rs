@@ -41,6 +41,28 @@ impl Slot {
     }
 }
 
+/// An export's instant while it reads the map (see [`Shared::snapshot`]).
+struct Capture {
+    /// The last batch published at the instant.
+    lsn: u64,
+    /// The states of the instant that publishes replaced since, first
+    /// replacement only.
+    replaced: std::collections::HashMap<Box<[u8]>, Arc<Value>, Hasher>,
+}
+
+/// A running store's state at one instant, read by [`Shared::snapshot`]: the
+/// map's entries of the instant (unsorted) and the fence floor; the index
+/// view is the caller's, opened at the instant.
+pub struct MapSnapshot<V> {
+    pub resident: Vec<(Box<[u8]>, Arc<Value>)>,
+    pub view: V,
+    pub fence_floor: u64,
+    /// How long publishing waited for the instant to be marked.
+    pub held: Duration,
+    /// States replaced while the map was read (kept as they were).
+    pub replaced: usize,
+}
+
 /// Whether `v` is a record holding an open lease.
 fn holds_lease(v: &Value) -> bool {
     matches!(v, Value::Record(r) if r.open_lease().is_some())
@@ -100,9 +122,23 @@ pub struct Shared<I> {
     /// has been answered with is below it.
     fence_floor: AtomicU64,
     /// Held shared while a batch is published or a segment evicted, and
-    /// exclusively while an export copies the map and opens its view of the
-    /// index: the two are then one instant.
+    /// exclusively while an export marks its instant (the published batch,
+    /// its view of the index, the start of its capture): O(1), however many
+    /// states the map holds.
     frozen: RwLock<()>,
+    /// Held shared by an eviction, exclusively while an export reads the
+    /// map: no state of the export's instant leaves the map meanwhile (the
+    /// index view, taken at the instant, may not hold it).
+    evict_gate: RwLock<()>,
+    /// While an export reads the map: its instant's batch and the states
+    /// publishes replaced since (key → the state at the instant). `None`
+    /// otherwise; `capturing` says which without the lock.
+    capture: Mutex<Option<Capture>>,
+    capturing: AtomicBool,
+    /// Fault injection (tests): `export_hook` runs between an export's
+    /// instant and its read of the map.
+    #[cfg(feature = "faults")]
+    faults: std::sync::OnceLock<Arc<crate::wal::Faults>>,
     index: I,
     /// The keys the index may hold, when known.
     ingested: Ingested,
@@ -150,6 +186,11 @@ impl<I: Index> Shared<I> {
             published_cv: Condvar::new(),
             fence_floor: AtomicU64::new(1),
             frozen: RwLock::new(()),
+            evict_gate: RwLock::new(()),
+            capture: Mutex::new(None),
+            capturing: AtomicBool::new(false),
+            #[cfg(feature = "faults")]
+            faults: std::sync::OnceLock::new(),
             leased: Mutex::new(leased),
             ingested: Ingested::new(empty),
             index,
@@ -180,6 +221,11 @@ impl<I: Index> Shared<I> {
         let _frozen = self.frozen_shared();
         self.disputed.store(disputed, Ordering::SeqCst);
         metrics::histogram!("settle_commit_batch_size").record(commands as f64);
+        // Set under `frozen`, which this holds: an export that marked its
+        // instant before this batch is reading the map now.
+        if self.capturing.load(Ordering::SeqCst) {
+            self.keep_replaced(&changes);
+        }
         match Arc::try_unwrap(changes) {
             // The writer has staged a later batch and let go of this one:
             // keys and values move into the map (one lookup, no key copy).
@@ -218,6 +264,100 @@ impl<I: Index> Shared<I> {
         self.published_cv.notify_all();
     }
 
+    /// Before a batch replaces them: the states of the capture's instant
+    /// it replaces, each kept once (only the writer publishes, and no
+    /// eviction runs during a capture, so what is read here is what the
+    /// batch replaces).
+    fn keep_replaced(&self, changes: &Changes) {
+        let _order = lock_order::enter(Level::Capture);
+        let mut capture = self.capture.lock();
+        let Some(c) = capture.as_mut() else { return };
+        for (k, _) in changes.iter() {
+            let _map = lock_order::enter(Level::Map);
+            if let Some(s) = self.map.get(&k[..])
+                && s.lsn <= c.lsn
+                && !c.replaced.contains_key(&k[..])
+            {
+                c.replaced.insert(k.clone(), s.value.clone());
+            }
+        }
+    }
+
+    /// The store at one instant without holding writes for longer than it
+    /// takes to mark it: under `frozen` (exclusive) only the published
+    /// batch, the fence floor and `open_view` (the index's view) are taken
+    /// and the capture starts; the map is then read while the writer runs
+    /// on, each publish keeping the states of the instant it replaces
+    /// ([`Shared::keep_replaced`]), and evictions wait (`evict_gate`). A
+    /// state of the instant is either still in the map with its batch at
+    /// or below the instant's, or kept; a state published after it has a
+    /// later batch and is left out.
+    pub fn snapshot<V>(
+        &self,
+        open_view: impl FnOnce() -> Result<V, StoreError>,
+    ) -> Result<MapSnapshot<V>, StoreError> {
+        let _gate_order = lock_order::enter(Level::EvictGate);
+        let _gate = self.evict_gate.write();
+        let started = std::time::Instant::now();
+        let (view, lsn, fence_floor) = {
+            let _order = lock_order::enter(Level::Frozen);
+            let _g = self.frozen.write();
+            let view = open_view()?;
+            let lsn = self.published();
+            let _c = lock_order::enter(Level::Capture);
+            *self.capture.lock() = Some(Capture {
+                lsn,
+                replaced: Default::default(),
+            });
+            self.capturing.store(true, Ordering::SeqCst);
+            (view, lsn, self.fence_floor())
+        };
+        let held = started.elapsed();
+        #[cfg(feature = "faults")]
+        if let Some(hook) = self.faults.get().and_then(|f| f.export_hook.lock().clone()) {
+            hook();
+        }
+        let mut resident = Vec::with_capacity(self.map.len());
+        {
+            let _map = lock_order::enter(Level::Map);
+            for s in self.map.iter() {
+                if s.lsn <= lsn {
+                    resident.push((s.key().clone(), s.value.clone()));
+                }
+            }
+        }
+        let replaced = {
+            let _c = lock_order::enter(Level::Capture);
+            let mut capture = self.capture.lock();
+            self.capturing.store(false, Ordering::SeqCst);
+            capture
+                .take()
+                .expect("the capture this export started")
+                .replaced
+        };
+        let n = replaced.len();
+        if n > 0 {
+            // The kept state wins: the map may show a later one.
+            resident.retain(|(k, _)| !replaced.contains_key(&k[..]));
+            resident.extend(replaced);
+        }
+        Ok(MapSnapshot {
+            resident,
+            view,
+            fence_floor,
+            held,
+            replaced: n,
+        })
+    }
+
+    /// The faults a test injects (set once, when the store opens).
+    #[cfg(feature = "faults")]
+    pub fn set_faults(&self, faults: Option<Arc<crate::wal::Faults>>) {
+        if let Some(f) = faults {
+            let _ = self.faults.set(f);
+        }
+    }
+
     /// The last batch whose changes are in the map.
     pub fn published(&self) -> u64 {
         *lock_at(&self.published, Level::Published)
@@ -240,15 +380,6 @@ impl<I: Index> Shared<I> {
     fn frozen_shared(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
         let _order = lock_order::enter(Level::Frozen);
         self.frozen.read()
-    }
-
-    /// Runs `f` while no batch is published and no segment evicted: what it
-    /// reads of the map and the index is one instant.
-    pub fn frozen<T>(&self, f: impl FnOnce(&DashMap<Box<[u8]>, Slot, Hasher>, u64) -> T) -> T {
-        let _order = lock_order::enter(Level::Frozen);
-        let _g = self.frozen.write();
-        let _map = lock_order::enter(Level::Map);
-        f(&self.map, self.fence_floor())
     }
 
     /// Waits until batch `lsn` is published; `false` if it never will be
@@ -344,6 +475,8 @@ impl<I: Index> Shared<I> {
         // Every key of this segment that is new to the map is pending in the
         // listing now (published before the segment was sealed); keys
         // published from here on belong to later segments, never evicted here.
+        let _gate_order = lock_order::enter(Level::EvictGate);
+        let _gate = self.evict_gate.read();
         let mut eviction = self.listing.evicting();
         let _frozen = self.frozen_shared();
         let mut gone = Vec::with_capacity(taken.len());
