@@ -33,9 +33,33 @@ pub struct BackupArgs {
     /// PEM file of a CA to trust for an https:// URL (besides the system's roots).
     #[arg(long, env = "SETTLE_CA_CERT", value_name = "FILE")]
     ca_cert: Option<PathBuf>,
+    /// Read the export at most this fast, in bytes per second; a suffix k or
+    /// M multiplies by 1024 or 1024² (as curl's --limit-rate). The server
+    /// encodes only as fast as the backup reads, so a throttled backup
+    /// takes less of its CPU from the writes [default: unlimited].
+    #[arg(long, value_name = "BYTES_PER_S", value_parser = parse_rate)]
+    max_rate: Option<u64>,
     /// Print a one-line JSON summary on stdout instead of a sentence.
     #[arg(long)]
     json: bool,
+}
+
+/// `--max-rate`: a positive whole number of bytes per second, with an
+/// optional `k`/`K` (×1024) or `m`/`M` (×1024²).
+fn parse_rate(s: &str) -> Result<u64, String> {
+    let (digits, unit) = match s.char_indices().last() {
+        Some((i, 'k' | 'K')) => (&s[..i], 1024),
+        Some((i, 'm' | 'M')) => (&s[..i], 1024 * 1024),
+        _ => (s, 1),
+    };
+    digits
+        .parse::<u64>()
+        .ok()
+        .filter(|n| *n > 0 && digits.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|n| n.checked_mul(unit))
+        .ok_or_else(|| {
+            format!("{s:?} is not a rate: a positive whole number of bytes per second, optionally with k or M (e.g. 500k, 20M)")
+        })
 }
 
 /// What `--json` prints: where the backup is and what it holds.
@@ -52,6 +76,8 @@ struct Report<'a> {
     /// The trailer's digest: SHA-256 of every byte before the trailer line.
     sha256: &'a str,
     seconds: f64,
+    /// `--max-rate` in bytes per second; null: unlimited.
+    max_rate: Option<u64>,
 }
 
 /// `FILE.partial`, removed unless the backup completed.
@@ -82,7 +108,7 @@ pub async fn run(a: BackupArgs) -> Result<(), Failure> {
 
     let download = client.export().await.map_err(exit::client_failure)?;
     let streamed = tokio::select! {
-        r = receive(download, file, &partial.path) => r,
+        r = receive(download, file, &partial.path, a.max_rate) => r,
         _ = tokio::signal::ctrl_c() => Err(Failure::local(format!(
             "interrupted; {} removed, nothing written to {}",
             partial.path.display(),
@@ -105,7 +131,13 @@ pub async fn run(a: BackupArgs) -> Result<(), Failure> {
 
 /// Streams the body into `file` and makes it durable; the progress on
 /// stderr when it is a terminal.
-async fn receive(mut d: Download, file: File, path: &Path) -> Result<(), Failure> {
+async fn receive(
+    mut d: Download,
+    file: File,
+    path: &Path,
+    max_rate: Option<u64>,
+) -> Result<(), Failure> {
+    let started = Instant::now();
     let write_error =
         |e: std::io::Error| Failure::local(format!("writing {}: {e}", path.display()));
     let bar = progress();
@@ -134,6 +166,14 @@ async fn receive(mut d: Download, file: File, path: &Path) -> Result<(), Failure
             indicatif::HumanBytes(d.received())
         ));
         bar.tick();
+        if let Some(rate) = max_rate {
+            // Pacing, not synchronisation: no faster than `rate` on average
+            // since the start; the server's bounded pipeline then waits.
+            let due = Duration::from_secs_f64(d.received() as f64 / rate as f64);
+            if let Some(ahead) = due.checked_sub(started.elapsed()) {
+                tokio::time::sleep(ahead).await;
+            }
+        }
     }
     bar.finish_and_clear();
     let file = out.into_inner().map_err(|e| write_error(e.into_error()))?;
@@ -182,6 +222,7 @@ fn print_report(a: &BackupArgs, s: &Summary, seconds: f64) {
             bytes: s.bytes,
             sha256: &s.sha256,
             seconds,
+            max_rate: a.max_rate,
         };
         println!(
             "{}",
@@ -199,5 +240,36 @@ fn print_report(a: &BackupArgs, s: &Summary, seconds: f64) {
             seconds,
             s.sha256
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_rate_is_bytes_per_second_with_k_or_m() {
+        for (given, rate) in [
+            ("1", 1),
+            ("500k", 500 * 1024),
+            ("500K", 500 * 1024),
+            ("20M", 20 * 1024 * 1024),
+            ("3m", 3 * 1024 * 1024),
+        ] {
+            assert_eq!(super::parse_rate(given), Ok(rate), "{given}");
+        }
+        for bad in [
+            "",
+            "0",
+            "0k",
+            "k",
+            "-5",
+            "+5",
+            "1.5M",
+            "10G",
+            "5 k",
+            "99999999999999999999M",
+        ] {
+            let e = super::parse_rate(bad).unwrap_err();
+            assert!(e.contains("not a rate"), "{bad}: {e}");
+        }
     }
 }

@@ -70,6 +70,45 @@ async fn settled(ep: &settle_client::Client, key: &str, n: u8) -> u64 {
     r.json()["receipt"]["fence"].as_u64().unwrap()
 }
 
+/// `--max-rate` at the backup's own size per second: the same records, and
+/// at least a second (pacing: never faster than the rate, however fast the
+/// machine; how much slower is not asserted).
+async fn throttled_backup_is_paced_and_whole(
+    dir: &Path,
+    url: &str,
+    bytes: u64,
+    written: &BTreeMap<String, u64>,
+) {
+    let slow = dir.join("slow.settle");
+    let out = backup(
+        &[
+            "--url",
+            url,
+            "--to",
+            slow.to_str().unwrap(),
+            "--token",
+            ADMIN,
+            "--max-rate",
+            &bytes.to_string(),
+            "--json",
+        ],
+        None,
+    )
+    .await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let t: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(t["max_rate"], bytes);
+    assert!(t["seconds"].as_f64().unwrap() >= 1.0, "{t}");
+    assert_eq!(receipts(&slow), *written);
+    let out = backup(&["--url", url, "--to", "x", "--max-rate", "1.5M"], None).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not a rate"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
 #[tokio::test]
 async fn a_backup_verifies_and_says_what_it_holds() {
     let dir = TempDir::new("backup");
@@ -103,6 +142,7 @@ async fn a_backup_verifies_and_says_what_it_holds() {
             "fence_floor",
             "file",
             "max_fence",
+            "max_rate",
             "principals",
             "records",
             "seconds",
@@ -124,7 +164,11 @@ async fn a_backup_verifies_and_says_what_it_holds() {
     assert_eq!(v["bytes"], std::fs::metadata(&file).unwrap().len());
     assert_eq!(v["sha256"], summary.sha256.as_str());
     assert!(v["seconds"].as_f64().unwrap() >= 0.0);
+    assert_eq!(v["max_rate"], Value::Null);
     assert_eq!(receipts(&file), written);
+
+    throttled_backup_is_paced_and_whole(dir.path(), &url, v["bytes"].as_u64().unwrap(), &written)
+        .await;
     assert!(!dir.path().join("backup.settle.partial").exists());
 
     // Never over an existing file: refused, named, left as it was.
