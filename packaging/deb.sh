@@ -3,8 +3,9 @@
 #   packaging/deb.sh            → target/debian/settle_<version>-1_<arch>.deb
 # Needs target/release/settle (cargo build --release -p settle --locked;
 # built here when missing) and cargo-deb (cargo install --locked cargo-deb).
-# The completions and the man page come from the binary itself
-# (`settle completions`, `settle man`), so they match its flags.
+# The completions and the man pages (one per command) come from the
+# binary itself (`settle completions`, `settle man --dir`), so they match
+# its flags.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 target=${CARGO_TARGET_DIR:-target}
@@ -17,6 +18,8 @@ mkdir -p "$pkg"
 "$bin" completions bash > "$pkg/settle.bash"
 "$bin" completions zsh > "$pkg/_settle"
 "$bin" completions fish > "$pkg/settle.fish"
-"$bin" man | gzip -9n > "$pkg/settle.1.gz"
+rm -rf "$pkg/man"
+"$bin" man --dir "$pkg/man" >/dev/null
+gzip -9n "$pkg/man"/*.1
 command -v cargo-deb >/dev/null || { echo "cargo-deb is missing: cargo install --locked cargo-deb" >&2; exit 1; }
 cargo deb -p settle --no-build "$@"

@@ -91,8 +91,9 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Print the shell completion script for SHELL (bash, zsh, fish, ...).
     Completions(docs::CompletionsArgs),
-    /// Print the man page (roff; `settle man | man -l -`).
-    Man,
+    /// Print the man page (roff; `settle man | man -l -`), or write a page per
+    /// command with --dir.
+    Man(docs::ManArgs),
     /// Run the deterministic simulator: --seed S replays one seed, --seeds N
     /// runs many and prints {"seeds", "steps", "faults", "violations"}.
     #[cfg(feature = "sim")]
@@ -144,7 +145,7 @@ async fn run(cmd: Cmd) -> Result<(), Failure> {
         Cmd::Import(a) => portable::import(a).await,
         Cmd::Migrate(a) => portable::migrate(a).await,
         Cmd::Completions(a) => docs::completions::<Cli>(a),
-        Cmd::Man => docs::man::<Cli>(),
+        Cmd::Man(a) => docs::man::<Cli>(a),
         #[cfg(feature = "bench")]
         Cmd::Bench(a) => bench::run(a).await,
         #[cfg(feature = "sim")]
