@@ -2,7 +2,8 @@
 # Builds the Debian package of settle from the release build:
 #   packaging/deb.sh            → target/debian/settle_<version>-1_<arch>.deb
 # Needs target/release/settle (cargo build --release -p settle --locked;
-# built here when missing) and cargo-deb (cargo install --locked cargo-deb).
+# built here when missing) and cargo-deb 3.x (cargo install --locked cargo-deb@3.8.0).
+# Prints the package's path, and the settle-dbgsym package's.
 # The completions and the man pages (one per command) come from the
 # binary itself (`settle completions`, `settle man --dir`), so they match
 # its flags.
@@ -21,5 +22,5 @@ mkdir -p "$pkg"
 rm -rf "$pkg/man"
 "$bin" man --dir "$pkg/man" >/dev/null
 gzip -9n "$pkg/man"/*.1
-command -v cargo-deb >/dev/null || { echo "cargo-deb is missing: cargo install --locked cargo-deb" >&2; exit 1; }
+command -v cargo-deb >/dev/null || { echo "cargo-deb is missing: cargo install --locked cargo-deb@3.8.0" >&2; exit 1; }
 cargo deb -p settle --no-build "$@"
