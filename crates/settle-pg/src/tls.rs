@@ -686,4 +686,32 @@ mod tests {
             .unwrap();
         assert_eq!(stream::end_point_hash(cert.der().as_ref()), None);
     }
+
+    /// The algorithms rcgen cannot sign with under ring, from certificates
+    /// made by `openssl req -x509` (tests/fixtures/tls/README.md): the
+    /// hash PostgreSQL's server binds with, or none.
+    #[test]
+    fn channel_binding_of_other_signature_algorithms() {
+        use sha2::Digest;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+        for (file, len) in [
+            ("ecdsa-sha512.crt", Some(64)),
+            ("rsa-sha512.crt", Some(64)),
+            // RFC 5929 §4.1: MD5 and SHA-1 become SHA-256.
+            ("ecdsa-sha1.crt", Some(32)),
+            ("rsa-md5.crt", Some(32)),
+            // RSA-PSS: no hash in the signature algorithm's OID (module docs).
+            ("rsa-pss-sha256.crt", None),
+        ] {
+            let pem = std::fs::read(dir.join(file)).unwrap();
+            let der = CertificateDer::from_pem_slice(&pem).unwrap();
+            let der = der.as_ref();
+            let expected = match len {
+                None => None,
+                Some(32) => Some(sha2::Sha256::digest(der).to_vec()),
+                Some(_) => Some(sha2::Sha512::digest(der).to_vec()),
+            };
+            assert_eq!(stream::end_point_hash(der), expected, "{file}");
+        }
+    }
 }
