@@ -39,7 +39,8 @@
 //!   the host name as SNI. The `tls-server-end-point` channel binding is
 //!   supported, so SCRAM authentication binds itself to the TLS session
 //!   (`channel_binding=prefer`, tokio-postgres's default; `require` to
-//!   insist on it).
+//!   insist on it). The certificate is hashed as PostgreSQL's server
+//!   hashes it, by its signature algorithm (`stream.rs`).
 //!
 //! rustls with the *ring* provider (not aws-lc-rs, which needs cmake and
 //! doubles the TLS part of a build), TLS 1.2 and 1.3. Client certificates
@@ -330,7 +331,11 @@ fn load(roots: &Roots) -> Result<RootCertStore, TlsError> {
 ///
 /// Built on rustls's chain check itself, not by excusing name errors of
 /// its full verifier: nothing here depends on the order in which that
-/// verifier checks things.
+/// verifier checks things. (rustls 0.23's `WebPkiServerVerifier` runs
+/// this same chain check, then the name check; a wrapper excusing its
+/// `NotValidForName` and `NotValidForNameContext` would behave the same
+/// today but would still implement the four methods below, which the
+/// check without roots needs anyway.)
 #[derive(Debug)]
 struct Verifier {
     roots: Option<Arc<RootCertStore>>,
