@@ -39,7 +39,8 @@
 //!   the host name as SNI. The `tls-server-end-point` channel binding is
 //!   supported, so SCRAM authentication binds itself to the TLS session
 //!   (`channel_binding=prefer`, tokio-postgres's default; `require` to
-//!   insist on it).
+//!   insist on it). The certificate is hashed as PostgreSQL's server
+//!   hashes it, by its signature algorithm (`stream.rs`).
 //!
 //! rustls with the *ring* provider (not aws-lc-rs, which needs cmake and
 //! doubles the TLS part of a build), TLS 1.2 and 1.3. Client certificates
@@ -330,7 +331,11 @@ fn load(roots: &Roots) -> Result<RootCertStore, TlsError> {
 ///
 /// Built on rustls's chain check itself, not by excusing name errors of
 /// its full verifier: nothing here depends on the order in which that
-/// verifier checks things.
+/// verifier checks things. (rustls 0.23's `WebPkiServerVerifier` runs
+/// this same chain check, then the name check; a wrapper excusing its
+/// `NotValidForName` and `NotValidForNameContext` would behave the same
+/// today but would still implement the four methods below, which the
+/// check without roots needs anyway.)
 #[derive(Debug)]
 struct Verifier {
     roots: Option<Arc<RootCertStore>>,
@@ -685,5 +690,33 @@ mod tests {
             .self_signed(&key)
             .unwrap();
         assert_eq!(stream::end_point_hash(cert.der().as_ref()), None);
+    }
+
+    /// The algorithms rcgen cannot sign with under ring, from certificates
+    /// made by `openssl req -x509` (tests/fixtures/tls/README.md): the
+    /// hash PostgreSQL's server binds with, or none.
+    #[test]
+    fn channel_binding_of_other_signature_algorithms() {
+        use sha2::Digest;
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls");
+        for (file, len) in [
+            ("ecdsa-sha512.crt", Some(64)),
+            ("rsa-sha512.crt", Some(64)),
+            // RFC 5929 §4.1: MD5 and SHA-1 become SHA-256.
+            ("ecdsa-sha1.crt", Some(32)),
+            ("rsa-md5.crt", Some(32)),
+            // RSA-PSS: no hash in the signature algorithm's OID (module docs).
+            ("rsa-pss-sha256.crt", None),
+        ] {
+            let pem = std::fs::read(dir.join(file)).unwrap();
+            let der = CertificateDer::from_pem_slice(&pem).unwrap();
+            let der = der.as_ref();
+            let expected = match len {
+                None => None,
+                Some(32) => Some(sha2::Sha256::digest(der).to_vec()),
+                Some(_) => Some(sha2::Sha512::digest(der).to_vec()),
+            };
+            assert_eq!(stream::end_point_hash(der), expected, "{file}");
+        }
     }
 }

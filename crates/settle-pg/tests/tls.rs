@@ -354,3 +354,49 @@ async fn store_end_to_end(s: &Setup, ca: &str) {
     );
     imported.close();
 }
+
+/// Channel binding with a server certificate signed with
+/// ecdsa-with-SHA512 (made by openssl: tests/fixtures/tls/README.md;
+/// rcgen cannot sign so with ring): PostgreSQL hashes it with SHA-512, and
+/// so must the client, or `channel_binding=require` fails. `require`
+/// without `sslrootcert`: ring's webpki does not verify that signature.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn channel_binding_with_an_ecdsa_with_sha512_certificate() {
+    let cluster = tokio::task::spawn_blocking(|| {
+        let pg = Pg::find().unwrap_or_else(|why| {
+            panic!("the TLS test needs PostgreSQL's server programs and does not skip: {why}")
+        });
+        Cluster::create_with(
+            &pg,
+            "tls-sha512",
+            &[
+                "ssl = on",
+                "ssl_cert_file = 'server.crt'",
+                "ssl_key_file = 'server.key'",
+            ],
+            |c| {
+                c.write_private(
+                    "server.crt",
+                    include_bytes!("fixtures/tls/ecdsa-sha512.crt"),
+                );
+                c.write_private(
+                    "server.key",
+                    include_bytes!("fixtures/tls/ecdsa-sha512.key"),
+                );
+                c.prepend_hba(&["hostssl all scram 127.0.0.1/32 scram-sha-256"]);
+            },
+        )
+    })
+    .await
+    .unwrap();
+    let side = cluster.client().await.unwrap();
+    side.batch_execute("CREATE ROLE scram LOGIN SUPERUSER PASSWORD 'sesame'")
+        .await
+        .unwrap();
+    let url = format!(
+        "postgres://scram:sesame@localhost:{}/postgres?hostaddr=127.0.0.1\
+         &sslmode=require&channel_binding=require",
+        cluster.port
+    );
+    assert!(ssl_of(&url).await, "{url}");
+}

@@ -1,6 +1,15 @@
 //! tokio-postgres's TLS hooks over tokio-rustls: a connector per host, the
 //! TLS stream, and the `tls-server-end-point` channel binding that
 //! SCRAM-SHA-256-PLUS authentication sends.
+//!
+//! Not tokio-postgres-rustls (0.14), although it fits the same rustls,
+//! tokio-rustls and tokio-postgres: its channel binding knows no
+//! ecdsa-with-SHA512, ecdsa-with-SHA1 or md5WithRSAEncryption, and binds
+//! nothing for them where PostgreSQL hashes the certificate (SHA-512,
+//! SHA-256, SHA-256), so `channel_binding=require` would fail against such
+//! a server certificate; and its stream type cannot be given another
+//! channel binding. The certificate's header bytes are read by the `der`
+//! crate and the signature algorithms named by `const-oid`'s database.
 
 use std::future::Future;
 use std::io;
@@ -8,6 +17,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use const_oid::ObjectIdentifier;
+use const_oid::db::rfc5912::{
+    ECDSA_WITH_SHA_256, ECDSA_WITH_SHA_384, ECDSA_WITH_SHA_512, MD_5_WITH_RSA_ENCRYPTION,
+    SHA_1_WITH_RSA_ENCRYPTION, SHA_256_WITH_RSA_ENCRYPTION, SHA_384_WITH_RSA_ENCRYPTION,
+    SHA_512_WITH_RSA_ENCRYPTION,
+};
+use der::{Decode, Header, Reader, SliceReader};
 use sha2::{Digest, Sha256, Sha384, Sha512};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect, TlsStream};
@@ -141,35 +157,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Rustls<S> {
     }
 }
 
-/// The DER contents of the object OIDs of signature algorithms, by hash.
-const SHA256_SIGNATURES: [&[u8]; 5] = [
-    b"\x2a\x86\x48\x86\xf7\x0d\x01\x01\x04", // md5WithRSAEncryption
-    b"\x2a\x86\x48\x86\xf7\x0d\x01\x01\x05", // sha1WithRSAEncryption
-    b"\x2a\x86\x48\x86\xf7\x0d\x01\x01\x0b", // sha256WithRSAEncryption
-    b"\x2a\x86\x48\xce\x3d\x04\x01",         // ecdsa-with-SHA1
-    b"\x2a\x86\x48\xce\x3d\x04\x03\x02",     // ecdsa-with-SHA256
-];
-const SHA384_SIGNATURES: [&[u8]; 2] = [
-    b"\x2a\x86\x48\x86\xf7\x0d\x01\x01\x0c", // sha384WithRSAEncryption
-    b"\x2a\x86\x48\xce\x3d\x04\x03\x03",     // ecdsa-with-SHA384
-];
-const SHA512_SIGNATURES: [&[u8]; 2] = [
-    b"\x2a\x86\x48\x86\xf7\x0d\x01\x01\x0d", // sha512WithRSAEncryption
-    b"\x2a\x86\x48\xce\x3d\x04\x03\x04",     // ecdsa-with-SHA512
-];
+/// ecdsa-with-SHA1 (ANSI X9.62), which const-oid's database does not name.
+const ECDSA_WITH_SHA_1: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.2.840.10045.4.1");
 
 /// The `tls-server-end-point` hash of a DER certificate, if its signature
-/// algorithm names one.
+/// algorithm names one: the table PostgreSQL's server uses (RFC 5929 §4.1:
+/// MD5 and SHA-1 become SHA-256).
 pub(super) fn end_point_hash(cert: &[u8]) -> Option<Vec<u8>> {
-    let oid = signature_oid(cert)?;
-    if SHA256_SIGNATURES.contains(&oid) {
-        Some(Sha256::digest(cert).to_vec())
-    } else if SHA384_SIGNATURES.contains(&oid) {
-        Some(Sha384::digest(cert).to_vec())
-    } else if SHA512_SIGNATURES.contains(&oid) {
-        Some(Sha512::digest(cert).to_vec())
-    } else {
-        None
+    let oid = ObjectIdentifier::from_bytes(signature_oid(cert)?).ok()?;
+    match oid {
+        MD_5_WITH_RSA_ENCRYPTION
+        | SHA_1_WITH_RSA_ENCRYPTION
+        | SHA_256_WITH_RSA_ENCRYPTION
+        | ECDSA_WITH_SHA_1
+        | ECDSA_WITH_SHA_256 => Some(Sha256::digest(cert).to_vec()),
+        SHA_384_WITH_RSA_ENCRYPTION | ECDSA_WITH_SHA_384 => Some(Sha384::digest(cert).to_vec()),
+        SHA_512_WITH_RSA_ENCRYPTION | ECDSA_WITH_SHA_512 => Some(Sha512::digest(cert).to_vec()),
+        _ => None,
     }
 }
 
@@ -186,27 +190,18 @@ fn signature_oid(cert: &[u8]) -> Option<&[u8]> {
 }
 
 /// One DER element with the given tag at the start of `b`: its contents
-/// and what follows it.
+/// and what follows it. The header (tag and length) is read by the `der`
+/// crate, which refuses what is not DER (indefinite or overlong lengths),
+/// as webpki did before the handshake could complete.
 fn der(b: &[u8], tag: u8) -> Option<(&[u8], &[u8])> {
-    let (&t, b) = b.split_first()?;
-    if t != tag {
+    if b.first() != Some(&tag) {
         return None;
     }
-    let (&first, mut b) = b.split_first()?;
-    let len = if first < 0x80 {
-        usize::from(first)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || b.len() < n {
-            return None;
-        }
-        let (bytes, rest) = b.split_at(n);
-        b = rest;
-        bytes
-            .iter()
-            .fold(0usize, |acc, &x| (acc << 8) | usize::from(x))
-    };
-    (len <= b.len()).then(|| b.split_at(len))
+    let mut reader = SliceReader::new(b).ok()?;
+    let header = Header::decode(&mut reader).ok()?;
+    let contents = reader.read_slice(header.length()).ok()?;
+    let rest = b.get(usize::try_from(reader.position()).ok()?..)?;
+    Some((contents, rest))
 }
 
 #[cfg(test)]
