@@ -82,6 +82,8 @@ pub struct Faults {
     pub checkpoint_hook: Mutex<Option<Hook>>,
     /// Called by a live export after it marked its instant and before it
     /// reads the map (on the export's thread; writes go on meanwhile).
+    /// Read only with the `faults` feature (through the store's `Shared`).
+    #[cfg_attr(not(feature = "faults"), allow(dead_code))]
     pub export_hook: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
     /// Successful log syncs so far.
     pub syncs: AtomicU64,
