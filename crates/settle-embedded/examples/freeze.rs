@@ -3,11 +3,15 @@
 //!
 //! `cargo run --release -p settle-embedded --example freeze -- [OPEN_RECORDS] [ROUNDS]`
 //! (defaults 200000 and 7) fills a fresh store with OPEN_RECORDS claimed,
-//! unsettled records, then starts ROUNDS exports and times each
-//! `Store::export` call: it returns once the snapshot is taken (its
-//! encoding runs afterwards, on its own thread), so the call bounds the
-//! hold from above. One JSON line out (docs/performance.md, "Live
-//! export and backup").
+//! unsettled records, then starts ROUNDS exports one after the other
+//! while a probe claims new keys one at a time: `probe_max_ms`, the
+//! longest of those claims, is the most an export start made a write wait
+//! (the writes it held, plus one commit); `export_call_ms` is each
+//! `Store::export` call (the snapshot taken, before its encoding, which
+//! runs afterwards on its own thread). One JSON line out
+//! (docs/performance.md, "Live export and backup"); on stderr, the
+//! engine's `export snapshot taken` line of each export, whose `held_ms`
+//! is how long publishing waited.
 #![allow(clippy::print_stdout)] // an example prints its figures
 
 use std::sync::Arc;
@@ -20,6 +24,12 @@ use settle_ledger::Store;
 
 #[tokio::main]
 async fn main() {
+    // The engine logs each snapshot's hold (`held_ms`) at info, on stderr.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter("settle_embedded=info")
+        .with_ansi(false)
+        .init();
     let args: Vec<String> = std::env::args().collect();
     let open: usize = args.get(1).map_or(200_000, |s| s.parse().unwrap());
     let rounds: usize = args.get(2).map_or(7, |s| s.parse().unwrap());
@@ -51,24 +61,48 @@ async fn main() {
     }
     let fill_s = started.elapsed().as_secs_f64();
 
-    let mut held_ms = Vec::new();
+    // A writer of its own meanwhile: one claim at a time, each timed. The
+    // longest claim while an export starts is what an export costs a
+    // write (the hold, plus one commit).
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let probe = {
+        let (store, tenant, stop) = (Arc::clone(&store), tenant.clone(), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut worst = Vec::new();
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = Instant::now();
+                store
+                    .execute(&tenant, claim(&format!("probe-{i:09}"), 1, binding("alice", 0)))
+                    .await
+                    .unwrap();
+                worst.push(t.elapsed().as_secs_f64() * 1e3);
+                i += 1;
+            }
+            worst
+        })
+    };
+    let mut call_ms = Vec::new();
     for _ in 0..rounds {
         let t = Instant::now();
         let snapshot = store.export().await.unwrap();
-        held_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        call_ms.push(t.elapsed().as_secs_f64() * 1e3);
         drop(snapshot);
     }
-    let mut sorted = held_ms.clone();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut probe_ms = probe.await.unwrap();
+    probe_ms.sort_by(f64::total_cmp);
+    let mut sorted = call_ms.clone();
     sorted.sort_by(f64::total_cmp);
+    let round2 = |m: &f64| (m * 100.0).round() / 100.0;
     println!(
-        "{{\"open_records\":{open},\"resident\":{},\"fill_s\":{fill_s:.2},\"export_call_ms\":{:?},\"median_ms\":{:.2},\"max_ms\":{:.2}}}",
+        "{{\"open_records\":{open},\"resident\":{},\"fill_s\":{fill_s:.2},\"export_call_ms\":{:?},\"export_call_median_ms\":{:.2},\"probe_claims\":{},\"probe_p50_ms\":{:.2},\"probe_max_ms\":{:.2}}}",
         store.resident(),
-        held_ms
-            .iter()
-            .map(|m| (m * 100.0).round() / 100.0)
-            .collect::<Vec<_>>(),
+        call_ms.iter().map(round2).collect::<Vec<_>>(),
         sorted[sorted.len() / 2],
-        sorted[sorted.len() - 1],
+        probe_ms.len(),
+        probe_ms[probe_ms.len() / 2],
+        probe_ms[probe_ms.len() - 1],
     );
     store.close();
 }
