@@ -443,6 +443,8 @@ async fn warm_batch(
     let done = match committed {
         Ok(x) => {
             remember(inner, Some(&x), &changed, &mut load);
+            // What the next block is sized on.
+            known.granted(warm.fences_last, plan.claims as usize);
             Ok(fates)
         }
         Err(e) => Err(e),
@@ -664,7 +666,8 @@ async fn load_batch(inner: &Inner, conn: &Conn, plan: &BatchPlan) -> Result<Batc
         .await?;
     // Shared locks only, taken in array (= key) order.
     let shared = vec![false; plan.lock_keys.len()];
-    // A block of fences beyond the batch's own, for the one-round-trip path.
+    // A block of fences beyond the batch's own, for the one-round-trip path
+    // (sized on what the last one gave: `known::Draws`).
     let draw = plan.claims + inner.known.fences_wanted(plan.claims);
     let load_params: [&(dyn ToSql + Sync); 5] =
         [&plan.id_t, &plan.id_k, &draw, &plan.pr_t, &plan.pr_n];

@@ -1,7 +1,9 @@
 //! The import (SPEC §12): an export file into an empty schema.
 //!
 //! The file is verified whole first (a damaged, truncated or newer file is
-//! refused before anything is written). Then one transaction locks the
+//! refused before anything is written). A target that holds rows is
+//! refused next, before the schema is migrated (a refused import changes
+//! nothing, not even an older store's schema version). Then one transaction locks the
 //! three tables against writers, checks that they are empty, inserts every
 //! entity (rows built as the write paths build them, `rows.rs` and
 //! `codec.rs`), moves the fence sequence past every fence the file saw, and
@@ -35,10 +37,18 @@ use crate::{PgError, PgOptions, session};
 /// How far the file is read ahead of the inserts (in batches).
 const READ_AHEAD: usize = 2;
 
+/// The tables whose rows make a target non-empty, and what the refusal
+/// calls them.
+const TABLES: [(&str, &str); 3] = [
+    ("settle_records", "records"),
+    ("settle_principals", "principals"),
+    ("settle_warnings", "warnings"),
+];
+
 /// Imports the export `file` into the schema of `opts` on the database at
 /// `url` (SPEC §12, `settle import --store`): only into an empty schema,
-/// all of it or nothing. Migrates the schema first, as opening a store
-/// does. The next fence the store grants is at least the file's
+/// all of it or nothing. Refuses a schema that holds rows before anything
+/// else, then migrates it as opening a store does. The next fence the store grants is at least the file's
 /// [`Summary::import_floor`] with `margin` (never below the sequence's
 /// current position). Calls `progress(entities, bytes read)` after each
 /// batch inserted.
@@ -54,7 +64,14 @@ pub async fn import(
     let floor = summary.import_floor(margin)?;
     // At most settle_portable::MAX_FENCE_FLOOR (< 2^53): the sequence's range.
     let floor = i64::try_from(floor).expect("import_floor is below 2^53");
-    let (cfg, tls, _) = crate::prepare(url, &opts).await.map_err(StoreError::from)?;
+    let checked = crate::Checked::connect(url, &opts)
+        .await
+        .map_err(StoreError::from)?;
+    // Checked again, under the tables' lock, in the transaction below: a
+    // writer may come between. This check only keeps a refused import from
+    // migrating the target first.
+    Target::new(&checked.client, &opts).refuse_held().await?;
+    let (cfg, tls, _) = checked.migrate(&opts).await.map_err(StoreError::from)?;
     let (client, driver) = session::connect(&cfg, &tls)
         .await
         .map_err(|e| StoreError::from(PgError::from(e)))?;
@@ -184,20 +201,41 @@ impl<'a> Target<'a> {
         self.within(self.client.batch_execute(&lock))
             .await
             .map_err(StoreError::from)?;
-        let any = format!(
-            "SELECT EXISTS (SELECT 1 FROM {s}.settle_records), \
-                    EXISTS (SELECT 1 FROM {s}.settle_principals), \
-                    EXISTS (SELECT 1 FROM {s}.settle_warnings)"
-        );
-        let row = self
-            .within(self.client.query_one(&any, &[]))
+        self.refuse_held().await
+    }
+
+    /// Refuses the target if any of its tables holds a row. A table that
+    /// does not exist (yet) holds none: the schema may be new, or a store
+    /// of any version, read without migrating it.
+    async fn refuse_held(&self) -> Result<(), ImportError> {
+        let s = quoted(&self.schema);
+        let names = TABLES.map(|(table, _)| format!("{s}.{table}"));
+        let exist = self
+            .within(self.client.query_one(
+                "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, \
+                        to_regclass($3) IS NOT NULL",
+                &[&names[0], &names[1], &names[2]],
+            ))
             .await
             .map_err(StoreError::from)?;
-        let held: Vec<&str> = ["records", "principals", "warnings"]
-            .into_iter()
+        let present: Vec<usize> = (0..TABLES.len()).filter(|&i| exist.get(i)).collect();
+        if present.is_empty() {
+            return Ok(());
+        }
+        let any = present
+            .iter()
+            .map(|&i| format!("EXISTS (SELECT 1 FROM {})", names[i]))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let row = self
+            .within(self.client.query_one(&format!("SELECT {any}"), &[]))
+            .await
+            .map_err(StoreError::from)?;
+        let held: Vec<&str> = present
+            .iter()
             .enumerate()
-            .filter(|(i, _)| row.get::<_, bool>(*i))
-            .map(|(_, name)| name)
+            .filter(|&(col, _)| row.get::<_, bool>(col))
+            .map(|(_, &i)| TABLES[i].1)
             .collect();
         if held.is_empty() {
             return Ok(());

@@ -27,8 +27,9 @@ const CLOCK_AGE: Duration = Duration::from_secs(1);
 /// drew it was sent; the write itself checks the 500 ms insert window on
 /// the database clock, this only avoids sending writes bound to fail.
 const FENCE_AGE: Duration = Duration::from_millis(400);
-/// Fences a load draws ahead (two full batches' worth at the default
-/// `max_batch`; `nextval` costs ~0.3 µs each).
+/// The most fences a load draws ahead (two full batches' worth at the
+/// default `max_batch`; `nextval` costs ~0.3 µs each). A block is sized on
+/// what one-round-trip writes took from the one before ([`Draws`]).
 pub const FENCE_BLOCK: i32 = 128;
 /// The most fences one claim consumes: its own and, when its load draws
 /// a block ahead that the server never uses, the whole block (the export
@@ -57,6 +58,38 @@ struct FenceBlock {
     sent: Instant,
 }
 
+/// The latest block drawn, kept after the block is dropped (used up, too
+/// old, found stale): how many fences it held, its last fence, and how
+/// many of them one-round-trip batches committed. The next block is sized
+/// on it: a block is usable only while no other fence is drawn, so every
+/// load with claims replaces the one held, and what that one still holds
+/// is skipped, never used.
+#[derive(Default)]
+struct Draws {
+    size: usize,
+    last: Option<Fence>,
+    granted: usize,
+}
+
+impl Draws {
+    /// Fences to draw ahead for a load with `claims` claims: twice what
+    /// one-round-trip batches committed from the last block (twice its
+    /// size if they took all of it), at least the load's own claims (so a
+    /// batch like it can try the one-round-trip path again after it
+    /// stopped working), at most [`FENCE_BLOCK`]. A lone client's blocks
+    /// double up to the most; while one-round-trip batches commit none
+    /// (they fail their check, or the blocks grow old), a load skips at
+    /// most as many fences as it claims.
+    fn ahead(&self, claims: i32) -> i32 {
+        let want = if self.size > 0 && self.granted >= self.size {
+            2 * self.size
+        } else {
+            2 * self.granted
+        };
+        (want.min(FENCE_BLOCK as usize) as i32).max(claims.clamp(0, FENCE_BLOCK))
+    }
+}
+
 #[derive(Default)]
 struct State {
     /// The server all of this was learnt from (`Seen`): after a failover
@@ -70,6 +103,7 @@ struct State {
     /// The latest estimate handed out: estimates never go back.
     floor: i64,
     fences: Option<FenceBlock>,
+    draws: Draws,
 }
 
 /// What a warm batch takes from [`Known`]: everything it decides on.
@@ -145,6 +179,18 @@ impl Known {
         self.sent.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A one-round-trip batch committed `claims` fences of the block that
+    /// ends at `fences_last` (`None`: it had no claims).
+    pub fn granted(&self, fences_last: Option<Fence>, claims: usize) {
+        if fences_last.is_none() {
+            return;
+        }
+        let mut s = self.state();
+        if s.draws.last == fences_last {
+            s.draws.granted += claims;
+        }
+    }
+
     pub fn count(&self, warm: bool) {
         let c = if warm { &self.warm } else { &self.fell_back };
         c.fetch_add(1, Ordering::Relaxed);
@@ -153,7 +199,7 @@ impl Known {
     /// Fences a load with `claims` claims should draw beyond them: a new
     /// block whenever it draws any (a block is usable only while it ends
     /// at the sequence's last value: `sql::warm_check`), or when the one
-    /// held is short or old.
+    /// held is short or old; sized by [`Draws::ahead`].
     pub fn fences_wanted(&self, claims: i32) -> i32 {
         if !self.is_on() {
             return 0;
@@ -162,12 +208,13 @@ impl Known {
         match &s.fences {
             Some(b)
                 if claims == 0
-                    && b.fences.len() >= FENCE_BLOCK as usize / 2
+                    && !b.fences.is_empty()
+                    && 2 * b.fences.len() >= s.draws.size
                     && b.sent.elapsed() < FENCE_AGE =>
             {
                 0
             }
-            _ => FENCE_BLOCK,
+            _ => s.draws.ahead(claims),
         }
     }
 
@@ -194,6 +241,11 @@ impl Known {
             s.clock = Some((end_ms, answered));
         }
         if let Some(&last) = extra_fences.last() {
+            s.draws = Draws {
+                size: extra_fences.len(),
+                last: Some(last),
+                granted: 0,
+            };
             s.fences = Some(FenceBlock {
                 fences: extra_fences.into(),
                 last,
@@ -338,6 +390,51 @@ impl State {
             }
             None => {
                 self.records.remove(&id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drew(size: usize, granted: usize) -> Draws {
+        Draws {
+            size,
+            last: None,
+            granted,
+        }
+    }
+
+    #[test]
+    fn a_block_is_sized_on_what_the_one_before_gave() {
+        // Nothing drawn yet: as many as the load claims.
+        assert_eq!(drew(0, 0).ahead(1), 1);
+        assert_eq!(drew(0, 0).ahead(0), 0);
+        // Used up: twice as many, up to the most.
+        assert_eq!(drew(4, 4).ahead(1), 8);
+        assert_eq!(drew(100, 100).ahead(1), FENCE_BLOCK);
+        // Replaced before it was used up: twice what it gave.
+        assert_eq!(drew(128, 10).ahead(1), 20);
+        // Gave nothing: only a probe the size of the load's claims.
+        assert_eq!(drew(128, 0).ahead(30), 30);
+        assert_eq!(drew(128, 0).ahead(0), 0);
+    }
+
+    /// `FENCES_PER_CLAIM_MAX` holds: a load with claims draws at most
+    /// `FENCE_BLOCK` beyond them, whatever came before.
+    #[test]
+    fn no_block_is_larger_than_the_most() {
+        for size in [0, 1, 64, 127, 128, 1000] {
+            for granted in [0, 1, 63, 64, 128, 1000] {
+                for claims in [0, 1, 64, 128, 129, 10_000] {
+                    let n = drew(size, granted).ahead(claims);
+                    assert!(
+                        (0..=FENCE_BLOCK).contains(&n),
+                        "{size} {granted} {claims}: {n}"
+                    );
+                }
             }
         }
     }

@@ -454,47 +454,78 @@ async fn prepare(
     url: &str,
     opts: &PgOptions,
 ) -> Result<(tokio_postgres::Config, tls::Tls, session::Seen), PgError> {
-    if !valid_schema(&opts.schema) {
-        return Err(PgError::Schema(opts.schema.clone()));
-    }
-    opts.validate()?;
-    let (mut cfg, tls) = tls::config(url)?;
-    // Durability and the timeouts are set per transaction (SET LOCAL),
-    // where no pooler can drop them, and verified inside it; the
-    // startup option is only a default for anything else.
-    // Every statement of the store is a key lookup. Prepared statements
-    // keep their plan; one planned while a table was nearly empty would
-    // otherwise stay a sequential scan as the table grows (until the
-    // next ANALYZE), so sequential scans are priced out. Generic plans
-    // always: the group-commit statements take arrays, for which the
-    // planner's default kept re-planning every execution (0.25-0.45 ms of
-    // a 1 ms command at one client, measured from the server's log).
-    let options = format!(
-        "{} -c synchronous_commit=on -c enable_seqscan=off -c plan_cache_mode=force_generic_plan",
-        cfg.get_options().unwrap_or_default()
-    );
-    cfg.options(options.trim())
-        .application_name(&opts.application_name)
-        .connect_timeout(opts.connect_timeout)
-        .keepalives(true)
-        .keepalives_idle(Duration::from_secs(30));
+    Checked::connect(url, opts).await?.migrate(opts).await
+}
 
-    let seen = session::Seen::default();
-    // Every round trip bounded: a database that hangs (a COMMIT
-    // waiting for an absent synchronous standby) fails `connect`.
-    let d = opts.client_timeout;
-    let (mut client, task) = session::connect(&cfg, &tls).await?;
-    let server = tokio::time::timeout(d, session::Server::read(&client, sql::SERVER))
-        .await
-        .map_err(|_| PgError::Timeout(d))??;
-    if let Some(refusal) = server.refusal() {
-        return Err(PgError::NotDurable(refusal));
+/// A session to a server that was checked (options, TLS, durability) and
+/// whose schema was not touched yet: an import looks at the target first.
+pub(crate) struct Checked {
+    cfg: tokio_postgres::Config,
+    tls: tls::Tls,
+    seen: session::Seen,
+    pub(crate) client: tokio_postgres::Client,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Checked {
+    /// Everything [`prepare`] does but the migration.
+    pub(crate) async fn connect(url: &str, opts: &PgOptions) -> Result<Checked, PgError> {
+        if !valid_schema(&opts.schema) {
+            return Err(PgError::Schema(opts.schema.clone()));
+        }
+        opts.validate()?;
+        let (mut cfg, tls) = tls::config(url)?;
+        // Durability and the timeouts are set per transaction (SET LOCAL),
+        // where no pooler can drop them, and verified inside it; the
+        // startup option is only a default for anything else.
+        // Every statement of the store is a key lookup. Prepared statements
+        // keep their plan; one planned while a table was nearly empty would
+        // otherwise stay a sequential scan as the table grows (until the
+        // next ANALYZE), so sequential scans are priced out. Generic plans
+        // always: the group-commit statements take arrays, for which the
+        // planner's default kept re-planning every execution (0.25-0.45 ms of
+        // a 1 ms command at one client, measured from the server's log).
+        let options = format!(
+            "{} -c synchronous_commit=on -c enable_seqscan=off -c plan_cache_mode=force_generic_plan",
+            cfg.get_options().unwrap_or_default()
+        );
+        cfg.options(options.trim())
+            .application_name(&opts.application_name)
+            .connect_timeout(opts.connect_timeout)
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(30));
+
+        let seen = session::Seen::default();
+        // Every round trip bounded: a database that hangs (a COMMIT
+        // waiting for an absent synchronous standby) fails `connect`.
+        let d = opts.client_timeout;
+        let (client, task) = session::connect(&cfg, &tls).await?;
+        let server = tokio::time::timeout(d, session::Server::read(&client, sql::SERVER))
+            .await
+            .map_err(|_| PgError::Timeout(d))??;
+        if let Some(refusal) = server.refusal() {
+            return Err(PgError::NotDurable(refusal));
+        }
+        seen.set(server);
+        Ok(Checked {
+            cfg,
+            tls,
+            seen,
+            client,
+            task,
+        })
     }
-    seen.set(server);
-    schema::migrate(&mut client, &opts.schema, d).await?;
-    drop(client);
-    let _ = task.await;
-    Ok((cfg, tls, seen))
+
+    /// Brings the schema to [`SCHEMA_VERSION`] and ends the session.
+    pub(crate) async fn migrate(
+        mut self,
+        opts: &PgOptions,
+    ) -> Result<(tokio_postgres::Config, tls::Tls, session::Seen), PgError> {
+        schema::migrate(&mut self.client, &opts.schema, opts.client_timeout).await?;
+        drop(self.client);
+        let _ = self.task.await;
+        Ok((self.cfg, self.tls, self.seen))
+    }
 }
 
 /// A pool whose every new connection is watched (`session::Connector`) and

@@ -372,6 +372,74 @@ async fn an_import_is_refused_into_a_non_empty_target_or_from_a_damaged_file() {
     assert_ne!(rows(empty.schema()).await, (0, 0, 0));
 }
 
+/// A schema's version, whether it has the commits table (version 2's), and
+/// how many columns its tables have.
+async fn shape(side: &tokio_postgres::Client, s: &str) -> (i32, bool, i64) {
+    let r = side
+        .query_one(
+            &format!(
+                "SELECT (SELECT max(version) FROM \"{s}\".settle_schema_version), \
+                        to_regclass('\"{s}\".settle_commits') IS NOT NULL, \
+                        (SELECT count(*) FROM information_schema.columns \
+                         WHERE table_schema = $1)"
+            ),
+            &[&s],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2))
+}
+
+/// A target holding a store of an older schema version, with rows: the
+/// import is refused before the schema is migrated, so the refusal leaves
+/// it exactly as it was (version, tables, columns, rows).
+#[tokio::test]
+async fn an_import_into_an_older_store_is_refused_before_migrating_it() {
+    let mem = MemStore::default();
+    fence(
+        &mem,
+        &tenant("acme"),
+        claim("theirs", 1, binding("alice", 0)),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file.settle");
+    export_file(&mem, &file).await;
+
+    let (old, _g) = empty_target("pri_old").await;
+    fence(&old, &tenant("acme"), claim("mine", 1, binding("alice", 0))).await;
+    old.close();
+    // Back to the shape of schema version 1, as migration 2 finds it.
+    let side = side_client().await;
+    let s = old.schema().to_string();
+    side.batch_execute(&format!(
+        "DROP TABLE \"{s}\".settle_commits; \
+         ALTER TABLE \"{s}\".settle_records DROP COLUMN disputed; \
+         ALTER TABLE \"{s}\".settle_principals DROP COLUMN moves; \
+         DELETE FROM \"{s}\".settle_schema_version WHERE version = 2;"
+    ))
+    .await
+    .unwrap();
+    let before = (shape(&side, &s).await, rows(&s).await);
+    assert_eq!(before.0.0, 1);
+    assert!(!before.0.1);
+    assert_eq!(before.1, (1, 0, 0));
+
+    let r = import(
+        &url(),
+        options(&s, Clock::system()),
+        &file,
+        MARGIN,
+        |_, _| {},
+    )
+    .await;
+    assert!(
+        matches!(&r, Err(ImportError::NotEmpty(m)) if m.contains("records")),
+        "{r:?}"
+    );
+    assert_eq!(before, (shape(&side, &s).await, rows(&s).await));
+}
+
 /// `chunks` × 200 settled records, claimed and settled in batches: the keys
 /// and their receipts.
 async fn settled_base(store: &PgStore, t: &TenantId, chunks: usize) -> Vec<(String, Receipt)> {
