@@ -73,7 +73,10 @@ async fn main() {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let t = Instant::now();
                 store
-                    .execute(&tenant, claim(&format!("probe-{i:09}"), 1, binding("alice", 0)))
+                    .execute(
+                        &tenant,
+                        claim(&format!("probe-{i:09}"), 1, binding("alice", 0)),
+                    )
                     .await
                     .unwrap();
                 worst.push(t.elapsed().as_secs_f64() * 1e3);
