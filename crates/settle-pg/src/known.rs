@@ -1,8 +1,8 @@
 //! What this process knows of the store from its own round trips: the
 //! records it last committed (each with its row's `xmin`), the
 //! principal rows it read, the database clock at its last read and a block
-//! of fences drawn ahead. The one-round-trip path (`group_commit.rs`,
-//! `warm_batch`) decides a batch on this instead of reading, and its write
+//! of fences drawn ahead. The one-round-trip path
+//! (`group_commit/warm.rs`, `warm_batch`) decides a batch on this instead of reading, and its write
 //! statement checks every piece of it under the batch's locks
 //! (docs/postgres.md, "The one-round-trip path"): nothing here is trusted
 //! without that check, so a stale entry costs a fallback, never a wrong

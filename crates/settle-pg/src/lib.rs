@@ -29,7 +29,7 @@
 //! claims and settlements share one transaction: the same principal locks,
 //! records read from one snapshot and written compare-and-set on `xmin`,
 //! one COMMIT, and every command answered after it (the group-commit path,
-//! `group_commit.rs`).
+//! `group_commit/`, one file per phase).
 //!
 //! Export and import (SPEC §12): [`Store::export`] streams one consistent
 //! snapshot (a `REPEATABLE READ` transaction on a connection of its own,

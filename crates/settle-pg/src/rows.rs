@@ -1,6 +1,6 @@
 //! What both write paths read from and write to their rows: the
 //! per-command path (`command.rs`, one transaction per command) and the
-//! group-commit path (`group_commit.rs`, one transaction per gathered
+//! group-commit path (`group_commit/`, one transaction per gathered
 //! group). Their SQL differs (scalar parameters and a `SELECT … FOR UPDATE`
 //! there, arrays and one compare-and-set statement here); what a row holds
 //! and what is made of it are the same, and live here once.

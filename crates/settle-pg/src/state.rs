@@ -2,7 +2,7 @@
 //! ([`Inner`]), connections that are closed unless known clean ([`Conn`]),
 //! and the retry policy of transient errors (`transient`; `read` for
 //! read-only queries). The writes run on the per-command path
-//! (`command.rs`) or the group-commit path (`group_commit.rs`); the reads
+//! (`command.rs`) or the group-commit path (`group_commit/`); the reads
 //! are `reads.rs`, the sweep `sweep.rs`.
 
 use std::collections::HashSet;
