@@ -381,7 +381,9 @@ async function executeStep(s, grant, effect, clock) {
     const { client, key, fp, binding, leaseMs, marksDispatch } = s;
     const fence = grant.fence;
     const lost = new AbortController(); // the lease was lost (a heartbeat was refused)
-    const over = new AbortController(); // the run is over: a dispatch() still retrying stops
+    // The run is over: a dispatch() still retrying stops. Made by the first
+    // dispatch() that goes to the ledger (most runs never need one).
+    let over;
     let dispatch = { s: 'none' };
     let dispatching = null;
     const ctx = {
@@ -402,6 +404,7 @@ async function executeStep(s, grant, effect, clock) {
             dispatch = { s: 'pending' };
             // A dispatch whose answer was lost is retried under the same fence
             // (the ledger answers a repeated dispatch alike).
+            over ??= new AbortController();
             const p = retrying(() => client.dispatch(key, fence), callDeadline(s), 'dispatch', over.signal).then(() => {
                 dispatch = { s: 'done' };
             }, (e) => {
@@ -463,7 +466,7 @@ async function executeStep(s, grant, effect, clock) {
     const failed = async (e) => {
         const d = dispatch; // where ctx.dispatch() stood when the effect ended
         if (d.s === 'pending')
-            over.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
+            over?.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
         if (d.s === 'failed' && isRefusal(d.error))
             throw e; // the ledger refused the mark: the lease is not ours (lease_expired, stale_fence)
         const nothingMarked = marksDispatch && d.s === 'none';
@@ -497,7 +500,7 @@ async function executeStep(s, grant, effect, clock) {
             return await failed(e);
         }
         if (dispatch.s === 'pending')
-            over.abort(new Error('the run is over')); // not awaited: crossed
+            over?.abort(new Error('the run is over')); // not awaited: crossed
         let receipt;
         try {
             receipt = await retrying(() => client.settle(key, fence, fp, binding, outcome), callDeadline(s), 'settle');
@@ -518,7 +521,7 @@ async function executeStep(s, grant, effect, clock) {
     }
     finally {
         hb.stop();
-        if (!over.signal.aborted)
+        if (over && !over.signal.aborted)
             over.abort(new Error('the run is over'));
     }
 }

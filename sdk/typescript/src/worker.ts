@@ -551,7 +551,9 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
   const { client, key, fp, binding, leaseMs, marksDispatch } = s;
   const fence = grant.fence;
   const lost = new AbortController(); // the lease was lost (a heartbeat was refused)
-  const over = new AbortController(); // the run is over: a dispatch() still retrying stops
+  // The run is over: a dispatch() still retrying stops. Made by the first
+  // dispatch() that goes to the ledger (most runs never need one).
+  let over: AbortController | undefined;
   let dispatch: DispatchState = { s: 'none' };
   let dispatching: Promise<void> | null = null;
   const ctx: EffectContext = {
@@ -571,6 +573,7 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
       dispatch = { s: 'pending' };
       // A dispatch whose answer was lost is retried under the same fence
       // (the ledger answers a repeated dispatch alike).
+      over ??= new AbortController();
       const p = retrying(() => client.dispatch(key, fence), callDeadline(s), 'dispatch', over.signal).then(
         () => {
           dispatch = { s: 'done' };
@@ -633,7 +636,7 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
   /** The effect threw `e` (or its result cannot be stored): SPEC §11.8, §11.11. */
   const failed = async (e: unknown): Promise<never> => {
     const d = dispatch; // where ctx.dispatch() stood when the effect ended
-    if (d.s === 'pending') over.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
+    if (d.s === 'pending') over?.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
     if (d.s === 'failed' && isRefusal(d.error)) throw e; // the ledger refused the mark: the lease is not ours (lease_expired, stale_fence)
     const nothingMarked = marksDispatch && d.s === 'none';
     if (e instanceof EffectNotSent || e instanceof EffectRefused) {
@@ -663,7 +666,7 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
     } catch (e) {
       return await failed(e);
     }
-    if ((dispatch as DispatchState).s === 'pending') over.abort(new Error('the run is over')); // not awaited: crossed
+    if ((dispatch as DispatchState).s === 'pending') over?.abort(new Error('the run is over')); // not awaited: crossed
     let receipt: Receipt;
     try {
       receipt = await retrying(() => client.settle(key, fence, fp, binding, outcome), callDeadline(s), 'settle');
@@ -681,7 +684,7 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
     return { result: outcome.result as R, outcome, receipt, replayed: false, fence, reconciled: false };
   } finally {
     hb.stop();
-    if (!over.signal.aborted) over.abort(new Error('the run is over'));
+    if (over && !over.signal.aborted) over.abort(new Error('the run is over'));
   }
 }
 
