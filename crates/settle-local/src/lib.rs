@@ -237,7 +237,9 @@ impl LocalLedger {
 
     /// [`LocalLedger::call`] for an SDK: the status, the body and
     /// `Retry-After`, the only parts of an answer the clients read (the
-    /// same handlers answer; only the header list is not built).
+    /// same handlers answer; only the header list is not built). A
+    /// non-empty `body` is JSON: `content-type: application/json` is
+    /// implied unless `headers` name one.
     pub fn exchange(
         &self,
         method: &str,
@@ -245,7 +247,17 @@ impl LocalLedger {
         headers: &[(String, String)],
         body: Vec<u8>,
     ) -> Result<Answer, LocalError> {
-        let (status, retry_after, body) = self.respond(method, target, headers, body, |h| {
+        let json = !body.is_empty()
+            && !headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("content-type"));
+        let implied = [("content-type".to_owned(), "application/json".to_owned())];
+        let headers: Vec<(String, String)> = if json {
+            implied.into_iter().chain(headers.iter().cloned()).collect()
+        } else {
+            headers.to_vec()
+        };
+        let (status, retry_after, body) = self.respond(method, target, &headers, body, |h| {
             h.get("retry-after")
                 .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
         })?;

@@ -6,6 +6,8 @@ const { join } = require('node:path');
 const { existsSync } = require('node:fs');
 
 const HOST = 'settle.local';
+// Headers every client call carries, which the local ledger does not need.
+const STANDARD = new Set(['accept', 'user-agent', 'content-type']);
 // Statuses whose Response must have no body (the fetch standard).
 const NULL_BODY = new Set([101, 103, 204, 205, 304]);
 
@@ -130,8 +132,10 @@ function define(client) {
      * libuv's thread pool on a directory (an fsync never blocks the loop),
      * waited for at most `timeoutMs` as over HTTP. */
     exchange(method, path, headers, body) {
+      // What the ledger reads of the client's headers: the caller's own
+      // and trace context (a JSON body's content-type is implied).
       const flat = [];
-      for (const n in headers) flat.push(n, headers[n]);
+      for (const n in headers) if (!STANDARD.has(n)) flat.push(n, headers[n]);
       if (!this.#native.durable) {
         try {
           return answer(this.#native.exchangeSync(method, path, flat, body ?? null));

@@ -37,7 +37,7 @@ import httpx
 try:
     from settle_client import AsyncClient, Client, LedgerClosed, TransportError
     from settle_client._tracing import trace_headers
-    from settle_client.client import _headers, _Req, encode_body, read_answer
+    from settle_client.client import _Req, encode_body, read_answer
 except ImportError as e:  # pragma: no cover - the install command installs both
     raise ImportError(
         "settle_local needs settle_client: pip install ./sdk/python ./sdk/python-local"
@@ -149,7 +149,8 @@ class LocalLedger(Client):
         self._native = _Native(os.fspath(data) if data is not None else None, segment_bytes)
         self.data = os.fspath(data) if data is not None else None
         super().__init__(_URL, transport=_Transport(self._native), headers=headers)
-        self._pairs = list(_headers(None, headers).items())
+        # The caller's own headers (a JSON body's content-type is implied).
+        self._pairs = list((headers or {}).items())
         self.aio: AsyncClient = _LocalAsync(self._native, self._pairs, headers)
 
     def _send(self, req: _Req[_T]) -> _T:
