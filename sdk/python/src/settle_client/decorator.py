@@ -138,7 +138,7 @@ class IdempotentFunction(Generic[P, R]):
 
         client = self._client if isinstance(self._client, Client) else self._client()
         r = run_once(
-            require_sync(client, f"@idempotent on {self.__qualname__} (a def)", "an AsyncClient with an async def"),
+            require_sync(client, f"@idempotent on {self.__qualname__} (a def)", "an async def function"),
             o.key_of(args, kwargs),
             o.payload(*args, **kwargs),
             effect,
