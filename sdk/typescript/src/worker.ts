@@ -113,6 +113,12 @@ export interface RunOptions<R = unknown> {
   hookTimeoutMs?: number;
   /** Encodes the values of the effect's result that are not JSON. */
   serializer?: Serializer;
+  /** Called on every replay (the answer is a receipt stored before this
+   * run; the effect was not called) with the stored outcome and the
+   * receipt: what it returns (or resolves to) is the run's `result` (the
+   * idempotent function's value) instead of the stored one. A throw
+   * rejects the run; the record is not touched. */
+  onReplay?: (outcome: Outcome<R>, receipt: Receipt) => R | Promise<R>;
 }
 
 export interface RunResult<R = unknown> {
@@ -432,7 +438,8 @@ export async function runOnce<R = unknown>(client: Client, key: string, request:
     );
     if (dec.decision === 'replay') {
       const outcome = dec.outcome as Outcome<R>;
-      return { result: outcome.result as R, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
+      const result = options.onReplay ? await options.onReplay(outcome, dec.receipt) : (outcome.result as R);
+      return { result, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
     }
     if (dec.decision === 'in_flight') {
       const wait = dec.retryAfterMs * (1 + Math.random() * 0.25); // at or above the server's hint
@@ -691,7 +698,10 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
 /** The options of makeIdempotent: every option runOnce takes, and how to
  * get the key (and the fingerprinted request) from the arguments. */
 export interface IdempotentOptions<A extends unknown[], R = unknown> {
-  client: Client;
+  /** The client, or a function that returns it, called on every run
+   * (`client: () => app.ledger`): a module-level function then uses the
+   * ledger current at the call, e.g. a test's. */
+  client: Client | (() => Client);
   /** The operation's key, from the arguments: the same on every retry of the same logical call. */
   key: (...args: A) => string;
   principal: string;
@@ -709,6 +719,8 @@ export interface IdempotentOptions<A extends unknown[], R = unknown> {
   request?: (...args: A) => unknown;
   /** JSON pointers into the request: fingerprint only these. */
   fields?: readonly string[];
+  /** Called on every replay; its answer is the call's value (see RunOptions.onReplay). */
+  onReplay?: (outcome: Outcome<R>, receipt: Receipt) => R | Promise<R>;
 }
 
 /** A function made idempotent: the original arguments (without the
@@ -736,7 +748,7 @@ export function makeIdempotent<A extends unknown[], R>(
   const run = async (args: A): Promise<{ r: RunResult<R>; produced: { value: R } | null }> => {
     let produced: { value: R } | null = null;
     const r = await runOnce<R>(
-      client,
+      typeof client === 'function' ? client() : client,
       key(...args),
       request ? request(...args) : args,
       async (ctx) => {
@@ -751,7 +763,7 @@ export function makeIdempotent<A extends unknown[], R>(
   };
   const wrapped = (async (...args: A) => {
     const { r, produced } = await run(args);
-    return produced && !r.replayed && !r.reconciled ? (produced as { value: R }).value : (r.outcome.result as R);
+    return produced && !r.replayed && !r.reconciled ? (produced as { value: R }).value : r.result;
   }) as IdempotentFunction<A, R>;
   wrapped.run = async (...args: A) => (await run(args)).r;
   return wrapped;

@@ -59,6 +59,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, NoReturn, TypeVar, Union
 
 from ._jcs import FingerprintError, canonicalize, fingerprint as compute_fingerprint, plain_json
+from ._kinds import require_async, require_sync
 from ._typed import restore, to_json
 from .client import AsyncClient, Client, new_claim_id
 from .errors import (
@@ -89,6 +90,8 @@ __all__ = [
     "ReconcileHook",
     "AsyncReconcileHook",
     "Serializer",
+    "ReplayHook",
+    "AsyncReplayHook",
     "dispatch",
     "effect_context",
     "encode_result",
@@ -209,6 +212,18 @@ ReconcileHook = Callable[[str, int], Finding]
 AsyncReconcileHook = Callable[[str, int], Awaitable[Finding]]
 """The asyncio twin of ReconcileHook (``run_once_async``, ``@idempotent``
 with an ``AsyncClient``, ``AsyncReconciler``)."""
+
+
+ReplayHook = Callable[[Outcome, Receipt], Any]
+"""The ``on_replay`` option (``run_once``, ``@idempotent`` with a
+``Client``): called on every replay (the answer is a receipt stored before
+this run, the effect was not called) with the stored outcome and its
+receipt; what it returns is the run's ``value`` (``RunResult.value``, the
+decorated function's return value) instead of the stored result."""
+
+AsyncReplayHook = Callable[[Outcome, Receipt], Any]
+"""``on_replay`` of ``run_once_async`` and ``@idempotent`` with an
+``AsyncClient``: a function or an ``async def`` (its answer is awaited)."""
 
 
 @dataclass(frozen=True)
@@ -720,6 +735,7 @@ def run_once(
     hook_timeout: float | None = None,
     default: Serializer | None = None,
     result_type: Any = None,
+    on_replay: ReplayHook | None = None,
 ) -> RunResult:
     """Run ``effect`` at most once for ``key`` (SPEC §11); see the module
     docstring. ``deadline`` (seconds, None: no limit) bounds the in_flight
@@ -734,7 +750,11 @@ def run_once(
     ``default``: the serializer of result values that are not JSON (as
     ``json.dumps``'s ``default``). ``request`` and the result may be
     pydantic models or dataclasses (fingerprinted and stored as their JSON);
-    ``result_type``: the type ``RunResult.value`` is restored to."""
+    ``result_type``: the type ``RunResult.value`` is restored to.
+    ``on_replay(outcome, receipt)``: called on a replay; its answer is
+    ``RunResult.value`` (an exception it raises is raised to the caller; the
+    record is not touched)."""
+    require_sync(client, "run_once", "run_once_async")
     r = _run_once(
         client,
         key,
@@ -754,6 +774,8 @@ def run_once(
         hook_timeout=hook_timeout,
         default=default,
     )
+    if r.replayed and on_replay is not None:
+        return replace(r, value=on_replay(r.outcome, r.receipt))
     return _typed_result(r, result_type)
 
 
@@ -1113,9 +1135,11 @@ async def run_once_async(
     hook_timeout: float | None = None,
     default: Serializer | None = None,
     result_type: Any = None,
+    on_replay: AsyncReplayHook | None = None,
 ) -> RunResult:
     """The asyncio twin of ``run_once`` (a hook past ``hook_timeout`` is
-    cancelled)."""
+    cancelled; ``on_replay`` may be an ``async def``)."""
+    require_async(client, "run_once_async", "run_once")
     r = await _run_once_async(
         client,
         key,
@@ -1135,6 +1159,9 @@ async def run_once_async(
         hook_timeout=hook_timeout,
         default=default,
     )
+    if r.replayed and on_replay is not None:
+        value = on_replay(r.outcome, r.receipt)
+        return replace(r, value=await value if inspect.isawaitable(value) else value)
     return _typed_result(r, result_type)
 
 

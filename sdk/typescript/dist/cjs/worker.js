@@ -277,7 +277,8 @@ async function runOnce(client, key, request, effect, options) {
         }), dl, 'claim');
         if (dec.decision === 'replay') {
             const outcome = dec.outcome;
-            return { result: outcome.result, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
+            const result = options.onReplay ? await options.onReplay(outcome, dec.receipt) : outcome.result;
+            return { result, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
         }
         if (dec.decision === 'in_flight') {
             const wait = dec.retryAfterMs * (1 + Math.random() * 0.25); // at or above the server's hint
@@ -553,7 +554,7 @@ function makeIdempotent(fn, options) {
     const { client, key, request, ...rest } = options;
     const run = async (args) => {
         let produced = null;
-        const r = await runOnce(client, key(...args), request ? request(...args) : args, async (ctx) => {
+        const r = await runOnce(typeof client === 'function' ? client() : client, key(...args), request ? request(...args) : args, async (ctx) => {
             produced = null;
             const value = await fn(...args, ctx);
             produced = { value };
@@ -563,7 +564,7 @@ function makeIdempotent(fn, options) {
     };
     const wrapped = (async (...args) => {
         const { r, produced } = await run(args);
-        return produced && !r.replayed && !r.reconciled ? produced.value : r.outcome.result;
+        return produced && !r.replayed && !r.reconciled ? produced.value : r.result;
     });
     wrapped.run = async (...args) => (await run(args)).r;
     return wrapped;
