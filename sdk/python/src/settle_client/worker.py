@@ -560,7 +560,8 @@ class _Beats:
     POOL = 4
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap: list[tuple[float, int, _Heartbeat]] = []
         self._seq = 0
         self._stale = 0  # stopped entries still in the heap
@@ -568,7 +569,7 @@ class _Beats:
         self._due: queue.SimpleQueue[_Heartbeat] = queue.SimpleQueue()
 
     def add(self, hb: _Heartbeat, due: float) -> None:
-        with self._cond:
+        with self._lock:
             self._push(hb, due)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="settle-heartbeats")
@@ -583,8 +584,13 @@ class _Beats:
         heapq.heappush(self._heap, (due, self._seq, hb))
 
     def stopped(self) -> None:
-        """Called (under the lock) when a scheduled entry was stopped."""
-        self._stale += 1
+        """Called when a scheduled entry was stopped."""
+        self._stale += 1  # a hint for compaction: exactness is not needed
+        if self._stale > 1024 and self._stale * 2 > len(self._heap):
+            with self._lock:
+                self._compact()
+
+    def _compact(self) -> None:
         if self._stale > 1024 and self._stale * 2 > len(self._heap):
             self._heap = [e for e in self._heap if not e[2].stopped]
             heapq.heapify(self._heap)
@@ -607,6 +613,9 @@ class _Beats:
                     continue
                 heapq.heappop(self._heap)
                 hb.running = True
+                if hb.stopped:  # stop() saw running false: it returned without waiting
+                    hb.running = False
+                    continue
                 self._due.put(hb)
 
     def _work(self) -> None:
@@ -631,7 +640,8 @@ class _Beats:
 
     def reset(self) -> None:
         """In a forked child: the parent's threads are not there."""
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._heap, self._seq, self._stale = [], 0, 0
         self._thread, self._due = None, queue.SimpleQueue()
 
@@ -669,15 +679,23 @@ class _Heartbeat:
         return True
 
     def stop(self) -> None:
-        """No beat runs after this returns (one under way is waited for)."""
-        beats = _BEATS
-        with beats._cond:
-            if not self.stopped:
-                self.stopped = True
-                if not self.running:
-                    beats.stopped()
-            while self.running:
-                beats._cond.wait()
+        """No beat runs after this returns (one under way is waited for).
+
+        Without the lock in the common case: this thread writes
+        ``stopped`` then reads ``running``; the scheduler writes
+        ``running`` then reads ``stopped`` (``_Beats._run``). Each step is
+        one bytecode under the GIL, so at least one of the two sees the
+        other's write: the beat is skipped, or this waits for it."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.running:
+            beats = _BEATS
+            with beats._lock:
+                while self.running:
+                    beats._cond.wait()
+        else:
+            _BEATS.stopped()
 
 
 def call_hook_sync(fn: Callable[[], T], timeout: float, stop: threading.Event | None = None) -> T:
