@@ -268,9 +268,13 @@ def test_decimal_result_after_the_mark_is_unknown_with_the_message(client: Clien
     rec = client.get(k)
     assert rec.status == "unknown" and rec.reconcile_required
     assert "Decimal" in rec.attempts[0]["error"] and "default=" in rec.attempts[0]["error"]
-    # Never silently run again: the next call needs reconciliation.
-    with pytest.raises(ReconcileRequired):
+    # Never silently run again: the next call needs reconciliation, and
+    # the error says how to resolve it and how to find what waits.
+    with pytest.raises(ReconcileRequired) as req:
         charged({"id": k})
+    msg = str(req.value)
+    assert "reconcile hook" in msg and "Reconciler" in msg and "client.reconcile" in msg
+    assert "settle list --status unknown" in msg
 
 
 def test_encode_result_rules() -> None:

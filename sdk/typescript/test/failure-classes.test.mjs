@@ -249,8 +249,12 @@ test('a result that cannot be stored after the dispatch mark → unknown, with t
   const rec = await client.get(key);
   assert.equal(rec.status, 'unknown');
   assert.match(rec.attempts[0].error, /a Payment at \/payment, which cannot be stored as JSON; register a serializer/);
-  // Never silently run again: the next run needs reconciliation.
-  await assert.rejects(client.runOnce(key, {}, () => assert.fail('ran again'), { principal: 'p', marksDispatch: true }), S.ReconcileRequired);
+  // Never silently run again: the next run needs reconciliation, and the
+  // error says how to resolve it and how to find what waits.
+  await assert.rejects(
+    client.runOnce(key, {}, () => assert.fail('ran again'), { principal: 'p', marksDispatch: true }),
+    (e) => e instanceof S.ReconcileRequired && /reconcile hook/.test(e.message) && /Reconciler/.test(e.message) && /settle list --status unknown/.test(e.message),
+  );
 });
 
 test('encodeResult: JSON as it is; the serializer for every value that is not', () => {
