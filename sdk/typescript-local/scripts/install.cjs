@@ -93,6 +93,9 @@ for (const line of r.stdout.split('\n')) {
 }
 if (!lib) fail(`${cargo} did not report the settle_node library`);
 // Copy, then rename over: a process that has the old file loaded keeps it.
-copyFileSync(lib, out + '.tmp');
-renameSync(out + '.tmp', out);
+// Two installs at once (npm pack beside a test's npm install) each use
+// their own temporary name.
+const tmp = `${out}.${process.pid}.tmp`;
+copyFileSync(lib, tmp);
+renameSync(tmp, out);
 process.stderr.write(`@settle/local: built ${out} in ${((Date.now() - t0) / 1000).toFixed(1)} s\n`);

@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The install commands of docs/sdk.md ("Installing"), run as another
+# project runs them: from a new directory outside the repository (mktemp -d),
+# a new venv and a new npm project, then a run_once on a LocalLedger and a
+# Client of the plain package in each language. Then the reuse path: a
+# wheel (pip wheel) and tarballs (npm pack) that carry the built library,
+# installed into a second new project without cargo.
+#
+# sdk/test.sh runs it after it has built both native packages (one cargo
+# build of each, on the workspace's target/), so the installs here find
+# cargo's artifacts up to date; alone it builds them (minutes).
+# Each step prints its wall time. PYTHON picks the interpreter (python3).
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+SCRATCH=$(mktemp -d)
+trap 'rm -rf "$SCRATCH"' EXIT
+cd "$SCRATCH"
+case "$SCRATCH/" in "$ROOT"/*) echo "mktemp -d is inside the repository ($SCRATCH)" >&2; exit 1 ;; esac
+
+step() { printf '== install: %s\n' "$*"; T0=$SECONDS; }
+took() { echo "   ($((SECONDS - T0)) s)"; }
+
+PY_CHECK='
+from settle_client import Client, Done, run_once
+from settle_local import LocalLedger
+ledger = LocalLedger()
+first = run_once(ledger, "order-7", {"amount": 10}, lambda ctx: Done({"charged": 10}), principal="svc")
+again = run_once(ledger, "order-7", {"amount": 10}, lambda ctx: Done({"charged": 99}), principal="svc")
+assert isinstance(ledger, Client) and isinstance(Client("http://127.0.0.1:1"), Client)
+assert (first.replayed, again.replayed, again.outcome.result) == (False, True, {"charged": 10}), (first, again)
+assert first.receipt.durable is False
+ledger.close()
+print("python: run_once on LocalLedger ok")
+'
+JS_CHECK='
+import { Client, runOnce } from "@settle/client";
+import { LocalLedger } from "@settle/local";
+import { createRequire } from "node:module";
+const ledger = new LocalLedger();
+const first = await runOnce(ledger, "order-7", { amount: 10 }, async () => ({ result: { charged: 10 } }), { principal: "svc" });
+const again = await runOnce(ledger, "order-7", { amount: 10 }, async () => ({ result: { charged: 99 } }), { principal: "svc" });
+const ok = ledger instanceof Client && new Client({ url: "http://127.0.0.1:1" }) instanceof Client
+  && !first.replayed && again.replayed && again.result.charged === 10 && first.receipt.durable === false
+  && createRequire(import.meta.url)("@settle/local").LocalLedger === LocalLedger;
+ledger.close();
+if (!ok) { console.error(JSON.stringify({ first, again })); process.exit(1); }
+console.log("node: runOnce on LocalLedger ok (import and require)");
+'
+
+# --- from the repository's folders (docs: pip install ./sdk/python ./sdk/python-local)
+mkdir py && cd py
+step "python: a new venv, pip install $ROOT/sdk/python $ROOT/sdk/python-local"
+"$PYTHON" -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check "$ROOT/sdk/python" "$ROOT/sdk/python-local"
+took
+.venv/bin/python -c "$PY_CHECK"
+cd ..
+
+mkdir js && cd js
+step "node: npm init -y; npm install $ROOT/sdk/typescript $ROOT/sdk/typescript-local"
+npm init -y >/dev/null
+npm install --no-audit --no-fund --loglevel=error "$ROOT/sdk/typescript" "$ROOT/sdk/typescript-local"
+took
+node --input-type=module -e "$JS_CHECK"
+cd ..
+
+# --- a second project reuses the build: a wheel and two tarballs
+mkdir artifacts
+step "pip wheel --no-deps -w artifacts $ROOT/sdk/python $ROOT/sdk/python-local"
+py/.venv/bin/python -m pip wheel --quiet --disable-pip-version-check --no-deps -w artifacts "$ROOT/sdk/python" "$ROOT/sdk/python-local"
+took
+step "npm pack (sdk/typescript, sdk/typescript-local) --pack-destination artifacts"
+(cd "$ROOT/sdk/typescript" && npm pack --silent --pack-destination "$SCRATCH/artifacts" >/dev/null)
+(cd "$ROOT/sdk/typescript-local" && npm pack --silent --pack-destination "$SCRATCH/artifacts" >/dev/null)
+took
+ls artifacts
+
+# No cargo on PATH from here: the artifacts must carry the library.
+NOCARGO=$SCRATCH/nocargo
+mkdir "$NOCARGO"
+for t in node npm; do ln -s "$(command -v "$t")" "$NOCARGO/$(basename "$t")"; done
+export PATH_NOCARGO=$NOCARGO:/usr/bin:/bin
+mkdir py2 && cd py2
+step "python: a second venv, pip install the two wheels (no cargo)"
+"$PYTHON" -m venv .venv
+env PATH="$PATH_NOCARGO" CARGO=/nonexistent .venv/bin/python -m pip install --quiet --disable-pip-version-check ../artifacts/*.whl
+took
+.venv/bin/python -c "$PY_CHECK"
+cd ..
+
+mkdir js2 && cd js2
+step "node: a second project, npm install the two tarballs (no cargo)"
+npm init -y >/dev/null
+env PATH="$PATH_NOCARGO" CARGO=/nonexistent npm install --no-audit --no-fund --loglevel=error ../artifacts/settle-client-*.tgz ../artifacts/settle-local-*.tgz
+took
+node --input-type=module -e "$JS_CHECK"
+echo "== install: all passed"
