@@ -42,9 +42,14 @@ const first = await runOnce(ledger, "order-7", { amount: 10 }, async () => ({ re
 const again = await runOnce(ledger, "order-7", { amount: 10 }, async () => ({ result: { charged: 99 } }), { principal: "svc" });
 const ok = ledger instanceof Client && new Client({ url: "http://127.0.0.1:1" }) instanceof Client
   && !first.replayed && again.replayed && again.result.charged === 10 && first.receipt.durable === false
-  && createRequire(import.meta.url)("@settle/local").LocalLedger === LocalLedger;
+;
 ledger.close();
-if (!ok) { console.error(JSON.stringify({ first, again })); process.exit(1); }
+// require(): the CommonJS build of both packages (its own LocalLedger class, a CommonJS Client).
+const require = createRequire(import.meta.url);
+const cjs = new (require("@settle/local").LocalLedger)();
+const cjsOk = cjs instanceof require("@settle/client").Client && (await runOnce(cjs, "k", {}, async () => ({ result: 1 }), { principal: "svc" })).result === 1;
+cjs.close();
+if (!ok || !cjsOk) { console.error(JSON.stringify({ cjsOk, first, again })); process.exit(1); }
 console.log("node: runOnce on LocalLedger ok (import and require)");
 '
 
@@ -66,15 +71,15 @@ node --input-type=module -e "$JS_CHECK"
 cd ..
 
 # --- a second project reuses the build: a wheel and two tarballs
-mkdir artifacts
-step "pip wheel --no-deps -w artifacts $ROOT/sdk/python $ROOT/sdk/python-local"
-py/.venv/bin/python -m pip wheel --quiet --disable-pip-version-check --no-deps -w artifacts "$ROOT/sdk/python" "$ROOT/sdk/python-local"
+mkdir artifacts && cd artifacts
+step "pip wheel --no-deps $ROOT/sdk/python $ROOT/sdk/python-local"
+../py/.venv/bin/python -m pip wheel --quiet --disable-pip-version-check --no-deps "$ROOT/sdk/python" "$ROOT/sdk/python-local"
 took
-step "npm pack (sdk/typescript, sdk/typescript-local) --pack-destination artifacts"
-(cd "$ROOT/sdk/typescript" && npm pack --silent --pack-destination "$SCRATCH/artifacts" >/dev/null)
-(cd "$ROOT/sdk/typescript-local" && npm pack --silent --pack-destination "$SCRATCH/artifacts" >/dev/null)
+step "npm pack $ROOT/sdk/typescript $ROOT/sdk/typescript-local"
+npm pack --silent "$ROOT/sdk/typescript" "$ROOT/sdk/typescript-local" >/dev/null
 took
-ls artifacts
+ls -l
+cd ..
 
 # No cargo on PATH from here: the artifacts must carry the library.
 NOCARGO=$SCRATCH/nocargo
