@@ -10,6 +10,9 @@
 # build of each, on the workspace's target/), so the installs here find
 # cargo's artifacts up to date; alone it builds them (minutes).
 # Each step prints its wall time. PYTHON picks the interpreter (python3).
+# SETTLE_INSTALL_EXPECT_BUILT=1 (sdk/test.sh sets it): fail if cargo
+# compiled anything during the installs from the folders, that is, if the
+# documented commands did not reuse the builds already made.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PYTHON=${PYTHON:-python3}
@@ -20,6 +23,19 @@ case "$SCRATCH/" in "$ROOT"/*) echo "mktemp -d is inside the repository ($SCRATC
 
 step() { printf '== install: %s\n' "$*"; T0=$SECONDS; }
 took() { echo "   ($((SECONDS - T0)) s)"; }
+expect_built() {
+  local compiled
+  compiled=$(grep -E '^ *Compiling ' "$1" || true)
+  if [ -n "$compiled" ]; then
+    echo "   cargo compiled $(wc -l <<<"$compiled") crates: $(sed -E 's/^ *Compiling //; s/ .*//' <<<"$compiled" | tr '\n' ' ')"
+    if [ -n "${SETTLE_INSTALL_EXPECT_BUILT:-}" ]; then
+      echo "the install rebuilt what sdk/test.sh had built: its cargo flags or features differ from the build's" >&2
+      exit 1
+    fi
+  else
+    echo "   cargo: everything up to date ($(grep -o 'Finished .*' "$1" | tail -1))"
+  fi
+}
 
 PY_CHECK='
 from settle_client import Client, Done, run_once
@@ -57,16 +73,21 @@ console.log("node: runOnce on LocalLedger ok (import and require)");
 mkdir py && cd py
 step "python: a new venv, pip install $ROOT/sdk/python $ROOT/sdk/python-local"
 "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check "$ROOT/sdk/python" "$ROOT/sdk/python-local"
+# -v: cargo's output (pip hides it otherwise), kept for the check below.
+.venv/bin/python -m pip install -v --disable-pip-version-check "$ROOT/sdk/python" "$ROOT/sdk/python-local" >pip.log 2>&1 \
+  || { cat pip.log >&2; exit 1; }
 took
+expect_built pip.log
 .venv/bin/python -c "$PY_CHECK"
 cd ..
 
 mkdir js && cd js
 step "node: npm init -y; npm install $ROOT/sdk/typescript $ROOT/sdk/typescript-local"
 npm init -y >/dev/null
-npm install --no-audit --no-fund --loglevel=error "$ROOT/sdk/typescript" "$ROOT/sdk/typescript-local"
+npm install --foreground-scripts --no-audit --no-fund --loglevel=error "$ROOT/sdk/typescript" "$ROOT/sdk/typescript-local" >npm.log 2>&1 \
+  || { cat npm.log >&2; exit 1; }
 took
+expect_built npm.log
 node --input-type=module -e "$JS_CHECK"
 cd ..
 

@@ -86,7 +86,7 @@ native_built() {
   # detached; ./test package's own cargo build waits for it on cargo's lock
   # and finds it done.
   (
-    nice -n 10 bash "$ROOT/sdk/install-test.sh"
+    SETTLE_INSTALL_EXPECT_BUILT=1 nice -n 10 bash "$ROOT/sdk/install-test.sh"
     if [ -n "${SETTLE_PREBUILD_RELEASE:-}" ]; then
       (cd "$ROOT" && nice -n 19 cargo build --release -p settle --locked >/dev/null 2>&1 &)
     fi
