@@ -53,6 +53,25 @@ VENV=${SDK_VENV:-$ROOT/sdk/python/.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$ROOT/sdk/python[test]"
 
+# The two native crates must ask for the same features of every dependency
+# they share, or the second build compiles the server again (docs/sdk.md,
+# "Build mechanics"): a crate in both trees with other features fails here.
+native_tree() {
+  cargo tree --locked -e normal,build --prefix none --no-dedupe -f '{p} [{f}]' -p "$1" \
+    | sed -E 's/ \((\*|proc-macro)\)//g; s/ \(\/[^)]*\)//' | sort -u
+}
+py_tree=$(native_tree settle-python)
+node_tree=$(native_tree settle-node)
+differ=$(comm -12 <(comm -23 <(echo "$py_tree") <(echo "$node_tree") | cut -d' ' -f1,2 | sort -u) \
+                  <(comm -13 <(echo "$py_tree") <(echo "$node_tree") | cut -d' ' -f1,2 | sort -u))
+if [ -n "$differ" ]; then
+  grep -F -e "$differ" <<<"$py_tree" | sed 's/^/settle-python: /' >&2
+  grep -F -e "$differ" <<<"$node_tree" | sed 's/^/settle-node:   /' >&2
+  echo "settle-python and settle-node resolve these crates with different features:" \
+    "unify them (as syn in sdk/*-local/Cargo.toml)" >&2
+  exit 1
+fi
+
 # The native packages (release builds: minutes on 2 cores) are built in
 # the background, at the lowest priority, while the suites against the
 # server run: those mostly wait on sockets and timers (the Python suite
