@@ -1,6 +1,6 @@
 'use strict';
 // @settle/local for require(); index.mjs is the same class for import.
-const { Client } = require('@settle/client');
+const client = require('@settle/client');
 const { define } = require('./lib/define.cjs');
 
-module.exports = { LocalLedger: define(Client) };
+module.exports = { LocalLedger: define(client), LedgerClosed: client.LedgerClosed };

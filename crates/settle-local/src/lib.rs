@@ -49,6 +49,31 @@ pub enum LocalError {
     Body(String),
 }
 
+/// The `segment_bytes` of a local ledger on disk unless told otherwise:
+/// 4 MiB, so a data directory starts at about 8 MB (two segments) rather
+/// than `settle serve`'s 129 MB. A local ledger is one process's; a small
+/// segment only means more frequent checkpoints.
+pub const LOCAL_SEGMENT_BYTES: u64 = 4 * 1024 * 1024;
+
+/// The bounds of `segment_bytes`, as `settle serve --segment-bytes` takes it.
+pub const SEGMENT_BYTES_RANGE: std::ops::RangeInclusive<u64> = 65_536..=1_073_741_824;
+
+/// How a local ledger is opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalOptions {
+    /// The embedded log's segment size (unused in memory); within
+    /// [`SEGMENT_BYTES_RANGE`].
+    pub segment_bytes: u64,
+}
+
+impl Default for LocalOptions {
+    fn default() -> Self {
+        LocalOptions {
+            segment_bytes: LOCAL_SEGMENT_BYTES,
+        }
+    }
+}
+
 /// One answer: what `settle serve` would have sent on the wire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
@@ -58,6 +83,18 @@ pub struct Reply {
     pub headers: Vec<(String, String)>,
     /// The body's bytes.
     pub body: Vec<u8>,
+}
+
+/// The part of an answer an SDK reads ([`LocalLedger::exchange`]): no
+/// header list is built for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// The body's bytes (JSON for every API route).
+    pub body: Vec<u8>,
+    /// The `Retry-After` header, if any (seconds).
+    pub retry_after: Option<String>,
 }
 
 /// The runtime every local ledger of the process shares: two workers run
@@ -95,6 +132,23 @@ impl LocalLedger {
     /// the process), else the embedded engine in `data` (created if
     /// missing, recovered if it was left by a crash).
     pub fn open(data: Option<&Path>) -> Result<LocalLedger, LocalError> {
+        LocalLedger::open_with(data, &LocalOptions::default())
+    }
+
+    /// [`LocalLedger::open`] with options; a `segment_bytes` outside
+    /// [`SEGMENT_BYTES_RANGE`] is [`LocalError::Invalid`].
+    pub fn open_with(
+        data: Option<&Path>,
+        options: &LocalOptions,
+    ) -> Result<LocalLedger, LocalError> {
+        if !SEGMENT_BYTES_RANGE.contains(&options.segment_bytes) {
+            return Err(LocalError::Invalid(format!(
+                "segment_bytes must be within [{}, {}], not {}",
+                SEGMENT_BYTES_RANGE.start(),
+                SEGMENT_BYTES_RANGE.end(),
+                options.segment_bytes
+            )));
+        }
         let dir = data.map(Path::to_path_buf);
         let config = Config::local(
             "127.0.0.1:0".parse().expect("a socket address"),
@@ -110,6 +164,7 @@ impl LocalLedger {
                     d,
                     EmbeddedOptions {
                         limits: config.limits(),
+                        segment_bytes: options.segment_bytes,
                         ..EmbeddedOptions::default()
                     },
                 )
@@ -163,21 +218,77 @@ impl LocalLedger {
         headers: &[(String, String)],
         body: Vec<u8>,
     ) -> Result<Reply, LocalError> {
-        let app = self.app()?;
-        let req = request(method, target, headers, body)?;
-        let reply = runtime().block_on(async move {
-            let resp = settle_server::answer(app, req).await;
-            let status = resp.status().as_u16();
-            let headers = resp
-                .headers()
-                .iter()
+        let (status, headers, body) = self.respond(method, target, headers, body, |h| {
+            h.iter()
                 .map(|(n, v)| {
                     (
                         n.as_str().to_owned(),
                         String::from_utf8_lossy(v.as_bytes()).into_owned(),
                     )
                 })
-                .collect();
+                .collect()
+        })?;
+        Ok(Reply {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// [`LocalLedger::call`] for an SDK: the status, the body and
+    /// `Retry-After`, the only parts of an answer the clients read (the
+    /// same handlers answer; only the header list is not built). A
+    /// non-empty `body` is JSON: `content-type: application/json` is
+    /// implied unless `headers` name one.
+    pub fn exchange(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &[(String, String)],
+        body: Vec<u8>,
+    ) -> Result<Answer, LocalError> {
+        let json = !body.is_empty()
+            && !headers
+                .iter()
+                .any(|(n, _)| n.eq_ignore_ascii_case("content-type"));
+        let implied = [("content-type".to_owned(), "application/json".to_owned())];
+        let headers: Vec<(String, String)> = if json {
+            implied.into_iter().chain(headers.iter().cloned()).collect()
+        } else {
+            headers.to_vec()
+        };
+        let (status, retry_after, body) = self.respond(method, target, &headers, body, |h| {
+            h.get("retry-after")
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        })?;
+        Ok(Answer {
+            status,
+            body,
+            retry_after,
+        })
+    }
+
+    /// One request through the router: the status, what `read` takes of
+    /// the headers, and the body (on the in-memory store with every
+    /// receipt's `durable` false).
+    fn respond<H>(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &[(String, String)],
+        body: Vec<u8>,
+        read: impl FnOnce(&axum::http::HeaderMap) -> H,
+    ) -> Result<(u16, H, Vec<u8>), LocalError> {
+        let app = self.app()?;
+        let req = request(method, target, headers, body)?;
+        let (status, json, taken, body) = runtime().block_on(async move {
+            let resp = settle_server::answer(app, req).await;
+            let status = resp.status().as_u16();
+            let json = resp
+                .headers()
+                .get("content-type")
+                .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+            let taken = read(resp.headers());
             let body = resp
                 .into_body()
                 .collect()
@@ -185,17 +296,14 @@ impl LocalLedger {
                 .map_err(|e| LocalError::Body(e.to_string()))?
                 .to_bytes()
                 .to_vec();
-            Ok::<_, LocalError>(Reply {
-                status,
-                headers,
-                body,
-            })
+            Ok::<_, LocalError>((status, json, taken, body))
         })?;
-        Ok(if self.durable {
-            reply
+        let body = if self.durable || !json {
+            body
         } else {
-            not_durable(reply)
-        })
+            not_durable(body)
+        };
+        Ok((status, taken, body))
     }
 
     fn app(&self) -> Result<axum::Router, LocalError> {
@@ -245,23 +353,18 @@ fn request(
     Ok(req)
 }
 
-/// The reply with every `"durable": true` of its JSON body set to false.
-fn not_durable(mut reply: Reply) -> Reply {
-    let json = reply
-        .headers
-        .iter()
-        .any(|(n, v)| n == "content-type" && v.starts_with("application/json"));
-    if !json || !reply.body.windows(9).any(|w| w == b"\"durable\"") {
-        return reply;
+/// A JSON body with every `"durable": true` set to false.
+fn not_durable(body: Vec<u8>) -> Vec<u8> {
+    if !body.windows(9).any(|w| w == b"\"durable\"") {
+        return body;
     }
-    let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(&reply.body) else {
-        return reply;
+    let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(&body) else {
+        return body;
     };
     mark_not_durable(&mut value);
-    let mut body = serde_json::to_vec(&value).expect("a JSON value serializes");
-    body.push(b'\n');
-    reply.body = body;
-    reply
+    let mut out = serde_json::to_vec(&value).expect("a JSON value serializes");
+    out.push(b'\n');
+    out
 }
 
 fn mark_not_durable(v: &mut serde_json::Value) {

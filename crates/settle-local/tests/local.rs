@@ -2,7 +2,7 @@
 //! truth about durability.
 
 use serde_json::{Value, json};
-use settle_local::{LocalError, LocalLedger, Reply};
+use settle_local::{LocalError, LocalLedger, LocalOptions, Reply};
 
 const FP: &str = "1111111111111111111111111111111111111111111111111111111111111111";
 const SHA: &str = "2222222222222222222222222222222222222222222222222222222222222222";
@@ -146,4 +146,63 @@ fn concurrent_callers_on_threads_each_get_their_answer() {
     }
     let stats = json_of(&l.call("GET", "/v1/stats", &[], Vec::new()).unwrap());
     assert_eq!(stats["by_status"]["completed"], 8);
+}
+
+#[test]
+fn exchange_answers_what_call_answers_without_the_header_list() {
+    let l = LocalLedger::open(None).unwrap();
+    let h = [("content-type".to_owned(), "application/json".to_owned())];
+    let claim = serde_json::to_vec(&json!({"fingerprint": FP, "binding": binding()})).unwrap();
+    let a = l
+        .exchange("POST", "/v1/operations/x/claim", &h, claim.clone())
+        .unwrap();
+    assert_eq!(a.status, 200);
+    assert_eq!(a.retry_after, None);
+    let grant: Value = serde_json::from_slice(&a.body).unwrap();
+    assert_eq!(grant["decision"], "execute");
+    // In flight: a 200 with the wait in the body; a problem keeps its
+    // Retry-After (here none) and its body.
+    let again = l
+        .exchange("POST", "/v1/operations/x/claim", &h, claim)
+        .unwrap();
+    let v: Value = serde_json::from_slice(&again.body).unwrap();
+    assert_eq!(v["decision"], "in_flight");
+    let settle = serde_json::to_vec(
+        &json!({"fence": grant["fence"], "fingerprint": FP, "binding": binding(),
+        "outcome": {"status": "completed", "result": {"n": 1}, "response_sha256": SHA}}),
+    )
+    .unwrap();
+    let done = l
+        .exchange("POST", "/v1/operations/x/settle", &h, settle)
+        .unwrap();
+    assert_eq!(done.status, 200);
+    let v: Value = serde_json::from_slice(&done.body).unwrap();
+    // In memory, exchange's receipts say so too.
+    assert_eq!(v["receipt"]["durable"], false);
+    l.close();
+    assert!(matches!(
+        l.exchange("GET", "/v1/stats", &[], Vec::new()),
+        Err(LocalError::Closed)
+    ));
+}
+
+#[test]
+fn segment_bytes_is_checked_and_sizes_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    for bad in [0, 65_535, 1_073_741_825] {
+        let opts = LocalOptions { segment_bytes: bad };
+        assert!(matches!(
+            LocalLedger::open_with(Some(dir.path()), &opts),
+            Err(LocalError::Invalid(m)) if m.contains("segment_bytes")
+        ));
+    }
+    let l = LocalLedger::open(Some(dir.path())).unwrap();
+    claim_and_settle(&l, "k");
+    l.close();
+    let wal: u64 = std::fs::read_dir(dir.path().join("wal"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum();
+    // Two preallocated segments of the local default (4 MiB), not 2 × 64 MiB.
+    assert_eq!(wal, 2 * settle_local::LOCAL_SEGMENT_BYTES);
 }

@@ -5,7 +5,7 @@ use axum::body::Body;
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use axum::http::{Response, StatusCode};
 
-use crate::layer::IDEMPOTENT_REPLAYED;
+use crate::layer::{HookResponse, IDEMPOTENT_REPLAYED, ReplayFn};
 use crate::layout::{self, StoredResponse};
 use crate::table::{self, Problem};
 
@@ -42,6 +42,37 @@ pub(crate) fn problem(p: &Problem) -> Response<Body> {
         h.insert(RETRY_AFTER, v);
     }
     r
+}
+
+/// A replay through the layer's `on_replay` hook, when there is one and
+/// the response was stored: what the hook returns, as a replay.
+pub(crate) fn replay_hooked(
+    hook: Option<&ReplayFn>,
+    stored: StoredResponse,
+    receipt: &settle_core::Receipt,
+    key: &str,
+) -> Response<Body> {
+    let (Some(hook), Some(body)) = (hook, stored.body.as_ref()) else {
+        return replay(stored, key);
+    };
+    let given = HookResponse {
+        status: stored.status,
+        headers: stored.headers.clone(),
+        body: body.clone().into(),
+    };
+    let r = hook(given, receipt);
+    replay(
+        StoredResponse {
+            status: r.status,
+            headers: r
+                .headers
+                .into_iter()
+                .map(|(n, v)| (n.to_ascii_lowercase(), v))
+                .collect(),
+            body: Some(r.body.to_vec()),
+        },
+        key,
+    )
 }
 
 /// The stored response, as it went out the first time, plus

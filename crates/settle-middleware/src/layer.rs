@@ -88,6 +88,9 @@ impl ReconcileRequest {
 
 /// Picks the policy of a route (`None`: not wrapped).
 pub type RoutesFn = Arc<dyn Fn(&Method, &str) -> Option<RoutePolicy> + Send + Sync>;
+/// The replay hook ([`IdempotencyLayer::on_replay`]): the stored response
+/// and the record's receipt → the response to send instead.
+pub type ReplayFn = Arc<dyn Fn(HookResponse, &settle_core::Receipt) -> HookResponse + Send + Sync>;
 /// The reconcile hook, boxed: the retried request → its resolution (an
 /// error counts as `Unavailable`, logged).
 pub type ReconcileFn =
@@ -115,6 +118,7 @@ pub(crate) struct Settings {
     pub(crate) reconcile: Option<ReconcileFn>,
     pub(crate) hook_timeout: Option<Duration>,
     pub(crate) ledger_deadline: Duration,
+    pub(crate) on_replay: Option<ReplayFn>,
 }
 
 /// SPEC §8 as a tower layer:
@@ -183,6 +187,7 @@ impl IdempotencyLayer {
                 unavailable_retry_after_s: 1,
                 reconcile: None,
                 hook_timeout: None,
+                on_replay: None,
                 ledger_deadline: DEFAULT_LEDGER_DEADLINE,
             }),
         }
@@ -459,6 +464,31 @@ impl IdempotencyLayer {
     {
         let boxed: ReconcileFn = Arc::new(move |req| Box::pin(f(req)));
         self.with(|s| s.reconcile = Some(boxed))
+    }
+
+    /// A replay hook (like AWS Powertools' `response_hook`): called on
+    /// every replay of a stored response (the key was answered before;
+    /// the handler does not run) with that response (the stored headers,
+    /// lower-case names) and the record's receipt; what it returns is sent
+    /// instead, with `Idempotent-Replayed: true` and its own
+    /// `content-length`. Not called when the hook of
+    /// [`reconcile`](Self::reconcile) resolves a record, nor for a response
+    /// too large to have been stored (409 `response_not_stored`).
+    ///
+    /// ```no_run
+    /// # fn demo(layer: settle_middleware::IdempotencyLayer) {
+    /// let layer = layer.on_replay(|mut stored, _receipt| {
+    ///     stored.headers.push(("x-replayed-from".into(), b"settle".to_vec()));
+    ///     stored
+    /// });
+    /// # }
+    /// ```
+    pub fn on_replay(
+        self,
+        f: impl Fn(HookResponse, &settle_core::Receipt) -> HookResponse + Send + Sync + 'static,
+    ) -> Self {
+        let hook: ReplayFn = Arc::new(f);
+        self.with(|s| s.on_replay = Some(hook))
     }
 
     /// How long the reconcile hook may take (default: the lease); past it

@@ -73,8 +73,8 @@ pub use backend::{BoxFuture, CallError, Transport};
 pub use handler::{EffectNotSent, HandlerError};
 pub use layer::{
     BoxError, CanonicalFn, DEFAULT_LEDGER_DEADLINE, HookResponse, IDEMPOTENCY_KEY,
-    IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer, ReconcileFn, ReconcileRequest, Resolution,
-    Retryable, RoutesFn,
+    IDEMPOTENT_REPLAYED, Idempotency, IdempotencyLayer, ReconcileFn, ReconcileRequest, ReplayFn,
+    Resolution, Retryable, RoutesFn,
 };
 pub use layout::{ConfigError, FingerprintOptions};
 pub use principal::{Identity, PrincipalFn};

@@ -22,7 +22,7 @@ use settle_core::{
 use settle_worker::new_claim_id;
 use tower::Service;
 
-use crate::answer::{note, problem, refuse, replay};
+use crate::answer::{note, problem, refuse, replay, replay_hooked};
 use crate::backend::{CallError, heartbeat, retry};
 use crate::capture::{Read, Unsettled, read_up_to, stored_outcome};
 use crate::handler::EffectNotSent;
@@ -258,7 +258,12 @@ where
                     Reconciled::Replay(stored) => Ok(replay(stored, &c.key)),
                     Reconciled::Unknown => Ok(refuse(&table::OUTCOME_UNKNOWN, Some(&c.key))),
                 },
-                AfterClaim::Replay(stored) => Ok(replay(stored, &c.key)),
+                AfterClaim::Replay(stored, receipt) => Ok(replay_hooked(
+                    s.on_replay.as_ref(),
+                    stored,
+                    &receipt,
+                    &c.key,
+                )),
                 AfterClaim::InFlight {
                     retry_after_ms,
                     problem,

@@ -279,8 +279,9 @@ pub enum AfterClaim {
     /// An earlier attempt may have dispatched: ask the reconcile hook, or
     /// hand the lease back and answer 409 `outcome_unknown`.
     Reconcile(Grant),
-    /// Replay this stored response (`Idempotent-Replayed: true`).
-    Replay(StoredResponse),
+    /// Replay this stored response (`Idempotent-Replayed: true`); the
+    /// record's receipt.
+    Replay(StoredResponse, Box<settle_core::Receipt>),
     /// Another request with the key is running: 409 `request_in_progress`
     /// (this problem), or, with the route's `wait`, claim again after
     /// `retry_after_ms`.
@@ -355,12 +356,14 @@ pub fn after_claim(answer: Result<Reply, CallError>, retry_after_s: u64) -> Afte
                 problem: in_progress(left.max(retry_after_ms)),
             }
         }
-        Ok(Reply::Claim(ClaimDecision::Replay { outcome, .. })) => {
+        Ok(Reply::Claim(ClaimDecision::Replay { outcome, receipt })) => {
             match outcome
                 .result()
                 .and_then(|r| layout::decode_response(&r.to_value()))
             {
-                Some(stored) if stored.body.is_some() => AfterClaim::Replay(stored),
+                Some(stored) if stored.body.is_some() => {
+                    AfterClaim::Replay(stored, Box::new(receipt))
+                }
                 // Too large to store, or written by something else: never
                 // run the handler a second time.
                 _ => AfterClaim::Refuse(RESPONSE_NOT_STORED),
@@ -586,7 +589,7 @@ mod tests {
             &["location".into()],
             100,
         );
-        let AfterClaim::Replay(r) = replay_of(stored) else {
+        let AfterClaim::Replay(r, _) = replay_of(stored) else {
             panic!()
         };
         assert_eq!(r.status, 201);

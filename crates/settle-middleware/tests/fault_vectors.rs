@@ -42,7 +42,7 @@ use settle_worker::{MiddlewareRecord, Reconciler};
 use tokio::sync::{Notify, oneshot};
 use tower::ServiceExt as _;
 
-const MIDDLEWARE_EXPECT: [&str; 12] = [
+const MIDDLEWARE_EXPECT: [&str; 13] = [
     "status",
     "code",
     "retry_after",
@@ -55,9 +55,11 @@ const MIDDLEWARE_EXPECT: [&str; 12] = [
     "record",
     "next_request",
     "next_claim",
+    "on_replay_calls",
 ];
 const RECONCILER_EXPECT: [&str; 5] = ["counts", "hook_saw", "record", "next_request", "calls"];
-const NEXT_FIELDS: [&str; 6] = [
+const NEXT_FIELDS: [&str; 7] = [
+    "on_replay_calls",
     "request_body",
     "body",
     "status",
@@ -279,6 +281,8 @@ struct App {
     router: Router,
     handler: Arc<Handler>,
     ledger_key: String,
+    /// The replay hook's calls (`on_replay: true`).
+    replays: Arc<AtomicU64>,
 }
 
 fn app(
@@ -316,6 +320,10 @@ fn app(
             resolve(spec.act, spec.sleep_ms, variant, spec.response.clone())
         });
     }
+    let replays = Arc::new(AtomicU64::new(0));
+    if s.raw.get("on_replay") == Some(&json!(true)) {
+        layer = layer.on_replay(replay_hook(replays.clone()));
+    }
     let ledger_key = layer.ledger_key(&n.principal, &n.key);
     let handler = Arc::new(Handler {
         mode: Mutex::new(Mode::Fail),
@@ -333,7 +341,39 @@ fn app(
         router,
         handler,
         ledger_key,
+        replays,
     })
+}
+
+/// `on_replay: true`: counts its calls; the stored status, a body of our own.
+fn replay_hook(
+    calls: Arc<AtomicU64>,
+) -> impl Fn(HookResponse, &settle_core::Receipt) -> HookResponse + Send + Sync {
+    move |stored, receipt| {
+        assert_eq!(
+            receipt.status,
+            settle_core::Status::Completed,
+            "{receipt:?}"
+        );
+        calls.fetch_add(1, Ordering::SeqCst);
+        let body = json!({"replayed_by_hook": true, "status": stored.status});
+        HookResponse {
+            status: stored.status,
+            headers: vec![("content-type".into(), b"application/json".to_vec())],
+            body: serde_json::to_vec(&body).expect("JSON").into(),
+        }
+    }
+}
+
+/// `on_replay_calls`: the replay hook's calls so far (exact).
+fn check_replays(want: Option<&Value>, a: &App, what: &str) -> Result<(), Fail> {
+    let got = a.replays.load(Ordering::SeqCst);
+    match want {
+        Some(w) => ensure(json!(got) == *w, || {
+            format!("{what} on_replay_calls: {got}, expected {w}")
+        }),
+        None => Ok(()),
+    }
 }
 
 /// An answer as the client sees it.
@@ -533,11 +573,11 @@ async fn check_next(
         .set(Mode::Script([writes, vec![HStep::Respond(201)]].concat()));
     let body = next.get("request_body").unwrap_or(&s.opts.mw_body);
     let mut expected = next.clone();
-    expected
-        .as_object_mut()
-        .expect("checked")
-        .remove("request_body");
+    let fields = expected.as_object_mut().expect("checked");
+    fields.remove("request_body");
+    let replays = fields.remove("on_replay_calls");
     let ans = send(&a.router, s, n, body).await;
+    check_replays(replays.as_ref(), a, "next_request")?;
     check_answer(&expected, &ans, "next_request")
 }
 
@@ -560,6 +600,7 @@ async fn middleware_scenario(
     let log = proxy.log();
     let checked = async {
         check_answer(e, &ans, "the answer")?;
+        check_replays(e.get("on_replay_calls"), &a, "the answer")?;
         for (name, counter) in [
             ("handler_calls", &a.handler.calls),
             ("remote_writes", &a.handler.writes),

@@ -187,6 +187,18 @@ async fn failures_example(
     Ok(())
 }
 
+/// docs/sdk.md "Replay hooks: `on_replay` (all three SDKs)".
+#[rustfmt::skip] // verbatim, as the page has it
+fn on_replay_example(client: settle_client::Client) {
+    use settle_middleware::{IdempotencyLayer, principal};
+    let layer = IdempotencyLayer::remote(client, principal::fixed("svc-checkout"))
+        .on_replay(|mut stored, _receipt| {
+            stored.headers.push(("x-replayed-from".into(), b"settle".to_vec()));
+            stored
+        });
+    let _: IdempotencyLayer = layer;
+}
+
 // -- the page and this file agree --------------------------------------
 
 /// The non-empty lines of `text`, without their indentation.
@@ -219,7 +231,7 @@ fn the_examples_of_docs_sdk_md_are_the_ones_compiled_here() {
         rest = &body[end + 3..];
     }
     assert_eq!(
-        found, 3,
+        found, 4,
         "docs/sdk.md's Rust examples (update this file with the page)"
     );
 }

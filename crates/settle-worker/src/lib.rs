@@ -83,8 +83,8 @@ pub use inspect::{Inspect, KeyPage, ReconcileRecord};
 pub use middleware::{HookResponse, MiddlewareHook, MiddlewareRecord, Resolution};
 pub use reconciler::{Reconciler, ReconcilerError, Sweep, WORKER_LABEL};
 pub use run::{
-    DEFAULT_DEADLINE, Done, EffectContext, Finding, Reconcile, ReconcileHook, RunOptions,
-    RunResult, run_once,
+    DEFAULT_DEADLINE, Done, EffectContext, Finding, Reconcile, ReconcileHook, ReplayHook,
+    RunOptions, RunResult, run_once,
 };
 #[cfg(feature = "local")]
 pub use transport::LedgerTransport;

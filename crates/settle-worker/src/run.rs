@@ -208,6 +208,13 @@ impl ReconcileHook for Arc<dyn ReconcileHook> {
     }
 }
 
+/// Called on every replay (the claim found the outcome stored before this
+/// run; the effect is not called) with that outcome and its receipt: what
+/// it returns is the run's [`RunResult::outcome`] instead (the receipt is
+/// left as stored). Not called on a run that executes or reconciles. See
+/// [`RunOptions::on_replay`].
+pub type ReplayHook = Arc<dyn Fn(Outcome, &Receipt) -> Outcome + Send + Sync>;
+
 /// How to run one operation. `RunOptions::new("svc-billing")` has the
 /// spec's defaults: no scopes, generation 0, the whole request
 /// fingerprinted, a 30 s lease, no dispatch marking, a 30 s deadline.
@@ -225,6 +232,7 @@ pub struct RunOptions {
     deadline: Option<Duration>,
     reconcile: Option<Reconcile>,
     hook_timeout: Option<Duration>,
+    on_replay: Option<ReplayHook>,
 }
 
 impl std::fmt::Debug for RunOptions {
@@ -238,6 +246,7 @@ impl std::fmt::Debug for RunOptions {
             .field("marks_dispatch", &self.marks_dispatch)
             .field("deadline", &self.deadline)
             .field("hook_timeout", &self.hook_timeout)
+            .field("on_replay", &self.on_replay.is_some())
             .field(
                 "reconcile",
                 &match &self.reconcile {
@@ -266,6 +275,7 @@ impl RunOptions {
             deadline: Some(DEFAULT_DEADLINE),
             reconcile: None,
             hook_timeout: None,
+            on_replay: None,
         }
     }
     /// The binding's scopes.
@@ -345,6 +355,36 @@ impl RunOptions {
     pub fn hook_timeout(mut self, timeout: Duration) -> Self {
         self.hook_timeout = Some(timeout);
         self
+    }
+
+    /// A replay hook (like AWS Powertools' `response_hook`): called on
+    /// every replay with the stored outcome and its receipt; the run's
+    /// outcome is what it returns. E.g. mark a replayed result:
+    ///
+    /// ```
+    /// # use settle_worker::{Done, RunOptions};
+    /// let options = RunOptions::new("svc-billing").on_replay(|stored, _receipt| {
+    ///     let result = stored.result().map(|r| r.to_value());
+    ///     Done::completed(serde_json::json!({"replayed": result}))
+    ///         .outcome()
+    ///         .unwrap_or(stored)
+    /// });
+    /// ```
+    #[must_use]
+    pub fn on_replay(
+        mut self,
+        hook: impl Fn(Outcome, &Receipt) -> Outcome + Send + Sync + 'static,
+    ) -> Self {
+        self.on_replay = Some(Arc::new(hook));
+        self
+    }
+
+    /// The run's answer to a replay: the stored outcome, or the hook's.
+    fn replayed(&self, mut r: RunResult) -> RunResult {
+        if let (true, Some(hook)) = (r.replayed, &self.on_replay) {
+            r.outcome = hook(r.outcome, &r.receipt);
+        }
+        r
     }
 
     fn binding(&self) -> Result<Binding, InvalidInput> {
@@ -552,7 +592,7 @@ where
     };
     let mut grant = op.claim_until_granted(claim).await?;
     if let Granted::Replay(r) = grant {
-        return Ok(*r);
+        return Ok(o.replayed(*r));
     }
     if let Granted::Reconcile(g) = grant {
         let hook = match &o.reconcile {

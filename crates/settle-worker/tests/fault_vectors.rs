@@ -33,7 +33,7 @@ use settle_worker::{
 };
 use tokio::sync::Notify;
 
-const RUN_ONCE_EXPECT: [&str; 7] = [
+const RUN_ONCE_EXPECT: [&str; 10] = [
     "result",
     "cause",
     "effect_calls",
@@ -41,6 +41,9 @@ const RUN_ONCE_EXPECT: [&str; 7] = [
     "calls",
     "record",
     "next_claim",
+    "replayed",
+    "value",
+    "on_replay_calls",
 ];
 const RECONCILER_EXPECT: [&str; 6] = [
     "counts",
@@ -113,6 +116,9 @@ async fn scenario(
                 }
                 Some(("unknown_record", suffix)) => {
                     fv::unknown_record(&server.direct, &n.key_of(Some(suffix)), &n, &s.opts).await;
+                }
+                None if step == "completed_record" => {
+                    fv::completed_record(&server.direct, &n.key, &n, &s.opts).await;
                 }
                 _ => return Err(format!("a setup step this runner does not know: {step:?}")),
             }
@@ -320,6 +326,10 @@ async fn run_once_scenario(
         let (act, sleep) = read_hook(h)?;
         options = options.reconcile(Reconcile::hook(hook(act, sleep, variant, None)));
     }
+    let replays = Arc::new(AtomicU64::new(0));
+    if s.raw.get("on_replay") == Some(&json!(true)) {
+        options = options.on_replay(replay_hook(replays.clone()));
+    }
     let client = fv::through(proxy);
     let counters = Counters::default();
     let large = o.large_result_bytes;
@@ -356,6 +366,15 @@ async fn run_once_scenario(
             ensure(json!(got) == *w, || format!("{name}: {got}, expected {w}"))?;
         }
     }
+    fv::check_replay(
+        e,
+        result.as_ref().ok().map(|r| r.replayed),
+        result
+            .as_ref()
+            .ok()
+            .and_then(|r| r.outcome.result().map(|v| v.to_value())),
+        replays.load(Ordering::SeqCst),
+    )?;
     fv::check_calls(e, &log)?;
     if let Some(w) = e.get("record") {
         fv::check_record(&server.direct, &n.key, w, n).await?;
@@ -371,6 +390,25 @@ async fn run_once_scenario(
         .await?;
     }
     Ok(())
+}
+
+/// `on_replay: true`: counts its calls; the run's outcome is the stored
+/// result wrapped, `{"replayed_by_hook": <stored>}`.
+fn replay_hook(
+    calls: Arc<AtomicU64>,
+) -> impl Fn(settle_core::Outcome, &settle_core::Receipt) -> settle_core::Outcome + Send + Sync {
+    move |stored, receipt| {
+        assert_eq!(
+            receipt.status,
+            settle_core::Status::Completed,
+            "{receipt:?}"
+        );
+        calls.fetch_add(1, Ordering::SeqCst);
+        let was = stored.result().map(|r| r.to_value());
+        Done::completed(json!({ "replayed_by_hook": was }))
+            .outcome()
+            .expect("a small JSON result")
+    }
 }
 
 /// The Reconciler a scenario sweeps with, over the proxy.

@@ -9,7 +9,7 @@ import pytest
 from conftest import Server
 from sync_apps import DjangoHarness
 
-from settle_client import Client
+from settle_client import AsyncClient, Client
 from settle_client.django import IdempotencyMiddleware, authenticated_principal
 
 H = {"Idempotency-Key": "k-1"}
@@ -45,6 +45,8 @@ def test_without_authentication_middleware_the_request_fails_unclaimed(server: S
         (None, "client"),
         ({"principal": lambda r: "p"}, "client"),
         ({"client": "http://127.0.0.1:7411", "principal": lambda r: "p"}, "Client"),
+        # An AsyncClient is the ASGI middleware's: the message names the sync Client.
+        ({"client": AsyncClient("http://127.0.0.1:9"), "principal": lambda r: "p"}, r"settle_client\.Client \(the sync client\)"),
         ({"client": Client("http://127.0.0.1:9")}, "principal"),
         ({"client": Client("http://127.0.0.1:9"), "principal": lambda r: "p", "timeout": 1.0}, "timeout"),
     ],

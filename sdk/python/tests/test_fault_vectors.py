@@ -218,6 +218,8 @@ class Case:
     # The same, for an async hook: made in the event loop that waits on it.
     ahook_started: asyncio.Event | None = None
     counting: bool = True
+    on_replay_calls: int = 0
+    on_replay_calls_first: int | None = None  # after the first request (middleware)
 
     def started(self) -> None:
         self.hook_started.set()
@@ -266,6 +268,12 @@ class Case:
         g = c.claim(key, self.fp, self.binding)
         assert isinstance(g, settle_client.Grant) and g.decision == "execute", g
         c.settle(key, g.fence, self.fp, self.binding, Outcome(status="unknown", error="fault-vectors setup"))
+
+    def setup_completed(self) -> None:
+        c = self.led.direct
+        g = c.claim(self.key, self.fp, self.binding)
+        assert isinstance(g, settle_client.Grant) and g.decision == "execute", g
+        c.settle(self.key, g.fence, self.fp, self.binding, Done({"ok": True}).outcome())
 
     def set_faults(self, keys: Iterable[str]) -> None:
         """The scenario's faults, each limited to the scenario's key (so
@@ -489,6 +497,58 @@ def run_once_hook(case: Case, is_async: bool) -> Any:
     return shook
 
 
+def run_once_replay_hook(case: Case, is_async: bool) -> Any:
+    """``on_replay: true``: counts its calls; the stored result, wrapped."""
+    if not case.sc.get("on_replay"):
+        return None
+
+    def answer(outcome: Outcome, receipt: settle_client.Receipt) -> Any:
+        assert receipt.key == case.key and receipt.status == outcome.status, (receipt, outcome)
+        case.on_replay_calls += 1
+        return {"replayed_by_hook": outcome.result}
+
+    if is_async:
+
+        async def ahook(outcome: Outcome, receipt: settle_client.Receipt) -> Any:
+            await asyncio.sleep(0)
+            return answer(outcome, receipt)
+
+        return ahook
+    return answer
+
+
+def mw_replay_hook(case: Case, is_async: bool) -> Any:
+    """``on_replay: true`` for a middleware: the stored status, a body of our own."""
+    if not case.sc.get("on_replay"):
+        return None
+
+    def answer(response: Committed, receipt: settle_client.Receipt) -> Committed:
+        assert receipt.key == case.ledger_key, receipt
+        case.on_replay_calls += 1
+        body = json.dumps({"replayed_by_hook": True, "status": response.status}).encode()
+        return Committed(response.status, [("content-type", "application/json")], body)
+
+    if is_async:
+
+        async def ahook(response: Committed, receipt: settle_client.Receipt) -> Committed:
+            await asyncio.sleep(0)
+            return answer(response, receipt)
+
+        return ahook
+    return answer
+
+
+def check_replay(case: Case, run: tuple[bool, Any] | None) -> None:
+    exp = case.sc["expect"]
+    replayed, value = run if run is not None else (None, None)
+    if "replayed" in exp:
+        assert replayed == exp["replayed"], f"replayed={replayed}, expected {exp['replayed']}"
+    if "value" in exp:
+        assert value == exp["value"], f"value {value!r}, expected {exp['value']!r}"
+    if "on_replay_calls" in exp:
+        assert case.on_replay_calls == exp["on_replay_calls"], f"on_replay called {case.on_replay_calls} times"
+
+
 def check_carried(case: Case, exc: BaseException | None, effect: Effect) -> None:
     """What an ``OutcomeUnknown`` carries, by the scenario's row (§11.11):
     the effect's error, the refusal, the outcome that could not be
@@ -511,11 +571,15 @@ def check_carried(case: Case, exc: BaseException | None, effect: Effect) -> None
 def run_run_once(case: Case) -> None:
     _expect_keys(
         case.sc["expect"],
-        {"result", "cause", "effect_calls", "remote_writes", "calls", "record", "next_claim"},
+        {"result", "cause", "effect_calls", "remote_writes", "calls", "record", "next_claim", "replayed", "value",
+         "on_replay_calls"},
     )
     for s in case.sc.get("setup", []):
-        assert s == "unknown_record", f"setup {s}"
-        case.setup_unknown()
+        assert s in ("unknown_record", "completed_record"), f"setup {s}"
+        if s == "unknown_record":
+            case.setup_unknown()
+        else:
+            case.setup_completed()
     case.set_faults([case.key])
     effect = Effect(case)
     v = case.variant
@@ -528,17 +592,20 @@ def run_run_once(case: Case) -> None:
         hook_timeout=case.hook_timeout,
     )
     exc: BaseException | None = None
+    got: list[tuple[bool, Any]] = []  # (replayed, value) of the run
     try:
         if v == "run_once":
             with Client(case.led.proxy_url) as c:
-                run_once(
+                r = run_once(
                     c,
                     case.key,
                     case.opts["request"],
                     lambda ctx: Done(effect.run_sync(ctx.dispatch, lambda: ctx.lease_lost)),
                     reconcile=run_once_hook(case, False),
+                    on_replay=run_once_replay_hook(case, False),
                     **common,
                 )
+                got.append((r.replayed, r.value))
         elif v == "run_once_async":
 
             async def main() -> None:
@@ -547,9 +614,16 @@ def run_run_once(case: Case) -> None:
                     async def eff(ctx: settle_client.AsyncEffectContext) -> Done:
                         return Done(await effect.run_async(ctx.dispatch, lambda: ctx.lease_lost))
 
-                    await run_once_async(
-                        c, case.key, case.opts["request"], eff, reconcile=run_once_hook(case, True), **common
+                    r = await run_once_async(
+                        c,
+                        case.key,
+                        case.opts["request"],
+                        eff,
+                        reconcile=run_once_hook(case, True),
+                        on_replay=run_once_replay_hook(case, True),
+                        **common,
                     )
+                    got.append((r.replayed, r.value))
 
             asyncio.run(main())
         elif v == "idempotent":
@@ -563,11 +637,18 @@ def run_run_once(case: Case) -> None:
                 def mark() -> None:
                     settle_client.dispatch()
 
-                @idempotent(c, key=lambda req: case.key, reconcile=run_once_hook(case, False), **common)
+                @idempotent(
+                    c,
+                    key=lambda req: case.key,
+                    reconcile=run_once_hook(case, False),
+                    on_replay=run_once_replay_hook(case, False),
+                    **common,
+                )
                 def charge(req: dict[str, Any]) -> Any:
                     return effect.run_sync(mark, lost)
 
-                charge(case.opts["request"])
+                inv = charge.invoke(case.opts["request"])
+                got.append((inv.replayed, inv.value))
         elif v == "idempotent_async":
 
             async def amain() -> None:
@@ -578,11 +659,18 @@ def run_run_once(case: Case) -> None:
                         assert isinstance(ctx, settle_client.AsyncEffectContext)
                         return ctx.lease_lost
 
-                    @idempotent(c, key=lambda req: case.key, reconcile=run_once_hook(case, True), **common)
+                    @idempotent(
+                        c,
+                        key=lambda req: case.key,
+                        reconcile=run_once_hook(case, True),
+                        on_replay=run_once_replay_hook(case, True),
+                        **common,
+                    )
                     async def charge(req: dict[str, Any]) -> Any:
                         return await effect.run_async(settle_client.dispatch, alost)
 
-                    await charge(case.opts["request"])
+                    inv = await charge.invoke(case.opts["request"])
+                    got.append((inv.replayed, inv.value))
 
             asyncio.run(amain())
         else:
@@ -600,6 +688,7 @@ def run_run_once(case: Case) -> None:
     elif "cause" in exp:
         raise AssertionError(f"cause {exp['cause']}")
     check_carried(case, exc, effect)
+    check_replay(case, got[0] if got else None)
     for name in ("effect_calls", "remote_writes"):
         if name in exp:
             assert getattr(case, name) == exp[name], f"{name}: {getattr(case, name)}, expected {exp[name]}"
@@ -695,8 +784,9 @@ def _mw_hook_answer(case: Case, request: Any) -> Any:
     return finding
 
 
-def mw_options(case: Case, hook: Any) -> dict[str, Any]:
+def mw_options(case: Case, hook: Any, is_async: bool) -> dict[str, Any]:
     return dict(
+        on_replay=mw_replay_hook(case, is_async),
         principal=fixed_principal(case.principal),
         namespace=NAMESPACE,
         lease_ms=int(case.opts["lease_ms"]),
@@ -736,7 +826,7 @@ class AsgiApp:
 
         self.app = Starlette(
             routes=[Route(case.mw["path"], charges, methods=[case.mw["method"]])],
-            middleware=[Middleware(AsgiIdempotency, client=self.ledger, **mw_options(case, hook if with_hook else None))],
+            middleware=[Middleware(AsgiIdempotency, client=self.ledger, **mw_options(case, hook if with_hook else None, True))],
         )
 
     def http(self) -> httpx.AsyncClient:
@@ -772,7 +862,7 @@ class WsgiApp:
                 return Committed(201, [("content-type", "application/json")], b'{"late":true}')
             return _mw_hook_answer(case, request)
 
-        self.mw = WsgiIdempotency(app, client=self.ledger, **mw_options(case, hook if with_hook else None))
+        self.mw = WsgiIdempotency(app, client=self.ledger, **mw_options(case, hook if with_hook else None, False))
 
     def http(self) -> httpx.Client:
         return httpx.Client(transport=httpx.WSGITransport(app=self.mw), base_url="http://app.test")
@@ -805,7 +895,9 @@ def check_next_request(case: Case, got: Sent | None) -> None:
     if want is None:
         return
     assert got is not None
-    _expect_keys(want, {"status", "code", "replayed", "body", "request_body"})
+    _expect_keys(want, {"status", "code", "replayed", "body", "request_body", "on_replay_calls"})
+    if "on_replay_calls" in want:
+        assert case.on_replay_calls == want["on_replay_calls"], f"on_replay called {case.on_replay_calls} times"
     assert got.status == want["status"], f"next request: {got.status} {got.body[:300]!r}, expected {want}"
     if "code" in want:
         assert got.json().get("code") == want["code"], got.body[:300]
@@ -836,7 +928,7 @@ def run_middleware(case: Case) -> None:
         case.sc["expect"],
         {
             "status", "code", "retry_after", "retry_after_s", "body_bytes_min", "handler_calls", "remote_writes",
-            "calls", "record", "next_request", "hook_saw",
+            "calls", "record", "next_request", "hook_saw", "on_replay_calls",
         },
     )
     with_hook = "hook" in case.sc
@@ -856,6 +948,8 @@ def run_middleware(case: Case) -> None:
             assert getattr(case, name) == exp[name], f"{name}: {getattr(case, name)}, expected {exp[name]}"
     check_calls(case, {case.ledger_key}, log)
     check_hook_saw(case)
+    if "on_replay_calls" in exp:
+        assert case.on_replay_calls_first == exp["on_replay_calls"], f"on_replay called {case.on_replay_calls_first} times"
     check_next_request(case, nxt)
 
 
@@ -876,6 +970,7 @@ async def _asgi_case(case: Case, setup: list[str], with_hook: bool) -> tuple[Sen
         try:
             r = await h.request(**_request_kwargs(case))
             first = Sent(r.status_code, r.headers, r.content)
+            case.on_replay_calls_first = case.on_replay_calls
             log = case.led.log()
             check_records(case, case.ledger_key)
             case.led.clear()
@@ -918,6 +1013,7 @@ def _wsgi_case(case: Case, setup: list[str], with_hook: bool) -> tuple[Sent, Sen
         try:
             r = h.request(**_request_kwargs(case))
             first = Sent(r.status_code, r.headers, r.content)
+            case.on_replay_calls_first = case.on_replay_calls
             log = case.led.log()
             check_records(case, case.ledger_key)
             case.led.clear()

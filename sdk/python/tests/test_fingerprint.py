@@ -16,6 +16,7 @@ import pytest
 import rfc8785
 
 from settle_client import FingerprintError, canonicalize, fingerprint, select_fields
+from settle_client import _jcs
 from settle_client._jcs import format_number
 
 VECTORS_PATH = Path(__file__).resolve().parents[3] / "testdata" / "fingerprint-vectors.json"
@@ -132,3 +133,37 @@ def test_fields_must_be_a_list_not_a_string() -> None:
 def test_missing_field_differs_from_null_field() -> None:
     assert fingerprint({"a": 1}, ["/a", "/b"]) != fingerprint({"a": 1, "b": None}, ["/a", "/b"])
     assert fingerprint({"a": 1}, ["/a", "/b"]) == fingerprint({"a": 1, "c": 2}, ["/a", "/b"])
+
+
+def test_the_fast_canonical_path_writes_what_the_general_one_does() -> None:
+    # canonicalize() hands "plain" values (no floats, integers within
+    # ±2^53, ASCII keys, no lone surrogates) to the C JSON encoder; every
+    # value, plain or not, must get the general writer's text.
+
+
+    def general(v: object) -> str:
+        out: list[str] = []
+        _jcs._value(v, out, 0)
+        return "".join(out)
+
+    rng = random.Random(20261207)
+    chars = [chr(c) for c in [*range(0x80), 0xE9, 0x2028, 0xFEFF, 0xE000, 0xFFFF, 0x1F600]]
+    ints = [0, -1, 2**53, -(2**53), 2**53 + 1, -(2**53) - 1, 10**21, 2**60]
+
+    def text() -> str:
+        return "".join(rng.choice(chars) for _ in range(rng.randint(0, 6)))
+
+    def value(depth: int) -> object:
+        r = rng.random()
+        if depth > 3 or r < 0.3:
+            return rng.choice([None, True, False, rng.choice(ints), rng.randint(-1000, 1000), text()])
+        if r < 0.65:
+            return {rng.choice([text(), "a", "b", "é", "\U0001f600", "\ue000", ""]): value(depth + 1) for _ in range(rng.randint(0, 4))}
+        return [value(depth + 1) for _ in range(rng.randint(0, 4))]
+
+    fast = 0
+    for _ in range(20000):
+        v = value(0)
+        assert canonicalize(v) == general(v), repr(v)
+        fast += _jcs._plain(v, 0)
+    assert 0 < fast < 20000  # both paths were taken

@@ -84,3 +84,29 @@ def test_the_readme_example_with_the_plugin_fixture(settle_server: Any) -> None:
     again = http.post("/payments", json={"amount": 100, "currency": "EUR"}, headers=key)
     assert first.status_code == 201 and again.data == first.data and again.headers["Idempotent-Replayed"] == "true"
     assert http.get("/provider/payments").json == {"count": 1}
+
+
+MODULE_LEVEL_FUNCTION = '''
+import types, uuid
+from settle_client import idempotent
+
+ledgers = types.SimpleNamespace(current=None)
+
+@idempotent(client=lambda: ledgers.current, key=lambda o: o["id"], principal="svc-billing")
+def charge(order):
+    return {"charged": order["id"]}
+
+def test_charge_runs_once(settle_server, monkeypatch):
+    monkeypatch.setattr(ledgers, "current", settle_server.client())
+    order = {"id": "o-" + uuid.uuid4().hex}
+    assert charge.invoke(order).replayed is False
+    again = charge.invoke(order)
+    assert again.replayed is True and again.value == {"charged": order["id"]}
+'''
+
+
+def test_a_module_level_function_takes_the_fixtures_ledger(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recipe of settle_client.testing's docstring: client= as a function."""
+    monkeypatch.setenv("SETTLE_BIN", settle_bin())
+    pytester.makepyfile(test_billing=MODULE_LEVEL_FUNCTION)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=1)

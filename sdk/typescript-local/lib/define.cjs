@@ -6,6 +6,8 @@ const { join } = require('node:path');
 const { existsSync } = require('node:fs');
 
 const HOST = 'settle.local';
+// Headers every client call carries, which the local ledger does not need.
+const STANDARD = new Set(['accept', 'user-agent', 'content-type']);
 // Statuses whose Response must have no body (the fetch standard).
 const NULL_BODY = new Set([101, 103, 204, 205, 304]);
 
@@ -89,23 +91,69 @@ function makeFetch(ledger) {
   };
 }
 
-function define(Client) {
+/** The client's error for a native call that failed: `LedgerClosed` once closed. */
+function callError(errors, e, method, path) {
+  if (e && e.code === 'Closing') return new errors.LedgerClosed(`this LocalLedger is closed (${method} ${path}); open a new one`, { cause: e });
+  return new errors.TransportError(`${method} ${path}: ${e?.message ?? String(e)}`, { cause: e });
+}
+
+function answer(a) {
+  return { status: a.status, text: a.body, retryAfter: a.retryAfter ?? null };
+}
+
+/** `client`: the @settle/client module of the caller's module system. */
+function define(client) {
+  const { Client } = client;
   class LocalLedger extends Client {
     #native;
+    #timeoutMs;
 
-    /** @param {{ data?: string, timeoutMs?: number, headers?: Record<string, string> }} [options] */
+    /** @param {{ data?: string, segmentBytes?: number, timeoutMs?: number, headers?: Record<string, string> }} [options] */
     constructor(options = {}) {
       if (options === null || typeof options !== 'object') throw new TypeError('new LocalLedger({ data? })');
-      const { data, timeoutMs, headers } = options;
+      const { data, segmentBytes, timeoutMs, headers } = options;
       if (data !== undefined && data !== null && typeof data !== 'string') throw new TypeError('LocalLedger: data must be a directory path (string)');
       if (data === '') throw new TypeError('LocalLedger: data must not be empty (omit it for the in-memory ledger)');
+      if (segmentBytes !== undefined && !(Number.isSafeInteger(segmentBytes) && segmentBytes >= 65536 && segmentBytes <= 1073741824)) {
+        throw new TypeError(`LocalLedger: segmentBytes must be an integer in [65536, 1073741824], not ${segmentBytes}`);
+      }
       const { NativeLedger } = loadNative();
-      const ledger = new NativeLedger(data ?? null);
+      const ledger = new NativeLedger(data ?? null, segmentBytes ?? null);
       const fetch = makeFetch(ledger);
       super({ url: 'http://' + HOST, fetch, timeoutMs, headers });
       this.#native = ledger;
+      this.#timeoutMs = this.timeoutMs; // the Client's own (its default when not given)
       /** A `fetch` for http://settle.local/... answered by this ledger (every route of the HTTP API). */
       Object.defineProperty(this, 'fetch', { value: fetch, enumerable: false });
+    }
+
+    /** Every call of the client, straight into the native ledger (no fetch
+     * objects): answered in place in memory (a call never waits there), on
+     * libuv's thread pool on a directory (an fsync never blocks the loop),
+     * waited for at most `timeoutMs` as over HTTP. */
+    exchange(method, path, headers, body) {
+      // What the ledger reads of the client's headers: the caller's own
+      // and trace context (a JSON body's content-type is implied).
+      const flat = [];
+      for (const n in headers) if (!STANDARD.has(n)) flat.push(n, headers[n]);
+      if (!this.#native.durable) {
+        try {
+          return answer(this.#native.exchangeSync(method, path, flat, body ?? null));
+        } catch (e) {
+          throw callError(client, e, method, path);
+        }
+      }
+      let call;
+      try {
+        call = this.#native.exchange(method, path, flat, body ?? null);
+      } catch (e) {
+        return Promise.reject(callError(client, e, method, path));
+      }
+      let timer;
+      const timeout = new Promise((_, reject) => {
+        timer = setTimeout(() => reject(new client.TransportError(`${method} ${path}: no answer in ${this.#timeoutMs} ms`)), this.#timeoutMs);
+      });
+      return Promise.race([call.then(answer, (e) => Promise.reject(callError(client, e, method, path))), timeout]).finally(() => clearTimeout(timer));
     }
 
     /** Whether receipts survive the process: false in memory, true with `data`. */
@@ -113,7 +161,8 @@ function define(Client) {
       return this.#native.durable;
     }
 
-    /** Closes the store (releases the directory's lock); later calls fail. Idempotent. */
+    /** Closes the store (releases the directory's lock); later calls fail
+     * at once with `LedgerClosed` (never retried). Idempotent. */
     close() {
       this.#native.close();
     }

@@ -9,7 +9,8 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { randomUUID } from 'node:crypto';
-import { LocalLedger } from '../index.mjs';
+import { LocalLedger, LedgerClosed } from '../index.mjs';
+import { statSync, readdirSync } from 'node:fs';
 import * as S from '@settle/client';
 
 const require = createRequire(import.meta.url);
@@ -51,7 +52,7 @@ test('with a directory: durable, locked while open, kept across close and reopen
     assert.throws(() => new LocalLedger({ data: join(dir, 'data') }), (e) => /lock|in use|busy/i.test(e.message));
     a.close();
     a.close(); // idempotent
-    await assert.rejects(a.get(k), S.TransportError);
+    await assert.rejects(a.get(k), S.LedgerClosed);
     const b = new LocalLedger({ data: join(dir, 'data') });
     try {
       const again = await S.runOnce(b, k, REQ, async () => assert.fail('the effect ran twice'), { principal: 'p' });
@@ -140,5 +141,39 @@ test('require() gives the same class for CommonJS, extending its Client', () => 
     assert.equal(l.durable, false);
   } finally {
     l.close();
+  }
+});
+
+test('a closed ledger fails at once with LedgerClosed, never retried', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'settle-local-'));
+  try {
+    for (const l of [new LocalLedger(), new LocalLedger({ data: join(dir, 'data') })]) {
+      l.close();
+      assert.equal(LedgerClosed, S.LedgerClosed);
+      // Retried until the deadline, this would be a DeadlineExceeded after a minute.
+      await assert.rejects(S.runOnce(l, key(), REQ, charge, { principal: 'p', deadlineMs: 60_000 }), (e) => e instanceof LedgerClosed && !(e instanceof S.TransportError));
+      await assert.rejects(l.get('k'), LedgerClosed);
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('segmentBytes sizes a new directory (default 4 MiB segments), checked', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'settle-local-'));
+  // The blocks taken, as du counts them (the index's journal is sparse).
+  const size = (d) => {
+    let n = 0;
+    for (const e of readdirSync(d, { recursive: true, withFileTypes: true })) if (e.isFile()) n += statSync(join(e.parentPath ?? e.path, e.name)).blocks * 512;
+    return n;
+  };
+  try {
+    new LocalLedger({ data: join(dir, 'default') }).close();
+    new LocalLedger({ data: join(dir, 'small'), segmentBytes: 65536 }).close();
+    assert.ok(size(join(dir, 'default')) < 16 * 1024 * 1024, `${size(join(dir, 'default'))}`);
+    assert.ok(size(join(dir, 'small')) < 1024 * 1024, `${size(join(dir, 'small'))}`);
+    for (const bad of [100, 1.5, 2 ** 31, '4096']) assert.throws(() => new LocalLedger({ data: join(dir, 'bad'), segmentBytes: bad }), TypeError);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
 });

@@ -51,6 +51,14 @@ export declare class Client {
     private readonly extraHeaders;
     constructor(options: ClientOptions);
     private send;
+    /** One request and its answer: the status, the body's text and
+     * `Retry-After`; `TransportError` when no answer arrived. What every
+     * call goes through (`@settle/local` answers it in process). */
+    protected exchange(method: string, path: string, headers: Record<string, string>, body: string | undefined): Promise<{
+        status: number;
+        text: string;
+        retryAfter: string | null;
+    }>;
     /** `R`: the type of a replay's stored result (not checked: the ledger holds JSON). */
     claim<R = unknown>(key: string, fingerprint: string, binding: Binding, options?: ClaimOptions): Promise<ClaimDecision<R>>;
     heartbeat(key: string, fence: number, leaseMs?: number): Promise<LeaseInfo>;

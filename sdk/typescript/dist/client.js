@@ -91,26 +91,8 @@ export class Client {
         const traced = injectTraceContext(headers);
         if (traced)
             await traced;
-        const fetchImpl = this.fetchImpl ?? (await this.tlsFetch());
-        let resp;
-        let text;
-        try {
-            resp = await fetchImpl(this.url + path, {
-                method,
-                headers,
-                body: body === undefined ? undefined : JSON.stringify(body),
-                signal: AbortSignal.timeout(this.timeoutMs),
-            });
-            text = await resp.text();
-        }
-        catch (e) {
-            // fetch's own message is "fetch failed": the reason (refused, reset, a
-            // certificate not trusted) is its cause's.
-            const cause = e?.cause?.message;
-            const why = e?.message ?? String(e);
-            throw new TransportError(`${method} ${path}: ${why}${typeof cause === 'string' && cause ? ` (${cause})` : ''}`, { cause: e });
-        }
-        if (resp.status === 200)
+        const { status, text, retryAfter } = await this.exchange(method, path, headers, body === undefined ? undefined : JSON.stringify(body));
+        if (status === 200)
             return raw ? text : JSON.parse(text);
         let parsed = text;
         try {
@@ -119,8 +101,30 @@ export class Client {
         catch {
             // a non-JSON error (a proxy's HTML page): kept as text
         }
-        const ra = resp.headers.get('retry-after');
-        throw problemError(resp.status, parsed, ra !== null && !Number.isNaN(Number(ra)) ? Number(ra) : null);
+        const ra = retryAfter;
+        throw problemError(status, parsed, ra !== null && !Number.isNaN(Number(ra)) ? Number(ra) : null);
+    }
+    /** One request and its answer: the status, the body's text and
+     * `Retry-After`; `TransportError` when no answer arrived. What every
+     * call goes through (`@settle/local` answers it in process). */
+    async exchange(method, path, headers, body) {
+        const fetchImpl = this.fetchImpl ?? (await this.tlsFetch());
+        try {
+            const resp = await fetchImpl(this.url + path, {
+                method,
+                headers,
+                body,
+                signal: AbortSignal.timeout(this.timeoutMs),
+            });
+            return { status: resp.status, text: await resp.text(), retryAfter: resp.headers.get('retry-after') };
+        }
+        catch (e) {
+            // fetch's own message is "fetch failed": the reason (refused, reset, a
+            // certificate not trusted) is its cause's.
+            const cause = e?.cause?.message;
+            const why = e?.message ?? String(e);
+            throw new TransportError(`${method} ${path}: ${why}${typeof cause === 'string' && cause ? ` (${cause})` : ''}`, { cause: e });
+        }
     }
     /** `R`: the type of a replay's stored result (not checked: the ledger holds JSON). */
     async claim(key, fingerprint, binding, options = {}) {

@@ -7,6 +7,10 @@ export declare class SettleError extends Error {
 /** The request got no answer (connection refused, reset, timeout). */
 export declare class TransportError extends SettleError {
 }
+/** The local ledger (`@settle/local`'s `LocalLedger`) was closed: nothing
+ * was sent and no retry can succeed, so none is made (SPEC §11.11). */
+export declare class LedgerClosed extends SettleError {
+}
 export interface ProblemBody {
     type?: string;
     title?: string;

@@ -9,6 +9,10 @@ export class SettleError extends Error {
 /** The request got no answer (connection refused, reset, timeout). */
 export class TransportError extends SettleError {
 }
+/** The local ledger (`@settle/local`'s `LocalLedger`) was closed: nothing
+ * was sent and no retry can succeed, so none is made (SPEC §11.11). */
+export class LedgerClosed extends SettleError {
+}
 /** An RFC 9457 problem answer of the server. */
 export class ProblemError extends SettleError {
     status;
@@ -113,7 +117,10 @@ export class ReconcileRequired extends SettleError {
     key;
     fence;
     constructor(key, fence, why = 'no reconcile hook was given', options) {
-        super(`operation ${JSON.stringify(key)} needs reconciliation (fence ${fence}); ${why}`, options);
+        super(`operation ${JSON.stringify(key)} needs reconciliation (fence ${fence}); ${why}. It stays unknown until ` +
+            'resolved: ask the remote whether the effect happened and answer with a reconcile hook ' +
+            '(reconcile on runOnce or makeIdempotent), a Reconciler, or client.reconcile(key, ...) by hand; ' +
+            "'settle list --status unknown' (or client.list({ status: 'unknown' })) shows what waits", options);
         this.key = key;
         this.fence = fence;
     }

@@ -6,6 +6,6 @@ export { runOnce, makeIdempotent, encodeResult, type Done, type Effect, type Eff
 export { Reconciler, type ReconcileCounts, type ReconcilerOptions } from './reconciler.js';
 export { canonicalize, fingerprint, selectFields, sha256Hex, FingerprintError } from './jcs.js';
 export { idempotency, markRetryable, fixedPrincipal, authenticatedPrincipal, type IdempotencyMiddleware, type IdempotencyOptions, type MiddlewareFinding, type MiddlewareReconcileHook, type ReconciledResponse, type ReconcileRequestInfo, type Principal, type PrincipalExtractor, type RoutePolicy, type Logger, } from './express.js';
-export type { CoreOptions } from './mwcore.js';
+export type { CoreOptions, ReplayedResponse, ReplayResponseHook } from './mwcore.js';
 export { withIdempotency, type FetchHandler, type FetchIdempotencyOptions, type IdempotentFetchHandler } from './fetch.js';
 export * as middlewareCore from './mwcore.js';

@@ -793,8 +793,15 @@ export function createEngine(options, who = 'idempotency') {
             running = dec;
             await sleep(Math.min(dec.retryAfterMs, waiting.left()));
         }
-        if (dec.decision === 'replay')
-            return replay(key, dec.outcome.result);
+        if (dec.decision === 'replay') {
+            const s = options.onReplay ? decodeResponse(dec.outcome.result) : null;
+            if (!options.onReplay || !s || s.body === null)
+                return replay(key, dec.outcome.result);
+            const r = foundResponse(await options.onReplay({ status: s.status, headers: s.headers, body: s.body }, dec.receipt));
+            count('replayed');
+            log.info(`idempotency: replay of key ${key} (onReplay)`);
+            return { kind: 'answer', response: answer(r.status, [...r.headers, ['idempotent-replayed', 'true']], r.body) };
+        }
         if (dec.decision === 'in_flight')
             return inProgress(key, dec);
         let grant = dec;
@@ -968,12 +975,13 @@ export function createEngine(options, who = 'idempotency') {
                 try {
                     if (!timeout && err instanceof EffectNotSent) {
                         // The handler says nothing was done: released, the retry runs it.
+                        log.info(`idempotency: the handler of key ${key} raised ${errorName(err)}: released not_committed`);
                         if (await releaseNotCommitted(lkey, fence, fp, binding, key, false, hb)) {
                             return problemResponse(503, 'idempotency_unavailable', 'the request was not processed; retry it', [['retry-after', '1']]);
                         }
                         return unknownAnswer();
                     }
-                    await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : 'error', hb);
+                    await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : errorName(err), hb);
                     if (!timeout)
                         onError(err, req);
                     return unknownAnswer();
@@ -1044,6 +1052,14 @@ function headersOf(call) {
         out[name] = name in out ? `${out[name]}, ${v}` : v;
     }
     return out;
+}
+/** The class of what a handler threw, as the logs and the stored
+ * `unknown` outcome name it (Python's `type(e).__name__`): an Error's
+ * `name` (the SDK's errors set it to their class), else its type. */
+export function errorName(err) {
+    if (err instanceof Error)
+        return err.name && err.name !== 'Error' ? err.name : err.constructor?.name || 'Error';
+    return err === null ? 'null' : typeof err;
 }
 /** A reconcile hook's response as status, headers and body bytes (a body
  * that is neither a string nor bytes as JSON, with its content-type). */

@@ -264,7 +264,8 @@ export async function runOnce(client, key, request, effect, options) {
         }), dl, 'claim');
         if (dec.decision === 'replay') {
             const outcome = dec.outcome;
-            return { result: outcome.result, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
+            const result = options.onReplay ? await options.onReplay(outcome, dec.receipt) : outcome.result;
+            return { result, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
         }
         if (dec.decision === 'in_flight') {
             const wait = dec.retryAfterMs * (1 + Math.random() * 0.25); // at or above the server's hint
@@ -381,7 +382,9 @@ async function executeStep(s, grant, effect, clock) {
     const { client, key, fp, binding, leaseMs, marksDispatch } = s;
     const fence = grant.fence;
     const lost = new AbortController(); // the lease was lost (a heartbeat was refused)
-    const over = new AbortController(); // the run is over: a dispatch() still retrying stops
+    // The run is over: a dispatch() still retrying stops. Made by the first
+    // dispatch() that goes to the ledger (most runs never need one).
+    let over;
     let dispatch = { s: 'none' };
     let dispatching = null;
     const ctx = {
@@ -402,6 +405,7 @@ async function executeStep(s, grant, effect, clock) {
             dispatch = { s: 'pending' };
             // A dispatch whose answer was lost is retried under the same fence
             // (the ledger answers a repeated dispatch alike).
+            over ??= new AbortController();
             const p = retrying(() => client.dispatch(key, fence), callDeadline(s), 'dispatch', over.signal).then(() => {
                 dispatch = { s: 'done' };
             }, (e) => {
@@ -463,7 +467,7 @@ async function executeStep(s, grant, effect, clock) {
     const failed = async (e) => {
         const d = dispatch; // where ctx.dispatch() stood when the effect ended
         if (d.s === 'pending')
-            over.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
+            over?.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
         if (d.s === 'failed' && isRefusal(d.error))
             throw e; // the ledger refused the mark: the lease is not ours (lease_expired, stale_fence)
         const nothingMarked = marksDispatch && d.s === 'none';
@@ -497,7 +501,7 @@ async function executeStep(s, grant, effect, clock) {
             return await failed(e);
         }
         if (dispatch.s === 'pending')
-            over.abort(new Error('the run is over')); // not awaited: crossed
+            over?.abort(new Error('the run is over')); // not awaited: crossed
         let receipt;
         try {
             receipt = await retrying(() => client.settle(key, fence, fp, binding, outcome), callDeadline(s), 'settle');
@@ -518,7 +522,7 @@ async function executeStep(s, grant, effect, clock) {
     }
     finally {
         hb.stop();
-        if (!over.signal.aborted)
+        if (over && !over.signal.aborted)
             over.abort(new Error('the run is over'));
     }
 }
@@ -537,7 +541,7 @@ export function makeIdempotent(fn, options) {
     const { client, key, request, ...rest } = options;
     const run = async (args) => {
         let produced = null;
-        const r = await runOnce(client, key(...args), request ? request(...args) : args, async (ctx) => {
+        const r = await runOnce(typeof client === 'function' ? client() : client, key(...args), request ? request(...args) : args, async (ctx) => {
             produced = null;
             const value = await fn(...args, ctx);
             produced = { value };
@@ -547,7 +551,7 @@ export function makeIdempotent(fn, options) {
     };
     const wrapped = (async (...args) => {
         const { r, produced } = await run(args);
-        return produced && !r.replayed && !r.reconciled ? produced.value : r.outcome.result;
+        return produced && !r.replayed && !r.reconciled ? produced.value : r.result;
     });
     wrapped.run = async (...args) => (await run(args)).r;
     return wrapped;

@@ -152,17 +152,36 @@ export class Client {
     if (this.token) headers.authorization = `Bearer ${this.token}`;
     const traced = injectTraceContext(headers);
     if (traced) await traced;
-    const fetchImpl = this.fetchImpl ?? (await this.tlsFetch!());
-    let resp: Response;
-    let text: string;
+    const { status, text, retryAfter } = await this.exchange(method, path, headers, body === undefined ? undefined : JSON.stringify(body));
+    if (status === 200) return raw ? text : JSON.parse(text);
+    let parsed: unknown = text;
     try {
-      resp = await fetchImpl(this.url + path, {
+      parsed = JSON.parse(text);
+    } catch {
+      // a non-JSON error (a proxy's HTML page): kept as text
+    }
+    const ra = retryAfter;
+    throw problemError(status, parsed, ra !== null && !Number.isNaN(Number(ra)) ? Number(ra) : null);
+  }
+
+  /** One request and its answer: the status, the body's text and
+   * `Retry-After`; `TransportError` when no answer arrived. What every
+   * call goes through (`@settle/local` answers it in process). */
+  protected async exchange(
+    method: string,
+    path: string,
+    headers: Record<string, string>,
+    body: string | undefined,
+  ): Promise<{ status: number; text: string; retryAfter: string | null }> {
+    const fetchImpl = this.fetchImpl ?? (await this.tlsFetch!());
+    try {
+      const resp = await fetchImpl(this.url + path, {
         method,
         headers,
-        body: body === undefined ? undefined : JSON.stringify(body),
+        body,
         signal: AbortSignal.timeout(this.timeoutMs),
       });
-      text = await resp.text();
+      return { status: resp.status, text: await resp.text(), retryAfter: resp.headers.get('retry-after') };
     } catch (e) {
       // fetch's own message is "fetch failed": the reason (refused, reset, a
       // certificate not trusted) is its cause's.
@@ -170,15 +189,6 @@ export class Client {
       const why = (e as Error)?.message ?? String(e);
       throw new TransportError(`${method} ${path}: ${why}${typeof cause === 'string' && cause ? ` (${cause})` : ''}`, { cause: e });
     }
-    if (resp.status === 200) return raw ? text : JSON.parse(text);
-    let parsed: unknown = text;
-    try {
-      parsed = JSON.parse(text);
-    } catch {
-      // a non-JSON error (a proxy's HTML page): kept as text
-    }
-    const ra = resp.headers.get('retry-after');
-    throw problemError(resp.status, parsed, ra !== null && !Number.isNaN(Number(ra)) ? Number(ra) : null);
   }
 
   /** `R`: the type of a replay's stored result (not checked: the ledger holds JSON). */

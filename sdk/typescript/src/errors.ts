@@ -11,6 +11,10 @@ export class SettleError extends Error {
 /** The request got no answer (connection refused, reset, timeout). */
 export class TransportError extends SettleError {}
 
+/** The local ledger (`@settle/local`'s `LocalLedger`) was closed: nothing
+ * was sent and no retry can succeed, so none is made (SPEC §11.11). */
+export class LedgerClosed extends SettleError {}
+
 export interface ProblemBody {
   type?: string;
   title?: string;
@@ -114,7 +118,13 @@ export class ReconcileRequired extends SettleError {
   readonly key: string;
   readonly fence: number;
   constructor(key: string, fence: number, why = 'no reconcile hook was given', options?: { cause?: unknown }) {
-    super(`operation ${JSON.stringify(key)} needs reconciliation (fence ${fence}); ${why}`, options);
+    super(
+      `operation ${JSON.stringify(key)} needs reconciliation (fence ${fence}); ${why}. It stays unknown until ` +
+        'resolved: ask the remote whether the effect happened and answer with a reconcile hook ' +
+        '(reconcile on runOnce or makeIdempotent), a Reconciler, or client.reconcile(key, ...) by hand; ' +
+        "'settle list --status unknown' (or client.list({ status: 'unknown' })) shows what waits",
+      options,
+    );
     this.key = key;
     this.fence = fence;
   }

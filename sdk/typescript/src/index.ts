@@ -36,6 +36,6 @@ export {
   type RoutePolicy,
   type Logger,
 } from './express.js';
-export type { CoreOptions } from './mwcore.js';
+export type { CoreOptions, ReplayedResponse, ReplayResponseHook } from './mwcore.js';
 export { withIdempotency, type FetchHandler, type FetchIdempotencyOptions, type IdempotentFetchHandler } from './fetch.js';
 export * as middlewareCore from './mwcore.js';

@@ -11,7 +11,7 @@ import type { Client } from './client.js';
 import { DeadlineExceeded, EffectNotSent, NotFound, ProblemError, RecordRefused, StaleBinding, TransportError, Unavailable } from './errors.js';
 import { BindingMismatch, FingerprintMismatch, InvalidRequest, ReceiptRequired } from './errors.js';
 import { FingerprintError, canonicalize, newClaimId, parsePointer, selectFields, sha256Hex } from './jcs.js';
-import type { Binding, Grant, InFlight } from './types.js';
+import type { Binding, Grant, InFlight, Receipt } from './types.js';
 import { Deadline, askHook, retrying, startHeartbeat, type Heartbeat, type LeaseClock } from './worker.js';
 
 /** The default `releaseOn`: responses that say nothing happened (SPEC §8). */
@@ -605,6 +605,22 @@ export interface ReconciledResponse {
   body?: string | Uint8Array | unknown;
 }
 
+/** The stored response of a replay, as `onReplay` gets it. */
+export interface ReplayedResponse {
+  status: number;
+  /** The stored headers, names in lower case. */
+  headers: [string, string][];
+  body: Buffer;
+}
+
+/** Called on every replay of a stored response (the key was answered
+ * before; the handler does not run) with that response and the record's
+ * receipt; what it returns (or resolves to) is sent instead, with
+ * `Idempotent-Replayed: true` (a body that is neither a string nor bytes
+ * is sent as JSON). What it throws goes to the framework as a handler's
+ * error would; the record is not touched. */
+export type ReplayResponseHook = (response: ReplayedResponse, receipt: Receipt) => ReconciledResponse | Promise<ReconciledResponse>;
+
 /** What a middleware reconcile hook found (SPEC §8): the effect applied,
  * with the response to store and replay; not applied (the handler runs
  * under the same fence); or it cannot tell (409 `outcome_unknown`). */
@@ -691,6 +707,8 @@ export interface CoreOptions<Req = IncomingMessage> {
    * 'not_committed' runs the handler under the same fence, 'unavailable'
    * (or a throw) answers 409 `outcome_unknown`. */
   reconcile?: MiddlewareReconcileHook<Req>;
+  /** Called on every replay of a stored response; its answer is sent instead (see ReplayResponseHook). */
+  onReplay?: ReplayResponseHook;
   /** Called with every escaped failure (default: console.error). */
   onError?: (err: unknown, req: Req) => void;
   logger?: Logger;
@@ -1048,7 +1066,14 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
       running = dec;
       await sleep(Math.min(dec.retryAfterMs, waiting.left()));
     }
-    if (dec.decision === 'replay') return replay(key, dec.outcome.result);
+    if (dec.decision === 'replay') {
+      const s = options.onReplay ? decodeResponse(dec.outcome.result) : null;
+      if (!options.onReplay || !s || s.body === null) return replay(key, dec.outcome.result);
+      const r = foundResponse(await options.onReplay({ status: s.status, headers: s.headers, body: s.body }, dec.receipt));
+      count('replayed');
+      log.info(`idempotency: replay of key ${key} (onReplay)`);
+      return { kind: 'answer', response: answer(r.status, [...r.headers, ['idempotent-replayed', 'true']], r.body) };
+    }
     if (dec.decision === 'in_flight') return inProgress(key, dec);
     let grant: Grant = dec;
     if (grant.decision === 'reconcile') {
@@ -1236,12 +1261,13 @@ export function createEngine<Req>(options: CoreOptions<Req>, who = 'idempotency'
         try {
           if (!timeout && err instanceof EffectNotSent) {
             // The handler says nothing was done: released, the retry runs it.
+            log.info(`idempotency: the handler of key ${key} raised ${errorName(err)}: released not_committed`);
             if (await releaseNotCommitted(lkey, fence, fp, binding, key, false, hb)) {
               return problemResponse(503, 'idempotency_unavailable', 'the request was not processed; retry it', [['retry-after', '1']]);
             }
             return unknownAnswer();
           }
-          await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : 'error', hb);
+          await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : errorName(err), hb);
           if (!timeout) onError(err, req);
           return unknownAnswer();
         } finally {
@@ -1307,6 +1333,14 @@ function headersOf<Req>(call: CoreRequest<Req>): Record<string, string> {
     out[name] = name in out ? `${out[name]}, ${v}` : v;
   }
   return out;
+}
+
+/** The class of what a handler threw, as the logs and the stored
+ * `unknown` outcome name it (Python's `type(e).__name__`): an Error's
+ * `name` (the SDK's errors set it to their class), else its type. */
+export function errorName(err: unknown): string {
+  if (err instanceof Error) return err.name && err.name !== 'Error' ? err.name : err.constructor?.name || 'Error';
+  return err === null ? 'null' : typeof err;
 }
 
 /** A reconcile hook's response as status, headers and body bytes (a body

@@ -113,6 +113,12 @@ export interface RunOptions<R = unknown> {
   hookTimeoutMs?: number;
   /** Encodes the values of the effect's result that are not JSON. */
   serializer?: Serializer;
+  /** Called on every replay (the answer is a receipt stored before this
+   * run; the effect was not called) with the stored outcome and the
+   * receipt: what it returns (or resolves to) is the run's `result` (the
+   * idempotent function's value) instead of the stored one. A throw
+   * rejects the run; the record is not touched. */
+  onReplay?: (outcome: Outcome<R>, receipt: Receipt) => R | Promise<R>;
 }
 
 export interface RunResult<R = unknown> {
@@ -432,7 +438,8 @@ export async function runOnce<R = unknown>(client: Client, key: string, request:
     );
     if (dec.decision === 'replay') {
       const outcome = dec.outcome as Outcome<R>;
-      return { result: outcome.result as R, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
+      const result = options.onReplay ? await options.onReplay(outcome, dec.receipt) : (outcome.result as R);
+      return { result, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
     }
     if (dec.decision === 'in_flight') {
       const wait = dec.retryAfterMs * (1 + Math.random() * 0.25); // at or above the server's hint
@@ -551,7 +558,9 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
   const { client, key, fp, binding, leaseMs, marksDispatch } = s;
   const fence = grant.fence;
   const lost = new AbortController(); // the lease was lost (a heartbeat was refused)
-  const over = new AbortController(); // the run is over: a dispatch() still retrying stops
+  // The run is over: a dispatch() still retrying stops. Made by the first
+  // dispatch() that goes to the ledger (most runs never need one).
+  let over: AbortController | undefined;
   let dispatch: DispatchState = { s: 'none' };
   let dispatching: Promise<void> | null = null;
   const ctx: EffectContext = {
@@ -571,6 +580,7 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
       dispatch = { s: 'pending' };
       // A dispatch whose answer was lost is retried under the same fence
       // (the ledger answers a repeated dispatch alike).
+      over ??= new AbortController();
       const p = retrying(() => client.dispatch(key, fence), callDeadline(s), 'dispatch', over.signal).then(
         () => {
           dispatch = { s: 'done' };
@@ -633,7 +643,7 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
   /** The effect threw `e` (or its result cannot be stored): SPEC §11.8, §11.11. */
   const failed = async (e: unknown): Promise<never> => {
     const d = dispatch; // where ctx.dispatch() stood when the effect ended
-    if (d.s === 'pending') over.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
+    if (d.s === 'pending') over?.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
     if (d.s === 'failed' && isRefusal(d.error)) throw e; // the ledger refused the mark: the lease is not ours (lease_expired, stale_fence)
     const nothingMarked = marksDispatch && d.s === 'none';
     if (e instanceof EffectNotSent || e instanceof EffectRefused) {
@@ -663,7 +673,7 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
     } catch (e) {
       return await failed(e);
     }
-    if ((dispatch as DispatchState).s === 'pending') over.abort(new Error('the run is over')); // not awaited: crossed
+    if ((dispatch as DispatchState).s === 'pending') over?.abort(new Error('the run is over')); // not awaited: crossed
     let receipt: Receipt;
     try {
       receipt = await retrying(() => client.settle(key, fence, fp, binding, outcome), callDeadline(s), 'settle');
@@ -681,14 +691,17 @@ async function executeStep<R>(s: Step, grant: Grant, effect: Effect<R>, clock: L
     return { result: outcome.result as R, outcome, receipt, replayed: false, fence, reconciled: false };
   } finally {
     hb.stop();
-    if (!over.signal.aborted) over.abort(new Error('the run is over'));
+    if (over && !over.signal.aborted) over.abort(new Error('the run is over'));
   }
 }
 
 /** The options of makeIdempotent: every option runOnce takes, and how to
  * get the key (and the fingerprinted request) from the arguments. */
 export interface IdempotentOptions<A extends unknown[], R = unknown> {
-  client: Client;
+  /** The client, or a function that returns it, called on every run
+   * (`client: () => app.ledger`): a module-level function then uses the
+   * ledger current at the call, e.g. a test's. */
+  client: Client | (() => Client);
   /** The operation's key, from the arguments: the same on every retry of the same logical call. */
   key: (...args: A) => string;
   principal: string;
@@ -706,6 +719,8 @@ export interface IdempotentOptions<A extends unknown[], R = unknown> {
   request?: (...args: A) => unknown;
   /** JSON pointers into the request: fingerprint only these. */
   fields?: readonly string[];
+  /** Called on every replay; its answer is the call's value (see RunOptions.onReplay). */
+  onReplay?: (outcome: Outcome<R>, receipt: Receipt) => R | Promise<R>;
 }
 
 /** A function made idempotent: the original arguments (without the
@@ -733,7 +748,7 @@ export function makeIdempotent<A extends unknown[], R>(
   const run = async (args: A): Promise<{ r: RunResult<R>; produced: { value: R } | null }> => {
     let produced: { value: R } | null = null;
     const r = await runOnce<R>(
-      client,
+      typeof client === 'function' ? client() : client,
       key(...args),
       request ? request(...args) : args,
       async (ctx) => {
@@ -748,7 +763,7 @@ export function makeIdempotent<A extends unknown[], R>(
   };
   const wrapped = (async (...args: A) => {
     const { r, produced } = await run(args);
-    return produced && !r.replayed && !r.reconciled ? (produced as { value: R }).value : (r.outcome.result as R);
+    return produced && !r.replayed && !r.reconciled ? (produced as { value: R }).value : r.result;
   }) as IdempotentFunction<A, R>;
   wrapped.run = async (...args: A) => (await run(args)).r;
   return wrapped;

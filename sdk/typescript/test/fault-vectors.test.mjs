@@ -199,6 +199,14 @@ async function nextClaim(direct, key, fp, principal, scopes) {
   return (await direct.claim(key, fp, { principal, scopes, generation })).decision;
 }
 
+/** Setup `completed_record`: claimed directly, settled completed {"ok": true}. */
+async function completedRecord(direct, key, fp, binding) {
+  const g = await direct.claim(key, fp, binding);
+  assert.equal(g.decision, 'execute', `setup: the claim of ${key}`);
+  const result = { ok: true };
+  await direct.settle(key, g.fence, fp, binding, { status: 'completed', result, responseSha256: S.sha256Hex(S.canonicalize(result)) });
+}
+
 /** Setup `unknown_record[:suffix]`: claimed directly, settled unknown. */
 async function unknownRecord(direct, key, fp, binding) {
   const g = await direct.claim(key, fp, binding);
@@ -275,9 +283,10 @@ async function runOnceCase(s, variant) {
   if (s.hook) checkHook(s.hook);
   for (const x of s.setup ?? []) {
     if (x === 'unknown_record') await unknownRecord(stack.direct, key, fp, binding);
+    else if (x === 'completed_record') await completedRecord(stack.direct, key, fp, binding);
     else throw new Error(`setup ${x} is not one of a run_once scenario`);
   }
-  const count = { effect: 0, writes: 0 };
+  const count = { effect: 0, writes: 0, onReplay: 0 };
   /** The effect's steps; `done(value)` makes the final value. */
   const steps = async (ctx, done) => {
     count.effect++;
@@ -324,16 +333,29 @@ async function runOnceCase(s, variant) {
     marksDispatch: o.marks_dispatch,
     ...(o.hook_timeout_ms !== null ? { hookTimeoutMs: o.hook_timeout_ms } : {}),
     ...(s.hook ? { reconcile: () => hookAnswer(s.hook, 'run_once', o) } : {}),
+    ...(s.on_replay
+      ? {
+          // async: onReplay may return a promise
+          onReplay: async (outcome, receipt) => {
+            assert.equal(receipt.key, key, 'onReplay: the receipt');
+            count.onReplay++;
+            return { replayed_by_hook: outcome.result };
+          },
+        }
+      : {}),
   };
   const client = new Client({ url: stack.proxyUrl });
   await stack.setRules(rulesOf(s, key, principal));
   let err;
+  let run; // { replayed?, value }
   try {
     if (variant === 'runOnce') {
-      await client.runOnce(key, o.request, (ctx) => steps(ctx, (result) => ({ result })), options);
+      const r = await client.runOnce(key, o.request, (ctx) => steps(ctx, (result) => ({ result })), options);
+      run = { replayed: r.replayed, value: r.result };
     } else {
-      const fn = makeIdempotent((ctx) => steps(ctx, (result) => result), { ...options, client, key: () => key, request: () => o.request });
-      await fn();
+      // The client as a function (called on each run), as a test fixture's ledger is given.
+      const fn = makeIdempotent((ctx) => steps(ctx, (result) => result), { ...options, client: () => client, key: () => key, request: () => o.request });
+      run = { value: await fn() }; // the function's value only: replayed is checked through it
     }
   } catch (e) {
     err = e;
@@ -342,12 +364,17 @@ async function runOnceCase(s, variant) {
   await stack.clearRules();
   const e = s.expect;
   for (const k of Object.keys(e)) {
-    if (!['result', 'cause', 'effect_calls', 'remote_writes', 'calls', 'record', 'next_claim'].includes(k)) throw new Error(`unknown expectation ${k}`);
+    if (!['result', 'cause', 'effect_calls', 'remote_writes', 'calls', 'record', 'next_claim', 'replayed', 'value', 'on_replay_calls'].includes(k)) {
+      throw new Error(`unknown expectation ${k}`);
+    }
   }
   assert.equal(kindOf(err), e.result, `result (${err?.stack ?? 'returned'})`);
   if (e.cause !== undefined) assert.equal(causeKind(err), e.cause, 'cause');
   if (e.effect_calls !== undefined) assert.equal(count.effect, e.effect_calls, 'effect_calls');
   if (e.remote_writes !== undefined) assert.equal(count.writes, e.remote_writes, 'remote_writes');
+  if (e.on_replay_calls !== undefined) assert.equal(count.onReplay, e.on_replay_calls, 'on_replay_calls');
+  if (e.replayed !== undefined && run?.replayed !== undefined) assert.equal(run.replayed, e.replayed, 'replayed');
+  if (e.value !== undefined) assert.deepEqual(run?.value, e.value, 'value');
   if (e.calls) checkCalls(log, [key], e.calls);
   if (e.record) await checkRecord(stack.direct, key, e.record, n);
   if (e.next_claim) assert.equal(await nextClaim(stack.direct, key, fp, principal, o.scopes), e.next_claim, 'next_claim');
@@ -364,7 +391,7 @@ const HANDLER_STEP = /^(write|respond:\d{3}|respond_large:\d{3}|raise_not_sent|r
  * (`next_request`) writes and answers 201 (see the runner's note). */
 async function expressApp(st, s, o, n, extra = {}) {
   const m = o.mw;
-  const state = { mode: 'scenario', handlerCalls: 0, writes: 0, hookSaw: null, held: null };
+  const state = { mode: 'scenario', handlerCalls: 0, writes: 0, hookSaw: null, held: null, onReplay: 0 };
   for (const step of s.handler ?? []) if (!HANDLER_STEP.test(step)) throw new Error(`unknown handler step ${step}`);
   if (s.hook) checkHook(s.hook);
   const idem = idempotency({
@@ -387,6 +414,15 @@ async function expressApp(st, s, o, n, extra = {}) {
               body: info.body.length ? JSON.parse(info.body.toString()) : null,
             };
             return hookAnswer(s.hook, 'middleware', o);
+          },
+        }
+      : {}),
+    ...(s.on_replay
+      ? {
+          onReplay: async (response, receipt) => {
+            assert.equal(receipt.key, mw.ledgerKey('default', n.principal, n.key), 'onReplay: the receipt');
+            state.onReplay++;
+            return { status: response.status, body: { replayed_by_hook: true, status: response.status } };
           },
         }
       : {}),
@@ -463,7 +499,7 @@ async function middlewareSetup(app, setups) {
 }
 
 async function checkNextRequest(app, want) {
-  for (const k of Object.keys(want)) if (!['request_body', 'body', 'status', 'code', 'replayed'].includes(k)) throw new Error(`unknown next_request expectation ${k}`);
+  for (const k of Object.keys(want)) if (!['request_body', 'body', 'status', 'code', 'replayed', 'on_replay_calls'].includes(k)) throw new Error(`unknown next_request expectation ${k}`);
   // `request_body`: the corrected request's JSON body; `body`: the
   // response's (FAULT-VECTORS.md).
   const r = await app.send(want.request_body);
@@ -472,6 +508,7 @@ async function checkNextRequest(app, want) {
   if (want.code !== undefined) assert.equal(JSON.parse(text).code, want.code, 'next_request code');
   if (want.replayed !== undefined) assert.equal(r.headers.get('idempotent-replayed') === 'true', want.replayed, 'next_request replayed');
   if (want.body !== undefined) assert.deepEqual(JSON.parse(text), want.body, 'next_request body');
+  if (want.on_replay_calls !== undefined) assert.equal(app.state.onReplay, want.on_replay_calls, 'next_request on_replay_calls');
 }
 
 async function middlewareCase(s) {
@@ -488,7 +525,7 @@ async function middlewareCase(s) {
     const log = await stack.log();
     await stack.clearRules();
     const e = s.expect;
-    const allowed = ['status', 'code', 'retry_after', 'retry_after_s', 'body_bytes_min', 'handler_calls', 'remote_writes', 'calls', 'record', 'hook_saw', 'next_request'];
+    const allowed = ['status', 'code', 'retry_after', 'retry_after_s', 'body_bytes_min', 'handler_calls', 'remote_writes', 'calls', 'record', 'hook_saw', 'next_request', 'on_replay_calls'];
     for (const k of Object.keys(e)) if (!allowed.includes(k)) throw new Error(`unknown expectation ${k}`);
     assert.equal(r.status, e.status, `status: ${text.slice(0, 300)}`);
     if (e.code !== undefined) assert.equal(JSON.parse(text).code, e.code, 'code');
@@ -499,6 +536,7 @@ async function middlewareCase(s) {
     const writes = app.state.writes;
     if (e.handler_calls !== undefined) assert.equal(handlerCalls, e.handler_calls, 'handler_calls');
     if (e.remote_writes !== undefined) assert.equal(writes, e.remote_writes, 'remote_writes');
+    if (e.on_replay_calls !== undefined) assert.equal(app.state.onReplay, e.on_replay_calls, 'on_replay_calls');
     if (e.calls) checkCalls(log, [app.lkey], e.calls);
     if (e.hook_saw) checkHookSaw(app.state.hookSaw, e.hook_saw, n);
     if (e.record) await checkRecord(stack.direct, app.lkey, e.record, n);

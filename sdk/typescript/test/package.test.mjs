@@ -94,3 +94,34 @@ export type R = RunResult<number>;
     }
   }
 });
+
+test('a strict project compiles against the declarations with @types/node and no DOM (README: TypeScript projects in strict mode)', () => {
+  const body = `
+import { Client, makeIdempotent, type EffectContext, type Receipt } from '@settle/client';
+import { startSettle } from '@settle/client/testing';
+const c = new Client({ url: 'http://127.0.0.1:1' });
+export const f = makeIdempotent(async (n: number, _ctx: EffectContext) => n + 1, {
+  client: () => c, key: (n) => String(n), principal: 'p', onReplay: (o, r: Receipt) => (o.result as number) + r.fence,
+});
+export const s = startSettle;
+`;
+  const file = join(dir, 'strict.mts');
+  writeFileSync(file, body);
+  const check = (extra) => {
+    const options = {
+      strict: true,
+      noEmit: true,
+      skipLibCheck: false,
+      target: ts.ScriptTarget.ES2020,
+      module: ts.ModuleKind.NodeNext,
+      moduleResolution: ts.ModuleResolutionKind.NodeNext,
+      ...extra,
+    };
+    return ts.getPreEmitDiagnostics(ts.createProgram([file], options)).map((d) => ts.flattenDiagnosticMessageText(d.messageText, '\n'));
+  };
+  // @types/node as the consumer installs it (here: this package's own copy).
+  assert.deepEqual(check({ lib: ['lib.es2020.d.ts'], typeRoots: [join(PKG, 'node_modules/@types')], types: ['node'] }), []);
+  // Without Node's types (the consumer installed none): the README's error.
+  const without = check({ lib: ['lib.es2022.d.ts', 'lib.dom.d.ts'], types: [] });
+  assert.ok(without.some((m) => m.includes("Cannot find name 'Buffer'")), without.join('\n'));
+});

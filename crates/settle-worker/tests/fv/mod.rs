@@ -73,7 +73,7 @@ pub struct Opts {
     pub wait_s: u64,
 }
 
-const SCENARIO_FIELDS: [&str; 13] = [
+const SCENARIO_FIELDS: [&str; 14] = [
     "id",
     "row",
     "subject",
@@ -87,6 +87,7 @@ const SCENARIO_FIELDS: [&str; 13] = [
     "handler",
     "expect",
     "fresh_ledger",
+    "on_replay",
 ];
 const OPTION_FIELDS: [&str; 8] = [
     "request",
@@ -387,6 +388,64 @@ pub async fn unknown_record(direct: &settle_client::Client, key: &str, n: &Names
         Ok(Reply::Receipt(_)) => {}
         other => panic!("setup settle of {key} answered {other:?}"),
     }
+}
+
+/// Setup `completed_record`: claimed directly, settled `completed` with
+/// `{"ok": true}` (the next claim is a replay).
+pub async fn completed_record(direct: &settle_client::Client, key: &str, n: &Names, o: &Opts) {
+    let claim = settle_core::Claim {
+        key: Key::new(key).unwrap(),
+        fingerprint: fingerprint(o),
+        binding: binding(n, o),
+        lease_ms: LeaseMs::new(o.lease_ms).unwrap(),
+        worker: None,
+        marks_dispatch: false,
+        retention_s: RetentionS::DEFAULT,
+        claim_id: None,
+    };
+    let g = match direct.execute(&Command::Claim(claim)).await {
+        Ok(Reply::Claim(ClaimDecision::Execute(g))) => g,
+        other => panic!("setup claim of {key} answered {other:?}"),
+    };
+    let outcome = settle_worker::Done::completed(json!({"ok": true}))
+        .outcome()
+        .unwrap();
+    let settle = Command::Settle(Settle {
+        key: Key::new(key).unwrap(),
+        fence: g.fence,
+        fingerprint: fingerprint(o),
+        binding: binding(n, o),
+        outcome,
+    });
+    match direct.execute(&settle).await {
+        Ok(Reply::Receipt(_)) => {}
+        other => panic!("setup settle of {key} answered {other:?}"),
+    }
+}
+
+/// `replayed`, `value` and `on_replay_calls` (the replay hook's calls).
+pub fn check_replay(
+    expect: &Value,
+    replayed: Option<bool>,
+    value: Option<Value>,
+    calls: u64,
+) -> Result<(), Fail> {
+    if let Some(w) = expect.get("replayed") {
+        ensure(json!(replayed) == *w, || {
+            format!("replayed: {replayed:?}, expected {w}")
+        })?;
+    }
+    if let Some(w) = expect.get("value") {
+        ensure(value.as_ref() == Some(w), || {
+            format!("value: {value:?}, expected {w}")
+        })?;
+    }
+    if let Some(w) = expect.get("on_replay_calls") {
+        ensure(json!(calls) == *w, || {
+            format!("on_replay_calls: {calls}, expected {w}")
+        })?;
+    }
+    Ok(())
 }
 
 /// `calls`: how many requests of each call the proxy saw (exact).

@@ -11,7 +11,9 @@ SDKs' convention, written down in sdk/MIDDLEWARE-KEYS.md.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -138,9 +140,48 @@ def _value(v: Any, out: list[str], depth: int) -> None:
         raise FingerprintError("invalid_value", f"{type(v).__name__} is not a JSON value")
 
 
+# The C encoder writes the canonical text of a "plain" value (_plain): no
+# floats (their ECMAScript form differs from repr's), integers within
+# ±2^53 (beyond, JCS writes the double's digits), ASCII object keys (so
+# Python's sort is the UTF-16 one) and no lone surrogates (JCS refuses
+# them; the encoder would not). Anything else takes the general path.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, check_circular=False).encode
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_MAX_EXACT = 2**53
+
+
+def _plain(v: Any, depth: int, tuples: bool = True) -> bool:
+    t = type(v)
+    if t is str:
+        return bool(v.isascii() or _SURROGATE.search(v) is None)
+    if t is int:
+        return bool(-_MAX_EXACT <= v <= _MAX_EXACT)
+    if v is None or t is bool:
+        return True
+    if depth >= 1000:
+        return False
+    if t is dict:
+        for k, item in v.items():
+            if type(k) is not str or not k.isascii() or not _plain(item, depth + 1, tuples):
+                return False
+        return True
+    if t is list or (tuples and t is tuple):
+        return all(_plain(item, depth + 1, tuples) for item in v)
+    return False
+
+
+def plain_json(v: Any) -> str | None:
+    """The canonical text of ``v`` when it is plain JSON (dicts, lists, str,
+    bool, None and integers within ±2^53, ASCII keys) written as a JSON
+    decoder would give it back (no tuples); else None."""
+    return _ENCODE(v) if _plain(v, 0, tuples=False) else None
+
+
 def canonicalize(value: Any) -> str:
     """The RFC 8785 canonical text of a JSON value (dict, list, tuple, str,
     int, float, bool, None)."""
+    if _plain(value, 0):
+        return _ENCODE(value)
     out: list[str] = []
     _value(value, out, 0)
     return "".join(out)
@@ -216,6 +257,11 @@ def fingerprint(value: Any, fields: Sequence[str] | None = None) -> str:
     (``model_dump(mode="json")``, its fields by name)."""
     from ._typed import to_json  # late: _typed is not needed by canonicalize alone
 
-    value = to_json(value)
-    target = value if fields is None else select_fields(value, fields)
-    return hashlib.sha256(canonicalize(target).encode("utf-8")).hexdigest()
+    plain = _plain(value, 0)
+    if not plain:  # plain JSON holds no model or dataclass
+        value = to_json(value)
+    if fields is None:
+        text = _ENCODE(value) if plain else canonicalize(value)
+    else:
+        text = canonicalize(select_fields(value, fields))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal, TypedDict, Union
 
 from . import _mw
-from .types import MAX_SAFE_INTEGER, Binding, InFlight, Outcome, Replay
+from .types import MAX_SAFE_INTEGER, Binding, InFlight, Outcome, Receipt, Replay
 from .worker import hook_timeout_s
 
 __all__ = [
@@ -158,6 +158,17 @@ def target_of(path: str, query: str) -> str:
     return path + ("?" + query if query else "")
 
 
+ReplayResponseHook = Callable[[Committed, Receipt], Any]
+"""A middleware's ``on_replay`` option: called on every replay of a stored
+response (the request's key was answered before, the handler does not
+run) with that response as a ``Committed`` (``status``, ``headers``: the
+stored ones, ``body``: bytes) and the record's ``Receipt``; it returns the
+``Committed`` to send instead (``dataclasses.replace`` of the one given, or
+a new one), with ``Idempotent-Replayed: true``. ASGI: it may be an ``async
+def``. What it raises goes to the framework as a handler's error would (a
+500); the record is not touched."""
+
+
 class MiddlewareOptions(TypedDict, total=False):
     """The options every middleware takes besides ``client``,
     ``principal`` and ``reconcile`` (keyword arguments of the ASGI and WSGI
@@ -183,6 +194,7 @@ class MiddlewareOptions(TypedDict, total=False):
     release_on: Sequence[int]
     ledger_deadline: float
     hook_timeout: float | None
+    on_replay: ReplayResponseHook | None
 
 
 @dataclass(frozen=True)
@@ -204,6 +216,7 @@ class Options:
     unavailable_retry_after_s: int
     ledger_deadline: float
     hook_timeout: float
+    on_replay: ReplayResponseHook | None = None
 
     @classmethod
     def make(
@@ -230,6 +243,7 @@ class Options:
         release_on: Sequence[int] = tuple(sorted(_mw.NOT_COMMITTED_STATUSES)),
         ledger_deadline: float = DEFAULT_LEDGER_DEADLINE_S,
         hook_timeout: float | None = None,
+        on_replay: ReplayResponseHook | None = None,
     ) -> Options:
         if principal is None or not callable(principal):
             raise TypeError(
@@ -239,6 +253,8 @@ class Options:
             )
         if wait < 0:
             raise ValueError("wait is a number of seconds, at least 0")
+        if on_replay is not None and not callable(on_replay):
+            raise TypeError(f"on_replay is a function (response, receipt) -> response, not {type(on_replay).__name__}")
         if isinstance(ledger_deadline, bool) or not isinstance(ledger_deadline, (int, float)) or ledger_deadline < 0:
             raise ValueError("ledger_deadline is a number of seconds, at least 0")
         return cls(
@@ -262,6 +278,7 @@ class Options:
             unavailable_retry_after_s=unavailable_retry_after_s,
             ledger_deadline=float(ledger_deadline),
             hook_timeout=hook_timeout_s(hook_timeout, lease_ms),
+            on_replay=on_replay,
         )
 
     def policy(self, method: str, path: str) -> RoutePolicy | None:
@@ -377,6 +394,23 @@ def committed_answer(opts: Options, finding: Committed) -> tuple[Outcome, Answer
     outcome = opts.outcome(finding.status, headers, out)
     stored = _mw.decode_response(outcome.result)
     return outcome, _replay(finding.status, stored.headers if stored is not None else [], out)
+
+
+def replayed_response(dec: Replay) -> Committed | None:
+    """The stored response of a replay, as the ``on_replay`` hook gets it
+    (None when it was too large to store)."""
+    stored = _mw.decode_response(dec.outcome.result)
+    if stored is None or stored.body is None:
+        return None
+    return Committed(stored.status, tuple(stored.headers), stored.body)
+
+
+def hooked_answer(found: object) -> Answer:
+    """The replay of what ``on_replay`` returned (a ``Committed``)."""
+    if not isinstance(found, Committed):
+        raise TypeError(f"on_replay must return a settle_client.Committed, not {type(found).__name__}")
+    body = found.body.encode("utf-8") if isinstance(found.body, str) else bytes(found.body)
+    return _replay(found.status, [(n.lower(), v) for n, v in found.headers], body)
 
 
 def replay_answer(dec: Replay) -> tuple[str, Answer]:

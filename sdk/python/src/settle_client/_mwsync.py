@@ -34,10 +34,12 @@ from ._mwbase import (
     committed_answer,
     in_progress_answer,
     ledger_failure_answer,
+    hooked_answer,
     not_sent_answer,
     principal_parts,
     problem,
     replay_answer,
+    replayed_response,
     response_outcome,
 )
 from .client import Client, new_claim_id
@@ -218,6 +220,9 @@ class _Call(Generic[R]):
 
         if isinstance(dec, Replay):
             what, answer = replay_answer(dec)
+            hook, stored = self.opts.on_replay, replayed_response(dec)
+            if hook is not None and stored is not None:
+                answer = hooked_answer(hook(stored, dec.receipt))
             self.flow.count(what)
             self.log.info("idempotency: %s for key %s", "replay" if what == "replayed" else what, self.key)
             return answer

@@ -20,7 +20,7 @@ import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
 
-__all__ = ["to_json", "restore", "return_type"]
+__all__ = ["to_json", "restore", "return_type", "unserializable_part"]
 
 
 def _base_model() -> type | None:
@@ -102,3 +102,41 @@ def return_type(fn: Callable[..., Any]) -> Any:
         return typing.get_type_hints(fn).get("return")
     except Exception:  # noqa: BLE001 - an unresolvable annotation: no restoring, never an error at decoration
         return None
+
+
+_JSON_LEAVES: tuple[Any, ...] = (str, int, float, bool, type(None), None, Any, object)
+
+
+def unserializable_part(tp: Any) -> str | None:
+    """The name of the first type in the annotation ``tp`` that a result
+    cannot be stored as without ``default=`` (``Decimal``, ``datetime``,
+    ``UUID``, a plain ``Enum``, a class of one's own), or None when every
+    part is JSON (``str``, ``int``, ``float``, ``bool``, ``None``, their
+    subclasses such as a ``str`` enum, ``list``/``tuple``/``dict``/
+    ``Mapping``/``Sequence``/``Union``/``Literal`` of those, a
+    ``TypedDict``), a pydantic model, a dataclass, or cannot be told
+    (``Any``, a type variable, an unresolved annotation: None)."""
+    if tp is None or any(tp is leaf for leaf in _JSON_LEAVES) or isinstance(tp, (typing.TypeVar, str)):
+        return None
+    if _is_model_type(tp) or (isinstance(tp, type) and dataclasses.is_dataclass(tp)):
+        return None
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return None
+    if origin is not None:
+        if origin in (typing.Annotated, typing.ClassVar) or origin is getattr(typing, "Required", None):
+            return unserializable_part(typing.get_args(tp)[0])
+        if origin in (Union, types.UnionType) or (isinstance(origin, type) and issubclass(origin, (Mapping, Sequence, list, tuple, dict))):
+            for a in typing.get_args(tp):
+                if a is Ellipsis:
+                    continue
+                found = unserializable_part(a)
+                if found is not None:
+                    return found
+            return None
+        return getattr(origin, "__qualname__", None) or repr(tp)
+    if isinstance(tp, type):
+        if issubclass(tp, (str, int, float, Mapping, list, tuple)):
+            return None  # bool is an int; an enum of str or int; a TypedDict is a dict
+        return tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
+    return None  # NewType, a forward reference, ...: cannot tell

@@ -49,6 +49,7 @@ from ._mwbase import (
     Options,
     Principal,
     Release,
+    ReplayResponseHook,
     Resolution,
     RoutePolicy,
     checked_finding,
@@ -58,8 +59,10 @@ from ._mwbase import (
     ledger_failure_answer,
     not_sent_answer,
     principal_parts,
+    hooked_answer,
     problem,
     replay_answer,
+    replayed_response,
     response_outcome,
 )
 from .client import AsyncClient, new_claim_id
@@ -263,6 +266,7 @@ class IdempotencyMiddleware:
         release_on: Sequence[int] = (408, 409, 425, 429),
         ledger_deadline: float = DEFAULT_LEDGER_DEADLINE_S,
         hook_timeout: float | None = None,
+        on_replay: ReplayResponseHook | None = None,
     ) -> None:
         if not isinstance(client, AsyncClient):
             raise TypeError(
@@ -292,6 +296,7 @@ class IdempotencyMiddleware:
             release_on=release_on,
             ledger_deadline=ledger_deadline,
             hook_timeout=hook_timeout,
+            on_replay=on_replay,
         )
         assert principal is not None  # Options.make refused None
         self.app = app
@@ -691,6 +696,10 @@ class IdempotencyMiddleware:
 
     async def _replay(self, send: Send, key: str, dec: Replay) -> None:
         what, answer = replay_answer(dec)
+        hook, stored = self.options.on_replay, replayed_response(dec)
+        if hook is not None and stored is not None:
+            found = hook(stored, dec.receipt)
+            answer = hooked_answer(await found if inspect.isawaitable(found) else found)
         self.counts[what] += 1
         log.info("idempotency: %s for key %s", "replay" if what == "replayed" else what, key)
         await _send_answer(send, answer)

@@ -21,7 +21,6 @@ import ssl
 import threading
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, Union
 from urllib.parse import quote, urlencode
 
@@ -62,9 +61,14 @@ VerifyTypes = Union[bool, str, os.PathLike[str], ssl.SSLContext]
 _List = list  # the classes below have a method named list
 
 
+_UNRESERVED = re.compile(r"[A-Za-z0-9_.~-]+")
+
+
 def _seg(s: str) -> str:
     if not isinstance(s, str):
         raise TypeError(f"path segment must be a str, not {type(s).__name__}")
+    if _UNRESERVED.fullmatch(s) is not None:
+        return s  # what quote() leaves as it is
     return quote(s, safe="")
 
 
@@ -98,8 +102,8 @@ def _binding(b: Binding) -> dict[str, Any]:
     return b.to_json()
 
 
-def _retry_after(resp: httpx.Response) -> float | None:
-    v = resp.headers.get("retry-after")
+def _seconds(v: str | None) -> float | None:
+    """A ``Retry-After`` in seconds (a number), else None."""
     if v is None:
         return None
     try:
@@ -108,13 +112,21 @@ def _retry_after(resp: httpx.Response) -> float | None:
         return None
 
 
-@dataclass(frozen=True)
 class _Req(Generic[T]):
-    method: str
-    path: str
-    body: dict[str, Any] | None
-    parse: Callable[[Any], T]
-    raw: bool = False
+    """One call: its method, path, JSON body and the parser of its 200
+    answer (a plain class: built on every call, a frozen dataclass's
+    __init__ costs twice as much)."""
+
+    __slots__ = ("method", "path", "body", "parse", "raw")
+
+    def __init__(
+        self, method: str, path: str, body: dict[str, Any] | None, parse: Callable[[Any], T], raw: bool = False
+    ) -> None:
+        self.method = method
+        self.path = path
+        self.body = body
+        self.parse = parse
+        self.raw = raw
 
 
 def _grant_or_receipt(d: Any) -> ReconcileAnswer:
@@ -298,22 +310,31 @@ class _Calls:
         )
 
 
-def _encode(body: dict[str, Any] | None) -> bytes | None:
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+_DECODE = json.JSONDecoder().decode
+
+
+def encode_body(body: dict[str, Any] | None) -> bytes | None:
     if body is None:
         return None
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    return _ENCODE(body).encode("utf-8")
 
 
 def _answer(req: _Req[T], resp: httpx.Response) -> T:
-    if resp.status_code == 200:
-        if req.raw:
-            return req.parse(resp.text)
-        return req.parse(resp.json())
+    return read_answer(req, resp.status_code, resp.content, resp.headers.get("retry-after"))
+
+
+def read_answer(req: _Req[T], status: int, content: bytes, retry_after: str | None) -> T:
+    """The parsed 200 answer to ``req``, else the problem it carries,
+    raised (shared by the HTTP clients and settle_local's direct calls)."""
+    text = content.decode("utf-8", "replace")  # every answer of settle is UTF-8
+    if status == 200:
+        return req.parse(text if req.raw else _DECODE(text))
     try:
-        body: Any = resp.json()
+        body: Any = _DECODE(text)
     except ValueError:
-        body = resp.text
-    raise problem_error(resp.status_code, body, _retry_after(resp))
+        body = text
+    raise problem_error(status, body, _seconds(retry_after))
 
 
 def _ssl_verify(verify: VerifyTypes, url: str = "") -> bool | ssl.SSLContext:
@@ -384,7 +405,7 @@ class Client:
         self.close()
 
     def _send(self, req: _Req[T]) -> T:
-        content = _encode(req.body)
+        content = encode_body(req.body)
         trace = trace_headers()  # the caller's trace context, in the caller's thread
         try:
             resp = self._http.request(req.method, req.path, content=content, headers=trace)
@@ -613,7 +634,7 @@ class AsyncClient:
         await self.aclose()
 
     async def _send(self, req: _Req[T]) -> T:
-        content = _encode(req.body)
+        content = encode_body(req.body)
         trace = trace_headers()  # the caller's trace context, in the caller's task
         try:
             http = await self._http()

@@ -34,19 +34,24 @@ replay give equal typed objects.
 from __future__ import annotations
 
 import functools
+import inspect
+import warnings
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 
-from ._typed import return_type
+from ._kinds import require_async, require_sync
+from ._typed import return_type, unserializable_part
 from .client import AsyncClient, Client
 from .types import Receipt
 from .worker import (
     AsyncEffectContext,
     AsyncReconcileHook,
+    AsyncReplayHook,
     Done,
     EffectContext,
     ReconcileHook,
+    ReplayHook,
     Serializer,
     run_once,
     run_once_async,
@@ -97,6 +102,7 @@ class _Options:
     retention_s: int | None
     worker: str | None
     default: Serializer | None
+    on_replay: Any  # ReplayHook / AsyncReplayHook, by the client's kind
 
     def key_of(self, args: Any, kwargs: Any) -> str:
         return self.namespace + self.key(*args, **kwargs)
@@ -116,7 +122,7 @@ class IdempotentFunction(Generic[P, R]):
     __name__: str
     __qualname__: str
 
-    def __init__(self, fn: Callable[P, R], client: Client, opts: _Options) -> None:
+    def __init__(self, fn: Callable[P, R], client: Client | Callable[[], Client], opts: _Options) -> None:
         self._fn = fn
         self._client = client
         self._opts = opts
@@ -130,8 +136,9 @@ class IdempotentFunction(Generic[P, R]):
         def effect(ctx: EffectContext) -> Done:
             return o.done(self._fn(*args, **kwargs))
 
+        client = self._client if isinstance(self._client, Client) else self._client()
         r = run_once(
-            self._client,
+            require_sync(client, f"@idempotent on {self.__qualname__} (a def)", "an async def function"),
             o.key_of(args, kwargs),
             o.payload(*args, **kwargs),
             effect,
@@ -148,6 +155,7 @@ class IdempotentFunction(Generic[P, R]):
             worker=o.worker,
             default=o.default,
             result_type=self._result_type,
+            on_replay=o.on_replay,
         )
         value: R = r.value
         return Invocation(value, r.replayed, r.receipt, r.reconciled)
@@ -162,7 +170,9 @@ class AsyncIdempotentFunction(Generic[P, R]):
     __name__: str
     __qualname__: str
 
-    def __init__(self, fn: Callable[P, Awaitable[R]], client: AsyncClient, opts: _Options) -> None:
+    def __init__(
+        self, fn: Callable[P, Awaitable[R]], client: AsyncClient | Callable[[], AsyncClient], opts: _Options
+    ) -> None:
         self._fn = fn
         self._client = client
         self._opts = opts
@@ -175,8 +185,9 @@ class AsyncIdempotentFunction(Generic[P, R]):
         async def effect(ctx: AsyncEffectContext) -> Done:
             return o.done(await self._fn(*args, **kwargs))
 
+        client = self._client if isinstance(self._client, AsyncClient) else self._client()
         r = await run_once_async(
-            self._client,
+            require_async(client, f"@idempotent on {self.__qualname__} (an async def)", "a def function"),
             o.key_of(args, kwargs),
             o.payload(*args, **kwargs),
             effect,
@@ -193,6 +204,7 @@ class AsyncIdempotentFunction(Generic[P, R]):
             worker=o.worker,
             default=o.default,
             result_type=self._result_type,
+            on_replay=o.on_replay,
         )
         value: R = r.value
         return Invocation(value, r.replayed, r.receipt, r.reconciled)
@@ -203,7 +215,7 @@ class AsyncIdempotentFunction(Generic[P, R]):
 
 @overload
 def idempotent(
-    client: Client,
+    client: Client | Callable[[], Client],
     *,
     key: Callable[..., str],
     principal: str | Callable[..., str],
@@ -221,12 +233,13 @@ def idempotent(
     retention_s: int | None = None,
     worker: str | None = None,
     default: Serializer | None = None,
+    on_replay: ReplayHook | None = None,
 ) -> Callable[[Callable[P, R]], IdempotentFunction[P, R]]: ...
 
 
 @overload
 def idempotent(
-    client: AsyncClient,
+    client: AsyncClient | Callable[[], AsyncClient],
     *,
     key: Callable[..., str],
     principal: str | Callable[..., str],
@@ -244,11 +257,12 @@ def idempotent(
     retention_s: int | None = None,
     worker: str | None = None,
     default: Serializer | None = None,
+    on_replay: AsyncReplayHook | None = None,
 ) -> Callable[[Callable[P, Coroutine[Any, Any, R]]], AsyncIdempotentFunction[P, R]]: ...
 
 
 def idempotent(
-    client: Client | AsyncClient,
+    client: Client | AsyncClient | Callable[[], Client] | Callable[[], AsyncClient],
     *,
     key: Callable[..., str],
     principal: str | Callable[..., str],
@@ -266,6 +280,7 @@ def idempotent(
     retention_s: int | None = None,
     worker: str | None = None,
     default: Serializer | None = None,
+    on_replay: Any = None,
 ) -> Any:
     """Make a function idempotent under the key ``namespace + key(*args)``.
 
@@ -276,7 +291,22 @@ def idempotent(
     ``AsyncClient``, a coroutine function (and ``reconcile``, when a hook,
     an ``async def`` too). ``marks_dispatch``, ``reconcile`` (a hook or
     ``"resend"``), ``hook_timeout``, ``lease_ms``, ``retention_s``,
-    ``deadline``, ``worker`` and ``default`` are those of ``run_once``.
+    ``deadline``, ``worker``, ``default`` and ``on_replay`` are those of
+    ``run_once`` (``on_replay(outcome, receipt)``, called on every replay:
+    its answer is the call's value; with an ``AsyncClient`` it may be an
+    ``async def``).
+
+    ``client`` may also be a callable without arguments that returns the
+    client, called on every run (``client=lambda: app.ledger``): a
+    module-level function then uses whatever ledger is current, e.g. a test
+    fixture's. The function's kind (``def`` or ``async def``) then says
+    which client it must return.
+
+    A return annotation that names a type the result cannot be stored as
+    (``-> Decimal``, ``-> datetime``: not JSON, not a pydantic model nor a
+    dataclass) warns at decoration (``UserWarning``, the
+    ``warnings`` module) unless ``default=`` is given: such a result would
+    raise ``ResultNotSerializable`` only on its first run.
     """
     opts = _Options(
         key=key,
@@ -295,17 +325,46 @@ def idempotent(
         retention_s=retention_s,
         worker=worker,
         default=default,
+        on_replay=on_replay,
     )
 
     def wrap(fn: Callable[..., Any]) -> Any:
-        import inspect
-
+        if default is None:
+            _warn_unserializable(fn)
         if isinstance(client, AsyncClient):
             if not inspect.iscoroutinefunction(fn):
-                raise TypeError("@idempotent with an AsyncClient needs an async def function")
+                raise TypeError(
+                    "@idempotent with an AsyncClient needs an async def function "
+                    "(for a def function, pass a settle_client.Client)"
+                )
             return AsyncIdempotentFunction(fn, client, opts)
+        if isinstance(client, Client):
+            if inspect.iscoroutinefunction(fn):
+                raise TypeError(
+                    "@idempotent on an async def function needs a settle_client.AsyncClient, not Client "
+                    "(a settle_local.LocalLedger: pass its .aio)"
+                )
+            return IdempotentFunction(fn, client, opts)
+        if not callable(client):
+            raise TypeError(
+                "@idempotent: client is a settle_client.Client, an AsyncClient or a function returning one, "
+                f"not {type(client).__name__}"
+            )
+        factory: Callable[[], Any] = client  # checked on each run: require_sync / require_async
         if inspect.iscoroutinefunction(fn):
-            raise TypeError("@idempotent on an async def function needs an AsyncClient")
-        return IdempotentFunction(fn, client, opts)
+            return AsyncIdempotentFunction(fn, factory, opts)
+        return IdempotentFunction(fn, factory, opts)
 
     return wrap
+
+
+def _warn_unserializable(fn: Callable[..., Any]) -> None:
+    part = unserializable_part(return_type(fn))
+    if part is not None:
+        warnings.warn(
+            f"@idempotent on {getattr(fn, '__qualname__', fn)!r}: its return annotation names {part}, which "
+            "settle_client cannot store as JSON (no serializer for it); pass default= (a function that turns "
+            "it into JSON, as json.dumps's default) or return JSON, a pydantic model or a dataclass",
+            UserWarning,
+            stacklevel=3,
+        )

@@ -12,6 +12,7 @@ from typing import Any
 __all__ = [
     "SettleError",
     "TransportError",
+    "LedgerClosed",
     "ProblemError",
     "BadRequest",
     "Unauthorized",
@@ -50,6 +51,12 @@ class SettleError(Exception):
 class TransportError(SettleError):
     """The request got no answer (connection refused, reset, timeout). The
     call may or may not have reached the server."""
+
+
+class LedgerClosed(SettleError):
+    """The local ledger (``settle_local.LocalLedger``) was closed: nothing
+    was sent, and no retry can succeed, so none is made (SPEC §11.11).
+    Open a new ledger."""
 
 
 class ProblemError(SettleError):
@@ -221,7 +228,12 @@ class ReconcileRequired(SettleError):
     ``reconcile(unavailable)``: the record stays ``unknown``."""
 
     def __init__(self, key: str, fence: int, why: str = "no reconcile hook was given") -> None:
-        super().__init__(f"operation {key!r} needs reconciliation (fence {fence}); {why}")
+        super().__init__(
+            f"operation {key!r} needs reconciliation (fence {fence}); {why}. It stays unknown until "
+            "resolved: ask the remote whether the effect happened and answer with a reconcile hook "
+            "(reconcile=... on run_once or @idempotent), a Reconciler, or client.reconcile(key, ...) "
+            "by hand; 'settle list --status unknown' (or client.list(status='unknown')) shows what waits"
+        )
         self.key = key
         self.fence = fence
 

@@ -16,6 +16,22 @@ settle-client makes them available, nothing to import).
         ledger = settle_server.client()
         ...
 
+A function decorated at module level with ``@idempotent`` takes its client
+as a function, called on every run, so that a test can hand it the
+fixture's ledger::
+
+    # myapp/billing.py
+    ledgers = types.SimpleNamespace(current=None)
+
+    @idempotent(client=lambda: ledgers.current, key=lambda o: o["id"], principal="svc-billing")
+    def charge(order): ...
+
+    # tests/test_billing.py
+    def test_charge_runs_once(settle_ledger, monkeypatch):   # or settle_server.client()
+        monkeypatch.setattr(billing.ledgers, "current", settle_ledger)
+        assert billing.charge.invoke({"id": "o-1"}).replayed is False
+        assert billing.charge.invoke({"id": "o-1"}).replayed is True
+
 Every test of a session shares the one server: use fresh keys (or a fresh
 namespace) per test. The fixtures are named ``settle_*`` so that they do
 not clash with a project's own ``server`` or ``client`` fixtures.

@@ -45,16 +45,21 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import heapq
 import inspect
 import math
+import os
+import queue
 import random
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, NoReturn, TypeVar, Union
 
-from ._jcs import FingerprintError, canonicalize, fingerprint as compute_fingerprint
+from ._jcs import FingerprintError, canonicalize, fingerprint as compute_fingerprint, plain_json
+from ._kinds import require_async, require_sync
 from ._typed import restore, to_json
 from .client import AsyncClient, Client, new_claim_id
 from .errors import (
@@ -85,6 +90,8 @@ __all__ = [
     "ReconcileHook",
     "AsyncReconcileHook",
     "Serializer",
+    "ReplayHook",
+    "AsyncReplayHook",
     "dispatch",
     "effect_context",
     "encode_result",
@@ -115,6 +122,14 @@ def encode_result(value: Any, default: Serializer | None = None) -> Any:
     (a JSON pointer) for what cannot be encoded: another type without
     ``default``, a non-string object key, NaN or an infinity, a lone
     surrogate, an integer beyond the double range."""
+    return _encode_canonical(value, default)[0]
+
+
+def _encode_canonical(value: Any, default: Serializer | None) -> tuple[Any, str]:
+    """``encode_result``'s value and its canonical text."""
+    text = plain_json(value)
+    if text is not None:
+        return value, text  # already what would be stored: nothing to convert or check
 
     def enc(v: Any, path: str, depth: int) -> Any:
         if depth > 500:
@@ -153,10 +168,10 @@ def encode_result(value: Any, default: Serializer | None = None) -> Any:
 
     encoded = enc(value, "", 0)
     try:
-        canonicalize(encoded)  # what only the canonical form checks: surrogates, integer range
+        text = canonicalize(encoded)  # what only the canonical form checks: surrogates, integer range
     except FingerprintError as e:
         raise ResultNotSerializable(type(value).__name__, "", str(e)) from e
-    return encoded
+    return encoded, text
 
 
 @dataclass(frozen=True)
@@ -175,8 +190,8 @@ class Done:
         """The outcome to settle: the result encoded as JSON (through
         ``default`` for values that are not JSON; ``ResultNotSerializable``
         when it cannot be) and its ``response_sha256``."""
-        result = encode_result(self.result, default)  # validates the result before anything is stored
-        raw = self.response if self.response is not None else canonicalize(result)
+        result, text = _encode_canonical(self.result, default)  # validates the result before anything is stored
+        raw = self.response if self.response is not None else text
         data = raw.encode("utf-8") if isinstance(raw, str) else raw
         return Outcome(
             status="failed" if self.failed else "completed",
@@ -197,6 +212,18 @@ ReconcileHook = Callable[[str, int], Finding]
 AsyncReconcileHook = Callable[[str, int], Awaitable[Finding]]
 """The asyncio twin of ReconcileHook (``run_once_async``, ``@idempotent``
 with an ``AsyncClient``, ``AsyncReconciler``)."""
+
+
+ReplayHook = Callable[[Outcome, Receipt], Any]
+"""The ``on_replay`` option (``run_once``, ``@idempotent`` with a
+``Client``): called on every replay (the answer is a receipt stored before
+this run, the effect was not called) with the stored outcome and its
+receipt; what it returns is the run's ``value`` (``RunResult.value``, the
+decorated function's return value) instead of the stored result."""
+
+AsyncReplayHook = Callable[[Outcome, Receipt], Any]
+"""``on_replay`` of ``run_once_async`` and ``@idempotent`` with an
+``AsyncClient``: a function or an ``async def`` (its answer is awaited)."""
 
 
 @dataclass(frozen=True)
@@ -522,35 +549,153 @@ def _retry(fn: Callable[[], T], deadline: _Deadline, what: str) -> T:
             n += 1
 
 
-class _Heartbeat:
-    def __init__(self, client: Client, key: str, fence: int, lease_ms: int, lost: threading.Event) -> None:
-        self._stop = threading.Event()
-        # In a copy of the caller's context: the heartbeats carry its trace
-        # context (SPEC §12, Traces), as the calls made in its thread do.
-        self._thread = threading.Thread(
-            target=contextvars.copy_context().run,
-            args=(self._run, client, key, fence, lease_ms / 3000.0, lost),
-            daemon=True,
-            name=f"settle-heartbeat-{key}",
-        )
-        self._thread.start()
+class _Beats:
+    """Every heartbeat of the process, scheduled by one thread (a heap of
+    due times); each due beat runs on a small pool of daemon threads, so
+    one slow answer delays no other lease's beat and none holds up the
+    interpreter's exit. A run adds one heap entry and starts no thread: a
+    stopped entry is dropped when it comes due (or when stopped entries
+    outnumber live ones)."""
 
-    def _run(self, client: Client, key: str, fence: int, interval: float, lost: threading.Event) -> None:
-        while not self._stop.wait(interval):
+    POOL = 4
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._heap: list[tuple[float, int, _Heartbeat]] = []
+        self._seq = 0
+        self._stale = 0  # stopped entries still in the heap
+        self._thread: threading.Thread | None = None
+        self._due: queue.SimpleQueue[_Heartbeat] = queue.SimpleQueue()
+
+    def add(self, hb: _Heartbeat, due: float) -> None:
+        with self._lock:
+            self._push(hb, due)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True, name="settle-heartbeats")
+                self._thread.start()
+                for n in range(self.POOL):
+                    threading.Thread(target=self._work, daemon=True, name=f"settle-heartbeat-{n}").start()
+            elif self._heap[0][2] is hb:
+                self._cond.notify_all()  # it is due before whatever the thread waits for
+
+    def _push(self, hb: _Heartbeat, due: float) -> None:
+        self._seq += 1
+        heapq.heappush(self._heap, (due, self._seq, hb))
+
+    def stopped(self) -> None:
+        """Called when a scheduled entry was stopped."""
+        self._stale += 1  # a hint for compaction: exactness is not needed
+        if self._stale > 1024 and self._stale * 2 > len(self._heap):
+            with self._lock:
+                self._compact()
+
+    def _compact(self) -> None:
+        if self._stale > 1024 and self._stale * 2 > len(self._heap):
+            self._heap = [e for e in self._heap if not e[2].stopped]
+            heapq.heapify(self._heap)
+            self._stale = 0
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                due, _, hb = self._heap[0]
+                if hb.stopped:
+                    heapq.heappop(self._heap)
+                    self._stale = max(0, self._stale - 1)
+                    continue
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                hb.running = True
+                if hb.stopped:  # stop() saw running false: it returned without waiting
+                    hb.running = False
+                    continue
+                self._due.put(hb)
+
+    def _work(self) -> None:
+        while True:
             try:
-                client.heartbeat(key, fence)
-            except (Refusal, NotFound):
-                lost.set()  # expired, revoked or taken over: tell the effect
-                return
-            except SettleError as e:
-                if _retryable(e):
-                    continue  # the next beat may get through; the lease still runs
-                lost.set()
-                return
+                self._beat(self._due.get())
+            except Exception as e:  # noqa: BLE001 - a bug in one beat must not stop the others'
+                sys.excepthook(type(e), e, e.__traceback__)
+
+    def _beat(self, hb: _Heartbeat) -> None:
+        again = False
+        try:
+            again = hb.context.run(hb.beat)
+        finally:
+            with self._cond:
+                hb.running = False
+                if again and not hb.stopped:
+                    self._push(hb, time.monotonic() + hb.interval)
+                else:
+                    hb.stopped = True
+                self._cond.notify_all()
+
+    def reset(self) -> None:
+        """In a forked child: the parent's threads are not there."""
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        self._heap, self._seq, self._stale = [], 0, 0
+        self._thread, self._due = None, queue.SimpleQueue()
+
+
+_BEATS = _Beats()
+os.register_at_fork(after_in_child=_BEATS.reset)
+
+
+class _Heartbeat:
+    """A lease heartbeated at a third of ``lease_ms`` until ``stop()``
+    (by the process's one scheduler, ``_Beats``)."""
+
+    def __init__(self, client: Client, key: str, fence: int, lease_ms: int, lost: threading.Event) -> None:
+        self._client, self._key, self._fence, self._lost = client, key, fence, lost
+        self.interval = lease_ms / 3000.0
+        # The caller's context: the heartbeats carry its trace context
+        # (SPEC §12, Traces), as the calls made in its thread do.
+        self.context = contextvars.copy_context()
+        self.stopped = False
+        self.running = False
+        _BEATS.add(self, time.monotonic() + self.interval)
+
+    def beat(self) -> bool:
+        """One heartbeat; whether to go on."""
+        try:
+            self._client.heartbeat(self._key, self._fence)
+        except (Refusal, NotFound):
+            self._lost.set()  # expired, revoked or taken over: tell the effect
+            return False
+        except SettleError as e:
+            if _retryable(e):
+                return True  # the next beat may get through; the lease still runs
+            self._lost.set()
+            return False
+        return True
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        """No beat runs after this returns (one under way is waited for).
+
+        Without the lock in the common case: this thread writes
+        ``stopped`` then reads ``running``; the scheduler writes
+        ``running`` then reads ``stopped`` (``_Beats._run``). Each step is
+        one bytecode under the GIL, so at least one of the two sees the
+        other's write: the beat is skipped, or this waits for it."""
+        if self.stopped:
+            return
+        self.stopped = True
+        if self.running:
+            beats = _BEATS
+            with beats._lock:
+                while self.running:
+                    beats._cond.wait()
+        else:
+            _BEATS.stopped()
 
 
 def call_hook_sync(fn: Callable[[], T], timeout: float, stop: threading.Event | None = None) -> T:
@@ -608,6 +753,7 @@ def run_once(
     hook_timeout: float | None = None,
     default: Serializer | None = None,
     result_type: Any = None,
+    on_replay: ReplayHook | None = None,
 ) -> RunResult:
     """Run ``effect`` at most once for ``key`` (SPEC §11); see the module
     docstring. ``deadline`` (seconds, None: no limit) bounds the in_flight
@@ -622,7 +768,11 @@ def run_once(
     ``default``: the serializer of result values that are not JSON (as
     ``json.dumps``'s ``default``). ``request`` and the result may be
     pydantic models or dataclasses (fingerprinted and stored as their JSON);
-    ``result_type``: the type ``RunResult.value`` is restored to."""
+    ``result_type``: the type ``RunResult.value`` is restored to.
+    ``on_replay(outcome, receipt)``: called on a replay; its answer is
+    ``RunResult.value`` (an exception it raises is raised to the caller; the
+    record is not touched)."""
+    require_sync(client, "run_once", "run_once_async")
     r = _run_once(
         client,
         key,
@@ -642,6 +792,8 @@ def run_once(
         hook_timeout=hook_timeout,
         default=default,
     )
+    if r.replayed and on_replay is not None:
+        return replace(r, value=on_replay(r.outcome, r.receipt))
     return _typed_result(r, result_type)
 
 
@@ -1001,9 +1153,11 @@ async def run_once_async(
     hook_timeout: float | None = None,
     default: Serializer | None = None,
     result_type: Any = None,
+    on_replay: AsyncReplayHook | None = None,
 ) -> RunResult:
     """The asyncio twin of ``run_once`` (a hook past ``hook_timeout`` is
-    cancelled)."""
+    cancelled; ``on_replay`` may be an ``async def``)."""
+    require_async(client, "run_once_async", "run_once")
     r = await _run_once_async(
         client,
         key,
@@ -1023,6 +1177,9 @@ async def run_once_async(
         hook_timeout=hook_timeout,
         default=default,
     )
+    if r.replayed and on_replay is not None:
+        value = on_replay(r.outcome, r.receipt)
+        return replace(r, value=await value if inspect.isawaitable(value) else value)
     return _typed_result(r, result_type)
 
 

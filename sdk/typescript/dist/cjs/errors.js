@@ -1,7 +1,7 @@
 "use strict";
 // Typed errors: one class per SPEC §7 problem code, plus the SDK's own.
 Object.defineProperty(exports, "__esModule", { value: true });
-exports.ResultNotSerializable = exports.EffectRefused = exports.EffectNotSent = exports.HookTimeout = exports.OutcomeUnknown = exports.DeadlineExceeded = exports.ReconcileRequired = exports.PROBLEM_CLASSES = exports.RecordRefused = exports.RateLimited = exports.Unavailable = exports.TooManyClasses = exports.ReceiptRequired = exports.ResultMismatch = exports.WrongPurpose = exports.LeaseExpired = exports.StaleFence = exports.StaleBinding = exports.BindingMismatch = exports.FingerprintMismatch = exports.Refusal = exports.InvalidRequest = exports.PayloadTooLarge = exports.RequestTimeout = exports.NotFound = exports.Unauthorized = exports.BadRequest = exports.ProblemError = exports.TransportError = exports.SettleError = void 0;
+exports.ResultNotSerializable = exports.EffectRefused = exports.EffectNotSent = exports.HookTimeout = exports.OutcomeUnknown = exports.DeadlineExceeded = exports.ReconcileRequired = exports.PROBLEM_CLASSES = exports.RecordRefused = exports.RateLimited = exports.Unavailable = exports.TooManyClasses = exports.ReceiptRequired = exports.ResultMismatch = exports.WrongPurpose = exports.LeaseExpired = exports.StaleFence = exports.StaleBinding = exports.BindingMismatch = exports.FingerprintMismatch = exports.Refusal = exports.InvalidRequest = exports.PayloadTooLarge = exports.RequestTimeout = exports.NotFound = exports.Unauthorized = exports.BadRequest = exports.ProblemError = exports.LedgerClosed = exports.TransportError = exports.SettleError = void 0;
 exports.problemError = problemError;
 /** Base of every error thrown by @settle/client. */
 class SettleError extends Error {
@@ -15,6 +15,11 @@ exports.SettleError = SettleError;
 class TransportError extends SettleError {
 }
 exports.TransportError = TransportError;
+/** The local ledger (`@settle/local`'s `LocalLedger`) was closed: nothing
+ * was sent and no retry can succeed, so none is made (SPEC §11.11). */
+class LedgerClosed extends SettleError {
+}
+exports.LedgerClosed = LedgerClosed;
 /** An RFC 9457 problem answer of the server. */
 class ProblemError extends SettleError {
     status;
@@ -139,7 +144,10 @@ class ReconcileRequired extends SettleError {
     key;
     fence;
     constructor(key, fence, why = 'no reconcile hook was given', options) {
-        super(`operation ${JSON.stringify(key)} needs reconciliation (fence ${fence}); ${why}`, options);
+        super(`operation ${JSON.stringify(key)} needs reconciliation (fence ${fence}); ${why}. It stays unknown until ` +
+            'resolved: ask the remote whether the effect happened and answer with a reconcile hook ' +
+            '(reconcile on runOnce or makeIdempotent), a Reconciler, or client.reconcile(key, ...) by hand; ' +
+            "'settle list --status unknown' (or client.list({ status: 'unknown' })) shows what waits", options);
         this.key = key;
         this.fence = fence;
     }

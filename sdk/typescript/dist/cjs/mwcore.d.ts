@@ -1,5 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import type { Client } from './client.js';
+import type { Receipt } from './types.js';
 /** The default `releaseOn`: responses that say nothing happened (SPEC §8). */
 export declare const NOT_COMMITTED_STATUSES: ReadonlySet<number>;
 /** The default `ledgerDeadlineMs`: how long the calls before the handler
@@ -196,6 +197,20 @@ export interface ReconciledResponse {
     headers?: Record<string, string> | ReadonlyArray<readonly [string, string]>;
     body?: string | Uint8Array | unknown;
 }
+/** The stored response of a replay, as `onReplay` gets it. */
+export interface ReplayedResponse {
+    status: number;
+    /** The stored headers, names in lower case. */
+    headers: [string, string][];
+    body: Buffer;
+}
+/** Called on every replay of a stored response (the key was answered
+ * before; the handler does not run) with that response and the record's
+ * receipt; what it returns (or resolves to) is sent instead, with
+ * `Idempotent-Replayed: true` (a body that is neither a string nor bytes
+ * is sent as JSON). What it throws goes to the framework as a handler's
+ * error would; the record is not touched. */
+export type ReplayResponseHook = (response: ReplayedResponse, receipt: Receipt) => ReconciledResponse | Promise<ReconciledResponse>;
 /** What a middleware reconcile hook found (SPEC §8): the effect applied,
  * with the response to store and replay; not applied (the handler runs
  * under the same fence); or it cannot tell (409 `outcome_unknown`). */
@@ -277,6 +292,8 @@ export interface CoreOptions<Req = IncomingMessage> {
      * 'not_committed' runs the handler under the same fence, 'unavailable'
      * (or a throw) answers 409 `outcome_unknown`. */
     reconcile?: MiddlewareReconcileHook<Req>;
+    /** Called on every replay of a stored response; its answer is sent instead (see ReplayResponseHook). */
+    onReplay?: ReplayResponseHook;
     /** Called with every escaped failure (default: console.error). */
     onError?: (err: unknown, req: Req) => void;
     logger?: Logger;
@@ -380,6 +397,10 @@ export declare function answer(status: number, headers: [string, string][], body
 export declare function problemResponse(status: number, code: string, detail: string, extra?: [string, string][]): CoreResponse;
 /** The SPEC §8 engine for one adapter (`who` names its factory in errors). */
 export declare function createEngine<Req>(options: CoreOptions<Req>, who?: string): Engine<Req>;
+/** The class of what a handler threw, as the logs and the stored
+ * `unknown` outcome name it (Python's `type(e).__name__`): an Error's
+ * `name` (the SDK's errors set it to their class), else its type. */
+export declare function errorName(err: unknown): string;
 /** A reconcile hook's response as status, headers and body bytes (a body
  * that is neither a string nor bytes as JSON, with its content-type). */
 export declare function foundResponse(r: ReconciledResponse): {

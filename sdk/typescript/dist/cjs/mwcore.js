@@ -31,6 +31,7 @@ exports.pathAndTarget = pathAndTarget;
 exports.answer = answer;
 exports.problemResponse = problemResponse;
 exports.createEngine = createEngine;
+exports.errorName = errorName;
 exports.foundResponse = foundResponse;
 const errors_js_1 = require("./errors.js");
 const errors_js_2 = require("./errors.js");
@@ -830,8 +831,15 @@ function createEngine(options, who = 'idempotency') {
             running = dec;
             await sleep(Math.min(dec.retryAfterMs, waiting.left()));
         }
-        if (dec.decision === 'replay')
-            return replay(key, dec.outcome.result);
+        if (dec.decision === 'replay') {
+            const s = options.onReplay ? decodeResponse(dec.outcome.result) : null;
+            if (!options.onReplay || !s || s.body === null)
+                return replay(key, dec.outcome.result);
+            const r = foundResponse(await options.onReplay({ status: s.status, headers: s.headers, body: s.body }, dec.receipt));
+            count('replayed');
+            log.info(`idempotency: replay of key ${key} (onReplay)`);
+            return { kind: 'answer', response: answer(r.status, [...r.headers, ['idempotent-replayed', 'true']], r.body) };
+        }
         if (dec.decision === 'in_flight')
             return inProgress(key, dec);
         let grant = dec;
@@ -1005,12 +1013,13 @@ function createEngine(options, who = 'idempotency') {
                 try {
                     if (!timeout && err instanceof errors_js_1.EffectNotSent) {
                         // The handler says nothing was done: released, the retry runs it.
+                        log.info(`idempotency: the handler of key ${key} raised ${errorName(err)}: released not_committed`);
                         if (await releaseNotCommitted(lkey, fence, fp, binding, key, false, hb)) {
                             return problemResponse(503, 'idempotency_unavailable', 'the request was not processed; retry it', [['retry-after', '1']]);
                         }
                         return unknownAnswer();
                     }
-                    await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : 'error', hb);
+                    await settleUnknown(lkey, fence, fp, binding, key, timeout ? 'timeout' : errorName(err), hb);
                     if (!timeout)
                         onError(err, req);
                     return unknownAnswer();
@@ -1081,6 +1090,14 @@ function headersOf(call) {
         out[name] = name in out ? `${out[name]}, ${v}` : v;
     }
     return out;
+}
+/** The class of what a handler threw, as the logs and the stored
+ * `unknown` outcome name it (Python's `type(e).__name__`): an Error's
+ * `name` (the SDK's errors set it to their class), else its type. */
+function errorName(err) {
+    if (err instanceof Error)
+        return err.name && err.name !== 'Error' ? err.name : err.constructor?.name || 'Error';
+    return err === null ? 'null' : typeof err;
 }
 /** A reconcile hook's response as status, headers and body bytes (a body
  * that is neither a string nor bytes as JSON, with its content-type). */

@@ -66,6 +66,12 @@ export interface RunOptions<R = unknown> {
     hookTimeoutMs?: number;
     /** Encodes the values of the effect's result that are not JSON. */
     serializer?: Serializer;
+    /** Called on every replay (the answer is a receipt stored before this
+     * run; the effect was not called) with the stored outcome and the
+     * receipt: what it returns (or resolves to) is the run's `result` (the
+     * idempotent function's value) instead of the stored one. A throw
+     * rejects the run; the record is not touched. */
+    onReplay?: (outcome: Outcome<R>, receipt: Receipt) => R | Promise<R>;
 }
 export interface RunResult<R = unknown> {
     /** The result, on the first run as on a replay: `outcome.result`, the
@@ -129,7 +135,10 @@ export declare function runOnce<R = unknown>(client: Client, key: string, reques
 /** The options of makeIdempotent: every option runOnce takes, and how to
  * get the key (and the fingerprinted request) from the arguments. */
 export interface IdempotentOptions<A extends unknown[], R = unknown> {
-    client: Client;
+    /** The client, or a function that returns it, called on every run
+     * (`client: () => app.ledger`): a module-level function then uses the
+     * ledger current at the call, e.g. a test's. */
+    client: Client | (() => Client);
     /** The operation's key, from the arguments: the same on every retry of the same logical call. */
     key: (...args: A) => string;
     principal: string;
@@ -147,6 +156,8 @@ export interface IdempotentOptions<A extends unknown[], R = unknown> {
     request?: (...args: A) => unknown;
     /** JSON pointers into the request: fingerprint only these. */
     fields?: readonly string[];
+    /** Called on every replay; its answer is the call's value (see RunOptions.onReplay). */
+    onReplay?: (outcome: Outcome<R>, receipt: Receipt) => R | Promise<R>;
 }
 /** A function made idempotent: the original arguments (without the
  * context), the function's result; `run` gives the whole RunResult. */

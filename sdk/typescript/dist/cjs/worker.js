@@ -277,7 +277,8 @@ async function runOnce(client, key, request, effect, options) {
         }), dl, 'claim');
         if (dec.decision === 'replay') {
             const outcome = dec.outcome;
-            return { result: outcome.result, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
+            const result = options.onReplay ? await options.onReplay(outcome, dec.receipt) : outcome.result;
+            return { result, outcome, receipt: dec.receipt, replayed: true, fence: null, reconciled: false };
         }
         if (dec.decision === 'in_flight') {
             const wait = dec.retryAfterMs * (1 + Math.random() * 0.25); // at or above the server's hint
@@ -394,7 +395,9 @@ async function executeStep(s, grant, effect, clock) {
     const { client, key, fp, binding, leaseMs, marksDispatch } = s;
     const fence = grant.fence;
     const lost = new AbortController(); // the lease was lost (a heartbeat was refused)
-    const over = new AbortController(); // the run is over: a dispatch() still retrying stops
+    // The run is over: a dispatch() still retrying stops. Made by the first
+    // dispatch() that goes to the ledger (most runs never need one).
+    let over;
     let dispatch = { s: 'none' };
     let dispatching = null;
     const ctx = {
@@ -415,6 +418,7 @@ async function executeStep(s, grant, effect, clock) {
             dispatch = { s: 'pending' };
             // A dispatch whose answer was lost is retried under the same fence
             // (the ledger answers a repeated dispatch alike).
+            over ??= new AbortController();
             const p = retrying(() => client.dispatch(key, fence), callDeadline(s), 'dispatch', over.signal).then(() => {
                 dispatch = { s: 'done' };
             }, (e) => {
@@ -476,7 +480,7 @@ async function executeStep(s, grant, effect, clock) {
     const failed = async (e) => {
         const d = dispatch; // where ctx.dispatch() stood when the effect ended
         if (d.s === 'pending')
-            over.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
+            over?.abort(new Error('the run is over')); // called and not awaited: the boundary is crossed
         if (d.s === 'failed' && isRefusal(d.error))
             throw e; // the ledger refused the mark: the lease is not ours (lease_expired, stale_fence)
         const nothingMarked = marksDispatch && d.s === 'none';
@@ -510,7 +514,7 @@ async function executeStep(s, grant, effect, clock) {
             return await failed(e);
         }
         if (dispatch.s === 'pending')
-            over.abort(new Error('the run is over')); // not awaited: crossed
+            over?.abort(new Error('the run is over')); // not awaited: crossed
         let receipt;
         try {
             receipt = await retrying(() => client.settle(key, fence, fp, binding, outcome), callDeadline(s), 'settle');
@@ -531,7 +535,7 @@ async function executeStep(s, grant, effect, clock) {
     }
     finally {
         hb.stop();
-        if (!over.signal.aborted)
+        if (over && !over.signal.aborted)
             over.abort(new Error('the run is over'));
     }
 }
@@ -550,7 +554,7 @@ function makeIdempotent(fn, options) {
     const { client, key, request, ...rest } = options;
     const run = async (args) => {
         let produced = null;
-        const r = await runOnce(client, key(...args), request ? request(...args) : args, async (ctx) => {
+        const r = await runOnce(typeof client === 'function' ? client() : client, key(...args), request ? request(...args) : args, async (ctx) => {
             produced = null;
             const value = await fn(...args, ctx);
             produced = { value };
@@ -560,7 +564,7 @@ function makeIdempotent(fn, options) {
     };
     const wrapped = (async (...args) => {
         const { r, produced } = await run(args);
-        return produced && !r.replayed && !r.reconciled ? produced.value : r.outcome.result;
+        return produced && !r.replayed && !r.reconciled ? produced.value : r.result;
     });
     wrapped.run = async (...args) => (await run(args)).r;
     return wrapped;
