@@ -132,7 +132,10 @@ node --test --test-concurrency=1 test/
 echo "== Python on the local ledger (settle-local)"
 cd "$ROOT"
 native_built
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$NATIVE_DIR"/wheels/settle_local-*.whl
+# --force-reinstall: the venv outlives a run, and pip keeps an installed
+# settle-local of the same version over a wheel of new code.
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+  "$NATIVE_DIR"/wheels/settle_local-*.whl
 (cd sdk/python-local && "$VENV/bin/python" -m mypy --strict --python-version 3.10 python tests)
 (cd sdk/python && "$VENV/bin/python" -m pytest -q -p no:cacheprovider ../python-local/tests)
 # faulthandler_timeout: a test stuck for 2 minutes prints every thread's stack.
