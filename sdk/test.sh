@@ -10,9 +10,14 @@
 # while the suites above run):
 #   Python:     a wheel of ./sdk/python-local (maturin) installed, mypy --strict, its
 #               tests, then the whole suite with SETTLE_TEST_LEDGER=local;
-#   TypeScript: npm ci in sdk/typescript-local (its install script runs
-#               napi build), its tests, then the @settle/client suite with
-#               SETTLE_TEST_LEDGER=local.
+#   TypeScript: npm ci in sdk/typescript-local (its install script,
+#               scripts/install.cjs, runs cargo build -p settle-node: the
+#               same profile and flags as maturin's, so it reuses every
+#               dependency the Python build compiled), its tests, then the
+#               @settle/client suite with SETTLE_TEST_LEDGER=local;
+# and, in the background while those run, the install commands of
+# docs/sdk.md from a new project outside the repository, and the reuse of
+# a wheel and tarballs (sdk/install-test.sh): cargo finds everything built.
 # SETTLE_BIN names the server binary (default target/release/settle of the
 # repository; built with cargo when missing). SDK_VENV overrides the venv path.
 set -euo pipefail
@@ -48,6 +53,25 @@ VENV=${SDK_VENV:-$ROOT/sdk/python/.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$ROOT/sdk/python[test]"
 
+# The two native crates must ask for the same features of every dependency
+# they share, or the second build compiles the server again (docs/sdk.md,
+# "Build mechanics"): a crate in both trees with other features fails here.
+native_tree() {
+  cargo tree --locked -e normal,build --prefix none --no-dedupe -f '{p} [{f}]' -p "$1" \
+    | sed -E 's/ \((\*|proc-macro)\)//g; s/ \(\/[^)]*\)//' | sort -u
+}
+py_tree=$(native_tree settle-python)
+node_tree=$(native_tree settle-node)
+differ=$(comm -12 <(comm -23 <(echo "$py_tree") <(echo "$node_tree") | cut -d' ' -f1,2 | sort -u) \
+                  <(comm -13 <(echo "$py_tree") <(echo "$node_tree") | cut -d' ' -f1,2 | sort -u))
+if [ -n "$differ" ]; then
+  grep -F -e "$differ" <<<"$py_tree" | sed 's/^/settle-python: /' >&2
+  grep -F -e "$differ" <<<"$node_tree" | sed 's/^/settle-node:   /' >&2
+  echo "settle-python and settle-node resolve these crates with different features:" \
+    "unify them (as syn in sdk/*-local/Cargo.toml)" >&2
+  exit 1
+fi
+
 # The native packages (release builds: minutes on 2 cores) are built in
 # the background, at the lowest priority, while the suites against the
 # server run: those mostly wait on sockets and timers (the Python suite
@@ -55,25 +79,38 @@ VENV=${SDK_VENV:-$ROOT/sdk/python/.venv}
 NATIVE_DIR=$(mktemp -d)
 (
   set -e
+  t0=$SECONDS
   nice -n 19 "$VENV/bin/python" -m pip wheel --quiet --disable-pip-version-check --no-deps \
     -w "$NATIVE_DIR/wheels" "$ROOT/sdk/python-local"
+  echo "native: settle-local wheel (maturin) built in $((SECONDS - t0)) s" >"$NATIVE_DIR/times"
+  t0=$SECONDS
   cd "$ROOT/sdk/typescript-local"
-  nice -n 19 npm ci --no-audit --no-fund --loglevel=error   # its install script: napi build
-  # ./test all: the Debian package's release build goes on in the
-  # background (detached) while the local suites run; ./test package's own
-  # cargo build then waits for it on cargo's lock and finds it done.
-  if [ -n "${SETTLE_PREBUILD_RELEASE:-}" ]; then
-    (cd "$ROOT" && nice -n 19 cargo build --release -p settle --locked >/dev/null 2>&1 &)
-  fi
+  nice -n 19 npm ci --no-audit --no-fund --loglevel=error   # its install script: cargo build -p settle-node
+  echo "native: @settle/local (cargo build -p settle-node) built in $((SECONDS - t0)) s" >>"$NATIVE_DIR/times"
 ) >"$NATIVE_DIR/build.log" 2>&1 &
 NATIVE=$!
-trap 'kill "$NATIVE" 2>/dev/null || true; rm -rf "$NATIVE_DIR" "${FRESH:-}"' EXIT
+trap 'kill "$NATIVE" ${INSTALL:-} 2>/dev/null || true; rm -rf "$NATIVE_DIR" "${FRESH:-}"' EXIT
 native_built() {
   if ! wait "$NATIVE"; then
     cat "$NATIVE_DIR/build.log" >&2
     echo "building the native packages (sdk/python-local, sdk/typescript-local) failed" >&2
     exit 1
   fi
+  cat "$NATIVE_DIR/times"
+  # Then, in the background while the local suites run: the install
+  # commands of docs/sdk.md from a new project outside the repository, and
+  # a second project on a wheel and tarballs (sdk/install-test.sh), with
+  # the builds above up to date. After it (it needs cargo's lock on
+  # target/release), for ./test all: the Debian package's release build,
+  # detached; ./test package's own cargo build waits for it on cargo's lock
+  # and finds it done.
+  (
+    SETTLE_INSTALL_EXPECT_BUILT=1 nice -n 10 bash "$ROOT/sdk/install-test.sh"
+    if [ -n "${SETTLE_PREBUILD_RELEASE:-}" ]; then
+      (cd "$ROOT" && nice -n 19 cargo build --release -p settle --locked >/dev/null 2>&1 &)
+    fi
+  ) >"$NATIVE_DIR/install.log" 2>&1 &
+  INSTALL=$!
 }
 
 (cd sdk/python && "$VENV/bin/python" -m mypy --strict --python-version 3.10)
@@ -95,14 +132,25 @@ node --test --test-concurrency=1 test/
 echo "== Python on the local ledger (settle-local)"
 cd "$ROOT"
 native_built
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "$NATIVE_DIR"/wheels/settle_local-*.whl
+# --force-reinstall: the venv outlives a run, and pip keeps an installed
+# settle-local of the same version over a wheel of new code.
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+  "$NATIVE_DIR"/wheels/settle_local-*.whl
 (cd sdk/python-local && "$VENV/bin/python" -m mypy --strict --python-version 3.10 python tests)
 (cd sdk/python && "$VENV/bin/python" -m pytest -q -p no:cacheprovider ../python-local/tests)
 # faulthandler_timeout: a test stuck for 2 minutes prints every thread's stack.
 (cd sdk/python && SETTLE_TEST_LEDGER=local "$VENV/bin/python" -m pytest -q -p no:cacheprovider -o faulthandler_timeout=120)
 
 echo "== TypeScript on the local ledger (@settle/local)"
-cd "$ROOT/sdk/typescript-local"   # npm ci (and napi build) ran in the background
+cd "$ROOT/sdk/typescript-local"   # npm ci (and its cargo build) ran in the background
 node --test --test-concurrency=1 test/
 cd "$ROOT/sdk/typescript"
 SETTLE_TEST_LEDGER=local node --test --test-concurrency=1 test/
+
+echo "== installing from another project (sdk/install-test.sh, run in the background since the native builds)"
+if ! wait "$INSTALL"; then
+  cat "$NATIVE_DIR/install.log" >&2
+  echo "installing the SDKs from another project failed (sdk/install-test.sh)" >&2
+  exit 1
+fi
+cat "$NATIVE_DIR/install.log"
