@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::body::Body;
+use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderName, HeaderValue, Method, Request};
 use http_body_util::BodyExt;
 use settle_embedded::{EmbeddedOptions, EmbeddedStore};
@@ -218,7 +219,7 @@ impl LocalLedger {
         headers: &[(String, String)],
         body: Vec<u8>,
     ) -> Result<Reply, LocalError> {
-        let (status, headers, body) = self.respond(method, target, headers, body, |h| {
+        let (status, headers, body) = self.respond(method, target, headers, body, false, |h| {
             h.iter()
                 .map(|(n, v)| {
                     (
@@ -247,20 +248,11 @@ impl LocalLedger {
         headers: &[(String, String)],
         body: Vec<u8>,
     ) -> Result<Answer, LocalError> {
-        let json = !body.is_empty()
-            && !headers
-                .iter()
-                .any(|(n, _)| n.eq_ignore_ascii_case("content-type"));
-        let implied = [("content-type".to_owned(), "application/json".to_owned())];
-        let headers: Vec<(String, String)> = if json {
-            implied.into_iter().chain(headers.iter().cloned()).collect()
-        } else {
-            headers.to_vec()
-        };
-        let (status, retry_after, body) = self.respond(method, target, &headers, body, |h| {
-            h.get("retry-after")
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-        })?;
+        let (status, retry_after, body) =
+            self.respond(method, target, headers, body, true, |h| {
+                h.get("retry-after")
+                    .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+            })?;
         Ok(Answer {
             status,
             body,
@@ -268,19 +260,21 @@ impl LocalLedger {
         })
     }
 
-    /// One request through the router: the status, what `read` takes of
-    /// the headers, and the body (on the in-memory store with every
-    /// receipt's `durable` false).
+    /// One request through the router (`json`: a body without a
+    /// content-type is JSON): the status, what `read` takes of the
+    /// headers, and the body (on the in-memory store with every receipt's
+    /// `durable` false).
     fn respond<H>(
         &self,
         method: &str,
         target: &str,
         headers: &[(String, String)],
         body: Vec<u8>,
+        json: bool,
         read: impl FnOnce(&axum::http::HeaderMap) -> H,
     ) -> Result<(u16, H, Vec<u8>), LocalError> {
         let app = self.app()?;
-        let req = request(method, target, headers, body)?;
+        let req = request(method, target, headers, body, json)?;
         let (status, json, taken, body) = runtime().block_on(async move {
             let resp = settle_server::answer(app, req).await;
             let status = resp.status().as_u16();
@@ -337,9 +331,11 @@ fn request(
     target: &str,
     headers: &[(String, String)],
     body: Vec<u8>,
+    json: bool,
 ) -> Result<Request<Body>, LocalError> {
     let bad = |what: &str, e: &dyn std::fmt::Display| LocalError::Invalid(format!("{what}: {e}"));
     let method = Method::from_bytes(method.as_bytes()).map_err(|e| bad("method", &e))?;
+    let implied = json && !body.is_empty();
     let mut req = Request::builder()
         .method(method)
         .uri(target)
@@ -349,6 +345,10 @@ fn request(
         let n = HeaderName::from_bytes(name.as_bytes()).map_err(|e| bad("header name", &e))?;
         let v = HeaderValue::from_str(value).map_err(|e| bad("header value", &e))?;
         req.headers_mut().append(n, v);
+    }
+    if implied && !req.headers().contains_key(CONTENT_TYPE) {
+        req.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     }
     Ok(req)
 }

@@ -106,7 +106,6 @@ function define(client) {
   const { Client } = client;
   class LocalLedger extends Client {
     #native;
-    #timeoutMs;
 
     /** @param {{ data?: string, segmentBytes?: number, timeoutMs?: number, headers?: Record<string, string> }} [options] */
     constructor(options = {}) {
@@ -122,7 +121,6 @@ function define(client) {
       const fetch = makeFetch(ledger);
       super({ url: 'http://' + HOST, fetch, timeoutMs, headers });
       this.#native = ledger;
-      this.#timeoutMs = this.timeoutMs; // the Client's own (its default when not given)
       /** A `fetch` for http://settle.local/... answered by this ledger (every route of the HTTP API). */
       Object.defineProperty(this, 'fetch', { value: fetch, enumerable: false });
     }
@@ -151,7 +149,7 @@ function define(client) {
       }
       let timer;
       const timeout = new Promise((_, reject) => {
-        timer = setTimeout(() => reject(new client.TransportError(`${method} ${path}: no answer in ${this.#timeoutMs} ms`)), this.#timeoutMs);
+        timer = setTimeout(() => reject(new client.TransportError(`${method} ${path}: no answer in ${this.timeoutMs} ms`)), this.timeoutMs); // the Client's own
       });
       return Promise.race([call.then(answer, (e) => Promise.reject(callError(client, e, method, path))), timeout]).finally(() => clearTimeout(timer));
     }
