@@ -35,7 +35,7 @@ use crate::doubt::{self, Commit};
 use crate::lock::principal_key;
 use crate::rows::{self, RecordRow};
 use crate::session::{Server, Token};
-use crate::state::{Conn, Inner, Pending, now_from, transient};
+use crate::state::{Conn, Inner, Pending, answers_a_commit, now_from, transient};
 
 /// What one run of the transaction decided.
 enum Step {
@@ -270,6 +270,8 @@ async fn peek_owner(
 struct Loaded {
     /// The database clock (ms), as read.
     db_now: i64,
+    /// A synchronous standby must confirm commits.
+    standby: bool,
     /// The fence taken from the sequence (claims only).
     fence: Option<i64>,
     /// The target's record or warnings (principals are added by decide).
@@ -403,7 +405,7 @@ fn read_loaded(
     let first = ctx_rows
         .first()
         .ok_or_else(|| PgError::Corrupt("context query returned no row".into()))?;
-    let db_now = rows::loaded_clock(first).map_err(|e| Stop::rollback(Err(e)))?;
+    let (db_now, standby) = rows::loaded_clock(first).map_err(|e| Stop::rollback(Err(e)))?;
     let fence: Option<i64> = first.get(2);
     let mut state = OpState::default();
     let (format, value): (Option<i16>, Option<Vec<u8>>) = match row {
@@ -425,6 +427,7 @@ fn read_loaded(
     }
     Ok(Loaded {
         db_now,
+        standby,
         fence,
         state,
         ctx_rows,
@@ -443,6 +446,7 @@ fn decide_command(
 ) -> Result<(Applied, OpState), Stop> {
     let Loaded {
         db_now,
+        standby,
         fence,
         mut state,
         ctx_rows,
@@ -498,9 +502,11 @@ fn decide_command(
     if upgrade {
         return Err(Stop::rollback(Ok(Step::Relock)));
     }
-    if !applied.needs_commit(&state) {
+    if !applied.needs_commit(&state) && !(standby && answers_a_commit(&applied.reply)) {
         // Nothing changed (a refusal, an in-flight answer, a replay): a
-        // placeholder, if any, goes away with the rollback.
+        // placeholder, if any, goes away with the rollback. A replay or
+        // receipt under a synchronous standby goes on to commit its token
+        // alone: answered once the standby has confirmed it.
         return Err(Stop::rollback(Ok(Step::Done(applied.reply))));
     }
     Ok((applied, state))

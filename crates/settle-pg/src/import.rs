@@ -187,7 +187,7 @@ impl<'a> Target<'a> {
         let row = self
             .within(self.client.query_one(&self.sql.durability, &[]))
             .await?;
-        check_durability(row.try_get(0)?)
+        check_durability(row.try_get(0)?).map(|_| ())
     }
 
     /// Locks the tables against every writer until commit (readers go on),

@@ -49,12 +49,13 @@ pub fn loaded_record(
 }
 
 /// The database clock (ms) a load read in its first row (column 0), after
-/// checking the durability settings it read beside it (column 1).
-pub fn loaded_clock(first: &Row) -> Result<i64, PgError> {
+/// checking the durability settings it read beside it (column 1), and
+/// whether a synchronous standby must confirm commits.
+pub fn loaded_clock(first: &Row) -> Result<(i64, bool), PgError> {
     let db_now: i64 = first.get(0);
     let durability: String = first.get(1);
-    check_durability(&durability)?;
-    Ok(db_now)
+    let standby = check_durability(&durability)?;
+    Ok((db_now, standby))
 }
 
 /// Why a claim may not take `next`: the fence sequence is not above the

@@ -19,8 +19,10 @@ pub const MAX_CLOCK_LAG_MS: i64 = 25;
 pub(crate) const NOW_MS: &str = "floor(extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
 /// The durability settings in force for this transaction, as
-/// `fsync/synchronous_commit`; anything but `on/on` is refused.
-const DURABILITY: &str = "current_setting('fsync') || '/' || current_setting('synchronous_commit')";
+/// `fsync/synchronous_commit`, with `/standby` when a synchronous standby
+/// must confirm commits; anything but `on/on` is refused.
+const DURABILITY: &str = "current_setting('fsync') || '/' || current_setting('synchronous_commit') \
+     || CASE WHEN current_setting('synchronous_standby_names') = '' THEN '' ELSE '/standby' END";
 
 /// The server's durability settings and identity: system identifier (kept
 /// by a promoted standby), postmaster start time (NOT changed by a

@@ -192,10 +192,15 @@ pub(crate) fn now_from(inner: &Inner, db_ms: i64) -> Timestamp {
 }
 
 /// Refuses a transaction that would not be durable: `durability` is
-/// `fsync/synchronous_commit` as read inside it (after `SET LOCAL`).
-pub(crate) fn check_durability(durability: &str) -> Result<(), PgError> {
+/// `fsync/synchronous_commit[/standby]` as read inside it (after `SET
+/// LOCAL`). Whether a synchronous standby must confirm commits: then a
+/// commit may be visible before it is confirmed (a cancelled wait, a
+/// crash-restart of the primary), and an answer read from it waits for a
+/// commit of its own ([`answers_a_commit`]).
+pub(crate) fn check_durability(durability: &str) -> Result<bool, PgError> {
     match durability {
-        "on/on" => Ok(()),
+        "on/on" => Ok(false),
+        "on/on/standby" => Ok(true),
         other => Err(PgError::NotDurable(format!(
             "a transaction ran with fsync/synchronous_commit = {other}: its commit would \
              not survive a crash; settle refuses to serve until both are on"
@@ -232,4 +237,19 @@ where
             other => return other,
         }
     }
+}
+
+/// Whether a reply tells its caller that an outcome committed (a replay,
+/// a receipt). Given without a write of its own, such a reply was read
+/// from a commit; when a synchronous standby is required it is answered
+/// only after a commit of its own has been confirmed (that commit is later
+/// in the WAL, so the one read is confirmed too): a failover must not lose
+/// what a replay already told (issue 50; `tests/crash.rs`,
+/// `a_replay_is_never_answered_from_a_commit_the_standby_has_not_confirmed`).
+pub(crate) fn answers_a_commit(reply: &settle_core::Reply) -> bool {
+    use settle_core::{ClaimDecision, Reply};
+    matches!(
+        reply,
+        Reply::Claim(ClaimDecision::Replay { .. }) | Reply::Receipt(_)
+    )
 }

@@ -557,6 +557,94 @@ async fn a_commit_waiting_for_the_standby_is_never_acknowledged_early() {
     );
 }
 
+/// A replay is never answered from a commit that the synchronous standby
+/// has not confirmed (issue 50's suspicion, real before the fix). A
+/// settlement's wait for the standby is cancelled: PostgreSQL keeps the
+/// commit "locally" and shows it to every later reader, though a failover
+/// to the standby would lose it. The settling store answers `InDoubt`; a
+/// claim or a repeated settlement of the same key on another store (per
+/// command, and through group commit) read the completed record — and used
+/// to answer it as a replay at once. Now such an answer waits until a
+/// commit after it is confirmed by the standby, here never: an error, not
+/// a receipt. Once no standby is required, the replay is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_never_answered_from_a_commit_the_standby_has_not_confirmed() {
+    let name = "replaysync";
+    let Some(pg) = tools_or_skip(name) else {
+        return;
+    };
+    let cluster = tokio::task::block_in_place(|| Cluster::create(&pg, name, &[]));
+    let quick = |o: &mut settle_pg::PgOptions| {
+        o.max_retries = 1;
+        o.client_timeout = Duration::from_secs(2);
+        o.in_doubt_timeout = Duration::from_secs(1);
+    };
+    let writer = common::store_on(&cluster.url(), name, |o| {
+        quick(o);
+        o.group_commit = false;
+    })
+    .await;
+    let b = || binding("alice", 0);
+    let fence = exec_fence(&writer, "k").await;
+    tokio::task::block_in_place(|| {
+        cluster.append_conf(&["synchronous_standby_names = 'nobody_here'".to_string()]);
+        cluster.restart("fast");
+    });
+    let side = cluster.wait_ready().await;
+    let w = writer.clone();
+    let pending = tokio::spawn(async move {
+        w.execute(&acme(), settle("k", fence, 1, b(), completed(1)))
+            .await
+    });
+    let pid = syncrep_waiter(&side, name).await;
+    side.execute("SELECT pg_cancel_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(30), pending)
+        .await
+        .expect("answered")
+        .unwrap();
+    assert!(matches!(r, Err(StoreError::InDoubt(_))), "{r:?}");
+    // The completed record is visible on the primary, unconfirmed.
+    let visible: i64 = side
+        .query_one(
+            &format!("SELECT count(*) FROM {name}.settle_records WHERE receipt_at IS NOT NULL"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(visible, 1, "the cancelled wait left the commit visible");
+
+    for group in [false, true] {
+        let reader = common::store_on(&cluster.url(), name, |o| {
+            quick(o);
+            o.group_commit = group;
+        })
+        .await;
+        for cmd in [claim("k", 1, b()), settle("k", fence, 1, b(), completed(1))] {
+            let r = tokio::time::timeout(Duration::from_secs(60), reader.execute(&acme(), cmd))
+                .await
+                .expect("answered");
+            assert!(
+                r.is_err(),
+                "group commit {group}: answered from a commit the standby never confirmed: {r:?}"
+            );
+        }
+    }
+
+    tokio::task::block_in_place(|| {
+        cluster.append_conf(&["synchronous_standby_names = ''".to_string()]);
+        cluster.restart("fast");
+    });
+    cluster.wait_ready().await;
+    let r = writer.execute(&acme(), claim("k", 1, b())).await.unwrap();
+    assert!(
+        matches!(r, Reply::Claim(ClaimDecision::Replay { .. })),
+        "without a standby to wait for, the replay is answered: {r:?}"
+    );
+}
+
 /// An in-doubt COMMIT is never decided against another
 /// cluster. The settlement commits on A and its answer is lost; by then the
 /// address leads to B, another cluster (its own system identifier) that

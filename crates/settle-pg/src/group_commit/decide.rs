@@ -10,7 +10,7 @@ use settle_ledger::StoreError;
 use super::load::BatchLoad;
 use super::{Fate, Id, Item, record_key};
 use crate::rows;
-use crate::state::{Inner, now_from};
+use crate::state::{Inner, answers_a_commit, now_from};
 
 /// What the core decided for one command of a batch.
 // Short-lived, one per command; boxing the record would cost an allocation each.
@@ -124,6 +124,12 @@ fn decide_one(
         return Decided::Fate(Fate::Failed(StoreError::Corrupt(
             "a settlement granted a lease".into(),
         )));
+    }
+    if load.standby && !applied.changed && answers_a_commit(&applied.reply) {
+        // Read from a commit a synchronous standby may not have confirmed:
+        // the per-command path answers it after a confirmed commit of its
+        // own (`state::answers_a_commit`).
+        return Decided::Fate(Fate::Alone);
     }
     Decided::Applied {
         reply: applied.reply,

@@ -20,6 +20,9 @@ use crate::state::{Conn, Inner};
 pub(super) struct BatchLoad {
     /// The database clock (ms), as read.
     pub(super) db_now: i64,
+    /// A synchronous standby must confirm commits (read by the load; the
+    /// one-round-trip path answers nothing without a write of its own).
+    pub(super) standby: bool,
     /// The fences taken for the claims, in increasing order.
     pub(super) fences: std::vec::IntoIter<Fence>,
     /// Each record as read, then as the batch's commands leave it; a record
@@ -47,6 +50,7 @@ impl BatchLoad {
     pub(super) fn known(warm: &mut crate::known::Warm) -> BatchLoad {
         let mut load = BatchLoad {
             db_now: warm.db_ms,
+            standby: false,
             fences: std::mem::take(&mut warm.fences).into_iter(),
             state: HashMap::new(),
             read_at: HashMap::new(),
@@ -156,7 +160,7 @@ fn read_batch(
     let first = rows
         .first()
         .ok_or_else(|| PgError::Corrupt("the load returned no row".into()))?;
-    let db_now = rows::loaded_clock(first).map_err(Abort::rollback)?;
+    let (db_now, standby) = rows::loaded_clock(first).map_err(Abort::rollback)?;
     let read_end: i64 = first.get(13);
     let mut fences: Vec<i64> = first.get(2);
     fences.sort_unstable();
@@ -203,6 +207,7 @@ fn read_batch(
     Ok((
         BatchLoad {
             db_now,
+            standby,
             fences: fences.into_iter(),
             state,
             read_at,
