@@ -502,7 +502,8 @@ fn decide_command(
     if upgrade {
         return Err(Stop::rollback(Ok(Step::Relock)));
     }
-    if !applied.needs_commit(&state) && !(standby && answers_a_commit(&applied.reply)) {
+    let confirm = standby && answers_a_commit(&applied.reply);
+    if !applied.needs_commit(&state) && !confirm {
         // Nothing changed (a refusal, an in-flight answer, a replay): a
         // placeholder, if any, goes away with the rollback. A replay or
         // receipt under a synchronous standby goes on to commit its token
