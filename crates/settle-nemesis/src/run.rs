@@ -1,0 +1,398 @@
+//! One run: the topology up, the workload and the seeded nemesis against
+//! it, everything healed, the checker over what was recorded, the
+//! topology down. The report is one JSON object on stdout.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sha2::Digest;
+
+use crate::check::{self, Op, RemoteEvent, Verdict};
+use crate::rng::Rng;
+use crate::topology::{Cluster, Net, Node, Result, Server, pg_bindir, signal, wait_until};
+
+/// What `settle-nemesis run` is told.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// The schedule's and the workload's seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Seconds of faults (the workload runs as long, then the heal and
+    /// the final pass follow).
+    #[arg(long, default_value_t = 30)]
+    pub seconds: u64,
+    /// Concurrent `run_once` clients.
+    #[arg(long, default_value_t = 8)]
+    pub clients: u32,
+    /// The settle binary (default: `settle` beside this program).
+    #[arg(long)]
+    pub settle: Option<PathBuf>,
+    /// Keep the run's directory (logs, history, the remote's log).
+    #[arg(long)]
+    pub keep: bool,
+    /// Switch on a deliberate bug, to show the checker catches it
+    /// (docs/reliability.md): `async-standby`.
+    #[arg(long)]
+    pub bug: Option<Bug>,
+}
+
+/// The deliberate bugs a run can switch on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Bug {
+    /// The standby is asynchronous: commits do not wait for it, so a
+    /// failover loses acknowledged receipts.
+    AsyncStandby,
+}
+
+/// The faults the nemesis injects.
+#[derive(Debug, Clone, Copy)]
+enum Fault {
+    /// Clients and server i cannot reach each other.
+    CutClients(u8),
+    /// Server i and the primary cannot reach each other.
+    CutPrimary(u8),
+    /// What the clients send to server i is dropped (answers still flow).
+    ClientsToServerOneWay(u8),
+    /// What the primary sends to server i is dropped.
+    PrimaryToServerOneWay(u8),
+    /// Every process of server i stopped (SIGSTOP) longer than a lease.
+    Pause(u8),
+    /// Server i killed (-9), restarted after a while.
+    Kill(u8),
+    /// The primary cut off from the standby, crashed and restarted
+    /// (recovery shows its unconfirmed commits), crashed again; the
+    /// standby promoted and every server repointed to it. Once per run.
+    Failover,
+}
+
+impl Fault {
+    fn pick(rng: &mut Rng) -> Fault {
+        let i = rng.below(3) as u8;
+        match rng.below(6) {
+            0 => Fault::CutClients(i),
+            1 => Fault::CutPrimary(i),
+            2 => Fault::ClientsToServerOneWay(i),
+            3 => Fault::PrimaryToServerOneWay(i),
+            4 => Fault::Pause(i),
+            _ => Fault::Kill(i),
+        }
+    }
+
+    fn kind(self) -> &'static str {
+        match self {
+            Fault::CutClients(_) => "partition clients-server",
+            Fault::CutPrimary(_) => "partition server-primary",
+            Fault::ClientsToServerOneWay(_) => "one-way clients->server",
+            Fault::PrimaryToServerOneWay(_) => "one-way primary->server",
+            Fault::Pause(_) => "pause server (SIGSTOP)",
+            Fault::Kill(_) => "kill -9 server",
+            Fault::Failover => "failover (primary cut off, crashed, standby promoted)",
+        }
+    }
+}
+
+/// What a run reports.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub seed: u64,
+    pub seconds: u64,
+    pub ops: usize,
+    pub ok: usize,
+    pub replayed: usize,
+    pub errors: BTreeMap<String, usize>,
+    pub faults: BTreeMap<&'static str, usize>,
+    pub schedule: Vec<String>,
+    pub bug: Option<String>,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+    pub dir: Option<PathBuf>,
+}
+
+const LEASE_MS: u64 = 2000;
+const TOKEN: &str = "nemesis-token";
+
+struct Up {
+    net: Net,
+    primary: Cluster,
+    standby: Cluster,
+    /// The standby was promoted: no second failover.
+    failed_over: bool,
+    servers: Vec<Server>,
+    remote: std::process::Child,
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        for s in &mut self.servers {
+            s.kill();
+        }
+        let _ = self.remote.kill();
+        let _ = self.remote.wait();
+        let _ = self.standby.stop(&self.net, "immediate");
+        let _ = self.primary.stop(&self.net, "immediate");
+    }
+}
+
+fn settle_bin(a: &RunArgs) -> Result<PathBuf> {
+    if let Some(p) = &a.settle {
+        return Ok(p.clone());
+    }
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let p = me.with_file_name("settle");
+    p.exists()
+        .then_some(p)
+        .ok_or_else(|| "no settle beside settle-nemesis: build it or pass --settle".into())
+}
+
+fn up(dir: &Path, settle: &Path, tag: &str, bug: Option<Bug>) -> Result<Up> {
+    let net = Net::create(tag)?;
+    let bindir = pg_bindir()?;
+    let primary = Cluster::primary(&net, &bindir, &dir.join("pg1"))?;
+    let synchronous = bug != Some(Bug::AsyncStandby);
+    let standby = Cluster::standby(&net, &primary, &dir.join("pg2"), synchronous)?;
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let remote = net
+        .exec(Node::Remote, &me.to_string_lossy())
+        .args(["remote", "--listen", &format!("{}:7000", Node::Remote.ip())])
+        .arg("--log")
+        .arg(dir.join("remote.jsonl"))
+        .stdin(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("the remote: {e}"))?;
+    let sha = hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()));
+    let mut up = Up {
+        net,
+        primary,
+        standby,
+        failed_over: false,
+        servers: Vec::new(),
+        remote,
+    };
+    // One after the other: the first migrates the schema.
+    for i in 0..3 {
+        let mut s = Server::new(
+            Node::Server(i),
+            settle,
+            &up.primary.url(),
+            &sha,
+            dir.join(format!("s{}.log", i + 1)),
+        );
+        s.start(&up.net)?;
+        up.servers.push(s);
+    }
+    Ok(up)
+}
+
+/// Injects `f`, holds it, heals it.
+fn inject(up: &mut Up, f: Fault, hold: Duration) -> Result<()> {
+    let net = &up.net;
+    let db = if up.failed_over {
+        Node::Standby
+    } else {
+        Node::Primary
+    };
+    match f {
+        Fault::CutClients(i) => {
+            net.cut(Node::Clients, Node::Server(i))?;
+            net.cut(Node::Server(i), Node::Clients)?;
+        }
+        Fault::CutPrimary(i) => {
+            net.cut(db, Node::Server(i))?;
+            net.cut(Node::Server(i), db)?;
+        }
+        Fault::ClientsToServerOneWay(i) => net.cut(Node::Clients, Node::Server(i))?,
+        Fault::PrimaryToServerOneWay(i) => net.cut(db, Node::Server(i))?,
+        Fault::Pause(i) => {
+            let pid = up.servers[i as usize].pid().ok_or("no server to pause")?;
+            signal("STOP", pid)?;
+            std::thread::sleep(hold.max(Duration::from_millis(LEASE_MS + 1000)));
+            return signal("CONT", pid);
+        }
+        Fault::Kill(i) => {
+            let s = &mut up.servers[i as usize];
+            s.kill();
+            std::thread::sleep(hold);
+            return s.start(&up.net);
+        }
+        Fault::Failover => return failover(up, hold),
+    }
+    std::thread::sleep(hold);
+    up.net.heal()
+}
+
+fn failover(up: &mut Up, hold: Duration) -> Result<()> {
+    if up.failed_over {
+        return Ok(());
+    }
+    let net = &up.net;
+    net.cut(Node::Primary, Node::Standby)?;
+    net.cut(Node::Standby, Node::Primary)?;
+    // Commits now wait for the standby (or, asynchronous, do not).
+    std::thread::sleep(hold);
+    up.primary.stop(net, "immediate")?;
+    up.primary.start(net)?;
+    // Crash recovery made its unconfirmed commits visible; the servers
+    // reconnect and read them.
+    std::thread::sleep(Duration::from_millis(1500));
+    up.primary.stop(net, "immediate")?;
+    net.heal()?;
+    up.standby.promote(net)?;
+    up.failed_over = true;
+    let store = up.standby.url();
+    for s in &mut up.servers {
+        s.kill();
+        s.repoint(&store);
+        s.start(&up.net)?;
+    }
+    Ok(())
+}
+
+/// Runs the nemesis until `end` (seeded), healing after each fault.
+fn nemesis(up: &mut Up, rng: &mut Rng, end: Instant, t0: Instant) -> Result<Vec<(u64, Fault)>> {
+    let mut done = Vec::new();
+    let half = t0 + (end - t0) / 2;
+    while Instant::now() + Duration::from_secs(4) < end {
+        std::thread::sleep(rng.ms(300, 1500));
+        // One failover, at the first fault past half-time.
+        let f = if Instant::now() > half && !up.failed_over {
+            Fault::Failover
+        } else {
+            Fault::pick(rng)
+        };
+        let hold = rng.ms(500, 3000);
+        done.push((t0.elapsed().as_millis() as u64, f));
+        inject(up, f, hold)?;
+    }
+    Ok(done)
+}
+
+fn read_lines<T: serde::de::DeserializeOwned>(p: &Path) -> Result<Vec<T>> {
+    std::fs::read_to_string(p)
+        .map_err(|e| format!("{}: {e}", p.display()))?
+        .lines()
+        .map(|l| serde_json::from_str(l).map_err(|e| format!("{}: {e}: {l}", p.display())))
+        .collect()
+}
+
+/// One whole run.
+pub fn run(a: &RunArgs) -> Result<Report> {
+    let settle = settle_bin(a)?;
+    let tmp = tempfile::Builder::new()
+        .prefix("settle-nemesis-")
+        .tempdir()
+        .map_err(|e| e.to_string())?;
+    let dir = tmp.path().to_path_buf();
+    // The postgres user must reach the clusters' directories.
+    crate::topology::sh(Command::new("chmod").args(["755", &dir.to_string_lossy()]))?;
+    let tag = format!("sn{:04x}", std::process::id() % 0x10000);
+    match run_in(a, &dir, &settle, &tag) {
+        Ok(mut report) => {
+            if a.keep || !report.verdict.violations.is_empty() {
+                report.dir = Some(tmp.keep());
+            }
+            Ok(report)
+        }
+        Err(e) => Err(format!("{e} (the run's files: {})", tmp.keep().display())),
+    }
+}
+
+fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
+    let mut up = up(dir, settle, tag, a.bug)?;
+    let servers: Vec<String> = up.servers.iter().map(Server::url).collect();
+    let me = std::env::current_exe().map_err(|e| e.to_string())?;
+    let history = dir.join("history.jsonl");
+    let mut workload = up
+        .net
+        .exec(Node::Clients, &me.to_string_lossy())
+        .args(["workload", "--servers", &servers.join(",")])
+        .args([
+            "--token",
+            TOKEN,
+            "--remote",
+            &format!("{}:7000", Node::Remote.ip()),
+        ])
+        .args([
+            "--seconds",
+            &a.seconds.to_string(),
+            "--seed",
+            &a.seed.to_string(),
+        ])
+        .args([
+            "--clients",
+            &a.clients.to_string(),
+            "--lease-ms",
+            &LEASE_MS.to_string(),
+        ])
+        .arg("--history")
+        .arg(&history)
+        .stdin(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("the workload: {e}"))?;
+    let t0 = Instant::now();
+    let mut rng = Rng::new(a.seed);
+    let schedule = nemesis(&mut up, &mut rng, t0 + Duration::from_secs(a.seconds), t0);
+    // Heal everything whatever happened, then let the workload finish.
+    let healed = up.net.heal();
+    for s in &mut up.servers {
+        if let Some(pid) = s.pid() {
+            let _ = signal("CONT", pid);
+        } else {
+            s.start(&up.net)?;
+        }
+    }
+    let schedule = schedule?;
+    healed?;
+    if let Some(mut stdin) = workload.stdin.take() {
+        writeln!(stdin, "healed").map_err(|e| format!("the workload: {e}"))?;
+    }
+    let mut status = None;
+    wait_until(
+        "the workload to end",
+        Duration::from_secs(a.seconds + 180),
+        || {
+            status = workload.try_wait().ok().flatten();
+            status.is_some()
+        },
+    )
+    .inspect_err(|_| {
+        let _ = workload.kill();
+    })?;
+    if !status.is_some_and(|s| s.success()) {
+        return Err(format!("the workload failed: {status:?}"));
+    }
+    drop(up);
+    let ops: Vec<Op> = read_lines(&history)?;
+    let remote: Vec<RemoteEvent> = read_lines(&dir.join("remote.jsonl"))?;
+    let verdict = check::check(&ops, &remote);
+    let mut errors = BTreeMap::new();
+    for o in &ops {
+        if let Some(e) = &o.error {
+            *errors.entry(e.clone()).or_insert(0) += 1;
+        }
+    }
+    let mut faults = BTreeMap::new();
+    for (_, f) in &schedule {
+        *faults.entry(f.kind()).or_insert(0) += 1;
+    }
+    let report = Report {
+        seed: a.seed,
+        seconds: a.seconds,
+        ops: ops.len(),
+        ok: ops.iter().filter(|o| o.outcome_id.is_some()).count(),
+        replayed: ops.iter().filter(|o| o.replayed).count(),
+        errors,
+        faults,
+        schedule: schedule
+            .iter()
+            .map(|(ms, f)| format!("{ms} ms: {f:?}"))
+            .collect(),
+        bug: a.bug.map(|b| format!("{b:?}")),
+        verdict,
+        dir: None,
+    };
+    Ok(report)
+}
