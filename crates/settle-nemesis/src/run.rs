@@ -13,7 +13,7 @@ use sha2::Digest;
 
 use crate::check::{self, Op, RemoteEvent, Verdict};
 use crate::rng::Rng;
-use crate::topology::{Cluster, Net, Node, Result, Server, pg_bindir, signal, wait_until};
+use crate::topology::{Cluster, Net, Node, Owned, Result, Server, pg_bindir, signal, wait_until};
 
 /// What `settle-nemesis run` is told.
 #[derive(Debug, Clone, clap::Args)]
@@ -59,6 +59,9 @@ enum Fault {
     ClientsToServerOneWay(u8),
     /// What the primary sends to server i is dropped.
     PrimaryToServerOneWay(u8),
+    /// Server i's answers to the clients are dropped (requests arrive and
+    /// commit: lost answers, retried by the SDK).
+    AnswersLost(u8),
     /// Every process of server i stopped (SIGSTOP) longer than a lease.
     Pause(u8),
     /// Server i killed (-9), restarted after a while.
@@ -72,7 +75,8 @@ enum Fault {
 impl Fault {
     fn pick(rng: &mut Rng) -> Fault {
         let i = rng.below(3) as u8;
-        match rng.below(6) {
+        match rng.below(7) {
+            6 => Fault::AnswersLost(i),
             0 => Fault::CutClients(i),
             1 => Fault::CutPrimary(i),
             2 => Fault::ClientsToServerOneWay(i),
@@ -88,6 +92,7 @@ impl Fault {
             Fault::CutPrimary(_) => "partition server-primary",
             Fault::ClientsToServerOneWay(_) => "one-way clients->server",
             Fault::PrimaryToServerOneWay(_) => "one-way primary->server",
+            Fault::AnswersLost(_) => "one-way server->clients (lost answers)",
             Fault::Pause(_) => "pause server (SIGSTOP)",
             Fault::Kill(_) => "kill -9 server",
             Fault::Failover => "failover (primary cut off, crashed, standby promoted)",
@@ -122,18 +127,15 @@ struct Up {
     /// The standby was promoted: no second failover.
     failed_over: bool,
     servers: Vec<Server>,
-    remote: std::process::Child,
+    _remote: Owned,
 }
 
 impl Drop for Up {
     fn drop(&mut self) {
+        // The rest (remote, clusters, namespaces) stop as they drop.
         for s in &mut self.servers {
             s.kill();
         }
-        let _ = self.remote.kill();
-        let _ = self.remote.wait();
-        let _ = self.standby.stop(&self.net, "immediate");
-        let _ = self.primary.stop(&self.net, "immediate");
     }
 }
 
@@ -170,7 +172,7 @@ fn up(dir: &Path, settle: &Path, tag: &str, bug: Option<Bug>) -> Result<Up> {
         standby,
         failed_over: false,
         servers: Vec::new(),
-        remote,
+        _remote: Owned(remote),
     };
     // One after the other: the first migrates the schema.
     for i in 0..3 {
@@ -206,6 +208,7 @@ fn inject(up: &mut Up, f: Fault, hold: Duration) -> Result<()> {
         }
         Fault::ClientsToServerOneWay(i) => net.cut(Node::Clients, Node::Server(i))?,
         Fault::PrimaryToServerOneWay(i) => net.cut(db, Node::Server(i))?,
+        Fault::AnswersLost(i) => net.cut(Node::Server(i), Node::Clients)?,
         Fault::Pause(i) => {
             let pid = up.servers[i as usize].pid().ok_or("no server to pause")?;
             signal("STOP", pid)?;
@@ -305,33 +308,34 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
     let servers: Vec<String> = up.servers.iter().map(Server::url).collect();
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let history = dir.join("history.jsonl");
-    let mut workload = up
-        .net
-        .exec(Node::Clients, &me.to_string_lossy())
-        .args(["workload", "--servers", &servers.join(",")])
-        .args([
-            "--token",
-            TOKEN,
-            "--remote",
-            &format!("{}:7000", Node::Remote.ip()),
-        ])
-        .args([
-            "--seconds",
-            &a.seconds.to_string(),
-            "--seed",
-            &a.seed.to_string(),
-        ])
-        .args([
-            "--clients",
-            &a.clients.to_string(),
-            "--lease-ms",
-            &LEASE_MS.to_string(),
-        ])
-        .arg("--history")
-        .arg(&history)
-        .stdin(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("the workload: {e}"))?;
+    let mut workload = Owned(
+        up.net
+            .exec(Node::Clients, &me.to_string_lossy())
+            .args(["workload", "--servers", &servers.join(",")])
+            .args([
+                "--token",
+                TOKEN,
+                "--remote",
+                &format!("{}:7000", Node::Remote.ip()),
+            ])
+            .args([
+                "--seconds",
+                &a.seconds.to_string(),
+                "--seed",
+                &a.seed.to_string(),
+            ])
+            .args([
+                "--clients",
+                &a.clients.to_string(),
+                "--lease-ms",
+                &LEASE_MS.to_string(),
+            ])
+            .arg("--history")
+            .arg(&history)
+            .stdin(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("the workload: {e}"))?,
+    );
     let t0 = Instant::now();
     let mut rng = Rng::new(a.seed);
     let schedule = nemesis(&mut up, &mut rng, t0 + Duration::from_secs(a.seconds), t0);
@@ -346,7 +350,7 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
     }
     let schedule = schedule?;
     healed?;
-    if let Some(mut stdin) = workload.stdin.take() {
+    if let Some(mut stdin) = workload.0.stdin.take() {
         writeln!(stdin, "healed").map_err(|e| format!("the workload: {e}"))?;
     }
     let mut status = None;
@@ -354,13 +358,10 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
         "the workload to end",
         Duration::from_secs(a.seconds + 180),
         || {
-            status = workload.try_wait().ok().flatten();
+            status = workload.0.try_wait().ok().flatten();
             status.is_some()
         },
-    )
-    .inspect_err(|_| {
-        let _ = workload.kill();
-    })?;
+    )?;
     if !status.is_some_and(|s| s.success()) {
         return Err(format!("the workload failed: {status:?}"));
     }

@@ -369,6 +369,28 @@ impl Cluster {
     }
 }
 
+impl Drop for Cluster {
+    /// Stopped however the run ends (a failed setup step included): no
+    /// PostgreSQL outlives its run. `pg_ctl stop` signals the postmaster
+    /// named in the data directory: no namespace needed.
+    fn drop(&mut self) {
+        let _ = sh(Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(self.bindir.join("pg_ctl"))
+            .args(["-D", &path(&self.dir), "-m", "immediate", "stop"]));
+    }
+}
+
+/// A child process killed (-9) and reaped when dropped.
+pub struct Owned(pub Child);
+
+impl Drop for Owned {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// One `settle serve` of the run, on the primary.
 pub struct Server {
     pub node: Node,
