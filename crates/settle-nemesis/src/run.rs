@@ -34,6 +34,10 @@ pub struct RunArgs {
     /// Keep the run's directory (logs, history, the remote's log).
     #[arg(long)]
     pub keep: bool,
+    /// Seconds the standby's clock is off (libfaketime): the database's
+    /// clock jumps by that much at the failover.
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub standby_skew_s: i64,
     /// Switch on a deliberate bug, to show the checker catches it
     /// (docs/reliability.md): `async-standby`.
     #[arg(long)]
@@ -112,6 +116,7 @@ pub struct Report {
     pub faults: BTreeMap<&'static str, usize>,
     pub schedule: Vec<String>,
     pub bug: Option<String>,
+    pub standby_skew_s: i64,
     #[serde(flatten)]
     pub verdict: Verdict,
     pub dir: Option<PathBuf>,
@@ -150,12 +155,19 @@ fn settle_bin(a: &RunArgs) -> Result<PathBuf> {
         .ok_or_else(|| "no settle beside settle-nemesis: build it or pass --settle".into())
 }
 
-fn up(dir: &Path, settle: &Path, tag: &str, bug: Option<Bug>) -> Result<Up> {
+fn up(dir: &Path, settle: &Path, tag: &str, a: &RunArgs) -> Result<Up> {
+    let bug = a.bug;
     let net = Net::create(tag)?;
     let bindir = pg_bindir()?;
     let primary = Cluster::primary(&net, &bindir, &dir.join("pg1"))?;
     let synchronous = bug != Some(Bug::AsyncStandby);
-    let standby = Cluster::standby(&net, &primary, &dir.join("pg2"), synchronous)?;
+    let standby = Cluster::standby(
+        &net,
+        &primary,
+        &dir.join("pg2"),
+        synchronous,
+        a.standby_skew_s,
+    )?;
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let remote = net
         .exec(Node::Remote, &me.to_string_lossy())
@@ -304,7 +316,7 @@ pub fn run(a: &RunArgs) -> Result<Report> {
 }
 
 fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
-    let mut up = up(dir, settle, tag, a.bug)?;
+    let mut up = up(dir, settle, tag, a)?;
     let servers: Vec<String> = up.servers.iter().map(Server::url).collect();
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let history = dir.join("history.jsonl");
@@ -392,6 +404,7 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
             .map(|(ms, f)| format!("{ms} ms: {f:?}"))
             .collect(),
         bug: a.bug.map(|b| format!("{b:?}")),
+        standby_skew_s: a.standby_skew_s,
         verdict,
         dir: None,
     };

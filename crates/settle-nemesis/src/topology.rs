@@ -215,6 +215,8 @@ pub struct Cluster {
     pub node: Node,
     pub dir: PathBuf,
     bindir: PathBuf,
+    /// Seconds the cluster's clock is off (libfaketime), if any.
+    skew_s: Option<i64>,
 }
 
 impl Cluster {
@@ -231,6 +233,7 @@ impl Cluster {
             node: Node::Primary,
             dir: dir.to_path_buf(),
             bindir: bindir.to_path_buf(),
+            skew_s: None,
         };
         fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         sh(Command::new("chown").args(["postgres:postgres", &path(dir)]))?;
@@ -263,12 +266,21 @@ impl Cluster {
     }
 
     /// A standby of `primary` in `dir`, streaming as `standby`; the primary
-    /// then requires it to confirm every commit.
-    pub fn standby(net: &Net, primary: &Cluster, dir: &Path, synchronous: bool) -> Result<Cluster> {
+    /// then requires it to confirm every commit (unless not `synchronous`).
+    /// `skew_s`: its clock is that many seconds off (libfaketime), which
+    /// becomes the database's clock at a failover.
+    pub fn standby(
+        net: &Net,
+        primary: &Cluster,
+        dir: &Path,
+        synchronous: bool,
+        skew_s: i64,
+    ) -> Result<Cluster> {
         let c = Cluster {
             node: Node::Standby,
             dir: dir.to_path_buf(),
             bindir: primary.bindir.clone(),
+            skew_s: (skew_s != 0).then_some(skew_s),
         };
         fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         sh(Command::new("chown").args(["postgres:postgres", &path(dir)]))?;
@@ -322,17 +334,51 @@ impl Cluster {
     }
 
     pub fn start(&self, net: &Net) -> Result<()> {
-        sh(self.as_postgres(net, "pg_ctl").args([
-            "-D",
-            &path(&self.dir),
-            "-l",
-            &path(&self.dir.join("log")),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        ]))
-        .map(|_| ())
+        let Some(skew) = self.skew_s else {
+            return sh(self.as_postgres(net, "pg_ctl").args([
+                "-D",
+                &path(&self.dir),
+                "-l",
+                &path(&self.dir.join("log")),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]))
+            .map(|_| ());
+        };
+        // Under libfaketime `pg_ctl -w` never sees the server start: the
+        // postmaster is started directly, only its wall clock skewed (the
+        // monotonic clock its timers use is left alone), then polled.
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("log"))
+            .map_err(|e| e.to_string())?;
+        let mut c = net.exec(self.node, "runuser");
+        c.args(["-u", "postgres", "--", "env"])
+            .arg(format!("LD_PRELOAD={FAKETIME_LIB}"))
+            .arg(format!("FAKETIME={skew:+}s"))
+            .arg("DONT_FAKE_MONOTONIC=1")
+            .arg(self.bindir.join("postgres"))
+            .args(["-D", &path(&self.dir)])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().map_err(|e| e.to_string())?)
+            .stderr(log);
+        // The postmaster outlives this handle: it is stopped by `pg_ctl stop`.
+        c.spawn()
+            .map_err(|e| format!("postgres under faketime: {e}"))?;
+        let isready = self.bindir.join("pg_isready");
+        wait_until(
+            "PostgreSQL under faketime to start",
+            Duration::from_secs(60),
+            || {
+                sh(net
+                    .exec(self.node, &path(&isready))
+                    .args(["-h", &self.node.ip(), "-p", "5432"]))
+                .is_ok()
+            },
+        )
     }
 
     /// Ends recovery: this standby becomes the primary.
@@ -483,6 +529,9 @@ impl Drop for Server {
 pub fn signal(sig: &str, pid: u32) -> Result<()> {
     sh(Command::new("kill").args([&format!("-{sig}"), &pid.to_string()])).map(|_| ())
 }
+
+/// libfaketime (Debian's `faketime` package).
+const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
 
 /// A cluster's socket directory, beside its data directory (inside it,
 /// `pg_basebackup` would copy the primary's socket lock to the standby).
