@@ -50,6 +50,9 @@ pub enum Bug {
     /// The standby is asynchronous: commits do not wait for it, so a
     /// failover loses acknowledged receipts.
     AsyncStandby,
+    /// The clients are an SDK that runs the effect again when a settle's
+    /// answer is lost.
+    RerunAfterLostSettle,
 }
 
 /// The faults the nemesis injects.
@@ -113,7 +116,7 @@ pub struct Report {
     pub ok: usize,
     pub replayed: usize,
     pub errors: BTreeMap<String, usize>,
-    pub faults: BTreeMap<&'static str, usize>,
+    pub faults: BTreeMap<String, usize>,
     pub schedule: Vec<String>,
     pub bug: Option<String>,
     pub standby_skew_s: i64,
@@ -293,6 +296,13 @@ fn read_lines<T: serde::de::DeserializeOwned>(p: &Path) -> Result<Vec<T>> {
         .collect()
 }
 
+/// The answer nemesis's counts (the workload's proxies).
+fn read_answers(history: &Path) -> Result<BTreeMap<String, usize>> {
+    let p = history.with_extension("answers.json");
+    let b = std::fs::read(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", p.display()))
+}
+
 /// One whole run.
 pub fn run(a: &RunArgs) -> Result<Report> {
     let settle = settle_bin(a)?;
@@ -344,6 +354,7 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
             ])
             .arg("--history")
             .arg(&history)
+            .args((a.bug == Some(Bug::RerunAfterLostSettle)).then_some("--rerun-after-lost-settle"))
             .stdin(Stdio::piped())
             .spawn()
             .map_err(|e| format!("the workload: {e}"))?,
@@ -387,9 +398,9 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
             *errors.entry(e.clone()).or_insert(0) += 1;
         }
     }
-    let mut faults = BTreeMap::new();
+    let mut faults: BTreeMap<String, usize> = read_answers(&history)?;
     for (_, f) in &schedule {
-        *faults.entry(f.kind()).or_insert(0) += 1;
+        *faults.entry(f.kind().to_string()).or_insert(0) += 1;
     }
     let report = Report {
         seed: a.seed,

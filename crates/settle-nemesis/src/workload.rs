@@ -42,7 +42,7 @@ pub struct WorkloadArgs {
     /// Keys in play at a time (a new set every `window_ms`).
     #[arg(long, default_value_t = 4)]
     pub keys: u64,
-    #[arg(long, default_value_t = 2000)]
+    #[arg(long, default_value_t = 1000)]
     pub window_ms: u64,
     /// The lease of every run.
     #[arg(long, default_value_t = 2000)]
@@ -50,6 +50,11 @@ pub struct WorkloadArgs {
     /// Where the history goes (JSON lines of `check::Op`).
     #[arg(long)]
     pub history: std::path::PathBuf,
+    /// The main phase's clients are a deliberately broken SDK that runs
+    /// the effect again when a settle's answer is lost (the final pass
+    /// still uses the real one).
+    #[arg(long)]
+    pub rerun_after_lost_settle: bool,
 }
 
 /// The effect's result: the number the remote gave the effect it applied.
@@ -123,6 +128,80 @@ async fn one(
     .await
 }
 
+/// The deliberately broken client (`--bug rerun-after-lost-settle`): the
+/// protocol by hand, except that a settle whose answer is lost makes it
+/// run the effect again and settle that — what SPEC §11.11 forbids (a
+/// lost settle answer is retried as the same settle). A `reconcile` grant
+/// or a busy key ends the call (the final pass's real SDK resolves it).
+async fn buggy(
+    client: &settle_client::Client,
+    a: &WorkloadArgs,
+    key: &str,
+) -> Result<(u64, bool), String> {
+    use settle_client::api;
+    let binding = api::Binding {
+        principal: "nemesis".into(),
+        scopes: vec![],
+        generation: 0,
+    };
+    let fp = settle_worker::fingerprint(&json!({ "key": key }))
+        .map_err(|e| e.to_string())?
+        .to_hex();
+    let claim = api::ClaimRequest {
+        fingerprint: fp.clone(),
+        binding: binding.clone(),
+        lease_ms: Some(a.lease_ms),
+        worker: None,
+        marks_dispatch: false,
+        retention_s: None,
+        claim_id: Some(settle_worker::new_claim_id().as_str().to_string()),
+    };
+    let fence = match client
+        .claim(key, &claim)
+        .await
+        .map_err(|e| format!("{e:?}"))?
+    {
+        api::ClaimDecision::Execute(g) => g.fence,
+        api::ClaimDecision::Replay { outcome, .. } => {
+            let id = outcome
+                .result
+                .and_then(|r| serde_json::from_str::<serde_json::Value>(r.get()).ok())
+                .and_then(|v| v.get("id")?.as_u64())
+                .ok_or("a replay without an id")?;
+            return Ok((id, true));
+        }
+        _ => return Err("BusyOrReconcile".into()),
+    };
+    for _ in 0..3 {
+        let line = format!("APPLY {key} {fence}");
+        let id = match remote::call(&a.remote, &line, REMOTE_TIMEOUT).await {
+            Ok(Answer::Applied(id)) => id,
+            other => return Err(format!("EffectFailed {other:?}")),
+        };
+        let settle = api::SettleRequest {
+            fence,
+            fingerprint: fp.clone(),
+            binding: binding.clone(),
+            outcome: api::Outcome {
+                status: api::OutcomeStatus::Completed,
+                result: Some(
+                    serde_json::value::RawValue::from_string(format!("{{\"id\":{id}}}"))
+                        .map_err(|e| e.to_string())?,
+                ),
+                response_sha256: None,
+                error: None,
+            },
+        };
+        match client.settle(key, &settle).await {
+            Ok(_) => return Ok((id, false)),
+            // THE BUG: the answer was lost, so the effect runs again.
+            Err(e) if e.is_transport() => continue,
+            Err(e) => return Err(format!("{e:?}")),
+        }
+    }
+    Err("SettleLost".into())
+}
+
 fn record(
     c: u32,
     key: &str,
@@ -144,9 +223,60 @@ fn record(
     }
 }
 
-fn clients(a: &WorkloadArgs) -> Vec<settle_client::Client> {
-    a.servers
-        .iter()
+/// One fault proxy per server, in the clients' namespace: the answer
+/// nemesis's lost and delayed answers (this kernel has no netem).
+async fn proxies(a: &WorkloadArgs) -> std::io::Result<Vec<settle_faultproxy::Proxy>> {
+    let mut out = Vec::new();
+    for url in &a.servers {
+        let addr: std::net::SocketAddr = url
+            .trim_start_matches("http://")
+            .parse()
+            .map_err(|e| std::io::Error::other(format!("{url}: {e}")))?;
+        out.push(
+            settle_faultproxy::Proxy::start("127.0.0.1:0".parse().expect("an address"), addr)
+                .await?,
+        );
+    }
+    Ok(out)
+}
+
+/// Seeded, until `end`: every 0.3-1.5 s one proxy gets a rule for the
+/// next claim or settle (or any call): its answer dropped after the server
+/// handled it, or delayed 0.1-2.5 s; then the rules are cleared. Counts
+/// what it set, by kind.
+async fn answer_nemesis(
+    proxies: &[settle_faultproxy::Proxy],
+    seed: u64,
+    end: Instant,
+) -> std::collections::BTreeMap<String, usize> {
+    use settle_faultproxy::{Action, Call, Rule};
+    let mut rng = Rng::new(seed ^ 0x5eed_a115);
+    let mut counts = std::collections::BTreeMap::new();
+    while Instant::now() < end {
+        tokio::time::sleep(rng.ms(300, 1500)).await;
+        let p = &proxies[rng.below(proxies.len() as u64) as usize];
+        let call = match rng.below(3) {
+            0 => Some(Call::Claim),
+            1 => Some(Call::Settle),
+            _ => None,
+        };
+        let (action, kind) = if rng.below(2) == 0 {
+            (Action::DropAnswer, "lost answer")
+        } else {
+            let delay_ms = 100 + rng.below(2400);
+            (Action::Delay { delay_ms }, "delayed answer")
+        };
+        let what = call.map_or("any call", |c| c.as_str());
+        *counts.entry(format!("{kind} ({what})")).or_insert(0) += 1;
+        p.set_rules(vec![Rule::new(call, action).times(1 + rng.below(3))]);
+        tokio::time::sleep(rng.ms(200, 1500)).await;
+        p.set_rules(Vec::new());
+    }
+    counts
+}
+
+fn clients(a: &WorkloadArgs, urls: &[String]) -> Vec<settle_client::Client> {
+    urls.iter()
         .map(|url| {
             settle_client::Client::builder(url)
                 .token(a.token.clone())
@@ -160,11 +290,17 @@ fn clients(a: &WorkloadArgs) -> Vec<settle_client::Client> {
 
 /// Runs the workload; the history is written when it ends.
 pub async fn run(a: WorkloadArgs) -> std::io::Result<()> {
-    let servers = Arc::new(clients(&a));
+    let proxies = proxies(&a).await?;
+    let urls: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("http://{}", p.addr()))
+        .collect();
+    let servers = Arc::new(clients(&a, &urls));
     let a = Arc::new(a);
     let history = Arc::new(Mutex::new(Vec::<Op>::new()));
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs(a.seconds);
+    let answers = answer_nemesis(&proxies, a.seed, end);
     let mut tasks = Vec::new();
     for c in 0..a.clients {
         let (a, servers, history) = (a.clone(), servers.clone(), history.clone());
@@ -176,15 +312,43 @@ pub async fn run(a: WorkloadArgs) -> std::io::Result<()> {
                 let key = format!("w{window}-k{}", rng.below(a.keys));
                 let server = &servers[rng.below(servers.len() as u64) as usize];
                 let start = Instant::now();
-                let r = one(server, &a, &key, &o).await;
-                let op = record(c, &key, t0, start, &r, false);
+                let op = if a.rerun_after_lost_settle {
+                    let r = buggy(server, &a, &key).await;
+                    let op = Op {
+                        client: c,
+                        key: key.clone(),
+                        start_ms: start.duration_since(t0).as_millis() as u64,
+                        end_ms: t0.elapsed().as_millis() as u64,
+                        outcome_id: r.as_ref().ok().map(|x| x.0),
+                        replayed: r.as_ref().is_ok_and(|x| x.1),
+                        error: r
+                            .err()
+                            .map(|e| e.split(' ').next().unwrap_or("").to_string()),
+                        after_heal: false,
+                    };
+                    if op.error.is_some() {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    op
+                } else {
+                    let r = one(server, &a, &key, &o).await;
+                    record(c, &key, t0, start, &r, false)
+                };
                 history.lock().unwrap_or_else(|p| p.into_inner()).push(op);
             }
         }));
     }
+    let answer_faults = answers.await;
+    for p in &proxies {
+        p.set_rules(Vec::new());
+    }
     for t in tasks {
         t.await.expect("a client task ends without panicking");
     }
+    std::fs::write(
+        a.history.with_extension("answers.json"),
+        serde_json::to_vec(&answer_faults).expect("counts serialize"),
+    )?;
     eprintln!("workload: main phase done; waiting for the heal");
     let mut line = String::new();
     tokio::io::AsyncBufReadExt::read_line(
