@@ -288,6 +288,55 @@ fn clients(a: &WorkloadArgs, urls: &[String]) -> Vec<settle_client::Client> {
         .collect()
 }
 
+/// After the heal: every key the history touched, until it has an
+/// outcome, 16 at a time, at most 60 s in all (the real SDK).
+async fn final_pass(
+    a: &Arc<WorkloadArgs>,
+    servers: &Arc<Vec<settle_client::Client>>,
+    history: &Arc<Mutex<Vec<Op>>>,
+    t0: Instant,
+) {
+    let keys: BTreeSet<String> = history
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|o| o.key.clone())
+        .collect();
+    let keys: Vec<String> = keys.into_iter().collect();
+    // Every key until it has an outcome, 16 at a time, at most 60 s.
+    let give_up = Instant::now() + Duration::from_secs(60);
+    let o = Arc::new(options(a, Duration::from_secs(10)));
+    for chunk in keys.chunks(16) {
+        let mut tasks = Vec::new();
+        for (i, key) in chunk.iter().enumerate() {
+            let (a, servers, history, o, key) = (
+                a.clone(),
+                servers.clone(),
+                history.clone(),
+                o.clone(),
+                key.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let mut n = i;
+                loop {
+                    let start = Instant::now();
+                    let r = one(&servers[n % servers.len()], &a, &key, &o).await;
+                    n += 1;
+                    if r.is_ok() || Instant::now() > give_up {
+                        let op = record(u32::MAX, &key, t0, start, &r, true);
+                        history.lock().unwrap_or_else(|p| p.into_inner()).push(op);
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.expect("a final run ends without panicking");
+        }
+    }
+}
+
 /// Runs the workload; the history is written when it ends.
 pub async fn run(a: WorkloadArgs) -> std::io::Result<()> {
     let proxies = proxies(&a).await?;
@@ -356,45 +405,7 @@ pub async fn run(a: WorkloadArgs) -> std::io::Result<()> {
         &mut line,
     )
     .await?;
-    let keys: BTreeSet<String> = history
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .iter()
-        .map(|o| o.key.clone())
-        .collect();
-    let keys: Vec<String> = keys.into_iter().collect();
-    // Every key until it has an outcome, 16 at a time, at most 60 s.
-    let give_up = Instant::now() + Duration::from_secs(60);
-    let o = Arc::new(options(&a, Duration::from_secs(10)));
-    for chunk in keys.chunks(16) {
-        let mut tasks = Vec::new();
-        for (i, key) in chunk.iter().enumerate() {
-            let (a, servers, history, o, key) = (
-                a.clone(),
-                servers.clone(),
-                history.clone(),
-                o.clone(),
-                key.clone(),
-            );
-            tasks.push(tokio::spawn(async move {
-                let mut n = i;
-                loop {
-                    let start = Instant::now();
-                    let r = one(&servers[n % servers.len()], &a, &key, &o).await;
-                    n += 1;
-                    if r.is_ok() || Instant::now() > give_up {
-                        let op = record(u32::MAX, &key, t0, start, &r, true);
-                        history.lock().unwrap_or_else(|p| p.into_inner()).push(op);
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }));
-        }
-        for t in tasks {
-            t.await.expect("a final run ends without panicking");
-        }
-    }
+    final_pass(&a, &servers, &history, t0).await;
     let mut out = Vec::new();
     for op in history.lock().unwrap_or_else(|p| p.into_inner()).iter() {
         serde_json::to_writer(&mut out, op).expect("an op serializes");
