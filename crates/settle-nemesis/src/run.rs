@@ -73,6 +73,10 @@ enum Fault {
     Pause(u8),
     /// Server i killed (-9), restarted after a while.
     Kill(u8),
+    /// Workload process j (half of the clients) stopped (SIGSTOP) longer
+    /// than a lease: its leases lapse, the other half takes the keys over,
+    /// and its effects arrive late (the remote's fencing refuses them).
+    PauseClients(u8),
     /// The primary cut off from the standby, crashed and restarted
     /// (recovery shows its unconfirmed commits), crashed again; the
     /// standby promoted and every server repointed to it. Once per run.
@@ -82,7 +86,8 @@ enum Fault {
 impl Fault {
     fn pick(rng: &mut Rng) -> Fault {
         let i = rng.below(3) as u8;
-        match rng.below(7) {
+        match rng.below(8) {
+            7 => Fault::PauseClients(i % 2),
             6 => Fault::AnswersLost(i),
             0 => Fault::CutClients(i),
             1 => Fault::CutPrimary(i),
@@ -102,6 +107,7 @@ impl Fault {
             Fault::AnswersLost(_) => "one-way server->clients (lost answers)",
             Fault::Pause(_) => "pause server (SIGSTOP)",
             Fault::Kill(_) => "kill -9 server",
+            Fault::PauseClients(_) => "pause half of the clients (SIGSTOP)",
             Fault::Failover => "failover (primary cut off, crashed, standby promoted)",
         }
     }
@@ -136,6 +142,8 @@ struct Up {
     failed_over: bool,
     servers: Vec<Server>,
     _remote: Owned,
+    /// The workload processes' pids (paused by the nemesis).
+    workloads: Vec<u32>,
 }
 
 impl Drop for Up {
@@ -188,6 +196,7 @@ fn up(dir: &Path, settle: &Path, tag: &str, a: &RunArgs) -> Result<Up> {
         failed_over: false,
         servers: Vec::new(),
         _remote: Owned(remote),
+        workloads: Vec::new(),
     };
     // One after the other: the first migrates the schema.
     for i in 0..3 {
@@ -237,6 +246,12 @@ fn inject(up: &mut Up, f: Fault, hold: Duration) -> Result<()> {
             return s.start(&up.net);
         }
         Fault::Failover => return failover(up, hold),
+        Fault::PauseClients(j) => {
+            let pid = up.workloads[j as usize];
+            signal("STOP", pid)?;
+            std::thread::sleep(hold.max(Duration::from_millis(LEASE_MS + 1000)));
+            return signal("CONT", pid);
+        }
     }
     std::thread::sleep(hold);
     up.net.heal()
@@ -329,36 +344,33 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
     let mut up = up(dir, settle, tag, a)?;
     let servers: Vec<String> = up.servers.iter().map(Server::url).collect();
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
-    let history = dir.join("history.jsonl");
-    let mut workload = Owned(
-        up.net
+    // Two workload processes, half of the clients each: the nemesis
+    // pauses one while the other goes on.
+    let histories: Vec<PathBuf> = (0..2)
+        .map(|j| dir.join(format!("history-{j}.jsonl")))
+        .collect();
+    let mut workloads = Vec::new();
+    for (j, history) in histories.iter().enumerate() {
+        let w = up
+            .net
             .exec(Node::Clients, &me.to_string_lossy())
             .args(["workload", "--servers", &servers.join(",")])
-            .args([
-                "--token",
-                TOKEN,
-                "--remote",
-                &format!("{}:7000", Node::Remote.ip()),
-            ])
-            .args([
-                "--seconds",
-                &a.seconds.to_string(),
-                "--seed",
-                &a.seed.to_string(),
-            ])
-            .args([
-                "--clients",
-                &a.clients.to_string(),
-                "--lease-ms",
-                &LEASE_MS.to_string(),
-            ])
+            .args(["--token", TOKEN])
+            .args(["--remote", &format!("{}:7000", Node::Remote.ip())])
+            .args(["--seconds", &a.seconds.to_string()])
+            .args(["--seed", &(a.seed ^ (j as u64) << 32).to_string()])
+            .args(["--clients", &a.clients.div_ceil(2).to_string()])
+            .args(["--client-base", &(j as u32 * 1000).to_string()])
+            .args(["--lease-ms", &LEASE_MS.to_string()])
             .arg("--history")
-            .arg(&history)
+            .arg(history)
             .args((a.bug == Some(Bug::RerunAfterLostSettle)).then_some("--rerun-after-lost-settle"))
             .stdin(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("the workload: {e}"))?,
-    );
+            .map_err(|e| format!("the workload: {e}"))?;
+        up.workloads.push(w.id());
+        workloads.push(Owned(w));
+    }
     let t0 = Instant::now();
     let mut rng = Rng::new(a.seed);
     let schedule = nemesis(&mut up, &mut rng, t0 + Duration::from_secs(a.seconds), t0);
@@ -373,23 +385,34 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
     }
     let schedule = schedule?;
     healed?;
-    if let Some(mut stdin) = workload.0.stdin.take() {
-        writeln!(stdin, "healed").map_err(|e| format!("the workload: {e}"))?;
+    for w in &mut workloads {
+        if let Some(mut stdin) = w.0.stdin.take() {
+            writeln!(stdin, "healed").map_err(|e| format!("the workload: {e}"))?;
+        }
     }
-    let mut status = None;
-    wait_until(
-        "the workload to end",
-        Duration::from_secs(a.seconds + 180),
-        || {
-            status = workload.0.try_wait().ok().flatten();
-            status.is_some()
-        },
-    )?;
-    if !status.is_some_and(|s| s.success()) {
-        return Err(format!("the workload failed: {status:?}"));
+    for w in &mut workloads {
+        let mut status = None;
+        wait_until(
+            "the workload to end",
+            Duration::from_secs(a.seconds + 180),
+            || {
+                status = w.0.try_wait().ok().flatten();
+                status.is_some()
+            },
+        )?;
+        if !status.is_some_and(|s| s.success()) {
+            return Err(format!("the workload failed: {status:?}"));
+        }
     }
     drop(up);
-    let ops: Vec<Op> = read_lines(&history)?;
+    let mut ops: Vec<Op> = Vec::new();
+    let mut faults: BTreeMap<String, usize> = BTreeMap::new();
+    for h in &histories {
+        ops.extend(read_lines::<Op>(h)?);
+        for (k, n) in read_answers(h)? {
+            *faults.entry(k).or_insert(0) += n;
+        }
+    }
     let remote: Vec<RemoteEvent> = read_lines(&dir.join("remote.jsonl"))?;
     let verdict = check::check(&ops, &remote);
     let mut errors = BTreeMap::new();
@@ -398,7 +421,6 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
             *errors.entry(e.clone()).or_insert(0) += 1;
         }
     }
-    let mut faults: BTreeMap<String, usize> = read_answers(&history)?;
     for (_, f) in &schedule {
         *faults.entry(f.kind().to_string()).or_insert(0) += 1;
     }

@@ -39,6 +39,9 @@ pub struct WorkloadArgs {
     /// Concurrent clients.
     #[arg(long, default_value_t = 8)]
     pub clients: u32,
+    /// The number of the first client (several workload processes).
+    #[arg(long, default_value_t = 0)]
+    pub client_base: u32,
     /// Keys in play at a time (a new set every `window_ms`).
     #[arg(long, default_value_t = 4)]
     pub keys: u64,
@@ -81,6 +84,16 @@ fn class(e: &RunError) -> String {
 
 const REMOTE_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// An effect takes a while (5-35 ms, fixed per request) before it sends:
+/// faults land between a claim and its effect, and a worker paused there
+/// sends its effect late, under a lease that may have lapsed.
+async fn prepare(line: &str) {
+    let spread = line
+        .bytes()
+        .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+    tokio::time::sleep(Duration::from_millis(5 + spread % 31)).await;
+}
+
 fn options(a: &WorkloadArgs, deadline: Duration) -> RunOptions {
     let addr = a.remote.clone();
     let hook = move |key: Key, fence: Fence| {
@@ -115,6 +128,7 @@ async fn one(
         &json!({ "key": key }),
         async |ctx: &EffectContext<'_>| {
             let line = format!("APPLY {} {}", ctx.key().as_str(), ctx.fence().0);
+            prepare(&line).await;
             match remote::call(addr, &line, REMOTE_TIMEOUT).await {
                 Ok(Answer::Applied(id)) => Ok(result_of(id)),
                 Ok(Answer::Fenced) => Err(EffectError::refused("the remote saw a higher fence")),
@@ -174,6 +188,7 @@ async fn buggy(
     };
     for _ in 0..3 {
         let line = format!("APPLY {key} {fence}");
+        prepare(&line).await;
         let id = match remote::call(&a.remote, &line, REMOTE_TIMEOUT).await {
             Ok(Answer::Applied(id)) => id,
             other => return Err(format!("EffectFailed {other:?}")),
@@ -351,13 +366,16 @@ pub async fn run(a: WorkloadArgs) -> std::io::Result<()> {
     let end = t0 + Duration::from_secs(a.seconds);
     let answers = answer_nemesis(&proxies, a.seed, end);
     let mut tasks = Vec::new();
-    for c in 0..a.clients {
+    for c in a.client_base..a.client_base + a.clients {
         let (a, servers, history) = (a.clone(), servers.clone(), history.clone());
         tasks.push(tokio::spawn(async move {
             let mut rng = Rng::new(a.seed ^ (u64::from(c) + 1).wrapping_mul(0x9e37_79b9));
             let o = options(&a, Duration::from_secs(3));
             while Instant::now() < end {
-                let window = t0.elapsed().as_millis() as u64 / a.window_ms;
+                // The keys of this window and the three before: a key stays
+                // in play longer than a lease.
+                let window =
+                    (t0.elapsed().as_millis() as u64 / a.window_ms).saturating_sub(rng.below(4));
                 let key = format!("w{window}-k{}", rng.below(a.keys));
                 let server = &servers[rng.below(servers.len() as u64) as usize];
                 let start = Instant::now();
