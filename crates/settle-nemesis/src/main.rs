@@ -45,7 +45,7 @@ fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SETTLE_LOG")
-                .unwrap_or_else(|_| "warn".into()),
+                .unwrap_or_else(|_| "warn,settle_faultproxy=error".into()),
         )
         .with_writer(std::io::stderr)
         .init();
