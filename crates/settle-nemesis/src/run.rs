@@ -213,6 +213,14 @@ fn up(dir: &Path, settle: &Path, tag: &str, a: &RunArgs) -> Result<Up> {
     Ok(up)
 }
 
+/// Stops `pid` (SIGSTOP) for `hold`, at least a lease and a second, then
+/// continues it.
+fn pause(pid: u32, hold: Duration) -> Result<()> {
+    signal("STOP", pid)?;
+    std::thread::sleep(hold.max(Duration::from_millis(LEASE_MS + 1000)));
+    signal("CONT", pid)
+}
+
 /// Injects `f`, holds it, heals it.
 fn inject(up: &mut Up, f: Fault, hold: Duration) -> Result<()> {
     let net = &up.net;
@@ -235,9 +243,7 @@ fn inject(up: &mut Up, f: Fault, hold: Duration) -> Result<()> {
         Fault::AnswersLost(i) => net.cut(Node::Server(i), Node::Clients)?,
         Fault::Pause(i) => {
             let pid = up.servers[i as usize].pid().ok_or("no server to pause")?;
-            signal("STOP", pid)?;
-            std::thread::sleep(hold.max(Duration::from_millis(LEASE_MS + 1000)));
-            return signal("CONT", pid);
+            return pause(pid, hold);
         }
         Fault::Kill(i) => {
             let s = &mut up.servers[i as usize];
@@ -246,12 +252,7 @@ fn inject(up: &mut Up, f: Fault, hold: Duration) -> Result<()> {
             return s.start(&up.net);
         }
         Fault::Failover => return failover(up, hold),
-        Fault::PauseClients(j) => {
-            let pid = up.workloads[j as usize];
-            signal("STOP", pid)?;
-            std::thread::sleep(hold.max(Duration::from_millis(LEASE_MS + 1000)));
-            return signal("CONT", pid);
-        }
+        Fault::PauseClients(j) => return pause(up.workloads[j as usize], hold),
     }
     std::thread::sleep(hold);
     up.net.heal()

@@ -483,6 +483,35 @@ async fn syncrep_waiter(side: &tokio_postgres::Client, application_name: &str) -
     }
 }
 
+/// From now on every commit of `cluster` waits for a standby that never
+/// answers (a restart, not a reload, so that it surely is in force; stores
+/// reconnect on their own). Returns a client beside the stores.
+async fn require_an_absent_standby(cluster: &Cluster) -> tokio_postgres::Client {
+    tokio::task::block_in_place(|| {
+        cluster.append_conf(&["synchronous_standby_names = 'nobody_here'".to_string()]);
+        cluster.restart("fast");
+    });
+    cluster.wait_ready().await
+}
+
+/// Cancels (`pg_cancel_backend`) the wait for the standby of the COMMIT of
+/// `pending`, sent by the store whose application name is `application_name`,
+/// and returns what the store answered.
+async fn cancel_the_wait<T>(
+    side: &tokio_postgres::Client,
+    application_name: &str,
+    pending: tokio::task::JoinHandle<T>,
+) -> T {
+    let pid = syncrep_waiter(side, application_name).await;
+    side.execute("SELECT pg_cancel_backend($1)", &[&pid])
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(30), pending)
+        .await
+        .expect("answered")
+        .unwrap()
+}
+
 /// A COMMIT waiting for a synchronous standby that does
 /// not answer is never turned into a reply. PostgreSQL ends such a wait
 /// with success and a WARNING ("committed locally, might not have been
@@ -513,14 +542,7 @@ async fn a_commit_waiting_for_the_standby_is_never_acknowledged_early() {
         o.in_doubt_timeout = Duration::from_secs(1);
     })
     .await;
-    // From now on every commit waits for a standby that never answers (a
-    // restart, not a reload, so that it surely is in force; the stores
-    // reconnect on their own).
-    tokio::task::block_in_place(|| {
-        cluster.append_conf(&["synchronous_standby_names = 'nobody_here'".to_string()]);
-        cluster.restart("fast");
-    });
-    let side = cluster.wait_ready().await;
+    let side = require_an_absent_standby(&cluster).await;
 
     // A statement timeout far shorter than the wait: the COMMIT goes on waiting.
     let s = store.clone();
@@ -543,14 +565,7 @@ async fn a_commit_waiting_for_the_standby_is_never_acknowledged_early() {
     let s = cancelled.clone();
     let pending =
         tokio::spawn(async move { s.execute(&acme(), claim("k", 1, binding("alice", 0))).await });
-    let pid = syncrep_waiter(&side, &cancel_name).await;
-    side.execute("SELECT pg_cancel_backend($1)", &[&pid])
-        .await
-        .unwrap();
-    let r = tokio::time::timeout(Duration::from_secs(30), pending)
-        .await
-        .expect("answered")
-        .unwrap();
+    let r = cancel_the_wait(&side, &cancel_name, pending).await;
     assert!(
         matches!(r, Err(StoreError::InDoubt(_))),
         "a grant the standby never acknowledged: {r:?}"
@@ -586,24 +601,13 @@ async fn a_replay_is_never_answered_from_a_commit_the_standby_has_not_confirmed(
     .await;
     let b = || binding("alice", 0);
     let fence = exec_fence(&writer, "k").await;
-    tokio::task::block_in_place(|| {
-        cluster.append_conf(&["synchronous_standby_names = 'nobody_here'".to_string()]);
-        cluster.restart("fast");
-    });
-    let side = cluster.wait_ready().await;
+    let side = require_an_absent_standby(&cluster).await;
     let w = writer.clone();
     let pending = tokio::spawn(async move {
         w.execute(&acme(), settle("k", fence, 1, b(), completed(1)))
             .await
     });
-    let pid = syncrep_waiter(&side, name).await;
-    side.execute("SELECT pg_cancel_backend($1)", &[&pid])
-        .await
-        .unwrap();
-    let r = tokio::time::timeout(Duration::from_secs(30), pending)
-        .await
-        .expect("answered")
-        .unwrap();
+    let r = cancel_the_wait(&side, name, pending).await;
     assert!(matches!(r, Err(StoreError::InDoubt(_))), "{r:?}");
     // The completed record is visible on the primary, unconfirmed.
     let visible: i64 = side
