@@ -22,6 +22,10 @@ pub struct Op {
     pub outcome_id: Option<u64>,
     /// The outcome was a replay.
     pub replayed: bool,
+    /// The fence of the receipt the run returned (`None`: it failed, or
+    /// the client could not tell).
+    #[serde(default)]
+    pub receipt_fence: Option<u64>,
     /// The error's class when it failed.
     pub error: Option<String>,
     /// Run after the nemesis stopped and everything healed.
@@ -66,7 +70,10 @@ pub struct Verdict {
 /// 2. every outcome a run returned (executed or replayed) names the
 ///    effect the remote applied for its key;
 /// 3. no acknowledged outcome is lost: after the heal, a key that had one
-///    is replayed (never executed again) with the same outcome;
+///    is replayed (never executed again) with the same outcome; and every
+///    answer for a key after its first receipt carries that receipt (its
+///    fence), before the heal too — a receipt lost and then reconciled
+///    names the same effect under another fence;
 /// 4. liveness: after the heal every key the history touched gets an
 ///    outcome (its reconcile hook can always tell here).
 pub fn check(history: &[Op], remote: &[RemoteEvent]) -> Verdict {
@@ -108,6 +115,7 @@ pub fn check(history: &[Op], remote: &[RemoteEvent]) -> Verdict {
         }
         acknowledged.entry(o.key.as_str()).or_insert(id);
     }
+    lost_receipts(history, &mut v.violations);
     let mut resolved: BTreeSet<&str> = BTreeSet::new();
     for o in history.iter().filter(|o| o.after_heal) {
         let Some(id) = o.outcome_id else { continue };
@@ -148,6 +156,36 @@ pub fn check(history: &[Op], remote: &[RemoteEvent]) -> Verdict {
     v
 }
 
+/// Rule 3's second half: per key, in the order the answers arrived, every
+/// receipt after the first is that one (a key's receipt never changes).
+fn lost_receipts(history: &[Op], violations: &mut Vec<String>) {
+    let mut answers: Vec<&Op> = history
+        .iter()
+        .filter(|o| o.outcome_id.is_some() && o.receipt_fence.is_some())
+        .collect();
+    answers.sort_by_key(|o| o.end_ms);
+    let mut first: BTreeMap<&str, &Op> = BTreeMap::new();
+    for o in answers {
+        let f = *first.entry(o.key.as_str()).or_insert(o);
+        // A receipt's answer may arrive after a later run's started: only
+        // a run that began after the first receipt was acknowledged must
+        // see it.
+        if o.receipt_fence != f.receipt_fence && o.start_ms > f.end_ms {
+            violations.push(format!(
+                "lost receipt: key {} had the receipt of fence {} (effect {}) acknowledged at {} ms, \
+                 a run from {} ms got fence {} (effect {})",
+                o.key,
+                f.receipt_fence.unwrap_or(0),
+                f.outcome_id.unwrap_or(0),
+                f.end_ms,
+                o.start_ms,
+                o.receipt_fence.unwrap_or(0),
+                o.outcome_id.unwrap_or(0),
+            ));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +198,7 @@ mod tests {
             end_ms: 1,
             outcome_id: id,
             replayed,
+            receipt_fence: id,
             error: id.is_none().then(|| "unavailable".into()),
             after_heal,
         }
@@ -220,6 +259,34 @@ mod tests {
                 .any(|l| l.starts_with("lost receipt: key a")),
             "{v:?}"
         );
+    }
+
+    #[test]
+    fn a_receipt_replaced_before_the_heal_is_a_violation() {
+        // Acknowledged with fence 3, then (the receipt lost, the effect
+        // reconciled under fence 5) the same effect under another receipt.
+        let mut first = op("a", Some(1), false, false);
+        first.receipt_fence = Some(3);
+        let mut later = op("a", Some(1), false, false);
+        (later.start_ms, later.end_ms, later.receipt_fence) = (5, 6, Some(5));
+        let mut healed = op("a", Some(1), true, true);
+        (healed.start_ms, healed.end_ms, healed.receipt_fence) = (7, 8, Some(5));
+        let v = check(&[first.clone(), later.clone(), healed], &[apply("a", 1)]);
+        assert!(
+            v.violations
+                .iter()
+                .any(|l| l.starts_with("lost receipt: key a had the receipt of fence 3")),
+            "{v:?}"
+        );
+        // Overlapping runs that both end with the one receipt are fine,
+        // and so is a run that started before the receipt was answered.
+        later.receipt_fence = Some(3);
+        let mut early = op("a", Some(1), false, false);
+        (early.start_ms, early.end_ms, early.receipt_fence) = (0, 9, Some(3));
+        let mut healed = op("a", Some(1), true, true);
+        (healed.start_ms, healed.end_ms, healed.receipt_fence) = (10, 11, Some(3));
+        let v = check(&[first, later, early, healed], &[apply("a", 1)]);
+        assert_eq!(v.violations, Vec::<String>::new());
     }
 
     #[test]

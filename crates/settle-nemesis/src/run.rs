@@ -39,9 +39,26 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
     pub standby_skew_s: i64,
     /// Switch on a deliberate bug, to show the checker catches it
-    /// (docs/reliability.md): `async-standby`.
+    /// (docs/reliability.md).
     #[arg(long)]
     pub bug: Option<Bug>,
+    /// The store: PostgreSQL (primary, synchronous standby, three
+    /// servers) or the embedded engine (one server on its own directory).
+    #[arg(long, value_enum, default_value_t = Engine::Postgres)]
+    pub engine: Engine,
+    /// With `--engine embedded`: seconds the server's wall clock is off
+    /// (libfaketime), the other way after each restart, so that every
+    /// kill -9 makes it jump by twice that.
+    #[arg(long, default_value_t = 0, allow_hyphen_values = true)]
+    pub server_skew_s: i64,
+}
+
+/// Where the servers keep the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum Engine {
+    Postgres,
+    Embedded,
 }
 
 /// The deliberate bugs a run can switch on.
@@ -53,6 +70,21 @@ pub enum Bug {
     /// The clients are an SDK that runs the effect again when a settle's
     /// answer is lost.
     RerunAfterLostSettle,
+    /// The servers answer a command when its COMMIT has waited 20 ms,
+    /// before it returns (needs `--settle` built with the feature
+    /// `deliberate-bugs`): a failover loses acknowledged receipts.
+    AnswerBeforeCommit,
+}
+
+impl Bug {
+    /// What the server is told (`SETTLE_DELIBERATE_BUG`), for the bugs that
+    /// are the server's.
+    fn server_env(self) -> Option<&'static str> {
+        match self {
+            Bug::AnswerBeforeCommit => Some("answer-before-commit"),
+            Bug::AsyncStandby | Bug::RerunAfterLostSettle => None,
+        }
+    }
 }
 
 /// The faults the nemesis injects.
@@ -77,6 +109,12 @@ enum Fault {
     /// than a lease: its leases lapse, the other half takes the keys over,
     /// and its effects arrive late (the remote's fencing refuses them).
     PauseClients(u8),
+    /// Every process of the database (the primary; after the failover,
+    /// the promoted standby) stopped (SIGSTOP) longer than a lease.
+    PauseDatabase,
+    /// The primary and the standby cannot reach each other (before the
+    /// failover): commits wait for the standby until it heals.
+    CutStandby,
     /// The primary cut off from the standby, crashed and restarted
     /// (recovery shows its unconfirmed commits), crashed again; the
     /// standby promoted and every server repointed to it. Once per run.
@@ -84,9 +122,23 @@ enum Fault {
 }
 
 impl Fault {
-    fn pick(rng: &mut Rng) -> Fault {
+    fn pick(rng: &mut Rng, failed_over: bool, engine: Engine) -> Fault {
+        if engine == Engine::Embedded {
+            // One server, no database of its own to cut or pause.
+            return match rng.below(6) {
+                0 => Fault::CutClients(0),
+                1 => Fault::ClientsToServerOneWay(0),
+                2 => Fault::AnswersLost(0),
+                3 => Fault::Pause(0),
+                4 => Fault::PauseClients(rng.below(2) as u8),
+                _ => Fault::Kill(0),
+            };
+        }
         let i = rng.below(3) as u8;
-        match rng.below(8) {
+        match rng.below(10) {
+            9 if failed_over => Fault::PauseDatabase,
+            9 => Fault::CutStandby,
+            8 => Fault::PauseDatabase,
             7 => Fault::PauseClients(i % 2),
             6 => Fault::AnswersLost(i),
             0 => Fault::CutClients(i),
@@ -108,6 +160,8 @@ impl Fault {
             Fault::Pause(_) => "pause server (SIGSTOP)",
             Fault::Kill(_) => "kill -9 server",
             Fault::PauseClients(_) => "pause half of the clients (SIGSTOP)",
+            Fault::PauseDatabase => "pause the database's processes (SIGSTOP)",
+            Fault::CutStandby => "partition primary-standby",
             Fault::Failover => "failover (primary cut off, crashed, standby promoted)",
         }
     }
@@ -125,7 +179,9 @@ pub struct Report {
     pub faults: BTreeMap<String, usize>,
     pub schedule: Vec<String>,
     pub bug: Option<String>,
+    pub engine: Engine,
     pub standby_skew_s: i64,
+    pub server_skew_s: i64,
     #[serde(flatten)]
     pub verdict: Verdict,
     pub dir: Option<PathBuf>,
@@ -136,14 +192,32 @@ const TOKEN: &str = "nemesis-token";
 
 struct Up {
     net: Net,
-    primary: Cluster,
-    standby: Cluster,
-    /// The standby was promoted: no second failover.
-    failed_over: bool,
+    /// `None` on the embedded engine.
+    pg: Option<Pg>,
     servers: Vec<Server>,
     _remote: Owned,
     /// The workload processes' pids (paused by the nemesis).
     workloads: Vec<u32>,
+}
+
+/// The PostgreSQL clusters of a run.
+struct Pg {
+    primary: Cluster,
+    standby: Cluster,
+    /// The standby was promoted: no second failover.
+    failed_over: bool,
+}
+
+impl Up {
+    fn failed_over(&self) -> bool {
+        self.pg.as_ref().is_some_and(|pg| pg.failed_over)
+    }
+
+    fn pg(&self) -> Result<&Pg> {
+        self.pg
+            .as_ref()
+            .ok_or_else(|| "a database fault without PostgreSQL".into())
+    }
 }
 
 impl Drop for Up {
@@ -167,18 +241,7 @@ fn settle_bin(a: &RunArgs) -> Result<PathBuf> {
 }
 
 fn up(dir: &Path, settle: &Path, tag: &str, a: &RunArgs) -> Result<Up> {
-    let bug = a.bug;
     let net = Net::create(tag)?;
-    let bindir = pg_bindir()?;
-    let primary = Cluster::primary(&net, &bindir, &dir.join("pg1"))?;
-    let synchronous = bug != Some(Bug::AsyncStandby);
-    let standby = Cluster::standby(
-        &net,
-        &primary,
-        &dir.join("pg2"),
-        synchronous,
-        a.standby_skew_s,
-    )?;
     let me = std::env::current_exe().map_err(|e| e.to_string())?;
     let remote = net
         .exec(Node::Remote, &me.to_string_lossy())
@@ -188,29 +251,65 @@ fn up(dir: &Path, settle: &Path, tag: &str, a: &RunArgs) -> Result<Up> {
         .stdin(Stdio::null())
         .spawn()
         .map_err(|e| format!("the remote: {e}"))?;
-    let sha = hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()));
     let mut up = Up {
         net,
-        primary,
-        standby,
-        failed_over: false,
+        pg: None,
         servers: Vec::new(),
         _remote: Owned(remote),
         workloads: Vec::new(),
     };
+    let sha = hex::encode(sha2::Sha256::digest(TOKEN.as_bytes()));
+    let bug = a.bug.and_then(Bug::server_env);
+    if a.engine == Engine::Embedded {
+        let data = dir.join("s1.data");
+        let mut s = Server::new(
+            Node::Server(0),
+            settle,
+            ["--data", &data.to_string_lossy()],
+            &sha,
+            dir.join("s1.log"),
+        )
+        .with_bug(bug)
+        .with_skew(a.server_skew_s);
+        s.start(&up.net)?;
+        up.servers.push(s);
+        return Ok(up);
+    }
+    up.pg = Some(clusters(&up.net, dir, a)?);
+    let store = up.pg()?.primary.url();
     // One after the other: the first migrates the schema.
     for i in 0..3 {
         let mut s = Server::new(
             Node::Server(i),
             settle,
-            &up.primary.url(),
+            ["--store", &store],
             &sha,
             dir.join(format!("s{}.log", i + 1)),
-        );
+        )
+        .with_bug(bug);
         s.start(&up.net)?;
         up.servers.push(s);
     }
     Ok(up)
+}
+
+/// The primary and its synchronous standby.
+fn clusters(net: &Net, dir: &Path, a: &RunArgs) -> Result<Pg> {
+    let bindir = pg_bindir()?;
+    let primary = Cluster::primary(net, &bindir, &dir.join("pg1"))?;
+    let synchronous = a.bug != Some(Bug::AsyncStandby);
+    let standby = Cluster::standby(
+        net,
+        &primary,
+        &dir.join("pg2"),
+        synchronous,
+        a.standby_skew_s,
+    )?;
+    Ok(Pg {
+        primary,
+        standby,
+        failed_over: false,
+    })
 }
 
 /// Stops `pid` (SIGSTOP) for `hold`, at least a lease and a second, then
@@ -224,7 +323,7 @@ fn pause(pid: u32, hold: Duration) -> Result<()> {
 /// Injects `f`, holds it, heals it.
 fn inject(up: &mut Up, f: Fault, hold: Duration) -> Result<()> {
     let net = &up.net;
-    let db = if up.failed_over {
+    let db = if up.failed_over() {
         Node::Standby
     } else {
         Node::Primary
@@ -251,6 +350,22 @@ fn inject(up: &mut Up, f: Fault, hold: Duration) -> Result<()> {
             std::thread::sleep(hold);
             return s.start(&up.net);
         }
+        Fault::CutStandby => {
+            net.cut(Node::Primary, Node::Standby)?;
+            net.cut(Node::Standby, Node::Primary)?;
+        }
+        Fault::PauseDatabase => {
+            let pg = up.pg()?;
+            let cluster = if pg.failed_over {
+                &pg.standby
+            } else {
+                &pg.primary
+            };
+            let pids = cluster.freeze()?;
+            std::thread::sleep(hold.max(Duration::from_millis(LEASE_MS + 1000)));
+            Cluster::resume(&pids);
+            return Ok(());
+        }
         Fault::Failover => return failover(up, hold),
         Fault::PauseClients(j) => return pause(up.workloads[j as usize], hold),
     }
@@ -259,24 +374,26 @@ fn inject(up: &mut Up, f: Fault, hold: Duration) -> Result<()> {
 }
 
 fn failover(up: &mut Up, hold: Duration) -> Result<()> {
-    if up.failed_over {
+    let (net, Some(pg)) = (&up.net, up.pg.as_mut()) else {
+        return Err("a failover without PostgreSQL".into());
+    };
+    if pg.failed_over {
         return Ok(());
     }
-    let net = &up.net;
     net.cut(Node::Primary, Node::Standby)?;
     net.cut(Node::Standby, Node::Primary)?;
     // Commits now wait for the standby (or, asynchronous, do not).
     std::thread::sleep(hold);
-    up.primary.stop(net, "immediate")?;
-    up.primary.start(net)?;
+    pg.primary.stop(net, "immediate")?;
+    pg.primary.start(net)?;
     // Crash recovery made its unconfirmed commits visible; the servers
     // reconnect and read them.
     std::thread::sleep(Duration::from_millis(1500));
-    up.primary.stop(net, "immediate")?;
+    pg.primary.stop(net, "immediate")?;
     net.heal()?;
-    up.standby.promote(net)?;
-    up.failed_over = true;
-    let store = up.standby.url();
+    pg.standby.promote(net)?;
+    pg.failed_over = true;
+    let store = pg.standby.url();
     for s in &mut up.servers {
         s.kill();
         s.repoint(&store);
@@ -287,15 +404,20 @@ fn failover(up: &mut Up, hold: Duration) -> Result<()> {
 
 /// Runs the nemesis until `end` (seeded), healing after each fault.
 fn nemesis(up: &mut Up, rng: &mut Rng, end: Instant, t0: Instant) -> Result<Vec<(u64, Fault)>> {
+    let engine = if up.pg.is_some() {
+        Engine::Postgres
+    } else {
+        Engine::Embedded
+    };
     let mut done = Vec::new();
     let half = t0 + (end - t0) / 2;
     while Instant::now() + Duration::from_secs(4) < end {
         std::thread::sleep(rng.ms(300, 1500));
         // One failover, at the first fault past half-time.
-        let f = if Instant::now() > half && !up.failed_over {
+        let f = if up.pg.is_some() && Instant::now() > half && !up.failed_over() {
             Fault::Failover
         } else {
-            Fault::pick(rng)
+            Fault::pick(rng, up.failed_over(), engine)
         };
         let hold = rng.ms(500, 3000);
         done.push((t0.elapsed().as_millis() as u64, f));
@@ -321,6 +443,11 @@ fn read_answers(history: &Path) -> Result<BTreeMap<String, usize>> {
 
 /// One whole run.
 pub fn run(a: &RunArgs) -> Result<Report> {
+    if a.engine == Engine::Embedded
+        && matches!(a.bug, Some(Bug::AsyncStandby | Bug::AnswerBeforeCommit))
+    {
+        return Err("that deliberate bug is PostgreSQL's: run it with --engine postgres".into());
+    }
     let settle = settle_bin(a)?;
     let tmp = tempfile::Builder::new()
         .prefix("settle-nemesis-")
@@ -438,7 +565,9 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
             .map(|(ms, f)| format!("{ms} ms: {f:?}"))
             .collect(),
         bug: a.bug.map(|b| format!("{b:?}")),
+        engine: a.engine,
         standby_skew_s: a.standby_skew_s,
+        server_skew_s: a.server_skew_s,
         verdict,
         dir: None,
     };

@@ -217,6 +217,9 @@ pub struct Cluster {
     bindir: PathBuf,
     /// Seconds the cluster's clock is off (libfaketime), if any.
     skew_s: Option<i64>,
+    /// A postmaster started directly (under libfaketime): this run is its
+    /// parent, and reaps it.
+    postmaster: std::sync::Mutex<Vec<Child>>,
 }
 
 impl Cluster {
@@ -234,6 +237,7 @@ impl Cluster {
             dir: dir.to_path_buf(),
             bindir: bindir.to_path_buf(),
             skew_s: None,
+            postmaster: std::sync::Mutex::new(Vec::new()),
         };
         fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         sh(Command::new("chown").args(["postgres:postgres", &path(dir)]))?;
@@ -281,6 +285,7 @@ impl Cluster {
             dir: dir.to_path_buf(),
             bindir: primary.bindir.clone(),
             skew_s: (skew_s != 0).then_some(skew_s),
+            postmaster: std::sync::Mutex::new(Vec::new()),
         };
         fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         sh(Command::new("chown").args(["postgres:postgres", &path(dir)]))?;
@@ -355,19 +360,33 @@ impl Cluster {
             .append(true)
             .open(self.dir.join("log"))
             .map_err(|e| e.to_string())?;
-        let mut c = net.exec(self.node, "runuser");
-        c.args(["-u", "postgres", "--", "env"])
-            .arg(format!("LD_PRELOAD={FAKETIME_LIB}"))
-            .arg(format!("FAKETIME={skew:+}s"))
-            .arg("DONT_FAKE_MONOTONIC=1")
-            .arg(self.bindir.join("postgres"))
-            .args(["-D", &path(&self.dir)])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log);
-        // The postmaster outlives this handle: it is stopped by `pg_ctl stop`.
-        c.spawn()
+        // setpriv, not runuser: it execs, so the postmaster's parent is this
+        // run (runuser would wait in between, and stop itself whenever the
+        // nemesis stops the postmaster, then never continue).
+        let mut c = net.exec(self.node, "setpriv");
+        c.args([
+            "--reuid=postgres",
+            "--regid=postgres",
+            "--init-groups",
+            "--",
+            "env",
+        ])
+        .arg(format!("LD_PRELOAD={FAKETIME_LIB}"))
+        .arg(format!("FAKETIME={skew:+}s"))
+        .arg("DONT_FAKE_MONOTONIC=1")
+        .arg(self.bindir.join("postgres"))
+        .args(["-D", &path(&self.dir)])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().map_err(|e| e.to_string())?)
+        .stderr(log);
+        // Stopped by `pg_ctl stop`, reaped when the cluster drops.
+        let child = c
+            .spawn()
             .map_err(|e| format!("postgres under faketime: {e}"))?;
+        self.postmaster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(child);
         let isready = self.bindir.join("pg_isready");
         wait_until(
             "PostgreSQL under faketime to start",
@@ -387,6 +406,36 @@ impl Cluster {
             .as_postgres(net, "pg_ctl")
             .args(["-D", &path(&self.dir), "-w", "promote"]))
         .map(|_| ())
+    }
+
+    /// Stops (`SIGSTOP`) every process of the cluster: the postmaster
+    /// first (so that it forks no new backend), then its children.
+    /// Returns them, for [`Cluster::resume`].
+    pub fn freeze(&self) -> Result<Vec<u32>> {
+        let pidfile = self.dir.join("postmaster.pid");
+        let text =
+            fs::read_to_string(&pidfile).map_err(|e| format!("{}: {e}", pidfile.display()))?;
+        let postmaster: u32 = text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or_else(|| format!("{}: no pid", pidfile.display()))?;
+        signal("STOP", postmaster)?;
+        let mut pids = vec![postmaster];
+        for child in children(postmaster) {
+            // A child that exited meanwhile is no error.
+            if signal("STOP", child).is_ok() {
+                pids.push(child);
+            }
+        }
+        Ok(pids)
+    }
+
+    /// Continues what [`Cluster::freeze`] stopped.
+    pub fn resume(pids: &[u32]) {
+        for &p in pids.iter().rev() {
+            let _ = signal("CONT", p);
+        }
     }
 
     pub fn stop(&self, net: &Net, mode: &str) -> Result<()> {
@@ -424,6 +473,15 @@ impl Drop for Cluster {
             .args(["-u", "postgres", "--"])
             .arg(self.bindir.join("pg_ctl"))
             .args(["-D", &path(&self.dir), "-m", "immediate", "stop"]));
+        for mut c in self
+            .postmaster
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
     }
 }
 
@@ -443,30 +501,58 @@ pub struct Server {
     pub child: Option<Child>,
     args: Vec<String>,
     log: PathBuf,
+    /// `SETTLE_DELIBERATE_BUG` for a build with `deliberate-bugs`.
+    bug: Option<&'static str>,
+    /// Seconds its wall clock is off (libfaketime), the sign flipped at
+    /// every start: each restart makes its clock jump.
+    skew_s: Option<i64>,
 }
 
 impl Server {
-    pub fn new(node: Node, settle: &Path, store: &str, tenant_sha: &str, log: PathBuf) -> Server {
-        let args = vec![
+    /// `store`: `--store URL` or `--data DIR`.
+    pub fn new(
+        node: Node,
+        settle: &Path,
+        store: [&str; 2],
+        tenant_sha: &str,
+        log: PathBuf,
+    ) -> Server {
+        let mut args = vec![
             path(settle),
             "serve".into(),
-            "--store".into(),
-            store.into(),
+            store[0].into(),
+            store[1].into(),
             "--listen".into(),
             format!("{}:8080", node.ip()),
             "--tenant".into(),
             format!("nemesis={tenant_sha}"),
             "--behind-proxy".into(),
             "true".into(),
-            "--pg-client-timeout-ms".into(),
-            "3000".into(),
         ];
+        if store[0] == "--store" {
+            args.extend(["--pg-client-timeout-ms".into(), "3000".into()]);
+        }
         Server {
             node,
             child: None,
             args,
             log,
+            bug: None,
+            skew_s: None,
         }
+    }
+
+    /// Runs it with its wall clock `skew_s` seconds off (0: not at all),
+    /// the other way after each restart.
+    pub fn with_skew(mut self, skew_s: i64) -> Server {
+        self.skew_s = (skew_s != 0).then_some(skew_s);
+        self
+    }
+
+    /// Switches a deliberate bug of the server on (docs/reliability.md).
+    pub fn with_bug(mut self, bug: Option<&'static str>) -> Server {
+        self.bug = bug;
+        self
     }
 
     pub fn url(&self) -> String {
@@ -486,10 +572,23 @@ impl Server {
             .open(&self.log)
             .map_err(|e| e.to_string())?;
         let before = fs::metadata(&self.log).map_or(0, |m| m.len());
-        let child = net
-            .exec(self.node, &self.args[0])
+        let mut cmd = match self.skew_s {
+            None => net.exec(self.node, &self.args[0]),
+            Some(skew) => {
+                // Only the wall clock: the runtime's timers keep real time.
+                let mut c = net.exec(self.node, "env");
+                c.arg(format!("LD_PRELOAD={FAKETIME_LIB}"))
+                    .arg(format!("FAKETIME={skew:+}s"))
+                    .arg("DONT_FAKE_MONOTONIC=1")
+                    .arg(&self.args[0]);
+                self.skew_s = Some(-skew);
+                c
+            }
+        };
+        let child = cmd
             .args(&self.args[1..])
             .env("SETTLE_LOG", "warn")
+            .envs(self.bug.map(|b| ("SETTLE_DELIBERATE_BUG", b)))
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log)
             .spawn()
@@ -523,6 +622,23 @@ impl Drop for Server {
         }
         self.kill();
     }
+}
+
+/// The processes whose parent is `pid` (from /proc).
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            // The parent is the second field after the command's ')'.
+            fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|st| {
+                st.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
 }
 
 /// `kill -SIG pid`.

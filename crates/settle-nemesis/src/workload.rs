@@ -233,6 +233,7 @@ fn record(
         end_ms: ms(Instant::now()),
         outcome_id: r.as_ref().ok().and_then(outcome_id),
         replayed: r.as_ref().is_ok_and(|r| r.replayed),
+        receipt_fence: r.as_ref().ok().map(|r| r.receipt.fence.0),
         error: r.as_ref().err().map(class),
         after_heal,
     }
@@ -388,6 +389,7 @@ pub async fn run(a: WorkloadArgs) -> std::io::Result<()> {
                         end_ms: t0.elapsed().as_millis() as u64,
                         outcome_id: r.as_ref().ok().map(|x| x.0),
                         replayed: r.as_ref().is_ok_and(|x| x.1),
+                        receipt_fence: None,
                         error: r
                             .err()
                             .map(|e| e.split(' ').next().unwrap_or("").to_string()),

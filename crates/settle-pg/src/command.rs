@@ -637,7 +637,10 @@ async fn write_and_commit_command(
     futs.push(Box::pin(c.execute(&token_st, &token_params)));
     let r = conn
         .within(async {
-            futures::join!(futures::future::join_all(futs), c.batch_execute(sql.commit))
+            futures::join!(
+                futures::future::join_all(futs),
+                crate::bugs::commit(c.batch_execute(sql.commit))
+            )
         })
         .await;
     resolve_command_commit(inner, conn, r, &token, seen, &labels).await

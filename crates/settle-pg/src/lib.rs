@@ -61,6 +61,7 @@
 mod codec;
 // The fuzz targets (fuzz/, docs/testing.md) decode stored rows from
 // arbitrary bytes; the row codec stays private otherwise.
+mod bugs;
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 #[allow(missing_docs)]

@@ -184,7 +184,7 @@ pub(super) async fn write_and_commit_batch(
             conn.within(async {
                 futures::join!(
                     c.query_one(&write_st, &write_params),
-                    c.batch_execute(sql.commit)
+                    crate::bugs::commit(c.batch_execute(sql.commit))
                 )
             })
             .await
@@ -210,7 +210,7 @@ pub(super) async fn write_and_commit_batch(
                     c.execute(&settings_st, &no_params),
                     c.execute(&lock_st, &lock_params),
                     c.query_one(&write_st, &write_params),
-                    c.batch_execute(sql.commit)
+                    crate::bugs::commit(c.batch_execute(sql.commit))
                 );
                 // The first failure is the cause (the statements after it
                 // fail as "transaction aborted"; the COMMIT rolls back).
