@@ -182,6 +182,8 @@ pub struct Report {
     pub engine: Engine,
     pub standby_skew_s: i64,
     pub server_skew_s: i64,
+    /// What the first workload process's Reconciler did.
+    pub reconciler: Option<crate::workload::Sweeps>,
     #[serde(flatten)]
     pub verdict: Verdict,
     pub dir: Option<PathBuf>,
@@ -493,6 +495,7 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
             .arg("--history")
             .arg(history)
             .args((a.bug == Some(Bug::RerunAfterLostSettle)).then_some("--rerun-after-lost-settle"))
+            .args((j == 0).then_some("--reconciler"))
             .stdin(Stdio::piped())
             .spawn()
             .map_err(|e| format!("the workload: {e}"))?;
@@ -533,15 +536,32 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
         }
     }
     drop(up);
+    report(a, dir, &histories, &schedule)
+}
+
+/// The run's report: the histories and the remote's log read back and
+/// checked.
+fn report(
+    a: &RunArgs,
+    dir: &Path,
+    histories: &[PathBuf],
+    schedule: &[(u64, Fault)],
+) -> Result<Report> {
     let mut ops: Vec<Op> = Vec::new();
     let mut faults: BTreeMap<String, usize> = BTreeMap::new();
-    for h in &histories {
+    for h in histories {
         ops.extend(read_lines::<Op>(h)?);
         for (k, n) in read_answers(h)? {
             *faults.entry(k).or_insert(0) += n;
         }
     }
     let remote: Vec<RemoteEvent> = read_lines(&dir.join("remote.jsonl"))?;
+    let sweeps = histories[0].with_extension("reconciler.json");
+    let reconciler = std::fs::read(&sweeps)
+        .map_err(|e| format!("{}: {e}", sweeps.display()))
+        .and_then(|b| {
+            serde_json::from_slice(&b).map_err(|e| format!("{}: {e}", sweeps.display()))
+        })?;
     let verdict = check::check(&ops, &remote);
     let mut errors = BTreeMap::new();
     for o in &ops {
@@ -549,7 +569,7 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
             *errors.entry(e.clone()).or_insert(0) += 1;
         }
     }
-    for (_, f) in &schedule {
+    for (_, f) in schedule {
         *faults.entry(f.kind().to_string()).or_insert(0) += 1;
     }
     let report = Report {
@@ -568,6 +588,7 @@ fn run_in(a: &RunArgs, dir: &Path, settle: &Path, tag: &str) -> Result<Report> {
         engine: a.engine,
         standby_skew_s: a.standby_skew_s,
         server_skew_s: a.server_skew_s,
+        reconciler: Some(reconciler),
         verdict,
         dir: None,
     };

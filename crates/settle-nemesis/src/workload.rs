@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use settle_core::{Fence, Key};
 use settle_worker::{
-    BoxError, Done, EffectContext, EffectError, Finding, RunError, RunOptions, RunResult, run_once,
+    BoxError, BoxFuture, Done, EffectContext, EffectError, Finding, ReconcileHook, Reconciler,
+    RunError, RunOptions, RunResult, Sweep, run_once,
 };
 
 use crate::check::Op;
@@ -58,6 +59,49 @@ pub struct WorkloadArgs {
     /// still uses the real one).
     #[arg(long)]
     pub rerun_after_lost_settle: bool,
+    /// Run a `Reconciler` through the first server: a sweep a second
+    /// during the main phase, racing the clients, then sweeps after the
+    /// heal until none sees a record to reconcile (before the final pass).
+    /// Its counts go to `<history>.reconciler.json`.
+    #[arg(long)]
+    pub reconciler: bool,
+}
+
+/// What the Reconciler's sweeps did, in all.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Sweeps {
+    pub sweeps: u64,
+    pub seen: u64,
+    pub committed: u64,
+    pub not_committed: u64,
+    pub unavailable: u64,
+    pub skipped: u64,
+    pub errors: u64,
+}
+
+impl Sweeps {
+    fn add(&mut self, s: Sweep) {
+        self.sweeps += 1;
+        self.seen += s.seen;
+        self.committed += s.committed;
+        self.not_committed += s.not_committed;
+        self.unavailable += s.unavailable;
+        self.skipped += s.skipped;
+        self.errors += s.errors;
+    }
+}
+
+fn reconciler(a: &WorkloadArgs, server: &settle_client::Client) -> Reconciler {
+    let lease = settle_core::LeaseMs::new(a.lease_ms).expect("the lease is in range");
+    Reconciler::new(server.clone())
+        .hook(
+            "w",
+            QueryHook {
+                addr: a.remote.clone(),
+            },
+        )
+        .lease(lease)
+        .deadline(Duration::from_secs(3))
 }
 
 /// The effect's result: the number the remote gave the effect it applied.
@@ -84,31 +128,52 @@ fn class(e: &RunError) -> String {
 
 const REMOTE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// An effect takes a while (5-35 ms, fixed per request) before it sends:
+/// An effect takes a while (5-35 ms, or two leases and a second for one
+/// in 16; fixed per request) before it sends:
 /// faults land between a claim and its effect, and a worker paused there
 /// sends its effect late, under a lease that may have lapsed.
-async fn prepare(line: &str) {
+async fn prepare(line: &str, lease_ms: u64) {
     let spread = line
         .bytes()
         .fold(7u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
-    tokio::time::sleep(Duration::from_millis(5 + spread % 31)).await;
+    // One effect in 16 prepares for two leases (heartbeated meanwhile, and
+    // not watching `lease_lost`): a fault on its server can then cost it
+    // the lease while its write is still to come, and that late write
+    // meets the remote's fencing, as a paused worker's would.
+    let ms = if spread % 16 == 0 {
+        2 * lease_ms + 1000
+    } else {
+        5 + spread % 31
+    };
+    tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
-fn options(a: &WorkloadArgs, deadline: Duration) -> RunOptions {
-    let addr = a.remote.clone();
-    let hook = move |key: Key, fence: Fence| {
-        let addr = addr.clone();
-        async move {
+/// The reconcile hook of every run and of the Reconciler: it asks the
+/// remote.
+#[derive(Clone)]
+struct QueryHook {
+    addr: String,
+}
+
+impl ReconcileHook for QueryHook {
+    fn reconcile(&self, key: Key, fence: Fence) -> BoxFuture<'_, Result<Finding, BoxError>> {
+        Box::pin(async move {
             let line = format!("QUERY {} {}", key.as_str(), fence.0);
-            match remote::call(&addr, &line, REMOTE_TIMEOUT).await {
+            match remote::call(&self.addr, &line, REMOTE_TIMEOUT).await {
                 Ok(Answer::Applied(id)) => Ok(Finding::Committed(result_of(id))),
                 Ok(Answer::None) => Ok(Finding::NotCommitted),
                 // A later lease asked already: this one cannot tell.
                 Ok(Answer::Fenced) => Ok(Finding::Unavailable),
                 Err(e) => Err(Box::new(e) as BoxError),
             }
-        }
-    };
+        })
+    }
+}
+
+fn options(a: &WorkloadArgs, deadline: Duration) -> RunOptions {
+    let hook: Arc<dyn ReconcileHook> = Arc::new(QueryHook {
+        addr: a.remote.clone(),
+    });
     RunOptions::new("nemesis")
         .lease(Duration::from_millis(a.lease_ms))
         .deadline(Some(deadline))
@@ -128,7 +193,7 @@ async fn one(
         &json!({ "key": key }),
         async |ctx: &EffectContext<'_>| {
             let line = format!("APPLY {} {}", ctx.key().as_str(), ctx.fence().0);
-            prepare(&line).await;
+            prepare(&line, a.lease_ms).await;
             match remote::call(addr, &line, REMOTE_TIMEOUT).await {
                 Ok(Answer::Applied(id)) => Ok(result_of(id)),
                 Ok(Answer::Fenced) => Err(EffectError::refused("the remote saw a higher fence")),
@@ -188,7 +253,7 @@ async fn buggy(
     };
     for _ in 0..3 {
         let line = format!("APPLY {key} {fence}");
-        prepare(&line).await;
+        prepare(&line, a.lease_ms).await;
         let id = match remote::call(&a.remote, &line, REMOTE_TIMEOUT).await {
             Ok(Answer::Applied(id)) => id,
             other => return Err(format!("EffectFailed {other:?}")),
@@ -353,6 +418,29 @@ async fn final_pass(
     }
 }
 
+/// After the heal, the Reconciler sweeps until a sweep finds nothing to
+/// reconcile (at most 30 s); then every count is written.
+async fn sweep_after_heal(
+    a: &WorkloadArgs,
+    server: &settle_client::Client,
+    mut sweeps: Sweeps,
+) -> std::io::Result<()> {
+    let r = reconciler(a, server);
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = r.sweep().await;
+        sweeps.add(s);
+        if s.seen == 0 || Instant::now() > give_up {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    std::fs::write(
+        a.history.with_extension("reconciler.json"),
+        serde_json::to_vec(&sweeps).expect("counts serialize"),
+    )
+}
+
 /// Runs the workload; the history is written when it ends.
 pub async fn run(a: WorkloadArgs) -> std::io::Result<()> {
     let proxies = proxies(&a).await?;
@@ -366,6 +454,17 @@ pub async fn run(a: WorkloadArgs) -> std::io::Result<()> {
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs(a.seconds);
     let answers = answer_nemesis(&proxies, a.seed, end);
+    let sweeping = a.reconciler.then(|| {
+        let r = reconciler(&a, &servers[0]);
+        tokio::spawn(async move {
+            let mut sweeps = Sweeps::default();
+            while Instant::now() < end {
+                sweeps.add(r.sweep().await);
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            sweeps
+        })
+    });
     let mut tasks = Vec::new();
     for c in a.client_base..a.client_base + a.clients {
         let (a, servers, history) = (a.clone(), servers.clone(), history.clone());
@@ -425,6 +524,10 @@ pub async fn run(a: WorkloadArgs) -> std::io::Result<()> {
         &mut line,
     )
     .await?;
+    if let Some(t) = sweeping {
+        let sweeps = t.await.expect("the sweeps end without panicking");
+        sweep_after_heal(&a, &servers[0], sweeps).await?;
+    }
     final_pass(&a, &servers, &history, t0).await;
     let mut out = Vec::new();
     for op in history.lock().unwrap_or_else(|p| p.into_inner()).iter() {
