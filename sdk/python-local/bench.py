@@ -76,9 +76,9 @@ def sdk_pair(client: Client) -> Callable[[str], None]:
     return pair
 
 
-def raw_pair(url: str) -> tuple[Callable[[str], None], httpx.Client]:
-    """The two requests run_once sends, with the same bodies, by httpx."""
-    http = httpx.Client(base_url=url, headers={"content-type": "application/json", "accept": "application/json"})
+def hand_made_pair(send: Callable[[str, bytes], tuple[int, bytes]]) -> Callable[[str], None]:
+    """The two calls run_once makes, with the same bodies made by hand;
+    ``send(path, body)`` answers ``(status, body)``."""
     fp = fingerprint(REQUEST)
     binding = Binding("bench").to_json()
     outcome = {
@@ -89,36 +89,35 @@ def raw_pair(url: str) -> tuple[Callable[[str], None], httpx.Client]:
 
     def pair(key: str) -> None:
         claim = {"fingerprint": fp, "binding": binding, "claim_id": new_claim_id()}
-        r = http.post(f"/v1/operations/{key}/claim", content=json.dumps(claim, separators=(",", ":")))
-        fence = r.json()["fence"]
-        settle = {"fence": fence, "fingerprint": fp, "binding": binding, "outcome": outcome}
-        s = http.post(f"/v1/operations/{key}/settle", content=json.dumps(settle, separators=(",", ":")))
-        assert s.status_code == 200, s.text
-
-    return pair, http
-
-
-def floor_pair(ledger: LocalLedger) -> Callable[[str], None]:
-    """The same two calls with hand-made bodies straight into the native
-    ledger (no SDK): what any Python caller of local mode pays at least."""
-    native = ledger._native
-    fp = fingerprint(REQUEST)
-    binding = Binding("bench").to_json()
-    outcome = {
-        "status": "completed",
-        "result": RESULT,
-        "response_sha256": hashlib.sha256(b'{"ok":true}').hexdigest(),
-    }
-    dumps = json.dumps
-
-    def pair(key: str) -> None:
-        claim = {"fingerprint": fp, "binding": binding, "claim_id": new_claim_id()}
-        _, body, _ = native.exchange("POST", f"/v1/operations/{key}/claim", [], dumps(claim).encode())
+        _, body = send(f"/v1/operations/{key}/claim", json.dumps(claim, separators=(",", ":")).encode())
         settle = {"fence": json.loads(body)["fence"], "fingerprint": fp, "binding": binding, "outcome": outcome}
-        status, body, _ = native.exchange("POST", f"/v1/operations/{key}/settle", [], dumps(settle).encode())
+        status, body = send(f"/v1/operations/{key}/settle", json.dumps(settle, separators=(",", ":")).encode())
         assert status == 200, body
 
     return pair
+
+
+def raw_pair(url: str) -> tuple[Callable[[str], None], httpx.Client]:
+    """The two requests run_once sends, with the same bodies, by httpx."""
+    http = httpx.Client(base_url=url, headers={"content-type": "application/json", "accept": "application/json"})
+
+    def send(path: str, body: bytes) -> tuple[int, bytes]:
+        r = http.post(path, content=body)
+        return r.status_code, r.content
+
+    return hand_made_pair(send), http
+
+
+def floor_pair(ledger: LocalLedger) -> Callable[[str], None]:
+    """The same two calls straight into the native ledger (no SDK): what
+    any Python caller of local mode pays at least."""
+    native = ledger._native
+
+    def send(path: str, body: bytes) -> tuple[int, bytes]:
+        status, answer, _ = native.exchange("POST", path, [], body)
+        return status, answer
+
+    return hand_made_pair(send)
 
 
 def measure(pair: Callable[[str], None], pairs: int, rounds: int) -> dict[str, Any]:

@@ -71,23 +71,14 @@ pub struct WorkloadArgs {
 #[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Sweeps {
     pub sweeps: u64,
-    pub seen: u64,
-    pub committed: u64,
-    pub not_committed: u64,
-    pub unavailable: u64,
-    pub skipped: u64,
-    pub errors: u64,
+    #[serde(flatten)]
+    pub total: Sweep,
 }
 
 impl Sweeps {
     fn add(&mut self, s: Sweep) {
         self.sweeps += 1;
-        self.seen += s.seen;
-        self.committed += s.committed;
-        self.not_committed += s.not_committed;
-        self.unavailable += s.unavailable;
-        self.skipped += s.skipped;
-        self.errors += s.errors;
+        self.total.add(s);
     }
 }
 

@@ -42,8 +42,8 @@ pub const WORKER_LABEL: &str = "settle-reconciler";
 /// How long each ledger call of one record is retried by default.
 const DEFAULT_DEADLINE: Duration = Duration::from_secs(10);
 
-/// What one sweep did (SPEC §11.10).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// What one sweep did (SPEC §11.10), or several added up ([`Sweep::add`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Sweep {
     /// Records that required reconciliation when listed.
     pub seen: u64,
@@ -62,7 +62,8 @@ pub struct Sweep {
 }
 
 impl Sweep {
-    fn add(&mut self, o: Sweep) {
+    /// Adds another sweep's counts to these (a total over sweeps).
+    pub fn add(&mut self, o: Sweep) {
         self.seen += o.seen;
         self.committed += o.committed;
         self.not_committed += o.not_committed;
