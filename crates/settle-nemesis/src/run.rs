@@ -314,11 +314,16 @@ fn clusters(net: &Net, dir: &Path, a: &RunArgs) -> Result<Pg> {
     })
 }
 
-/// Stops `pid` (SIGSTOP) for `hold`, at least a lease and a second, then
-/// continues it.
+/// How long a pause holds: `hold`, at least a lease and a second (so that
+/// the paused side's leases lapse).
+fn pause_hold(hold: Duration) -> Duration {
+    hold.max(Duration::from_millis(LEASE_MS + 1000))
+}
+
+/// Stops `pid` (SIGSTOP) for [`pause_hold`], then continues it.
 fn pause(pid: u32, hold: Duration) -> Result<()> {
     signal("STOP", pid)?;
-    std::thread::sleep(hold.max(Duration::from_millis(LEASE_MS + 1000)));
+    std::thread::sleep(pause_hold(hold));
     signal("CONT", pid)
 }
 
@@ -364,7 +369,7 @@ fn inject(up: &mut Up, f: Fault, hold: Duration) -> Result<()> {
                 &pg.primary
             };
             let pids = cluster.freeze()?;
-            std::thread::sleep(hold.max(Duration::from_millis(LEASE_MS + 1000)));
+            std::thread::sleep(pause_hold(hold));
             Cluster::resume(&pids);
             return Ok(());
         }
